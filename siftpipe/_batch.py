@@ -1,0 +1,183 @@
+"""Row-wise operations on collated batches (dicts, tuples, lists, tensors, nested)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+import torch
+
+Batch = Any
+
+
+def batch_size(batch: Batch) -> int:
+    """Number of rows in a collated batch: the first dimension of its first tensor or list."""
+    n = _find_size(batch)
+    if n is None:
+        raise TypeError(
+            f"cannot tell the number of samples in a batch of type {type(batch).__name__}: "
+            "a batch must hold at least one tensor, array or list with one row per sample"
+        )
+    return n
+
+
+def _find_size(batch: Batch) -> int | None:
+    if type(batch) is dict:
+        batch = batch.values()
+        for value in batch:
+            n = _find_size(value)
+            if n is not None:
+                return n
+        return None
+    if isinstance(batch, torch.Tensor | np.ndarray):
+        return int(batch.shape[0]) if batch.ndim > 0 else None
+    if isinstance(batch, Mapping):
+        for value in batch.values():
+            n = _find_size(value)
+            if n is not None:
+                return n
+        return None
+    if isinstance(batch, tuple):
+        for value in batch:
+            n = _find_size(value)
+            if n is not None:
+                return n
+        return None
+    if isinstance(batch, list):
+        if _is_columns(batch):
+            for value in batch:
+                n = _find_size(value)
+                if n is not None:
+                    return n
+            return None
+        return len(batch)
+    return None
+
+
+def _is_columns(batch: list[Any]) -> bool:
+    """A list from collating tuple samples holds one column per field, not one row per sample."""
+    return bool(batch) and isinstance(batch[0], torch.Tensor | np.ndarray | Mapping | tuple | list)
+
+
+def take(batch: Batch, index: np.ndarray) -> Batch:
+    """Rows ``index`` (int64 positions, in order) of ``batch``, in the same structure."""
+    return _take(batch, index, None)
+
+
+def _take(batch: Batch, index: np.ndarray, tindex: torch.Tensor | None) -> Batch:
+    if type(batch) is dict:  # the common case first: isinstance(x, Mapping) is slow
+        if tindex is None:
+            tindex = torch.from_numpy(index)
+        return {k: _take(v, index, tindex) for k, v in batch.items()}
+    if isinstance(batch, torch.Tensor):
+        if batch.ndim == 0:
+            return batch
+        if tindex is None or tindex.device != batch.device:
+            tindex = torch.from_numpy(index).to(batch.device)
+        return batch.index_select(0, tindex)
+    if isinstance(batch, np.ndarray):
+        return batch[index] if batch.ndim else batch
+    if isinstance(batch, Mapping):
+        if tindex is None:
+            tindex = torch.from_numpy(index)
+        return {k: _take(v, index, tindex) for k, v in batch.items()}
+    if isinstance(batch, tuple) or (isinstance(batch, list) and _is_columns(batch)):
+        if tindex is None:
+            tindex = torch.from_numpy(index)
+        parts = [_take(v, index, tindex) for v in batch]
+        return type(batch)(*parts) if hasattr(batch, "_fields") else type(batch)(parts)
+    if isinstance(batch, list):
+        if index.size == 0:
+            return []
+        picked = itemgetter(*index.tolist())(batch)
+        return list(picked) if index.size > 1 else [picked]
+    return batch
+
+
+def concat(batches: Sequence[Batch]) -> Batch:
+    """Concatenate batches of the same structure along rows."""
+    first = batches[0]
+    if len(batches) == 1:
+        return first
+    if isinstance(first, torch.Tensor):
+        return torch.cat(list(batches)) if first.ndim else first
+    if isinstance(first, np.ndarray):
+        return np.concatenate(list(batches)) if first.ndim else first
+    if isinstance(first, Mapping):
+        return {k: concat([b[k] for b in batches]) for k in first}
+    if isinstance(first, tuple) or (isinstance(first, list) and _is_columns(first)):
+        parts = [concat([b[i] for b in batches]) for i in range(len(first))]
+        return type(first)(*parts) if hasattr(first, "_fields") else type(first)(parts)
+    if isinstance(first, list):
+        out: list[Any] = []
+        for b in batches:
+            out.extend(b)
+        return out
+    return first
+
+
+def pad_rows(batch: Batch, size: int) -> Batch:
+    """Pad ``batch`` to ``size`` rows by repeating its last row (padding is never emitted)."""
+    n = batch_size(batch)
+    if n >= size:
+        return batch
+    index = np.concatenate([np.arange(n), np.full(size - n, n - 1)]).astype(np.int64)
+    return take(batch, index)
+
+
+def with_column(batch: Batch, name: str | None, column: torch.Tensor) -> Batch:
+    """Add a per-row column: a dict field ``name``, or a last element of a tuple/list batch."""
+    if isinstance(batch, Mapping):
+        out = dict(batch)
+        out[name] = column
+        return out
+    if isinstance(batch, tuple):
+        return (*batch, column)
+    if isinstance(batch, list):
+        return [*batch, column]
+    return (batch, column)
+
+
+def to_device(batch: Batch, device: torch.device, non_blocking: bool) -> Batch:
+    """Move every tensor of ``batch`` to ``device`` (``non_blocking`` only from pinned memory)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking and batch.is_pinned())
+    if isinstance(batch, Mapping):
+        return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
+    if isinstance(batch, tuple):
+        parts = [to_device(v, device, non_blocking) for v in batch]
+        return type(batch)(*parts) if hasattr(batch, "_fields") else type(batch)(parts)
+    if isinstance(batch, list) and batch and isinstance(batch[0], torch.Tensor):
+        return [to_device(v, device, non_blocking) for v in batch]
+    return batch
+
+
+def pin(batch: Batch) -> Batch:
+    """Page-lock every CPU tensor of ``batch`` so the copy to an accelerator can overlap."""
+    if isinstance(batch, torch.Tensor):
+        return batch.pin_memory() if batch.device.type == "cpu" else batch
+    if isinstance(batch, Mapping):
+        return {k: pin(v) for k, v in batch.items()}
+    if isinstance(batch, tuple):
+        parts = [pin(v) for v in batch]
+        return type(batch)(*parts) if hasattr(batch, "_fields") else type(batch)(parts)
+    return batch
+
+
+def field(batch: Batch, name: str | int) -> Any:
+    """``batch[name]`` with an error that lists the fields there are."""
+    try:
+        return batch[name]
+    except (KeyError, IndexError, TypeError):
+        if isinstance(batch, Mapping):
+            have = ", ".join(repr(k) for k in batch)
+        elif isinstance(batch, Sequence):
+            have = f"positions 0..{len(batch) - 1}"
+        else:
+            have = f"a {type(batch).__name__}, not indexable"
+        raise KeyError(f"batch has no field {name!r} (it has {have})") from None
+
+
+Collate = Callable[[list[Any]], Batch]

@@ -1,0 +1,72 @@
+"""Exception classes: every error siftpipe raises on purpose is a ``SiftError``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "AuditError",
+    "ConfigError",
+    "MissingKeyError",
+    "NonFiniteLossError",
+    "RegistryError",
+    "ResumeError",
+    "ScorerError",
+    "ScorerOutputError",
+    "ShardError",
+    "SiftError",
+    "SiftInWorkerError",
+]
+
+
+class SiftError(Exception):
+    """Base class of siftpipe's errors; catch this to catch them all."""
+
+
+class ConfigError(SiftError, ValueError):
+    """A parameter is out of its range (``micro_batch < 1``, ``beta <= 0``, ...)."""
+
+
+class RegistryError(SiftError, LookupError):
+    """An unknown scorer or policy name, or a name registered twice."""
+
+
+class ScorerError(SiftError):
+    """The scorer raised; the message names the micro-batch and its sample keys."""
+
+
+class ScorerOutputError(SiftError):
+    """The scorer returned something other than one finite-typed loss per sample."""
+
+
+class NonFiniteLossError(SiftError):
+    """A loss was NaN or infinite and ``on_nan="raise"``."""
+
+
+class MissingKeyError(SiftError):
+    """A sample lacks the key field that the audit log, replay or score memory needs."""
+
+
+class ResumeError(SiftError):
+    """A state dict does not fit this stage, or the source was not fed from ``consumed``."""
+
+
+class SiftInWorkerError(SiftError):
+    """The stage runs inside a DataLoader worker, where the model is a stale copy."""
+
+
+class AuditError(SiftError):
+    """The audit log could not be written or read."""
+
+
+class ShardError(SiftError):
+    """A shard could not be opened or read (after retries)."""
+
+
+def describe_keys(keys: Sequence[object] | None, limit: int = 4) -> str:
+    """A short, readable list of sample keys for error messages."""
+    if not keys:
+        return "(no sample keys: samples carry no key field)"
+    shown = ", ".join(repr(k) for k in list(keys)[:limit])
+    more = len(keys) - limit
+    return f"[{shown}{f', ... {more} more' if more > 0 else ''}]"

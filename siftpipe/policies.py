@@ -1,0 +1,258 @@
+"""Keep rules: pure, vectorised functions of (losses, policy state, rng state)."""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ._registry import Registry
+from .errors import ConfigError, ResumeError
+from .history import LossHistory
+
+__all__ = [
+    "Decision",
+    "Policy",
+    "PruneEasy",
+    "RelativeProbabilistic",
+    "TopFraction",
+    "Uniform",
+    "get_policy",
+    "policy_names",
+    "register_policy",
+]
+
+_policies: Registry[Policy] = Registry("policy")
+
+
+def register_policy(name: str, *, overwrite: bool = False) -> Callable[[Any], Any]:
+    """Register a policy class (or factory) under ``name`` for ``get_policy`` and ``Sifter(policy=name)``.
+
+    Args:
+        name: The name users pass as ``policy=``.
+        overwrite: Replace an existing registration instead of raising ``RegistryError``.
+    """
+    return _policies.register(name, overwrite=overwrite)
+
+
+def get_policy(name: str, **kwargs: Any) -> Policy:
+    """A new policy: the factory registered as ``name`` called with ``kwargs``."""
+    return _policies.get(name, **kwargs)
+
+
+def policy_names() -> list[str]:
+    """Registered policy names."""
+    return _policies.names()
+
+
+@dataclass
+class Decision:
+    """Per-sample outcome of one micro-batch (all arrays of length n).
+
+    Attributes:
+        keep: Whether each sample is handed on.
+        prob: Its keep probability under the policy.
+        score: The policy's score (percentile for the relative rule, rank for top fraction).
+        weight: Loss weight a kept sample should carry; ``None`` means 1 for every sample.
+    """
+
+    keep: np.ndarray
+    prob: np.ndarray
+    score: np.ndarray
+    weight: np.ndarray | None = None
+
+
+class Policy(abc.ABC):
+    """A keep rule. Subclasses implement ``decide``; state lives in plain attributes.
+
+    ``decide`` must be a pure function of (losses, the policy's state, rng) and draw from ``rng``
+    the same amount for the same ``len(losses)``, so that a resumed run decides exactly as an
+    uninterrupted one.
+    """
+
+    name: ClassVar[str] = ""
+    #: True if kept samples can carry weights other than 1 (the stage then attaches them).
+    weighted: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
+        """Decide for ``losses`` (finite float64, length n >= 1).
+
+        Args:
+            losses: One loss per sample of the micro-batch.
+            rng: The stage's generator; draw from it, never from a global one.
+            seen: Samples the stage saw before this micro-batch (for schedules).
+        """
+
+    def config(self) -> dict[str, Any]:
+        """Constructor arguments, enough for ``get_policy(self.name, **config())`` to rebuild it."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state
+
+    def fresh(self) -> Policy:
+        """A new policy with the same configuration and empty state."""
+        return type(self)(**self.config())
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
+        return f"{type(self).__name__}({args})"
+
+
+class _KeepFraction(Policy):
+    """A policy configured by one fraction ``keep`` in (0, 1]."""
+
+    def __init__(self, keep: float = 0.5) -> None:
+        if not isinstance(keep, int | float) or not (0.0 < float(keep) <= 1.0):
+            raise ConfigError(f"keep must be a fraction in (0, 1], got {keep!r}")
+        self.keep = float(keep)
+
+    def config(self) -> dict[str, Any]:
+        return {"keep": self.keep}
+
+
+class _HistoryPolicy(Policy):
+    def __init__(self, history: int) -> None:
+        self.history = LossHistory(history)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": self.history.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "history" not in state:
+            raise ResumeError(f"the checkpoint holds no loss history for policy {self!r}")
+        self.history.load_state_dict(state["history"])
+
+
+@register_policy("relative_probabilistic")
+class RelativeProbabilistic(_HistoryPolicy):
+    """Smart sifting / Selective Backprop: keep with probability ``percentile ** beta``.
+
+    The percentile of a loss is its mid-rank among the last ``history`` losses (the current
+    micro-batch included), so for i.i.d. losses the expected keep fraction is ``1 / (1 + beta)``:
+    beta 0.5 keeps 2/3, 1 keeps 1/2, 3 keeps 1/4.
+
+    Args:
+        beta: Selectivity, > 0; larger keeps fewer.
+        history: Window of recent losses the percentile is taken over, in samples.
+    """
+
+    name = "relative_probabilistic"
+
+    def __init__(self, beta: float = 1.0, history: int = 500) -> None:
+        if not isinstance(beta, int | float) or not math.isfinite(beta) or beta <= 0:
+            raise ConfigError(f"beta must be a finite number > 0 (keep fraction is 1/(1+beta)), got {beta!r}")
+        super().__init__(history)
+        self.beta = float(beta)
+        #: Optional reference quantiles from other ranks (see ``siftpipe.distributed``).
+        self.reference: np.ndarray | None = None
+
+    def config(self) -> dict[str, Any]:
+        return {"beta": self.beta, "history": self.history.size}
+
+    @property
+    def expected_keep(self) -> float:
+        return 1.0 / (1.0 + self.beta)
+
+    def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
+        self.history.extend(losses)
+        if self.reference is not None and self.reference.size:
+            ref = self.reference
+            pct = (np.searchsorted(ref, losses, side="left") + np.searchsorted(ref, losses, side="right")) / (
+                2.0 * ref.size
+            )
+        else:
+            pct = self.history.percentile(losses)
+        prob = pct**self.beta
+        keep = rng.random(losses.size) < prob
+        return Decision(keep, prob, pct)
+
+
+@register_policy("top_fraction")
+class TopFraction(_KeepFraction):
+    """Composer-style selective backprop: keep exactly ``round(keep * n)`` highest-loss samples.
+
+    ``n`` is the micro-batch size; rounding is half up; ties go to the earlier sample.
+
+    Args:
+        keep: Fraction of each micro-batch to keep, in (0, 1].
+    """
+
+    name = "top_fraction"
+
+    def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
+        n = losses.size
+        k = math.floor(self.keep * n + 0.5)
+        order = np.argsort(-losses, kind="stable")
+        keep = np.zeros(n, dtype=bool)
+        keep[order[:k]] = True
+        rank = np.empty(n)
+        rank[order] = np.arange(n, 0, -1) / n  # highest loss scores 1
+        return Decision(keep, keep.astype(np.float64), rank)
+
+
+@register_policy("prune_easy")
+class PruneEasy(_HistoryPolicy):
+    """InfoBatch: drop below-mean-loss samples with probability ``ratio``; reweight survivors.
+
+    A sample is *easy* if its loss is below the mean of the last ``history`` losses. Easy samples
+    are dropped with probability ``ratio``; the easy ones kept carry weight ``1 / (1 - ratio)`` so
+    the expected gradient is unchanged. From ``anneal`` samples seen on, nothing is pruned
+    (InfoBatch trains on the full data for its last epochs).
+
+    Args:
+        ratio: Probability of dropping an easy sample, in [0, 1).
+        anneal: Samples seen after which pruning stops; ``None`` never stops.
+        history: Window the mean loss is taken over, in samples.
+    """
+
+    name = "prune_easy"
+    weighted = True
+
+    def __init__(self, ratio: float = 0.5, anneal: int | None = None, history: int = 10000) -> None:
+        if not isinstance(ratio, int | float) or not (0.0 <= float(ratio) < 1.0):
+            raise ConfigError(f"ratio must be in [0, 1) (easy samples kept weigh 1/(1-ratio)), got {ratio!r}")
+        if anneal is not None and (not isinstance(anneal, int) or anneal < 0):
+            raise ConfigError(f"anneal must be a number of samples >= 0 or None, got {anneal!r}")
+        super().__init__(history)
+        self.ratio = float(ratio)
+        self.anneal = anneal
+
+    def config(self) -> dict[str, Any]:
+        return {"ratio": self.ratio, "anneal": self.anneal, "history": self.history.size}
+
+    def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
+        n = losses.size
+        self.history.extend(losses)
+        draw = rng.random(n)
+        easy = losses < self.history.mean()
+        if self.anneal is not None:
+            easy &= (seen + np.arange(n)) < self.anneal
+        prob = np.where(easy, 1.0 - self.ratio, 1.0)
+        keep = draw < prob
+        weight = np.where(easy, 1.0 / (1.0 - self.ratio), 1.0)
+        return Decision(keep, prob, easy.astype(np.float64), weight)
+
+
+@register_policy("uniform")
+class Uniform(_KeepFraction):
+    """Random dropping at a fixed rate: the control every sifting claim must beat.
+
+    Args:
+        keep: Probability of keeping each sample, in (0, 1].
+    """
+
+    name = "uniform"
+
+    def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
+        n = losses.size
+        prob = np.full(n, self.keep)
+        return Decision(rng.random(n) < prob, prob, np.full(n, np.nan))

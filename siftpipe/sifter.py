@@ -1,0 +1,890 @@
+"""The sift stage: micro-batch, score with the live model, decide, hand kept samples on."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import default_collate, get_worker_info
+
+from . import _batch
+from .errors import (
+    ConfigError,
+    MissingKeyError,
+    NonFiniteLossError,
+    ResumeError,
+    ScorerError,
+    ScorerOutputError,
+    SiftInWorkerError,
+    describe_keys,
+)
+from .policies import Policy, RelativeProbabilistic, get_policy
+from .scorers import Scorer, get_scorer
+
+__all__ = ["REASONS", "SiftStats", "Sifter"]
+
+#: ``reason`` codes of a decision, in the order of their small-integer codes.
+REASONS: tuple[str, ...] = ("policy", "warmup", "nan")
+_POLICY, _WARMUP, _NAN = 0, 1, 2
+
+OnNan = Literal["raise", "keep", "drop"]
+OnOom = Literal["raise", "split"]
+KeySpec = str | int | Callable[[Any], Any] | None
+
+
+@dataclass(frozen=True)
+class SiftStats:
+    """Counters of a stage, in samples unless the name says otherwise.
+
+    Attributes:
+        seen: Samples scored and decided (warm-up included).
+        kept: Samples decided "keep".
+        dropped: Samples decided "drop".
+        nan: Samples whose loss was NaN or infinite (handled by ``on_nan``).
+        warmup: Samples kept because they arrived during the ``delay`` warm-up.
+        micro_batches: Scoring forward passes (a split after out-of-memory counts once).
+        score_seconds: Wall time collating, moving and scoring micro-batches.
+        decide_seconds: Wall time in the policy and bookkeeping.
+    """
+
+    seen: int
+    kept: int
+    dropped: int
+    nan: int
+    warmup: int
+    micro_batches: int
+    score_seconds: float
+    decide_seconds: float
+
+    @property
+    def keep_rate(self) -> float:
+        """kept / seen (1.0 before anything was seen)."""
+        return self.kept / self.seen if self.seen else 1.0
+
+
+_CPU = torch.device("cpu")
+_NO_ROWS = np.zeros(0, dtype=bool)
+_NO_INDEX = np.zeros(0, dtype=np.int64)
+
+
+class _Group:
+    """The input items of one decided micro-batch (per-sample mode) or one input batch."""
+
+    __slots__ = ("items", "keep", "kept_index", "n_items", "rows", "seq0", "skip", "snapshot", "weight")
+
+    def __init__(self, items: list[Any], rows: int, seq0: int, snapshot: Any) -> None:
+        self.items = items
+        self.n_items = len(items)
+        self.rows = rows
+        self.seq0 = seq0
+        self.snapshot = snapshot
+        self.keep: np.ndarray = _NO_ROWS
+        self.weight: np.ndarray | None = None
+        self.kept_index: np.ndarray = _NO_INDEX
+        self.skip = 0  # kept rows handed on before the checkpoint this group was re-read from
+
+    @property
+    def n_kept(self) -> int:
+        return int(self.kept_index.size)
+
+
+class Sifter:
+    """Drop the samples the live model has already learned; hand the rest on.
+
+    Iterating ``sifter(source)`` reads ``source`` in micro-batches, scores each with
+    ``scorer(model, batch)`` on the model's device (eval mode, ``torch.inference_mode``), lets
+    ``policy`` decide per sample, and yields the kept samples in input order and format.
+
+    Args:
+        model: The live ``nn.Module`` being trained (``None`` for scorers that need no model).
+        scorer: ``(model, batch) -> Tensor[n]`` losses, or a registered scorer name.
+        policy: A ``Policy`` or registered policy name. Default: ``RelativeProbabilistic(1.0, 500)``.
+        micro_batch: Samples per scoring forward pass. In ``batched`` mode an input batch larger
+            than this is scored in chunks of ``micro_batch``; ``None`` scores each whole batch.
+        delay: Warm-up, in samples seen by this stage: the first ``delay`` samples are all kept
+            (reason ``"warmup"``) while the policy's loss history fills.
+        seed: Seed of the stage's random generator (the only randomness in decisions).
+        batched: Input items are collated batches (dict of tensors/lists, tuple of tensors)
+            from DataLoader workers rather than single samples.
+        output_batch: Hand on collated batches of exactly this many kept samples (the last one
+            of a pass may be short). ``None``: single samples, or in ``batched`` mode one
+            filtered batch per input batch (input batches with nothing kept are skipped).
+        collate_fn: Collates a list of samples into a batch (default ``default_collate``).
+        pad_micro_batch: Pad a short micro-batch to ``micro_batch`` rows by repeating its last
+            row, so XLA/Neuron and ``torch.compile`` see one shape. Padding is never counted,
+            logged or handed on.
+        device: Where to score; default the device of the model's first parameter (else CPU).
+        autocast: dtype for ``torch.autocast`` while scoring (e.g. ``torch.bfloat16``), or None.
+        pin_memory: Page-lock micro-batches before moving them to an accelerator
+            (``non_blocking`` copies are used whenever the batch is pinned).
+        eval_mode: Score in eval mode (dropout off, batch-norm frozen), restoring the mode after.
+        on_nan: What to do with a NaN or infinite loss: ``"raise"`` (``NonFiniteLossError``),
+            ``"keep"`` or ``"drop"`` the sample (counted in ``stats.nan``, reason ``"nan"``,
+            never added to the loss history).
+        on_oom: ``"split"`` re-scores a micro-batch in halves when the scorer runs out of
+            memory, down to single samples; ``"raise"`` reports it as ``ScorerError``.
+        key: Where a sample's key is: a dict field (default ``"__key__"``), a tuple position, a
+            callable ``sample -> key``, or ``None`` for no keys. Keys name samples in errors and
+            are required by the audit log.
+        weight_field: Dict field that carries a kept sample's weight.
+        attach_weight: Attach weights to kept samples (dict samples: ``weight_field``; tuples:
+            an extra last element; tensors: a ``(tensor, weight)`` tuple; dict batches: a
+            ``weight_field`` column; tuple batches: a last tensor). Default: if the policy
+            reweights (``PruneEasy``).
+        audit: An ``AuditLog`` or a URL to write one record per decided sample to.
+        track_source: Save the source's own state (``state_dict``/``load_state_dict``, e.g. a
+            ``StatefulDataLoader``) inside this stage's state, taken at micro-batch boundaries,
+            so that one state dict resumes both. Default: when the source supports it.
+    """
+
+    STATE_VERSION = 1
+
+    def __init__(
+        self,
+        model: nn.Module | None,
+        scorer: Scorer | str,
+        policy: Policy | str | None = None,
+        *,
+        micro_batch: int | None = 64,
+        delay: int = 0,
+        seed: int = 0,
+        batched: bool = False,
+        output_batch: int | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pad_micro_batch: bool = False,
+        device: torch.device | str | None = None,
+        autocast: torch.dtype | None = None,
+        pin_memory: bool = False,
+        eval_mode: bool = True,
+        on_nan: OnNan = "raise",
+        on_oom: OnOom = "raise",
+        key: KeySpec = "__key__",
+        weight_field: str = "__sift_weight__",
+        attach_weight: bool | None = None,
+        audit: Any = None,
+        track_source: bool | None = None,
+    ) -> None:
+        if model is not None and not isinstance(model, nn.Module):
+            raise ConfigError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
+        if micro_batch is not None and (not isinstance(micro_batch, int) or micro_batch < 1):
+            raise ConfigError(
+                f"micro_batch must be a number of samples >= 1, got {micro_batch!r}"
+                + ("" if batched else " (None is allowed only with batched=True)")
+            )
+        if micro_batch is None and not batched:
+            raise ConfigError("micro_batch=None (score whole input batches) needs batched=True")
+        if not isinstance(delay, int) or delay < 0:
+            raise ConfigError(f"delay must be a number of samples >= 0, got {delay!r}")
+        if output_batch is not None and (not isinstance(output_batch, int) or output_batch < 1):
+            raise ConfigError(f"output_batch must be a number of samples >= 1 or None, got {output_batch!r}")
+        if on_nan not in ("raise", "keep", "drop"):
+            raise ConfigError(f"on_nan must be 'raise', 'keep' or 'drop', got {on_nan!r}")
+        if on_oom not in ("raise", "split"):
+            raise ConfigError(f"on_oom must be 'raise' or 'split', got {on_oom!r}")
+        if pad_micro_batch and micro_batch is None:
+            raise ConfigError("pad_micro_batch=True needs a fixed micro_batch size to pad to")
+
+        self.model = model
+        self.scorer: Scorer = get_scorer(scorer) if isinstance(scorer, str) else scorer
+        if not callable(self.scorer):
+            raise ConfigError(f"scorer must be callable (model, batch) -> Tensor[n], got {scorer!r}")
+        if policy is None:
+            policy = RelativeProbabilistic()
+        self.policy: Policy = get_policy(policy) if isinstance(policy, str) else policy
+        if not isinstance(self.policy, Policy):
+            raise ConfigError(f"policy must be a siftpipe.Policy or a registered name, got {policy!r}")
+        self.micro_batch = micro_batch
+        self.delay = delay
+        self.seed = seed
+        self.batched = batched
+        self.output_batch = output_batch
+        self.collate_fn = collate_fn or default_collate
+        self.pad_micro_batch = pad_micro_batch
+        self._device = torch.device(device) if device is not None else None
+        self.autocast = autocast
+        self.pin_memory = pin_memory
+        self.eval_mode = eval_mode
+        self.on_nan = on_nan
+        self.on_oom = on_oom
+        self.key = key
+        self.weight_field = weight_field
+        self.attach_weight = self.policy.weighted if attach_weight is None else attach_weight
+        self.track_source = track_source
+        #: A tag recorded with each decision (set it to the optimizer step, say).
+        self.model_version: int = -1
+        #: The pass (epoch) number recorded with each decision; see ``set_epoch``.
+        self.epoch = 0
+
+        if audit is not None:
+            from .audit import AuditLog
+
+            if not isinstance(audit, AuditLog):
+                audit = AuditLog(audit)
+        self.audit: AuditLog | None = audit
+
+        self._rng = np.random.default_rng(seed)
+        self._counts = dict.fromkeys(("seen", "kept", "dropped", "nan", "warmup", "micro_batches"), 0)
+        self._seconds = [0.0, 0.0]
+        self._consumed = 0
+        self._pending: deque[_Group] = deque()
+        self._emitted = 0
+        self._restore: dict[str, Any] | None = None
+        self._pass_open = False
+        self._passes = 0
+        self._epoch_set = False
+        self._active: Generator[Any, None, None] | None = None
+        self._source: Any = None
+        self._score_device = _CPU  # fixed at the start of each pass
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def device(self) -> torch.device:
+        """The device micro-batches are scored on."""
+        if self._device is not None:
+            return self._device
+        if self.model is not None:
+            for param in self.model.parameters():
+                return param.device
+            for buffer in self.model.buffers():
+                return buffer.device
+        return torch.device("cpu")
+
+    @property
+    def stats(self) -> SiftStats:
+        """A snapshot of the counters (cheap: read it every step if you like)."""
+        c = self._counts
+        return SiftStats(
+            c["seen"],
+            c["kept"],
+            c["dropped"],
+            c["nan"],
+            c["warmup"],
+            c["micro_batches"],
+            self._seconds[0],
+            self._seconds[1],
+        )
+
+    @property
+    def consumed(self) -> int:
+        """Input items (samples, or batches in ``batched`` mode) fully handed on or dropped:
+        where to restart the source from when resuming from ``state_dict()``."""
+        self._trim()
+        return self._consumed
+
+    def set_epoch(self, epoch: int) -> None:
+        """Record ``epoch`` with the decisions from now on (the next pass does not add one)."""
+        self.epoch = int(epoch)
+        self._epoch_set = True
+
+    def __call__(self, source: Iterable[Any]) -> Iterator[Any]:
+        """Sift ``source``: an iterator over the kept samples (or batches), in input order.
+
+        A fresh call starts a new pass (``epoch`` + 1 after the first, unless ``set_epoch`` was
+        called). After ``load_state_dict`` the call resumes: feed ``source`` from item
+        ``state["consumed"]`` on (a tracked stateful source is repositioned for you).
+        """
+        _check_not_in_worker()
+        if self._active is not None:
+            self._active.close()
+        resume = self._restore
+        self._restore = None
+        if resume is None:
+            if self._passes > 0 and not self._epoch_set:
+                self.epoch += 1
+            self._pending.clear()
+            self._emitted = 0
+        self._epoch_set = False
+        self._passes += 1
+        self._pass_open = True
+        tracked = self._tracks(source)
+        if resume is not None and resume.get("source") is not None:
+            if not tracked:
+                raise ResumeError(
+                    "the state holds the source's position (a stateful source was tracked), but "
+                    f"this source ({type(source).__name__}) has no load_state_dict; pass the same "
+                    "kind of source, or track_source=False and feed it from state['consumed']"
+                )
+            source.load_state_dict(resume["source"])  # type: ignore[attr-defined]
+        self._source = source if tracked else None
+        device = self.device
+        self._score_device = _CPU if device.type == "cpu" else device
+        gen = self._run(iter(source), resume)
+        self._active = gen
+        return gen
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly: plain tensors, lists, strings and numbers.
+
+        It holds no sample data; samples decided but not yet handed on are described by their
+        keep mask, weights and keys, and are re-read from the source on resume (never
+        re-scored). Safe for ``torch.load(..., weights_only=True)``.
+        """
+        self._trim()
+        if self._restore is not None:
+            return dict(self._restore)
+        pending = [
+            {
+                "n_items": g.n_items,
+                "rows": g.rows,
+                "seq0": g.seq0,
+                "keep": torch.from_numpy(g.keep.copy()),
+                "weight": None if g.weight is None else torch.from_numpy(g.weight.astype(np.float32)),
+                "keys": self._keys_of_group(g),
+            }
+            for g in self._pending
+        ]
+        source_state = None
+        if self._source is not None:
+            source_state = self._pending[0].snapshot if self._pending else self._source.state_dict()
+        return {
+            "version": self.STATE_VERSION,
+            "config": self._config(),
+            "policy": self.policy.state_dict(),
+            "rng": self._rng.bit_generator.state,
+            "counts": dict(self._counts),
+            "seconds": list(self._seconds),
+            "consumed": self._consumed,
+            "pending": pending,
+            "emitted": self._emitted,
+            "epoch": self.epoch,
+            "pass_open": self._pass_open,
+            "model_version": self.model_version,
+            "source": source_state,
+            "audit": None if self.audit is None else self.audit.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a ``state_dict()``; the next ``sifter(source)`` call continues from it."""
+        if not isinstance(state, Mapping) or "version" not in state:
+            raise ResumeError("not a siftpipe Sifter state dict (no 'version' entry)")
+        if state["version"] != self.STATE_VERSION:
+            raise ResumeError(
+                f"state dict version {state['version']} is not supported (this siftpipe "
+                f"writes version {self.STATE_VERSION})"
+            )
+        mine = self._config()
+        for name, value in state["config"].items():
+            if mine.get(name) != value:
+                raise ResumeError(
+                    f"the checkpoint was made with {name}={value!r} but this stage has "
+                    f"{name}={mine.get(name)!r}; decisions would differ, so construct the Sifter "
+                    f"with {name}={value!r} to resume"
+                )
+        self.policy.load_state_dict(state["policy"])
+        self._rng.bit_generator.state = state["rng"]
+        self._counts = dict(state["counts"])
+        self._seconds = list(state["seconds"])
+        self._consumed = int(state["consumed"])
+        self.epoch = int(state["epoch"])
+        self.model_version = state["model_version"]
+        if self.audit is not None:
+            self.audit.load_state_dict(state.get("audit"))
+        self._pending.clear()
+        self._emitted = 0
+        self._epoch_set = False
+        if state["pass_open"]:
+            self._restore = dict(state)
+        else:
+            # the checkpoint fell between passes: the next call starts the next one
+            self._restore = None
+            self._pass_open = False
+            self._passes = max(self._passes, 1)
+
+    def close(self) -> None:
+        """Stop the active pass and flush and close the audit log (if any)."""
+        if self._active is not None:
+            self._active.close()
+            self._active = None
+        if self.audit is not None:
+            self.audit.close()
+
+    def __enter__(self) -> Sifter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"Sifter(scorer={self.scorer!r}, policy={self.policy!r}, micro_batch={self.micro_batch}, "
+            f"delay={self.delay}, batched={self.batched}, output_batch={self.output_batch}, "
+            f"device={self.device})"
+        )
+
+    # ------------------------------------------------------------------ the pass
+
+    def _run(self, it: Iterator[Any], resume: dict[str, Any] | None) -> Generator[Any, None, None]:
+        out = _Output(self)
+        if resume is not None:
+            for group in self._reread(it, resume):
+                yield from out.hand_on(group)
+        while True:
+            fresh = self._read(it)
+            if fresh is None:
+                break
+            self._decide(fresh)
+            yield from out.hand_on(fresh)
+        yield from out.finish()
+        self._trim()
+        self._pass_open = False
+
+    def _read(self, it: Iterator[Any]) -> _Group | None:
+        snapshot = self._source.state_dict() if self._source is not None else None
+        if self.batched:
+            try:
+                batch = next(it)
+            except StopIteration:
+                return None
+            group = _Group([batch], _batch.batch_size(batch), self._counts["seen"], snapshot)
+        else:
+            items = list(islice(it, self.micro_batch))
+            if not items:
+                return None
+            group = _Group(items, len(items), self._counts["seen"], snapshot)
+        self._pending.append(group)
+        return group
+
+    def _reread(self, it: Iterator[Any], state: Mapping[str, Any]) -> list[_Group]:
+        """Re-read the samples decided before the checkpoint but not yet handed on."""
+        groups = []
+        emitted = int(state["emitted"])
+        for desc in state["pending"]:
+            items = list(islice(it, desc["n_items"]))
+            group = _Group(items, desc["rows"], desc["seq0"], None)
+            if len(items) < desc["n_items"] or (self.batched and _batch.batch_size(items[0]) != desc["rows"]):
+                raise ResumeError(
+                    f"resuming needs the {desc['n_items']} input item(s) decided before the "
+                    f"checkpoint (sample seq {desc['seq0']}..), but the source gave "
+                    f"{len(items)} item(s) of another size; feed it from item {state['consumed']}"
+                )
+            if desc["keys"] is not None:
+                got = self._keys_of_group(group)
+                if got != desc["keys"]:
+                    first = next(
+                        i for i, (a, b) in enumerate(zip(got or [], desc["keys"], strict=False)) if a != b
+                    )
+                    raise ResumeError(
+                        f"the source is not where the checkpoint left it: sample {first} of the "
+                        f"in-flight micro-batch has key {(got or [None])[first]!r}, the checkpoint "
+                        f"expected {desc['keys'][first]!r}; feed the source from item "
+                        f"{state['consumed']} (state['consumed']) with the same order"
+                    )
+            group.keep = desc["keep"].numpy().astype(bool)
+            group.weight = None if desc["weight"] is None else desc["weight"].numpy().astype(np.float64)
+            group.kept_index = np.flatnonzero(group.keep)
+            if self.attach_weight:
+                self._attach_weights(group)
+            group.skip = min(emitted, group.n_kept)
+            emitted -= group.skip
+            self._pending.append(group)
+            groups.append(group)
+        self._emitted = int(state["emitted"])
+        return groups
+
+    def _trim(self) -> None:
+        """Forget leading groups whose kept samples have all been handed on."""
+        pending = self._pending
+        while pending and pending[0].n_kept <= self._emitted:
+            group = pending.popleft()
+            self._emitted -= group.n_kept
+            self._consumed += group.n_items
+
+    # ------------------------------------------------------------------ deciding
+
+    def _decide(self, group: _Group) -> None:
+        t0 = time.perf_counter()
+        rows = group.rows
+        losses = self._score_group(group)
+        t1 = time.perf_counter()
+        seq0 = group.seq0
+        counts = self._counts
+        chunk = self.micro_batch or rows
+
+        finite = np.isfinite(losses)
+        all_finite = bool(finite.all())
+        reason: np.ndarray | None = None
+        if all_finite and rows <= chunk:
+            # the common case: one micro-batch, every loss finite; the policy's arrays are final
+            d = self.policy.decide(losses, self._rng, seq0)
+            keep, prob, score, weight = d.keep, d.prob, d.score, d.weight
+            counts["micro_batches"] += 1
+        else:
+            if not all_finite and self.on_nan == "raise":
+                self._raise_non_finite(group, losses, finite)
+            keep = np.zeros(rows, dtype=bool)
+            prob = np.zeros(rows)
+            score = np.full(rows, np.nan)
+            weight = np.ones(rows)
+            reason = np.zeros(rows, dtype=np.int8)
+            for start in range(0, rows, chunk):
+                stop = min(rows, start + chunk)
+                sub = np.arange(start, stop) if all_finite else finite[start:stop].nonzero()[0] + start
+                if sub.size:
+                    d = self.policy.decide(losses[sub], self._rng, seq0 + start)
+                    keep[sub], prob[sub], score[sub] = d.keep, d.prob, d.score
+                    if d.weight is not None:
+                        weight[sub] = d.weight
+                counts["micro_batches"] += 1
+            if not all_finite:
+                bad = ~finite
+                keep[bad] = self.on_nan == "keep"
+                prob[bad] = float(self.on_nan == "keep")
+                reason[bad] = _NAN
+                counts["nan"] += int(bad.sum())
+        if seq0 < self.delay:
+            warm = np.zeros(rows, dtype=bool)
+            warm[: self.delay - seq0] = True
+            warm &= finite
+            keep = keep | warm
+            prob = np.where(warm, 1.0, prob)
+            if weight is not None:
+                weight = np.where(warm, 1.0, weight)
+            reason = np.where(warm, _WARMUP, 0 if reason is None else reason).astype(np.int8)
+            counts["warmup"] += int(warm.sum())
+        kept_index = keep.nonzero()[0]
+        n_kept = kept_index.size
+        counts["seen"] += rows
+        counts["kept"] += n_kept
+        counts["dropped"] += rows - n_kept
+
+        group.keep = keep
+        group.kept_index = kept_index
+        if self.attach_weight:
+            group.weight = np.ones(rows) if weight is None else weight
+            self._attach_weights(group)
+        if self.audit is not None:
+            self.audit.write_decisions(
+                self,
+                seq0=seq0,
+                keys=self._keys_of_group(group, required=True),
+                urls=self._urls_of_group(group),
+                loss=losses,
+                score=score,
+                prob=prob,
+                kept=keep,
+                weight=weight,
+                reason=reason,
+            )
+        self._seconds[0] += t1 - t0
+        self._seconds[1] += time.perf_counter() - t1
+
+    def _raise_non_finite(self, group: _Group, losses: np.ndarray, finite: np.ndarray) -> None:
+        bad = np.flatnonzero(~finite)
+        keys = self._keys_of_group(group)
+        names = [keys[i] for i in bad] if keys else None
+        raise NonFiniteLossError(
+            f"{bad.size} non-finite loss(es) (e.g. {losses[bad[0]]}) at sample seq "
+            f"{group.seq0 + int(bad[0])}, keys {describe_keys(names)}; check the data and the "
+            "scorer, or pass on_nan='keep' or 'drop' to count and skip them"
+        )
+
+    def _score_group(self, group: _Group) -> np.ndarray:
+        if self.batched:
+            batch = group.items[0]
+            rows = group.rows
+            chunk = self.micro_batch or rows
+            if rows <= chunk:
+                return self._score(batch, rows, group)
+            parts = [
+                self._score(
+                    _batch.take(batch, np.arange(s, min(rows, s + chunk))), min(chunk, rows - s), group, s
+                )
+                for s in range(0, rows, chunk)
+            ]
+            return np.concatenate(parts)
+        items = group.items
+        n = len(items)
+        size = self.micro_batch
+        if self.pad_micro_batch and size is not None and n < size:
+            items = items + [items[-1]] * (size - n)
+        try:
+            batch = self.collate_fn(items)
+        except Exception as exc:
+            raise ScorerError(
+                f"collating micro-batch at sample seq {group.seq0} (keys "
+                f"{describe_keys(self._keys_of_group(group))}) failed: {type(exc).__name__}: {exc}; "
+                "give the Sifter a collate_fn that builds the batch your scorer expects"
+            ) from exc
+        return self._score(batch, n, group, 0, rows=len(items))
+
+    def _score(
+        self, batch: Any, n: int, group: _Group, offset: int = 0, rows: int | None = None
+    ) -> np.ndarray:
+        """Losses of the first ``n`` rows of ``batch`` (rows ``offset..`` of ``group``).
+
+        ``rows`` is the batch's row count when the caller knows it (padding included)."""
+        if rows is None:
+            size = self.micro_batch
+            if self.pad_micro_batch and size is not None and n < size:
+                batch = _batch.pad_rows(batch, size)
+                rows = size
+            else:
+                rows = n
+        device = self._score_device
+        try:
+            out = self._forward(batch, device)
+        except Exception as exc:
+            if self.on_oom == "split" and _is_oom(exc) and n > 1:
+                half = n // 2
+                lo = _batch.take(batch, np.arange(half))
+                hi = _batch.take(batch, np.arange(half, rows))
+                return np.concatenate(
+                    [
+                        self._score(lo, half, group, offset, rows=half),
+                        self._score(hi, n - half, group, offset + half, rows=rows - half),
+                    ]
+                )
+            keys = self._keys_of_group(group)
+            names = keys[offset : offset + n] if keys else None
+            hint = "; pass on_oom='split' to retry it in halves, or lower micro_batch" if _is_oom(exc) else ""
+            raise ScorerError(
+                f"scorer {self.scorer!r} raised {type(exc).__name__}: {exc} on the micro-batch of "
+                f"{n} samples at seq {group.seq0 + offset} (keys {describe_keys(names)}){hint}"
+            ) from exc
+        return self._check_losses(out, n, rows, device, group, offset)
+
+    def _forward(self, batch: Any, device: torch.device) -> Any:
+        if device is not _CPU and device.type != "cpu":
+            if self.pin_memory:
+                batch = _batch.pin(batch)
+            batch = _batch.to_device(batch, device, non_blocking=True)
+        model = self.model
+        was_training = model is not None and model.training
+        if was_training and self.eval_mode:
+            model.eval()  # type: ignore[union-attr]
+        try:
+            with torch.inference_mode():
+                if self.autocast is None:
+                    return self.scorer(model, batch)  # type: ignore[arg-type]
+                with torch.autocast(device_type=device.type, dtype=self.autocast):
+                    return self.scorer(model, batch)  # type: ignore[arg-type]
+        finally:
+            if was_training and self.eval_mode:
+                model.train()  # type: ignore[union-attr]
+
+    def _check_losses(
+        self, out: Any, n: int, rows: int, device: torch.device, group: _Group, offset: int
+    ) -> np.ndarray:
+        where = f"micro-batch at sample seq {group.seq0 + offset}"
+        if not isinstance(out, torch.Tensor):
+            raise ScorerOutputError(
+                f"scorer {self.scorer!r} returned a {type(out).__name__} for the {where}; it must "
+                f"return a torch.Tensor of shape [{rows}] (one loss per sample)"
+            )
+        if out.ndim != 1 or out.shape[0] != rows:
+            fix = (
+                "use reduction='none' and reduce every dimension but the first"
+                if out.ndim != 1
+                else "return exactly one loss per sample of the micro-batch"
+            )
+            raise ScorerOutputError(
+                f"scorer {self.scorer!r} returned shape {list(out.shape)} for the {where}; "
+                f"expected [{rows}] (one loss per sample): {fix}"
+            )
+        if not out.is_floating_point():
+            raise ScorerOutputError(
+                f"scorer {self.scorer!r} returned dtype {out.dtype} for the {where}; losses must "
+                "be floating point (return loss.float())"
+            )
+        od = out.device
+        if od != device and (od.type != device.type or (od.index is not None and device.index is not None)):
+            raise ScorerOutputError(
+                f"scorer {self.scorer!r} returned losses on {out.device} for the {where}, but the "
+                f"model scores on {device}; compute the loss on the model's device (a silent copy "
+                "here would hide a scorer that moved work off the accelerator)"
+            )
+        losses = out[:n] if n < rows else out
+        if losses.requires_grad:
+            losses = losses.detach()
+        if losses.dtype != torch.float64:
+            losses = losses.double()
+        if device is not _CPU:
+            losses = losses.cpu()
+        return losses.numpy()
+
+    # ------------------------------------------------------------------ samples
+
+    def _attach_weights(self, group: _Group) -> None:
+        weight = group.weight
+        assert weight is not None
+        if self.batched:
+            column = torch.from_numpy(weight.astype(np.float32))
+            group.items[0] = _batch.with_column(group.items[0], self.weight_field, column)
+            return
+        items = group.items
+        for i in group.kept_index.tolist():
+            sample = items[i]
+            w = float(weight[i])
+            if isinstance(sample, dict):
+                # a copy: the caller's sample (perhaps reused next epoch) stays as it was
+                items[i] = {**sample, self.weight_field: w}
+            elif isinstance(sample, tuple | list):
+                items[i] = (*sample, w)
+            else:
+                items[i] = (sample, w)
+
+    def _keys_of_group(self, group: _Group, required: bool = False) -> list[Any] | None:
+        spec = self.key
+        if spec is None:
+            return None
+        if self.batched:
+            batch = group.items[0]
+            if callable(spec):
+                keys = list(spec(batch))
+            else:
+                try:
+                    keys = batch[spec]
+                except (KeyError, IndexError, TypeError):
+                    if required:
+                        raise MissingKeyError(
+                            f"the input batch at sample seq {group.seq0} has no key field {spec!r}; "
+                            "the audit log needs one key per sample: keep '__key__' in the batch, "
+                            "pass key=<field or callable>, or key=None to log without keys"
+                        ) from None
+                    return None
+                keys = keys.tolist() if isinstance(keys, torch.Tensor | np.ndarray) else list(keys)
+            return keys
+        items = group.items
+        if callable(spec):
+            return [spec(s) for s in items]
+        try:
+            return [s[spec] for s in items]
+        except (KeyError, IndexError, TypeError):
+            if not required:
+                return None
+            for i, sample in enumerate(items):
+                try:
+                    sample[spec]
+                except (KeyError, IndexError, TypeError):
+                    have = list(sample) if isinstance(sample, dict) else type(sample).__name__
+                    raise MissingKeyError(
+                        f"sample seq {group.seq0 + i} has no key field {spec!r} (it has {have}); "
+                        "the audit log needs one key per sample: keep '__key__' in the sample, "
+                        "pass key=<field, position or callable>, or key=None to log without keys"
+                    ) from None
+            raise
+
+    def _urls_of_group(self, group: _Group) -> list[Any] | None:
+        if self.batched:
+            batch = group.items[0]
+            if isinstance(batch, Mapping) and "__url__" in batch:
+                return list(batch["__url__"])
+            return None
+        items = group.items
+        if isinstance(items[0], Mapping):
+            return [s.get("__url__") for s in items]
+        return None
+
+    # ------------------------------------------------------------------ helpers
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "micro_batch": self.micro_batch,
+            "batched": self.batched,
+            "output_batch": self.output_batch,
+            "delay": self.delay,
+            "policy": self.policy.name or type(self.policy).__name__,
+        }
+
+    def _tracks(self, source: Any) -> bool:
+        able = hasattr(source, "state_dict") and hasattr(source, "load_state_dict")
+        if self.track_source is None:
+            return able
+        if self.track_source and not able:
+            raise ConfigError(
+                f"track_source=True but the source ({type(source).__name__}) has no "
+                "state_dict/load_state_dict"
+            )
+        return self.track_source
+
+
+class _Output:
+    """Hands kept samples on: one by one, as filtered batches, or as fixed-size batches."""
+
+    def __init__(self, sifter: Sifter) -> None:
+        self.s = sifter
+        self.buffer: list[Any] = []
+        self.buffered = 0
+
+    def hand_on(self, group: _Group) -> Iterator[Any]:
+        s = self.s
+        index = group.kept_index[group.skip :] if group.skip else group.kept_index
+        if s.batched:
+            if index.size == 0:
+                s._trim()
+                return
+            batch = group.items[0]
+            kept = _batch.take(batch, index) if index.size < group.rows else batch
+            if s.output_batch is None:
+                s._emitted += index.size
+                yield kept
+                s._trim()
+                return
+            self.buffer.append(kept)
+            self.buffered += index.size
+            yield from self._full_batches()
+            return
+        items = group.items
+        if s.output_batch is None:
+            for i in index.tolist():
+                s._emitted += 1
+                yield items[i]
+            s._trim()
+            return
+        self.buffer.extend(items[i] for i in index.tolist())
+        self.buffered = len(self.buffer)
+        yield from self._full_batches()
+
+    def _full_batches(self) -> Iterator[Any]:
+        s = self.s
+        size = s.output_batch
+        assert size is not None
+        while self.buffered >= size:
+            if s.batched:
+                whole = _batch.concat(self.buffer)
+                total = self.buffered
+                out = _batch.take(whole, np.arange(size))
+                rest = total - size
+                self.buffer = [_batch.take(whole, np.arange(size, total))] if rest else []
+                self.buffered = rest
+            else:
+                out = s.collate_fn(self.buffer[:size])
+                del self.buffer[:size]
+                self.buffered = len(self.buffer)
+            s._emitted += size
+            yield out
+            s._trim()
+        s._trim()
+
+    def finish(self) -> Iterator[Any]:
+        if not self.buffered:
+            return
+        s = self.s
+        out = _batch.concat(self.buffer) if s.batched else s.collate_fn(self.buffer)
+        s._emitted += self.buffered
+        self.buffer, self.buffered = [], 0
+        yield out
+
+
+def _is_oom(exc: BaseException) -> bool:
+    oom = getattr(torch, "OutOfMemoryError", None)
+    return (oom is not None and isinstance(exc, oom)) or "out of memory" in str(exc).lower()
+
+
+def _check_not_in_worker() -> None:
+    info = get_worker_info()
+    if info is not None:
+        raise SiftInWorkerError(
+            f"siftpipe.Sifter is running inside DataLoader worker {info.id}, where the model is "
+            "a copy made when the worker started: its scores would come from stale weights. "
+            "Decode and batch in the workers, and sift in the training process after the "
+            "loader: WebLoader(dataset, ...).sift(sifter), or `for x in sifter(loader)`."
+        )

@@ -1,0 +1,73 @@
+"""One save/load-state contract that every way of running the stage must pass.
+
+Like torchdata's ``run_test_save_load_state``: run uninterrupted; then, for each cut point, run
+to the cut, checkpoint (through torch.save / torch.load(weights_only=True)), build a new
+pipeline, restore, and finish. The outputs must match the uninterrupted run exactly, and the
+kept samples must be a subset of the input, in input order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from conftest import roundtrip
+
+
+def signature(item: Any) -> Any:
+    """A comparable picture of an output item (sample or batch)."""
+    if isinstance(item, dict):
+        return tuple(sorted((k, signature(v)) for k, v in item.items() if k != "__url__"))
+    if isinstance(item, tuple | list):
+        return tuple(signature(v) for v in item)
+    if isinstance(item, torch.Tensor):
+        return ("tensor", tuple(item.shape), tuple(item.flatten().tolist()))
+    return item
+
+
+def output_keys(outputs: Iterable[Any]) -> list[str]:
+    """Sample keys of per-sample or batched outputs, flattened in order."""
+    keys: list[str] = []
+    for item in outputs:
+        k = item["__key__"]
+        keys.extend(k if isinstance(k, list) else [k])
+    return keys
+
+
+class Adapter:
+    """How to build a pipeline around the stage, iterate it, checkpoint it and resume it."""
+
+    def start(self) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def resume(self, state: dict[str, Any]) -> Iterator[Any]:
+        raise NotImplementedError
+
+
+def check_save_load(make: Callable[[], Adapter], cuts: Iterable[int], input_keys: list[str] | None = None):
+    reference = list(make().start())
+    ref_sig = [signature(x) for x in reference]
+    assert reference, "the pipeline produced nothing: a contract run on nothing proves nothing"
+    if input_keys is not None:
+        kept = output_keys(reference)
+        pos = {k: i for i, k in enumerate(input_keys)}
+        order = [pos[k] for k in kept]
+        assert order == sorted(order), "kept samples are not in input order"
+        assert len(set(kept)) == len(kept), "a sample was handed on twice"
+    for cut in cuts:
+        if cut > len(reference):
+            continue
+        first = make()
+        it = first.start()
+        head = [next(it) for _ in range(cut)]
+        state = roundtrip(first.state())
+        second = make()
+        tail = list(second.resume(state))
+        got = [signature(x) for x in head + tail]
+        assert len(got) == len(ref_sig), f"cut {cut}: {len(got)} outputs, uninterrupted gave {len(ref_sig)}"
+        assert got == ref_sig, f"cut {cut}: resumed outputs differ from the uninterrupted run"
+    return reference

@@ -1,0 +1,105 @@
+import math
+
+import pytest
+import torch
+from conftest import loss_field, make_samples
+
+import siftpipe as sp
+
+SAMPLES = make_samples(100)
+
+
+@pytest.mark.parametrize(
+    "scorer,match",
+    [
+        (lambda m, b: b["loss"].double().unsqueeze(1), r"shape \[64, 1\].*expected \[64\].*reduction='none'"),
+        (lambda m, b: b["loss"][:10].double(), r"shape \[10\].*expected \[64\].*one loss per sample"),
+        (lambda m, b: b["loss"].double().sum(), r"shape \[\].*expected \[64\]"),
+        (lambda m, b: b["loss"].long(), r"dtype torch.int64.*floating point"),
+        (lambda m, b: b["loss"].tolist(), r"returned a list.*torch.Tensor of shape \[64\]"),
+    ],
+)
+def test_wrong_scorer_output_names_the_problem_and_the_fix(scorer, match):
+    with pytest.raises(sp.ScorerOutputError, match=match):
+        list(sp.Sifter(None, scorer, micro_batch=64)(SAMPLES))
+
+
+def test_scorer_exception_names_the_micro_batch_and_keys():
+    def scorer(model, batch):
+        raise ValueError("bad input")
+
+    with pytest.raises(
+        sp.ScorerError, match=r"ValueError: bad input.*64 samples at seq 0.*'s000000', 's000001'"
+    ):
+        list(sp.Sifter(None, scorer, micro_batch=64)(SAMPLES))
+
+
+def with_losses(values):
+    data = make_samples(len(values))
+    for d, v in zip(data, values):
+        d["loss"] = v
+    return data
+
+
+def test_nan_raises_by_default_naming_the_sample():
+    data = with_losses([1.0, 2.0, math.nan, 3.0])
+    with pytest.raises(sp.NonFiniteLossError, match=r"seq 2, keys \['s000002'\].*on_nan='keep' or 'drop'"):
+        list(sp.Sifter(None, loss_field, micro_batch=4)(data))
+
+
+@pytest.mark.parametrize("on_nan,kept", [("keep", True), ("drop", False)])
+def test_nan_keep_or_drop_is_counted_and_kept_out_of_history(on_nan, kept):
+    data = with_losses([1.0, math.nan, 2.0, math.inf, 3.0, -math.inf])
+    policy = sp.RelativeProbabilistic(1.0, 100)
+    s = sp.Sifter(None, loss_field, policy, micro_batch=3, on_nan=on_nan)
+    out = [o["__key__"] for o in s(data)]
+    assert s.stats.nan == 3
+    assert ("s000001" in out) is kept and ("s000003" in out) is kept
+    assert sorted(policy.history.values().tolist()) == [1.0, 2.0, 3.0]
+
+
+def test_unknown_names_list_what_is_registered():
+    with pytest.raises(
+        sp.RegistryError, match=r"unknown scorer 'crossentropy'.*cross_entropy.*register_scorer"
+    ):
+        sp.Sifter(None, "crossentropy")
+    with pytest.raises(sp.RegistryError, match=r"unknown policy 'topk'.*top_fraction"):
+        sp.Sifter(None, loss_field, "topk")
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"micro_batch": 0}, "micro_batch must be a number of samples >= 1"),
+        ({"micro_batch": None}, "needs batched=True"),
+        ({"delay": -1}, "delay must be"),
+        ({"output_batch": 0}, "output_batch must be"),
+        ({"on_nan": "ignore"}, "on_nan must be"),
+        ({"policy": object()}, "policy must be a siftpipe.Policy"),
+    ],
+)
+def test_bad_stage_parameters(kwargs, match):
+    with pytest.raises(sp.ConfigError, match=match):
+        sp.Sifter(None, loss_field, **kwargs)
+
+
+def test_every_error_is_a_sift_error():
+    for cls in (
+        sp.ConfigError,
+        sp.RegistryError,
+        sp.ScorerError,
+        sp.ScorerOutputError,
+        sp.NonFiniteLossError,
+        sp.MissingKeyError,
+        sp.ResumeError,
+        sp.SiftInWorkerError,
+        sp.AuditError,
+        sp.ShardError,
+    ):
+        assert issubclass(cls, sp.SiftError)
+
+
+def test_collate_failure_names_the_fix():
+    data = [{"__key__": "a", "x": torch.zeros(2)}, {"__key__": "b", "x": torch.zeros(3)}]
+    with pytest.raises(sp.ScorerError, match=r"collating micro-batch.*'a', 'b'.*collate_fn"):
+        list(sp.Sifter(None, loss_field, micro_batch=2)(data))

@@ -1,0 +1,70 @@
+import numpy as np
+import pytest
+
+import siftpipe as sp
+
+
+def brute_percentile(window, values):
+    window = np.asarray(window)
+    return np.array([((window < v).sum() + (window <= v).sum()) / (2 * len(window)) for v in values])
+
+
+@pytest.mark.parametrize("size", [1, 5, 64, 500])
+def test_window_matches_brute_force(size):
+    rng = np.random.default_rng(size)
+    h = sp.LossHistory(size)
+    everything: list[float] = []
+    for _ in range(60):
+        # few distinct values: ties exercise the eviction of equal losses
+        batch = rng.integers(0, 7, size=rng.integers(1, 40)).astype(float)
+        h.extend(batch)
+        everything.extend(batch)
+        window = everything[-size:]
+        assert len(h) == len(window)
+        np.testing.assert_array_equal(h.values(), window)
+        np.testing.assert_array_equal(np.sort(window), h._sorted)
+        probe = rng.integers(-1, 8, size=10).astype(float)
+        np.testing.assert_allclose(h.percentile(probe), brute_percentile(window, probe))
+        assert h.mean() == pytest.approx(np.mean(window))
+
+
+def test_state_roundtrip_continues_identically():
+    rng = np.random.default_rng(1)
+    a = sp.LossHistory(50)
+    a.extend(rng.random(73))
+    b = sp.LossHistory(50)
+    b.load_state_dict(a.state_dict())
+    more = rng.random(20)
+    a.extend(more)
+    b.extend(more)
+    np.testing.assert_array_equal(a.values(), b.values())
+    np.testing.assert_array_equal(a._sorted, b._sorted)
+
+
+def test_load_refuses_other_size():
+    a = sp.LossHistory(10)
+    a.extend(np.arange(4.0))
+    with pytest.raises(sp.ResumeError, match="history=10"):
+        sp.LossHistory(20).load_state_dict(a.state_dict())
+
+
+def test_empty_window_percentile_is_half_and_bad_size_raises():
+    assert sp.LossHistory(3).percentile(np.array([1.0, 2.0])).tolist() == [0.5, 0.5]
+    with pytest.raises(sp.ConfigError, match="positive"):
+        sp.LossHistory(0)
+
+
+@pytest.mark.parametrize("size", [3000, 5000])
+def test_large_windows_update_incrementally_and_match(size):
+    rng = np.random.default_rng(size)
+    h = sp.LossHistory(size)
+    everything: list[float] = []
+    for _ in range(40):
+        batch = rng.integers(0, 50, size=rng.integers(1, 700)).astype(float)
+        h.extend(batch)
+        everything.extend(batch)
+        window = everything[-size:]
+        np.testing.assert_array_equal(np.sort(window), h._sorted)
+        probe = rng.integers(-1, 51, size=10).astype(float)
+        np.testing.assert_allclose(h.percentile(probe), brute_percentile(window, probe))
+        assert h.mean() == pytest.approx(np.mean(window))

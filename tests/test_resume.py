@@ -1,0 +1,172 @@
+import pytest
+import torch
+from conftest import loss_field, make_samples, roundtrip
+from contract import Adapter, check_save_load, output_keys
+from torch.utils.data import default_collate
+
+import siftpipe as sp
+
+SAMPLES = make_samples(700, seed=3)
+BATCHES = [default_collate(SAMPLES[i : i + 48]) for i in range(0, len(SAMPLES), 48)]
+
+
+class PlainIterator(Adapter):
+    """The stage over a plain list, resumed by feeding the list from state['consumed']."""
+
+    def __init__(self, data, **kwargs):
+        self.data = data
+        self.sifter = sp.Sifter(**kwargs)
+
+    def start(self):
+        return self.sifter(self.data)
+
+    def state(self):
+        return self.sifter.state_dict()
+
+    def resume(self, state):
+        self.sifter.load_state_dict(state)
+        return self.sifter(self.data[state["consumed"] :])
+
+
+POLICIES = {
+    "relative": lambda: sp.RelativeProbabilistic(beta=1.0, history=100),
+    "top": lambda: sp.TopFraction(0.3),
+    "prune": lambda: sp.PruneEasy(ratio=0.5, history=50),
+    "uniform": lambda: sp.Uniform(0.4),
+}
+CUTS = [0, 1, 2, 5, 17, 31, 32, 33, 60, 100, 151, 200, 260, 299, 300]
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("output_batch", [None, 7, 40])
+def test_per_sample_resume_equals_uninterrupted(policy, output_batch):
+    def make():
+        return PlainIterator(
+            SAMPLES,
+            model=None,
+            scorer=loss_field,
+            policy=POLICIES[policy](),
+            micro_batch=32,
+            delay=40,
+            seed=5,
+            output_batch=output_batch,
+        )
+
+    check_save_load(make, CUTS, input_keys=[s["__key__"] for s in SAMPLES])
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("output_batch,micro_batch", [(None, None), (30, None), (100, 16)])
+def test_batched_resume_equals_uninterrupted(policy, output_batch, micro_batch):
+    def make():
+        return PlainIterator(
+            BATCHES,
+            model=None,
+            scorer=loss_field,
+            policy=POLICIES[policy](),
+            micro_batch=micro_batch,
+            batched=True,
+            seed=9,
+            output_batch=output_batch,
+        )
+
+    check_save_load(make, CUTS[:10], input_keys=[s["__key__"] for s in SAMPLES])
+
+
+def test_resume_with_a_real_model_does_not_rescore_in_flight_samples():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    scorer = sp.CrossEntropy("x", "y")
+
+    def make():
+        return PlainIterator(
+            SAMPLES,
+            model=model,
+            scorer=scorer,
+            policy=sp.RelativeProbabilistic(2.0, 64),
+            micro_batch=64,
+            seed=1,
+        )
+
+    reference = check_save_load(make, [3, 20, 41])
+    # the in-flight decisions are replayed, not re-scored: change the weights at the cut and the
+    # samples of the checkpoint's micro-batch are still handed on as decided
+    first = make()
+    it = first.start()
+    head = [next(it) for _ in range(3)]
+    state = roundtrip(first.state())
+    with torch.no_grad():
+        model.weight.mul_(-1)
+    second = make()
+    tail = list(second.resume(state))
+    in_flight = [k for k in output_keys(reference) if k < "s000064"]
+    assert output_keys(head + tail)[: len(in_flight)] == in_flight
+
+
+def test_state_survives_weights_only_load_and_holds_no_sample_data():
+    s = sp.Sifter(None, loss_field, sp.RelativeProbabilistic(1.0, 100), micro_batch=32)
+    it = s(SAMPLES)
+    for _ in range(5):
+        next(it)
+    state = roundtrip(s.state_dict())
+
+    def leaves(x):
+        if isinstance(x, dict):
+            for v in x.values():
+                yield from leaves(v)
+        elif isinstance(x, list | tuple):
+            for v in x:
+                yield from leaves(v)
+        else:
+            yield x
+
+    kinds = {type(v) for v in leaves(state)}
+    assert kinds <= {int, float, str, bool, type(None), torch.Tensor}
+    tensors = [v for v in leaves(state) if isinstance(v, torch.Tensor)]
+    assert all(t.dtype in (torch.bool, torch.float32, torch.float64) for t in tensors)
+    assert state["consumed"] == 0 and len(state["pending"]) == 1
+    assert state["pending"][0]["keys"][:2] == ["s000000", "s000001"]
+
+
+def test_resume_from_a_misaligned_source_names_the_fix():
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32)
+    it = s(SAMPLES)
+    next(it)
+    state = roundtrip(s.state_dict())
+    t = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32)
+    t.load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match=r"key 's000001'.*expected 's000000'.*from item 0"):
+        list(t(SAMPLES[1:]))
+    t.load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match="feed it from item 0"):
+        list(t(SAMPLES[:10]))
+
+
+def test_resume_into_another_configuration_is_refused():
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32)
+    list(s(SAMPLES[:40]))
+    state = s.state_dict()
+    with pytest.raises(sp.ResumeError, match="micro_batch=32"):
+        sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=16).load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match="policy='uniform'"):
+        sp.Sifter(None, loss_field, sp.TopFraction(0.5), micro_batch=32).load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match="not a siftpipe"):
+        sp.Sifter(None, loss_field).load_state_dict({"foo": 1})
+
+
+def test_checkpoint_between_passes_starts_the_next_pass():
+    s = sp.Sifter(None, loss_field, sp.RelativeProbabilistic(1.0, 100), micro_batch=32, seed=2)
+    list(s(SAMPLES))
+    state = roundtrip(s.state_dict())
+    second_pass = output_keys(s(SAMPLES))
+    t = sp.Sifter(None, loss_field, sp.RelativeProbabilistic(1.0, 100), micro_batch=32, seed=2)
+    t.load_state_dict(state)
+    assert output_keys(t(SAMPLES)) == second_pass
+    assert t.epoch == s.epoch == 1
+    assert t.stats == s.stats.__class__(
+        **{
+            **s.stats.__dict__,
+            "score_seconds": t.stats.score_seconds,
+            "decide_seconds": t.stats.decide_seconds,
+        }
+    )

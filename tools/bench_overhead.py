@@ -1,0 +1,164 @@
+"""Overhead of the sift stage itself, measured side by side in one run on one core.
+
+Prints one JSON object:
+  passthrough_samples_per_s   a bare generator over the same samples
+  per_sample_samples_per_s    the stage in per-sample mode with a scorer that costs nothing
+                              (each sample carries its precomputed loss)
+  batched_samples_per_s       the stage in batched mode (worker batches of --batch rows)
+  batched_256_samples_per_s   the same with worker batches of 256 rows
+  model_scoring_ratio         stage throughput with a real model (3-layer MLP of --width, micro-batch
+                              256; width 256 takes about 1 ms per forward on this 2-core VM) divided
+                              by calling that model directly on the same micro-batches
+  rss_mib_after_1m, rss_mib_after_10m, rss_growth   peak RSS of a batched run, after 1M and 10M samples
+
+Usage: python tools/bench_overhead.py [--samples 2000000] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import siftpipe as sp
+
+
+def best_rate(fn, n: int, repeats: int) -> float:
+    """Samples per second of the fastest of ``repeats`` runs of ``fn`` (which handles n samples)."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return n / best
+
+
+def precomputed(model, batch):
+    return batch if isinstance(batch, torch.Tensor) else batch["loss"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samples", type=int, default=2_000_000, help="samples per throughput run")
+    ap.add_argument("--batch", type=int, default=512, help="rows per worker batch in batched mode")
+    ap.add_argument("--width", type=int, default=256, help="MLP width for model_scoring_ratio")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rss-samples", type=int, default=10_000_000, help="samples for the memory check")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    n = args.samples
+    rng = np.random.default_rng(0)
+
+    # per-sample stream: each sample is its own precomputed loss (a float)
+    losses = rng.exponential(size=n).tolist()
+
+    def passthrough():
+        for _ in (x for x in losses):
+            pass
+
+    def per_sample():
+        s = sp.Sifter(None, precomputed, sp.RelativeProbabilistic(1.0, 500), micro_batch=256, key=None)
+        for _ in s(losses):
+            pass
+
+    # batched stream: worker batches with a key list, a feature tensor and the loss
+    def make_batches(rows):
+        return [
+            {
+                "__key__": [f"k{i}" for i in range(b * rows, (b + 1) * rows)],
+                "x": torch.zeros(rows, 8),
+                "loss": torch.from_numpy(rng.exponential(size=rows)),
+            }
+            for b in range(256)
+        ]
+
+    def batch_stream(batches, count):
+        for i in range(count):
+            yield batches[i % len(batches)]
+
+    def batched_run(rows):
+        batches = make_batches(rows)
+        count = n // rows
+
+        def run():
+            s = sp.Sifter(
+                None, precomputed, sp.RelativeProbabilistic(1.0, 500), micro_batch=None, batched=True
+            )
+            for _ in s(batch_stream(batches, count)):
+                pass
+
+        return best_rate(run, count * rows, args.repeats)
+
+    result: dict[str, float | int | str] = {}
+    result["passthrough_samples_per_s"] = best_rate(passthrough, n, args.repeats)
+    result["per_sample_samples_per_s"] = best_rate(per_sample, n, args.repeats)
+    result["batched_samples_per_s"] = batched_run(args.batch)
+    result["batched_rows_per_batch"] = args.batch
+    result["batched_256_samples_per_s"] = batched_run(256)
+
+    # a real model whose forward on a micro-batch of 256 takes about a millisecond here
+    torch.manual_seed(0)
+    width = args.width
+    model = torch.nn.Sequential(
+        torch.nn.Linear(width, width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(width, width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(width, 10),
+    )
+    mb = 256
+    model_batches = [(torch.randn(mb, width), torch.randint(0, 10, (mb,))) for _ in range(200)]
+    scorer = sp.CrossEntropy(0, 1)
+
+    def direct():
+        model.eval()
+        with torch.inference_mode():
+            for x, y in model_batches:
+                F.cross_entropy(model(x), y, reduction="none").cpu().numpy()
+
+    def staged():
+        s = sp.Sifter(
+            model, scorer, sp.RelativeProbabilistic(1.0, 500), micro_batch=None, batched=True, key=None
+        )
+        for _ in s(model_batches):
+            pass
+
+    model_n = mb * len(model_batches)
+    direct_rate, staged_rate = [], []
+    for _ in range(args.repeats):  # interleaved, so drift in machine speed hits both alike
+        direct_rate.append(best_rate(direct, model_n, 1))
+        staged_rate.append(best_rate(staged, model_n, 1))
+    t0 = time.perf_counter()
+    direct()
+    result["model_forward_ms_per_micro_batch"] = (time.perf_counter() - t0) / len(model_batches) * 1e3
+    result["model_direct_samples_per_s"] = max(direct_rate)
+    result["model_staged_samples_per_s"] = max(staged_rate)
+    result["model_scoring_ratio"] = max(staged_rate) / max(direct_rate)
+
+    # memory: peak RSS must not grow with the stream (history, buffers and queues are bounded)
+    total = args.rss_samples // args.batch
+    s = sp.Sifter(None, precomputed, sp.RelativeProbabilistic(1.0, 100_000), micro_batch=None, batched=True)
+    marks = {}
+    for _ in s(batch_stream(make_batches(args.batch), total)):
+        if s.stats.seen >= 1_000_000 and "rss_mib_after_1m" not in marks:
+            marks["rss_mib_after_1m"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    marks["rss_mib_after_10m"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    marks["rss_samples"] = s.stats.seen
+    result.update(marks)
+    result["rss_growth"] = marks["rss_mib_after_10m"] / marks["rss_mib_after_1m"] - 1
+
+    result["per_sample_vs_passthrough"] = (
+        result["per_sample_samples_per_s"] / result["passthrough_samples_per_s"]
+    )
+    result["torch_threads"] = torch.get_num_threads()
+    result["torch"] = torch.__version__
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
