@@ -48,3 +48,29 @@ def samples():
 def linear_model():
     torch.manual_seed(0)
     return torch.nn.Linear(4, 3)
+
+
+@pytest.fixture(scope="session")
+def local_s3():
+    """One loopback S3 server for the session; tests that stop it use ``own_s3`` instead."""
+    from s3util import LocalS3
+
+    server = LocalS3()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_s3():
+    """A loopback S3 server of this test's own, free to be stopped and restarted."""
+    from s3util import LocalS3
+
+    server = LocalS3()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def bucket(local_s3):
+    """A new, empty bucket on the session's server: its name."""
+    return local_s3.new_bucket()
