@@ -1,5 +1,6 @@
 """siftpipe: a streaming data-pipeline stage that drops samples the live model has already learned."""
 
+from .audit import COLUMNS, AuditLog, AuditStats
 from .errors import (
     AuditError,
     ConfigError,
@@ -25,6 +26,8 @@ from .policies import (
     policy_names,
     register_policy,
 )
+from .reader import LogReport, read_log, verify_log
+from .replay import Replay, WhatIf, replay, whatif
 from .scorers import (
     CrossEntropy,
     MeanSquaredError,
@@ -40,20 +43,25 @@ from .sifter import REASONS, Sifter, SiftStats
 __version__ = "0.1.0"
 
 __all__ = [
-    "REASONS",
     "AuditError",
+    "AuditLog",
+    "AuditStats",
+    "COLUMNS",
     "ConfigError",
     "CrossEntropy",
     "Decision",
+    "LogReport",
     "LossHistory",
     "MeanSquaredError",
     "MissingKeyError",
     "NonFiniteLossError",
     "Policy",
     "PruneEasy",
+    "REASONS",
     "ReducibleLoss",
     "RegistryError",
     "RelativeProbabilistic",
+    "Replay",
     "ResumeError",
     "Scorer",
     "ScorerError",
@@ -66,10 +74,15 @@ __all__ = [
     "TokenCrossEntropy",
     "TopFraction",
     "Uniform",
+    "WhatIf",
     "get_policy",
     "get_scorer",
     "policy_names",
+    "read_log",
     "register_policy",
     "register_scorer",
+    "replay",
     "scorer_names",
+    "verify_log",
+    "whatif",
 ]

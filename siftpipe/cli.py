@@ -8,9 +8,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-
 #: Modules of this package that each define ``add_cli(subparsers)`` for one command group.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("logtools",)
 
 
 def parse_storage_options(pairs: Sequence[str] | None) -> dict[str, Any]:
@@ -27,11 +26,8 @@ def parse_storage_options(pairs: Sequence[str] | None) -> dict[str, Any]:
         parsed: Any = value
         if value.lower() in ("true", "false"):
             parsed = value.lower() == "true"
-        else:
-            try:
-                parsed = int(value)
-            except ValueError:
-                pass
+        elif value.lstrip("-").isdigit():
+            parsed = int(value)
         target = options
         *parents, leaf = key.split(".")
         for parent in parents:

@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import default_collate, get_worker_info
 
 from . import _batch
+from ._decide import REASONS, decide_rows
 from .errors import (
     ConfigError,
     MissingKeyError,
@@ -30,9 +31,6 @@ from .scorers import Scorer, get_scorer
 
 __all__ = ["REASONS", "SiftStats", "Sifter"]
 
-#: ``reason`` codes of a decision, in the order of their small-integer codes.
-REASONS: tuple[str, ...] = ("policy", "warmup", "nan")
-_POLICY, _WARMUP, _NAN = 0, 1, 2
 
 OnNan = Literal["raise", "keep", "drop"]
 OnOom = Literal["raise", "split"]
@@ -314,6 +312,8 @@ class Sifter:
                 )
             source.load_state_dict(resume["source"])  # type: ignore[attr-defined]
         self._source = source if tracked else None
+        if self.audit is not None:
+            self.audit.start()
         device = self.device
         self._score_device = _CPU if device.type == "cpu" else device
         gen = self._run(iter(source), resume)
@@ -386,7 +386,7 @@ class Sifter:
         self.epoch = int(state["epoch"])
         self.model_version = state["model_version"]
         if self.audit is not None:
-            self.audit.load_state_dict(state.get("audit"))
+            self.audit.load_state_dict(state.get("audit"), resumed_from=int(state["counts"]["seen"]))
         self._pending.clear()
         self._emitted = 0
         self._epoch_set = False
@@ -507,48 +507,18 @@ class Sifter:
         seq0 = group.seq0
         counts = self._counts
         chunk = self.micro_batch or rows
+        micro_batch0 = counts["micro_batches"]
 
         finite = np.isfinite(losses)
-        all_finite = bool(finite.all())
-        reason: np.ndarray | None = None
-        if all_finite and rows <= chunk:
-            # the common case: one micro-batch, every loss finite; the policy's arrays are final
-            d = self.policy.decide(losses, self._rng, seq0)
-            keep, prob, score, weight = d.keep, d.prob, d.score, d.weight
-            counts["micro_batches"] += 1
-        else:
-            if not all_finite and self.on_nan == "raise":
-                self._raise_non_finite(group, losses, finite)
-            keep = np.zeros(rows, dtype=bool)
-            prob = np.zeros(rows)
-            score = np.full(rows, np.nan)
-            weight = np.ones(rows)
-            reason = np.zeros(rows, dtype=np.int8)
-            for start in range(0, rows, chunk):
-                stop = min(rows, start + chunk)
-                sub = np.arange(start, stop) if all_finite else finite[start:stop].nonzero()[0] + start
-                if sub.size:
-                    d = self.policy.decide(losses[sub], self._rng, seq0 + start)
-                    keep[sub], prob[sub], score[sub] = d.keep, d.prob, d.score
-                    if d.weight is not None:
-                        weight[sub] = d.weight
-                counts["micro_batches"] += 1
-            if not all_finite:
-                bad = ~finite
-                keep[bad] = self.on_nan == "keep"
-                prob[bad] = float(self.on_nan == "keep")
-                reason[bad] = _NAN
-                counts["nan"] += int(bad.sum())
-        if seq0 < self.delay:
-            warm = np.zeros(rows, dtype=bool)
-            warm[: self.delay - seq0] = True
-            warm &= finite
-            keep = keep | warm
-            prob = np.where(warm, 1.0, prob)
-            if weight is not None:
-                weight = np.where(warm, 1.0, weight)
-            reason = np.where(warm, _WARMUP, 0 if reason is None else reason).astype(np.int8)
-            counts["warmup"] += int(warm.sum())
+        if self.on_nan == "raise" and not finite.all():
+            self._raise_non_finite(group, losses, finite)
+        d = decide_rows(
+            self.policy, self._rng, losses, seq0, chunk, self.delay, self.on_nan == "keep", finite
+        )
+        keep, prob, score, weight, reason = d.keep, d.prob, d.score, d.weight, d.reason
+        counts["micro_batches"] += d.micro_batches
+        counts["nan"] += d.nan
+        counts["warmup"] += d.warmup
         kept_index = keep.nonzero()[0]
         n_kept = kept_index.size
         counts["seen"] += rows
@@ -565,13 +535,17 @@ class Sifter:
                 self,
                 seq0=seq0,
                 keys=self._keys_of_group(group, required=True),
-                urls=self._urls_of_group(group),
+                urls=self._field_of_group(group, "__url__"),
+                workers=self._field_of_group(group, "__worker__"),
                 loss=losses,
                 score=score,
                 prob=prob,
                 kept=keep,
                 weight=weight,
                 reason=reason,
+                micro_batch0=micro_batch0,
+                chunk=chunk,
+                source="forward",
             )
         self._seconds[0] += t1 - t0
         self._seconds[1] += time.perf_counter() - t1
@@ -772,15 +746,17 @@ class Sifter:
                     ) from None
             raise
 
-    def _urls_of_group(self, group: _Group) -> list[Any] | None:
+    def _field_of_group(self, group: _Group, name: str) -> list[Any] | None:
+        """Per-sample values of an optional metadata field (``__url__``, ``__worker__``), or None."""
         if self.batched:
             batch = group.items[0]
-            if isinstance(batch, Mapping) and "__url__" in batch:
-                return list(batch["__url__"])
+            if isinstance(batch, Mapping) and name in batch:
+                values = batch[name]
+                return values.tolist() if isinstance(values, torch.Tensor) else list(values)
             return None
         items = group.items
-        if isinstance(items[0], Mapping):
-            return [s.get("__url__") for s in items]
+        if isinstance(items[0], Mapping) and name in items[0]:
+            return [s.get(name) for s in items]
         return None
 
     # ------------------------------------------------------------------ helpers

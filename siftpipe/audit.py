@@ -1,0 +1,639 @@
+"""The audit log: one record per sample the stage decided, written as Parquet parts in the background.
+
+Layout under the log's root URL (any fsspec URL: ``s3://``, ``gs://``, ``file://``, a local path)::
+
+    <root>/run=<run id>/rank=<rank>/part-<part:08d>-<attempt>.parquet
+    <root>/run=<run id>/rank=<rank>/_manifest-<part:08d>-<attempt>.json
+    <root>/run=<run id>/rank=<rank>/_end-<attempt>.json          (written when an attempt closes)
+
+Hive-style: pyarrow, pandas, DuckDB and Athena read ``run`` and ``rank`` from the path. Each part
+is an immutable object (S3 has no append), written once; its manifest (written after it) gives the
+part's record count and first and last sequence number, so a reader can tell a missing part from an
+empty one. An *attempt* is one process's stretch of a run: a resumed run starts a new attempt whose
+records supersede, from its resume point on, those of attempts that started before it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime as _dt
+import json
+import os
+import queue
+import secrets as _random
+import subprocess
+import sys
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from . import _audit_io
+from ._secrets import redact, safe_options, secret_values
+from .errors import AuditError, ResumeError
+
+if TYPE_CHECKING:
+    from .sifter import Sifter
+
+__all__ = ["COLUMNS", "AuditLog", "AuditStats"]
+
+#: Columns of every part, in order (``run`` and ``rank`` come from the path).
+COLUMNS: tuple[str, ...] = (
+    "worker",
+    "seq",
+    "epoch",
+    "key",
+    "url",
+    "loss",
+    "score",
+    "prob",
+    "kept",
+    "weight",
+    "reason",
+    "source",
+    "micro_batch",
+    "model_version",
+    "time",
+)
+FORMAT_VERSION = 1
+
+OnFull = Literal["block", "drop"]
+Writer = Literal["process", "thread"]
+
+
+def _new_run_id() -> str:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{_random.token_hex(3)}"
+
+
+class AuditStats:
+    """Counters of an audit log, in records unless named otherwise."""
+
+    __slots__ = (
+        "bytes_written",
+        "dropped_records",
+        "parts_written",
+        "records",
+        "retries",
+        "unwritten_records",
+    )
+
+    def __init__(self) -> None:
+        self.records = 0  # handed to the log by the stage
+        self.parts_written = 0
+        self.bytes_written = 0
+        self.retries = 0  # failed writes that were retried
+        self.dropped_records = 0  # lost on purpose (on_full="drop"), never silently
+        self.unwritten_records = 0  # not written because the destination failed (AuditError raised)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)}" for name in self.__slots__)
+        return f"AuditStats({fields})"
+
+
+_open_logs: weakref.WeakSet[AuditLog] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    for log in list(_open_logs):
+        try:
+            log.close(timeout=120.0)
+        except Exception as exc:
+            warnings.warn(f"siftpipe: could not flush the audit log at exit: {exc}", stacklevel=1)
+
+
+class AuditLog:
+    """Where a stage writes its decisions.
+
+    Records are collected per micro-batch as arrays on the training thread. Every ``flush_every``
+    records they are sealed into a part and handed to a writer that encodes Parquet and writes it
+    through fsspec with retries, so no I/O or encoding happens on the training thread.
+    ``Sifter.state_dict()`` also seals a part, so checkpoints fall on part boundaries.
+
+    The default writer is a separate process: Parquet encoding and the upload never compete with
+    training for the GIL, and a training process killed with SIGKILL loses only records not yet
+    sealed (at most ``flush_every``) and parts not yet handed over: the writer finishes what it
+    received. ``writer="thread"`` writes from a thread of this process instead.
+
+    Args:
+        url: Root of the log: an fsspec URL (``s3://bucket/prefix``) or a local path.
+        storage_options: fsspec options (``endpoint_url``, ``profile``, ``anon``, ...); S3
+            credentials otherwise come from the standard AWS environment.
+        run_id: Names this run (``run=<id>``); default ``$SIFTPIPE_RUN_ID``,
+            ``$TORCHELASTIC_RUN_ID``, or a new time-stamped id (shared from rank 0 when
+            torch.distributed is initialised: construct the log on every rank). A resumed stage
+            keeps its checkpoint's run id.
+        rank: This process's rank; default from torch.distributed, else ``$RANK``, else 0.
+        flush_every: Records per part.
+        max_queue_bytes: Bound on sealed-but-unwritten parts, in bytes.
+        on_full: When the queue is full or a part cannot be written within ``retry_timeout``:
+            ``"block"`` waits, then raises ``AuditError``; ``"drop"`` drops the part, counts its
+            records in ``stats.dropped_records`` and warns.
+        retry_timeout: Seconds to keep retrying one write before giving up.
+        compression: Parquet codec.
+        writer: ``"process"`` (default) or ``"thread"``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
+        rank: int | None = None,
+        flush_every: int = 65536,
+        max_queue_bytes: int = 256 << 20,
+        on_full: OnFull = "block",
+        retry_timeout: float = 600.0,
+        compression: str = "zstd",
+        writer: Writer = "process",
+    ) -> None:
+        if not isinstance(url, str) or not url:
+            raise AuditError(f"the audit log needs a root URL or path, got {url!r}")
+        if not isinstance(flush_every, int) or flush_every < 1:
+            raise AuditError(f"flush_every must be a number of records >= 1, got {flush_every!r}")
+        if on_full not in ("block", "drop"):
+            raise AuditError(f"on_full must be 'block' or 'drop', got {on_full!r}")
+        if writer not in ("process", "thread"):
+            raise AuditError(f"writer must be 'process' or 'thread', got {writer!r}")
+        self.url = url.rstrip("/")
+        self._storage_options = dict(storage_options or {})
+        self._secrets = secret_values(self._storage_options)
+        self.flush_every = flush_every
+        self.max_queue_bytes = max_queue_bytes
+        self.on_full = on_full
+        self.retry_timeout = retry_timeout
+        self.compression = compression
+        self.writer = writer
+        self._explicit_run_id = run_id
+        # resolved now: every rank constructs its stage at the same point, so a collective that
+        # shares rank 0's id cannot meet another rank's unrelated collective
+        self.run_id: str = (
+            run_id
+            or os.environ.get("SIFTPIPE_RUN_ID")
+            or os.environ.get("TORCHELASTIC_RUN_ID")
+            or _shared_run_id()
+        )
+        self._rank = rank
+        self.stats = AuditStats()
+        self.attempt = _random.token_hex(4)
+        self._attempt_started = time.time_ns()
+        self._resumed_from = 0
+        self._next_part = 0
+        self._buffer: list[dict[str, Any]] = []
+        self._buffer_rows = 0
+        self._metadata: dict[str, Any] = {}
+        self._transport: _Transport | None = None
+        self._space = threading.Condition()  # guards the counters below
+        self._queued_bytes = 0
+        self._queued = 0  # frames handed to the writer and not answered yet
+        self._error: str | None = None  # to raise on the training thread (once)
+        self._failed: str | None = None  # the destination gave up: write nothing more
+        self._closed = False
+
+    # ------------------------------------------------------------------ identity
+
+    @property
+    def rank(self) -> int:
+        if self._rank is None:
+            self._rank = _current_rank()
+        return self._rank
+
+    @property
+    def directory(self) -> str:
+        """This rank's directory in the log: ``<root>/run=<id>/rank=<rank>``."""
+        return f"{self.url}/run={self.run_id}/rank={self.rank}"
+
+    def __repr__(self) -> str:
+        return (
+            f"AuditLog({redact(self.url, self._secrets)!r}, run_id={self.run_id!r}, rank={self._rank!r}, "
+            f"storage_options={safe_options(self._storage_options)!r}, flush_every={self.flush_every}, "
+            f"writer={self.writer!r})"
+        )
+
+    # ------------------------------------------------------------------ writing
+
+    def write_decisions(
+        self,
+        sifter: Sifter,
+        *,
+        seq0: int,
+        keys: list[Any] | None,
+        urls: list[Any] | None,
+        workers: list[Any] | None,
+        loss: np.ndarray,
+        score: np.ndarray,
+        prob: np.ndarray,
+        kept: np.ndarray,
+        weight: np.ndarray | None,
+        reason: np.ndarray | None,
+        micro_batch0: int,
+        chunk: int,
+        source: str,
+    ) -> None:
+        """Record one decided group (called by the stage on the training thread)."""
+        self._raise_if_failed()
+        if self._closed:
+            raise AuditError(f"the audit log at {self._safe_url()} is closed; create a new AuditLog")
+        if not self._metadata:
+            self._metadata = _describe(sifter)
+        n = int(loss.shape[0])
+        if urls is not None and urls and urls.count(urls[0]) == n:
+            urls = (urls[0], n)  # type: ignore[assignment]  # one shard: no per-row strings
+        self._buffer.append(
+            {
+                "n": n,
+                "seq0": seq0,
+                "epoch": sifter.epoch,
+                "model_version": sifter.model_version,
+                "time": time.time(),
+                "keys": keys,
+                "urls": urls,
+                "workers": workers,
+                "loss": loss,
+                "score": score,
+                "prob": prob,
+                "kept": kept,
+                "weight": weight,
+                "reason": reason,
+                "micro_batch0": micro_batch0,
+                "chunk": chunk,
+                "source": source,
+            }
+        )
+        self._buffer_rows += n
+        self.stats.records += n
+        if self._buffer_rows >= self.flush_every:
+            self.seal()
+
+    def seal(self) -> None:
+        """Close the records collected so far into a part and hand it to the writer."""
+        if not self._buffer:
+            return
+        number = self._next_part
+        self._next_part += 1
+        chunks, rows = self._buffer, self._buffer_rows
+        self._buffer, self._buffer_rows = [], 0
+        if self._failed is not None:
+            self.stats.unwritten_records += rows
+            self._raise_if_failed()
+        header, buffers = _audit_io.encode_part(
+            chunks, {"part": number, "directory": self.directory, "identity": self._identity()}
+        )
+        self._send(header, buffers, rows)
+
+    def start(self) -> None:
+        """Start the writer now (the stage does, when a pass begins) rather than at the first part."""
+        self._writer()
+
+    def _send(self, header: dict[str, Any], buffers: list[Any], rows: int) -> None:
+        transport = self._writer()
+        size = sum(_audit_io._nbytes(b) for b in buffers)
+        with self._space:
+            while self._queued_bytes and self._queued_bytes + size > self.max_queue_bytes:
+                if self.on_full == "drop":
+                    self._drop(header, rows, "the queue of unwritten parts is full")
+                    return
+                self._space.wait(timeout=1.0)
+                self._raise_if_failed()
+            self._queued_bytes += size
+            self._queued += 1
+        transport.send(header, buffers, size, rows)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Seal what is collected and wait until every part handed over is written (or ``timeout`` s)."""
+        self.seal()
+        with self._space:
+            done = self._space.wait_for(lambda: self._queued == 0, timeout)
+        if not done:
+            raise AuditError(
+                f"the audit log at {self._safe_url()} did not finish writing within {timeout} s "
+                f"({self._queued} part(s) queued)"
+            )
+        self._raise_if_failed()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush, write this attempt's end marker and stop the writer. Idempotent."""
+        if self._closed:
+            return
+        try:
+            self.flush(timeout)
+            if self._transport is not None and self._failed is None:
+                marker = {**self._identity(), "parts": self._next_part, "records": self.stats.records}
+                self._send(
+                    {"op": "json", "path": f"{self.directory}/_end-{self.attempt}.json", "body": marker},
+                    [],
+                    0,
+                )
+                self.flush(timeout)
+        finally:
+            self._closed = True
+            _open_logs.discard(self)
+            if self._transport is not None:
+                self._transport.close(timeout)
+
+    def __enter__(self) -> AuditLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Run id, rank and the next part number; seals the collected records first, so a
+        checkpoint falls on a part boundary and the resumed run continues the numbering."""
+        self.seal()
+        return {"run_id": self.run_id, "rank": self.rank, "next_part": self._next_part}
+
+    def load_state_dict(self, state: Mapping[str, Any] | None, resumed_from: int = 0) -> None:
+        """Continue a checkpointed log; ``resumed_from`` is the first sequence number to come."""
+        if state is None:
+            raise ResumeError(
+                "the checkpoint was made without an audit log, so this log cannot continue it; "
+                "resume without audit=, or start a new run"
+            )
+        if self._explicit_run_id is not None and self._explicit_run_id != state["run_id"]:
+            raise ResumeError(
+                f"the checkpoint belongs to audit run {state['run_id']!r} but this AuditLog was given "
+                f"run_id={self._explicit_run_id!r}; drop run_id= to continue the checkpoint's run"
+            )
+        if self._next_part or self._buffer:
+            raise ResumeError("load the checkpoint into a new AuditLog, before anything is written to it")
+        self.run_id = state["run_id"]
+        self._rank = int(state["rank"]) if self._rank is None else self._rank
+        self._next_part = int(state["next_part"])
+        self._resumed_from = int(resumed_from)
+        self.attempt = _random.token_hex(4)
+        self._attempt_started = time.time_ns()
+
+    # ------------------------------------------------------------------ the writer
+
+    def _writer(self) -> _Transport:
+        if self._transport is None:
+            config = {
+                "url": self.url,
+                "storage_options": self._storage_options,
+                "compression": self.compression,
+                "retry_timeout": self.retry_timeout,
+                "secrets": self._secrets,
+                "give_up_after_failure": self.on_full == "block",
+            }
+            cls = _ProcessTransport if self.writer == "process" else _ThreadTransport
+            self._transport = cls(config, self._on_reply, self._safe_url())
+            _open_logs.add(self)
+        return self._transport
+
+    def _on_reply(self, header: Mapping[str, Any], size: int, rows: int, reply: Mapping[str, Any]) -> None:
+        """A frame was handled (runs on the writer's reply thread)."""
+        self.stats.retries += int(reply.get("retries", 0))
+        if reply.get("ok"):
+            if header["op"] == "part":
+                self.stats.parts_written += 1
+                self.stats.bytes_written += int(reply.get("bytes", 0))
+        elif header["op"] == "part" and self.on_full == "drop":
+            self._drop(header, rows, f"writing failed: {reply.get('error')}")
+        elif header["op"] == "json" and self.on_full == "drop":
+            warnings.warn(f"siftpipe: {reply.get('error')}", RuntimeWarning, stacklevel=2)
+        else:
+            self.stats.unwritten_records += rows
+            if self._failed is None:
+                self._failed = self._error = str(reply.get("error"))
+        with self._space:
+            self._queued_bytes -= size
+            self._queued -= 1
+            self._space.notify_all()
+
+    def _identity(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_VERSION,
+            "run": self.run_id,
+            "rank": self.rank,
+            "attempt": self.attempt,
+            "attempt_started": self._attempt_started,
+            "resumed_from": self._resumed_from,
+            "flush_every": self.flush_every,
+            "stage": self._metadata,
+        }
+
+    def _drop(self, header: Mapping[str, Any], rows: int, why: str) -> None:
+        self.stats.dropped_records += rows
+        warnings.warn(
+            f"siftpipe: dropped audit part {header.get('part')} ({rows} records) of {self._safe_url()}: "
+            f"{why} (on_full='drop'; {self.stats.dropped_records} records dropped so far)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise AuditError(
+                f"{error} ({self.stats.unwritten_records} records of this attempt are not in the log; "
+                "nothing more is written to it)"
+            )
+        if self._failed is not None:
+            raise AuditError(
+                f"the audit log at {self._safe_url()} failed earlier ({self._failed}); "
+                "nothing more is written to it"
+            )
+
+    def _safe_url(self) -> str:
+        return redact(self.url, self._secrets)
+
+
+Reply = Callable[[Mapping[str, Any], int, int, Mapping[str, Any]], None]
+
+
+class _Transport:
+    """Hands frames to a ``PartWriter`` and reports each one's reply, in order."""
+
+    def send(self, header: dict[str, Any], buffers: list[Any], size: int, rows: int) -> None:
+        raise NotImplementedError
+
+    def close(self, timeout: float | None) -> None:
+        raise NotImplementedError
+
+
+class _ThreadTransport(_Transport):
+    def __init__(self, config: Mapping[str, Any], on_reply: Reply, where: str) -> None:
+        self.writer = _audit_io.PartWriter(**config)
+        self.on_reply = on_reply
+        self.queue: queue.Queue[tuple[dict[str, Any], list[Any], int, int] | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="siftpipe-audit", daemon=True)
+        self.thread.start()
+
+    def send(self, header: dict[str, Any], buffers: list[Any], size: int, rows: int) -> None:
+        self.queue.put((header, buffers, size, rows))
+
+    def _run(self) -> None:
+        while (item := self.queue.get()) is not None:
+            header, buffers, size, rows = item
+            payload = b"".join(memoryview(b).cast("B") for b in buffers)
+            self.on_reply(header, size, rows, self.writer.handle(header, payload))
+
+    def close(self, timeout: float | None) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout)
+
+
+_BOOT = (
+    "import importlib.util, os, sys, types\n"
+    "here = sys.argv[1]\n"
+    "pkg = types.ModuleType('siftpipe_audit_writer'); pkg.__path__ = [here]\n"
+    "sys.modules['siftpipe_audit_writer'] = pkg\n"
+    "def load(name):\n"
+    "    spec = importlib.util.spec_from_file_location('siftpipe_audit_writer.' + name,\n"
+    "                                                  os.path.join(here, name + '.py'))\n"
+    "    module = importlib.util.module_from_spec(spec); sys.modules[spec.name] = module\n"
+    "    spec.loader.exec_module(module); return module\n"
+    "load('_secrets'); io_ = load('_audit_io')\n"
+    "replies = os.fdopen(os.dup(sys.stdout.fileno()), 'wb'); sys.stdout = sys.stderr\n"
+    "sys.exit(io_.serve(sys.stdin.buffer, replies))\n"
+)
+
+
+class _ProcessTransport(_Transport):
+    """A writer process fed through a pipe; a sender thread writes frames, a reader thread reads replies.
+
+    The process is started with the package's directory on its path but without importing the
+    package (no torch there); configuration, credentials included, travels on the pipe, never on
+    the command line. Every frame handed to ``send`` gets exactly one reply, also when the
+    process dies.
+    """
+
+    def __init__(self, config: Mapping[str, Any], on_reply: Reply, where: str) -> None:
+        self.on_reply = on_reply
+        self.where = where
+        here = os.path.dirname(os.path.abspath(_audit_io.__file__))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _BOOT, here],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,  # Ctrl-C in the terminal is the trainer's to handle
+        )
+        self.outbox: queue.Queue[tuple[dict[str, Any], list[Any], int, int] | None] = queue.Queue()
+        self.pending: queue.Queue[tuple[dict[str, Any], int, int]] = queue.Queue()
+        self.lock = threading.Lock()  # orders "sent, await a reply" against "the process is gone"
+        self.gone = False
+        self.sender = threading.Thread(
+            target=self._send_loop, args=(dict(config),), daemon=True, name="siftpipe-audit-send"
+        )
+        self.reader = threading.Thread(target=self._read_loop, name="siftpipe-audit-read", daemon=True)
+        self.sender.start()
+        self.reader.start()
+
+    def send(self, header: dict[str, Any], buffers: list[Any], size: int, rows: int) -> None:
+        self.outbox.put((header, buffers, size, rows))
+
+    def _lost(self, header: Mapping[str, Any], size: int, rows: int) -> None:
+        code = self.proc.poll()
+        self.on_reply(
+            header,
+            size,
+            rows,
+            {
+                "ok": False,
+                "error": f"the audit writer process for {self.where} exited (code {code}) "
+                "before writing this",
+            },
+        )
+
+    def _write(self, pieces: list[Any]) -> bool:
+        stdin = self.proc.stdin
+        assert stdin is not None
+        try:
+            for piece in pieces:
+                stdin.write(piece)
+            stdin.flush()
+            return True
+        except (BrokenPipeError, ValueError, OSError):
+            return False
+
+    def _send_loop(self, config: dict[str, Any]) -> None:
+        alive = self._write(_audit_io.frame(config))
+        while (item := self.outbox.get()) is not None:
+            header, buffers, size, rows = item
+            alive = alive and self._write(_audit_io.frame(header, buffers))
+            with self.lock:
+                if alive and not self.gone:
+                    self.pending.put((header, size, rows))
+                    continue
+            self._lost(header, size, rows)
+        if alive:
+            self._write(_audit_io.frame({"op": "close"}))
+        with contextlib.suppress(OSError, ValueError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+
+    def _read_loop(self) -> None:
+        stdout = self.proc.stdout
+        assert stdout is not None
+        for line in stdout:
+            header, size, rows = self.pending.get()
+            self.on_reply(header, size, rows, json.loads(line))
+        self.proc.wait()
+        with self.lock:
+            self.gone = True
+        while True:
+            try:
+                header, size, rows = self.pending.get_nowait()
+            except queue.Empty:
+                return
+            self._lost(header, size, rows)
+
+    def close(self, timeout: float | None) -> None:
+        self.outbox.put(None)
+        self.sender.join(timeout)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.reader.join(timeout)
+
+
+def _describe(sifter: Sifter) -> dict[str, Any]:
+    policy = sifter.policy
+    return {
+        "policy": policy.name or type(policy).__name__,
+        "policy_config": policy.config(),
+        "weighted": bool(sifter.attach_weight),
+        "micro_batch": sifter.micro_batch,
+        "batched": sifter.batched,
+        "delay": sifter.delay,
+        "seed": sifter.seed,
+        "on_nan": sifter.on_nan,
+        "scorer": repr(sifter.scorer)[:200],
+    }
+
+
+def _current_rank() -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except ImportError:
+        pass
+    return int(os.environ.get("RANK", "0"))
+
+
+def _shared_run_id() -> str:
+    """A new run id, the same on every rank of an initialised torch.distributed job."""
+    run_id = _new_run_id()
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            box = [run_id]
+            dist.broadcast_object_list(box, src=0)
+            run_id = str(box[0])
+    except ImportError:
+        pass
+    return run_id

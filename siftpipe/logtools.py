@@ -1,0 +1,297 @@
+"""``siftpipe log ...``: summaries, plots, what-if, keys and verification of an audit log."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .cli import add_storage_option_flag, parse_storage_options
+from .policies import Policy, PruneEasy, RelativeProbabilistic, TopFraction, Uniform
+from .reader import _read_many, _read_part, list_parts, read_log, verify_log
+from .replay import format_whatif, whatif
+
+__all__ = ["add_cli", "plot_log", "summarize"]
+
+_SUMMARY_COLUMNS = ["seq", "kept", "loss", "reason", "url", "epoch"]
+
+
+def summarize(table: Any, *, buckets: int = 10, top_shards: int = 10) -> dict[str, Any]:
+    """Totals, keep rate over sequence, loss quantiles kept vs dropped, and the most-dropped shards."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = table.num_rows
+    if n == 0:
+        return {"records": 0}
+    kept = table.column("kept").to_numpy(zero_copy_only=False)
+    loss = table.column("loss").to_numpy()
+    seq = table.column("seq").to_numpy()
+    reason_counts = {
+        str(row["values"]): int(row["counts"]) for row in pc.value_counts(table.column("reason")).to_pylist()
+    }
+    out: dict[str, Any] = {
+        "records": n,
+        "kept": int(kept.sum()),
+        "dropped": int(n - kept.sum()),
+        "keep_rate": float(kept.mean()),
+        "reasons": reason_counts,
+    }
+    if "run" in table.column_names:
+        out["runs"] = sorted({str(r) for r in pc.unique(table.column("run")).to_pylist()})
+        out["ranks"] = sorted(int(r) for r in pc.unique(table.column("rank")).to_pylist())
+    if "epoch" in table.column_names:
+        out["epochs"] = sorted(int(e) for e in pc.unique(table.column("epoch")).to_pylist())
+    # keep rate over time: equal slices of the sequence (across ranks, by rank-local seq)
+    edges = np.linspace(seq.min(), seq.max() + 1, buckets + 1)
+    which = np.clip(np.searchsorted(edges, seq, side="right") - 1, 0, buckets - 1)
+    counts = np.bincount(which, minlength=buckets)
+    kept_counts = np.bincount(which, weights=kept, minlength=buckets)
+    out["keep_rate_over_seq"] = [
+        {
+            "seq_from": int(edges[i]),
+            "seq_to": int(edges[i + 1]) - 1,
+            "records": int(counts[i]),
+            "keep_rate": float(kept_counts[i] / counts[i]) if counts[i] else None,
+        }
+        for i in range(buckets)
+    ]
+    finite = np.isfinite(loss)
+    q = [0.1, 0.5, 0.9]
+
+    def quantiles(mask: np.ndarray) -> dict[str, float | None]:
+        values = loss[mask & finite]
+        if not values.size:
+            return {"p10": None, "p50": None, "p90": None, "mean": None}
+        p = np.quantile(values, q)
+        return {"p10": float(p[0]), "p50": float(p[1]), "p90": float(p[2]), "mean": float(values.mean())}
+
+    out["loss_kept"] = quantiles(kept)
+    out["loss_dropped"] = quantiles(~kept)
+    if "url" in table.column_names:
+        url = table.column("url")
+        if isinstance(url.type, pa.DictionaryType):
+            url = url.cast(pa.string())
+        grouped = (
+            pa.table({"url": url, "kept": table.column("kept").cast(pa.int64())})
+            .group_by("url")
+            .aggregate([("kept", "sum"), ("kept", "count")])
+        )
+        urls = grouped.column("url").to_pylist()
+        seen = grouped.column("kept_count").to_numpy()
+        kept_by = grouped.column("kept_sum").to_numpy()
+        dropped = seen - kept_by
+        order = np.argsort(-dropped, kind="stable")[:top_shards]
+        out["most_dropped_shards"] = [
+            {
+                "url": urls[i],
+                "records": int(seen[i]),
+                "dropped": int(dropped[i]),
+                "keep_rate": float(kept_by[i] / seen[i]),
+            }
+            for i in order
+        ]
+    return out
+
+
+def _print_summary(s: Mapping[str, Any], out: Any) -> None:
+    if not s.get("records"):
+        print("no records", file=out)
+        return
+    print(
+        f"records {s['records']}  kept {s['kept']}  dropped {s['dropped']}  keep rate {s['keep_rate']:.4f}",
+        file=out,
+    )
+    if "runs" in s:
+        print(f"runs {', '.join(s['runs'])}  ranks {s['ranks']}  epochs {s.get('epochs')}", file=out)
+    print("reasons: " + ", ".join(f"{k} {v}" for k, v in sorted(s["reasons"].items())), file=out)
+    print("\nkeep rate over sequence:", file=out)
+    for b in s["keep_rate_over_seq"]:
+        rate = "   -  " if b["keep_rate"] is None else f"{b['keep_rate']:.4f}"
+        bar = "" if b["keep_rate"] is None else "#" * round(b["keep_rate"] * 40)
+        print(f"  seq {b['seq_from']:>12}..{b['seq_to']:<12} {rate}  {bar}", file=out)
+    print("\nloss           p10        p50        p90       mean", file=out)
+    for name in ("kept", "dropped"):
+        qs = s[f"loss_{name}"]
+        cells = "".join(
+            "         -" if qs[k] is None else f" {qs[k]:>10.4g}" for k in ("p10", "p50", "p90", "mean")
+        )
+        print(f"  {name:<8}{cells}", file=out)
+    if s.get("most_dropped_shards"):
+        print("\nmost-dropped shards:", file=out)
+        for row in s["most_dropped_shards"]:
+            print(
+                f"  {row['dropped']:>9} dropped of {row['records']:>9} "
+                f"(keep {row['keep_rate']:.3f})  {row['url']}",
+                file=out,
+            )
+
+
+def plot_log(table: Any, path: str) -> None:
+    """Write a PNG: keep rate over sequence, loss histograms kept vs dropped, prob vs score."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kept = table.column("kept").to_numpy(zero_copy_only=False)
+    loss = table.column("loss").to_numpy()
+    seq = table.column("seq").to_numpy()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    order = np.argsort(seq, kind="stable")
+    window = max(1, min(5000, seq.size // 50))
+    rolling = np.convolve(kept[order].astype(float), np.ones(window) / window, mode="valid")
+    axes[0].plot(seq[order][window - 1 :], rolling, lw=1)
+    axes[0].set(
+        title=f"keep rate (rolling {window} samples)",
+        xlabel="sequence number",
+        ylabel="keep rate",
+        ylim=(0, 1.02),
+    )
+    finite = np.isfinite(loss)
+    if finite.any():
+        hi = np.quantile(loss[finite], 0.995)
+        bins = np.linspace(loss[finite].min(), hi, 60)
+        axes[1].hist(loss[finite & kept], bins=bins, alpha=0.6, label="kept", density=True)
+        axes[1].hist(loss[finite & ~kept], bins=bins, alpha=0.6, label="dropped", density=True)
+        axes[1].legend()
+    axes[1].set(title="loss: kept vs dropped", xlabel="loss", ylabel="density")
+    score = table.column("score").to_numpy()
+    prob = table.column("prob").to_numpy()
+    pick = np.flatnonzero(np.isfinite(score) & np.isfinite(prob))
+    if pick.size > 20000:
+        pick = np.random.default_rng(0).choice(pick, 20000, replace=False)
+    axes[2].scatter(score[pick], prob[pick], s=2, alpha=0.3)
+    axes[2].set(
+        title="keep probability vs policy score", xlabel="score (percentile)", ylabel="keep probability"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", help="root of the audit log (s3://bucket/prefix, a path, any fsspec URL)")
+    add_storage_option_flag(parser)
+    parser.add_argument("--run", action="append", help="only this run id (repeatable)")
+    parser.add_argument("--rank", type=int, action="append", help="only this rank (repeatable)")
+
+
+def _read(args: argparse.Namespace, columns: list[str] | None) -> Any:
+    return read_log(
+        args.url,
+        parse_storage_options(args.storage_option),
+        run=args.run,
+        rank=args.rank,
+        columns=columns,
+        progress=sys.stderr.isatty(),
+    )
+
+
+def _cmd_summary(args: argparse.Namespace) -> int:
+    s = summarize(_read(args, _SUMMARY_COLUMNS))
+    if args.json:
+        print(json.dumps(s, indent=1))
+    else:
+        _print_summary(s, sys.stdout)
+    return 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    table = _read(args, ["seq", "kept", "loss", "score", "prob"])
+    if table.num_rows == 0:
+        print("no records to plot", file=sys.stderr)
+        return 1
+    plot_log(table, args.output)
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _cmd_keys(args: argparse.Namespace) -> int:
+    options = parse_storage_options(args.storage_option)
+    fs, infos, _ = list_parts(args.url, options, run=args.run, rank=args.rank)
+    want_kept = not args.dropped
+    out = sys.stdout
+    for info in infos:
+        if info.path is None:
+            continue
+        (table,) = _read_many(fs, [info.path], lambda b: _read_part(b, ["seq", "key", "kept"]))
+        if isinstance(table, Exception):
+            print(f"skipping unreadable part {info.path}: {type(table).__name__}", file=sys.stderr)
+            continue
+        seq = table.column("seq").to_numpy()
+        kept = table.column("kept").to_numpy(zero_copy_only=False)
+        mask = (kept == want_kept) & (seq < info.cutoff)
+        keys = table.column("key").to_pylist()
+        out.writelines(f"{keys[i]}\n" for i in np.flatnonzero(mask))
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    report = verify_log(args.url, parse_storage_options(args.storage_option), run=args.run, rank=args.rank)
+    print("\n".join(report.lines()))
+    return 0 if report.ok else 1
+
+
+def _cmd_whatif(args: argparse.Namespace) -> int:
+    options = parse_storage_options(args.storage_option)
+    _, infos, _ = list_parts(args.url, options, run=args.run, rank=args.rank)
+    stage: dict[str, Any] = next(
+        (i.manifest["stage"] for i in infos if i.manifest and i.manifest.get("stage")), {}
+    )
+    history = int((stage.get("policy_config") or {}).get("history", 500))
+    policies: list[Policy] = [RelativeProbabilistic(beta=b, history=history) for b in args.beta or ()]
+    policies += [TopFraction(k) for k in args.top or ()]
+    policies += [Uniform(k) for k in args.uniform or ()]
+    policies += [PruneEasy(r) for r in args.prune or ()]
+    if not policies:
+        policies = [RelativeProbabilistic(beta=b, history=history) for b in (0.5, 1.0, 3.0)]
+    table = _read(args, ["seq", "loss", "kept", "reason", "micro_batch"])
+    results = whatif(table, policies, seed=stage.get("seed"), delay=stage.get("delay"))
+    logged = float(table.column("kept").to_numpy(zero_copy_only=False).mean())
+    if args.json:
+        print(json.dumps({"logged_keep_rate": logged, "results": [r.as_dict() for r in results]}, indent=1))
+    else:
+        print(format_whatif(results, logged))
+    return 0
+
+
+def add_cli(commands: Any) -> None:
+    log = commands.add_parser("log", help="inspect an audit log: summary, plot, whatif, keys, verify")
+    sub = log.add_subparsers(dest="log_command", required=True, metavar="LOG_COMMAND")
+
+    p = sub.add_parser("summary", help="totals, keep rate over time, loss quantiles, most-dropped shards")
+    _common(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_summary)
+
+    p = sub.add_parser(
+        "plot", help="keep rate over sequence, loss histograms, keep probability vs percentile"
+    )
+    _common(p)
+    p.add_argument("-o", "--output", default="sift.png", help="PNG to write")
+    p.set_defaults(func=_cmd_plot)
+
+    p = sub.add_parser("whatif", help="re-run policies over the logged losses: keep rates and flips")
+    _common(p)
+    p.add_argument("--beta", type=float, nargs="+", help="RelativeProbabilistic betas")
+    p.add_argument("--top", type=float, nargs="+", help="TopFraction keep fractions")
+    p.add_argument("--uniform", type=float, nargs="+", help="Uniform keep fractions")
+    p.add_argument("--prune", type=float, nargs="+", help="PruneEasy ratios")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_whatif)
+
+    p = sub.add_parser("keys", help="print sample keys, one per line")
+    _common(p)
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--dropped", action="store_true", help="keys of dropped samples")
+    group.add_argument("--kept", action="store_true", help="keys of kept samples (the default)")
+    p.set_defaults(func=_cmd_keys)
+
+    p = sub.add_parser("verify", help="gaps, duplicates, missing or unreadable parts; exit 1 on problems")
+    _common(p)
+    p.set_defaults(func=_cmd_verify)

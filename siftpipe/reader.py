@@ -1,0 +1,414 @@
+"""Reading audit logs back: tables, the canonical timeline across resumed attempts, verification."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from ._secrets import redact, secret_values
+from .errors import AuditError
+
+__all__ = ["LogReport", "PartInfo", "list_parts", "read_log", "verify_log"]
+
+_PART = re.compile(
+    r"run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/part-(?P<part>\d+)-(?P<attempt>[0-9a-f]+)\.parquet$"
+)
+_MANIFEST = re.compile(
+    r"run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/_manifest-(?P<part>\d+)-(?P<attempt>[0-9a-f]+)\.json$"
+)
+_END = re.compile(r"run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/_end-(?P<attempt>[0-9a-f]+)\.json$")
+
+
+@dataclass
+class PartInfo:
+    """One part of a log as found in storage."""
+
+    run: str
+    rank: int
+    part: int
+    attempt: str
+    path: str | None  # the Parquet object (None if only its manifest exists)
+    manifest: dict[str, Any] | None
+    #: Records of this part at or after this sequence number were redone by a later attempt.
+    cutoff: float = float("inf")
+
+
+@dataclass
+class _Attempt:
+    run: str
+    rank: int
+    attempt: str
+    started: float
+    resumed_from: int
+    ended: bool = False
+    parts: list[PartInfo] = field(default_factory=list)
+
+
+def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(url.rstrip("/"), skip_instance_cache=True, **(storage_options or {}))
+    return fs, root.rstrip("/")
+
+
+def list_parts(
+    url: str,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    run: str | Sequence[str] | None = None,
+    rank: int | Sequence[int] | None = None,
+) -> tuple[Any, list[PartInfo], list[_Attempt]]:
+    """The filesystem, every part under ``url`` (with manifests and supersession cut-offs), and
+    the attempts they belong to; optionally only some runs and ranks."""
+    secrets = secret_values(storage_options)
+    try:
+        fs, root = _filesystem(url, storage_options)
+        files = fs.find(root)
+    except FileNotFoundError:
+        files = []
+    except Exception as exc:
+        raise AuditError(
+            f"cannot list the audit log at {redact(url, secrets)}: "
+            f"{redact(f'{type(exc).__name__}: {exc}', secrets)}; "
+            "check the URL, storage options and credentials"
+        ) from None
+    runs = {run} if isinstance(run, str) else (set(run) if run is not None else None)
+    ranks = {rank} if isinstance(rank, int) else (set(rank) if rank is not None else None)
+
+    def wanted(m: re.Match[str]) -> bool:
+        return (runs is None or m["run"] in runs) and (ranks is None or int(m["rank"]) in ranks)
+
+    parts: dict[tuple[str, int, str, int], PartInfo] = {}
+    manifests: list[tuple[re.Match[str], str]] = []
+    ended: set[tuple[str, int, str]] = set()
+    for path in files:
+        relative = path[len(root) + 1 :] if path.startswith(root + "/") else path
+        if m := _PART.fullmatch(relative):
+            if wanted(m):
+                key = (m["run"], int(m["rank"]), m["attempt"], int(m["part"]))
+                parts[key] = PartInfo(m["run"], int(m["rank"]), int(m["part"]), m["attempt"], path, None)
+        elif m := _MANIFEST.fullmatch(relative):
+            if wanted(m):
+                manifests.append((m, path))
+        elif (m := _END.fullmatch(relative)) and wanted(m):
+            ended.add((m["run"], int(m["rank"]), m["attempt"]))
+    if manifests:
+        texts = _read_many(fs, [p for _, p in manifests], lambda b: json.loads(b.decode()))
+        for (m, _), manifest in zip(manifests, texts):
+            key = (m["run"], int(m["rank"]), m["attempt"], int(m["part"]))
+            info = parts.setdefault(key, PartInfo(key[0], key[1], key[3], key[2], None, None))
+            info.manifest = manifest if isinstance(manifest, dict) else None
+
+    attempts: dict[tuple[str, int, str], _Attempt] = {}
+    for info in parts.values():
+        stream_key = (info.run, info.rank, info.attempt)
+        attempt = attempts.get(stream_key)
+        if attempt is None:
+            attempt = attempts[stream_key] = _Attempt(info.run, info.rank, info.attempt, float("inf"), 0)
+            attempt.resumed_from = -1
+        attempt.parts.append(info)
+        if info.manifest is not None:
+            attempt.started = min(attempt.started, float(info.manifest.get("attempt_started", np.inf)))
+            attempt.resumed_from = int(info.manifest.get("resumed_from", 0))
+    for stream_key, attempt in attempts.items():
+        attempt.ended = stream_key in ended
+        attempt.parts.sort(key=lambda p: p.part)
+        if attempt.resumed_from < 0:
+            # no manifest survived (killed before its first one): it began at its first part
+            attempt.resumed_from = min(
+                (p.manifest or {}).get("first_seq", 0) if p.manifest else 0 for p in attempt.parts
+            )
+    # a later attempt redid everything from its resume point on: earlier attempts' records
+    # from there are superseded
+    by_stream: dict[tuple[str, int], list[_Attempt]] = {}
+    for attempt in attempts.values():
+        by_stream.setdefault((attempt.run, attempt.rank), []).append(attempt)
+    ordered: list[_Attempt] = []
+    for stream in sorted(by_stream):
+        chain = sorted(by_stream[stream], key=lambda a: (a.started, a.attempt))
+        cutoff = float("inf")
+        for attempt in reversed(chain):
+            for info in attempt.parts:
+                info.cutoff = cutoff
+            cutoff = min(cutoff, attempt.resumed_from)
+        ordered.extend(chain)
+    infos = sorted(
+        parts.values(),
+        key=lambda p: (p.run, p.rank, p.part, attempts[(p.run, p.rank, p.attempt)].started),
+    )
+    return fs, infos, ordered
+
+
+def _read_many(fs: Any, paths: Sequence[str], parse: Callable[[bytes], Any], workers: int = 8) -> list[Any]:
+    """``parse(bytes)`` of every path, read in parallel; an exception object where one failed."""
+
+    def one(path: str) -> Any:
+        try:
+            return parse(fs.cat_file(path))
+        except Exception as exc:
+            return exc
+
+    if len(paths) <= 1:
+        return [one(p) for p in paths]
+    with ThreadPoolExecutor(max_workers=min(workers, len(paths))) as pool:
+        return list(pool.map(one, paths))
+
+
+def _read_part(payload: bytes, columns: Sequence[str] | None) -> Any:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(io.BytesIO(payload), columns=list(columns) if columns is not None else None)
+
+
+def read_log(
+    url: str,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    run: str | Sequence[str] | None = None,
+    rank: int | Sequence[int] | None = None,
+    kept: bool | None = None,
+    columns: Sequence[str] | None = None,
+    include_superseded: bool = False,
+    on_bad_part: Literal["warn", "raise"] = "warn",
+    progress: bool = False,
+) -> Any:
+    """The audit log under ``url`` as one ``pyarrow.Table``, rows in (run, rank, seq) order.
+
+    Records that a resumed attempt redid are left out unless ``include_superseded``. A part
+    that cannot be read (truncated, corrupt) is reported with a warning naming it and the rest is
+    read (``on_bad_part="raise"`` makes it an ``AuditError``).
+
+    Args:
+        url: The log's root (as given to ``AuditLog``).
+        storage_options: fsspec options for ``url``.
+        run: Only these run ids.
+        rank: Only these ranks.
+        kept: Only kept (True) or only dropped (False) records.
+        columns: Only these columns (``run`` and ``rank`` are always added).
+        include_superseded: Keep records that a later attempt redid.
+        on_bad_part: What an unreadable part does.
+        progress: Show a progress bar over parts.
+    """
+    import pyarrow as pa
+
+    fs, infos, _ = list_parts(url, storage_options, run=run, rank=rank)
+    readable = [p for p in infos if p.path is not None]
+    need = list(columns) if columns is not None else None
+    if need is not None:
+        for extra in ("seq",) if not include_superseded else ():
+            if extra not in need:
+                need.append(extra)
+        if kept is not None and "kept" not in need:
+            need.append("kept")
+    tables = _read_many_with_progress(fs, [p.path for p in readable], need, progress)  # type: ignore[misc]
+    out = []
+    secrets = secret_values(storage_options)
+    for info, table in zip(readable, tables):
+        if isinstance(table, Exception):
+            message = (
+                f"audit part {redact(str(info.path), secrets)} is unreadable (truncated or corrupt?): "
+                f"{redact(f'{type(table).__name__}: {table}', secrets)}; the rest of the log was read"
+            )
+            if on_bad_part == "raise":
+                raise AuditError(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            continue
+        if not include_superseded and info.cutoff != float("inf"):
+            table = table.filter(
+                pa.compute.less(table.column("seq"), pa.scalar(int(info.cutoff), pa.int64()))
+            )
+        if kept is not None:
+            table = table.filter(table.column("kept") if kept else pa.compute.invert(table.column("kept")))
+        if columns is not None:
+            table = table.select([c for c in columns if c in table.column_names])
+        n = table.num_rows
+        table = table.append_column(
+            "run", pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), [info.run])
+        )
+        table = table.append_column("rank", pa.array(np.full(n, info.rank, np.int32)))
+        out.append(table)
+    if not out:
+        return _empty_table(columns)
+    return pa.concat_tables(out, promote_options="permissive")
+
+
+def _read_many_with_progress(
+    fs: Any, paths: list[str], columns: Sequence[str] | None, progress: bool
+) -> list[Any]:
+    if not progress or len(paths) < 2:
+        return _read_many(fs, paths, lambda b: _read_part(b, columns))
+    from tqdm import tqdm
+
+    results: list[Any] = []
+    batch = 32
+    with tqdm(total=len(paths), unit="part", desc="reading log") as bar:
+        for start in range(0, len(paths), batch):
+            chunk = paths[start : start + batch]
+            results.extend(_read_many(fs, chunk, lambda b: _read_part(b, columns)))
+            bar.update(len(chunk))
+    return results
+
+
+def _empty_table(columns: Sequence[str] | None) -> Any:
+    import pyarrow as pa
+
+    from .audit import COLUMNS
+
+    names = [c for c in (columns or COLUMNS)] + ["run", "rank"]
+    return pa.table({name: pa.array([], pa.null()) for name in names})
+
+
+@dataclass
+class StreamReport:
+    """Verification of one (run, rank) stream."""
+
+    run: str
+    rank: int
+    records: int = 0
+    superseded: int = 0
+    first_seq: int | None = None
+    last_seq: int | None = None
+    gaps: list[tuple[int, int]] = field(default_factory=list)  # missing seq ranges, inclusive
+    duplicates: int = 0
+    missing_parts: list[str] = field(default_factory=list)
+    unreadable_parts: list[str] = field(default_factory=list)
+    count_mismatches: list[str] = field(default_factory=list)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (
+            self.gaps
+            or self.duplicates
+            or self.missing_parts
+            or self.unreadable_parts
+            or self.count_mismatches
+        )
+
+
+@dataclass
+class LogReport:
+    """What ``verify_log`` found."""
+
+    url: str
+    streams: list[StreamReport]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.streams) and all(s.ok for s in self.streams)
+
+    @property
+    def records(self) -> int:
+        return sum(s.records for s in self.streams)
+
+    def lines(self) -> list[str]:
+        """A human-readable report."""
+        out = [f"audit log {self.url}: {len(self.streams)} stream(s), {self.records} records"]
+        if not self.streams:
+            out.append("  no parts found")
+        for s in self.streams:
+            status = "OK" if s.ok else "PROBLEMS"
+            out.append(
+                f"run={s.run} rank={s.rank}: {status}: {s.records} records, seq {s.first_seq}..{s.last_seq}, "
+                f"{len(s.attempts)} attempt(s), {s.superseded} superseded by a resume"
+            )
+            for a in s.attempts:
+                end = (
+                    "closed cleanly"
+                    if a["ended"]
+                    else "did not close (killed?): its unflushed records are lost"
+                )
+                out.append(
+                    f"  attempt {a['attempt']}: resumed from seq {a['resumed_from']}, {a['parts']} part(s), "
+                    f"{a['records']} records, {end}"
+                )
+            for lo, hi in s.gaps:
+                out.append(f"  gap: seq {lo}..{hi} ({hi - lo + 1} records) missing")
+            if s.duplicates:
+                out.append(f"  duplicates: {s.duplicates} sequence numbers appear more than once")
+            out.extend(f"  missing part: {m}" for m in s.missing_parts)
+            out.extend(f"  unreadable part: {m}" for m in s.unreadable_parts)
+            out.extend(f"  count mismatch: {m}" for m in s.count_mismatches)
+        return out
+
+
+def verify_log(
+    url: str,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    run: str | Sequence[str] | None = None,
+    rank: int | Sequence[int] | None = None,
+) -> LogReport:
+    """Check a log for gaps, duplicates, missing and unreadable parts, per (run, rank) stream."""
+    fs, infos, attempts = list_parts(url, storage_options, run=run, rank=rank)
+    secrets = secret_values(storage_options)
+    seqs = _read_many(fs, [p.path for p in infos if p.path is not None], lambda b: _read_part(b, ["seq"]))
+    seq_of: dict[int, Any] = {}
+    readable = [p for p in infos if p.path is not None]
+    for info, table in zip(readable, seqs):
+        seq_of[id(info)] = table
+    streams: dict[tuple[str, int], StreamReport] = {}
+    canonical: dict[tuple[str, int], list[np.ndarray]] = {}
+    for info in infos:
+        key = (info.run, info.rank)
+        report = streams.setdefault(key, StreamReport(info.run, info.rank))
+        name = f"part {info.part} of attempt {info.attempt}"
+        if info.path is None:
+            report.missing_parts.append(f"{name}: manifest found, Parquet object missing")
+            continue
+        table = seq_of[id(info)]
+        if isinstance(table, Exception):
+            report.unreadable_parts.append(f"{redact(info.path, secrets)}: {type(table).__name__}")
+            continue
+        seq = table.column("seq").to_numpy()
+        if info.manifest is None:
+            report.count_mismatches.append(f"{name}: no manifest (written when the process died?)")
+        elif int(info.manifest.get("count", -1)) != seq.size:
+            report.count_mismatches.append(
+                f"{name}: manifest says {info.manifest.get('count')}, part has {seq.size}"
+            )
+        live = seq[seq < info.cutoff] if info.cutoff != float("inf") else seq
+        report.superseded += int(seq.size - live.size)
+        canonical.setdefault(key, []).append(live)
+    for attempt in attempts:
+        report = streams.setdefault((attempt.run, attempt.rank), StreamReport(attempt.run, attempt.rank))
+        numbers = [p.part for p in attempt.parts]
+        for missing in sorted(set(range(min(numbers), max(numbers) + 1)) - set(numbers)):
+            report.missing_parts.append(
+                f"part {missing} of attempt {attempt.attempt}: neither part nor manifest"
+            )
+        report.attempts.append(
+            {
+                "attempt": attempt.attempt,
+                "resumed_from": attempt.resumed_from,
+                "parts": len(attempt.parts),
+                "records": sum(int((p.manifest or {}).get("count", 0)) for p in attempt.parts),
+                "ended": attempt.ended,
+            }
+        )
+    for key, chunks in canonical.items():
+        report = streams[key]
+        seq = np.sort(np.concatenate(chunks)) if chunks else np.zeros(0, np.int64)
+        report.records = int(seq.size)
+        if seq.size:
+            report.first_seq, report.last_seq = int(seq[0]), int(seq[-1])
+            step = np.diff(seq)
+            report.duplicates = int((step == 0).sum())
+            if seq[0] > 0:
+                report.gaps.append((0, int(seq[0]) - 1))
+            for at in np.flatnonzero(step > 1):
+                report.gaps.append((int(seq[at]) + 1, int(seq[at + 1]) - 1))
+    return LogReport(redact(url, secrets), [streams[k] for k in sorted(streams)])
+
+
+def iter_tables(tables: Iterable[Any]) -> Iterable[Any]:
+    """Non-empty tables of ``tables`` (helper for callers combining reads)."""
+    return (t for t in tables if t.num_rows)
