@@ -47,10 +47,11 @@ def summarize(table: Any, *, buckets: int = 10, top_shards: int = 10) -> dict[st
     if "epoch" in table.column_names:
         out["epochs"] = sorted(int(e) for e in pc.unique(table.column("epoch")).to_pylist())
     # keep rate over time: equal slices of the sequence (across ranks, by rank-local seq)
-    edges = np.linspace(seq.min(), seq.max() + 1, buckets + 1)
-    which = np.clip(np.searchsorted(edges, seq, side="right") - 1, 0, buckets - 1)
+    lo, hi = int(seq.min()), int(seq.max()) + 1
+    edges = np.linspace(lo, hi, buckets + 1)
+    which = np.minimum((seq - lo) * buckets // max(1, hi - lo), buckets - 1)
     counts = np.bincount(which, minlength=buckets)
-    kept_counts = np.bincount(which, weights=kept, minlength=buckets)
+    kept_counts = np.bincount(which[kept], minlength=buckets)
     out["keep_rate_over_seq"] = [
         {
             "seq_from": int(edges[i]),
@@ -67,23 +68,25 @@ def summarize(table: Any, *, buckets: int = 10, top_shards: int = 10) -> dict[st
         values = loss[mask & finite]
         if not values.size:
             return {"p10": None, "p50": None, "p90": None, "mean": None}
-        p = np.quantile(values, q)
+        # one partition around the three ranks, as np.quantile's "lower" method picks them
+        ranks = [int(np.floor(p * (values.size - 1))) for p in q]
+        values.partition(ranks)
+        p = values[ranks]
         return {"p10": float(p[0]), "p50": float(p[1]), "p90": float(p[2]), "mean": float(values.mean())}
 
     out["loss_kept"] = quantiles(kept)
     out["loss_dropped"] = quantiles(~kept)
     if "url" in table.column_names:
         url = table.column("url")
-        if isinstance(url.type, pa.DictionaryType):
-            url = url.cast(pa.string())
-        grouped = (
-            pa.table({"url": url, "kept": table.column("kept").cast(pa.int64())})
-            .group_by("url")
-            .aggregate([("kept", "sum"), ("kept", "count")])
-        )
-        urls = grouped.column("url").to_pylist()
-        seen = grouped.column("kept_count").to_numpy()
-        kept_by = grouped.column("kept_sum").to_numpy()
+        if not isinstance(url.type, pa.DictionaryType):
+            url = pc.dictionary_encode(url)
+        # count on the dictionary codes: no string is touched per row
+        url = pa.table({"url": url}).unify_dictionaries().column("url").combine_chunks()
+        codes = url.indices.to_numpy(zero_copy_only=False)
+        valid = ~np.asarray(url.is_null().to_numpy(zero_copy_only=False))
+        urls = url.dictionary.to_pylist()
+        seen = np.bincount(codes[valid], minlength=len(urls))
+        kept_by = np.bincount(codes[valid & kept], minlength=len(urls))
         dropped = seen - kept_by
         order = np.argsort(-dropped, kind="stable")[:top_shards]
         out["most_dropped_shards"] = [
