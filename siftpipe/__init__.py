@@ -1,6 +1,7 @@
 """siftpipe: a streaming data-pipeline stage that drops samples the live model has already learned."""
 
 from .audit import COLUMNS, AuditLog, AuditStats
+from .distributed import EqualSteps, dist_info, fixed_steps, sync_history
 from .errors import (
     AuditError,
     ConfigError,
@@ -50,6 +51,7 @@ __all__ = [
     "ConfigError",
     "CrossEntropy",
     "Decision",
+    "EqualSteps",
     "LogReport",
     "LossHistory",
     "MeanSquaredError",
@@ -75,6 +77,8 @@ __all__ = [
     "TopFraction",
     "Uniform",
     "WhatIf",
+    "dist_info",
+    "fixed_steps",
     "get_policy",
     "get_scorer",
     "policy_names",
@@ -83,6 +87,7 @@ __all__ = [
     "register_scorer",
     "replay",
     "scorer_names",
+    "sync_history",
     "verify_log",
     "whatif",
 ]

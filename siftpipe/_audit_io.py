@@ -237,8 +237,12 @@ class PartWriter:
     def handle(self, header: Mapping[str, Any], payload: memoryview | bytes) -> dict[str, Any]:
         """Do what a frame asks; the reply says how it went (errors already redacted)."""
         if self.failed is not None:
-            return {"op": header.get("op"), "part": header.get("part"), "ok": False,
-                    "error": f"not written: an earlier write failed ({self.failed})"}
+            return {
+                "op": header.get("op"),
+                "part": header.get("part"),
+                "ok": False,
+                "error": f"not written: an earlier write failed ({self.failed})",
+            }
         try:
             if header["op"] == "part":
                 return self._part(header, payload)

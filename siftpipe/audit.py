@@ -608,6 +608,7 @@ def _describe(sifter: Sifter) -> dict[str, Any]:
         "batched": sifter.batched,
         "delay": sifter.delay,
         "seed": sifter.seed,
+        "rng_seed": sifter.rng_seed,
         "on_nan": sifter.on_nan,
         "scorer": repr(sifter.scorer)[:200],
     }

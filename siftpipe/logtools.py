@@ -253,9 +253,8 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
     policies += [PruneEasy(r) for r in args.prune or ()]
     if not policies:
         policies = [RelativeProbabilistic(beta=b, history=history) for b in (0.5, 1.0, 3.0)]
-    table = _read(args, ["seq", "loss", "kept", "reason", "micro_batch"])
-    results = whatif(table, policies, seed=stage.get("seed"), delay=stage.get("delay"))
-    logged = float(table.column("kept").to_numpy(zero_copy_only=False).mean())
+    results = whatif(args.url, policies, storage_options=options, run=args.run, rank=args.rank)
+    logged = results[0].logged_kept / results[0].samples
     if args.json:
         print(json.dumps({"logged_keep_rate": logged, "results": [r.as_dict() for r in results]}, indent=1))
     else:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+import torch
 
 from ._registry import Registry
 from .errors import ConfigError, ResumeError
@@ -120,16 +121,53 @@ class _KeepFraction(Policy):
 
 
 class _HistoryPolicy(Policy):
+    """A policy that judges losses against a window of recent ones, or against a reference
+    distribution merged from every rank's window (see ``siftpipe.distributed.sync_history``)."""
+
     def __init__(self, history: int) -> None:
         self.history = LossHistory(history)
+        self._reference: tuple[np.ndarray, np.ndarray] | None = None  # sorted values, cumulative weights
+
+    def set_reference(self, values: np.ndarray, weights: np.ndarray) -> None:
+        """Judge against a weighted sample of losses (each value standing for ``weight`` losses)."""
+        finite = np.isfinite(values) & (weights > 0)
+        order = np.argsort(values[finite], kind="stable")
+        self._reference = (values[finite][order], np.cumsum(weights[finite][order]))
+
+    def _reference_percentile(self, losses: np.ndarray) -> np.ndarray | None:
+        if self._reference is None or not self._reference[0].size:
+            return None
+        values, cumulative = self._reference
+        total = cumulative[-1]
+        below = np.searchsorted(values, losses, side="left")
+        upto = np.searchsorted(values, losses, side="right")
+        weight_below = np.where(below > 0, cumulative[np.maximum(below - 1, 0)], 0.0)
+        weight_upto = np.where(upto > 0, cumulative[np.maximum(upto - 1, 0)], 0.0)
+        return (weight_below + weight_upto) / (2.0 * total)
+
+    def _reference_mean(self) -> float | None:
+        if self._reference is None or not self._reference[0].size:
+            return None
+        values, cumulative = self._reference
+        weights = np.diff(cumulative, prepend=0.0)
+        return float((values * weights).sum() / cumulative[-1])
 
     def state_dict(self) -> dict[str, Any]:
-        return {"history": self.history.state_dict()}
+        state: dict[str, Any] = {"history": self.history.state_dict()}
+        if self._reference is not None:
+            values, cumulative = self._reference
+            state["reference"] = torch.from_numpy(values.copy())
+            state["reference_cumulative"] = torch.from_numpy(cumulative.copy())
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "history" not in state:
             raise ResumeError(f"the checkpoint holds no loss history for policy {self!r}")
         self.history.load_state_dict(state["history"])
+        if "reference" in state:
+            self._reference = (state["reference"].numpy(), state["reference_cumulative"].numpy())
+        else:
+            self._reference = None
 
 
 @register_policy("relative_probabilistic")
@@ -152,8 +190,6 @@ class RelativeProbabilistic(_HistoryPolicy):
             raise ConfigError(f"beta must be a finite number > 0 (keep fraction is 1/(1+beta)), got {beta!r}")
         super().__init__(history)
         self.beta = float(beta)
-        #: Optional reference quantiles from other ranks (see ``siftpipe.distributed``).
-        self.reference: np.ndarray | None = None
 
     def config(self) -> dict[str, Any]:
         return {"beta": self.beta, "history": self.history.size}
@@ -164,12 +200,8 @@ class RelativeProbabilistic(_HistoryPolicy):
 
     def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
         self.history.extend(losses)
-        if self.reference is not None and self.reference.size:
-            ref = self.reference
-            pct = (np.searchsorted(ref, losses, side="left") + np.searchsorted(ref, losses, side="right")) / (
-                2.0 * ref.size
-            )
-        else:
+        pct = self._reference_percentile(losses)
+        if pct is None:
             pct = self.history.percentile(losses)
         prob = pct**self.beta
         keep = rng.random(losses.size) < prob
@@ -233,7 +265,8 @@ class PruneEasy(_HistoryPolicy):
         n = losses.size
         self.history.extend(losses)
         draw = rng.random(n)
-        easy = losses < self.history.mean()
+        mean = self._reference_mean()
+        easy = losses < (self.history.mean() if mean is None else mean)
         if self.anneal is not None:
             easy &= (seen + np.arange(n)) < self.anneal
         prob = np.where(easy, 1.0 - self.ratio, 1.0)

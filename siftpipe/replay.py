@@ -243,12 +243,14 @@ class WhatIf:
         kept: Samples it would keep.
         to_kept: Samples the logged run dropped that it would keep.
         to_dropped: Samples the logged run kept that it would drop.
+        logged_kept: Samples the logged run kept.
         keep: Per-sample decisions, in the log's row order.
     """
 
     policy: str
     samples: int
     kept: int
+    logged_kept: int
     to_kept: int
     to_dropped: int
     keep: np.ndarray
@@ -281,6 +283,8 @@ def whatif(
     seed: int | None = None,
     delay: int | None = None,
     micro_batch: int | None = None,
+    run: str | Sequence[str] | None = None,
+    rank: int | Sequence[int] | None = None,
 ) -> list[WhatIf]:
     """Re-run ``policies`` over the logged losses, in order, and compare with the logged decisions.
 
@@ -296,27 +300,25 @@ def whatif(
         seed: Generator seed; default: the logged stage's.
         delay: Warm-up in samples; default: the logged stage's.
         micro_batch: Re-chunk into micro-batches of this many samples instead of the logged ones.
+        run: With a URL, only these runs.
+        rank: With a URL, only these ranks.
     """
-    stage: dict[str, Any] = {}
+    stages: dict[tuple[str, int], dict[str, Any]] = {}
     if isinstance(log, str):
-        _, infos, _ = list_parts(log, storage_options)
+        _, infos, _ = list_parts(log, storage_options, run=run, rank=rank)
         for info in infos:
             if info.manifest and info.manifest.get("stage"):
-                stage = info.manifest["stage"]
-                break
-        table = read_log(log, storage_options, columns=["seq", "loss", "kept", "reason", "micro_batch"])
+                stages.setdefault((info.run, info.rank), info.manifest["stage"])
+        table = read_log(
+            log, storage_options, run=run, rank=rank, columns=["seq", "loss", "kept", "reason", "micro_batch"]
+        )
     else:
         table = log
     if table.num_rows == 0:
         raise AuditError("the log holds no decisions to replay")
-    seed = int(stage.get("seed", 0)) if seed is None else seed
     reason = np.asarray(table.column("reason").to_pylist(), dtype=object)
     warm_rows = table.column("seq").to_numpy()[reason == REASONS[WARMUP]]
-    if delay is None:
-        delay = (
-            int(stage["delay"]) if "delay" in stage else (int(warm_rows.max()) + 1 if warm_rows.size else 0)
-        )
-    nan_kept = stage.get("on_nan", "keep") == "keep"
+    inferred_delay = int(warm_rows.max()) + 1 if warm_rows.size else 0
     runs = table.column("run").to_pylist() if "run" in table.column_names else ["?"] * table.num_rows
     ranks = table.column("rank").to_numpy() if "rank" in table.column_names else np.zeros(table.num_rows, int)
     losses = table.column("loss").to_numpy()
@@ -326,13 +328,21 @@ def whatif(
     streams: dict[tuple[str, int], list[int]] = {}
     for i, stream in enumerate(zip(runs, ranks.tolist())):
         streams.setdefault(stream, []).append(i)
+
+    def settings(stream: tuple[str, int]) -> tuple[Any, int, bool]:
+        stage = stages.get(stream, {})
+        rng_seed = seed if seed is not None else stage.get("rng_seed", stage.get("seed", 0))
+        stream_delay = delay if delay is not None else int(stage.get("delay", inferred_delay))
+        return rng_seed, stream_delay, stage.get("on_nan", "keep") == "keep"
+
     results = []
     for policy in policies:
         keep = np.zeros(table.num_rows, dtype=bool)
-        for rows in streams.values():
+        for stream, rows in streams.items():
+            rng_seed, stream_delay, nan_kept = settings(stream)
             idx = np.asarray(rows)
             idx = idx[np.argsort(seqs[idx], kind="stable")]
-            rng = np.random.default_rng(seed)
+            rng = np.random.default_rng(rng_seed)
             fresh = policy.fresh()
             if micro is not None:
                 cuts = np.flatnonzero(np.diff(micro[idx])) + 1
@@ -340,13 +350,15 @@ def whatif(
                 assert micro_batch is not None
                 cuts = np.arange(micro_batch, idx.size, micro_batch)
             for group in np.split(idx, cuts):
-                d = decide_rows(fresh, rng, losses[group], int(seqs[group[0]]), group.size, delay, nan_kept)
+                first = int(seqs[group[0]])
+                d = decide_rows(fresh, rng, losses[group], first, group.size, stream_delay, nan_kept)
                 keep[group] = d.keep
         results.append(
             WhatIf(
                 policy=repr(policy),
                 samples=int(keep.size),
                 kept=int(keep.sum()),
+                logged_kept=int(logged.sum()),
                 to_kept=int((keep & ~logged).sum()),
                 to_dropped=int((~keep & logged).sum()),
                 keep=keep,

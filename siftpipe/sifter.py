@@ -16,6 +16,7 @@ from torch.utils.data import default_collate, get_worker_info
 
 from . import _batch
 from ._decide import REASONS, decide_rows
+from .distributed import dist_info
 from .errors import (
     ConfigError,
     MissingKeyError,
@@ -108,7 +109,8 @@ class Sifter:
             than this is scored in chunks of ``micro_batch``; ``None`` scores each whole batch.
         delay: Warm-up, in samples seen by this stage: the first ``delay`` samples are all kept
             (reason ``"warmup"``) while the policy's loss history fills.
-        seed: Seed of the stage's random generator (the only randomness in decisions).
+        seed: Seed of the stage's random generator (the only randomness in decisions). On a
+            multi-process job each rank's generator is seeded with ``[seed, rank]``.
         batched: Input items are collated batches (dict of tensors/lists, tuple of tensors)
             from DataLoader workers rather than single samples.
         output_batch: Hand on collated batches of exactly this many kept samples (the last one
@@ -227,7 +229,11 @@ class Sifter:
                 audit = AuditLog(audit)
         self.audit: AuditLog | None = audit
 
-        self._rng = np.random.default_rng(seed)
+        rank, world = dist_info()
+        #: The generator's seed: ``seed``, or ``[seed, rank]`` on a multi-process job so that ranks
+        #: draw independently.
+        self.rng_seed: int | list[int] = seed if world <= 1 else [seed, rank]
+        self._rng = np.random.default_rng(self.rng_seed)
         self._counts = dict.fromkeys(("seen", "kept", "dropped", "nan", "warmup", "micro_batches"), 0)
         self._seconds = [0.0, 0.0]
         self._consumed = 0

@@ -20,7 +20,9 @@ SAMPLES = make_samples(1000, seed=4)
 
 
 def sift_all(root, samples=SAMPLES, storage_options=None, flush_every=128, writer="process", **kwargs):
-    log = sp.AuditLog(root, storage_options=storage_options, flush_every=flush_every, run_id="r1", writer=writer)
+    log = sp.AuditLog(
+        root, storage_options=storage_options, flush_every=flush_every, run_id="r1", writer=writer
+    )
     s = sp.Sifter(
         None,
         loss_field,
