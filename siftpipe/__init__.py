@@ -16,6 +16,7 @@ from .errors import (
     SiftInWorkerError,
 )
 from .history import LossHistory
+from .memory import SOURCES, ScoreMemory
 from .policies import (
     Decision,
     Policy,
@@ -32,6 +33,7 @@ from .replay import Replay, WhatIf, replay, whatif
 from .scorers import (
     CrossEntropy,
     MeanSquaredError,
+    Proxy,
     ReducibleLoss,
     Scorer,
     TokenCrossEntropy,
@@ -58,6 +60,7 @@ __all__ = [
     "MissingKeyError",
     "NonFiniteLossError",
     "Policy",
+    "Proxy",
     "PruneEasy",
     "REASONS",
     "ReducibleLoss",
@@ -65,6 +68,8 @@ __all__ = [
     "RelativeProbabilistic",
     "Replay",
     "ResumeError",
+    "SOURCES",
+    "ScoreMemory",
     "Scorer",
     "ScorerError",
     "ScorerOutputError",

@@ -25,7 +25,10 @@ import numpy as np
 
 from ._secrets import redact
 
+#: ``reason`` codes of a decision, in the order of their small-integer codes.
 REASONS: tuple[str, ...] = ("policy", "warmup", "nan")
+#: Where a decision's loss came from (the ``source`` column), in the order of their codes.
+SOURCES: tuple[str, ...] = ("forward", "feedback", "stale", "proxy")
 _FRAME = struct.Struct("<II")
 
 # dictionaries only where values repeat and statistics only where readers filter: per-key
@@ -59,6 +62,19 @@ def encode_part(
     column("kept", np.bool_, False)
     column("weight", np.float32, 1.0)
     column("reason", np.int8, 0)
+    buffers.append(
+        (
+            "source",
+            np.concatenate(
+                [
+                    np.full(c["n"], c["source"], np.int8)
+                    if np.isscalar(c["source"])
+                    else np.asarray(c["source"], np.int8)
+                    for c in chunks
+                ]
+            ),
+        )
+    )
     if any(c["workers"] is not None for c in chunks):
         column("workers", np.int32, -1)
 
@@ -106,7 +122,6 @@ def encode_part(
         "time": [float(c["time"]) for c in chunks],
         "micro_batch0": [int(c["micro_batch0"]) for c in chunks],
         "chunk": [int(c["chunk"]) for c in chunks],
-        "source": [str(c["source"]) for c in chunks],
         "url_values": url_values,
         "key_format": key_format,
         "buffers": [
@@ -166,8 +181,6 @@ def decode_part(header: Mapping[str, Any], payload: memoryview | bytes) -> Any:
         )
     else:
         url = pa.DictionaryArray.from_arrays(pa.nulls(total, pa.int32()), pa.array([], pa.string()))
-    sources = sorted(set(header["source"]))
-    source_codes = np.repeat(np.asarray([sources.index(s) for s in header["source"]], np.int32), n)
     columns = {
         "worker": pa.array(views["workers"] if "workers" in views else np.full(total, -1, np.int32)),
         "seq": pa.array(starts + within),
@@ -180,7 +193,7 @@ def decode_part(header: Mapping[str, Any], payload: memoryview | bytes) -> Any:
         "kept": pa.array(views["kept"]),
         "weight": pa.array(views["weight"]),
         "reason": pa.DictionaryArray.from_arrays(pa.array(views["reason"]), pa.array(list(REASONS))),
-        "source": pa.DictionaryArray.from_arrays(pa.array(source_codes), pa.array(sources)),
+        "source": pa.DictionaryArray.from_arrays(pa.array(views["source"]), pa.array(list(SOURCES))),
         "micro_batch": pa.array(micro),
         "model_version": pa.array(np.repeat(np.asarray(header["model_version"], np.int64), n)),
         "time": pa.array(np.repeat(np.asarray(header["time"], np.float64), n)),

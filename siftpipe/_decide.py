@@ -9,10 +9,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._audit_io import REASONS
 from .policies import Policy
 
-#: ``reason`` codes of a decision, in the order of their small-integer codes.
-REASONS: tuple[str, ...] = ("policy", "warmup", "nan")
+__all__ = ["NAN", "POLICY", "REASONS", "WARMUP", "Decided", "decide_rows"]
+
 POLICY, WARMUP, NAN = 0, 1, 2
 
 

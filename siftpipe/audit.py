@@ -235,7 +235,7 @@ class AuditLog:
         reason: np.ndarray | None,
         micro_batch0: int,
         chunk: int,
-        source: str,
+        source: np.ndarray | int,
     ) -> None:
         """Record one decided group (called by the stage on the training thread)."""
         self._raise_if_failed()

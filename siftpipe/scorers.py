@@ -15,6 +15,7 @@ from .errors import ConfigError
 
 __all__ = [
     "CrossEntropy",
+    "Proxy",
     "MeanSquaredError",
     "ReducibleLoss",
     "Scorer",
@@ -224,3 +225,80 @@ class ReducibleLoss:
 
     def __repr__(self) -> str:
         return f"ReducibleLoss(reference={type(self.reference).__name__}, base={self.base!r})"
+
+
+@register_scorer("proxy")
+class Proxy:
+    """Score a cheaper stand-in for the sample: a downscaled input and/or a smaller model.
+
+    Composer's selective backprop scores a downscaled image (``scale_factor``); a small proxy
+    model (``model``) is the other common shortcut. The audit log records these decisions with
+    source ``proxy``. A downscaled input needs a model that accepts it (global pooling, say).
+
+    Args:
+        base: The per-sample loss: a scorer or a registered name.
+        scale_factor: Resize the input field by this factor (e.g. 0.5) with
+            ``torch.nn.functional.interpolate``; inputs are ``[n, C, H, W]`` (or ``[n, C, L]``).
+        input: Field name or position of the input to resize.
+        model: Score with this model instead of the training model (moved to the batch's device
+            on first use, run in eval mode).
+        mode: Interpolation mode.
+        **base_kwargs: Arguments for ``get_scorer(base, ...)`` when ``base`` is a name.
+    """
+
+    loss_source = "proxy"
+
+    def __init__(
+        self,
+        base: Scorer | str = "cross_entropy",
+        *,
+        scale_factor: float | None = None,
+        input: str | int = 0,
+        model: nn.Module | None = None,
+        mode: str = "bilinear",
+        **base_kwargs: Any,
+    ) -> None:
+        if scale_factor is not None and not (0 < scale_factor <= 1):
+            raise ConfigError(f"scale_factor must be in (0, 1] (a downscale), got {scale_factor!r}")
+        if scale_factor is None and model is None:
+            raise ConfigError("a proxy needs scale_factor=, model=, or both")
+        if isinstance(base, str):
+            base_kwargs.setdefault("input", input)
+            self.base: Scorer = get_scorer(base, **base_kwargs)
+        else:
+            self.base = base
+        self.scale_factor = scale_factor
+        self.input = input
+        self.model = model.eval() if model is not None else None
+        self.mode = mode
+
+    def __call__(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        if self.scale_factor is not None and self.scale_factor != 1:
+            x = field(batch, self.input)
+            small = F.interpolate(
+                x.float(), scale_factor=self.scale_factor, mode=self.mode if x.ndim == 4 else "linear"
+            ).to(x.dtype)
+            if isinstance(batch, dict):
+                batch = {**batch, self.input: small}
+            else:
+                batch = list(batch)
+                batch[self.input] = small  # type: ignore[index]
+        if self.model is not None:
+            device = next((t.device for t in _tensors(batch)), None)
+            if device is not None and next(self.model.parameters(), torch.empty(0)).device != device:
+                self.model.to(device)
+            return self.base(self.model, batch)
+        return self.base(model, batch)
+
+    def __repr__(self) -> str:
+        what = [f"scale_factor={self.scale_factor}"] if self.scale_factor else []
+        if self.model is not None:
+            what.append(f"model={type(self.model).__name__}")
+        return f"Proxy({self.base!r}, {', '.join(what)})"
+
+
+def _tensors(batch: Batch) -> list[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, list | tuple) else []
+    return [v for v in values if isinstance(v, torch.Tensor)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Literal
@@ -27,6 +27,7 @@ from .errors import (
     SiftInWorkerError,
     describe_keys,
 )
+from .memory import FEEDBACK, SOURCES, STALE, ScoreMemory, key_hashes
 from .policies import Policy, RelativeProbabilistic, get_policy
 from .scorers import Scorer, get_scorer
 
@@ -48,9 +49,12 @@ class SiftStats:
         dropped: Samples decided "drop".
         nan: Samples whose loss was NaN or infinite (handled by ``on_nan``).
         warmup: Samples kept because they arrived during the ``delay`` warm-up.
-        micro_batches: Scoring forward passes (a split after out-of-memory counts once).
+        micro_batches: Micro-batches decided (a split after out-of-memory counts once).
         score_seconds: Wall time collating, moving and scoring micro-batches.
         decide_seconds: Wall time in the policy and bookkeeping.
+        scored: Samples that needed a scoring forward pass.
+        from_memory: Samples decided from the score memory, with no forward pass.
+        observed: Losses handed back by the training step (``observe``).
     """
 
     seen: int
@@ -61,6 +65,9 @@ class SiftStats:
     micro_batches: int
     score_seconds: float
     decide_seconds: float
+    scored: int = 0
+    from_memory: int = 0
+    observed: int = 0
 
     @property
     def keep_rate(self) -> float:
@@ -142,6 +149,12 @@ class Sifter:
         track_source: Save the source's own state (``state_dict``/``load_state_dict``, e.g. a
             ``StatefulDataLoader``) inside this stage's state, taken at micro-batch boundaries,
             so that one state dict resumes both. Default: when the source supports it.
+        memory: A ``ScoreMemory``: samples whose key it remembers a recent loss for (handed back
+            by ``observe``, or from an earlier scoring forward) are decided from it without a
+            forward pass. Part of this stage's state.
+        remember_forward: Also remember the losses of scoring forward passes (then a sample is
+            re-scored once its remembered loss is older than ``memory.max_age`` epochs:
+            Selective Backprop's stale mode).
     """
 
     STATE_VERSION = 1
@@ -170,6 +183,8 @@ class Sifter:
         attach_weight: bool | None = None,
         audit: Any = None,
         track_source: bool | None = None,
+        memory: ScoreMemory | None = None,
+        remember_forward: bool = True,
     ) -> None:
         if model is not None and not isinstance(model, nn.Module):
             raise ConfigError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
@@ -188,6 +203,10 @@ class Sifter:
             raise ConfigError(f"on_nan must be 'raise', 'keep' or 'drop', got {on_nan!r}")
         if on_oom not in ("raise", "split"):
             raise ConfigError(f"on_oom must be 'raise' or 'split', got {on_oom!r}")
+        if memory is not None and key is None:
+            raise ConfigError(
+                "a score memory finds samples by key: give key= a field, position or callable, not None"
+            )
         if pad_micro_batch and micro_batch is None:
             raise ConfigError("pad_micro_batch=True needs a fixed micro_batch size to pad to")
 
@@ -217,6 +236,10 @@ class Sifter:
         self.weight_field = weight_field
         self.attach_weight = self.policy.weighted if attach_weight is None else attach_weight
         self.track_source = track_source
+        self.memory = memory
+        self.remember_forward = remember_forward
+        #: Where this scorer's losses come from, for the audit log (a proxy scorer says "proxy").
+        self._loss_source = SOURCES.index(getattr(self.scorer, "loss_source", "forward"))
         #: A tag recorded with each decision (set it to the optimizer step, say).
         self.model_version: int = -1
         #: The pass (epoch) number recorded with each decision; see ``set_epoch``.
@@ -234,7 +257,20 @@ class Sifter:
         #: draw independently.
         self.rng_seed: int | list[int] = seed if world <= 1 else [seed, rank]
         self._rng = np.random.default_rng(self.rng_seed)
-        self._counts = dict.fromkeys(("seen", "kept", "dropped", "nan", "warmup", "micro_batches"), 0)
+        self._counts = dict.fromkeys(
+            (
+                "seen",
+                "kept",
+                "dropped",
+                "nan",
+                "warmup",
+                "micro_batches",
+                "scored",
+                "from_memory",
+                "observed",
+            ),
+            0,
+        )
         self._seconds = [0.0, 0.0]
         self._consumed = 0
         self._pending: deque[_Group] = deque()
@@ -274,12 +310,15 @@ class Sifter:
             c["micro_batches"],
             self._seconds[0],
             self._seconds[1],
+            c["scored"],
+            c["from_memory"],
+            c["observed"],
         )
 
     @property
     def consumed(self) -> int:
-        """Input items (samples, or batches in ``batched`` mode) fully handed on or dropped:
-        where to restart the source from when resuming from ``state_dict()``."""
+        """Input items (samples, or batches in ``batched`` mode) of the current pass fully handed
+        on or dropped: where to restart the source from when resuming from ``state_dict()``."""
         self._trim()
         return self._consumed
 
@@ -287,6 +326,33 @@ class Sifter:
         """Record ``epoch`` with the decisions from now on (the next pass does not add one)."""
         self.epoch = int(epoch)
         self._epoch_set = True
+
+    def observe(self, keys: Sequence[Any], losses: Any) -> None:
+        """Hand back per-sample losses the training step computed anyway, for later epochs.
+
+        They go into the score memory (``memory=``), tagged with the current epoch; from the next
+        epoch until ``memory.max_age`` epochs later, these samples are decided from them with no
+        scoring forward (audit source ``feedback``). Non-finite losses are ignored.
+
+        Args:
+            keys: The samples' keys (``batch["__key__"]``).
+            losses: One loss per key: a tensor (any device; detached here) or an array.
+        """
+        if self.memory is None:
+            raise ConfigError(
+                "observe() needs a score memory: Sifter(..., memory=sp.ScoreMemory(capacity=...))"
+            )
+        if isinstance(losses, torch.Tensor):
+            losses = losses.detach().float().cpu().numpy()
+        values = np.asarray(losses, dtype=np.float64).reshape(-1)
+        keys = list(keys)
+        if len(keys) != values.size:
+            raise ScorerOutputError(
+                f"observe() got {len(keys)} keys but {values.size} losses; pass one loss per sample "
+                "(reduction='none')"
+            )
+        self.memory.update(key_hashes(keys), values, self.epoch, FEEDBACK)
+        self._counts["observed"] += values.size
 
     def __call__(self, source: Iterable[Any]) -> Iterator[Any]:
         """Sift ``source``: an iterator over the kept samples (or batches), in input order.
@@ -305,6 +371,7 @@ class Sifter:
                 self.epoch += 1
             self._pending.clear()
             self._emitted = 0
+            self._consumed = 0  # positions count from the start of each pass
         self._epoch_set = False
         self._passes += 1
         self._pass_open = True
@@ -365,6 +432,7 @@ class Sifter:
             "model_version": self.model_version,
             "source": source_state,
             "audit": None if self.audit is None else self.audit.state_dict(),
+            "memory": None if self.memory is None else self.memory.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -385,8 +453,15 @@ class Sifter:
                     f"with {name}={value!r} to resume"
                 )
         self.policy.load_state_dict(state["policy"])
+        if self.memory is not None:
+            if state.get("memory") is None:
+                raise ResumeError(
+                    "the checkpoint holds no score memory but this stage has one; resume without memory=, "
+                    "or start the memory empty by loading the checkpoint into a stage without it first"
+                )
+            self.memory.load_state_dict(state["memory"])
         self._rng.bit_generator.state = state["rng"]
-        self._counts = dict(state["counts"])
+        self._counts = {**self._counts, **state["counts"]}
         self._seconds = list(state["seconds"])
         self._consumed = int(state["consumed"])
         self.epoch = int(state["epoch"])
@@ -508,7 +583,7 @@ class Sifter:
     def _decide(self, group: _Group) -> None:
         t0 = time.perf_counter()
         rows = group.rows
-        losses = self._score_group(group)
+        losses, sources = self._score_group(group)
         t1 = time.perf_counter()
         seq0 = group.seq0
         counts = self._counts
@@ -551,7 +626,7 @@ class Sifter:
                 reason=reason,
                 micro_batch0=micro_batch0,
                 chunk=chunk,
-                source="forward",
+                source=sources,
             )
         self._seconds[0] += t1 - t0
         self._seconds[1] += time.perf_counter() - t1
@@ -566,21 +641,52 @@ class Sifter:
             "scorer, or pass on_nan='keep' or 'drop' to count and skip them"
         )
 
-    def _score_group(self, group: _Group) -> np.ndarray:
+    def _score_group(self, group: _Group) -> tuple[np.ndarray, np.ndarray | int]:
+        """Losses for every row of ``group``, and where each came from (codes, or one code)."""
+        source = self._loss_source
+        memory = self.memory
+        if memory is None:
+            return self._score_rows(group, None), source
+        keys = self._keys_of_group(group, required=True, purpose="the score memory")
+        assert keys is not None  # key=None with a memory is refused at construction
+        hashes = key_hashes(keys)
+        losses, remembered = memory.lookup(hashes, self.epoch)
+        miss = np.flatnonzero(np.isnan(losses))
+        sources = np.where(remembered == FEEDBACK, FEEDBACK, STALE).astype(np.int8)
+        if miss.size:
+            fresh = self._score_rows(group, miss)
+            losses[miss] = fresh
+            sources[miss] = source
+            if self.remember_forward:
+                memory.update(hashes[miss], fresh, self.epoch, source)
+        self._counts["from_memory"] += group.rows - miss.size
+        return losses, sources
+
+    def _score_rows(self, group: _Group, index: np.ndarray | None) -> np.ndarray:
+        """Losses of rows ``index`` of ``group`` (all rows if None), in micro-batches."""
+        self._counts["scored"] += group.rows if index is None else index.size
         if self.batched:
             batch = group.items[0]
             rows = group.rows
+            at = np.arange(rows) if index is None else index
+            if index is not None:
+                batch = _batch.take(batch, index)
+                rows = index.size
             chunk = self.micro_batch or rows
             if rows <= chunk:
-                return self._score(batch, rows, group)
+                return self._score(batch, rows, group, at)
             parts = [
                 self._score(
-                    _batch.take(batch, np.arange(s, min(rows, s + chunk))), min(chunk, rows - s), group, s
+                    _batch.take(batch, np.arange(s, min(rows, s + chunk))),
+                    min(chunk, rows - s),
+                    group,
+                    at[s : s + chunk],
                 )
                 for s in range(0, rows, chunk)
             ]
             return np.concatenate(parts)
-        items = group.items
+        items = group.items if index is None else [group.items[i] for i in index.tolist()]
+        at = np.arange(len(items)) if index is None else index
         n = len(items)
         size = self.micro_batch
         if self.pad_micro_batch and size is not None and n < size:
@@ -589,16 +695,20 @@ class Sifter:
             batch = self.collate_fn(items)
         except Exception as exc:
             raise ScorerError(
-                f"collating micro-batch at sample seq {group.seq0} (keys "
-                f"{describe_keys(self._keys_of_group(group))}) failed: {type(exc).__name__}: {exc}; "
+                f"collating micro-batch at sample seq {group.seq0 + int(at[0])} (keys "
+                f"{describe_keys(self._names(group, at))}) failed: {type(exc).__name__}: {exc}; "
                 "give the Sifter a collate_fn that builds the batch your scorer expects"
             ) from exc
-        return self._score(batch, n, group, 0, rows=len(items))
+        return self._score(batch, n, group, at, rows=len(items))
+
+    def _names(self, group: _Group, at: np.ndarray) -> list[Any] | None:
+        keys = self._keys_of_group(group)
+        return [keys[i] for i in at.tolist()] if keys else None
 
     def _score(
-        self, batch: Any, n: int, group: _Group, offset: int = 0, rows: int | None = None
+        self, batch: Any, n: int, group: _Group, at: np.ndarray, rows: int | None = None
     ) -> np.ndarray:
-        """Losses of the first ``n`` rows of ``batch`` (rows ``offset..`` of ``group``).
+        """Losses of the first ``n`` rows of ``batch``: rows ``at`` of ``group`` (for messages).
 
         ``rows`` is the batch's row count when the caller knows it (padding included)."""
         if rows is None:
@@ -618,18 +728,17 @@ class Sifter:
                 hi = _batch.take(batch, np.arange(half, rows))
                 return np.concatenate(
                     [
-                        self._score(lo, half, group, offset, rows=half),
-                        self._score(hi, n - half, group, offset + half, rows=rows - half),
+                        self._score(lo, half, group, at[:half], rows=half),
+                        self._score(hi, n - half, group, at[half:], rows=rows - half),
                     ]
                 )
-            keys = self._keys_of_group(group)
-            names = keys[offset : offset + n] if keys else None
             hint = "; pass on_oom='split' to retry it in halves, or lower micro_batch" if _is_oom(exc) else ""
             raise ScorerError(
                 f"scorer {self.scorer!r} raised {type(exc).__name__}: {exc} on the micro-batch of "
-                f"{n} samples at seq {group.seq0 + offset} (keys {describe_keys(names)}){hint}"
+                f"{n} samples at seq {group.seq0 + int(at[0])} "
+                f"(keys {describe_keys(self._names(group, at[:n]))}){hint}"
             ) from exc
-        return self._check_losses(out, n, rows, device, group, offset)
+        return self._check_losses(out, n, rows, device, group, int(at[0]))
 
     def _forward(self, batch: Any, device: torch.device) -> Any:
         if device is not _CPU and device.type != "cpu":
@@ -711,7 +820,9 @@ class Sifter:
             else:
                 items[i] = (sample, w)
 
-    def _keys_of_group(self, group: _Group, required: bool = False) -> list[Any] | None:
+    def _keys_of_group(
+        self, group: _Group, required: bool = False, purpose: str = "the audit log"
+    ) -> list[Any] | None:
         spec = self.key
         if spec is None:
             return None
@@ -726,7 +837,7 @@ class Sifter:
                     if required:
                         raise MissingKeyError(
                             f"the input batch at sample seq {group.seq0} has no key field {spec!r}; "
-                            "the audit log needs one key per sample: keep '__key__' in the batch, "
+                            f"{purpose} needs one key per sample: keep '__key__' in the batch, "
                             "pass key=<field or callable>, or key=None to log without keys"
                         ) from None
                     return None
@@ -747,7 +858,7 @@ class Sifter:
                     have = list(sample) if isinstance(sample, dict) else type(sample).__name__
                     raise MissingKeyError(
                         f"sample seq {group.seq0 + i} has no key field {spec!r} (it has {have}); "
-                        "the audit log needs one key per sample: keep '__key__' in the sample, "
+                        f"{purpose} needs one key per sample: keep '__key__' in the sample, "
                         "pass key=<field, position or callable>, or key=None to log without keys"
                     ) from None
             raise

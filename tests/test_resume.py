@@ -170,3 +170,37 @@ def test_checkpoint_between_passes_starts_the_next_pass():
             "decide_seconds": t.stats.decide_seconds,
         }
     )
+
+
+def test_resume_in_a_later_pass_counts_consumed_from_that_pass():
+    def make():
+        return PlainIterator(
+            SAMPLES,
+            model=None,
+            scorer=loss_field,
+            policy=sp.RelativeProbabilistic(1.0, 100),
+            micro_batch=32,
+            seed=5,
+        )
+
+    class SecondPass(PlainIterator):
+        def start(self):
+            list(self.sifter(self.data))
+            return self.sifter(self.data)
+
+    def make_second():
+        return SecondPass(
+            SAMPLES,
+            model=None,
+            scorer=loss_field,
+            policy=sp.RelativeProbabilistic(1.0, 100),
+            micro_batch=32,
+            seed=5,
+        )
+
+    check_save_load(make_second, [0, 7, 150])
+    first = make_second()
+    it = first.start()
+    for _ in range(40):
+        next(it)
+    assert 0 < first.sifter.consumed < len(SAMPLES) and first.sifter.epoch == 1

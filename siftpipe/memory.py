@@ -1,0 +1,223 @@
+"""A compact memory of each sample's last known loss, so later epochs can sift without a forward pass.
+
+InfoBatch's trick in a streaming pipeline: the training step computes every kept sample's loss
+anyway; handed back with ``Sifter.observe(keys, losses)``, those losses decide the sample's fate
+next epoch with no scoring forward. The memory is an open-addressing hash table in numpy, keyed by
+a stable 64-bit hash of the sample key: 15 bytes a slot, at most 70% full, so about 22 bytes per
+sample it can hold. It is bounded (``capacity`` samples; further new keys are refused and counted),
+part of the stage's state, and can be saved next to the audit log and published to DataLoader
+workers for sifting before decode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._audit_io import SOURCES
+from .errors import ConfigError, ResumeError
+
+__all__ = ["SOURCES", "ScoreMemory", "key_hashes"]
+
+FORWARD, FEEDBACK, STALE, PROXY = (SOURCES.index(s) for s in ("forward", "feedback", "stale", "proxy"))
+
+_EMPTY = np.uint64(0)
+_MAX_LOAD = 0.7
+_MAX_PROBES = 4096
+
+
+def key_hashes(keys: Iterable[Any]) -> np.ndarray:
+    """Stable 64-bit hashes (BLAKE2b) of sample keys, the same in every process and run; never 0."""
+    out = np.fromiter(
+        (int.from_bytes(hashlib.blake2b(str(k).encode(), digest_size=8).digest(), "little") for k in keys),
+        dtype=np.uint64,
+    )
+    out[out == _EMPTY] = 1  # 0 marks an empty slot
+    return out
+
+
+class ScoreMemory:
+    """The last known loss of up to ``capacity`` samples, by key.
+
+    Args:
+        capacity: Samples it can hold (about 22 bytes each, allocated up front).
+        max_age: A remembered loss decides a sample for this many epochs after it was recorded
+            (1: the next epoch only; k: Selective Backprop's stale mode). Older ones are re-scored.
+    """
+
+    def __init__(self, capacity: int = 1_000_000, max_age: int = 1) -> None:
+        if not isinstance(capacity, int) or capacity < 1:
+            raise ConfigError(f"capacity must be a number of samples >= 1, got {capacity!r}")
+        if not isinstance(max_age, int) or max_age < 1:
+            raise ConfigError(f"max_age must be a number of epochs >= 1, got {max_age!r}")
+        self.capacity = capacity
+        self.max_age = max_age
+        slots = max(16, int(np.ceil(capacity / _MAX_LOAD)))
+        self._slots_n = np.uint64(slots)
+        self._keys = np.zeros(slots, dtype=np.uint64)
+        self._loss = np.zeros(slots, dtype=np.float32)
+        self._epoch = np.zeros(slots, dtype=np.int16)
+        self._source = np.zeros(slots, dtype=np.int8)
+        self._count = 0
+        #: New keys turned away because the memory was full.
+        self.refused = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the table."""
+        return self._keys.nbytes + self._loss.nbytes + self._epoch.nbytes + self._source.nbytes
+
+    def _slots(self, hashes: np.ndarray) -> np.ndarray:
+        """For each hash: the slot holding it, or the empty slot where it would go."""
+        mixed = hashes ^ (hashes >> np.uint64(29))
+        slot = (mixed % self._slots_n).astype(np.int64)
+        found = np.full(hashes.size, -1, dtype=np.int64)
+        pending = np.arange(hashes.size)
+        for _ in range(_MAX_PROBES):
+            here = self._keys[slot[pending]]
+            done = (here == hashes[pending]) | (here == _EMPTY)
+            found[pending[done]] = slot[pending[done]]
+            pending = pending[~done]
+            if not pending.size:
+                return found
+            slot[pending] = (slot[pending] + 1) % int(self._slots_n)
+        raise RuntimeError("score memory probe limit reached; the table is corrupt")
+
+    def update(self, hashes: np.ndarray, losses: np.ndarray, epoch: int, source: int) -> None:
+        """Remember ``losses`` for ``hashes`` (the last value wins for a repeated key)."""
+        losses = np.asarray(losses, dtype=np.float32)
+        finite = np.isfinite(losses)
+        hashes, losses = np.asarray(hashes, np.uint64)[finite], losses[finite]
+        if not hashes.size:
+            return
+        # the last occurrence of each key in this batch wins
+        _, last = np.unique(hashes[::-1], return_index=True)
+        keep = hashes.size - 1 - last
+        hashes, losses = hashes[keep], losses[keep]
+        while hashes.size:
+            slot = self._slots(hashes)
+            present = self._keys[slot] == hashes
+            self._set(slot[present], hashes[present], losses[present], epoch, source)
+            hashes, losses, slot = hashes[~present], losses[~present], slot[~present]
+            if not hashes.size:
+                return
+            room = self.capacity - self._count
+            # new keys claim empty slots; two racing for one slot: the first takes it, the rest
+            # probe on in the next round
+            _, first = np.unique(slot, return_index=True)
+            first = np.sort(first)
+            if first.size >= room:
+                first = first[:room]
+                self._set(slot[first], hashes[first], losses[first], epoch, source)
+                self._count += first.size
+                self.refused += hashes.size - first.size
+                return
+            self._set(slot[first], hashes[first], losses[first], epoch, source)
+            self._count += first.size
+            rest = np.ones(hashes.size, dtype=bool)
+            rest[first] = False
+            hashes, losses = hashes[rest], losses[rest]
+
+    def _set(self, slot: np.ndarray, hashes: np.ndarray, losses: np.ndarray, epoch: int, source: int) -> None:
+        self._keys[slot] = hashes
+        self._loss[slot] = losses
+        self._epoch[slot] = epoch
+        self._source[slot] = source
+
+    def lookup(self, hashes: np.ndarray, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(loss, source) per hash: NaN loss where unknown or older than ``max_age`` epochs."""
+        hashes = np.asarray(hashes, np.uint64)
+        slot = self._slots(hashes)
+        hit = self._keys[slot] == hashes
+        age = epoch - self._epoch[slot].astype(np.int64)
+        usable = hit & (age >= 1) & (age <= self.max_age)
+        loss = np.where(usable, self._loss[slot].astype(np.float64), np.nan)
+        return loss, self._source[slot]
+
+    # ------------------------------------------------------------------ state and files
+
+    def _occupied(self) -> np.ndarray:
+        return np.flatnonzero(self._keys != _EMPTY)
+
+    def state_dict(self) -> dict[str, Any]:
+        at = self._occupied()
+        return {
+            "capacity": self.capacity,
+            "max_age": self.max_age,
+            "keys": torch.from_numpy(self._keys[at].view(np.int64).copy()),
+            "loss": torch.from_numpy(self._loss[at].copy()),
+            "epoch": torch.from_numpy(self._epoch[at].copy()),
+            "source": torch.from_numpy(self._source[at].copy()),
+            "refused": self.refused,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if int(state["capacity"]) > self.capacity:
+            raise ResumeError(
+                f"the checkpoint's score memory holds up to {state['capacity']} samples; this one "
+                f"{self.capacity}: construct ScoreMemory(capacity={state['capacity']}) to resume"
+            )
+        self._fill(
+            state["keys"].numpy().view(np.uint64),
+            state["loss"].numpy(),
+            state["epoch"].numpy(),
+            state["source"].numpy(),
+        )
+        self.refused = int(state["refused"])
+
+    def _fill(self, keys: np.ndarray, loss: np.ndarray, epoch: np.ndarray, source: np.ndarray) -> None:
+        self._keys[:] = _EMPTY
+        self._count = 0
+        for e in np.unique(epoch):
+            for s in np.unique(source[epoch == e]):
+                pick = (epoch == e) & (source == s)
+                self.update(keys[pick], loss[pick], int(e), int(s))
+
+    def save(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        """Write the memory to ``url`` (any fsspec URL) as an ``.npz`` of plain arrays (no pickle)."""
+        import fsspec
+
+        at = self._occupied()
+        buffer = io.BytesIO()
+        np.savez(
+            buffer,
+            keys=self._keys[at],
+            loss=self._loss[at],
+            epoch=self._epoch[at],
+            source=self._source[at],
+            config=np.array([self.capacity, self.max_age, self.refused], dtype=np.int64),
+        )
+        with fsspec.open(url, "wb", **(storage_options or {})) as f:
+            f.write(buffer.getvalue())
+
+    @classmethod
+    def load(cls, url: str, storage_options: Mapping[str, Any] | None = None) -> ScoreMemory:
+        """A memory read from ``save``'s file."""
+        import fsspec
+
+        with fsspec.open(url, "rb", **(storage_options or {})) as f:
+            data = np.load(io.BytesIO(f.read()), allow_pickle=False)
+        capacity, max_age, refused = (int(v) for v in data["config"])
+        memory = cls(capacity, max_age)
+        memory._fill(data["keys"], data["loss"], data["epoch"], data["source"])
+        memory.refused = refused
+        return memory
+
+    def losses(self) -> np.ndarray:
+        """Every remembered loss (any age), for summaries."""
+        return self._loss[self._occupied()].astype(np.float64)
+
+
+def hashes_of(keys: Sequence[Any] | np.ndarray) -> np.ndarray:
+    """``key_hashes`` unless the keys are already hashes (uint64)."""
+    if isinstance(keys, np.ndarray) and keys.dtype == np.uint64:
+        return keys
+    return key_hashes(keys)

@@ -1,0 +1,73 @@
+import numpy as np
+import pytest
+from conftest import roundtrip
+
+import siftpipe as sp
+from siftpipe.memory import FEEDBACK, FORWARD, key_hashes
+
+
+def test_hashes_are_stable_and_never_zero():
+    h = key_hashes(["a", "b", "a", 17])
+    assert h[0] == h[2] and h[0] != h[1] and h.dtype == np.uint64 and (h != 0).all()
+    # BLAKE2b-64 of the UTF-8 key, little-endian: the same in every process and Python version
+    assert int(key_hashes(["x"])[0]) == int.from_bytes(
+        __import__("hashlib").blake2b(b"x", digest_size=8).digest(), "little"
+    )
+
+
+def test_remembers_the_last_loss_per_key_against_a_dict():
+    rng = np.random.default_rng(0)
+    memory = sp.ScoreMemory(capacity=5000, max_age=2)
+    truth: dict[int, tuple[float, int]] = {}
+    for epoch in range(5):
+        for _ in range(20):
+            keys = rng.integers(0, 3000, size=200)
+            losses = rng.random(200).astype(np.float32)
+            memory.update(key_hashes(keys), losses, epoch, FEEDBACK)
+            for k, v in zip(keys, losses):
+                truth[int(k)] = (float(v), epoch)
+    assert len(memory) == len(truth)
+    probe = np.arange(3500)
+    loss, source = memory.lookup(key_hashes(probe), epoch=5)
+    for k in probe:
+        if k in truth and 1 <= 5 - truth[k][1] <= 2:
+            assert loss[k] == pytest.approx(truth[k][0])
+            assert source[k] == FEEDBACK
+        else:
+            assert np.isnan(loss[k])
+
+
+def test_current_epoch_losses_are_not_used_and_age_limits():
+    memory = sp.ScoreMemory(100, max_age=1)
+    memory.update(key_hashes(["a"]), np.array([2.0]), epoch=3, source=FORWARD)
+    assert np.isnan(memory.lookup(key_hashes(["a"]), 3)[0][0])  # not this epoch's own
+    assert memory.lookup(key_hashes(["a"]), 4)[0][0] == 2.0
+    assert np.isnan(memory.lookup(key_hashes(["a"]), 5)[0][0])  # too old
+
+
+def test_bounded_refuses_and_counts_beyond_capacity():
+    memory = sp.ScoreMemory(capacity=1000)
+    memory.update(key_hashes(range(1500)), np.ones(1500), 0, FEEDBACK)
+    assert len(memory) == 1000 and memory.refused == 500
+    held = key_hashes(range(1500))[~np.isnan(memory.lookup(key_hashes(range(1500)), 1)[0])][:10]
+    memory.update(held, np.zeros(10), 0, FEEDBACK)  # keys it holds are still updated when full
+    assert (memory.lookup(held, 1)[0] == 0).all() and len(memory) == 1000
+    assert memory.nbytes / memory.capacity < 25
+
+
+def test_state_and_file_roundtrip(tmp_path):
+    memory = sp.ScoreMemory(capacity=2000, max_age=3)
+    memory.update(key_hashes(range(1200)), np.arange(1200.0), 1, FEEDBACK)
+    memory.update(key_hashes(range(600, 900)), np.full(300, -1.0), 2, FORWARD)
+    copy = sp.ScoreMemory(capacity=2000, max_age=3)
+    copy.load_state_dict(roundtrip(memory.state_dict()))
+    memory.save(str(tmp_path / "m.npz"))
+    loaded = sp.ScoreMemory.load(str(tmp_path / "m.npz"))
+    assert loaded.capacity == 2000 and loaded.max_age == 3 and len(loaded) == len(memory)
+    probe = key_hashes(range(1300))
+    for other in (copy, loaded):
+        a, b = memory.lookup(probe, 3), other.lookup(probe, 3)
+        np.testing.assert_array_equal(a[0], b[0])
+        np.testing.assert_array_equal(a[1], b[1])
+    with pytest.raises(sp.ResumeError, match="capacity=2000"):
+        sp.ScoreMemory(capacity=10).load_state_dict(memory.state_dict())
