@@ -28,6 +28,7 @@ from .policies import (
     policy_names,
     register_policy,
 )
+from .predecode import PreDecodeFilter
 from .reader import LogReport, read_log, verify_log
 from .replay import Replay, WhatIf, replay, whatif
 from .scorers import (
@@ -60,6 +61,7 @@ __all__ = [
     "MissingKeyError",
     "NonFiniteLossError",
     "Policy",
+    "PreDecodeFilter",
     "Proxy",
     "PruneEasy",
     "REASONS",

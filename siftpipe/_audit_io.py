@@ -26,7 +26,7 @@ import numpy as np
 from ._secrets import redact
 
 #: ``reason`` codes of a decision, in the order of their small-integer codes.
-REASONS: tuple[str, ...] = ("policy", "warmup", "nan")
+REASONS: tuple[str, ...] = ("policy", "warmup", "nan", "predecode")
 #: Where a decision's loss came from (the ``source`` column), in the order of their codes.
 SOURCES: tuple[str, ...] = ("forward", "feedback", "stale", "proxy")
 _FRAME = struct.Struct("<II")

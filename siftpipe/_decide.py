@@ -12,9 +12,9 @@ import numpy as np
 from ._audit_io import REASONS
 from .policies import Policy
 
-__all__ = ["NAN", "POLICY", "REASONS", "WARMUP", "Decided", "decide_rows"]
+__all__ = ["NAN", "POLICY", "PREDECODE", "REASONS", "WARMUP", "Decided", "decide_rows"]
 
-POLICY, WARMUP, NAN = 0, 1, 2
+POLICY, WARMUP, NAN, PREDECODE = 0, 1, 2, 3
 
 
 @dataclass
@@ -40,15 +40,21 @@ def decide_rows(
     delay: int,
     nan_kept: bool,
     finite: np.ndarray | None = None,
+    decided: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Decided:
     """Decide ``losses`` (rows ``seq0..``) in micro-batches of ``chunk`` rows.
 
     The policy sees each micro-batch's finite losses; non-finite ones are kept if ``nan_kept``
     (reason ``nan``); rows before ``delay`` with a finite loss are kept (reason ``warmup``).
+    ``decided`` = (mask, keep probabilities) marks rows already kept upstream (before decode):
+    they are kept with those probabilities, reason ``predecode``, and the policy never sees them.
     """
     rows = losses.shape[0]
     if finite is None:
         finite = np.isfinite(losses)
+    upstream = decided[0] if decided is not None else None
+    if upstream is not None:
+        finite = finite & ~upstream
     all_finite = bool(finite.all())
     reason: np.ndarray | None = None
     nan = 0
@@ -74,11 +80,15 @@ def decide_rows(
                     weight[sub] = d.weight
             micro_batches += 1
         if not all_finite:
-            bad = ~finite
+            bad = ~finite if upstream is None else ~finite & ~upstream
             keep[bad] = nan_kept
             prob[bad] = float(nan_kept)
             reason[bad] = NAN
             nan = int(bad.sum())
+        if upstream is not None:
+            keep[upstream] = True
+            prob[upstream] = decided[1][upstream]  # type: ignore[index]
+            reason[upstream] = PREDECODE
     warmup = 0
     if seq0 < delay:
         warm = np.zeros(rows, dtype=bool)

@@ -177,6 +177,7 @@ def read_log(
     kept: bool | None = None,
     columns: Sequence[str] | None = None,
     include_superseded: bool = False,
+    include_predecode: bool = False,
     on_bad_part: Literal["warn", "raise"] = "warn",
     progress: bool = False,
 ) -> Any:
@@ -194,6 +195,8 @@ def read_log(
         kept: Only kept (True) or only dropped (False) records.
         columns: Only these columns (``run`` and ``rank`` are always added).
         include_superseded: Keep records that a later attempt redid.
+        include_predecode: Add the records of samples that DataLoader workers dropped before
+            decode (``PreDecodeFilter``); they have ``seq`` -1 and come after each stream's rows.
         on_bad_part: What an unreadable part does.
         progress: Show a progress bar over parts.
     """
@@ -235,9 +238,63 @@ def read_log(
         )
         table = table.append_column("rank", pa.array(np.full(n, info.rank, np.int32)))
         out.append(table)
+    if include_predecode:
+        out.extend(_predecode_tables(fs, url, storage_options, run, rank, columns, kept))
+        out = [_plain(t) for t in out]
     if not out:
         return _empty_table(columns)
     return pa.concat_tables(out, promote_options="permissive")
+
+
+_PREDECODE = re.compile(r"run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/_predecode/[^/]+\.parquet")
+
+
+def _predecode_tables(
+    fs: Any,
+    url: str,
+    storage_options: Mapping[str, Any] | None,
+    run: str | Sequence[str] | None,
+    rank: int | Sequence[int] | None,
+    columns: Sequence[str] | None,
+    kept: bool | None,
+) -> list[Any]:
+    """The records that DataLoader workers wrote for samples they dropped before decode."""
+    import pyarrow as pa
+
+    if kept:
+        return []  # workers only record what they drop
+    root = _filesystem(url, storage_options)[1]
+    runs = {run} if isinstance(run, str) else (set(run) if run is not None else None)
+    ranks = {rank} if isinstance(rank, int) else (set(rank) if rank is not None else None)
+    found = []
+    for path in fs.find(root):
+        relative = path[len(root) + 1 :] if path.startswith(root + "/") else path
+        m = _PREDECODE.fullmatch(relative)
+        if m and (runs is None or m["run"] in runs) and (ranks is None or int(m["rank"]) in ranks):
+            found.append((m["run"], int(m["rank"]), path))
+    tables = _read_many(fs, [p for _, _, p in found], lambda b: _read_part(b, columns))
+    out = []
+    for (run_id, rank_id, _), table in zip(found, tables):
+        if isinstance(table, Exception):
+            continue
+        n = table.num_rows
+        table = table.append_column("run", pa.array([run_id] * n, pa.string()))
+        out.append(table.append_column("rank", pa.array(np.full(n, rank_id, np.int32))))
+    return out
+
+
+def _plain(table: Any) -> Any:
+    """``table`` with dictionary columns decoded to their values (so tables of both kinds concat)."""
+    import pyarrow as pa
+
+    return pa.table(
+        {
+            name: column.cast(column.type.value_type)
+            if isinstance(column.type, pa.DictionaryType)
+            else column
+            for name, column in zip(table.column_names, table.columns)
+        }
+    )
 
 
 def _read_many_with_progress(

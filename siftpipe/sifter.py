@@ -29,6 +29,7 @@ from .errors import (
 )
 from .memory import FEEDBACK, SOURCES, STALE, ScoreMemory, key_hashes
 from .policies import Policy, RelativeProbabilistic, get_policy
+from .predecode import PRE_KEPT, PRE_LOSS, PRE_PROB, publish
 from .scorers import Scorer, get_scorer
 
 __all__ = ["REASONS", "SiftStats", "Sifter"]
@@ -83,7 +84,18 @@ _NO_INDEX = np.zeros(0, dtype=np.int64)
 class _Group:
     """The input items of one decided micro-batch (per-sample mode) or one input batch."""
 
-    __slots__ = ("items", "keep", "kept_index", "n_items", "rows", "seq0", "skip", "snapshot", "weight")
+    __slots__ = (
+        "items",
+        "keep",
+        "kept_index",
+        "n_items",
+        "rows",
+        "seq0",
+        "skip",
+        "snapshot",
+        "upstream",
+        "weight",
+    )
 
     def __init__(self, items: list[Any], rows: int, seq0: int, snapshot: Any) -> None:
         self.items = items
@@ -95,6 +107,7 @@ class _Group:
         self.weight: np.ndarray | None = None
         self.kept_index: np.ndarray = _NO_INDEX
         self.skip = 0  # kept rows handed on before the checkpoint this group was re-read from
+        self.upstream: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @property
     def n_kept(self) -> int:
@@ -354,6 +367,14 @@ class Sifter:
         self.memory.update(key_hashes(keys), values, self.epoch, FEEDBACK)
         self._counts["observed"] += values.size
 
+    def publish_memory(self, url: str, storage_options: Mapping[str, Any] | None = None) -> str:
+        """Publish the score memory for ``PreDecodeFilter`` stages in DataLoader workers.
+
+        Call it at the end of each epoch; workers load the newest publication when they next
+        start iterating and decide from it (see ``siftpipe.predecode``). Returns its version.
+        """
+        return publish(self, url, storage_options)
+
     def __call__(self, source: Iterable[Any]) -> Iterator[Any]:
         """Sift ``source``: an iterator over the kept samples (or batches), in input order.
 
@@ -593,8 +614,17 @@ class Sifter:
         finite = np.isfinite(losses)
         if self.on_nan == "raise" and not finite.all():
             self._raise_non_finite(group, losses, finite)
+        upstream = group.upstream
         d = decide_rows(
-            self.policy, self._rng, losses, seq0, chunk, self.delay, self.on_nan == "keep", finite
+            self.policy,
+            self._rng,
+            losses,
+            seq0,
+            chunk,
+            self.delay,
+            self.on_nan == "keep",
+            finite,
+            None if upstream is None else (upstream[0], upstream[2]),
         )
         keep, prob, score, weight, reason = d.keep, d.prob, d.score, d.weight, d.reason
         counts["micro_batches"] += d.micro_batches
@@ -641,10 +671,40 @@ class Sifter:
             "scorer, or pass on_nan='keep' or 'drop' to count and skip them"
         )
 
+    def _upstream(self, group: _Group) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Rows a ``PreDecodeFilter`` already kept: (mask, their losses, their keep probabilities)."""
+        if self.batched:
+            batch = group.items[0]
+            if not isinstance(batch, Mapping) or PRE_KEPT not in batch:
+                return None
+            columns = [np.asarray(batch[name], dtype=np.float64) for name in (PRE_KEPT, PRE_LOSS, PRE_PROB)]
+        else:
+            items = group.items
+            if not isinstance(items[0], Mapping) or PRE_KEPT not in items[0]:
+                return None
+            columns = [
+                np.fromiter((s[name] for s in items), np.float64, len(items))
+                for name in (PRE_KEPT, PRE_LOSS, PRE_PROB)
+            ]
+        mask = columns[0] == 1
+        return (mask, columns[1], columns[2]) if mask.any() else None
+
     def _score_group(self, group: _Group) -> tuple[np.ndarray, np.ndarray | int]:
         """Losses for every row of ``group``, and where each came from (codes, or one code)."""
         source = self._loss_source
         memory = self.memory
+        upstream = group.upstream = self._upstream(group)
+        if upstream is not None:
+            # kept before decode, from the published memory: no forward, no second decision
+            mask, pre_loss, _ = upstream
+            losses = pre_loss.copy()
+            sources = np.full(group.rows, FEEDBACK, dtype=np.int8)
+            rest = np.flatnonzero(~mask)
+            if rest.size:
+                losses[rest] = self._score_rows(group, rest)
+                sources[rest] = source
+            self._counts["from_memory"] += int(mask.sum())
+            return losses, sources
         if memory is None:
             return self._score_rows(group, None), source
         keys = self._keys_of_group(group, required=True, purpose="the score memory")
