@@ -10,7 +10,7 @@ from typing import Any
 
 
 #: Modules of this package that each define ``add_cli(subparsers)`` for one command group.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("shards",)
 
 
 def parse_storage_options(pairs: Sequence[str] | None) -> dict[str, Any]:

@@ -4,6 +4,7 @@ answers 5xx, stalls, or cuts a response body in the middle, on request; and a se
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import socket
@@ -124,10 +125,8 @@ class FaultProxy:
             h.wfile.write(data[: int(len(data) * fault[1])])
             h.wfile.flush()
             h.close_connection = True
-            try:
+            with contextlib.suppress(OSError):
                 h.connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             return
         h.end_headers()
         if h.command != "HEAD":

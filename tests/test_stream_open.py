@@ -9,6 +9,7 @@ import tarfile
 import threading
 import traceback
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -45,7 +46,9 @@ def s3_options(endpoint, **extra):
 @pytest.fixture(scope="module")
 def local_shards(tmp_path_factory):
     root = tmp_path_factory.mktemp("shards")
-    return write_shards(synthetic_classification(300, dim=8), str(root / "train"), samples_per_shard=100, progress=False)
+    return write_shards(
+        synthetic_classification(300, dim=8), str(root / "train"), samples_per_shard=100, progress=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +79,9 @@ def test_local_paths_file_urls_and_s3_give_the_same_samples(local_shards, s3_sha
     s3 = list(ShardReader(ShardOpener(s3_options(local_s3.endpoint)))(s3_shards.urls))
     assert keys(local) == keys(as_file_urls) == keys(s3) == [f"{i:09d}" for i in range(300)]
     for a, b in zip(local, s3):
-        assert {k: v for k, v in a.items() if k != "__url__"} == {k: v for k, v in b.items() if k != "__url__"}
+        assert {k: v for k, v in a.items() if k != "__url__"} == {
+            k: v for k, v in b.items() if k != "__url__"
+        }
     assert s3[0]["__url__"] == s3_shards.urls[0]
     assert sorted(local[0]) == ["__key__", "__url__", "cls", "hard.cls", "x.npy"]
 
@@ -88,14 +93,18 @@ def test_webdataset_style_url_dicts_are_accepted(local_shards):
 
 def test_missing_object_names_the_url_and_the_pattern_fix(local_s3, s3_shards):
     url = s3_shards.urls[0].replace("train-000000", "train-000099")
-    with pytest.raises(sp.ShardError, match=r"opening shard s3://.*/train-000099\.tar failed.*shard pattern") as e:
+    with pytest.raises(
+        sp.ShardError, match=r"opening shard s3://.*/train-000099\.tar failed.*shard pattern"
+    ) as e:
         list(ShardReader(ShardOpener(s3_options(local_s3.endpoint), **FAST))([url]))
     assert e.value.kind == "missing" and e.value.url == url
 
 
 def test_missing_bucket_names_the_bucket_and_the_endpoint_fix(local_s3):
     url = "s3://no-such-bucket-siftpipe/train-000000.tar"
-    with pytest.raises(sp.ShardError, match=r"bucket 'no-such-bucket-siftpipe' does not exist.*endpoint_url") as e:
+    with pytest.raises(
+        sp.ShardError, match=r"bucket 'no-such-bucket-siftpipe' does not exist.*endpoint_url"
+    ) as e:
         list(ShardReader(ShardOpener(s3_options(local_s3.endpoint), **FAST))([url]))
     assert e.value.kind == "missing_bucket"
     assert "s3://no-such-bucket-siftpipe/train-000000.tar" in str(e.value)
@@ -109,7 +118,9 @@ def test_missing_local_file_is_a_shard_error(tmp_path):
 
 def test_unknown_profile_names_the_credentials_fix(local_s3, s3_shards):
     opener = ShardOpener(s3_options(local_s3.endpoint, profile="siftpipe-no-such-profile"), **FAST)
-    with pytest.raises(sp.ShardError, match=r"ProfileNotFound.*profile .* exists in the AWS config files") as e:
+    with pytest.raises(
+        sp.ShardError, match=r"ProfileNotFound.*profile .* exists in the AWS config files"
+    ) as e:
         list(ShardReader(opener)(s3_shards.urls[:1]))
     assert e.value.kind == "no_credentials"
 
@@ -133,10 +144,18 @@ def test_bad_credentials_give_a_shard_error_that_names_the_fix_and_no_secret(cap
     assert err.kind == "denied"
     assert url in str(err) and "check the credentials" in str(err) and "anon=True" in str(err)
     text = "\n".join(
-        [str(err), repr(err), repr(opener), "".join(traceback.format_exception(err)), siftpipe_logs(caplog)]
-        + [repr(pickle.loads(pickle.dumps(err)))]
+        [
+            str(err),
+            repr(err),
+            repr(opener),
+            "".join(traceback.format_exception(err)),
+            siftpipe_logs(caplog),
+            repr(pickle.loads(pickle.dumps(err))),
+        ]
     )
     assert KEY_ID not in text and SECRET not in text
+    clone = pickle.loads(pickle.dumps(err))  # DataLoader workers send errors this way
+    assert (clone.kind, clone.url, str(clone)) == ("denied", url, str(err))
     assert "'key': '***'" in repr(opener) and "'secret': '***'" in repr(opener)
 
 
@@ -252,7 +271,9 @@ def test_stalled_answers_time_out_and_the_shard_is_still_read(proxy, s3_shards):
 def test_retries_run_out_with_an_error_that_names_the_shard_and_the_fix(proxy, s3_shards):
     opener = ShardOpener(s3_options(proxy.endpoint), retries=2, **FAST)
     proxy.fail("status", 503, times=10, method="HEAD")
-    with pytest.raises(sp.ShardError, match=r"train-000000\.tar failed after 3 attempt\(s\).*2 retries.*retries=") as e:
+    with pytest.raises(
+        sp.ShardError, match=r"train-000000\.tar failed after 3 attempt\(s\).*2 retries.*retries="
+    ) as e:
         list(ShardReader(opener)(s3_shards.urls[:1]))
     assert e.value.kind == "transient"
 
@@ -261,9 +282,13 @@ def test_the_total_timeout_stops_retrying_before_the_retry_count_does(own_s3):
     bucket = own_s3.new_bucket()
     url = f"s3://{bucket}/gone-000000.tar"
     own_s3.stop()
-    opener = ShardOpener(s3_options(own_s3.endpoint), retries=1000, backoff=0.05, max_backoff=0.1, timeout=0.5)
+    opener = ShardOpener(
+        s3_options(own_s3.endpoint), retries=1000, backoff=0.05, max_backoff=0.1, timeout=0.5
+    )
     reset_shard_stats()
-    with pytest.raises(sp.ShardError, match=r"gone-000000\.tar failed after \d+ attempt\(s\).*the 0\.5 s timeout"):
+    with pytest.raises(
+        sp.ShardError, match=r"gone-000000\.tar failed after \d+ attempt\(s\).*the 0\.5 s timeout"
+    ):
         list(ShardReader(opener)([url]))
     assert 1 <= shard_stats().retries < 1000
 
@@ -291,10 +316,12 @@ def test_a_stopping_handler_ends_the_pass_and_reraise_counts_a_failure(local_sha
 
 
 def test_a_truncated_shard_names_the_url_and_the_last_sample(local_shards, tmp_path):
-    data = open(local_shards.urls[0], "rb").read()
+    data = Path(local_shards.urls[0]).read_bytes()
     bad = tmp_path / "cut-000000.tar"
     bad.write_bytes(data[: len(data) // 2 + 100])
-    with pytest.raises(sp.ShardError, match=r"cut-000000\.tar \(after sample '0000000\d\d'\).*truncated or corrupt") as e:
+    with pytest.raises(
+        sp.ShardError, match=r"cut-000000\.tar \(after sample '0000000\d\d'\).*truncated or corrupt"
+    ) as e:
         list(ShardReader(ShardOpener())([str(bad)]))
     assert e.value.kind == "corrupt" and e.value.key is not None
     reset_shard_stats()
@@ -306,7 +333,7 @@ def test_gzipped_shards_are_read_too(local_shards, tmp_path):
     import gzip
 
     gz = tmp_path / "train-000000.tar.gz"
-    gz.write_bytes(gzip.compress(open(local_shards.urls[0], "rb").read()))
+    gz.write_bytes(gzip.compress(Path(local_shards.urls[0]).read_bytes()))
     out = list(ShardReader(ShardOpener())([str(gz)]))
     assert keys(out) == [f"{i:09d}" for i in range(100)]
 
@@ -339,9 +366,13 @@ def test_classify_error_on_real_exceptions():
     assert classify_error(ReadTimeoutError(endpoint_url="http://x")) == "transient"
     assert classify_error(EndpointConnectionError(endpoint_url="http://x")) == "transient"
     assert classify_error(FSTimeoutError()) == "transient"
-    slow = ClientError({"Error": {"Code": "SlowDown"}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "GetObject")
+    slow = ClientError(
+        {"Error": {"Code": "SlowDown"}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "GetObject"
+    )
     assert classify_error(slow) == "transient"
-    nokey = ClientError({"Error": {"Code": "NoSuchKey"}, "ResponseMetadata": {"HTTPStatusCode": 404}}, "GetObject")
+    nokey = ClientError(
+        {"Error": {"Code": "NoSuchKey"}, "ResponseMetadata": {"HTTPStatusCode": 404}}, "GetObject"
+    )
     assert classify_error(nokey) == "missing"
     assert classify_error(ValueError("x")) == "other"
 
