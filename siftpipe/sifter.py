@@ -279,6 +279,16 @@ class Sifter:
         self._trim()
         return self._consumed
 
+    @property
+    def resume_from(self) -> int | None:
+        """After ``load_state_dict`` of a mid-pass checkpoint whose source was not tracked: the
+        input item (``state["consumed"]``) the next call's source must start at. ``None`` when no
+        resume is pending or the tracked source is repositioned by the stage itself."""
+        restore = self._restore
+        if restore is None or restore.get("source") is not None:
+            return None
+        return int(restore["consumed"])
+
     def set_epoch(self, epoch: int) -> None:
         """Record ``epoch`` with the decisions from now on (the next pass does not add one)."""
         self.epoch = int(epoch)
