@@ -358,23 +358,25 @@ def synthetic_arrays(
     classes: int = 4,
     hard_fraction: float = 0.1,
     seed: int = 0,
+    draw: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(x float32 [n, dim], y int64 [n], hard bool [n])`` of a classification task with many
     easy, redundant samples and a hard tail.
 
     Easy samples sit close to their class centre (a model learns them in a few steps and then
     has nothing left to learn from them); hard samples lie between two class centres with more
-    noise, so their loss stays high for long. ``hard_fraction`` of the samples are hard. The
-    same arguments always give the same arrays.
+    noise, so their loss stays high for long. ``hard_fraction`` of the samples are hard.
+    ``seed`` fixes the task (the class centres) and ``draw`` picks independent samples of it:
+    draw 0 for training, 1 for a test set, and so on. The same arguments give the same arrays.
     """
     if n < 0 or dim < 2 or classes < 2 or not 0.0 <= hard_fraction <= 1.0:
         raise ConfigError(
             f"need n >= 0, dim >= 2, classes >= 2 and 0 <= hard_fraction <= 1, got n={n}, dim={dim}, "
             f"classes={classes}, hard_fraction={hard_fraction}"
         )
-    rng = np.random.default_rng(seed)
-    centres = rng.normal(size=(classes, dim))
+    centres = np.random.default_rng([seed, 0]).normal(size=(classes, dim))
     centres *= 3.0 / np.linalg.norm(centres, axis=1, keepdims=True)
+    rng = np.random.default_rng([seed, 1, draw])
     y = rng.integers(0, classes, size=n)
     hard = rng.random(n) < hard_fraction
     x = centres[y] + rng.normal(scale=0.35, size=(n, dim))
@@ -393,10 +395,13 @@ def synthetic_classification(
     classes: int = 4,
     hard_fraction: float = 0.1,
     seed: int = 0,
+    draw: int = 0,
 ) -> Iterator[dict[str, Any]]:
     """Sample dicts of ``synthetic_arrays``: ``__key__`` (``000000000``, ...), ``x.npy``
     (float32 [dim]), ``cls`` (label) and ``hard.cls`` (1 for the hard tail, for diagnostics)."""
-    x, y, hard = synthetic_arrays(n, dim=dim, classes=classes, hard_fraction=hard_fraction, seed=seed)
+    x, y, hard = synthetic_arrays(
+        n, dim=dim, classes=classes, hard_fraction=hard_fraction, seed=seed, draw=draw
+    )
     for i in range(n):
         yield {"__key__": f"{i:09d}", "x.npy": x[i], "cls": int(y[i]), "hard.cls": int(hard[i])}
 
