@@ -258,8 +258,9 @@ class WebDataset(SiftFluid, wds.WebDataset):
         if cache_dir is not None:
             raise ConfigError(
                 "cache_dir is not supported when shards are read through fsspec; cache with fsspec "
-                "instead: urls='filecache::s3://bucket/train-{000000..000009}.tar', storage_options="
-                "{'s3': {...}, 'filecache': {'cache_storage': '/local/cache'}}"
+                "instead: urls=['filecache::s3://bucket/train-000000.tar', ...] (a list: in a string "
+                "webdataset reads '::' as a separator), storage_options={'s3': {...}, 'filecache': "
+                "{'cache_storage': '/local/cache'}}"
             )
         if resampled:
             mode = "resampled"

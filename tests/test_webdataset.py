@@ -327,8 +327,18 @@ def test_resuming_a_chain_skips_what_the_checkpoint_had_finished(shards):
         list(short)
 
 
+def test_fsspec_url_chaining_caches_shards_locally(local_s3, s3_shards, tmp_path):
+    cache = tmp_path / "cache"
+    options = {"s3": {"endpoint_url": local_s3.endpoint}, "filecache": {"cache_storage": str(cache)}}
+    urls = ["filecache::" + u for u in s3_shards.urls]
+    assert [s["__key__"] for s in WebDataset(urls, shardshuffle=False, storage_options=options)] == ALL_KEYS
+    cached = [p for p in cache.iterdir() if p.name != "cache"]
+    assert len(cached) == len(urls)
+    assert [s["__key__"] for s in WebDataset(urls, shardshuffle=False, storage_options=options)] == ALL_KEYS
+
+
 def test_webdataset_arguments_that_cannot_work_are_config_errors(shards):
-    with pytest.raises(sp.ConfigError, match="cache_dir is not supported.*filecache::"):
+    with pytest.raises(sp.ConfigError, match=r"cache_dir is not supported.*filecache::.*a list"):
         WebDataset(shards.pattern, shardshuffle=False, cache_dir="/tmp")
     with pytest.raises(sp.ConfigError, match="no shard URLs"):
         WebDataset([], shardshuffle=False)
