@@ -30,16 +30,34 @@ from torchdata.nodes import BaseNode
 from ._open import (
     ShardOpener,
     ShardReader,
+    ShardStats,
     _count,
+    ignore_and_continue,
+    ignore_and_stop,
     iter_tar_samples,
     redact_options,
     redact_url,
     reraise_exception,
+    reset_shard_stats,
+    shard_stats,
+    warn_and_continue,
+    warn_and_stop,
 )
 from .errors import ConfigError, ResumeError, ShardError
 from .sifter import Sifter
 
-__all__ = ["ShardSource", "SiftNode"]
+__all__ = [
+    "ShardSource",
+    "ShardStats",
+    "SiftNode",
+    "ignore_and_continue",
+    "ignore_and_stop",
+    "reraise_exception",
+    "reset_shard_stats",
+    "shard_stats",
+    "warn_and_continue",
+    "warn_and_stop",
+]
 
 
 class _NodeSource:
