@@ -140,8 +140,11 @@ def reset_shard_stats() -> None:
 
 _SENSITIVE_OPTION = re.compile(r"key|secret|token|passw|credential|signature|auth|session|sas", re.I)
 _SENSITIVE_ENV = re.compile(
-    r"SECRET|TOKEN|PASSW|ACCESS_KEY|ACCOUNT_KEY|CREDENTIAL|CONNECTION_STRING|API_KEY|_SAS\b", re.I
+    r"(^|_)(SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIALS?|SAS)(_|$)|ACCESS_KEY|ACCOUNT_KEY|API_KEY|"
+    r"CONNECTION_STRING|SECRET_KEY",
+    re.I,
 )
+_NOT_SECRET = re.compile(r"(?i)^(true|false|none|null|yes|no|on|off|[0-9.]+)$")
 _SENSITIVE_QUERY = re.compile(
     r"signature|credential|token|secret|key|sig|auth|password|passwd|sas|session", re.I
 )
@@ -172,7 +175,11 @@ def _option_secrets(options: Any, parent_sensitive: bool = False) -> set[str]:
 
 
 def _env_secrets() -> set[str]:
-    return {v for k, v in os.environ.items() if _SENSITIVE_ENV.search(k) and len(v) >= _MIN_SECRET}
+    return {
+        v
+        for k, v in os.environ.items()
+        if _SENSITIVE_ENV.search(k) and len(v) >= _MIN_SECRET and not _NOT_SECRET.match(v)
+    }
 
 
 def redact_url(url: str) -> str:

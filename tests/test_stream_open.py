@@ -193,6 +193,24 @@ def test_no_secret_from_options_env_or_url_reaches_messages_warnings_logs_or_rep
     assert "***" in blob and "nobucket-siftpipe" in blob and "000077" in blob
 
 
+def test_only_credential_like_environment_variables_are_treated_as_secrets(monkeypatch):
+    from siftpipe._open import Redactor
+
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # not a secret: TOKENIZERS is no TOKEN
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdefghijklmnop")
+    monkeypatch.setenv("MY_SERVICE_PASSWORD", "correct-horse")
+    redact = Redactor({"client_kwargs": {"aws_secret_access_key": "nested-secret-value"}, "anon": False})
+    text = redact("false hf_abcdefghijklmnop correct-horse nested-secret-value")
+    assert text == "false *** *** ***"
+
+
+def test_anon_option_reaches_s3fs_and_a_private_bucket_refuses_it(local_s3, s3_shards):
+    opener = ShardOpener(s3_options(local_s3.endpoint, anon=True), **FAST)
+    with pytest.raises(sp.ShardError, match=r"access was denied.*anon=True") as e:
+        list(ShardReader(opener)(s3_shards.urls[:1]))
+    assert e.value.kind == "denied"
+
+
 def test_redact_url():
     assert redact_url("s3://bucket/a-{000..009}.tar") == "s3://bucket/a-{000..009}.tar"
     assert redact_url("https://u:pw@host/x.tar") == "https://u:***@host/x.tar"
