@@ -691,7 +691,9 @@ def iter_tar_samples(
     next_key)``: the byte offset (counting from the start of the object; ``start`` is where
     ``stream`` begins) of the tar header that starts the next sample, and that sample's key, or
     ``None`` after the last sample or when the archive is compressed (offsets are not seekable).
+    ``__url__`` is ``url`` with any credential in it redacted (it ends up in logs and audits).
     """
+    url = redact_url(url)
     tf = tarfile.open(fileobj=stream, mode="r|*", tarinfo=_CheckedTarInfo)  # noqa: SIM115 - caller closes
     seekable = getattr(tf.fileobj, "comptype", None) == "tar"
     current: dict[str, Any] | None = None

@@ -20,6 +20,7 @@ and resumes exactly from ``loader.state_dict()``::
 
 from __future__ import annotations
 
+import copy
 import gc
 from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import Any
@@ -74,7 +75,9 @@ class _NodeSource:
         return self.node
 
     def state_dict(self) -> dict[str, Any]:
-        return self.node.state_dict()
+        # a copy: the sifter keeps this snapshot while the node moves on, and a node may hand
+        # out (and later change) its own internal dicts
+        return copy.deepcopy(self.node.state_dict())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.node.reset(state)

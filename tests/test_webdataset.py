@@ -263,6 +263,33 @@ def test_s3_shards_stream_through_two_workers_with_storage_options(local_s3, s3_
     assert "'endpoint_url'" in repr(dataset) and "6 shard(s)" in repr(dataset)
 
 
+def test_shards_stream_over_plain_http(shards):
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+    from pathlib import Path
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    root = str(Path(shards.urls[0]).parent)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=root))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        assert [s["__key__"] for s in decoded(f"{base}/train-{{000000..000005}}.tar")] == ALL_KEYS
+        with pytest.raises(sp.ShardError, match=r"nope-000000\.tar failed.*no such object"):
+            list(decoded(f"{base}/nope-000000.tar"))
+        # a password in the URL is sent (the server ignores it) but never handed on
+        port = server.server_address[1]
+        first = next(iter(decoded(f"http://reader:pa55word@127.0.0.1:{port}/train-000000.tar")))
+        assert first["__url__"] == f"http://reader:***@127.0.0.1:{port}/train-000000.tar"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_file_urls_and_lists_work_like_paths(shards):
     by_url = [s["__key__"] for s in decoded([f"file://{u}" for u in shards.urls])]
     assert by_url == ALL_KEYS
