@@ -772,17 +772,15 @@ class ShardReader:
             if state.get("stop"):
                 return
 
-    def samples(
-        self, url: str, *, start: int = 0, state: dict[str, Any] | None = None
-    ) -> Iterator[dict[str, Any]]:
+    def samples(self, url: str, *, state: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
         """The samples of one shard; a failure goes to the handler (``state['stop']`` if it stops)."""
         key: str | None = None
         err: ShardError | None = None
         try:
-            stream = self.opener.open(url, start)
+            stream = self.opener.open(url)
             try:
                 for sample, _, _ in iter_tar_samples(
-                    stream, url, start=start, select_files=self.select_files, rename_files=self.rename_files
+                    stream, url, select_files=self.select_files, rename_files=self.rename_files
                 ):
                     key = sample["__key__"]
                     _count("samples")

@@ -290,6 +290,17 @@ def test_shards_stream_over_plain_http(shards):
         server.server_close()
 
 
+def test_select_and_rename_tar_members_as_webdataset_does(shards):
+    raw = WebDataset(
+        shards.urls[:1],
+        shardshuffle=False,
+        select_files=lambda name: not name.endswith(".hard.cls"),
+        rename_files=lambda name: name.replace(".x.npy", ".features.npy"),
+    )
+    first = next(iter(raw))
+    assert sorted(first) == ["__key__", "__url__", "cls", "features.npy"]
+
+
 def test_file_urls_and_lists_work_like_paths(shards):
     by_url = [s["__key__"] for s in decoded([f"file://{u}" for u in shards.urls])]
     assert by_url == ALL_KEYS
