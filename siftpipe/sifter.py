@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -239,7 +240,10 @@ class Sifter:
         self._pass_open = False
         self._passes = 0
         self._epoch_set = False
-        self._active: Generator[Any, None, None] | None = None
+        # a weak reference: a pass the caller abandons is freed at once (with what it holds:
+        # DataLoader iterators and their workers), not kept alive by this stage or left to the
+        # cyclic garbage collector
+        self._active: weakref.ReferenceType[Generator[Any, None, None]] | None = None
         self._source: Any = None
         self._score_device = _CPU  # fixed at the start of each pass
 
@@ -302,8 +306,7 @@ class Sifter:
         ``state["consumed"]`` on (a tracked stateful source is repositioned for you).
         """
         _check_not_in_worker()
-        if self._active is not None:
-            self._active.close()
+        self._close_active()
         resume = self._restore
         self._restore = None
         if resume is None:
@@ -327,7 +330,7 @@ class Sifter:
         device = self.device
         self._score_device = _CPU if device.type == "cpu" else device
         gen = self._run(iter(source), resume)
-        self._active = gen
+        self._active = weakref.ref(gen)
         return gen
 
     def state_dict(self) -> dict[str, Any]:
@@ -410,11 +413,15 @@ class Sifter:
 
     def close(self) -> None:
         """Stop the active pass and flush and close the audit log (if any)."""
-        if self._active is not None:
-            self._active.close()
-            self._active = None
+        self._close_active()
         if self.audit is not None:
             self.audit.close()
+
+    def _close_active(self) -> None:
+        gen = self._active() if self._active is not None else None
+        self._active = None
+        if gen is not None:
+            gen.close()
 
     def __enter__(self) -> Sifter:
         return self
