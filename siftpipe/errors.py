@@ -15,6 +15,7 @@ __all__ = [
     "ScorerOutputError",
     "ShardError",
     "SiftError",
+    "ShardWarning",
     "SiftInWorkerError",
 ]
 
@@ -60,7 +61,32 @@ class AuditError(SiftError):
 
 
 class ShardError(SiftError):
-    """A shard could not be opened or read (after retries)."""
+    """A shard could not be opened or read (after retries).
+
+    Attributes (``None`` when not known): ``url`` (the shard, credentials redacted), ``key`` (the
+    last sample key read from it), ``kind`` (``"missing"``, ``"missing_bucket"``, ``"denied"``,
+    ``"no_credentials"``, ``"transient"``, ``"corrupt"`` or ``"other"``).
+    """
+
+    def __init__(
+        self, message: str, *, url: str | None = None, key: str | None = None, kind: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.url = url
+        self.key = key
+        self.kind = kind
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        # keep the attributes across processes (DataLoader workers pickle their errors)
+        return (_rebuild_shard_error, (str(self), self.url, self.key, self.kind))
+
+
+def _rebuild_shard_error(message: str, url: str | None, key: str | None, kind: str | None) -> ShardError:
+    return ShardError(message, url=url, key=key, kind=kind)
+
+
+class ShardWarning(UserWarning):
+    """A shard was skipped (``handler=warn_and_continue``); the message names it and why."""
 
 
 def describe_keys(keys: Sequence[object] | None, limit: int = 4) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -292,7 +293,10 @@ class Sifter:
         self._pass_open = False
         self._passes = 0
         self._epoch_set = False
-        self._active: Generator[Any, None, None] | None = None
+        # a weak reference: a pass the caller abandons is freed at once (with what it holds:
+        # DataLoader iterators and their workers), not kept alive by this stage or left to the
+        # cyclic garbage collector
+        self._active: weakref.ReferenceType[Generator[Any, None, None]] | None = None
         self._source: Any = None
         self._score_device = _CPU  # fixed at the start of each pass
 
@@ -334,6 +338,16 @@ class Sifter:
         on or dropped: where to restart the source from when resuming from ``state_dict()``."""
         self._trim()
         return self._consumed
+
+    @property
+    def resume_from(self) -> int | None:
+        """After ``load_state_dict`` of a mid-pass checkpoint whose source was not tracked: the
+        input item (``state["consumed"]``) the next call's source must start at. ``None`` when no
+        resume is pending or the tracked source is repositioned by the stage itself."""
+        restore = self._restore
+        if restore is None or restore.get("source") is not None:
+            return None
+        return int(restore["consumed"])
 
     def set_epoch(self, epoch: int) -> None:
         """Record ``epoch`` with the decisions from now on (the next pass does not add one)."""
@@ -383,8 +397,7 @@ class Sifter:
         ``state["consumed"]`` on (a tracked stateful source is repositioned for you).
         """
         _check_not_in_worker()
-        if self._active is not None:
-            self._active.close()
+        self._close_active()
         resume = self._restore
         self._restore = None
         if resume is None:
@@ -411,7 +424,7 @@ class Sifter:
         device = self.device
         self._score_device = _CPU if device.type == "cpu" else device
         gen = self._run(iter(source), resume)
-        self._active = gen
+        self._active = weakref.ref(gen)
         return gen
 
     def state_dict(self) -> dict[str, Any]:
@@ -502,11 +515,15 @@ class Sifter:
 
     def close(self) -> None:
         """Stop the active pass and flush and close the audit log (if any)."""
-        if self._active is not None:
-            self._active.close()
-            self._active = None
+        self._close_active()
         if self.audit is not None:
             self.audit.close()
+
+    def _close_active(self) -> None:
+        gen = self._active() if self._active is not None else None
+        self._active = None
+        if gen is not None:
+            gen.close()
 
     def __enter__(self) -> Sifter:
         return self

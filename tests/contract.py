@@ -47,6 +47,9 @@ class Adapter:
     def resume(self, state: dict[str, Any]) -> Iterator[Any]:
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Release what an abandoned run holds (worker processes); called after the checkpoint."""
+
 
 def check_save_load(make: Callable[[], Adapter], cuts: Iterable[int], input_keys: list[str] | None = None):
     reference = list(make().start())
@@ -65,6 +68,7 @@ def check_save_load(make: Callable[[], Adapter], cuts: Iterable[int], input_keys
         it = first.start()
         head = [next(it) for _ in range(cut)]
         state = roundtrip(first.state())
+        first.close()
         second = make()
         tail = list(second.resume(state))
         got = [signature(x) for x in head + tail]

@@ -1,0 +1,716 @@
+"""Open shards at any fsspec URL (S3, GCS, HTTP, local) and read tar shards into samples.
+
+The pieces, in the order data flows:
+
+* ``ShardOpener`` opens one URL through fsspec with explicit storage options (or the standard
+  environment). Filesystems are created lazily, once per process and protocol, never shared
+  across ``fork`` (an s3fs instance made in the parent is unusable in a DataLoader worker).
+  Transient failures (connection errors, timeouts, 5xx and throttling answers, truncated reads)
+  are retried with exponential backoff, both while opening and while reading: a read that fails
+  mid-stream reopens the object and continues at the same byte offset.
+* ``iter_tar_samples`` groups the members of one tar stream into WebDataset samples and reports,
+  after each sample, the byte offset where the next one starts (for exact, seek-based resume).
+* ``ShardReader`` is a pipeline stage: shard URLs in, samples out, with a webdataset-style
+  ``handler`` deciding whether a shard that cannot be read stops the pipeline or is skipped.
+
+Every error is a ``ShardError`` that names the shard URL (and the last sample key when known) and
+the likely fix; no message, warning, log record or repr ever contains a credential.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import logging
+import os
+import random
+import re
+import socket
+import tarfile
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from ._secrets import Redactor, redact_options, redact_url
+from .errors import ConfigError, ShardError, ShardWarning
+
+__all__ = [
+    "ShardOpener",
+    "ShardReader",
+    "ShardStats",
+    "classify_error",
+    "ignore_and_continue",
+    "ignore_and_stop",
+    "iter_tar_samples",
+    "redact_url",
+    "reraise_exception",
+    "reset_shard_stats",
+    "shard_stats",
+    "warn_and_continue",
+    "warn_and_stop",
+]
+
+log = logging.getLogger("siftpipe.shards")
+
+Handler = Callable[[BaseException], bool]
+
+# ---------------------------------------------------------------------------------- handlers
+
+
+def reraise_exception(exn: BaseException) -> bool:
+    """Handler: raise the error (the default): a shard that cannot be read stops the pipeline."""
+    raise exn
+
+
+def warn_and_continue(exn: BaseException) -> bool:
+    """Handler: warn (``ShardWarning``, naming the shard and why) and skip to the next shard."""
+    warnings.warn(str(exn), ShardWarning, stacklevel=2)
+    return True
+
+
+def ignore_and_continue(exn: BaseException) -> bool:
+    """Handler: skip the shard silently (it is still counted in ``shard_stats().skipped``)."""
+    return True
+
+
+def warn_and_stop(exn: BaseException) -> bool:
+    """Handler: warn and end the pass quietly at this shard."""
+    warnings.warn(str(exn), ShardWarning, stacklevel=2)
+    return False
+
+
+def ignore_and_stop(exn: BaseException) -> bool:
+    """Handler: end the pass quietly at this shard."""
+    return False
+
+
+# ---------------------------------------------------------------------------------- counters
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    """Shard counters of this process (a DataLoader worker counts its own shards).
+
+    Attributes:
+        opened: Shards opened successfully.
+        completed: Shards read to their end.
+        skipped: Shards given up on and skipped by the handler (``warn_and_continue`` & co.).
+        failed: Shards whose error was raised (``reraise_exception``).
+        retries: Failed attempts that were retried (opening or reading).
+        reopened: Times a stream was reopened mid-shard at its byte offset after a failed read.
+        samples: Samples read from shards.
+    """
+
+    opened: int = 0
+    completed: int = 0
+    skipped: int = 0
+    failed: int = 0
+    retries: int = 0
+    reopened: int = 0
+    samples: int = 0
+
+
+_COUNTS: dict[str, int] = dict.fromkeys(ShardStats.__dataclass_fields__, 0)
+_COUNTS_LOCK = threading.Lock()
+
+
+def _count(name: str, n: int = 1) -> None:
+    with _COUNTS_LOCK:
+        _COUNTS[name] += n
+
+
+def shard_stats() -> ShardStats:
+    """A snapshot of this process's shard counters (see ``ShardStats``)."""
+    with _COUNTS_LOCK:
+        return ShardStats(**_COUNTS)
+
+
+def reset_shard_stats() -> None:
+    """Set this process's shard counters back to zero."""
+    with _COUNTS_LOCK:
+        for name in _COUNTS:
+            _COUNTS[name] = 0
+
+
+# ---------------------------------------------------------------------------------- classifying
+
+_TRANSIENT_ERRNO = {
+    errno.EIO,
+    errno.EBUSY,
+    errno.EAGAIN,
+    errno.ETIMEDOUT,
+    errno.ECONNRESET,
+    errno.ECONNREFUSED,
+    errno.ECONNABORTED,
+    errno.EPIPE,
+    errno.ENETDOWN,
+    errno.ENETUNREACH,
+    errno.EHOSTUNREACH,
+    getattr(errno, "EREMOTEIO", errno.EIO),
+}
+_TRANSIENT_CODES = {
+    "SlowDown",
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestTimeout",
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "TooManyRequests",
+}
+_DENIED_CODES = {
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "AllAccessDisabled",
+    "AccountProblem",
+}
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen and len(seen) < 8:
+        seen.add(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__
+
+
+def _response(exc: BaseException) -> tuple[str | None, int | None]:
+    """(error code, HTTP status) of a botocore ClientError or an aiohttp response error."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, Mapping):
+        code = response.get("Error", {}).get("Code")
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return (str(code) if code is not None else None), (int(status) if status else None)
+    status = getattr(exc, "status", None)
+    if isinstance(status, int) and type(exc).__module__.startswith("aiohttp"):
+        return None, status
+    return None, None
+
+
+def _transient_type(exc: BaseException) -> bool:
+    if isinstance(exc, ConnectionError | TimeoutError | socket.timeout):
+        return True
+    name = type(exc).__name__
+    module = type(exc).__module__
+    if module.startswith("botocore"):
+        return any(
+            c.__name__ in ("ConnectionError", "HTTPClientError", "ReadTimeoutError", "ConnectTimeoutError")
+            for c in type(exc).__mro__
+        )
+    if module.startswith("aiohttp"):
+        return any(
+            c.__name__ in ("ClientConnectionError", "ClientPayloadError", "ServerTimeoutError")
+            for c in type(exc).__mro__
+        )
+    if module.startswith(("urllib3", "http.client", "requests")):
+        return name in (
+            "IncompleteRead",
+            "RemoteDisconnected",
+            "ProtocolError",
+            "ReadTimeoutError",
+            "ConnectTimeoutError",
+            "NewConnectionError",
+            "ConnectionError",
+            "ChunkedEncodingError",
+            "ReadTimeout",
+            "ConnectTimeout",
+        )
+    return name == "FSTimeoutError"
+
+
+def classify_error(exc: BaseException) -> str:
+    """What went wrong, from an error raised by fsspec (or its backend) or by tarfile.
+
+    Returns one of ``"missing_bucket"``, ``"missing"``, ``"denied"``, ``"no_credentials"``,
+    ``"transient"`` (worth retrying), ``"corrupt"`` or ``"other"``.
+    """
+    if isinstance(exc, ShardError) and exc.kind:
+        return exc.kind
+    chain = list(_chain(exc))
+    for e in chain:
+        name = type(e).__name__
+        if name in ("NoCredentialsError", "PartialCredentialsError", "ProfileNotFound", "NoAuthTokenError"):
+            return "no_credentials"
+        code, status = _response(e)
+        if code == "NoSuchBucket":
+            return "missing_bucket"
+        if code in ("NoSuchKey", "404") or status == 404:
+            return "missing"
+        if code in _DENIED_CODES or status in (401, 403):
+            return "denied"
+        if code in _TRANSIENT_CODES or (status is not None and (status >= 500 or status == 429)):
+            return "transient"
+    first = chain[0]
+    if isinstance(first, FileNotFoundError):
+        return "missing_bucket" if "bucket" in str(first).lower() else "missing"
+    if isinstance(first, PermissionError):
+        return "denied"
+    if any(_transient_type(e) for e in chain):
+        return "transient"
+    if isinstance(first, tarfile.TarError | EOFError) or type(first).__name__ in ("BadGzipFile", "error"):
+        return "corrupt"
+    if isinstance(first, OSError) and first.errno in _TRANSIENT_ERRNO:
+        return "transient"
+    return "other"
+
+
+_FIX = {
+    "missing_bucket": "the bucket {bucket} does not exist at this endpoint: check the bucket name in the URL "
+    "and storage_options['endpoint_url'] (or AWS_ENDPOINT_URL)",
+    "missing": "there is no such object: check the shard pattern (prefix, brace range such as "
+    "{{000000..000009}}, extension) against the shards that were written",
+    "denied": "access was denied: check the credentials (storage_options key/secret/token or profile, "
+    "or the AWS_* environment variables), the bucket policy, or pass anon=True for a public bucket",
+    "no_credentials": "no usable credentials were found: check that the profile (storage_options "
+    "['profile'] or AWS_PROFILE) exists in the AWS config files, or set AWS_ACCESS_KEY_ID and "
+    "AWS_SECRET_ACCESS_KEY, pass storage_options key/secret, or anon=True for a public bucket",
+    "transient": "the storage did not answer: check the endpoint and the network, raise retries= or "
+    "timeout=, or pass handler=warn_and_continue to skip shards that cannot be read",
+    "corrupt": "it is not a readable tar archive (truncated or corrupt): rewrite the shard, or pass "
+    "handler=warn_and_continue to skip it",
+    "other": "pass handler=warn_and_continue to skip shards that cannot be read",
+}
+
+
+# ---------------------------------------------------------------------------------- opening
+
+
+class ShardOpener:
+    """Opens shard URLs through fsspec, lazily in each process, retrying transient failures.
+
+    Args:
+        storage_options: fsspec options for the URL's filesystem, e.g. ``{"endpoint_url": ...,
+            "key": ..., "secret": ...}``, ``{"profile": "research"}`` or ``{"anon": True}`` for S3.
+            ``None``: the filesystem's defaults (for S3 the standard AWS environment and config).
+        retries: Retries of one failed open or read (transient errors only) before giving up.
+        backoff: Seconds to wait before the first retry; doubled after each (with jitter).
+        max_backoff: Longest wait between two attempts, in seconds.
+        timeout: Total seconds one open or read may spend failing and backing off before the
+            shard is given up (``None``: only ``retries`` limits it). Per-request timeouts are the
+            filesystem's own (for S3: ``config_kwargs={"connect_timeout": s, "read_timeout": s}``).
+        block_size: Bytes fetched per request when reading a remote object (``None``: the
+            filesystem's default, 5 MiB for S3). Smaller blocks lose less on a dropped connection.
+    """
+
+    def __init__(
+        self,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        retries: int = 5,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        timeout: float | None = 120.0,
+        block_size: int | None = None,
+    ) -> None:
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise ConfigError(
+                f"storage_options must be a dict of fsspec options, got {type(storage_options).__name__}"
+            )
+        if not isinstance(retries, int) or retries < 0:
+            raise ConfigError(f"retries must be a number of retries >= 0, got {retries!r}")
+        if backoff < 0 or max_backoff < 0:
+            raise ConfigError(
+                f"backoff and max_backoff must be seconds >= 0, got {backoff!r}, {max_backoff!r}"
+            )
+        if timeout is not None and timeout <= 0:
+            raise ConfigError(f"timeout must be seconds > 0 or None, got {timeout!r}")
+        if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
+            raise ConfigError(f"block_size must be a number of bytes >= 1 or None, got {block_size!r}")
+        self.storage_options: dict[str, Any] = dict(storage_options or {})
+        self.retries = retries
+        self.backoff = float(backoff)
+        self.max_backoff = float(max_backoff)
+        self.timeout = timeout
+        self.block_size = block_size
+        self.redact = Redactor(self.storage_options)
+        self._filesystems: dict[tuple[int, str], Any] = {}
+
+    # the filesystems are per process: never pickle them into a worker
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_filesystems"] = {}
+        return state
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardOpener(storage_options={redact_options(self.storage_options)!r}, retries={self.retries}, "
+            f"backoff={self.backoff}, timeout={self.timeout}, block_size={self.block_size})"
+        )
+
+    def filesystem(self, url: str) -> tuple[Any, str]:
+        """(fsspec filesystem, path) for ``url``; the filesystem is made once per process."""
+        import fsspec
+        from fsspec.core import split_protocol
+
+        protocol, _ = split_protocol(url)
+        protocol = protocol or "file"
+        if "::" in url:  # chained URLs (simplecache::s3://...) carry per-layer options
+            fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True, **self.storage_options)
+            return fs, path
+        slot = (os.getpid(), protocol)
+        fs = self._filesystems.get(slot)
+        if fs is None:
+            if protocol not in fsspec.available_protocols():
+                raise ConfigError(
+                    f"no fsspec filesystem for {protocol}:// URLs (in {self.redact(redact_url(url))}): "
+                    "check the URL's scheme (s3://, gs://, az://, https://, file://)"
+                )
+            try:
+                fs = fsspec.filesystem(protocol, skip_instance_cache=True, **self.storage_options)
+            except ImportError as exc:
+                raise ConfigError(
+                    f"no fsspec filesystem for {protocol}:// URLs ({self.redact(str(exc))}); install the "
+                    f"package that provides it (s3fs for s3://, gcsfs for gs://, adlfs for az://)"
+                ) from None
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(
+                    f"the storage options were rejected by the {protocol}:// filesystem: "
+                    f"{type(exc).__name__}: {self.redact(str(exc))}; storage options were "
+                    f"{redact_options(self.storage_options)}"
+                ) from None
+            self._filesystems[slot] = fs
+        return fs, fs._strip_protocol(url)
+
+    def open(self, url: str, offset: int = 0) -> RetryingFile:
+        """A read-only binary stream of ``url`` from byte ``offset``, retried as configured.
+
+        Raises ``ShardError`` (naming the URL and the likely fix) when it cannot be opened."""
+        stream = RetryingFile(self, url, offset)
+        stream.connect()
+        return stream
+
+    def _raw_open(self, url: str, offset: int) -> Any:
+        fs, path = self.filesystem(url)
+        kwargs: dict[str, Any] = {}
+        protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
+        if self.block_size is not None and "file" not in protocols:
+            kwargs["block_size"] = self.block_size
+        f = fs.open(path, "rb", **kwargs)
+        if offset:
+            try:
+                f.seek(offset)
+            except (OSError, ValueError, io.UnsupportedOperation):
+                _skip_bytes(f, offset)
+        return f
+
+    def retrying(self, what: str, url: str, fn: Callable[[], Any], key: str | None = None) -> Any:
+        """``fn()``, retrying transient failures with exponential backoff; else a ShardError."""
+        attempt = 0
+        started: float | None = None
+        while True:
+            try:
+                return fn()
+            except (ShardError, ConfigError):
+                raise
+            except Exception as exc:  # classified below; never swallowed
+                kind = classify_error(exc)
+                now = time.monotonic()
+                if started is None:
+                    started = now
+                spent = now - started
+                if kind != "transient" or attempt >= self.retries:
+                    err = self.error(exc, url, key, what=what, attempts=attempt + 1, seconds=spent)
+                    del exc
+                    break
+                wait = min(self.max_backoff, self.backoff * 2**attempt) * (0.5 + random.random() / 2)
+                if self.timeout is not None and spent + wait > self.timeout:
+                    err = self.error(
+                        exc, url, key, what=what, attempts=attempt + 1, seconds=spent, timed_out=True
+                    )
+                    del exc
+                    break
+                attempt += 1
+                _count("retries")
+                log.info(
+                    "retrying %s of shard %s in %.2f s (attempt %d of %d): %s",
+                    what,
+                    self.redact(redact_url(url)),
+                    wait,
+                    attempt + 1,
+                    self.retries + 1,
+                    self.redact(f"{type(exc).__name__}: {exc}"),
+                )
+                del exc
+                time.sleep(wait)
+        raise err  # outside the except block: no chained error can carry a credential
+
+    def error(
+        self,
+        exc: BaseException,
+        url: str,
+        key: str | None = None,
+        *,
+        what: str = "reading",
+        attempts: int = 1,
+        seconds: float = 0.0,
+        timed_out: bool = False,
+    ) -> ShardError:
+        """A ``ShardError`` for ``exc`` that names the shard, the sample and the fix; no secrets."""
+        if isinstance(exc, ShardError):
+            return exc
+        kind = classify_error(exc)
+        shown = self.redact(redact_url(url))
+        where = f"shard {shown}" + (f" (after sample {key!r})" if key is not None else "")
+        cause = self.redact(f"{type(exc).__name__}: {exc}")
+        tries = ""
+        if kind == "transient":
+            limit = f"the {self.timeout:g} s timeout" if timed_out else f"{self.retries} retries"
+            tries = f" after {attempts} attempt(s) over {seconds:.1f} s ({limit})"
+        bucket = urlsplit(url).netloc or "(none)"
+        fix = _FIX[kind].format(bucket=repr(bucket))
+        return ShardError(f"{what} {where} failed{tries}: {cause}; {fix}", url=shown, key=key, kind=kind)
+
+
+def _skip_bytes(f: Any, n: int) -> None:
+    while n > 0:
+        chunk = f.read(min(n, 1 << 20))
+        if not chunk:
+            raise EOFError(f"the object ended {n} bytes before the offset to resume at")
+        n -= len(chunk)
+
+
+class RetryingFile(io.RawIOBase):
+    """A read-only stream over one shard that survives dropped connections.
+
+    A read that fails with a transient error (or ends before the object's known size) closes the
+    underlying file, waits, reopens the object and continues at the same byte offset."""
+
+    def __init__(self, opener: ShardOpener, url: str, offset: int = 0) -> None:
+        super().__init__()
+        self.opener = opener
+        self.url = url
+        self.pos = offset
+        self.size: int | None = None
+        self._f: Any = None
+
+    def _connect(self) -> None:
+        self._f = self.opener._raw_open(self.url, self.pos)
+        size = getattr(self._f, "size", None)
+        self.size = size if isinstance(size, int) else None
+
+    def _drop(self) -> None:
+        f, self._f = self._f, None
+        if f is not None:
+            with contextlib.suppress(Exception):  # the old connection is broken anyway
+                f.close()
+
+    def connect(self) -> None:
+        """Open the object (with retries); raises ``ShardError`` if it cannot be opened."""
+
+        def attempt() -> None:
+            try:
+                self._connect()
+            except BaseException:
+                self._drop()
+                raise
+
+        self.opener.retrying("opening", self.url, attempt)
+        _count("opened")
+
+    def readable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, n: int | None = -1) -> bytes:
+        if self.closed:
+            raise ValueError(f"read from a closed shard stream ({self.opener.redact(redact_url(self.url))})")
+        want = -1 if n is None else n
+
+        def attempt() -> bytes:
+            if self._f is None:
+                self._connect()
+                _count("reopened")
+            try:
+                data = self._f.read(want)
+                if not data and want != 0 and self.size is not None and self.pos < self.size:
+                    raise ConnectionResetError(
+                        f"the stream ended at byte {self.pos} of {self.size} (connection closed early)"
+                    )
+            except BaseException:
+                self._drop()
+                raise
+            return bytes(data)
+
+        data: bytes = self.opener.retrying("reading", self.url, attempt)
+        self.pos += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._drop()
+        super().close()
+
+    def __repr__(self) -> str:
+        return f"<siftpipe shard stream {self.opener.redact(redact_url(self.url))} at byte {self.pos}>"
+
+
+# ---------------------------------------------------------------------------------- tar -> samples
+
+_META = re.compile(r"__[^/]*__($|/)")
+
+
+class _CheckedTarInfo(tarfile.TarInfo):
+    """Notes on its TarFile when the archive ends without its end-of-archive marker: stream-mode
+    tarfile otherwise ends such a truncated archive quietly, as if it were complete."""
+
+    @classmethod
+    def fromtarfile(cls, tarfile_: tarfile.TarFile) -> _CheckedTarInfo:
+        try:
+            return super().fromtarfile(tarfile_)
+        except (tarfile.EmptyHeaderError, tarfile.TruncatedHeaderError):  # type: ignore[attr-defined]
+            tarfile_._siftpipe_truncated = True  # type: ignore[attr-defined]
+            raise
+
+
+_BASE_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+
+
+def iter_tar_samples(
+    stream: Any,
+    url: str,
+    *,
+    start: int = 0,
+    select_files: Callable[[str], bool] | None = None,
+    rename_files: Callable[[str], str] | None = None,
+) -> Iterator[tuple[dict[str, Any], int | None, str | None]]:
+    """The samples of one tar stream, WebDataset style, each with where the next one starts.
+
+    Members are grouped into samples by their name up to the first dot of the base name
+    (``dir/00012.x.npy`` -> key ``dir/00012``, field ``x.npy``); each sample is a dict with
+    ``__key__``, ``__url__`` and one ``bytes`` value per field. Yields ``(sample, next_offset,
+    next_key)``: the byte offset (counting from the start of the object; ``start`` is where
+    ``stream`` begins) of the tar header that starts the next sample, and that sample's key, or
+    ``None`` after the last sample or when the archive is compressed (offsets are not seekable).
+    ``__url__`` is ``url`` with any credential in it redacted (it ends up in logs and audits).
+    """
+    url = redact_url(url)
+    tf = tarfile.open(fileobj=stream, mode="r|*", tarinfo=_CheckedTarInfo)  # noqa: SIM115 - caller closes
+    seekable = getattr(tf.fileobj, "comptype", None) == "tar"
+    current: dict[str, Any] | None = None
+    for info in tf:
+        if not info.isreg():
+            continue
+        name = info.name
+        if _META.match(name):
+            continue
+        if rename_files is not None:
+            name = rename_files(name)
+        if select_files is not None and not select_files(name):
+            continue
+        match = _BASE_EXT.match(name)
+        if match is None:
+            continue
+        prefix, suffix = match.group(1), match.group(2).lower()
+        if current is not None and prefix != current["__key__"]:
+            yield current, (start + info.offset if seekable else None), prefix
+            current = None
+        member = tf.extractfile(info)
+        data = member.read() if member is not None else b""
+        tf.members = []  # type: ignore[attr-defined]  # stream mode keeps every TarInfo otherwise
+        if current is None:
+            current = {"__key__": prefix, "__url__": url}
+        if suffix in current:
+            raise tarfile.ReadError(
+                f"sample {prefix!r} has two members with field {suffix!r}: the shard's members must "
+                "be grouped by sample, one file per field"
+            )
+        current[suffix] = data
+    if getattr(tf, "_siftpipe_truncated", False):
+        raise tarfile.ReadError(
+            f"the archive ends at byte {start + tf.offset} without its end-of-archive marker (truncated)"
+        )
+    if current is not None:
+        yield current, None, None
+
+
+class ShardReader:
+    """Pipeline stage: shard URLs (or webdataset's ``{"url": ...}`` dicts) in, samples out.
+
+    Args:
+        opener: Opens the URLs (storage options, retries).
+        handler: What to do with a shard that cannot be opened or read (after retries):
+            ``reraise_exception`` (default) raises its ``ShardError``; ``warn_and_continue``
+            warns and skips it; ``ignore_and_continue``; ``warn_and_stop``; any webdataset
+            handler. Samples already handed on from a failed shard stay handed on. Every
+            skipped shard is counted in ``shard_stats().skipped``.
+        select_files: Keep only tar members whose name passes this predicate.
+        rename_files: Rename tar members before grouping.
+    """
+
+    def __init__(
+        self,
+        opener: ShardOpener,
+        handler: Handler = reraise_exception,
+        select_files: Callable[[str], bool] | None = None,
+        rename_files: Callable[[str], str] | None = None,
+    ) -> None:
+        self.opener = opener
+        self.handler = handler
+        self.select_files = select_files
+        self.rename_files = rename_files
+
+    def __repr__(self) -> str:
+        return f"ShardReader({self.opener!r}, handler={getattr(self.handler, '__name__', self.handler)})"
+
+    def __call__(self, src: Iterable[Any]) -> Iterator[dict[str, Any]]:
+        for item in src:
+            url = item["url"] if isinstance(item, Mapping) else item
+            if not isinstance(url, str):
+                raise ConfigError(f"a shard list must hold URL strings, got {type(url).__name__}")
+            state: dict[str, Any] = {}
+            yield from self.samples(url, state=state)
+            if state.get("stop"):
+                return
+
+    def samples(self, url: str, *, state: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+        """The samples of one shard; a failure goes to the handler (``state['stop']`` if it stops)."""
+        key: str | None = None
+        err: ShardError | None = None
+        try:
+            stream = self.opener.open(url)
+            try:
+                for sample, _, _ in iter_tar_samples(
+                    stream, url, select_files=self.select_files, rename_files=self.rename_files
+                ):
+                    key = sample["__key__"]
+                    _count("samples")
+                    yield sample
+            finally:
+                stream.close()
+            _count("completed")
+            return
+        except ConfigError:  # a setting, not a shard, is wrong: skipping shards would hide it
+            raise
+        except Exception as exc:  # handed to the handler below
+            err = self.opener.error(exc, url, key)
+            if err.key is None and key is not None:
+                err = ShardError(f"{err} (last sample read: {key!r})", url=err.url, key=key, kind=err.kind)
+            del exc
+        self.handle(err, state)
+
+    def handle(self, err: ShardError, state: dict[str, Any] | None = None) -> None:
+        """Apply the handler to ``err``: count the shard as skipped or failed, or stop."""
+        try:
+            go_on = self.handler(err)
+        except BaseException:
+            _count("failed")
+            raise
+        _count("skipped")
+        log.info("skipped %s", err)
+        if not go_on and state is not None:
+            state["stop"] = True

@@ -1,0 +1,213 @@
+"""Writing shards: formats without pickle, naming, atomic writes, S3, the CLI, the synthetic set."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import webdataset as wds
+
+import siftpipe as sp
+from siftpipe._open import ShardOpener, ShardReader
+from siftpipe.cli import main
+from siftpipe.shards import (
+    decode_sample,
+    encode_sample,
+    synthetic_arrays,
+    synthetic_classification,
+    write_shards,
+)
+
+
+def read_all(urls, **options):
+    return [decode_sample(s) for s in ShardReader(ShardOpener(options or None))(urls)]
+
+
+def test_dict_samples_round_trip_with_plain_formats(tmp_path):
+    samples = [
+        {
+            "__key__": f"k{i:03d}",
+            "image.npy": np.full((2, 3), i, dtype=np.uint8),
+            "feat": torch.arange(4, dtype=torch.float32) * i,  # tensor without extension -> .npy
+            "cls": i % 3,
+            "caption.txt": f"sample {i}",
+            "meta.json": {"i": i, "tags": ["a"]},
+            "raw.bin": bytes([i]),
+            "loss": float(i) / 2,  # float without extension -> .npy
+        }
+        for i in range(25)
+    ]
+    written = write_shards(samples, str(tmp_path / "ds" / "part"), samples_per_shard=10, progress=False)
+    assert written.counts == [10, 10, 5] and written.samples == 25
+    assert written.pattern == f"{tmp_path}/ds/part-{{000000..000002}}.tar"
+    assert [os.path.basename(u) for u in written.urls] == [f"part-00000{i}.tar" for i in range(3)]
+    back = read_all(written.urls)
+    assert [s["__key__"] for s in back] == [s["__key__"] for s in samples]
+    s = back[7]
+    assert s["image.npy"].dtype == np.uint8 and (s["image.npy"] == 7).all()
+    assert s["feat.npy"].tolist() == [0.0, 7.0, 14.0, 21.0]
+    assert s["cls"] == 1 and s["caption.txt"] == "sample 7" and s["meta.json"] == {"i": 7, "tags": ["a"]}
+    assert s["raw.bin"] == b"\x07" and float(s["loss.npy"]) == 3.5
+    assert not any(k.endswith(".tmp") or ".partial" in k for k in os.listdir(tmp_path / "ds"))
+
+
+def test_shards_hold_no_pickle_and_webdataset_decodes_them_the_same(tmp_path):
+    written = write_shards(
+        synthetic_classification(30, dim=4), str(tmp_path / "s"), samples_per_shard=30, progress=False
+    )
+    with tarfile.open(written.urls[0]) as tar:
+        names = tar.getnames()
+        for member in tar:
+            data = tar.extractfile(member).read()
+            if member.name.endswith(".npy"):
+                np.load(io.BytesIO(data), allow_pickle=False)  # raises on object (pickled) arrays
+            assert b"\x80\x04\x95" not in data[:16]  # no pickle protocol header
+    assert {n.split(".", 1)[1] for n in names} == {"x.npy", "cls", "hard.cls"}
+    ours = read_all(written.urls)
+    theirs = list(wds.WebDataset(written.urls, shardshuffle=False).decode())
+    for a, b in zip(ours, theirs):
+        assert a["__key__"] == b["__key__"] and a["cls"] == b["cls"]
+        np.testing.assert_array_equal(a["x.npy"], b["x.npy"])
+
+
+def test_arrays_are_written_as_x_npy_and_y_cls(tmp_path):
+    x = torch.randn(12, 3)
+    y = torch.arange(12) % 4
+    written = write_shards((x, y), str(tmp_path / "arr"), samples_per_shard=5, progress=False)
+    back = read_all(written.urls)
+    assert written.counts == [5, 5, 2]
+    assert [s["__key__"] for s in back] == [f"{i:09d}" for i in range(12)]
+    np.testing.assert_array_equal(np.stack([s["x.npy"] for s in back]), x.numpy())
+    assert [s["y.cls"] for s in back] == y.tolist()
+    written = write_shards((x.numpy(), x.numpy()[:, 0]), str(tmp_path / "reg"), progress=False)
+    assert read_all(written.urls)[3]["y.npy"] == pytest.approx(float(x[3, 0]))
+
+
+def test_same_samples_give_byte_identical_shards(tmp_path):
+    a = write_shards(synthetic_classification(20), str(tmp_path / "a"), progress=False)
+    b = write_shards(synthetic_classification(20), str(tmp_path / "b"), progress=False)
+    assert Path(a.urls[0]).read_bytes() == Path(b.urls[0]).read_bytes()
+
+
+@pytest.mark.parametrize(
+    "sample,match",
+    [
+        ({"__key__": "a.b", "x.npy": np.zeros(2)}, r"key 'a\.b' cannot name tar members.*dot-free"),
+        ({"__key__": "k", "obj.npy": np.array([object()], dtype=object)}, r"field 'obj\.npy'.*no pickle"),
+        ({"__key__": "k", "label.cls": 1.5}, r"field 'label\.cls'.*not an integer"),
+        ({"__key__": "k", "thing.xyz": object()}, r"no encoder for \.xyz.*no pickle"),
+        ({"__key__": "k"}, r"sample 'k' has no fields"),
+        ({"__key__": "k", "x": np.zeros(1), "x.npy": np.zeros(1)}, r"two fields are stored as 'x\.npy'"),
+    ],
+)
+def test_unstorable_samples_name_the_sample_field_and_fix(sample, match):
+    with pytest.raises(sp.ConfigError, match=match):
+        encode_sample(sample)
+
+
+def test_a_failure_mid_write_leaves_no_partial_shard(tmp_path):
+    def samples():
+        yield from synthetic_classification(15)
+        yield {"__key__": "bad", "thing.xyz": object()}
+
+    with pytest.raises(sp.ConfigError):
+        write_shards(samples(), str(tmp_path / "p"), samples_per_shard=10, progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["p-000000.tar"]  # the finished first shard only
+
+
+def test_bad_prefixes_and_sizes_are_config_errors(tmp_path):
+    with pytest.raises(sp.ConfigError, match="without their suffix"):
+        write_shards([], str(tmp_path / "x.tar"), progress=False)
+    with pytest.raises(sp.ConfigError, match="samples_per_shard"):
+        write_shards([], str(tmp_path / "x"), samples_per_shard=0, progress=False)
+    with pytest.raises(sp.ConfigError, match="dataset is empty"):
+        write_shards([], str(tmp_path / "x"), progress=False)
+
+
+def test_writing_to_s3_and_to_a_missing_bucket(local_s3, bucket):
+    options = {"endpoint_url": local_s3.endpoint}
+    written = write_shards(
+        synthetic_classification(50),
+        f"s3://{bucket}/d/train",
+        samples_per_shard=20,
+        storage_options=options,
+        progress=False,
+    )
+    assert written.urls[0] == f"s3://{bucket}/d/train-000000.tar" and written.counts == [20, 20, 10]
+    assert len(read_all(written.urls, **options)) == 50
+    with pytest.raises(
+        sp.ShardError, match=r"writing shard s3://no-such-bucket-w/t-000000\.tar failed.*bucket"
+    ):
+        write_shards(
+            synthetic_classification(5),
+            "s3://no-such-bucket-w/t",
+            storage_options=options,
+            retries=0,
+            progress=False,
+        )
+
+
+def test_synthetic_data_has_an_easy_majority_and_a_hard_tail():
+    x, y, hard = synthetic_arrays(4000, dim=8, classes=4, hard_fraction=0.1, seed=3)
+    assert x.shape == (4000, 8) and x.dtype == np.float32 and set(np.unique(y)) == {0, 1, 2, 3}
+    assert 0.08 < hard.mean() < 0.12
+    # a nearest-centre rule (what a model learns first) gets the easy samples right, not the hard
+    centres = np.stack([x[(y == c) & ~hard].mean(0) for c in range(4)])
+    pred = np.argmin(((x[:, None, :] - centres[None]) ** 2).sum(-1), axis=1)
+    assert (pred[~hard] == y[~hard]).mean() > 0.99
+    assert (pred[hard] == y[hard]).mean() < 0.9
+    again = synthetic_arrays(4000, dim=8, classes=4, hard_fraction=0.1, seed=3)
+    assert all(np.array_equal(a, b) for a, b in zip((x, y, hard), again))
+    first = next(synthetic_classification(1, dim=8))
+    assert sorted(first) == ["__key__", "cls", "hard.cls", "x.npy"]
+
+
+def test_cli_writes_shards_to_the_loopback_s3(local_s3, bucket, capsys):
+    code = main(
+        [
+            "shards",
+            "write",
+            f"s3://{bucket}/cli/train",
+            "--samples",
+            "250",
+            "--per-shard",
+            "100",
+            "--dim",
+            "6",
+            "--quiet",
+            "--storage-option",
+            f"endpoint_url={local_s3.endpoint}",
+        ]
+    )
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary == {
+        "pattern": f"s3://{bucket}/cli/train-{{000000..000002}}.tar",
+        "shards": 3,
+        "samples": 250,
+        "samples_per_shard": 100,
+    }
+    back = read_all(wds.shardlists.expand_urls(summary["pattern"]), endpoint_url=local_s3.endpoint)
+    assert len(back) == 250 and back[0]["x.npy"].shape == (6,)
+
+
+def test_cli_errors_name_the_problem(local_s3):
+    with pytest.raises(SystemExit, match=r"bucket 'no-such-cli-bucket' does not exist"):
+        main(
+            [
+                "shards",
+                "write",
+                "s3://no-such-cli-bucket/t",
+                "--samples",
+                "5",
+                "--quiet",
+                "--storage-option",
+                f"endpoint_url={local_s3.endpoint}",
+            ]
+        )
