@@ -54,6 +54,7 @@ from ._open import (
     warn_and_stop,
 )
 from .errors import ConfigError, ResumeError, SiftInWorkerError
+from .replay import Replay
 from .sifter import Sifter
 
 __all__ = [
@@ -148,9 +149,24 @@ class SiftFluid:
         result.sifter = sifter
         return result
 
+    def replay(
+        self, url: str | Replay, storage_options: Mapping[str, Any] | None = None, **kwargs: Any
+    ) -> Any:
+        """Append a replay stage: hand on exactly the samples a logged run kept, with no model.
+
+        ``url`` is the audit log's root (or a ``siftpipe.Replay``); the other arguments are
+        ``Replay``'s (``run=``, ``on_missing=``, ...). Replay matches single samples by key: put it
+        where the stream holds samples (before ``.batched()``, or after ``.unbatched()``). The
+        copy's ``.replayer`` attribute is the ``Replay`` (for ``stats``, ``set_epoch``).
+        """
+        replayer = url if isinstance(url, Replay) else Replay(url, storage_options, **kwargs)
+        result = self.compose(replayer)  # type: ignore[attr-defined]
+        result.replayer = replayer
+        return result
+
 
 #: Methods of ``SiftFluid`` that ``install()`` adds to webdataset's ``FluidInterface``.
-FLUID_METHODS: tuple[str, ...] = ("sift",)
+FLUID_METHODS: tuple[str, ...] = ("sift", "replay")
 
 
 def install() -> None:

@@ -180,7 +180,8 @@ def test_install_is_opt_in_idempotent_and_undone_by_uninstall(shards):
     try:
         install()
         install()
-        assert is_installed() and FLUID_METHODS == ("sift",)
+        assert is_installed() and FLUID_METHODS == ("sift", "replay")
+        assert callable(wds.WebDataset(shards.urls, shardshuffle=False).replay)
         chain = wds.WebDataset(shards.urls, shardshuffle=False).decode().map(lambda s: s).sift(make_sifter())
         assert type(chain) is wds.WebDataset and isinstance(chain.sifter, sp.Sifter)
         assert len(list(chain)) == chain.sifter.stats.kept > 0
@@ -188,6 +189,7 @@ def test_install_is_opt_in_idempotent_and_undone_by_uninstall(shards):
         uninstall()
     uninstall()
     assert not is_installed() and not hasattr(wds.FluidInterface, "sift")
+    assert not hasattr(wds.FluidInterface, "replay")
     assert hasattr(WebDataset, "sift")  # siftpipe's own classes keep it
 
 
@@ -380,3 +382,18 @@ def test_webdataset_arguments_that_cannot_work_are_config_errors(shards):
         WebDataset(shards.pattern, shardshuffle=False, cache_dir="/tmp")
     with pytest.raises(sp.ConfigError, match="no shard URLs"):
         WebDataset([], shardshuffle=False)
+
+
+def test_replay_on_the_chain_hands_on_what_the_logged_run_kept(shards, tmp_path):
+    log = sp.AuditLog(str(tmp_path / "log"), run_id="replayed", writer="thread")
+    sifted = decoded(shards.pattern).sift(make_sifter(audit=log))
+    kept = [s["__key__"] for s in sifted]
+    sifted.sifter.close()
+    replayed = decoded(shards.pattern).replay(str(tmp_path / "log"))
+    assert [s["__key__"] for s in replayed] == kept
+    assert replayed.replayer.stats["kept"] == len(kept) and replayed.replayer.stats["missing"] == 0
+    # through a batching loader: replay per sample in the workers is fine (it needs no model)
+    loader = WebLoader(
+        decoded(shards.pattern).replay(str(tmp_path / "log")).batched(16), batch_size=None, num_workers=2
+    )
+    assert sorted(k for b in loader for k in b["__key__"]) == sorted(kept)
