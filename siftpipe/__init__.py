@@ -12,6 +12,7 @@ from .errors import (
     ScorerError,
     ScorerOutputError,
     ShardError,
+    ShardWarning,
     SiftError,
     SiftInWorkerError,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "ScorerError",
     "ScorerOutputError",
     "ShardError",
+    "ShardWarning",
     "SiftError",
     "SiftInWorkerError",
     "SiftStats",

@@ -82,3 +82,37 @@ def test_filter_passes_everything_before_a_publication_and_needs_keys(tmp_path):
         list(f(iter([{"x": 1}])))
     with pytest.raises(sp.ConfigError, match="needs a score memory"):
         sp.Sifter(None, scorer).publish_memory(str(tmp_path / "m"))
+
+
+def test_before_decode_in_a_webdataset_chain_with_batching_workers(tmp_path):
+    from torch.utils.data import default_collate
+
+    from siftpipe.shards import synthetic_classification, write_shards
+    from siftpipe.webdataset import WebDataset, WebLoader
+
+    shards = write_shards(synthetic_classification(600, dim=4), str(tmp_path / "train"), samples_per_shard=100,
+                          progress=False)
+    published = str(tmp_path / "memory")
+
+    def to_xy(s):
+        return {k: v for k, v in s.items() if k.startswith("__")} | {"x": torch.from_numpy(s["x.npy"]),
+                                                                     "y": int(s["cls"])}
+
+    dataset = (
+        WebDataset(shards.pattern, shardshuffle=False)
+        .compose(sp.PreDecodeFilter(published))
+        .decode()
+        .map(to_xy)
+        .batched(50, collation_fn=default_collate)
+    )
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    sifter = sp.Sifter(model, sp.CrossEntropy("x", "y"), sp.RelativeProbabilistic(1.0, 300), batched=True,
+                       micro_batch=None, memory=sp.ScoreMemory(5000))
+    loader = WebLoader(dataset, batch_size=None, num_workers=2).sift(sifter)
+    first = sum(len(b["__key__"]) for b in loader)
+    sifter.publish_memory(published)
+    second = sum(len(b["__key__"]) for b in loader)
+    assert sifter.stats.seen == 600 + second  # in epoch 1 only the kept samples reached the stage
+    assert 0 < second < 600 and first > 0
+    assert sifter.stats.scored == 600
