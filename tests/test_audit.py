@@ -264,3 +264,25 @@ def test_model_version_and_epoch_are_recorded(tmp_path):
     versions = table.column("model_version").to_pylist()
     assert versions[0] == -1 and versions == sorted(versions[:50]) + versions[50:]
     assert torch.tensor(versions[50:]).unique().numel() == 1
+
+
+def test_a_normal_exit_flushes_what_was_never_closed(tmp_path):
+    import subprocess
+    import sys
+
+    root = str(tmp_path / "log")
+    code = (
+        "import sys; sys.path.insert(0, 'tests')\n"
+        "import siftpipe as sp\n"
+        "from conftest import loss_field, make_samples\n"
+        f"log = sp.AuditLog({root!r}, run_id='exit', flush_every=100_000)\n"
+        "s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, audit=log)\n"
+        "kept = sum(1 for _ in s(make_samples(777)))\n"
+        "print(kept)\n"  # no close(): the interpreter's exit must flush the 777 buffered records
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=os.getcwd()
+    )
+    table = sp.read_log(root)
+    assert table.num_rows == 777 and sum(table.column("kept").to_pylist()) == int(out.stdout)
+    assert sp.verify_log(root).streams[0].attempts[0]["ended"]

@@ -90,13 +90,16 @@ def test_before_decode_in_a_webdataset_chain_with_batching_workers(tmp_path):
     from siftpipe.shards import synthetic_classification, write_shards
     from siftpipe.webdataset import WebDataset, WebLoader
 
-    shards = write_shards(synthetic_classification(600, dim=4), str(tmp_path / "train"), samples_per_shard=100,
-                          progress=False)
+    shards = write_shards(
+        synthetic_classification(600, dim=4), str(tmp_path / "train"), samples_per_shard=100, progress=False
+    )
     published = str(tmp_path / "memory")
 
     def to_xy(s):
-        return {k: v for k, v in s.items() if k.startswith("__")} | {"x": torch.from_numpy(s["x.npy"]),
-                                                                     "y": int(s["cls"])}
+        return {k: v for k, v in s.items() if k.startswith("__")} | {
+            "x": torch.from_numpy(s["x.npy"]),
+            "y": int(s["cls"]),
+        }
 
     dataset = (
         WebDataset(shards.pattern, shardshuffle=False)
@@ -107,8 +110,14 @@ def test_before_decode_in_a_webdataset_chain_with_batching_workers(tmp_path):
     )
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 4)
-    sifter = sp.Sifter(model, sp.CrossEntropy("x", "y"), sp.RelativeProbabilistic(1.0, 300), batched=True,
-                       micro_batch=None, memory=sp.ScoreMemory(5000))
+    sifter = sp.Sifter(
+        model,
+        sp.CrossEntropy("x", "y"),
+        sp.RelativeProbabilistic(1.0, 300),
+        batched=True,
+        micro_batch=None,
+        memory=sp.ScoreMemory(5000),
+    )
     loader = WebLoader(dataset, batch_size=None, num_workers=2).sift(sifter)
     first = sum(len(b["__key__"]) for b in loader)
     sifter.publish_memory(published)
