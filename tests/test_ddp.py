@@ -3,6 +3,7 @@ server: bounded in time, equal steps on both ranks, complete audit partitions, e
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -26,14 +27,24 @@ def torchrun(args, timeout=240):
         EXAMPLE,
         *args,
     ]
+    # its own process group, so that a hang is ended with every rank and worker, not just torchrun
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
     try:
-        out = subprocess.run(
-            cmd, check=False, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"the DDP run hung for {timeout} s:\n{(exc.stderr or b'')[-3000:]!r}")
-    assert out.returncode == 0, out.stderr[-4000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"the DDP run hung for {timeout} s:\n{stderr[-3000:]}")
+    assert proc.returncode == 0, stderr[-4000:]
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture
