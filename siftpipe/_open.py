@@ -565,8 +565,10 @@ _META = re.compile(r"__[^/]*__($|/)")
 
 
 class _CheckedTarInfo(tarfile.TarInfo):
-    """Notes on its TarFile when the archive ends without its end-of-archive marker: stream-mode
-    tarfile otherwise ends such a truncated archive quietly, as if it were complete."""
+    """Notes on its TarFile when the archive ends without its end-of-archive marker, or a member
+    header in the middle is corrupt (its checksum fails): stream-mode tarfile otherwise ends such
+    an archive quietly at that point, as if it were complete, and the rest of the shard is lost
+    without a word."""
 
     @classmethod
     def fromtarfile(cls, tarfile_: tarfile.TarFile) -> _CheckedTarInfo:
@@ -574,6 +576,9 @@ class _CheckedTarInfo(tarfile.TarInfo):
             return super().fromtarfile(tarfile_)
         except (tarfile.EmptyHeaderError, tarfile.TruncatedHeaderError):  # type: ignore[attr-defined]
             tarfile_._siftpipe_truncated = True  # type: ignore[attr-defined]
+            raise
+        except tarfile.InvalidHeaderError:  # type: ignore[attr-defined]
+            tarfile_._siftpipe_corrupt = True  # type: ignore[attr-defined]
             raise
 
 
@@ -633,6 +638,11 @@ def iter_tar_samples(
     if getattr(tf, "_siftpipe_truncated", False):
         raise tarfile.ReadError(
             f"the archive ends at byte {start + tf.offset} without its end-of-archive marker (truncated)"
+        )
+    if getattr(tf, "_siftpipe_corrupt", False):
+        raise tarfile.ReadError(
+            f"the tar header at byte {start + tf.offset} is corrupt (its checksum does not match); "
+            "the rest of the shard cannot be read"
         )
     if current is not None:
         yield current, None, None
