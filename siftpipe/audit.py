@@ -189,6 +189,7 @@ class AuditLog:
         self._buffer: list[dict[str, Any]] = []
         self._buffer_rows = 0
         self._metadata: dict[str, Any] = {}
+        self._shard_report: Callable[[], dict[str, Any] | None] | None = None
         self._transport: _Transport | None = None
         self._space = threading.Condition()  # guards the counters below
         self._queued_bytes = 0
@@ -243,6 +244,7 @@ class AuditLog:
             raise AuditError(f"the audit log at {self._safe_url()} is closed; create a new AuditLog")
         if not self._metadata:
             self._metadata = _describe(sifter)
+            self._shard_report = sifter._shard_report
         n = int(loss.shape[0])
         if urls is not None and urls and urls.count(urls[0]) == n:
             urls = (urls[0], n)  # type: ignore[assignment]  # one shard: no per-row strings
@@ -411,7 +413,7 @@ class AuditLog:
             self._space.notify_all()
 
     def _identity(self) -> dict[str, Any]:
-        return {
+        identity = {
             "format": FORMAT_VERSION,
             "run": self.run_id,
             "rank": self.rank,
@@ -421,6 +423,12 @@ class AuditLog:
             "flush_every": self.flush_every,
             "stage": self._metadata,
         }
+        shards = self._shard_report() if self._shard_report is not None else None
+        if shards is not None:
+            # shards (and samples) the pipeline's handler skipped so far: they never reached the
+            # stage, so no record stands for them; here they are counted and named
+            identity["shards"] = shards
+        return identity
 
     def _drop(self, header: Mapping[str, Any], rows: int, why: str) -> None:
         self.stats.dropped_records += rows

@@ -50,6 +50,8 @@ class _Attempt:
     resumed_from: int
     ended: bool = False
     parts: list[PartInfo] = field(default_factory=list)
+    #: What the pipeline's handler skipped (end marker, else the last manifest), if recorded.
+    shards: dict[str, Any] | None = None
 
 
 def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
@@ -89,6 +91,7 @@ def list_parts(
     parts: dict[tuple[str, int, str, int], PartInfo] = {}
     manifests: list[tuple[re.Match[str], str]] = []
     ended: set[tuple[str, int, str]] = set()
+    end_paths: dict[tuple[str, int, str], str] = {}
     for path in files:
         relative = path[len(root) + 1 :] if path.startswith(root + "/") else path
         if m := _PART.fullmatch(relative):
@@ -100,12 +103,19 @@ def list_parts(
                 manifests.append((m, path))
         elif (m := _END.fullmatch(relative)) and wanted(m):
             ended.add((m["run"], int(m["rank"]), m["attempt"]))
-    if manifests:
-        texts = _read_many(fs, [p for _, p in manifests], lambda b: json.loads(b.decode()))
-        for (m, _), manifest in zip(manifests, texts):
+            end_paths[(m["run"], int(m["rank"]), m["attempt"])] = path
+    secrets_ = secret_values(storage_options)
+    ends: dict[tuple[str, int, str], dict[str, Any]] = {}
+    if manifests or end_paths:
+        paths = [p for _, p in manifests] + list(end_paths.values())
+        texts = _read_many(fs, paths, _parse_json)
+        for (m, path), manifest in zip(manifests, texts):
             key = (m["run"], int(m["rank"]), m["attempt"], int(m["part"]))
             info = parts.setdefault(key, PartInfo(key[0], key[1], key[3], key[2], None, None))
-            info.manifest = manifest if isinstance(manifest, dict) else None
+            info.manifest = _checked_manifest(manifest, path, secrets_)
+        for stream_key, marker in zip(end_paths, texts[len(manifests) :]):
+            if isinstance(marker, dict):
+                ends[stream_key] = marker
 
     attempts: dict[tuple[str, int, str], _Attempt] = {}
     for info in parts.values():
@@ -121,11 +131,15 @@ def list_parts(
     for stream_key, attempt in attempts.items():
         attempt.ended = stream_key in ended
         attempt.parts.sort(key=lambda p: p.part)
+        shards = (ends.get(stream_key) or {}).get("shards")
+        for info in reversed(attempt.parts):
+            if shards is not None:
+                break
+            shards = (info.manifest or {}).get("shards")
+        attempt.shards = shards if isinstance(shards, dict) else None
         if attempt.resumed_from < 0:
             # no manifest survived (killed before its first one): it began at its first part
-            attempt.resumed_from = min(
-                (p.manifest or {}).get("first_seq", 0) if p.manifest else 0 for p in attempt.parts
-            )
+            attempt.resumed_from = min(int((p.manifest or {}).get("first_seq") or 0) for p in attempt.parts)
     # a later attempt redid everything from its resume point on: earlier attempts' records
     # from there are superseded
     by_stream: dict[tuple[str, int], list[_Attempt]] = {}
@@ -145,6 +159,47 @@ def list_parts(
         key=lambda p: (p.run, p.rank, p.part, attempts[(p.run, p.rank, p.attempt)].started),
     )
     return fs, infos, ordered
+
+
+def _parse_json(data: bytes) -> Any:
+    return json.loads(data.decode())
+
+
+_MANIFEST_TYPES: dict[str, type | tuple[type, ...]] = {
+    "count": int,
+    "first_seq": (int, type(None)),
+    "last_seq": (int, type(None)),
+    "resumed_from": int,
+    "attempt_started": (int, float),
+    "urls": list,
+    "stage": dict,
+    "shards": dict,
+}
+
+
+def _checked_manifest(manifest: Any, path: str, secrets: Sequence[str]) -> dict[str, Any] | None:
+    """``manifest`` if it is a manifest siftpipe could have written; else None, with a warning
+    naming the object (a reader then treats its part as one without a manifest)."""
+    problem = None
+    if isinstance(manifest, Exception):
+        problem = f"{type(manifest).__name__}: {manifest}"
+    elif not isinstance(manifest, dict):
+        problem = f"it holds a {type(manifest).__name__}, not a JSON object"
+    else:
+        for name, types in _MANIFEST_TYPES.items():
+            value = manifest.get(name)
+            if name in manifest and (not isinstance(value, types) or isinstance(value, bool)):
+                problem = f"its {name!r} is {type(value).__name__} {value!r:.40}"
+                break
+    if problem is None:
+        return manifest  # type: ignore[no-any-return]
+    warnings.warn(
+        f"audit manifest {redact(path, secrets)} is unreadable or malformed ({redact(problem, secrets)}); "
+        "its part is read without it (siftpipe log verify reports it)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return None
 
 
 def _read_many(fs: Any, paths: Sequence[str], parse: Callable[[bytes], Any], workers: int = 8) -> list[Any]:
@@ -339,6 +394,12 @@ class StreamReport:
     unreadable_parts: list[str] = field(default_factory=list)
     count_mismatches: list[str] = field(default_factory=list)
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    #: Shards the pipeline's handler skipped (``warn_and_continue``), as ``"<url> (<kind>)"``:
+    #: their samples never reached the stage, so no record stands for them. A chosen policy, not
+    #: a fault of the log: ``ok`` does not depend on it.
+    skipped_shards: list[str] = field(default_factory=list)
+    #: Samples the pipeline's handler skipped (undecodable or missing a field), per the attempts.
+    samples_skipped: int = 0
 
     @property
     def ok(self) -> bool:
@@ -386,6 +447,16 @@ class LogReport:
                 out.append(
                     f"  attempt {a['attempt']}: resumed from seq {a['resumed_from']}, {a['parts']} part(s), "
                     f"{a['records']} records, {end}"
+                )
+            if s.skipped_shards:
+                out.append(
+                    f"  {len(s.skipped_shards)} shard(s) skipped by the pipeline's handler (their samples "
+                    "never reached the stage; no records): " + ", ".join(s.skipped_shards)
+                )
+            if s.samples_skipped:
+                out.append(
+                    f"  {s.samples_skipped} sample(s) skipped by the pipeline's handler (a field could not "
+                    "be decoded or was missing)"
                 )
             for lo, hi in s.gaps:
                 out.append(f"  gap: seq {lo}..{hi} ({hi - lo + 1} records) missing")
@@ -442,6 +513,12 @@ def verify_log(
             report.missing_parts.append(
                 f"part {missing} of attempt {attempt.attempt}: neither part nor manifest"
             )
+        shards = attempt.shards or {}
+        urls = [str(u) for u in shards.get("skipped_urls") or [] if isinstance(u, str)]
+        skipped = int(shards.get("skipped") or 0)
+        urls += [f"({skipped - len(urls)} more, not named)"] if skipped > len(urls) else []
+        report.skipped_shards.extend(u for u in urls if u not in report.skipped_shards)
+        report.samples_skipped += int(shards.get("samples_skipped") or 0)
         report.attempts.append(
             {
                 "attempt": attempt.attempt,
@@ -449,6 +526,8 @@ def verify_log(
                 "parts": len(attempt.parts),
                 "records": sum(int((p.manifest or {}).get("count", 0)) for p in attempt.parts),
                 "ended": attempt.ended,
+                "shards_skipped": skipped,
+                "samples_skipped": int(shards.get("samples_skipped") or 0),
             }
         )
     for key, chunks in canonical.items():

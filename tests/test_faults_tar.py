@@ -153,4 +153,5 @@ def test_the_handler_skips_damaged_shards_counts_and_names_each(shard, tmp_path)
     assert len(messages) == 2 and "cut-000001.tar" in messages[0] and "flip-000002.tar" in messages[1]
     # what the damaged shards gave before the damage was handed on (documented), then every good sample
     assert [s["__key__"] for s in out] == head_of_cut + shard["keys"] + head_of_bad + shard["keys"]
-    assert shard_stats().skipped == 2
+    assert shard_stats().skipped == 2 and opener.stats().skipped == 2
+    assert sorted(opener.stats().skipped_urls) == sorted([f"{bad} (corrupt)", f"{cut} (corrupt)"])
