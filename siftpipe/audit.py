@@ -186,6 +186,7 @@ class AuditLog:
         self._attempt_started = time.time_ns()
         self._resumed_from = 0
         self._next_part = 0
+        self._first_part = 0  # this attempt's first part number (a resumed one continues the run's)
         self._buffer: list[dict[str, Any]] = []
         self._buffer_rows = 0
         self._metadata: dict[str, Any] = {}
@@ -327,7 +328,15 @@ class AuditLog:
         try:
             self.flush(timeout)
             if self._transport is not None and self._failed is None:
-                marker = {**self._identity(), "parts": self._next_part, "records": self.stats.records}
+                marker = {
+                    **self._identity(),
+                    "first_part": self._first_part,
+                    "parts": self._next_part,
+                    "records": self.stats.records,
+                    # parts dropped on purpose (on_full="drop") are not in storage: say so here, so
+                    # that a reader tells them from parts lost by accident
+                    "dropped_records": self.stats.dropped_records,
+                }
                 self._send(
                     {"op": "json", "path": f"{self.directory}/_end-{self.attempt}.json", "body": marker},
                     [],
@@ -370,7 +379,7 @@ class AuditLog:
             raise ResumeError("load the checkpoint into a new AuditLog, before anything is written to it")
         self.run_id = state["run_id"]
         self._rank = int(state["rank"]) if self._rank is None else self._rank
-        self._next_part = int(state["next_part"])
+        self._next_part = self._first_part = int(state["next_part"])
         self._resumed_from = int(resumed_from)
         self.attempt = _random.token_hex(4)
         self._attempt_started = time.time_ns()

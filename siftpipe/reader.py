@@ -52,6 +52,8 @@ class _Attempt:
     parts: list[PartInfo] = field(default_factory=list)
     #: What the pipeline's handler skipped (end marker, else the last manifest), if recorded.
     shards: dict[str, Any] | None = None
+    #: The attempt's end marker (written when it closed), if it is readable.
+    end: dict[str, Any] | None = None
 
 
 def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
@@ -128,8 +130,16 @@ def list_parts(
         if info.manifest is not None:
             attempt.started = min(attempt.started, float(info.manifest.get("attempt_started", np.inf)))
             attempt.resumed_from = int(info.manifest.get("resumed_from", 0))
+    for stream_key, marker in ends.items():
+        if stream_key not in attempts:  # it closed without a part in storage (all dropped?)
+            attempts[stream_key] = _Attempt(
+                *stream_key,
+                _number(marker.get("attempt_started"), float("inf")),
+                _number(marker.get("resumed_from"), 0),
+            )
     for stream_key, attempt in attempts.items():
         attempt.ended = stream_key in ended
+        attempt.end = ends.get(stream_key)
         attempt.parts.sort(key=lambda p: p.part)
         shards = (ends.get(stream_key) or {}).get("shards")
         for info in reversed(attempt.parts):
@@ -139,7 +149,9 @@ def list_parts(
         attempt.shards = shards if isinstance(shards, dict) else None
         if attempt.resumed_from < 0:
             # no manifest survived (killed before its first one): it began at its first part
-            attempt.resumed_from = min(int((p.manifest or {}).get("first_seq") or 0) for p in attempt.parts)
+            attempt.resumed_from = min(
+                (int((p.manifest or {}).get("first_seq") or 0) for p in attempt.parts), default=0
+            )
     # a later attempt redid everything from its resume point on: earlier attempts' records
     # from there are superseded
     by_stream: dict[tuple[str, int], list[_Attempt]] = {}
@@ -159,6 +171,11 @@ def list_parts(
         key=lambda p: (p.run, p.rank, p.part, attempts[(p.run, p.rank, p.attempt)].started),
     )
     return fs, infos, ordered
+
+
+def _number(value: Any, default: Any) -> Any:
+    """``value`` if it is a number (not a bool), else ``default``: markers may be damaged."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else default
 
 
 def _parse_json(data: bytes) -> Any:
@@ -400,6 +417,8 @@ class StreamReport:
     skipped_shards: list[str] = field(default_factory=list)
     #: Samples the pipeline's handler skipped (undecodable or missing a field), per the attempts.
     samples_skipped: int = 0
+    #: Records the writer dropped on purpose (``on_full="drop"``), per the attempts' end markers.
+    dropped_records: int = 0
 
     @property
     def ok(self) -> bool:
@@ -452,6 +471,11 @@ class LogReport:
                 out.append(
                     f"  {len(s.skipped_shards)} shard(s) skipped by the pipeline's handler (their samples "
                     "never reached the stage; no records): " + ", ".join(s.skipped_shards)
+                )
+            if s.dropped_records:
+                out.append(
+                    f"  {s.dropped_records} records dropped on purpose by the writer (on_full='drop'): "
+                    "not in the log"
                 )
             if s.samples_skipped:
                 out.append(
@@ -509,10 +533,19 @@ def verify_log(
     for attempt in attempts:
         report = streams.setdefault((attempt.run, attempt.rank), StreamReport(attempt.run, attempt.rank))
         numbers = [p.part for p in attempt.parts]
-        for missing in sorted(set(range(min(numbers), max(numbers) + 1)) - set(numbers)):
+        expected = set(range(min(numbers), max(numbers) + 1)) if numbers else set()
+        end = attempt.end or {}
+        closed_at = _number(end.get("parts"), None)
+        if isinstance(closed_at, int):  # the end marker says how many parts the attempt made
+            start = _number(end.get("first_part"), min(numbers) if numbers else closed_at)
+            expected |= set(range(int(start), closed_at))
+        dropped = int(_number(end.get("dropped_records"), 0))
+        for missing in sorted(expected - set(numbers)):
             report.missing_parts.append(
                 f"part {missing} of attempt {attempt.attempt}: neither part nor manifest"
+                + (" (the attempt dropped parts on purpose: on_full='drop')" if dropped else "")
             )
+        report.dropped_records += dropped
         shards = attempt.shards or {}
         urls = [str(u) for u in shards.get("skipped_urls") or [] if isinstance(u, str)]
         skipped = int(shards.get("skipped") or 0)
@@ -542,6 +575,16 @@ def verify_log(
                 report.gaps.append((0, int(seq[0]) - 1))
             for at in np.flatnonzero(step > 1):
                 report.gaps.append((int(seq[at]) + 1, int(seq[at + 1]) - 1))
+    # records lost after the last one found: the latest attempt's end marker says where it ended
+    latest: dict[tuple[str, int], _Attempt] = {(a.run, a.rank): a for a in attempts}  # in start order
+    for key, attempt in latest.items():
+        records = _number((attempt.end or {}).get("records"), None)
+        report = streams[key]
+        if isinstance(records, int):
+            stop = attempt.resumed_from + records  # one past the last sequence number it decided
+            after = -1 if report.last_seq is None else report.last_seq
+            if stop - 1 > after:
+                report.gaps.append((after + 1, stop - 1))
     return LogReport(redact(url, secrets), [streams[k] for k in sorted(streams)])
 
 

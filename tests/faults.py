@@ -32,7 +32,9 @@ class FaultProxy:
     (``method=None``: any method; ``path``: only requests whose path contains it):
     ``("status", 503)`` answers with that S3 error; ``("cut", 0.5)`` sends the headers and the
     given fraction of the body, then drops the connection; ``("stall", 2.0)`` waits that many
-    seconds before answering. ``log`` records ``(method, path, range header, fault)``.
+    seconds before answering; ``("hold", 0)`` waits until ``release()`` (a destination that
+    hangs for as long as a test needs, without a clock). ``log`` records ``(method, path, range
+    header, fault)``.
     """
 
     def __init__(self, upstream_port: int) -> None:
@@ -41,6 +43,8 @@ class FaultProxy:
         self.log: list[tuple[str, str, str | None, str | None]] = []
         self.lock = threading.Lock()
         self.stopped = threading.Event()
+        self.released = threading.Event()
+        self.holding = threading.Event()  # set while a request is held
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -71,8 +75,13 @@ class FaultProxy:
             for _ in range(times):
                 self.plan.append((method, kind, value, path))
 
+    def release(self) -> None:
+        """Let every held request (and every later one planned to hold) through."""
+        self.released.set()
+
     def stop(self) -> None:
         self.stopped.set()
+        self.released.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -102,6 +111,9 @@ class FaultProxy:
             return
         if fault is not None and fault[0] == "stall":
             self.stopped.wait(fault[1])
+        if fault is not None and fault[0] == "hold":
+            self.holding.set()
+            self.released.wait()
         if self.stopped.is_set():
             h.close_connection = True
             return
