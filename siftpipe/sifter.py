@@ -844,7 +844,9 @@ class Sifter:
         try:
             out = self._forward(batch, device)
         except Exception as exc:
-            if self.on_oom == "split" and _is_oom(exc) and n > 1:
+            if self.on_oom == "split" and _is_oom(exc) and rows > 1:
+                if n == 1:  # one sample and its padding: shed the padding, score the sample alone
+                    return self._score(_batch.take(batch, np.arange(1)), 1, group, at[:1], rows=1)
                 half = n // 2
                 lo = _batch.take(batch, np.arange(half))
                 hi = _batch.take(batch, np.arange(half, rows))
