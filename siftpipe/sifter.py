@@ -488,7 +488,8 @@ class Sifter:
                 "rows": g.rows,
                 "seq0": g.seq0,
                 "keep": torch.from_numpy(g.keep.copy()),
-                "weight": None if g.weight is None else torch.from_numpy(g.weight.astype(np.float32)),
+                # float64, as handed on: a float32 copy made resumed weights differ in the last bits
+                "weight": None if g.weight is None else torch.from_numpy(g.weight.astype(np.float64)),
                 "keys": self._keys_of_group(g),
             }
             for g in self._pending
