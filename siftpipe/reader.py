@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any, Literal
 
 import numpy as np
@@ -115,9 +116,12 @@ def list_parts(
             key = (m["run"], int(m["rank"]), m["attempt"], int(m["part"]))
             info = parts.setdefault(key, PartInfo(key[0], key[1], key[3], key[2], None, None))
             info.manifest = _checked_manifest(manifest, path, secrets_)
-        for stream_key, marker in zip(end_paths, texts[len(manifests) :]):
-            if isinstance(marker, dict):
+        for (stream_key, path), marker in zip(end_paths.items(), texts[len(manifests) :]):
+            marker = _checked_manifest(marker, path, secrets_, what="end marker")
+            if marker is not None:
                 ends[stream_key] = marker
+            else:
+                ended.discard(stream_key)
 
     attempts: dict[tuple[str, int, str], _Attempt] = {}
     for info in parts.values():
@@ -182,37 +186,76 @@ def _parse_json(data: bytes) -> Any:
     return json.loads(data.decode())
 
 
-_MANIFEST_TYPES: dict[str, type | tuple[type, ...]] = {
-    "count": int,
-    "first_seq": (int, type(None)),
-    "last_seq": (int, type(None)),
-    "resumed_from": int,
-    "attempt_started": (int, float),
-    "urls": list,
-    "stage": dict,
-    "shards": dict,
+_BIG = 2**62  # beyond any real count, sequence or part number: a damaged value
+
+
+def _count_like(value: Any, optional: bool = False) -> bool:
+    if value is None:
+        return optional
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _BIG
+
+
+def _problem(body: Any, checks: Mapping[str, Callable[[Any], bool]]) -> str | None:
+    if isinstance(body, Exception):
+        return f"{type(body).__name__}: {body}"
+    if not isinstance(body, dict):
+        return f"it holds a {type(body).__name__}, not a JSON object"
+    for name, ok in checks.items():
+        if name in body and not ok(body[name]):
+            return f"its {name!r} is {type(body[name]).__name__} {body[name]!r:.60}"
+    return None
+
+
+def _stage_ok(stage: Any) -> bool:
+    if not isinstance(stage, dict):
+        return False
+    seed = stage.get("rng_seed", 0)
+    seeds = seed if isinstance(seed, list) else [seed]
+    config = stage.get("policy_config", {})
+    return (
+        all(_count_like(v) for v in seeds)
+        and _count_like(stage.get("seed", 0))
+        and _count_like(stage.get("delay", 0))
+        and isinstance(config, dict)
+        and _count_like(config.get("history", 1))
+        and stage.get("on_nan", "raise") in ("raise", "keep", "drop")
+    )
+
+
+_NUMBER = (int, float)
+_MANIFEST_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "count": _count_like,
+    "first_seq": lambda v: _count_like(v, optional=True),
+    "last_seq": lambda v: _count_like(v, optional=True),
+    "resumed_from": _count_like,
+    "attempt_started": lambda v: isinstance(v, _NUMBER) and not isinstance(v, bool),
+    "urls": lambda v: isinstance(v, list) and all(isinstance(u, str | None) for u in v),
+    "stage": _stage_ok,
+    "shards": lambda v: isinstance(v, dict),
+}
+_END_CHECKS: dict[str, Callable[[Any], bool]] = {
+    **_MANIFEST_CHECKS,
+    "parts": _count_like,
+    "first_part": _count_like,
+    "records": _count_like,
+    "dropped_records": _count_like,
 }
 
 
-def _checked_manifest(manifest: Any, path: str, secrets: Sequence[str]) -> dict[str, Any] | None:
-    """``manifest`` if it is a manifest siftpipe could have written; else None, with a warning
-    naming the object (a reader then treats its part as one without a manifest)."""
-    problem = None
-    if isinstance(manifest, Exception):
-        problem = f"{type(manifest).__name__}: {manifest}"
-    elif not isinstance(manifest, dict):
-        problem = f"it holds a {type(manifest).__name__}, not a JSON object"
-    else:
-        for name, types in _MANIFEST_TYPES.items():
-            value = manifest.get(name)
-            if name in manifest and (not isinstance(value, types) or isinstance(value, bool)):
-                problem = f"its {name!r} is {type(value).__name__} {value!r:.40}"
-                break
+def _checked_manifest(manifest: Any, path: str, secrets: Sequence[str], what: str = "manifest") -> Any:
+    """``manifest`` if it is a manifest (or end marker) siftpipe could have written; else None,
+    with a warning naming the object (a reader then goes on without it)."""
+    problem = _problem(manifest, _MANIFEST_CHECKS if what == "manifest" else _END_CHECKS)
     if problem is None:
-        return manifest  # type: ignore[no-any-return]
+        return manifest
+    consequence = (
+        "its part is read without it (siftpipe log verify reports it)"
+        if what == "manifest"
+        else "the attempt is read as one that did not close"
+    )
     warnings.warn(
-        f"audit manifest {redact(path, secrets)} is unreadable or malformed ({redact(problem, secrets)}); "
-        "its part is read without it (siftpipe log verify reports it)",
+        f"audit {what} {redact(path, secrets)} is unreadable or malformed ({redact(problem, secrets)}); "
+        + consequence,
         RuntimeWarning,
         stacklevel=3,
     )
@@ -235,9 +278,50 @@ def _read_many(fs: Any, paths: Sequence[str], parse: Callable[[bytes], Any], wor
 
 
 def _read_part(payload: bytes, columns: Sequence[str] | None) -> Any:
+    """The part's table with ``columns`` (default: every column of the format, in order).
+
+    First the part's schema is checked against the format (every column there, each holding
+    the kind of values it should): a part of another shape raises ``ValueError`` naming the
+    column, so that every reader, ``verify_log`` included, reports it as a bad part instead of
+    failing later on a stray type. Only the footer is read for that."""
     import pyarrow.parquet as pq
 
-    return pq.read_table(io.BytesIO(payload), columns=list(columns) if columns is not None else None)
+    from .audit import COLUMNS
+
+    schema = pq.read_schema(io.BytesIO(payload))
+    missing = [c for c in COLUMNS if c not in schema.names]
+    if missing:
+        raise ValueError(
+            f"it has no column(s) {missing} (it has {schema.names}): not an audit part of this format"
+        )
+    for name in COLUMNS:
+        kind = _KINDS[name]
+        if not _is_kind(schema.field(name).type, kind):
+            raise ValueError(f"its column {name!r} holds {schema.field(name).type}, not {kind} values")
+    want = list(columns) if columns is not None else list(COLUMNS)
+    return pq.read_table(io.BytesIO(payload), columns=want)
+
+
+_KINDS = {
+    **dict.fromkeys(("worker", "seq", "epoch", "micro_batch", "model_version"), "integer"),
+    **dict.fromkeys(("loss", "score", "prob", "weight", "time"), "floating-point"),
+    "kept": "boolean",
+    **dict.fromkeys(("key", "url", "reason", "source"), "string"),
+}
+
+
+def _is_kind(t: Any, kind: str) -> bool:
+    import pyarrow as pa
+
+    if kind == "integer":
+        return bool(pa.types.is_integer(t))
+    if kind == "floating-point":
+        return bool(pa.types.is_floating(t))
+    if kind == "boolean":
+        return bool(pa.types.is_boolean(t))
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t))
 
 
 def read_log(
@@ -346,8 +430,16 @@ def _predecode_tables(
             found.append((m["run"], int(m["rank"]), path))
     tables = _read_many(fs, [p for _, _, p in found], lambda b: _read_part(b, columns))
     out = []
-    for (run_id, rank_id, _), table in zip(found, tables):
+    secrets = secret_values(storage_options)
+    for (run_id, rank_id, path), table in zip(found, tables):
         if isinstance(table, Exception):
+            warnings.warn(
+                f"audit part {redact(path, secrets)} (records of samples dropped before decode) is "
+                f"unreadable: {redact(f'{type(table).__name__}: {table}', secrets)}; the rest of the log "
+                "was read",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             continue
         n = table.num_rows
         table = table.append_column("run", pa.array([run_id] * n, pa.string()))
@@ -532,26 +624,32 @@ def verify_log(
         canonical.setdefault(key, []).append(live)
     for attempt in attempts:
         report = streams.setdefault((attempt.run, attempt.rank), StreamReport(attempt.run, attempt.rank))
-        numbers = [p.part for p in attempt.parts]
-        expected = set(range(min(numbers), max(numbers) + 1)) if numbers else set()
+        numbers = sorted({p.part for p in attempt.parts})
         end = attempt.end or {}
         closed_at = _number(end.get("parts"), None)
-        if isinstance(closed_at, int):  # the end marker says how many parts the attempt made
-            start = _number(end.get("first_part"), min(numbers) if numbers else closed_at)
-            expected |= set(range(int(start), closed_at))
+        bounds = list(numbers)
+        if isinstance(closed_at, int):  # the end marker says which parts the attempt made
+            start = _number(end.get("first_part"), numbers[0] if numbers else closed_at)
+            bounds = sorted({*numbers, int(start) - 1, closed_at})
         dropped = int(_number(end.get("dropped_records"), 0))
-        for missing in sorted(expected - set(numbers)):
-            report.missing_parts.append(
-                f"part {missing} of attempt {attempt.attempt}: neither part nor manifest"
-                + (" (the attempt dropped parts on purpose: on_full='drop')" if dropped else "")
-            )
+        why = " (the attempt dropped parts on purpose: on_full='drop')" if dropped else ""
+        for lo, hi in pairwise(bounds):  # runs of missing part numbers, however long
+            if hi - lo == 2:
+                report.missing_parts.append(
+                    f"part {lo + 1} of attempt {attempt.attempt}: neither part nor manifest{why}"
+                )
+            elif hi - lo > 2:
+                report.missing_parts.append(
+                    f"parts {lo + 1}..{hi - 1} of attempt {attempt.attempt} ({hi - lo - 1} parts): "
+                    f"neither part nor manifest{why}"
+                )
         report.dropped_records += dropped
         shards = attempt.shards or {}
         urls = [str(u) for u in shards.get("skipped_urls") or [] if isinstance(u, str)]
-        skipped = int(shards.get("skipped") or 0)
+        skipped = int(_number(shards.get("skipped"), 0))
         urls += [f"({skipped - len(urls)} more, not named)"] if skipped > len(urls) else []
         report.skipped_shards.extend(u for u in urls if u not in report.skipped_shards)
-        report.samples_skipped += int(shards.get("samples_skipped") or 0)
+        report.samples_skipped += int(_number(shards.get("samples_skipped"), 0))
         report.attempts.append(
             {
                 "attempt": attempt.attempt,
@@ -560,7 +658,7 @@ def verify_log(
                 "records": sum(int((p.manifest or {}).get("count", 0)) for p in attempt.parts),
                 "ended": attempt.ended,
                 "shards_skipped": skipped,
-                "samples_skipped": int(shards.get("samples_skipped") or 0),
+                "samples_skipped": int(_number(shards.get("samples_skipped"), 0)),
             }
         )
     for key, chunks in canonical.items():
