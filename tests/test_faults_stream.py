@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from faults import FaultProxy
-from torch.utils.data import default_collate
+from torch.utils.data import DataLoader, default_collate
 
 import siftpipe as sp
 from siftpipe._open import ShardOpener, ShardReader, ignore_and_continue, reset_shard_stats, shard_stats
@@ -131,6 +131,7 @@ def test_workers_skip_bad_shards_and_samples_and_the_training_process_counts_eve
     store, proxy, tmp_path
 ):
     proxy.fail("status", 503, times=1000, method=None, path="/flaky-")  # down for good
+    proxy.fail("status", 500, times=1, method=None, path="/good-000001")  # down for a moment
     dataset = pipeline(store, proxy.endpoint, warn_and_continue)
     log = sp.AuditLog(str(tmp_path / "audit"), run_id="faults", flush_every=64, writer="thread")
     sifter = sp.Sifter(None, key_norm, sp.Uniform(0.5), batched=True, micro_batch=None, key=0, audit=log)
@@ -154,7 +155,8 @@ def test_workers_skip_bad_shards_and_samples_and_the_training_process_counts_eve
     assert sorted(seen_by_workers.skipped_urls) == sorted(
         [f"{store['cut']} (corrupt)", f"{store['missing']} (missing)", f"{store['flaky']} (transient)"]
     )
-    assert seen_by_workers.completed == 5 and seen_by_workers.retries >= 1  # the 503s were retried first
+    # the shard that failed once was retried and read whole; the one that kept failing was retried first
+    assert seen_by_workers.completed == 5 and seen_by_workers.retries == 2
 
     # the audit log: one record per decided sample, and the skipped shards named in the manifests
     table = sp.read_log(str(tmp_path / "audit"))
@@ -169,28 +171,19 @@ def test_workers_skip_bad_shards_and_samples_and_the_training_process_counts_eve
     assert "2 sample(s) skipped" in text
 
 
-def worker_error(loader):
-    try:
-        for _ in loader:
-            pass
-    except Exception as exc:  # returned to the test
-        return exc
-    return None
-
-
 def test_by_default_a_bad_shard_stops_the_run_with_an_error_naming_it(store, proxy):
     dataset = pipeline(store, proxy.endpoint, reraise_exception)
-    sifter = sp.Sifter(None, key_norm, sp.Uniform(0.5), batched=True, micro_batch=None, key=0)
-    error = worker_error(WebLoader(dataset, batch_size=None, num_workers=2).sift(sifter))
+    it = iter(DataLoader(dataset, batch_size=None, num_workers=2))
+    with pytest.raises(sp.ShardError) as err:
+        for _ in it:
+            pass
+    it._shutdown_workers()  # at once: left to the garbage collector, torch waits 5 s per worker
     # torch re-raises a worker's error by type, from its message: the message carries the facts
-    assert isinstance(error, sp.ShardError)
-    text = str(error)
-    named = [u for u in (store["odd"], store["cut"]) if u in text]
-    assert named, text
-    if store["odd"] in text:  # worker 0 reached the undecodable or unlabelled sample first
+    text = str(err.value)
+    if store["odd"] in text:  # worker 1 reached the unlabelled or undecodable sample first
         assert "odd-003" in text or "odd-006" in text
     else:
-        assert "truncated" in text or "corrupt" in text
+        assert store["cut"] in text and "truncated" in text
 
 
 def test_storage_that_stops_mid_stream_and_returns_loses_nothing(own_s3, tmp_path):
@@ -221,10 +214,10 @@ def test_storage_that_stops_mid_stream_and_returns_loses_nothing(own_s3, tmp_pat
     sifter = sp.Sifter(None, key_norm, sp.Uniform(0.5), batched=True, micro_batch=None, key=0, audit=log)
     # spawned workers: forked ones would inherit the in-process S3 server's listening socket and
     # keep its port taken after it stops (and spawn is the other way counters must cross)
-    loader = WebLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn").sift(sifter)
+    loader = WebLoader(dataset, batch_size=None, num_workers=1, multiprocessing_context="spawn").sift(sifter)
     it = iter(loader)
     head = [next(it)]
-    own_s3.stop()  # the storage goes away while both workers are mid-shard...
+    own_s3.stop()  # the storage goes away while the worker is mid-shard...
     restart = threading.Timer(1.5, own_s3.start)  # ...and comes back
     restart.start()
     try:
