@@ -324,7 +324,7 @@ class PartWriter:
                 if time.monotonic() + delay > deadline:
                     raise OSError(
                         f"could not {what} of the audit log at {redact(self.url, self.secrets)} within "
-                        f"{self.retry_timeout:.0f} s ({retries} retries): {self.safe(exc)}. Check the "
+                        f"{self.retry_timeout:g} s ({retries} retries): {self.safe(exc)}. Check the "
                         "destination (bucket, permissions, space); with on_full='drop' the run continues "
                         "and counts what is lost"
                     ) from None

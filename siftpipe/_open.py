@@ -36,15 +36,21 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ._secrets import Redactor, redact_options, redact_url
+import numpy as np
+
+from ._secrets import Redactor, redact, redact_options, redact_url, secret_values
 from .errors import ConfigError, ShardError, ShardWarning
 
 __all__ = [
     "ShardOpener",
     "ShardReader",
     "ShardStats",
+    "SharedShardCounts",
     "classify_error",
+    "describe_error",
+    "find_shard_counts",
     "ignore_and_continue",
+    "merge_shard_stats",
     "ignore_and_stop",
     "iter_tar_samples",
     "redact_url",
@@ -67,9 +73,29 @@ def reraise_exception(exn: BaseException) -> bool:
     raise exn
 
 
+def describe_error(exn: BaseException) -> str:
+    """What a handler shows for ``exn``: a siftpipe error's message, or for any other error (one
+    that webdataset raised, say) its type and message, with the shard, sample and field it
+    carries, and its cause. Never empty (webdataset's ``DecodingError`` has no message)."""
+    if isinstance(exn, ShardError):
+        return str(exn)
+    text = f"{type(exn).__name__}: {exn}" if str(exn) else type(exn).__name__
+    where = [
+        f"{label} {redact_url(value) if label == 'shard' else value!r}"
+        for attr, label in (("url", "shard"), ("key", "sample"), ("k", "field"))
+        if isinstance(value := getattr(exn, attr, None), str)
+    ]
+    if where:
+        text += f" ({', '.join(where)})"
+    cause = exn.__cause__
+    if cause is not None:
+        text += f": {type(cause).__name__}: {cause}"
+    return redact(text, secret_values())
+
+
 def warn_and_continue(exn: BaseException) -> bool:
     """Handler: warn (``ShardWarning``, naming the shard and why) and skip to the next shard."""
-    warnings.warn(str(exn), ShardWarning, stacklevel=2)
+    warnings.warn(describe_error(exn), ShardWarning, stacklevel=2)
     return True
 
 
@@ -80,7 +106,7 @@ def ignore_and_continue(exn: BaseException) -> bool:
 
 def warn_and_stop(exn: BaseException) -> bool:
     """Handler: warn and end the pass quietly at this shard."""
-    warnings.warn(str(exn), ShardWarning, stacklevel=2)
+    warnings.warn(describe_error(exn), ShardWarning, stacklevel=2)
     return False
 
 
@@ -104,6 +130,11 @@ class ShardStats:
         retries: Failed attempts that were retried (opening or reading).
         reopened: Times a stream was reopened mid-shard at its byte offset after a failed read.
         samples: Samples read from shards.
+        samples_skipped: Samples skipped by the handler because a field could not be decoded or
+            was missing (``WebDataset.decode()`` / ``.to_tuple()``).
+        skipped_urls: The skipped shards, ``"<url> (<kind>)"`` (only in a pipeline's own
+            ``shard_stats()``, which counts across processes; at most about 2 KiB of URLs per
+            process are kept, the count ``skipped`` is always exact).
     """
 
     opened: int = 0
@@ -113,9 +144,19 @@ class ShardStats:
     retries: int = 0
     reopened: int = 0
     samples: int = 0
+    samples_skipped: int = 0
+    skipped_urls: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The counters and skipped URLs as plain JSON values."""
+        out: dict[str, Any] = {name: getattr(self, name) for name in _FIELDS}
+        out["skipped_urls"] = list(self.skipped_urls)
+        return out
 
 
-_COUNTS: dict[str, int] = dict.fromkeys(ShardStats.__dataclass_fields__, 0)
+_FIELDS: tuple[str, ...] = tuple(n for n in ShardStats.__dataclass_fields__ if n != "skipped_urls")
+_INDEX: dict[str, int] = {name: i for i, name in enumerate(_FIELDS)}
+_COUNTS: dict[str, int] = dict.fromkeys(_FIELDS, 0)
 _COUNTS_LOCK = threading.Lock()
 
 
@@ -127,7 +168,8 @@ def _count(name: str, n: int = 1) -> None:
 def shard_stats() -> ShardStats:
     """A snapshot of this process's shard counters (see ``ShardStats``)."""
     with _COUNTS_LOCK:
-        return ShardStats(**_COUNTS)
+        counts: dict[str, Any] = dict(_COUNTS)
+    return ShardStats(**counts)
 
 
 def reset_shard_stats() -> None:
@@ -135,6 +177,125 @@ def reset_shard_stats() -> None:
     with _COUNTS_LOCK:
         for name in _COUNTS:
             _COUNTS[name] = 0
+
+
+class SharedShardCounts:
+    """Shard counters of one pipeline, kept in shared memory so that every process reading
+    through it adds to them: the training process and its DataLoader workers alike.
+
+    A DataLoader worker is a separate process: what it counts in its own memory (``shard_stats()``)
+    never reaches the training process. These counters are a small tensor in shared memory (a
+    forked worker inherits it; a spawned one receives it by handle, as torch passes tensors),
+    one row per process (row 0: a process that is not a DataLoader worker; row ``1 + id``:
+    worker ``id``), so no two processes write one cell and no lock is needed. Each row also
+    keeps the URLs of the shards that process skipped, as long as they fit in ``URL_BYTES``.
+
+    Two loaders iterating the same dataset *at the same time* share worker rows, and counts can
+    then be lost; one loader (any number of workers, persistent or not) counts exactly.
+    """
+
+    ROWS = 129  # the training process and 128 DataLoader workers
+    URL_BYTES = 2048
+
+    def __init__(self) -> None:
+        import torch
+
+        width = len(_FIELDS) + 1  # the counters, then the bytes of URLs used
+        self._counts = torch.zeros((self.ROWS, width), dtype=torch.int64).share_memory_()
+        self._urls = torch.zeros((self.ROWS, self.URL_BYTES), dtype=torch.uint8).share_memory_()
+        self._views: tuple[Any, Any] | None = None
+
+    # the tensors travel (by handle to spawned workers); the numpy views are made where used
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_counts": self._counts, "_urls": self._urls}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._counts, self._urls = state["_counts"], state["_urls"]
+        self._views = None
+
+    def _arrays(self) -> tuple[Any, Any]:
+        if self._views is None:
+            self._views = (self._counts.numpy(), self._urls.numpy())
+        return self._views
+
+    @staticmethod
+    def _row() -> int:
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        if info is None:
+            return 0
+        return 1 + int(info.id) % (SharedShardCounts.ROWS - 1)
+
+    def add(self, name: str, n: int = 1) -> None:
+        self._arrays()[0][self._row(), _INDEX[name]] += n
+
+    def note_skip(self, url: str | None, kind: str | None) -> None:
+        """Count a skipped shard and keep its (already redacted) URL if there is room."""
+        counts, urls = self._arrays()
+        row = self._row()
+        counts[row, _INDEX["skipped"]] += 1
+        data = f"{url} ({kind})\n".encode(errors="replace")
+        used = int(counts[row, -1])
+        if used + len(data) <= self.URL_BYTES:
+            urls[row, used : used + len(data)] = np.frombuffer(data, np.uint8)
+            counts[row, -1] = used + len(data)  # after the bytes: a reader never sees half a URL
+
+    def totals(self) -> dict[str, int]:
+        """The counters summed over every process (cheap: no URLs)."""
+        counts, _ = self._arrays()
+        return dict(zip(_FIELDS, map(int, counts[:, :-1].sum(0))))
+
+    def stats(self) -> ShardStats:
+        """The counters summed over every process, and the skipped URLs kept."""
+        counts, urls = self._arrays()
+        totals = [int(v) for v in counts[:, :-1].sum(0)]
+        kept: list[str] = []
+        for row in map(int, counts[:, -1].nonzero()[0]):
+            text = urls[row, : int(counts[row, -1])].tobytes().decode(errors="replace")
+            kept.extend(line for line in text.split("\n") if line)
+        return ShardStats(**dict(zip(_FIELDS, totals)), skipped_urls=tuple(kept))
+
+    def reset(self) -> None:
+        """Zero the counters (call it while no worker is reading)."""
+        self._counts.zero_()
+        self._urls.zero_()
+
+    def __repr__(self) -> str:
+        return f"SharedShardCounts({self.stats()})"
+
+
+def find_shard_counts(*objects: Any) -> list[SharedShardCounts]:
+    """The shared shard counters of every shard reader in ``objects``: pipelines (``WebDataset``,
+    ``WebLoader``, ``DataPipeline``), DataLoaders (their ``dataset``), ``ShardSource`` and the
+    torchdata nodes above it (their ``source``), readers and openers."""
+    found: dict[int, SharedShardCounts] = {}
+    seen: set[int] = set()
+    todo = list(objects)
+    while todo:
+        obj = todo.pop()
+        if obj is None or id(obj) in seen or isinstance(obj, str | bytes | int | float):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, ShardOpener):
+            found.setdefault(id(obj.counts), obj.counts)
+            continue
+        for attr in ("opener", "reader", "dataset", "source"):
+            try:
+                todo.append(getattr(obj, attr, None))
+            except Exception:  # a property that cannot be read here is no shard reader
+                continue
+        pipeline = getattr(obj, "pipeline", None)
+        if isinstance(pipeline, list):
+            todo.extend(pipeline)
+    return list(found.values())
+
+
+def merge_shard_stats(counters: Iterable[SharedShardCounts]) -> ShardStats:
+    """The stats of several shared counters, added up (URLs of skipped shards concatenated)."""
+    stats = [c.stats() for c in counters]
+    totals: dict[str, Any] = {name: sum(getattr(st, name) for st in stats) for name in _FIELDS}
+    return ShardStats(**totals, skipped_urls=tuple(u for st in stats for u in st.skipped_urls))
 
 
 # ---------------------------------------------------------------------------------- classifying
@@ -333,6 +494,17 @@ class ShardOpener:
         self.block_size = block_size
         self.redact = Redactor(self.storage_options)
         self._filesystems: dict[tuple[int, str], Any] = {}
+        #: Counters of everything read through this opener, in every process (see ``stats``).
+        self.counts = SharedShardCounts()
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Count an event in this process's ``shard_stats()`` and in this opener's shared counters."""
+        _count(name, n)
+        self.counts.add(name, n)
+
+    def stats(self) -> ShardStats:
+        """What was read through this opener, summed over every process (DataLoader workers too)."""
+        return self.counts.stats()
 
     # the filesystems are per process: never pickle them into a worker
     def __getstate__(self) -> dict[str, Any]:
@@ -429,7 +601,7 @@ class ShardOpener:
                     del exc
                     break
                 attempt += 1
-                _count("retries")
+                self.count("retries")
                 log.info(
                     "retrying %s of shard %s in %.2f s (attempt %d of %d): %s",
                     what,
@@ -514,7 +686,7 @@ class RetryingFile(io.RawIOBase):
                 raise
 
         self.opener.retrying("opening", self.url, attempt)
-        _count("opened")
+        self.opener.count("opened")
 
     def readable(self) -> bool:
         return True
@@ -530,7 +702,7 @@ class RetryingFile(io.RawIOBase):
         def attempt() -> bytes:
             if self._f is None:
                 self._connect()
-                _count("reopened")
+                self.opener.count("reopened")
             try:
                 data = self._f.read(want)
                 if not data and want != 0 and self.size is not None and self.pos < self.size:
@@ -565,8 +737,10 @@ _META = re.compile(r"__[^/]*__($|/)")
 
 
 class _CheckedTarInfo(tarfile.TarInfo):
-    """Notes on its TarFile when the archive ends without its end-of-archive marker: stream-mode
-    tarfile otherwise ends such a truncated archive quietly, as if it were complete."""
+    """Notes on its TarFile when the archive ends without its end-of-archive marker, or a member
+    header in the middle is corrupt (its checksum fails): stream-mode tarfile otherwise ends such
+    an archive quietly at that point, as if it were complete, and the rest of the shard is lost
+    without a word."""
 
     @classmethod
     def fromtarfile(cls, tarfile_: tarfile.TarFile) -> _CheckedTarInfo:
@@ -574,6 +748,9 @@ class _CheckedTarInfo(tarfile.TarInfo):
             return super().fromtarfile(tarfile_)
         except (tarfile.EmptyHeaderError, tarfile.TruncatedHeaderError):  # type: ignore[attr-defined]
             tarfile_._siftpipe_truncated = True  # type: ignore[attr-defined]
+            raise
+        except tarfile.InvalidHeaderError:  # type: ignore[attr-defined]
+            tarfile_._siftpipe_corrupt = True  # type: ignore[attr-defined]
             raise
 
 
@@ -634,6 +811,11 @@ def iter_tar_samples(
         raise tarfile.ReadError(
             f"the archive ends at byte {start + tf.offset} without its end-of-archive marker (truncated)"
         )
+    if getattr(tf, "_siftpipe_corrupt", False):
+        raise tarfile.ReadError(
+            f"the tar header at byte {start + tf.offset} is corrupt (its checksum does not match); "
+            "the rest of the shard cannot be read"
+        )
     if current is not None:
         yield current, None, None
 
@@ -688,11 +870,11 @@ class ShardReader:
                     stream, url, select_files=self.select_files, rename_files=self.rename_files
                 ):
                     key = sample["__key__"]
-                    _count("samples")
+                    self.opener.count("samples")
                     yield sample
             finally:
                 stream.close()
-            _count("completed")
+            self.opener.count("completed")
             return
         except ConfigError:  # a setting, not a shard, is wrong: skipping shards would hide it
             raise
@@ -708,9 +890,10 @@ class ShardReader:
         try:
             go_on = self.handler(err)
         except BaseException:
-            _count("failed")
+            self.opener.count("failed")
             raise
         _count("skipped")
+        self.opener.counts.note_skip(err.url, err.kind)
         log.info("skipped %s", err)
         if not go_on and state is not None:
             state["stop"] = True

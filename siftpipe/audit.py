@@ -186,9 +186,11 @@ class AuditLog:
         self._attempt_started = time.time_ns()
         self._resumed_from = 0
         self._next_part = 0
+        self._first_part = 0  # this attempt's first part number (a resumed one continues the run's)
         self._buffer: list[dict[str, Any]] = []
         self._buffer_rows = 0
         self._metadata: dict[str, Any] = {}
+        self._shard_report: Callable[[], dict[str, Any] | None] | None = None
         self._transport: _Transport | None = None
         self._space = threading.Condition()  # guards the counters below
         self._queued_bytes = 0
@@ -243,6 +245,7 @@ class AuditLog:
             raise AuditError(f"the audit log at {self._safe_url()} is closed; create a new AuditLog")
         if not self._metadata:
             self._metadata = _describe(sifter)
+            self._shard_report = sifter._shard_report
         n = int(loss.shape[0])
         if urls is not None and urls and urls.count(urls[0]) == n:
             urls = (urls[0], n)  # type: ignore[assignment]  # one shard: no per-row strings
@@ -325,7 +328,15 @@ class AuditLog:
         try:
             self.flush(timeout)
             if self._transport is not None and self._failed is None:
-                marker = {**self._identity(), "parts": self._next_part, "records": self.stats.records}
+                marker = {
+                    **self._identity(),
+                    "first_part": self._first_part,
+                    "parts": self._next_part,
+                    "records": self.stats.records,
+                    # parts dropped on purpose (on_full="drop") are not in storage: say so here, so
+                    # that a reader tells them from parts lost by accident
+                    "dropped_records": self.stats.dropped_records,
+                }
                 self._send(
                     {"op": "json", "path": f"{self.directory}/_end-{self.attempt}.json", "body": marker},
                     [],
@@ -368,7 +379,7 @@ class AuditLog:
             raise ResumeError("load the checkpoint into a new AuditLog, before anything is written to it")
         self.run_id = state["run_id"]
         self._rank = int(state["rank"]) if self._rank is None else self._rank
-        self._next_part = int(state["next_part"])
+        self._next_part = self._first_part = int(state["next_part"])
         self._resumed_from = int(resumed_from)
         self.attempt = _random.token_hex(4)
         self._attempt_started = time.time_ns()
@@ -411,7 +422,7 @@ class AuditLog:
             self._space.notify_all()
 
     def _identity(self) -> dict[str, Any]:
-        return {
+        identity = {
             "format": FORMAT_VERSION,
             "run": self.run_id,
             "rank": self.rank,
@@ -421,6 +432,12 @@ class AuditLog:
             "flush_every": self.flush_every,
             "stage": self._metadata,
         }
+        shards = self._shard_report() if self._shard_report is not None else None
+        if shards is not None:
+            # shards (and samples) the pipeline's handler skipped so far: they never reached the
+            # stage, so no record stands for them; here they are counted and named
+            identity["shards"] = shards
+        return identity
 
     def _drop(self, header: Mapping[str, Any], rows: int, why: str) -> None:
         self.stats.dropped_records += rows

@@ -57,8 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run a command; a siftpipe error is printed as one line naming the problem (exit status 2)."""
+    from .errors import SiftError
+
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except SiftError as exc:
+        print(f"siftpipe: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ __all__ = [
     "NonFiniteLossError",
     "RegistryError",
     "ResumeError",
+    "SampleError",
     "ScorerError",
     "ScorerOutputError",
     "ShardError",
@@ -85,8 +86,37 @@ def _rebuild_shard_error(message: str, url: str | None, key: str | None, kind: s
     return ShardError(message, url=url, key=key, kind=kind)
 
 
+class SampleError(ShardError):
+    """One sample of a shard could not be decoded, or lacks a field the pipeline asked for.
+
+    Attributes as ``ShardError`` (``kind`` is ``"corrupt"`` for a field that cannot be decoded,
+    ``"missing_field"`` for a missing one), plus ``field``: the field, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str | None = None,
+        key: str | None = None,
+        kind: str | None = None,
+        field: str | None = None,
+    ) -> None:
+        super().__init__(message, url=url, key=key, kind=kind)
+        self.field = field
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_rebuild_sample_error, (str(self), self.url, self.key, self.kind, self.field))
+
+
+def _rebuild_sample_error(
+    message: str, url: str | None, key: str | None, kind: str | None, field: str | None
+) -> SampleError:
+    return SampleError(message, url=url, key=key, kind=kind, field=field)
+
+
 class ShardWarning(UserWarning):
-    """A shard was skipped (``handler=warn_and_continue``); the message names it and why."""
+    """A shard or a sample was skipped (``handler=warn_and_continue``); the message names it and why."""
 
 
 def describe_keys(keys: Sequence[object] | None, limit: int = 4) -> str:

@@ -32,7 +32,7 @@ from ._open import (
     ShardOpener,
     ShardReader,
     ShardStats,
-    _count,
+    describe_error,
     ignore_and_continue,
     ignore_and_stop,
     iter_tar_samples,
@@ -51,6 +51,7 @@ __all__ = [
     "ShardSource",
     "ShardStats",
     "SiftNode",
+    "describe_error",
     "ignore_and_continue",
     "ignore_and_stop",
     "reraise_exception",
@@ -120,6 +121,7 @@ class SiftNode(BaseNode[Any]):
             )
         self.source = source
         self.sifter = sifter
+        sifter.watch_shards(source)  # shards a ShardSource below skips count in sifter.stats
         self._wrapped = _NodeSource(source)
         self._it: Iterator[Any] | None = None
 
@@ -258,6 +260,10 @@ class ShardSource(BaseNode[dict[str, Any]]):
             f"{self.world_size}, shuffle={self.shuffle})"
         )
 
+    def shard_stats(self) -> ShardStats:
+        """This source's shard counters (opened, skipped, retries, ...), in every process."""
+        return self.opener.stats()
+
     def order(self, epoch: int) -> list[str]:
         """This rank's shard URLs for ``epoch``, in reading order."""
         urls = list(self.urls)
@@ -349,7 +355,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
                 err = self.opener.error(exc, url, key)
                 del exc
             if err is None:
-                _count("completed")
+                self.opener.count("completed")
             else:
                 state: dict[str, Any] = {}
                 self.reader.handle(err, state)  # raises with reraise_exception
@@ -390,7 +396,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
                             f"{expected!r}; resume with the shards the checkpoint was made with"
                         )
                     expected = None
-                _count("samples")
+                self.opener.count("samples")
                 if next_key is None:  # the shard's last sample: the position moves to the next shard
                     self._advance()
                 else:

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from ._secrets import redact, redact_url, secret_values
 from .errors import ConfigError, MissingKeyError
 from .memory import ScoreMemory, key_hashes
 
@@ -91,7 +92,8 @@ class PreDecodeFilter:
         self.stats = {"seen": 0, "dropped": 0, "kept": 0, "unknown": 0}
 
     def __repr__(self) -> str:
-        return f"PreDecodeFilter({self.url!r}, version={self._loaded!r})"
+        shown = redact(redact_url(self.url), secret_values(self.storage_options))
+        return f"PreDecodeFilter({shown!r}, version={self._loaded!r})"
 
     def _refresh(self) -> None:
         import fsspec

@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any, Literal
 
 import numpy as np
@@ -50,6 +51,10 @@ class _Attempt:
     resumed_from: int
     ended: bool = False
     parts: list[PartInfo] = field(default_factory=list)
+    #: What the pipeline's handler skipped (end marker, else the last manifest), if recorded.
+    shards: dict[str, Any] | None = None
+    #: The attempt's end marker (written when it closed), if it is readable.
+    end: dict[str, Any] | None = None
 
 
 def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
@@ -89,6 +94,7 @@ def list_parts(
     parts: dict[tuple[str, int, str, int], PartInfo] = {}
     manifests: list[tuple[re.Match[str], str]] = []
     ended: set[tuple[str, int, str]] = set()
+    end_paths: dict[tuple[str, int, str], str] = {}
     for path in files:
         relative = path[len(root) + 1 :] if path.startswith(root + "/") else path
         if m := _PART.fullmatch(relative):
@@ -100,12 +106,22 @@ def list_parts(
                 manifests.append((m, path))
         elif (m := _END.fullmatch(relative)) and wanted(m):
             ended.add((m["run"], int(m["rank"]), m["attempt"]))
-    if manifests:
-        texts = _read_many(fs, [p for _, p in manifests], lambda b: json.loads(b.decode()))
-        for (m, _), manifest in zip(manifests, texts):
+            end_paths[(m["run"], int(m["rank"]), m["attempt"])] = path
+    secrets_ = secret_values(storage_options)
+    ends: dict[tuple[str, int, str], dict[str, Any]] = {}
+    if manifests or end_paths:
+        paths = [p for _, p in manifests] + list(end_paths.values())
+        texts = _read_many(fs, paths, _parse_json)
+        for (m, path), manifest in zip(manifests, texts):
             key = (m["run"], int(m["rank"]), m["attempt"], int(m["part"]))
             info = parts.setdefault(key, PartInfo(key[0], key[1], key[3], key[2], None, None))
-            info.manifest = manifest if isinstance(manifest, dict) else None
+            info.manifest = _checked_manifest(manifest, path, secrets_)
+        for (stream_key, path), marker in zip(end_paths.items(), texts[len(manifests) :]):
+            marker = _checked_manifest(marker, path, secrets_, what="end marker")
+            if marker is not None:
+                ends[stream_key] = marker
+            else:
+                ended.discard(stream_key)
 
     attempts: dict[tuple[str, int, str], _Attempt] = {}
     for info in parts.values():
@@ -118,13 +134,27 @@ def list_parts(
         if info.manifest is not None:
             attempt.started = min(attempt.started, float(info.manifest.get("attempt_started", np.inf)))
             attempt.resumed_from = int(info.manifest.get("resumed_from", 0))
+    for stream_key, marker in ends.items():
+        if stream_key not in attempts:  # it closed without a part in storage (all dropped?)
+            attempts[stream_key] = _Attempt(
+                *stream_key,
+                _number(marker.get("attempt_started"), float("inf")),
+                _number(marker.get("resumed_from"), 0),
+            )
     for stream_key, attempt in attempts.items():
         attempt.ended = stream_key in ended
+        attempt.end = ends.get(stream_key)
         attempt.parts.sort(key=lambda p: p.part)
+        shards = (ends.get(stream_key) or {}).get("shards")
+        for info in reversed(attempt.parts):
+            if shards is not None:
+                break
+            shards = (info.manifest or {}).get("shards")
+        attempt.shards = shards if isinstance(shards, dict) else None
         if attempt.resumed_from < 0:
             # no manifest survived (killed before its first one): it began at its first part
             attempt.resumed_from = min(
-                (p.manifest or {}).get("first_seq", 0) if p.manifest else 0 for p in attempt.parts
+                (int((p.manifest or {}).get("first_seq") or 0) for p in attempt.parts), default=0
             )
     # a later attempt redid everything from its resume point on: earlier attempts' records
     # from there are superseded
@@ -147,6 +177,91 @@ def list_parts(
     return fs, infos, ordered
 
 
+def _number(value: Any, default: Any) -> Any:
+    """``value`` if it is a number (not a bool), else ``default``: markers may be damaged."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else default
+
+
+def _parse_json(data: bytes) -> Any:
+    return json.loads(data.decode())
+
+
+_BIG = 2**62  # beyond any real count, sequence or part number: a damaged value
+
+
+def _count_like(value: Any, optional: bool = False) -> bool:
+    if value is None:
+        return optional
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _BIG
+
+
+def _problem(body: Any, checks: Mapping[str, Callable[[Any], bool]]) -> str | None:
+    if isinstance(body, Exception):
+        return f"{type(body).__name__}: {body}"
+    if not isinstance(body, dict):
+        return f"it holds a {type(body).__name__}, not a JSON object"
+    for name, ok in checks.items():
+        if name in body and not ok(body[name]):
+            return f"its {name!r} is {type(body[name]).__name__} {body[name]!r:.60}"
+    return None
+
+
+def _stage_ok(stage: Any) -> bool:
+    if not isinstance(stage, dict):
+        return False
+    seed = stage.get("rng_seed", 0)
+    seeds = seed if isinstance(seed, list) else [seed]
+    config = stage.get("policy_config", {})
+    return (
+        all(_count_like(v) for v in seeds)
+        and _count_like(stage.get("seed", 0))
+        and _count_like(stage.get("delay", 0))
+        and isinstance(config, dict)
+        and _count_like(config.get("history", 1))
+        and stage.get("on_nan", "raise") in ("raise", "keep", "drop")
+    )
+
+
+_NUMBER = (int, float)
+_MANIFEST_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "count": _count_like,
+    "first_seq": lambda v: _count_like(v, optional=True),
+    "last_seq": lambda v: _count_like(v, optional=True),
+    "resumed_from": _count_like,
+    "attempt_started": lambda v: isinstance(v, _NUMBER) and not isinstance(v, bool),
+    "urls": lambda v: isinstance(v, list) and all(isinstance(u, str | None) for u in v),
+    "stage": _stage_ok,
+    "shards": lambda v: isinstance(v, dict),
+}
+_END_CHECKS: dict[str, Callable[[Any], bool]] = {
+    **_MANIFEST_CHECKS,
+    "parts": _count_like,
+    "first_part": _count_like,
+    "records": _count_like,
+    "dropped_records": _count_like,
+}
+
+
+def _checked_manifest(manifest: Any, path: str, secrets: Sequence[str], what: str = "manifest") -> Any:
+    """``manifest`` if it is a manifest (or end marker) siftpipe could have written; else None,
+    with a warning naming the object (a reader then goes on without it)."""
+    problem = _problem(manifest, _MANIFEST_CHECKS if what == "manifest" else _END_CHECKS)
+    if problem is None:
+        return manifest
+    consequence = (
+        "its part is read without it (siftpipe log verify reports it)"
+        if what == "manifest"
+        else "the attempt is read as one that did not close"
+    )
+    warnings.warn(
+        f"audit {what} {redact(path, secrets)} is unreadable or malformed ({redact(problem, secrets)}); "
+        + consequence,
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return None
+
+
 def _read_many(fs: Any, paths: Sequence[str], parse: Callable[[bytes], Any], workers: int = 8) -> list[Any]:
     """``parse(bytes)`` of every path, read in parallel; an exception object where one failed."""
 
@@ -163,9 +278,50 @@ def _read_many(fs: Any, paths: Sequence[str], parse: Callable[[bytes], Any], wor
 
 
 def _read_part(payload: bytes, columns: Sequence[str] | None) -> Any:
+    """The part's table with ``columns`` (default: every column of the format, in order).
+
+    First the part's schema is checked against the format (every column there, each holding
+    the kind of values it should): a part of another shape raises ``ValueError`` naming the
+    column, so that every reader, ``verify_log`` included, reports it as a bad part instead of
+    failing later on a stray type. Only the footer is read for that."""
     import pyarrow.parquet as pq
 
-    return pq.read_table(io.BytesIO(payload), columns=list(columns) if columns is not None else None)
+    from .audit import COLUMNS
+
+    schema = pq.read_schema(io.BytesIO(payload))
+    missing = [c for c in COLUMNS if c not in schema.names]
+    if missing:
+        raise ValueError(
+            f"it has no column(s) {missing} (it has {schema.names}): not an audit part of this format"
+        )
+    for name in COLUMNS:
+        kind = _KINDS[name]
+        if not _is_kind(schema.field(name).type, kind):
+            raise ValueError(f"its column {name!r} holds {schema.field(name).type}, not {kind} values")
+    want = list(columns) if columns is not None else list(COLUMNS)
+    return pq.read_table(io.BytesIO(payload), columns=want)
+
+
+_KINDS = {
+    **dict.fromkeys(("worker", "seq", "epoch", "micro_batch", "model_version"), "integer"),
+    **dict.fromkeys(("loss", "score", "prob", "weight", "time"), "floating-point"),
+    "kept": "boolean",
+    **dict.fromkeys(("key", "url", "reason", "source"), "string"),
+}
+
+
+def _is_kind(t: Any, kind: str) -> bool:
+    import pyarrow as pa
+
+    if kind == "integer":
+        return bool(pa.types.is_integer(t))
+    if kind == "floating-point":
+        return bool(pa.types.is_floating(t))
+    if kind == "boolean":
+        return bool(pa.types.is_boolean(t))
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t))
 
 
 def read_log(
@@ -274,8 +430,16 @@ def _predecode_tables(
             found.append((m["run"], int(m["rank"]), path))
     tables = _read_many(fs, [p for _, _, p in found], lambda b: _read_part(b, columns))
     out = []
-    for (run_id, rank_id, _), table in zip(found, tables):
+    secrets = secret_values(storage_options)
+    for (run_id, rank_id, path), table in zip(found, tables):
         if isinstance(table, Exception):
+            warnings.warn(
+                f"audit part {redact(path, secrets)} (records of samples dropped before decode) is "
+                f"unreadable: {redact(f'{type(table).__name__}: {table}', secrets)}; the rest of the log "
+                "was read",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             continue
         n = table.num_rows
         table = table.append_column("run", pa.array([run_id] * n, pa.string()))
@@ -339,6 +503,14 @@ class StreamReport:
     unreadable_parts: list[str] = field(default_factory=list)
     count_mismatches: list[str] = field(default_factory=list)
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    #: Shards the pipeline's handler skipped (``warn_and_continue``), as ``"<url> (<kind>)"``:
+    #: their samples never reached the stage, so no record stands for them. A chosen policy, not
+    #: a fault of the log: ``ok`` does not depend on it.
+    skipped_shards: list[str] = field(default_factory=list)
+    #: Samples the pipeline's handler skipped (undecodable or missing a field), per the attempts.
+    samples_skipped: int = 0
+    #: Records the writer dropped on purpose (``on_full="drop"``), per the attempts' end markers.
+    dropped_records: int = 0
 
     @property
     def ok(self) -> bool:
@@ -386,6 +558,21 @@ class LogReport:
                 out.append(
                     f"  attempt {a['attempt']}: resumed from seq {a['resumed_from']}, {a['parts']} part(s), "
                     f"{a['records']} records, {end}"
+                )
+            if s.skipped_shards:
+                out.append(
+                    f"  {len(s.skipped_shards)} shard(s) skipped by the pipeline's handler (their samples "
+                    "never reached the stage; no records): " + ", ".join(s.skipped_shards)
+                )
+            if s.dropped_records:
+                out.append(
+                    f"  {s.dropped_records} records dropped on purpose by the writer (on_full='drop'): "
+                    "not in the log"
+                )
+            if s.samples_skipped:
+                out.append(
+                    f"  {s.samples_skipped} sample(s) skipped by the pipeline's handler (a field could not "
+                    "be decoded or was missing)"
                 )
             for lo, hi in s.gaps:
                 out.append(f"  gap: seq {lo}..{hi} ({hi - lo + 1} records) missing")
@@ -437,11 +624,32 @@ def verify_log(
         canonical.setdefault(key, []).append(live)
     for attempt in attempts:
         report = streams.setdefault((attempt.run, attempt.rank), StreamReport(attempt.run, attempt.rank))
-        numbers = [p.part for p in attempt.parts]
-        for missing in sorted(set(range(min(numbers), max(numbers) + 1)) - set(numbers)):
-            report.missing_parts.append(
-                f"part {missing} of attempt {attempt.attempt}: neither part nor manifest"
-            )
+        numbers = sorted({p.part for p in attempt.parts})
+        end = attempt.end or {}
+        closed_at = _number(end.get("parts"), None)
+        bounds = list(numbers)
+        if isinstance(closed_at, int):  # the end marker says which parts the attempt made
+            start = _number(end.get("first_part"), numbers[0] if numbers else closed_at)
+            bounds = sorted({*numbers, int(start) - 1, closed_at})
+        dropped = int(_number(end.get("dropped_records"), 0))
+        why = " (the attempt dropped parts on purpose: on_full='drop')" if dropped else ""
+        for lo, hi in pairwise(bounds):  # runs of missing part numbers, however long
+            if hi - lo == 2:
+                report.missing_parts.append(
+                    f"part {lo + 1} of attempt {attempt.attempt}: neither part nor manifest{why}"
+                )
+            elif hi - lo > 2:
+                report.missing_parts.append(
+                    f"parts {lo + 1}..{hi - 1} of attempt {attempt.attempt} ({hi - lo - 1} parts): "
+                    f"neither part nor manifest{why}"
+                )
+        report.dropped_records += dropped
+        shards = attempt.shards or {}
+        urls = [str(u) for u in shards.get("skipped_urls") or [] if isinstance(u, str)]
+        skipped = int(_number(shards.get("skipped"), 0))
+        urls += [f"({skipped - len(urls)} more, not named)"] if skipped > len(urls) else []
+        report.skipped_shards.extend(u for u in urls if u not in report.skipped_shards)
+        report.samples_skipped += int(_number(shards.get("samples_skipped"), 0))
         report.attempts.append(
             {
                 "attempt": attempt.attempt,
@@ -449,6 +657,8 @@ def verify_log(
                 "parts": len(attempt.parts),
                 "records": sum(int((p.manifest or {}).get("count", 0)) for p in attempt.parts),
                 "ended": attempt.ended,
+                "shards_skipped": skipped,
+                "samples_skipped": int(_number(shards.get("samples_skipped"), 0)),
             }
         )
     for key, chunks in canonical.items():
@@ -463,6 +673,16 @@ def verify_log(
                 report.gaps.append((0, int(seq[0]) - 1))
             for at in np.flatnonzero(step > 1):
                 report.gaps.append((int(seq[at]) + 1, int(seq[at + 1]) - 1))
+    # records lost after the last one found: the latest attempt's end marker says where it ended
+    latest: dict[tuple[str, int], _Attempt] = {(a.run, a.rank): a for a in attempts}  # in start order
+    for key, attempt in latest.items():
+        records = _number((attempt.end or {}).get("records"), None)
+        report = streams[key]
+        if isinstance(records, int):
+            stop = attempt.resumed_from + records  # one past the last sequence number it decided
+            after = -1 if report.last_seq is None else report.last_seq
+            if stop - 1 > after:
+                report.gaps.append((after + 1, stop - 1))
     return LogReport(redact(url, secrets), [streams[k] for k in sorted(streams)])
 
 

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ._decide import REASONS, WARMUP, decide_rows
+from ._secrets import redact, secret_values
 from .errors import AuditError, ConfigError, MissingKeyError
 from .policies import Policy
 from .reader import PartInfo, _read_many, _read_part, list_parts, read_log
@@ -61,6 +62,12 @@ class Replay:
         cache_shards: Shards whose decisions are held at once.
     """
 
+    def __repr__(self) -> str:
+        return (
+            f"Replay({redact(self.url, self._secrets)!r}, run={self.run!r}, on_missing={self.on_missing!r}, "
+            f"parts={len(self._parts)}, held_shards={len(self._shards)})"
+        )
+
     def __init__(
         self,
         url: str,
@@ -83,11 +90,15 @@ class Replay:
         self.weight_field = weight_field
         self.cache_shards = cache_shards
         self._fs, infos, _ = list_parts(url, storage_options, run=run, rank=rank)
+        self._secrets = secret_values(storage_options)
+        shown = redact(url, self._secrets)
         runs = sorted({p.run for p in infos})
         if not runs:
-            raise AuditError(f"no audit parts found under {url} (run={run!r}, rank={rank!r}); check the URL")
+            raise AuditError(
+                f"no audit parts found under {shown} (run={run!r}, rank={rank!r}); check the URL"
+            )
         if len(runs) > 1:
-            raise ConfigError(f"the log at {url} holds runs {runs}; pass run=<one of them> to replay one")
+            raise ConfigError(f"the log at {shown} holds runs {runs}; pass run=<one of them> to replay one")
         self.run = runs[0]
         self._parts = [p for p in infos if p.path is not None]
         self._by_url: dict[Any, list[PartInfo]] = {}
@@ -153,7 +164,8 @@ class Replay:
                 if self.on_missing == "raise":
                     raise AuditError(
                         f"sample {k!r} (shard {url!r}, epoch {self.epoch}, occurrence {occurrence}) has no "
-                        f"decision in run {self.run!r} of the log at {self.url}: the stream differs from the "
+                        f"decision in run {self.run!r} of the log at {redact(self.url, self._secrets)}: the "
+                        "stream differs from the "
                         "logged run's, or the log lost it (siftpipe log verify); pass on_missing='keep' or "
                         "'drop' to go on"
                     )
@@ -219,7 +231,11 @@ class Replay:
         if table is None:
             (table,) = _read_many(self._fs, [path], lambda b: _read_part(b, _DECISION_COLUMNS))
             if isinstance(table, Exception):
-                raise AuditError(f"cannot read audit part {path}: {type(table).__name__}: {table}")
+                raise AuditError(
+                    f"cannot read audit part {redact(path, self._secrets)} (truncated, corrupt or not an "
+                    f"audit part): {redact(f'{type(table).__name__}: {table}', self._secrets)}; the "
+                    "decisions it holds cannot be replayed (siftpipe log verify lists what is damaged)"
+                )
             self._part_cache[path] = table
             while len(self._part_cache) > 8:
                 self._part_cache.popitem(last=False)

@@ -17,6 +17,7 @@ from torch.utils.data import default_collate, get_worker_info
 
 from . import _batch
 from ._decide import REASONS, decide_rows
+from ._open import ShardStats, SharedShardCounts, find_shard_counts, merge_shard_stats
 from .distributed import dist_info
 from .errors import (
     ConfigError,
@@ -57,6 +58,13 @@ class SiftStats:
         scored: Samples that needed a scoring forward pass.
         from_memory: Samples decided from the score memory, with no forward pass.
         observed: Losses handed back by the training step (``observe``).
+        shards_skipped: Shards the watched pipelines' handler skipped (``warn_and_continue``),
+            counted in every process that read them, DataLoader workers included (see
+            ``Sifter.watch_shards``; ``.sift()`` and the source of a pass are watched for you).
+            Their samples never reach the stage, so they have no audit records; the audit log's
+            manifests list them. Not part of the state: counted since the pipeline was built.
+        samples_skipped: Samples the watched pipelines' handler skipped because a field could
+            not be decoded or was missing.
     """
 
     seen: int
@@ -70,6 +78,8 @@ class SiftStats:
     scored: int = 0
     from_memory: int = 0
     observed: int = 0
+    shards_skipped: int = 0
+    samples_skipped: int = 0
 
     @property
     def keep_rate(self) -> float:
@@ -78,6 +88,7 @@ class SiftStats:
 
 
 _CPU = torch.device("cpu")
+_REPORTED_URLS = 100  # skipped shard URLs written into each audit manifest, at most
 _NO_ROWS = np.zeros(0, dtype=bool)
 _NO_INDEX = np.zeros(0, dtype=np.int64)
 
@@ -299,6 +310,7 @@ class Sifter:
         self._active: weakref.ReferenceType[Generator[Any, None, None]] | None = None
         self._source: Any = None
         self._score_device = _CPU  # fixed at the start of each pass
+        self._shard_counts: list[SharedShardCounts] = []  # see watch_shards
 
     # ------------------------------------------------------------------ public
 
@@ -318,6 +330,11 @@ class Sifter:
     def stats(self) -> SiftStats:
         """A snapshot of the counters (cheap: read it every step if you like)."""
         c = self._counts
+        shards = {"skipped": 0, "samples_skipped": 0}
+        for counts in self._shard_counts:
+            totals = counts.totals()
+            shards["skipped"] += totals["skipped"]
+            shards["samples_skipped"] += totals["samples_skipped"]
         return SiftStats(
             c["seen"],
             c["kept"],
@@ -330,7 +347,34 @@ class Sifter:
             c["scored"],
             c["from_memory"],
             c["observed"],
+            shards["skipped"],
+            shards["samples_skipped"],
         )
+
+    def watch_shards(self, *pipelines: Any) -> None:
+        """Count what the shard readers in ``pipelines`` skip in ``stats`` and the audit log.
+
+        ``pipelines``: a ``WebDataset`` or ``WebLoader`` (or any webdataset pipeline or DataLoader
+        holding one), a ``ShardSource`` or the torchdata nodes above it. Their counters live in
+        shared memory, so shards skipped inside DataLoader workers are counted too. ``.sift()``
+        and ``SiftNode`` call this for you, and so does each pass for the source it is given.
+        """
+        for counts in find_shard_counts(*pipelines):
+            if all(counts is not c for c in self._shard_counts):
+                self._shard_counts.append(counts)
+
+    def shard_stats(self) -> ShardStats | None:
+        """What the watched shard readers counted, over every process (``None`` if none is watched)."""
+        return merge_shard_stats(self._shard_counts) if self._shard_counts else None
+
+    def _shard_report(self) -> dict[str, Any] | None:
+        """The watched shard counters for the audit log's manifests."""
+        stats = self.shard_stats()
+        if stats is None:
+            return None
+        report = stats.as_dict()
+        report["skipped_urls"] = report["skipped_urls"][:_REPORTED_URLS]
+        return report
 
     @property
     def consumed(self) -> int:
@@ -398,6 +442,7 @@ class Sifter:
         """
         _check_not_in_worker()
         self._close_active()
+        self.watch_shards(source)
         resume = self._restore
         self._restore = None
         if resume is None:
@@ -443,7 +488,8 @@ class Sifter:
                 "rows": g.rows,
                 "seq0": g.seq0,
                 "keep": torch.from_numpy(g.keep.copy()),
-                "weight": None if g.weight is None else torch.from_numpy(g.weight.astype(np.float32)),
+                # float64, as handed on: a float32 copy made resumed weights differ in the last bits
+                "weight": None if g.weight is None else torch.from_numpy(g.weight.astype(np.float64)),
                 "keys": self._keys_of_group(g),
             }
             for g in self._pending
@@ -799,7 +845,9 @@ class Sifter:
         try:
             out = self._forward(batch, device)
         except Exception as exc:
-            if self.on_oom == "split" and _is_oom(exc) and n > 1:
+            if self.on_oom == "split" and _is_oom(exc) and rows > 1:
+                if n == 1:  # one sample and its padding: shed the padding, score the sample alone
+                    return self._score(_batch.take(batch, np.arange(1)), 1, group, at[:1], rows=1)
                 half = n // 2
                 lo = _batch.take(batch, np.arange(half))
                 hi = _batch.take(batch, np.arange(half, rows))

@@ -36,15 +36,19 @@ from typing import Any
 from urllib.parse import urlparse
 
 import webdataset as wds
-from webdataset import filters, shardlists
+from webdataset import autodecode, filters, shardlists
 from webdataset.compat import check_empty
 
 from ._open import (
     ShardOpener,
     ShardReader,
     ShardStats,
+    _count,
+    describe_error,
+    find_shard_counts,
     ignore_and_continue,
     ignore_and_stop,
+    merge_shard_stats,
     redact_options,
     redact_url,
     reraise_exception,
@@ -53,7 +57,7 @@ from ._open import (
     warn_and_continue,
     warn_and_stop,
 )
-from .errors import ConfigError, ResumeError, SiftInWorkerError
+from .errors import ConfigError, ResumeError, SampleError, ShardError, SiftInWorkerError
 from .replay import Replay
 from .sifter import Sifter
 
@@ -66,6 +70,7 @@ __all__ = [
     "SiftStage",
     "WebDataset",
     "WebLoader",
+    "describe_error",
     "ignore_and_continue",
     "ignore_and_stop",
     "install",
@@ -145,9 +150,16 @@ class SiftFluid:
         dataset that DataLoader workers iterate (that raises ``SiftInWorkerError``).
         """
         sifter = _make_sifter(args, kwargs)
+        sifter.watch_shards(self)
         result = self.compose(SiftStage(sifter))  # type: ignore[attr-defined]
         result.sifter = sifter
         return result
+
+    def shard_stats(self) -> ShardStats:
+        """Shard counters of this pipeline's shard readers, summed over every process that read
+        through them: the training process and every DataLoader worker (``ShardStats``, with the
+        URLs of the skipped shards in ``skipped_urls``)."""
+        return merge_shard_stats(find_shard_counts(self))
 
     def replay(
         self, url: str | Replay, storage_options: Mapping[str, Any] | None = None, **kwargs: Any
@@ -163,6 +175,91 @@ class SiftFluid:
         result = self.compose(replayer)  # type: ignore[attr-defined]
         result.replayer = replayer
         return result
+
+
+_SKIP_HINT = (
+    "or pass handler=warn_and_continue (to the WebDataset, or to this call) to skip such samples, "
+    "counted in shard_stats().samples_skipped"
+)
+
+
+def _where(sample: Any) -> tuple[Any, Any, str]:
+    if not isinstance(sample, Mapping):
+        return None, None, "a sample that is not a dict"
+    key, url = sample.get("__key__"), sample.get("__url__")
+    return key, url, f"sample {key!r} of shard {redact_url(str(url))}"
+
+
+class _Decode:
+    """webdataset's Decoder, with errors that name the shard, the sample and the field."""
+
+    def __init__(self, decoder: Callable[[Any], Any]) -> None:
+        self.decoder = decoder
+
+    def __call__(self, sample: Any) -> Any:
+        try:
+            return self.decoder(sample)
+        except ShardError:
+            raise
+        except Exception as exc:
+            key, url, where = _where(sample)
+            field = getattr(exc, "k", None)
+            cause = exc.__cause__ if isinstance(exc, autodecode.DecodingError) and exc.__cause__ else exc
+            raise SampleError(
+                f"decoding field {field!r} of {where} failed: {type(cause).__name__}: {cause}; the "
+                f"shard holds bad data for it: rewrite the shard, give .decode() a decoder for it, "
+                + _SKIP_HINT,
+                url=None if url is None else redact_url(str(url)),
+                key=key,
+                kind="corrupt",
+                field=field,
+            ) from cause
+
+
+class _ToTuple:
+    """webdataset's ``to_tuple``, with errors that name the shard, the sample and the missing field."""
+
+    def __init__(self, fields: tuple[Any, ...], missing_is_error: bool, none_is_error: bool | None) -> None:
+        if len(fields) == 1 and isinstance(fields[0], str) and " " in fields[0]:
+            fields = tuple(fields[0].split())
+        self.fields = fields
+        self.missing_is_error = missing_is_error
+        self.none_is_error = missing_is_error if none_is_error is None else none_is_error
+
+    def __call__(self, sample: Any) -> tuple[Any, ...]:
+        out = []
+        for spec in self.fields:
+            names = spec.split(";") if isinstance(spec, str) else list(spec)
+            value = next((sample[n] for n in names if n in sample), None)
+            missing = not any(n in sample for n in names)
+            if (missing and self.missing_is_error) or (value is None and self.none_is_error):
+                key, url, where = _where(sample)
+                have = sorted(k for k in sample if not (k.startswith("__") and k.endswith("__")))
+                raise SampleError(
+                    f"{where} has no field {spec!r} (it has {have}); check the names given to "
+                    f".to_tuple() against the shard's members (alternatives: 'jpg;png'), " + _SKIP_HINT,
+                    url=None if url is None else redact_url(str(url)),
+                    key=key,
+                    kind="missing_field",
+                    field=str(spec),
+                )
+            out.append(value)
+        return tuple(out)
+
+
+class _SampleHandler:
+    """The pipeline's handler for a bad sample: counts it as skipped when the handler goes on."""
+
+    def __init__(self, handler: Callable[[BaseException], bool], counts: list[Any]) -> None:
+        self.handler = handler
+        self.counts = counts
+
+    def __call__(self, exn: BaseException) -> bool:
+        go_on = self.handler(exn)  # reraise_exception raises here
+        _count("samples_skipped")
+        for counts in self.counts:
+            counts.add("samples_skipped")
+        return go_on
 
 
 #: Methods of ``SiftFluid`` that ``install()`` adds to webdataset's ``FluidInterface``.
@@ -330,6 +427,39 @@ class WebDataset(SiftFluid, wds.WebDataset):
             self.append(check_empty)
         if repeat:
             self.repeat()
+
+    def _sample_handler(self, handler: Callable[[BaseException], bool] | None) -> _SampleHandler:
+        return _SampleHandler(handler or self.reader.handler, [self.opener.counts])
+
+    def decode(
+        self,
+        *args: Any,
+        pre: Any = None,
+        post: Any = None,
+        only: Any = None,
+        partial: bool = False,
+        handler: Callable[[BaseException], bool] | None = None,
+    ) -> Any:
+        """webdataset's ``.decode()``. A field that cannot be decoded raises ``SampleError`` naming
+        the shard, the sample and the field, or goes to ``handler`` (default: the dataset's
+        ``handler``): ``warn_and_continue`` skips the sample with a ``ShardWarning``, counted in
+        ``shard_stats().samples_skipped``."""
+        handlers = [autodecode.ImageHandler(x) if isinstance(x, str) else x for x in args]
+        decoder = autodecode.Decoder(handlers, pre=pre, post=post, only=only, partial=partial)
+        return self.compose(filters.map(_Decode(decoder), handler=self._sample_handler(handler)))
+
+    def to_tuple(
+        self,
+        *args: Any,
+        handler: Callable[[BaseException], bool] | None = None,
+        missing_is_error: bool = True,
+        none_is_error: bool | None = None,
+    ) -> Any:
+        """webdataset's ``.to_tuple()``. A sample missing a field raises ``SampleError`` naming the
+        shard, the sample, the field and the fields it has, or goes to ``handler`` (default: the
+        dataset's ``handler``), counted in ``shard_stats().samples_skipped`` when skipped."""
+        step = _ToTuple(args, missing_is_error, none_is_error)
+        return self.compose(filters.map(step, handler=self._sample_handler(handler)))
 
     def __repr__(self) -> str:
         if self.urls:

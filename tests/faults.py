@@ -28,18 +28,23 @@ _ERRORS = {
 class FaultProxy:
     """Forwards every request to ``upstream`` (host, port) unless a planned fault applies.
 
-    ``fail(kind, times, method)`` plans faults for the next matching requests:
+    ``fail(kind, value, times, method, path)`` plans faults for the next matching requests
+    (``method=None``: any method; ``path``: only requests whose path contains it):
     ``("status", 503)`` answers with that S3 error; ``("cut", 0.5)`` sends the headers and the
     given fraction of the body, then drops the connection; ``("stall", 2.0)`` waits that many
-    seconds before answering. ``log`` records ``(method, path, range header, fault)``.
+    seconds before answering; ``("hold", 0)`` waits until ``release()`` (a destination that
+    hangs for as long as a test needs, without a clock). ``log`` records ``(method, path, range
+    header, fault)``.
     """
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
-        self.plan: deque[tuple[str, str, float]] = deque()
+        self.plan: deque[tuple[str | None, str, float, str | None]] = deque()
         self.log: list[tuple[str, str, str | None, str | None]] = []
         self.lock = threading.Lock()
         self.stopped = threading.Event()
+        self.released = threading.Event()
+        self.holding = threading.Event()  # set while a request is held
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -63,20 +68,27 @@ class FaultProxy:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def fail(self, kind: str, value: float, times: int = 1, method: str = "GET") -> None:
+    def fail(
+        self, kind: str, value: float, times: int = 1, method: str | None = "GET", path: str | None = None
+    ) -> None:
         with self.lock:
             for _ in range(times):
-                self.plan.append((method, kind, value))
+                self.plan.append((method, kind, value, path))
+
+    def release(self) -> None:
+        """Let every held request (and every later one planned to hold) through."""
+        self.released.set()
 
     def stop(self) -> None:
         self.stopped.set()
+        self.released.set()
         self.server.shutdown()
         self.server.server_close()
 
-    def _take(self, method: str) -> tuple[str, float] | None:
+    def _take(self, method: str, path: str) -> tuple[str, float] | None:
         with self.lock:
-            for i, (m, kind, value) in enumerate(self.plan):
-                if m == method:
+            for i, (m, kind, value, where) in enumerate(self.plan):
+                if (m is None or m == method) and (where is None or where in path):
                     del self.plan[i]
                     return kind, value
         return None
@@ -84,7 +96,7 @@ class FaultProxy:
     def _handle(self, h: BaseHTTPRequestHandler) -> None:
         length = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(length) if length else None
-        fault = self._take(h.command)
+        fault = self._take(h.command, h.path)
         with self.lock:
             self.log.append((h.command, h.path, h.headers.get("Range"), fault and fault[0]))
         if fault is not None and fault[0] == "status":
@@ -99,6 +111,9 @@ class FaultProxy:
             return
         if fault is not None and fault[0] == "stall":
             self.stopped.wait(fault[1])
+        if fault is not None and fault[0] == "hold":
+            self.holding.set()
+            self.released.wait()
         if self.stopped.is_set():
             h.close_connection = True
             return

@@ -1,0 +1,173 @@
+"""A full or failing audit destination, against the real S3 server behind a fault-injecting proxy:
+retries first, then a clear error; with on_full="drop" the run goes on and every record is either
+in the log or counted as dropped (never silently missing)."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import pytest
+from conftest import loss_field, make_samples
+from faults import FaultProxy
+
+import siftpipe as sp
+
+SAMPLES = make_samples(640, seed=11)
+
+
+@pytest.fixture
+def proxy(local_s3):
+    p = FaultProxy(local_s3.port)
+    yield p
+    p.stop()
+
+
+def options(proxy, **config):
+    return {
+        "endpoint_url": proxy.endpoint,
+        "config_kwargs": {
+            "retries": {"total_max_attempts": 1},
+            "connect_timeout": 5,
+            "read_timeout": 60,
+            **config,
+        },
+    }
+
+
+def run(log, samples=SAMPLES):
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32, audit=log, seed=1)
+    out = list(s(samples))
+    return s, out
+
+
+def accounted(log):
+    """Every record handed to the log is written, dropped on purpose or reported unwritten."""
+    st = log.stats
+    return st.records, st.dropped_records, st.unwritten_records
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_a_destination_failing_for_a_while_is_retried_and_loses_nothing(local_s3, bucket, proxy, writer):
+    root = f"s3://{bucket}/flaky-{writer}"
+    proxy.fail("status", 503, times=1, method="PUT")
+    proxy.fail("status", 500, times=1, method="PUT")
+    log = sp.AuditLog(root, storage_options=options(proxy), flush_every=128, writer=writer, retry_timeout=60)
+    s, _ = run(log)
+    s.close()
+    assert log.stats.retries == 2 and log.stats.dropped_records == log.stats.unwritten_records == 0
+    table = sp.read_log(root, local_s3.storage_options)
+    assert table.column("seq").to_pylist() == list(range(len(SAMPLES)))
+    assert sp.verify_log(root, local_s3.storage_options).ok
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_a_destination_that_stays_broken_raises_naming_url_records_retries_and_fix(bucket, proxy, writer):
+    root = f"s3://{bucket}/broken-{writer}"
+    proxy.fail("status", 503, times=10_000, method="PUT")
+    log = sp.AuditLog(root, storage_options=options(proxy), flush_every=128, writer=writer, retry_timeout=0.6)
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32, audit=log)
+    with pytest.raises(sp.AuditError) as err:
+        for _ in s(SAMPLES):
+            pass
+        s.close()
+    text = str(err.value)
+    assert (
+        root in text
+        and "records seq 0..127" in text
+        and "0.6 s" in text
+        and "retries" in text
+        and "Service is unable to handle request" in text
+    )
+    assert "on_full='drop'" in text and "not in the log" in text
+    log.close()
+    records, dropped, unwritten = accounted(log)
+    assert dropped == 0 and unwritten >= 128 and log.stats.parts_written == 0
+    # every record handed to the log is accounted for: none written, all reported unwritten
+    assert records == unwritten + log._buffer_rows
+
+
+def test_drop_mode_counts_every_record_it_could_not_write(bucket, proxy, local_s3):
+    root = f"s3://{bucket}/dropping"
+    proxy.fail("status", 503, times=10_000, method="PUT")
+    log = sp.AuditLog(
+        root,
+        storage_options=options(proxy),
+        flush_every=100,
+        writer="thread",
+        retry_timeout=0.3,
+        on_full="drop",
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        s, out = run(log)
+        s.close()
+    assert len(out) == s.stats.kept > 0  # the run went on
+    assert log.stats.dropped_records == len(SAMPLES) and log.stats.unwritten_records == 0
+    dropped = [str(w.message) for w in caught if "dropped audit part" in str(w.message)]
+    assert len(dropped) == 5 and "640 records dropped so far" in dropped[-1]  # parts of 128
+    assert sp.read_log(root, local_s3.storage_options).num_rows == 0
+
+
+def test_a_full_queue_in_front_of_a_hung_destination_drops_whole_parts_and_counts_them(
+    bucket, proxy, local_s3
+):
+    root = f"s3://{bucket}/queue-drop"
+    proxy.fail("hold", 0, times=1, method="PUT")  # the first part's upload hangs until released
+    log = sp.AuditLog(
+        root,
+        storage_options=options(proxy),
+        flush_every=64,
+        max_queue_bytes=1,
+        on_full="drop",
+        writer="process",
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        s, _ = run(log)
+        assert proxy.holding.wait(60)
+        proxy.release()
+        s.close()
+    # one part was in the queue (the hung one); every other part met a full queue and was dropped
+    assert log.stats.dropped_records == len(SAMPLES) - 64 and log.stats.parts_written == 1
+    assert sum("the queue of unwritten parts is full" in str(w.message) for w in caught) == 9
+    table = sp.read_log(root, local_s3.storage_options)
+    assert table.column("seq").to_pylist() == list(range(64))
+    report = sp.verify_log(root, local_s3.storage_options)
+    (stream,) = report.streams
+    # verify shows the loss: the dropped records as a gap, the dropped parts as missing, and why
+    assert not report.ok and stream.gaps == [(64, len(SAMPLES) - 1)]
+    assert [m.split(":")[0] for m in stream.missing_parts] == [
+        f"parts 1..9 of attempt {log.attempt} (9 parts)"
+    ]
+    assert stream.dropped_records == log.stats.dropped_records
+    assert "576 records dropped on purpose by the writer (on_full='drop')" in "\n".join(report.lines())
+
+
+def test_a_full_queue_in_front_of_a_hung_destination_blocks_and_loses_nothing(bucket, proxy, local_s3):
+    root = f"s3://{bucket}/queue-block"
+    proxy.fail("hold", 0, times=1, method="PUT")
+    log = sp.AuditLog(
+        root, storage_options=options(proxy), flush_every=64, max_queue_bytes=1, writer="thread"
+    )
+    progress = []
+
+    def release_when_blocked():
+        proxy.holding.wait(60)
+        seen = -1
+        while s.stats.seen != seen:  # the training thread has stopped moving: it is blocked
+            seen = s.stats.seen
+            threading.Event().wait(0.2)
+        progress.append(seen)
+        proxy.release()
+
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32, audit=log, seed=1)
+    releaser = threading.Thread(target=release_when_blocked)
+    releaser.start()
+    out = list(s(SAMPLES))
+    s.close()
+    releaser.join()
+    assert progress and progress[0] < len(SAMPLES)  # it did block while the destination hung
+    assert log.stats.dropped_records == 0 and len(out) == s.stats.kept
+    table = sp.read_log(root, local_s3.storage_options)
+    assert table.column("seq").to_pylist() == list(range(len(SAMPLES)))
