@@ -8,6 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+# One intra-op thread: the suite also runs DataLoader workers, writer processes and servers on
+# the same cores, and OpenMP threads that spin-wait on an oversubscribed machine slow every torch
+# call by an order of magnitude. Tests assert behaviour, never speed.
+torch.set_num_threads(1)
+
 
 def loss_field(model, batch):
     """A scorer that costs nothing: each sample carries its own loss in field 'loss'."""
