@@ -238,6 +238,8 @@ class Arm:
         predecode: Drop samples in the DataLoader workers before decode (``PreDecodeFilter``),
             from the memory the training process publishes after every epoch.
         delay: Samples kept unconditionally at the start (the sifter's warm-up).
+        train: ``False`` reads, decodes and batches the shards without training (to measure
+            what the data path alone costs).
     """
 
     name: str
@@ -248,6 +250,7 @@ class Arm:
     remember_forward: bool = True
     predecode: bool = False
     delay: int = 1024
+    train: bool = True
 
 
 @dataclass
@@ -594,19 +597,20 @@ def train_run(
             seen = read_before + min(in_epoch, samples_per_epoch)
             for group in optimizer.param_groups:
                 group["lr"] = _lr_at(budget_progress(seen), lr)
-            t0 = time.perf_counter()
-            logits = model(step_batch["x"])
-            losses = F.cross_entropy(logits, step_batch["y"], reduction="none")
-            weight = step_batch.get("__sift_weight__")
-            loss = (losses * weight).mean() if weight is not None else losses.mean()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            train_seconds += time.perf_counter() - t0
-            if sifter is not None and arm.observe:
-                sifter.observe(step_batch["__key__"], losses.detach())
-            state["trained"] += len(step_batch["y"])
-            if flags:
+            if arm.train:
+                t0 = time.perf_counter()
+                logits = model(step_batch["x"])
+                losses = F.cross_entropy(logits, step_batch["y"], reduction="none")
+                weight = step_batch.get("__sift_weight__")
+                loss = (losses * weight).mean() if weight is not None else losses.mean()
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                train_seconds += time.perf_counter() - t0
+                if sifter is not None and arm.observe:
+                    sifter.observe(step_batch["__key__"], losses.detach())
+                state["trained"] += len(step_batch["y"])
+            if flags and arm.train:
                 index = np.fromiter((int(k) for k in step_batch["__key__"]), dtype=np.int64)
                 for flag, values in flags.items():
                     flag_counts[flag] += int(values[index].sum())
@@ -907,6 +911,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 evals=args.evals,
                 audit=audit,
                 progress=bar.update,
+                flags={"hard": hard},
             )
         finally:
             bar.close()
@@ -919,6 +924,11 @@ def run_demo(args: argparse.Namespace) -> int:
     print(_table(results))
     print()
     print(verdict(full, sifted))
+    share = sifted.stats.get("trained_hard", 0) / max(1, sifted.trained)
+    print(
+        f"The hard tail is {hard.mean():.0%} of the data and {share:.0%} of what the sifted run trained on "
+        f"(keep rate {sifted.keep_rate:.2f})."
+    )
     run_id = audit.run_id if audit is not None else "?"
     print(f"audit log of the sifted run: {audit_root} (run {run_id}); inspect it with")
     print(f"  siftpipe log summary {audit_root}")
@@ -948,8 +958,8 @@ def add_cli(subparsers: Any) -> None:
         "--store", help="shard prefix URL instead of OUT/shards/train, e.g. s3://bucket/demo/train"
     )
     add_storage_option_flag(p)
-    p.add_argument("--samples", type=int, default=16_000, help="training samples (default 16000)")
-    p.add_argument("--test-samples", type=int, default=4_000, help="test samples (default 4000)")
+    p.add_argument("--samples", type=int, default=12_000, help="training samples (default 12000)")
+    p.add_argument("--test-samples", type=int, default=3_000, help="test samples (default 3000)")
     p.add_argument("--per-shard", type=int, default=500, help="samples per shard (default 500)")
     p.add_argument(
         "--epochs", type=int, default=8, help="passes over the shards: the budget of each run (default 8)"
@@ -979,7 +989,7 @@ def add_cli(subparsers: Any) -> None:
     p.add_argument(
         "--label-noise", type=float, default=0.0, help="fraction of training labels flipped (default 0)"
     )
-    p.add_argument("--evals", type=int, default=24, help="test evaluations per run (default 24)")
+    p.add_argument("--evals", type=int, default=20, help="test evaluations per run (default 20)")
     p.add_argument(
         "--seed", type=int, default=0, help="seed of the model, shard order and sifter (default 0)"
     )

@@ -135,3 +135,48 @@ def test_build_model_is_seeded_and_leaves_the_global_generator_alone():
     a, b = build_model(width=32, seed=5), build_model(width=32, seed=5)
     assert torch.equal(torch.random.get_rng_state(), before)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def test_train_run_arms_count_what_they_read_decode_and_train(tmp_path):
+    """The benchmark's cheap-scoring arms through real shards and a real worker: sifting before
+    decode drops samples in the worker from the second epoch on, and every sample read is counted."""
+    from siftpipe.demo import Arm, train_run, write_task_shards
+
+    n = 600
+    x, y, hard, _ = redundant_task(n, seed=1)
+    xt, yt, _, _ = redundant_task(200, seed=1, draw=1)
+    shards = write_task_shards(str(tmp_path / "train"), x, y, samples_per_shard=100)
+    test = (torch.from_numpy(xt), torch.from_numpy(yt))
+    common = dict(epochs=3, width=32, batch=50, worker_batch=100, workers=1, evals=3, flags={"hard": hard})
+
+    def rp():
+        return sp.RelativeProbabilistic(1.0, 256)
+
+    pre = train_run(
+        Arm("predecode", policy=rp, memory_age=1, observe=True, predecode=True, delay=100),
+        shards.urls,
+        n,
+        test,
+        scratch=str(tmp_path / "scratch"),
+        audit=sp.AuditLog(str(tmp_path / "audit"), writer="thread"),
+        **common,
+    )
+    assert pre.seen == 3 * n and pre.epochs == 3.0
+    # epoch 0 publishes nothing yet; epochs 1 and 2 drop known samples in the worker, which
+    # records them in the audit log itself: together with the sifter's records, every sample read
+    assert 0 < pre.predecode_dropped < 2 * n
+    log = sp.read_log(str(tmp_path / "audit"), include_predecode=True)
+    reasons = log.column("reason").to_pylist()
+    assert reasons.count("predecode") + reasons.count("policy") + reasons.count("warmup") == 3 * n
+    assert sum(1 for r, k in zip(reasons, log.column("kept").to_pylist()) if r == "predecode" and not k) == (
+        pre.predecode_dropped
+    )
+    assert pre.trained == pre.stats["kept"] and pre.stats["observed"] == pre.trained
+    assert 0 < pre.stats["trained_hard"] <= pre.trained
+    assert [p.seen for p in pre.points][-1] == 3 * n
+
+    proxy = train_run(Arm("proxy", policy=rp, scoring="proxy", delay=100), shards.urls, n, test, **common)
+    assert proxy.seen == proxy.scored == 3 * n and 0 < proxy.trained < 3 * n
+
+    data = train_run(Arm("loader_only", train=False), shards.urls, n, test, **common)
+    assert data.seen == 3 * n and data.trained == 0 and data.forward == 0
