@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 #: Modules of this package that each define ``add_cli(subparsers)`` for one command group.
-COMMAND_MODULES: tuple[str, ...] = ("logtools", "shards")
+COMMAND_MODULES: tuple[str, ...] = ("demo", "logtools", "shards")
 
 
 def parse_storage_options(pairs: Sequence[str] | None) -> dict[str, Any]:
