@@ -157,7 +157,8 @@ def write_task_shards(
 
 def decode_batch(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Decode and collate raw shard samples in a DataLoader worker: ``x`` (float32 [n, dim]) from
-    ``x.npy``, ``y`` (int64) from ``cls``, ``hard`` from ``hard.cls`` when present, keys as a list;
+    ``x.npy``, ``y`` (int64) from ``cls``, ``hard`` from ``hard.cls`` when present, keys and shard
+    URLs (``__url__``, for the audit log) as lists;
     numeric ``__dunder__`` fields (a ``PreDecodeFilter``'s marks, counters) become tensors."""
     out: dict[str, Any] = {
         "__key__": [s["__key__"] for s in samples],
@@ -165,6 +166,8 @@ def decode_batch(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "y": torch.tensor([int(s["cls"]) for s in samples], dtype=torch.int64),
     }
     first = samples[0]
+    if "__url__" in first:  # the shard each sample came from, for the audit log
+        out["__url__"] = [s["__url__"] for s in samples]
     if "hard.cls" in first:
         out["hard"] = torch.tensor([int(s["hard.cls"]) for s in samples], dtype=torch.int64)
     for name, value in first.items():
@@ -564,7 +567,7 @@ def train_run(
         with torch.inference_mode():
             accuracy = (model(x_test).argmax(1) == y_test).double().mean().item()
         model.train(was)
-        scored = sifter.stats.scored if sifter is not None else 0
+        scored = sifter.stats.scored if sifter is not None and arm.scoring != "free" else 0
         points.append(Point(seen, scored + state["trained"], state["trained"], seconds, accuracy))
         paused += time.perf_counter() - t0
 
@@ -651,7 +654,7 @@ def train_run(
         name=arm.name,
         points=points,
         seen=state["seen"],
-        scored=stats.scored if stats is not None else 0,
+        scored=stats.scored if stats is not None and arm.scoring != "free" else 0,  # no forward
         trained=state["trained"],
         from_memory=stats.from_memory if stats is not None else 0,
         predecode_dropped=max(0, predecode_dropped),
@@ -870,7 +873,14 @@ def run_demo(args: argparse.Namespace) -> int:
         if args.budget_seconds
         else f"{args.epochs} epochs ({args.epochs * args.samples:,} samples seen) each"
     )
-    say(f"training the same MLP twice, {budget}: without and with sifting (beta={args.beta:g})")
+    age = max(0, args.memory_age)
+    scoring = (
+        f"losses remembered for {age} epoch{'s' if age > 1 else ''} (training losses fed back, "
+        "a scoring forward only for samples the memory does not know)"
+        if age
+        else "a scoring forward for every sample"
+    )
+    say(f"training the same MLP twice, {budget}: without and with sifting (beta={args.beta:g}; {scoring})")
 
     arms = [
         Arm("full (no sifting)"),
@@ -878,6 +888,8 @@ def run_demo(args: argparse.Namespace) -> int:
             f"sifted (beta={args.beta:g})",
             policy=lambda: sp.RelativeProbabilistic(beta=args.beta, history=2048),
             delay=args.worker_batch * 4,
+            memory_age=age or None,
+            observe=age > 0,
         ),
     ]
     results = []
@@ -973,10 +985,18 @@ def add_cli(subparsers: Any) -> None:
         "--beta", type=float, default=1.0, help="RelativeProbabilistic beta: keeps 1/(1+beta) (default 1)"
     )
     p.add_argument(
+        "--memory-age",
+        type=int,
+        default=3,
+        help="epochs the sifted run reuses a sample's remembered loss (the training step's loss fed "
+        "back, or its last scoring forward) instead of a new scoring forward; 0: a scoring forward "
+        "for every sample seen (default 3)",
+    )
+    p.add_argument(
         "--workers", type=int, default=1, help="DataLoader workers reading and decoding (default 1)"
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads of the training process (default 1)")
-    p.add_argument("--width", type=int, default=768, help="MLP width, 3 hidden layers (default 768)")
+    p.add_argument("--width", type=int, default=1536, help="MLP width, 3 hidden layers (default 1536)")
     p.add_argument("--lr", type=float, default=6e-3, help="peak learning rate of AdamW (default 0.006)")
     p.add_argument("--batch", type=int, default=128, help="samples per training step (default 128)")
     p.add_argument(

@@ -23,29 +23,43 @@ TINY = [
 ]  # fmt: skip
 
 
-def test_demo_runs_end_to_end_and_leaves_its_log_and_plot(tmp_path):
-    out = tmp_path / "demo"
-    done = subprocess.run(
-        [sys.executable, "-m", "siftpipe.cli", "demo", "--out", str(out), *TINY],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        cwd=tmp_path,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    text = done.stdout
-    # the table: a header and one row per run, with the counts the two runs must have
-    rows = {
+def table_rows(text: str) -> dict[str, list[str]]:
+    """The demo table's two rows by run name, split into cells."""
+    return {
         line.split("  ")[0].strip(): re.split(r"\s{2,}", line.strip())
         for line in text.splitlines()
         if line.startswith(("full (no sifting)", "sifted (beta=1)"))
     }
+
+
+def number(cell: str) -> int:
+    return int(cell.replace(",", ""))
+
+
+def run_demo(out: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python -m siftpipe demo --out OUT`` at the tiny size, in a subprocess; it must succeed."""
+    done = subprocess.run(
+        [sys.executable, "-m", "siftpipe", "demo", "--out", str(out), *TINY, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        cwd=out.parent,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_demo_runs_end_to_end_and_leaves_its_log_and_plot(tmp_path):
+    out = tmp_path / "demo"
+    done = run_demo(out, "--memory-age", "0")
+    text = done.stdout
+    # the table: a header and one row per run, with the counts the two runs must have
+    rows = table_rows(text)
     assert set(rows) == {"full (no sifting)", "sifted (beta=1)"}, text
     assert "samples seen" in text and "backward passes" in text and "keep rate" in text
     full, sifted = rows["full (no sifting)"], rows["sifted (beta=1)"]
-    number = lambda cell: int(cell.replace(",", ""))  # noqa: E731
     # columns: run, seen, trained, forward, backward, wall time, accuracy, keep rate
     assert number(full[1]) == number(sifted[1]) == 2400  # the same budget: 2 epochs of 1200
     assert number(full[2]) == number(full[3]) == number(full[4]) == 2400  # everything trained, once
@@ -67,6 +81,8 @@ def test_demo_runs_end_to_end_and_leaves_its_log_and_plot(tmp_path):
     keys = table.column("key").to_pylist()
     assert sorted(set(keys)) == [f"{i:09d}" for i in range(1200)]  # every sample, once per epoch
     assert sorted(set(table.column("epoch").to_pylist())) == [0, 1]
+    urls = table.column("url").to_pylist()  # each decision names the shard its sample came from
+    assert {u.rsplit("/", 1)[-1] for u in urls} == {f"train-{i:06d}.tar" for i in range(6)}
     # the shards are real tar files the demo wrote
     assert len(list((out / "shards").glob("train-*.tar"))) == 6
 
@@ -178,5 +194,39 @@ def test_train_run_arms_count_what_they_read_decode_and_train(tmp_path):
     proxy = train_run(Arm("proxy", policy=rp, scoring="proxy", delay=100), shards.urls, n, test, **common)
     assert proxy.seen == proxy.scored == 3 * n and 0 < proxy.trained < 3 * n
 
+    # uniform dropping scores nothing: its forwards are its training forwards
+    free = train_run(
+        Arm("uniform", policy=lambda: sp.Uniform(0.5), scoring="free"), shards.urls, n, test, **common
+    )
+    assert free.scored == 0 and free.forward == free.trained and 0 < free.trained < 3 * n
+
     data = train_run(Arm("loader_only", train=False), shards.urls, n, test, **common)
     assert data.seen == 3 * n and data.trained == 0 and data.forward == 0
+
+
+def test_demo_streams_its_shards_from_s3(tmp_path, local_s3):
+    """``--store s3://...`` writes the shards to a real S3-compatible server and both runs stream
+    them back through s3fs in the DataLoader worker, as a run on AWS would."""
+    bucket = local_s3.new_bucket()
+    out = tmp_path / "demo"
+    done = run_demo(
+        out,
+        "--quiet",
+        "--store",
+        f"s3://{bucket}/demo/train",
+        "--storage-option",
+        f"endpoint_url={local_s3.endpoint}",
+    )
+    assert done.stderr == ""  # --quiet: no progress output
+    # the default sifted run remembers losses (--memory-age 3): the second epoch needs no scoring
+    # forward at all, every sample's loss is from epoch 0's forward or the training step's feedback
+    sifted = table_rows(done.stdout)["sifted (beta=1)"]
+    kept = number(sifted[2])
+    assert number(sifted[1]) == 2400 and 0 < kept < 2400
+    assert number(sifted[3]) == 1200 + kept
+    stored = sorted(p.rsplit("/", 1)[-1] for p in local_s3.fs().ls(f"{bucket}/demo"))
+    assert stored == [f"train-{i:06d}.tar" for i in range(6)]
+    assert not (out / "shards").exists()  # nothing written locally but the log and the plot
+    table = sp.read_log(str(out / "audit"))
+    assert table.num_rows == 2400
+    assert {u.rsplit("/", 1)[-1] for u in table.column("url").to_pylist()} == set(stored)
