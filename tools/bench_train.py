@@ -17,8 +17,10 @@ shuffled order (seeds interleave arms, so drifts in machine speed hit every arm 
                 training step through the score memory, weights on kept easy samples)
   feedback      rp1 + ScoreMemory(max_age=1) fed by sifter.observe(training losses)
   stale         rp1 + ScoreMemory(max_age=3), forward losses remembered too
-  predecode     feedback + PreDecodeFilter in the workers (sifting before decode), memory
-                published every epoch
+  predecode     stale + PreDecodeFilter in the workers (sifting before decode), memory
+                published every epoch; a sample dropped before decode is never scored that epoch,
+                so its loss must stay usable for the next one (max_age 3, as stale; with max_age 1
+                every such sample comes back unknown and costs a forward the epoch after)
   proxy         rp1 scored by a small MLP (width/6, 2 layers) trained online on every worker batch
 
 For each arm: wall time, samples seen and backward samples until test accuracy first reached the
@@ -89,7 +91,7 @@ def arms_for(epochs: int, samples: int, beta_cheap: float = 1.0) -> dict[str, Ar
         "feedback": Arm("feedback", policy=lambda: rp(beta_cheap, 2048), memory_age=1, observe=True),
         "stale": Arm("stale", policy=lambda: rp(beta_cheap, 2048), memory_age=3, observe=True),
         "predecode": Arm(
-            "predecode", policy=lambda: rp(beta_cheap, 2048), memory_age=1, observe=True, predecode=True
+            "predecode", policy=lambda: rp(beta_cheap, 2048), memory_age=3, observe=True, predecode=True
         ),
         "proxy": Arm("proxy", policy=lambda: rp(beta_cheap, 2048), scoring="proxy"),
     }
@@ -512,7 +514,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=8000, help="training samples (one epoch)")
     ap.add_argument("--test-samples", type=int, default=2000)
     ap.add_argument("--epochs", type=int, default=8, help="the budget: passes over the shards, every arm")
-    ap.add_argument("--width", type=int, default=768, help="MLP width (3 hidden layers)")
+    ap.add_argument("--width", type=int, default=1536, help="MLP width (3 hidden layers)")
     ap.add_argument(
         "--lr", type=float, default=6e-3, help="peak AdamW learning rate (tuned for the full run)"
     )
@@ -528,7 +530,7 @@ def main() -> None:
     )
     ap.add_argument("--noise", type=float, default=0.2, help="label noise of the second suite (0: skip it)")
     ap.add_argument("--noise-arms", default="full,uniform,rp1,prune")
-    ap.add_argument("--noise-seeds", type=int, default=2, help="seeds of the noisy suite")
+    ap.add_argument("--noise-seeds", type=int, default=3, help="seeds of the noisy suite")
     ap.add_argument("--jpeg-samples", type=int, default=2500, help="samples of the JPEG variant (0: skip it)")
     ap.add_argument("--jpeg-epochs", type=int, default=4)
     ap.add_argument("--jpeg-repeats", type=int, default=3)
