@@ -222,6 +222,33 @@ def build_model(
         torch.random.set_rng_state(generator_state)
 
 
+def train_reference(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    classes: int = 10,
+    width: int = 256,
+    depth: int = 2,
+    epochs: int = 10,
+    batch: int = 128,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> nn.Module:
+    """RHO-LOSS's irreducible-loss model: a small MLP trained in memory on held-out samples
+    ``(x, y)`` (labels as noisy as the training set's), returned in eval mode."""
+    model = build_model(x.shape[1], classes, width, depth, seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    xs, ys = torch.from_numpy(x), torch.from_numpy(y)
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        for index in torch.randperm(len(ys), generator=generator).split(batch):
+            loss = F.cross_entropy(model(xs[index]), ys[index])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+    return model.eval()
+
+
 # ---------------------------------------------------------------------------------- one run
 
 
@@ -234,7 +261,8 @@ class Arm:
         policy: Makes the keep rule (``None``: train on every sample, no sift stage).
         scoring: ``"model"`` scores with the live model; ``"free"`` uses no scores at all (for
             ``Uniform``, which ignores them: random dropping costs nothing); ``"proxy"`` scores
-            with a small MLP trained online on every worker batch.
+            with a small MLP trained online on every worker batch; ``"reducible"`` scores the live
+            model's loss minus a reference model's (RHO-LOSS; ``train_run(reference=...)``).
         memory_age: Give the sifter a ``ScoreMemory(max_age=memory_age)`` (``None``: no memory).
         observe: Hand the training step's per-sample losses back (``sifter.observe``).
         remember_forward: Remember scoring-forward losses too (``Sifter(remember_forward=...)``).
@@ -427,6 +455,7 @@ def train_run(
     decode: Callable[[Sequence[Mapping[str, Any]]], dict[str, Any]] = decode_batch,
     loader_stage: Callable[[Iterable[Any]], Iterator[Any]] | None = None,
     flags: Mapping[str, np.ndarray] | None = None,
+    reference: nn.Module | None = None,
 ) -> RunResult:
     """Train a fresh ``build_model(...)`` on the shards, selecting samples as ``arm`` says.
 
@@ -466,6 +495,8 @@ def train_run(
         flags: Boolean arrays indexed by sample number (the key ``000000123`` is sample 123),
             e.g. ``{"hard": hard, "noisy": noisy}``: the result's ``stats`` counts how many
             trained samples had each flag (``trained_hard``, ...).
+        reference: The irreducible-loss model of a ``"reducible"`` arm (trained beforehand on
+            held-out data; ``train_reference``).
     """
     import siftpipe as sp
 
@@ -493,13 +524,17 @@ def train_run(
             proxy_model = build_model(dim, classes, max(32, width // 6), 2, seed + 1)
             proxy_optimizer = torch.optim.AdamW(proxy_model.parameters(), lr=lr)
             scorer = sp.Proxy(sp.CrossEntropy("x", "y"), model=proxy_model)
+        elif arm.scoring == "reducible":
+            if reference is None:
+                raise ValueError("a 'reducible' arm needs train_run(reference=<irreducible-loss model>)")
+            scorer = sp.ReducibleLoss(reference, sp.CrossEntropy("x", "y"))
         else:
-            raise ValueError(f"scoring must be 'model', 'free' or 'proxy', got {arm.scoring!r}")
+            raise ValueError(f"scoring must be 'model', 'free', 'proxy' or 'reducible', got {arm.scoring!r}")
         memory = None
         if arm.memory_age is not None:
             memory = sp.ScoreMemory(capacity=max(16, 2 * samples_per_epoch), max_age=arm.memory_age)
         sifter = sp.Sifter(
-            model if arm.scoring == "model" else None,
+            model if arm.scoring in ("model", "reducible") else None,
             scorer,
             arm.policy(),
             batched=True,

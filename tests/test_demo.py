@@ -194,6 +194,24 @@ def test_train_run_arms_count_what_they_read_decode_and_train(tmp_path):
     proxy = train_run(Arm("proxy", policy=rp, scoring="proxy", delay=100), shards.urls, n, test, **common)
     assert proxy.seen == proxy.scored == 3 * n and 0 < proxy.trained < 3 * n
 
+    # RHO-LOSS: the live model's loss minus a reference model's, trained on held-out samples
+    from siftpipe.demo import train_reference
+
+    xh, yh, _, _ = redundant_task(300, seed=1, draw=2, label_noise=0.2)
+    reference = train_reference(xh, yh, width=32, epochs=3)
+    assert not reference.training
+    with pytest.raises(ValueError, match="reference"):
+        train_run(Arm("rho", policy=rp, scoring="reducible"), shards.urls, n, test, **common)
+    rho = train_run(
+        Arm("rho", policy=rp, scoring="reducible", delay=100),
+        shards.urls,
+        n,
+        test,
+        reference=reference,
+        **common,
+    )
+    assert rho.scored == 3 * n and 0 < rho.trained < 3 * n
+
     # uniform dropping scores nothing: its forwards are its training forwards
     free = train_run(
         Arm("uniform", policy=lambda: sp.Uniform(0.5), scoring="free"), shards.urls, n, test, **common

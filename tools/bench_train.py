@@ -22,6 +22,9 @@ shuffled order (seeds interleave arms, so drifts in machine speed hit every arm 
                 so its loss must stay usable for the next one (max_age 3, as stale; with max_age 1
                 every such sample comes back unknown and costs a forward the epoch after)
   proxy         rp1 scored by a small MLP (width/6, 2 layers) trained online on every worker batch
+  rho           RelativeProbabilistic(1) on the reducible loss (RHO-LOSS): the live model's loss
+                minus that of a small reference model trained beforehand on held-out samples
+                (labels as noisy as the suite's); a noisy-suite arm by default
 
 For each arm: wall time, samples seen and backward samples until test accuracy first reached the
 full run's final accuracy minus 0.5 point (same seed; interpolated between evaluations), final
@@ -62,6 +65,7 @@ from siftpipe.demo import (
     build_model,
     redundant_task,
     time_to_target,
+    train_reference,
     train_run,
     write_task_shards,
 )
@@ -94,6 +98,7 @@ def arms_for(epochs: int, samples: int, beta_cheap: float = 1.0) -> dict[str, Ar
             "predecode", policy=lambda: rp(beta_cheap, 2048), memory_age=3, observe=True, predecode=True
         ),
         "proxy": Arm("proxy", policy=lambda: rp(beta_cheap, 2048), scoring="proxy"),
+        "rho": Arm("rho", policy=lambda: rp(1.0, 2048), scoring="reducible"),
     }
 
 
@@ -122,8 +127,10 @@ def run_suite(
     storage_options: Mapping[str, Any] | None,
     scratch: str,
     flags: Mapping[str, np.ndarray],
+    reference: torch.nn.Module | None = None,
 ) -> dict[str, Any]:
-    """Run every arm for every seed (arms shuffled per seed); per-seed results and summaries."""
+    """Run every arm for every seed (arms shuffled per seed); per-seed results and summaries.
+    ``reference`` is the irreducible-loss model of the ``rho`` arm."""
     arms = arms_for(args.epochs, samples, args.beta_cheap)
     runs: dict[str, list[RunResult]] = {a: [] for a in arm_names}
     per_seed: list[dict[str, Any]] = []
@@ -156,6 +163,7 @@ def run_suite(
                 evals=args.evals,
                 scratch=os.path.join(scratch, f"{name}-{arm_name}-{seed}"),
                 flags=flags,
+                reference=reference,
             )
             seed_results[arm_name] = result
             runs[arm_name].append(result)
@@ -529,7 +537,7 @@ def main() -> None:
         "--arms", default="full,loader_only,uniform,rp0.5,rp1,rp3,top,prune,feedback,stale,predecode,proxy"
     )
     ap.add_argument("--noise", type=float, default=0.2, help="label noise of the second suite (0: skip it)")
-    ap.add_argument("--noise-arms", default="full,uniform,rp1,prune")
+    ap.add_argument("--noise-arms", default="full,uniform,rp1,prune,rho")
     ap.add_argument("--noise-seeds", type=int, default=3, help="seeds of the noisy suite")
     ap.add_argument("--jpeg-samples", type=int, default=2500, help="samples of the JPEG variant (0: skip it)")
     ap.add_argument("--jpeg-epochs", type=int, default=4)
@@ -559,6 +567,30 @@ def main() -> None:
         test = (torch.from_numpy(xt), torch.from_numpy(yt))
         clean = write_task_shards(f"{root}/clean/train", x, y, storage_options=storage_options)
         seeds = list(range(args.seeds))
+        references: dict[str, Any] = {}
+
+        def reference_for(suite: str, arm_names: list[str], noise: float) -> torch.nn.Module | None:
+            """RHO-LOSS's irreducible-loss model for a suite with a ``rho`` arm: trained before the
+            suite (not on any arm's clock) on held-out samples whose labels are as noisy as the
+            suite's training labels (draw 2: neither the training nor the test set)."""
+            if "rho" not in arm_names:
+                return None
+            xh, yh, _, _ = redundant_task(
+                args.samples // 2, hard_fraction=args.hard_fraction, label_noise=noise, draw=2
+            )
+            t0 = time.perf_counter()
+            model = train_reference(xh, yh)
+            with torch.inference_mode():
+                accuracy = (model(test[0]).argmax(1) == test[1]).double().mean().item()
+            references[suite] = {
+                "holdout_samples": len(yh),
+                "label_noise": noise,
+                "model": "MLP 64-256x2-10, 10 epochs",
+                "seconds": round(time.perf_counter() - t0, 2),
+                "test_accuracy": round(accuracy, 4),
+            }
+            return model
+
         suites = {
             "clean": run_suite(
                 "clean",
@@ -571,6 +603,7 @@ def main() -> None:
                 storage_options,
                 scratch,
                 {"hard": hard},
+                reference_for("clean", args.arms.split(","), 0.0),
             )
         }
         if args.noise > 0:
@@ -591,6 +624,7 @@ def main() -> None:
                 storage_options,
                 scratch,
                 {"hard": hard, "noisy": noisy},
+                reference_for(f"label_noise_{args.noise:g}", args.noise_arms.split(","), args.noise),
             )
         jpeg = run_jpeg(args, scratch, storage_options, root) if args.jpeg_samples > 0 else None
     finally:
@@ -617,6 +651,7 @@ def main() -> None:
         "suites": {k: {kk: vv for kk, vv in v.items() if not kk.startswith("_")} for k, v in suites.items()},
         "targets": targets(suites["clean"]),
         "jpeg": jpeg,
+        "rho_reference": references,
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
