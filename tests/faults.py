@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -149,6 +150,28 @@ class FaultProxy:
                 h.wfile.write(data)
             except OSError:  # the client gave up on a stalled answer
                 h.close_connection = True
+
+
+def kill_after_checkpoints(script: str, args: list[str], count: int, *, past: float = 0.0) -> list[int]:
+    """Run the training ``script`` (the repository on PYTHONPATH) until it has printed
+    ``checkpoint N`` ``count`` times (or two minutes passed), wait ``past`` seconds more, and SIGKILL
+    it. Returns the checkpoint numbers it printed; asserts it died of the SIGKILL."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root}
+    proc = subprocess.Popen([sys.executable, script, *args], stdout=subprocess.PIPE, text=True, env=env)
+    checkpoints: list[int] = []
+    deadline = time.monotonic() + 120
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("checkpoint"):
+            checkpoints.append(int(line.split()[1]))
+        if len(checkpoints) >= count or time.monotonic() > deadline:
+            break
+    time.sleep(past)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    return checkpoints
 
 
 def free_port() -> int:

@@ -1,13 +1,10 @@
 """A training process killed with SIGKILL mid-run, then resumed from its last checkpoint."""
 
 import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 
 from conftest import loss_field, make_samples
+from faults import kill_after_checkpoints
 
 import siftpipe as sp
 
@@ -50,20 +47,8 @@ def test_sigkill_then_resume_lines_up_with_the_checkpoint(own_s3, tmp_path):
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     script.write_text(SCRIPT.format(tests=tests_dir, total=TOTAL, flush=FLUSH_EVERY))
     ckpt = str(tmp_path / "sift.pt")
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(tests_dir)}
-    proc = subprocess.Popen(
-        [sys.executable, str(script), root, own_s3.endpoint, ckpt], stdout=subprocess.PIPE, text=True, env=env
-    )
-    checkpoints = []
-    deadline = time.monotonic() + 120
-    for line in proc.stdout:
-        if line.startswith("checkpoint"):
-            checkpoints.append(int(line.split()[1]))
-        if len(checkpoints) >= 8 or time.monotonic() > deadline:
-            break
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL and len(checkpoints) >= 8
+    checkpoints = kill_after_checkpoints(str(script), [root, own_s3.endpoint, ckpt], 8)
+    assert len(checkpoints) >= 8
 
     options = own_s3.storage_options
     report = sp.verify_log(root, options)

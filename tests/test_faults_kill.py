@@ -6,15 +6,12 @@ and ``siftpipe log verify`` says exactly that."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 
 import torch
 from conftest import loss_field, make_samples
 from contract import output_keys, signature
+from faults import kill_after_checkpoints
 from torch.utils.data import default_collate
 
 import siftpipe as sp
@@ -74,21 +71,9 @@ def test_sigkill_in_batched_mode_with_the_thread_writer_then_resume(own_s3, tmp_
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     script.write_text(SCRIPT.format(tests=tests_dir, total=TOTAL, batch=BATCH, flush=FLUSH, output=OUTPUT))
     ckpt = str(tmp_path / "sift.pt")
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(tests_dir)}
-    proc = subprocess.Popen(
-        [sys.executable, str(script), root, own_s3.endpoint, ckpt], stdout=subprocess.PIPE, text=True, env=env
-    )
-    checkpoints = []
-    deadline = time.monotonic() + 120
-    for line in proc.stdout:  # kill it mid-run, some output batches after a checkpoint
-        if line.startswith("checkpoint"):
-            checkpoints.append(int(line.split()[1]))
-        if len(checkpoints) >= 5 or time.monotonic() > deadline:
-            break
-    time.sleep(0.015)  # a little past the checkpoint: inside the next output batches
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL and len(checkpoints) >= 5
+    # kill it mid-run, a little past a checkpoint: inside the next output batches
+    checkpoints = kill_after_checkpoints(str(script), [root, own_s3.endpoint, ckpt], 5, past=0.015)
+    assert len(checkpoints) >= 5
 
     options = own_s3.storage_options
     saved = torch.load(ckpt, weights_only=True)
