@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _s3server import S3Server
 
 import siftpipe as sp
+from siftpipe.demo import build_model
 from siftpipe.logtools import summarize
 
 
@@ -91,13 +92,7 @@ def main() -> None:
 
         torch.manual_seed(0)
         width = 256
-        model = torch.nn.Sequential(
-            torch.nn.Linear(width, width),
-            torch.nn.ReLU(),
-            torch.nn.Linear(width, width),
-            torch.nn.ReLU(),
-            torch.nn.Linear(width, 10),
-        ).eval()
+        model = build_model(width, 10, width, depth=2).eval()  # 256-256-256-10
         model_batches = [
             {**b, "x": torch.randn(256, width), "y": torch.randint(0, 10, (256,))}
             for b in make_batches(256, 64, rng)
