@@ -252,6 +252,13 @@ def train_reference(
 # ---------------------------------------------------------------------------------- one run
 
 
+def train_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``train_run`` keywords that ``siftpipe demo`` and ``tools/bench_train.py`` take from their
+    command lines under the same names: model width, peak learning rate, rows per training step,
+    rows per worker batch, DataLoader workers."""
+    return {name: getattr(args, name) for name in ("width", "lr", "batch", "worker_batch", "workers")}
+
+
 @dataclass(frozen=True)
 class Arm:
     """How one training run selects its samples.
@@ -949,11 +956,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 epochs=args.epochs,
                 budget_seconds=args.budget_seconds,
                 storage_options=options,
-                width=args.width,
-                lr=args.lr,
-                batch=args.batch,
-                worker_batch=args.worker_batch,
-                workers=args.workers,
+                **train_options(args),
                 seed=args.seed,
                 evals=args.evals,
                 audit=audit,
