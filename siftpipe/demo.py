@@ -157,26 +157,28 @@ def write_task_shards(
 
 def decode_batch(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Decode and collate raw shard samples in a DataLoader worker: ``x`` (float32 [n, dim]) from
-    ``x.npy``, ``y`` (int64) from ``cls``, ``hard`` from ``hard.cls`` when present, keys and shard
-    URLs (``__url__``, for the audit log) as lists;
-    numeric ``__dunder__`` fields (a ``PreDecodeFilter``'s marks, counters) become tensors."""
+    ``x.npy``, ``y`` (int64) from ``cls``, ``hard`` from ``hard.cls`` when present, and the
+    metadata columns of ``batch_meta``."""
     out: dict[str, Any] = {
-        "__key__": [s["__key__"] for s in samples],
+        **batch_meta(samples),
         "x": torch.from_numpy(_stack_npy([s["x.npy"] for s in samples])),
         "y": torch.tensor([int(s["cls"]) for s in samples], dtype=torch.int64),
     }
-    first = samples[0]
-    if "__url__" in first:  # the shard each sample came from, for the audit log
-        out["__url__"] = [s["__url__"] for s in samples]
-    if "hard.cls" in first:
+    if "hard.cls" in samples[0]:
         out["hard"] = torch.tensor([int(s["hard.cls"]) for s in samples], dtype=torch.int64)
+    return out
+
+
+def batch_meta(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The metadata columns of a worker batch: keys and shard URLs (``__url__``, for the audit log)
+    as lists, and every numeric ``__dunder__`` field (a ``PreDecodeFilter``'s marks, counters) as a
+    float64 tensor. Any decode-and-collate function of the demo's or the benchmark's starts here."""
+    first = samples[0]
+    out: dict[str, Any] = {"__key__": [s["__key__"] for s in samples]}
+    if "__url__" in first:
+        out["__url__"] = [s["__url__"] for s in samples]
     for name, value in first.items():
-        if (
-            name.startswith("__")
-            and name.endswith("__")
-            and isinstance(value, int | float)
-            and name not in out
-        ):
+        if name.startswith("__") and name.endswith("__") and isinstance(value, int | float):
             out[name] = torch.tensor([s[name] for s in samples], dtype=torch.float64)
     return out
 

@@ -62,6 +62,7 @@ import siftpipe as sp
 from siftpipe.demo import (
     Arm,
     RunResult,
+    batch_meta,
     build_model,
     redundant_task,
     time_to_target,
@@ -264,21 +265,12 @@ def decode_jpeg_batch(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         cells = pixels.reshape(CELLS, step, CELLS, step, 3).mean(axis=(1, 3))
         feats[i] = ((cells - 128.0) / 40.0).reshape(-1)
     seconds = time.perf_counter() - t0
-    out: dict[str, Any] = {
-        "__key__": [s["__key__"] for s in samples],
+    return {
+        **batch_meta(samples),
         "x": torch.from_numpy(feats),
         "y": torch.tensor([int(s["cls"]) for s in samples], dtype=torch.int64),
         "__decode_s__": torch.full((len(samples),), seconds / len(samples), dtype=torch.float64),
     }
-    for name, value in samples[0].items():
-        if (
-            name.startswith("__")
-            and name.endswith("__")
-            and isinstance(value, int | float)
-            and name not in out
-        ):
-            out[name] = torch.tensor([s[name] for s in samples], dtype=torch.float64)
-    return out
 
 
 class DecodeMeter:
