@@ -79,3 +79,22 @@ def own_s3():
 def bucket(local_s3):
     """A new, empty bucket on the session's server: its name."""
     return local_s3.new_bucket()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Print what the adversarial tests tried (see tests/tally.py), and write it where asked."""
+    import json
+    import os
+
+    from tally import totals
+
+    counts = totals()
+    if not counts:
+        return
+    terminalreporter.write_sep("-", "adversarial suite: what was tried")
+    for category, n in counts.items():
+        terminalreporter.write_line(f"{category}: {n}")
+    path = os.environ.get("SIFTPIPE_TALLY")
+    if path:
+        with open(path, "w") as f:
+            json.dump(counts, f, indent=1)
