@@ -53,6 +53,7 @@ __all__ = [
     "merge_shard_stats",
     "ignore_and_stop",
     "iter_tar_samples",
+    "local_path",
     "redact_url",
     "reraise_exception",
     "reset_shard_stats",
@@ -757,6 +758,18 @@ class _CheckedTarInfo(tarfile.TarInfo):
 _BASE_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 
 
+def local_path(url: str) -> str | None:
+    """The file a local shard names, the ``__local_path__`` of its samples: a path as given, a
+    ``file:`` URL's path; ``None`` for any other URL. (webdataset gives ``urlparse(url).path``:
+    the same for every name without ``?``, ``#`` or ``;``, which it cuts off.)"""
+    parsed = urlsplit(url)
+    if parsed.scheme == "":
+        return url
+    if parsed.scheme == "file":
+        return parsed.path
+    return None
+
+
 def iter_tar_samples(
     stream: Any,
     url: str,
@@ -773,8 +786,10 @@ def iter_tar_samples(
     next_key)``: the byte offset (counting from the start of the object; ``start`` is where
     ``stream`` begins) of the tar header that starts the next sample, and that sample's key, or
     ``None`` after the last sample or when the archive is compressed (offsets are not seekable).
-    ``__url__`` is ``url`` with any credential in it redacted (it ends up in logs and audits).
+    ``__url__`` is ``url`` with any credential in it redacted (it ends up in logs and audits); a
+    local shard's samples also carry ``__local_path__``, as webdataset's do (see ``local_path``).
     """
+    path = local_path(url)
     url = redact_url(url)
     tf = tarfile.open(fileobj=stream, mode="r|*", tarinfo=_CheckedTarInfo)  # noqa: SIM115 - caller closes
     seekable = getattr(tf.fileobj, "comptype", None) == "tar"
@@ -801,6 +816,8 @@ def iter_tar_samples(
         tf.members = []  # type: ignore[attr-defined]  # stream mode keeps every TarInfo otherwise
         if current is None:
             current = {"__key__": prefix, "__url__": url}
+            if path is not None:
+                current["__local_path__"] = path
         if suffix in current:
             raise tarfile.ReadError(
                 f"sample {prefix!r} has two members with field {suffix!r}: the shard's members must "

@@ -179,7 +179,8 @@ class ShardSource(BaseNode[dict[str, Any]]):
     URL, read through the same opener as ``siftpipe.webdataset.WebDataset`` (storage options,
     retries with backoff, mid-stream reconnects, handlers, ``shard_stats()``).
 
-    Yields raw samples: dicts with ``__key__``, ``__url__`` and one ``bytes`` value per field
+    Yields raw samples: dicts with ``__key__``, ``__url__`` (``__local_path__`` too for a local
+    shard, as in webdataset) and one ``bytes`` value per field
     (decode them with ``siftpipe.shards.decode_sample``, e.g. in a ``ParallelMapper``).
 
     Its state is ``(epoch, shard index, samples read from that shard, byte offset of the next

@@ -16,9 +16,12 @@ from conftest import roundtrip
 
 
 def signature(item: Any) -> Any:
-    """A comparable picture of an output item (sample or batch)."""
+    """A comparable picture of an output item (sample or batch), without where it was read from
+    (``__url__``, ``__local_path__``: the same samples come from local and remote shards)."""
     if isinstance(item, dict):
-        return tuple(sorted((k, signature(v)) for k, v in item.items() if k != "__url__"))
+        return tuple(
+            sorted((k, signature(v)) for k, v in item.items() if k not in ("__url__", "__local_path__"))
+        )
     if isinstance(item, tuple | list):
         return tuple(signature(v) for v in item)
     if isinstance(item, torch.Tensor):

@@ -157,3 +157,35 @@ def test_webdatasets_handlers_skip_siftpipes_errors(shards, tmp_path):
         warnings.simplefilter("ignore")
         got = list(WebDataset([url, shards.urls[0]], shardshuffle=False, handler=wds.warn_and_continue))
     assert [s["__key__"] for s in got] == ALL_KEYS[:PER_SHARD]
+
+
+# ---------------------------------------------------------------------------------- metadata fields
+
+
+def test_local_samples_carry_webdatasets_metadata_fields(shards, tmp_path, monkeypatch):
+    relative = Path(shards.urls[1]).relative_to(Path(shards.urls[1]).parents[1])
+    monkeypatch.chdir(Path(shards.urls[1]).parents[1])
+    for url in [shards.urls[0], f"file://{shards.urls[0]}", str(relative)]:
+        theirs = list(wds.WebDataset(url, shardshuffle=False))
+        ours = list(WebDataset(url, shardshuffle=False))
+        assert ours == theirs, url  # every field, __key__, __url__ and __local_path__ included
+        assert {k for k in ours[0] if k.startswith("__")} == {"__key__", "__url__", "__local_path__"}
+        assert ours[0]["__url__"] == url and Path(ours[0]["__local_path__"]).resolve().exists()
+
+
+def test_shard_source_samples_carry_the_same_metadata_fields(shards):
+    from torchdata.nodes import Loader
+
+    from siftpipe.nodes import ShardSource
+
+    theirs = list(wds.WebDataset(shards.urls, shardshuffle=False))
+    assert list(Loader(ShardSource(shards.urls))) == theirs
+
+
+def test_remote_samples_have_no_local_path(local_s3, bucket):
+    options = {"endpoint_url": local_s3.endpoint}
+    remote = write_shards(
+        synthetic_classification(4), f"s3://{bucket}/t", storage_options=options, progress=False
+    )
+    sample = next(iter(WebDataset(remote.urls, shardshuffle=False, storage_options=options)))
+    assert sample["__url__"] == remote.urls[0] and "__local_path__" not in sample
