@@ -26,8 +26,11 @@ import logging
 import os
 import random
 import re
+import signal
 import socket
+import subprocess
 import tarfile
+import tempfile
 import threading
 import time
 import warnings
@@ -38,7 +41,8 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from ._secrets import Redactor, redact, redact_options, redact_url, secret_values
+from ._secrets import Redactor, redact, redact_options, secret_values
+from ._secrets import redact_url as _redact_plain_url
 from .errors import ConfigError, ShardError, ShardWarning
 
 __all__ = [
@@ -54,6 +58,7 @@ __all__ = [
     "ignore_and_stop",
     "iter_tar_samples",
     "local_path",
+    "PipeStream",
     "redact_url",
     "reraise_exception",
     "reset_shard_stats",
@@ -65,6 +70,43 @@ __all__ = [
 log = logging.getLogger("siftpipe.shards")
 
 Handler = Callable[[BaseException], bool]
+
+# ---------------------------------------------------------------------------------- redaction
+
+PIPE = "pipe:"
+
+# credential shapes in a shell command, beyond the URLs that ``redact`` already handles:
+# NAME=value for a credential-like NAME, the value of -u/--user/--password/--token/..., and the
+# value of an Authorization header
+_COMMAND_SECRETS = (
+    re.compile(
+        r"(?i)(\b[A-Z0-9_]*(?:SECRET|TOKEN|PASSWORD|PASSWD|PWD|CREDENTIAL|SIGNATURE|ACCESS_KEY|ACCOUNT_KEY"
+        r"|API_KEY|AUTH|SAS)[A-Z0-9_]*=)(\"[^\"]*\"|'[^']*'|[^\s;&|]+)"
+    ),
+    re.compile(
+        r"(?i)((?:^|\s)(?:-u|--user|--password|--pass|--passwd|--token|--secret|--key|--access-key"
+        r"|--secret-key|--sas-token|--oauth2-bearer)(?:\s+|=))(\"[^\"]*\"|'[^']*'|[^\s;&|]+)"
+    ),
+    re.compile(r"(?i)(authorization:\s*(?:bearer\s+|basic\s+|token\s+)?)([^\s\"']+)"),
+)
+
+
+def redact_command(command: str) -> str:
+    """A shell command fit to show: URLs' passwords and signatures, credential-like environment
+    assignments (``AWS_SECRET_ACCESS_KEY=...``), ``-u``/``--user``/``--password``/``--token``
+    values, ``Authorization`` header values and secret environment variables' values are ``***``."""
+    for pattern in _COMMAND_SECRETS:
+        command = pattern.sub(r"\1***", command)
+    return redact(command, secret_values())
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any credential in it replaced by ``***`` (``_secrets.redact_url``); for a
+    ``pipe:`` URL, the credentials in its command (``redact_command``)."""
+    if url.startswith(PIPE):
+        return PIPE + redact_command(url[len(PIPE) :])
+    return _redact_plain_url(url)
+
 
 # ---------------------------------------------------------------------------------- handlers
 
@@ -562,6 +604,11 @@ class ShardOpener:
         return stream
 
     def _raw_open(self, url: str, offset: int) -> Any:
+        if url.startswith(PIPE):
+            f: Any = PipeStream(url[len(PIPE) :], self.redact(redact_url(url)), self.timeout)
+            if offset:
+                _skip_bytes(f, offset)
+            return f
         fs, path = self.filesystem(url)
         kwargs: dict[str, Any] = {}
         protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
@@ -651,6 +698,124 @@ def _skip_bytes(f: Any, n: int) -> None:
         n -= len(chunk)
 
 
+class PipeStream(io.RawIOBase):
+    """The standard output of a shell command, read as a shard: webdataset's ``pipe:`` URLs
+    (``pipe:aws s3 cp s3://bucket/x.tar -``, ``pipe:curl -s https://host/x.tar``).
+
+    The command runs in its own session (so that closing the stream early ends every process of
+    a shell pipeline), with its standard error kept in a temporary file. When its output ends,
+    or ``finish()`` is called after the archive's end, a non-zero exit status raises a
+    ``ShardError`` (kind ``command``, also an ``OSError`` as webdataset's) naming the command
+    (credentials redacted), the status and the end of its standard error. Exit status 141 (a
+    shell whose command was ended by SIGPIPE, when the reader stopped reading) counts as success,
+    as in webdataset.
+
+    Args:
+        command: The shell command (the URL after ``pipe:``).
+        shown: The URL to name in errors, credentials already redacted.
+        timeout: Seconds ``finish()`` waits for the command to exit after its shard was read
+            (``None``: as long as it takes).
+    """
+
+    #: Exit statuses that mean success: 0, and a shell's child ended by SIGPIPE (128 + 13).
+    OK_STATUS = (0, 128 + signal.SIGPIPE, -signal.SIGPIPE)
+    #: Bytes of standard error shown in an error message (the end of it).
+    STDERR_SHOWN = 800
+
+    def __init__(self, command: str, shown: str, timeout: float | None = None) -> None:
+        super().__init__()
+        if os.environ.get("WDS_SECURE", "0") not in ("", "0"):
+            raise ConfigError(
+                f"{shown}: pipe: URLs run shell commands, and WDS_SECURE is set (as in webdataset, "
+                "this refuses them); unset WDS_SECURE or read the shards through a storage URL"
+            )
+        self.command = command
+        self.shown = shown
+        self.timeout = timeout
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
+        self.proc = subprocess.Popen(
+            command,
+            shell=True,  # the URL is a shell command by definition (webdataset's pipe:)
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            start_new_session=True,
+        )
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int | None = -1) -> bytes:
+        assert self.proc.stdout is not None
+        data = self.proc.stdout.read(-1 if n is None or n < 0 else n)
+        if not data and n != 0:
+            self._check(self._wait(None))
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def finish(self) -> None:
+        """The shard was read to its end: stop reading, wait for the command, check its status."""
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+        status = self._wait(self.timeout)
+        if status is None:
+            self._kill()
+            raise ShardError(
+                f"the command of shard {self.shown} did not exit within {self.timeout:g} s after its "
+                "archive was read; check the command, or raise timeout=",
+                url=self.shown,
+                kind="command",
+            )
+        self._check(status)
+
+    def _wait(self, timeout: float | None) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def _check(self, status: int | None) -> None:
+        if status is None or status in self.OK_STATUS:
+            return
+        self._stderr.seek(0, io.SEEK_END)
+        size = self._stderr.tell()
+        self._stderr.seek(max(0, size - self.STDERR_SHOWN))
+        tail = self._stderr.read().decode(errors="replace").strip()
+        said = f"; it said: {redact_command(tail)!r}" if tail else " (and wrote nothing to standard error)"
+        how = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
+        raise ShardError(
+            f"the command of shard {self.shown} {how}{said}; run it in a shell to check it: its "
+            "standard output must be the tar archive",
+            url=self.shown,
+            kind="command",
+        )
+
+    def _kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def close(self) -> None:
+        """Stop reading; a command still running is ended (with its whole process group)."""
+        if self.closed:
+            return
+        try:
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+            if self.proc.poll() is None:
+                self._kill()
+        finally:
+            self._stderr.close()
+            super().close()
+
+    def __repr__(self) -> str:
+        return f"<siftpipe pipe stream {self.shown}>"
+
+
 class RetryingFile(io.RawIOBase):
     """A read-only stream over one shard that survives dropped connections.
 
@@ -723,6 +888,13 @@ class RetryingFile(io.RawIOBase):
         data = self.read(len(buffer))
         buffer[: len(data)] = data
         return len(data)
+
+    def finish(self) -> None:
+        """The archive was read to its end: for a ``pipe:`` shard, check the command's exit
+        status (``PipeStream.finish``); nothing for other shards."""
+        finish = getattr(self._f, "finish", None)
+        if finish is not None:
+            finish()
 
     def close(self) -> None:
         self._drop()
@@ -833,6 +1005,9 @@ def iter_tar_samples(
             f"the tar header at byte {start + tf.offset} is corrupt (its checksum does not match); "
             "the rest of the shard cannot be read"
         )
+    finish = getattr(stream, "finish", None)
+    if finish is not None:  # a pipe: command that failed fails its shard, even after a full archive
+        finish()
     if current is not None:
         yield current, None, None
 

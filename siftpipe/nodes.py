@@ -190,7 +190,8 @@ class ShardSource(BaseNode[dict[str, Any]]):
     (``ResumeError`` if the shards changed since the checkpoint).
 
     Args:
-        urls: A brace pattern (``s3://bucket/train-{000000..000099}.tar``) or a list of URLs.
+        urls: A brace pattern (``s3://bucket/train-{000000..000099}.tar``) or a list of URLs
+            (any fsspec URL, a local path, or webdataset's ``pipe:COMMAND``).
         storage_options: fsspec options (see ``ShardOpener``); ``None``: the environment.
         handler: ``reraise_exception`` (default), ``warn_and_continue`` (skip a shard that cannot
             be read, counted in ``shard_stats().skipped``), or any webdataset handler.

@@ -337,7 +337,8 @@ class WebDataset(SiftFluid, wds.WebDataset):
         block_size: Bytes per read request for remote shards (``None``: the filesystem's).
 
     ``urls`` is a brace pattern (``s3://bucket/train-{000000..000099}.tar``), a list of URLs,
-    or any webdataset shard-list specification; local paths and ``file://`` URLs work too.
+    or any webdataset shard-list specification; local paths, ``file://`` URLs and webdataset's
+    ``pipe:COMMAND`` URLs (the command's standard output is the shard; see ``PipeStream``) work too.
     """
 
     def __init__(

@@ -189,3 +189,36 @@ def test_remote_samples_have_no_local_path(local_s3, bucket):
     )
     sample = next(iter(WebDataset(remote.urls, shardshuffle=False, storage_options=options)))
     assert sample["__url__"] == remote.urls[0] and "__local_path__" not in sample
+
+
+# ---------------------------------------------------------------------------------- URL schemes
+
+
+def _prefix(shards) -> str:
+    return shards.urls[0][: -len("-000000.tar")]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "brace pattern",
+        "list of paths",
+        "file:// list",
+        "pipe:cat pattern",
+        "single path",
+        "two brace ranges",
+    ],
+)
+def test_every_url_form_gives_webdatasets_samples(shards, spec):
+    prefix = _prefix(shards)
+    urls = {
+        "brace pattern": f"{prefix}-{{000000..000005}}.tar",
+        "list of paths": list(shards.urls),
+        "file:// list": [f"file://{u}" for u in shards.urls],
+        "pipe:cat pattern": f"pipe:cat {prefix}-{{000000..000005}}.tar",
+        "single path": shards.urls[2],
+        "two brace ranges": f"{prefix}-{{000000..000001}}.tar::{prefix}-{{000004..000005}}.tar",
+    }[spec]
+    theirs = list(wds.WebDataset(urls, shardshuffle=False))
+    ours = list(WebDataset(urls, shardshuffle=False))
+    assert ours == theirs and len(ours) > 0
