@@ -48,8 +48,12 @@ from .errors import ConfigError, ShardError, ShardWarning
 __all__ = [
     "ShardOpener",
     "ShardReader",
+    "MAX_EXTENDED_HEADER_BYTES",
+    "MAX_MEMBER_BYTES",
+    "MAX_SAMPLE_BYTES",
     "ShardStats",
     "SharedShardCounts",
+    "TarLimitError",
     "classify_error",
     "describe_error",
     "find_shard_counts",
@@ -435,7 +439,8 @@ def classify_error(exc: BaseException) -> str:
     """What went wrong, from an error raised by fsspec (or its backend) or by tarfile.
 
     Returns one of ``"missing_bucket"``, ``"missing"``, ``"denied"``, ``"no_credentials"``,
-    ``"transient"`` (worth retrying), ``"corrupt"`` or ``"other"``.
+    ``"transient"`` (worth retrying), ``"corrupt"``, ``"too_large"`` (``TarLimitError``) or
+    ``"other"``.
     """
     if isinstance(exc, ShardError) and exc.kind:
         return exc.kind
@@ -454,6 +459,8 @@ def classify_error(exc: BaseException) -> str:
         if code in _TRANSIENT_CODES or (status is not None and (status >= 500 or status == 429)):
             return "transient"
     first = chain[0]
+    if isinstance(first, TarLimitError):
+        return "too_large"
     if isinstance(first, FileNotFoundError):
         return "missing_bucket" if "bucket" in str(first).lower() else "missing"
     if isinstance(first, PermissionError):
@@ -481,6 +488,9 @@ _FIX = {
     "timeout=, or pass handler=warn_and_continue to skip shards that cannot be read",
     "corrupt": "it is not a readable tar archive (truncated or corrupt): rewrite the shard, or pass "
     "handler=warn_and_continue to skip it",
+    "too_large": "the reader takes one sample into memory at a time and refuses more: raise "
+    "max_member_bytes= or max_sample_bytes= (WebDataset, ShardSource; None: no limit) if the shard is "
+    "trusted and such members are expected, or pass handler=warn_and_continue to skip it",
     "other": "pass handler=warn_and_continue to skip shards that cannot be read",
 }
 
@@ -909,25 +919,73 @@ class RetryingFile(io.RawIOBase):
 _META = re.compile(r"__[^/]*__($|/)")
 
 
+#: Default of ``max_member_bytes``: the largest tar member read into memory (256 MiB).
+MAX_MEMBER_BYTES = 256 * 2**20
+#: Default of ``max_sample_bytes``: the most one sample's members may hold together (1 GiB).
+MAX_SAMPLE_BYTES = 2**30
+#: The largest pax or GNU long-name header read (1 MiB): tarfile reads one whole into memory.
+MAX_EXTENDED_HEADER_BYTES = 2**20
+
+_EXTENDED_TYPES = (
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+)
+
+
+class TarLimitError(tarfile.ReadError):
+    """A tar member (or one sample's members, or an extended header) holds more bytes than the
+    reader takes into memory at once; classified as kind ``too_large``."""
+
+
 class _CheckedTarInfo(tarfile.TarInfo):
     """Notes on its TarFile when the archive ends without its end-of-archive marker, or a member
-    header in the middle is corrupt (its checksum fails): stream-mode tarfile otherwise ends such
-    an archive quietly at that point, as if it were complete, and the rest of the shard is lost
-    without a word."""
+    header in the middle is corrupt (its checksum fails, a number field is garbage or its size is
+    negative): stream-mode tarfile otherwise ends such an archive quietly at that point, as if it
+    were complete, and the rest of the shard is lost without a word. Refuses an extended header
+    (pax, GNU long name) larger than ``MAX_EXTENDED_HEADER_BYTES`` before tarfile reads it whole."""
 
     @classmethod
     def fromtarfile(cls, tarfile_: tarfile.TarFile) -> _CheckedTarInfo:
+        # tarfile.TarInfo.fromtarfile, with checks between reading a header and acting on it
+        fileobj: Any = tarfile_.fileobj
+        buf = fileobj.read(tarfile.BLOCKSIZE)
         try:
-            return super().fromtarfile(tarfile_)
+            obj = cls.frombuf(buf, tarfile_.encoding, tarfile_.errors)
         except (tarfile.EmptyHeaderError, tarfile.TruncatedHeaderError):  # type: ignore[attr-defined]
             tarfile_._siftpipe_truncated = True  # type: ignore[attr-defined]
             raise
-        except tarfile.InvalidHeaderError:  # type: ignore[attr-defined]
-            tarfile_._siftpipe_corrupt = True  # type: ignore[attr-defined]
+        except tarfile.InvalidHeaderError as exc:  # type: ignore[attr-defined]
+            tarfile_._siftpipe_corrupt = str(exc)  # type: ignore[attr-defined]
             raise
+        obj.offset = fileobj.tell() - tarfile.BLOCKSIZE
+        if obj.size < 0:  # tarfile would move backwards in the stream, or end it quietly
+            tarfile_._siftpipe_corrupt = f"member {obj.name!r} has a negative size"  # type: ignore[attr-defined]
+            raise tarfile.InvalidHeaderError("negative size")  # type: ignore[attr-defined]
+        if obj.type in _EXTENDED_TYPES and obj.size > MAX_EXTENDED_HEADER_BYTES:
+            raise TarLimitError(
+                f"an extended header (pax or GNU long name) before member {obj.name!r} holds "
+                f"{obj.size} bytes, more than the {MAX_EXTENDED_HEADER_BYTES} a tar writer ever needs"
+            )
+        return obj._proc_member(tarfile_)  # type: ignore[attr-defined]
 
 
 _BASE_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+# tarfile's words for a header it cannot parse, said plainly
+_HEADER_FAULTS = {
+    "bad checksum": "its checksum does not match",
+    "invalid header": "a number field holds garbage",
+}
+
+
+def _is_text(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # tarfile decodes undecodable bytes to lone surrogates
+        return False
+    return True
 
 
 def local_path(url: str) -> str | None:
@@ -949,6 +1007,8 @@ def iter_tar_samples(
     start: int = 0,
     select_files: Callable[[str], bool] | None = None,
     rename_files: Callable[[str], str] | None = None,
+    max_member_bytes: int | None = MAX_MEMBER_BYTES,
+    max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
 ) -> Iterator[tuple[dict[str, Any], int | None, str | None]]:
     """The samples of one tar stream, WebDataset style, each with where the next one starts.
 
@@ -960,13 +1020,24 @@ def iter_tar_samples(
     ``None`` after the last sample or when the archive is compressed (offsets are not seekable).
     ``__url__`` is ``url`` with any credential in it redacted (it ends up in logs and audits); a
     local shard's samples also carry ``__local_path__``, as webdataset's do (see ``local_path``).
+
+    Hostile archives are bounded, checked before a member is read: a member larger than
+    ``max_member_bytes`` bytes, or one that takes a sample's members past ``max_sample_bytes``
+    bytes (each member counted with its 512-byte header, so that thousands of empty members of
+    one key are bounded too), raises ``TarLimitError`` naming the member (``None``: no limit). A
+    negative size, a corrupt header and a name that is not valid UTF-8 (a key no log can record)
+    raise ``tarfile.ReadError``. Member names are only ever keys, never paths written to (``../x``
+    and ``/x`` are keys like any other); links, devices, directories and members whose base name
+    has no extension are skipped, as webdataset skips them.
     """
     path = local_path(url)
     url = redact_url(url)
     tf = tarfile.open(fileobj=stream, mode="r|*", tarinfo=_CheckedTarInfo)  # noqa: SIM115 - caller closes
     seekable = getattr(tf.fileobj, "comptype", None) == "tar"
     current: dict[str, Any] | None = None
+    held = 0  # bytes of the current sample's members, headers included
     for info in tf:
+        tf.members = []  # type: ignore[attr-defined]  # stream mode keeps every TarInfo otherwise
         if not info.isreg():
             continue
         name = info.name
@@ -983,9 +1054,25 @@ def iter_tar_samples(
         if current is not None and prefix != current["__key__"]:
             yield current, (start + info.offset if seekable else None), prefix
             current = None
+        if not _is_text(name):
+            raise tarfile.ReadError(
+                f"member {name.encode('utf-8', 'surrogateescape')!r} has a name that is not valid "
+                "UTF-8: its key could not be recorded in logs; rename the member"
+            )
+        if current is None:
+            held = 0
+        if max_member_bytes is not None and info.size > max_member_bytes:
+            raise TarLimitError(
+                f"member {name!r} holds {info.size} bytes, more than max_member_bytes={max_member_bytes}"
+            )
+        held += tarfile.BLOCKSIZE + info.size
+        if max_sample_bytes is not None and held > max_sample_bytes:
+            raise TarLimitError(
+                f"sample {prefix!r} holds more than max_sample_bytes={max_sample_bytes} bytes at member "
+                f"{name!r} (its members with their 512-byte headers)"
+            )
         member = tf.extractfile(info)
         data = member.read() if member is not None else b""
-        tf.members = []  # type: ignore[attr-defined]  # stream mode keeps every TarInfo otherwise
         if current is None:
             current = {"__key__": prefix, "__url__": url}
             if path is not None:
@@ -1000,10 +1087,11 @@ def iter_tar_samples(
         raise tarfile.ReadError(
             f"the archive ends at byte {start + tf.offset} without its end-of-archive marker (truncated)"
         )
-    if getattr(tf, "_siftpipe_corrupt", False):
+    corrupt = getattr(tf, "_siftpipe_corrupt", None)
+    if corrupt is not None:
         raise tarfile.ReadError(
-            f"the tar header at byte {start + tf.offset} is corrupt (its checksum does not match); "
-            "the rest of the shard cannot be read"
+            f"the tar header at byte {start + tf.offset} is corrupt "
+            f"({_HEADER_FAULTS.get(corrupt, corrupt)}); the rest of the shard cannot be read"
         )
     finish = getattr(stream, "finish", None)
     if finish is not None:  # a pipe: command that failed fails its shard, even after a full archive
@@ -1024,6 +1112,12 @@ class ShardReader:
             skipped shard is counted in ``shard_stats().skipped``.
         select_files: Keep only tar members whose name passes this predicate.
         rename_files: Rename tar members before grouping.
+        max_member_bytes: The largest tar member read, in bytes (default ``MAX_MEMBER_BYTES``,
+            256 MiB; ``None``: no limit). A larger one fails its shard (kind ``too_large``,
+            naming the shard and the member) before any of it is read.
+        max_sample_bytes: The most one sample's members may hold together, in bytes, each
+            member counted with its 512-byte tar header (default ``MAX_SAMPLE_BYTES``, 1 GiB;
+            ``None``: no limit); bounds a sample of thousands of members as well.
     """
 
     def __init__(
@@ -1032,11 +1126,35 @@ class ShardReader:
         handler: Handler = reraise_exception,
         select_files: Callable[[str], bool] | None = None,
         rename_files: Callable[[str], str] | None = None,
+        *,
+        max_member_bytes: int | None = MAX_MEMBER_BYTES,
+        max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
     ) -> None:
+        for name, value in (("max_member_bytes", max_member_bytes), ("max_sample_bytes", max_sample_bytes)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(
+                    f"{name} must be a number of bytes >= 1, or None for no limit; got {value!r}"
+                )
         self.opener = opener
         self.handler = handler
         self.select_files = select_files
         self.rename_files = rename_files
+        self.max_member_bytes = max_member_bytes
+        self.max_sample_bytes = max_sample_bytes
+
+    def tar_samples(
+        self, stream: Any, url: str, start: int = 0
+    ) -> Iterator[tuple[dict[str, Any], int | None, str | None]]:
+        """``iter_tar_samples`` of ``stream`` with this reader's member selection and limits."""
+        return iter_tar_samples(
+            stream,
+            url,
+            start=start,
+            select_files=self.select_files,
+            rename_files=self.rename_files,
+            max_member_bytes=self.max_member_bytes,
+            max_sample_bytes=self.max_sample_bytes,
+        )
 
     def __repr__(self) -> str:
         return f"ShardReader({self.opener!r}, handler={getattr(self.handler, '__name__', self.handler)})"
@@ -1058,9 +1176,7 @@ class ShardReader:
         try:
             stream = self.opener.open(url)
             try:
-                for sample, _, _ in iter_tar_samples(
-                    stream, url, select_files=self.select_files, rename_files=self.rename_files
-                ):
+                for sample, _, _ in self.tar_samples(stream, url):
                     key = sample["__key__"]
                     self.opener.count("samples")
                     yield sample

@@ -29,13 +29,14 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from ._open import (
+    MAX_MEMBER_BYTES,
+    MAX_SAMPLE_BYTES,
     ShardOpener,
     ShardReader,
     ShardStats,
     describe_error,
     ignore_and_continue,
     ignore_and_stop,
-    iter_tar_samples,
     redact_options,
     redact_url,
     reraise_exception,
@@ -202,6 +203,11 @@ class ShardSource(BaseNode[dict[str, Any]]):
             order. Default: from ``torch.distributed`` or the ``RANK``/``WORLD_SIZE`` environment.
         retries, backoff, max_backoff, timeout, block_size: see ``ShardOpener``.
         select_files, rename_files: as in webdataset: filter and rename tar members.
+        max_member_bytes: The largest tar member read, in bytes (default 256 MiB; ``None``: no
+            limit); a larger one fails its shard (``ShardError``, kind ``too_large``, naming the
+            shard and the member, handled by ``handler``) before any of it is read.
+        max_sample_bytes: The most one sample's members may hold together, in bytes, each counted
+            with its 512-byte header (default 1 GiB; ``None``: no limit).
     """
 
     STATE_VERSION = 1
@@ -223,6 +229,8 @@ class ShardSource(BaseNode[dict[str, Any]]):
         block_size: int | None = None,
         select_files: Callable[[str], bool] | None = None,
         rename_files: Callable[[str], str] | None = None,
+        max_member_bytes: int | None = MAX_MEMBER_BYTES,
+        max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
     ) -> None:
         super().__init__()
         from .webdataset import _expand
@@ -236,7 +244,14 @@ class ShardSource(BaseNode[dict[str, Any]]):
             timeout=timeout,
             block_size=block_size,
         )
-        self.reader = ShardReader(self.opener, handler, select_files=select_files, rename_files=rename_files)
+        self.reader = ShardReader(
+            self.opener,
+            handler,
+            select_files=select_files,
+            rename_files=rename_files,
+            max_member_bytes=max_member_bytes,
+            max_sample_bytes=max_sample_bytes,
+        )
         self.shuffle = shuffle
         self.seed = seed
         self.rank, self.world_size = _rank_and_world(rank, world_size)
@@ -380,13 +395,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
         expected = self._next_key
         stream = self.opener.open(url, offset)
         try:
-            samples = iter_tar_samples(
-                stream,
-                url,
-                start=offset,
-                select_files=self.reader.select_files,
-                rename_files=self.reader.rename_files,
-            )
+            samples = self.reader.tar_samples(stream, url, start=offset)
             for n, (sample, next_offset, next_key) in enumerate(samples):
                 if n < skip:
                     continue
