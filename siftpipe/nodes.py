@@ -175,6 +175,16 @@ def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]
     return rank, world_size
 
 
+def _worker() -> tuple[int, int]:
+    """``(worker id, number of workers)`` of this process's DataLoader worker, ``(0, 1)`` outside
+    one: webdataset's ``pytorch_worker_info`` (torch's ``get_worker_info``, or the ``WORKER`` and
+    ``NUM_WORKERS`` environment variables)."""
+    from webdataset.utils import pytorch_worker_info
+
+    _, _, worker, num_workers = pytorch_worker_info()
+    return int(worker), int(num_workers)
+
+
 class ShardSource(BaseNode[dict[str, Any]]):
     """A stateful ``torchdata.nodes`` source of WebDataset samples from tar shards at any fsspec
     URL, read through the same opener as ``siftpipe.webdataset.WebDataset`` (storage options,
@@ -185,9 +195,10 @@ class ShardSource(BaseNode[dict[str, Any]]):
     (decode them with ``siftpipe.shards.decode_sample``, e.g. in a ``ParallelMapper``).
 
     Its state is ``(epoch, shard index, samples read from that shard, byte offset of the next
-    sample, its key)``: resuming seeks straight to the next sample of an uncompressed shard (a
-    compressed one is re-read from its start and the samples before skipped), never re-reading
-    the epoch from its beginning. The shard URL and the next sample's key are checked on resume
+    sample, its key, DataLoader worker and number of workers)``: resuming seeks straight to the
+    next sample of an uncompressed shard (a compressed one is re-read from its start and the
+    samples before skipped), never re-reading the epoch from its beginning. The shard URL, the
+    next sample's key and the worker are checked on resume
     (``ResumeError`` if the shards changed since the checkpoint).
 
     Args:
@@ -201,6 +212,10 @@ class ShardSource(BaseNode[dict[str, Any]]):
         seed: Seed of the shard shuffle.
         rank, world_size: This process's share: shards ``rank::world_size`` of each epoch's
             order. Default: from ``torch.distributed`` or the ``RANK``/``WORLD_SIZE`` environment.
+            Inside a DataLoader worker (a source wrapped in an ``IterableDataset``, which every
+            worker iterates), the worker then takes every ``num_workers``-th of those, from its
+            id on: webdataset's ``split_by_node`` then ``split_by_worker``, so that no sample is
+            read twice. A rank or a worker left without shards is a ``ConfigError``.
         retries, backoff, max_backoff, timeout, block_size: see ``ShardOpener``.
         select_files, rename_files: as in webdataset: filter and rename tar members.
         max_member_bytes: The largest tar member read, in bytes (default 256 MiB; ``None``: no
@@ -267,6 +282,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
         self._sample = 0
         self._offset: int | None = 0
         self._next_key: str | None = None
+        self._worker = (0, 1)  # (DataLoader worker, workers) the current order was made for
         self._gen: Generator[dict[str, Any], None, None] | None = None
 
     def __repr__(self) -> str:
@@ -282,12 +298,22 @@ class ShardSource(BaseNode[dict[str, Any]]):
         return self.opener.stats()
 
     def order(self, epoch: int) -> list[str]:
-        """This rank's shard URLs for ``epoch``, in reading order."""
+        """This rank's (and, in a DataLoader worker, this worker's) shard URLs for ``epoch``, in
+        reading order. Raises ``ConfigError`` if a worker gets none."""
         urls = list(self.urls)
         if self.shuffle:
             perm = np.random.default_rng([self.seed, epoch]).permutation(len(urls))
             urls = [urls[i] for i in perm]
-        return urls[self.rank :: self.world_size]
+        ranks = urls[self.rank :: self.world_size]
+        worker, workers = _worker()
+        mine = ranks[worker::workers]
+        if not mine:
+            raise ConfigError(
+                f"DataLoader worker {worker} of {workers} (rank {self.rank} of {self.world_size}) gets "
+                f"none of this rank's {len(ranks)} shard(s): use at most {len(ranks)} worker(s), or write "
+                f"at least ranks x workers = {self.world_size * workers} shards"
+            )
+        return mine
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
@@ -299,15 +325,32 @@ class ShardSource(BaseNode[dict[str, Any]]):
                 self.epoch += 1
             self._started = False
             self._order = self.order(self.epoch)
+            self._worker = _worker()
             self._shard, self._sample, self._offset, self._next_key = 0, 0, 0, None
         else:
             self._restore(initial_state)
         self._gen = self._samples()
 
+    # a running pass (a generator) stays in its process: a copy pickled into a DataLoader worker
+    # starts a pass there with that worker's share (the position travels in get_state(), checked)
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_gen"] = None
+        return state
+
     def _restore(self, state: Mapping[str, Any]) -> None:
         if not isinstance(state, Mapping) or state.get("version") != self.STATE_VERSION:
             raise ResumeError(
                 "not a ShardSource state (no matching 'version'); pass what state_dict() returned"
+            )
+        worker, workers = _worker()
+        saved = (int(state.get("worker", 0)), int(state.get("num_workers", 1)))
+        if saved != (worker, workers):
+            raise ResumeError(
+                f"the checkpoint was taken in DataLoader worker {saved[0]} of {saved[1]}, this source "
+                f"runs in worker {worker} of {workers}: each worker reads its own shards, so resume "
+                "with the same number of workers (a StatefulDataLoader restores each worker's state "
+                "in that worker)"
             )
         order = self.order(int(state["epoch"]))
         if len(order) != state["num_shards"]:
@@ -325,6 +368,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
             )
         self.epoch = int(state["epoch"])
         self._order = order
+        self._worker = (worker, workers)
         self._shard = shard
         self._sample = int(state["sample"])
         self._offset = None if state["offset"] is None else int(state["offset"])
@@ -332,8 +376,10 @@ class ShardSource(BaseNode[dict[str, Any]]):
         self._started = bool(state["started"])
 
     def next(self) -> dict[str, Any]:
-        self._started = True
+        if self._gen is None:  # a copy pickled into this process
+            self.reset(None)
         assert self._gen is not None
+        self._started = True
         return next(self._gen)
 
     def get_state(self) -> dict[str, Any]:
@@ -348,6 +394,8 @@ class ShardSource(BaseNode[dict[str, Any]]):
             "offset": self._offset,
             "next_key": self._next_key,
             "started": self._started,
+            "worker": self._worker[0],
+            "num_workers": self._worker[1],
         }
 
     # ------------------------------------------------------------------ reading
