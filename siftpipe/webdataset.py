@@ -399,9 +399,12 @@ class WebDataset(SiftFluid, wds.WebDataset):
                 "set WebDataset(shardshuffle=...) to a positive integer or 0 or False", stacklevel=2
             )
             shardshuffle = 100
-        if seed is None:  # as webdataset: WDS_SEED, else a random seed
-            seed = int(os.environ["WDS_SEED"]) if "WDS_SEED" in os.environ else random.randint(0, 1000000)
-        self.seed = seed
+        # as webdataset: WDS_SEED, else a random seed. WDS_SEED stays a string, as webdataset keeps
+        # it: random.Random("13") and random.Random(13) shuffle differently, and the order must be
+        # webdataset's
+        self.seed: int | str = (
+            seed if seed is not None else os.environ.get("WDS_SEED", random.randint(0, 1000000))
+        )
         self.opener = ShardOpener(
             storage_options,
             retries=retries,

@@ -6,6 +6,7 @@ of samples over many configurations. Where siftpipe differs on purpose (credenti
 from __future__ import annotations
 
 import io
+import itertools
 import pickle
 import tarfile
 import warnings
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import webdataset as wds
 from torch.utils.data import DataLoader
 
@@ -222,3 +224,101 @@ def test_every_url_form_gives_webdatasets_samples(shards, spec):
     theirs = list(wds.WebDataset(urls, shardshuffle=False))
     ours = list(WebDataset(urls, shardshuffle=False))
     assert ours == theirs and len(ours) > 0
+
+
+# ---------------------------------------------------------------------------------- sample order
+
+
+def canon(item):
+    """A comparable picture of an item: arrays and tensors by dtype, shape and values."""
+    if isinstance(item, dict):
+        return tuple(sorted((k, canon(v)) for k, v in item.items()))
+    if isinstance(item, tuple | list):
+        return tuple(canon(v) for v in item)
+    if isinstance(item, np.ndarray | torch.Tensor):
+        return (str(item.dtype), tuple(item.shape), np.asarray(item).tolist())
+    return item
+
+
+def to_key_x_cls(sample):
+    return {"key": sample["__key__"], "x": sample["x.npy"] * 2, "cls": sample["cls"]}
+
+
+CHAINS = {
+    "raw": lambda d: d,
+    "decode": lambda d: d.decode(),
+    "decode+to_tuple": lambda d: d.decode().to_tuple("__key__", "x.npy", "cls"),
+    "decode+map+batched": lambda d: d.decode().map(to_key_x_cls).batched(4),
+    "sample shuffle": lambda d: d.decode().shuffle(7, seed=5).to_tuple("__key__", "cls"),
+    "to_tuple alternatives": lambda d: d.to_tuple("__key__", "jpg;cls"),
+}
+
+CONFIGS = {
+    "no shuffle": {"shardshuffle": False},
+    "shardshuffle=True seed 0": {"shardshuffle": True, "seed": 0},
+    "shardshuffle=3 seed 7": {"shardshuffle": 3, "seed": 7},
+    "shardshuffle=100 seed 11": {"shardshuffle": 100, "seed": 11},
+    "detshuffle seed 2": {"shardshuffle": 4, "detshuffle": True, "seed": 2},
+    "WDS_SEED from the environment": {"shardshuffle": 5, "env": {"WDS_SEED": "13"}},
+    "split_by_node rank 1 of 2": {
+        "shardshuffle": False,
+        "nodesplitter": wds.split_by_node,
+        "env": {"RANK": "1", "WORLD_SIZE": "2"},
+    },
+    "split_by_node rank 0 of 2, shuffled": {
+        "shardshuffle": 2,
+        "seed": 3,
+        "nodesplitter": wds.split_by_node,
+        "env": {"RANK": "0", "WORLD_SIZE": "2"},
+    },
+    # every worker reads every shard, in webdataset too
+    "no worker splitter": {"shardshuffle": False, "workersplitter": None},
+}
+
+
+def run_both(shards, config, chain, workers, monkeypatch):
+    options = dict(config)
+    for name, value in options.pop("env", {}).items():
+        monkeypatch.setenv(name, value)
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # webdataset's shardshuffle=True warning
+        for cls in (wds.WebDataset, WebDataset):
+            dataset = CHAINS[chain](cls(shards.urls, **options))
+            items = (
+                list(DataLoader(dataset, batch_size=None, num_workers=workers)) if workers else list(dataset)
+            )
+            out.append([canon(x) for x in items])
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_sample_order_equals_webdatasets_for_every_configuration(shards, config, workers, monkeypatch):
+    theirs, ours = run_both(shards, CONFIGS[config], "decode+to_tuple", workers, monkeypatch)
+    assert ours == theirs and len(ours) > 0
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+@pytest.mark.parametrize("chain", sorted(CHAINS))
+def test_sample_order_equals_webdatasets_for_every_chain(shards, chain, workers, monkeypatch):
+    config = {"shardshuffle": 3, "seed": 1}
+    theirs, ours = run_both(shards, config, chain, workers, monkeypatch)
+    assert ours == theirs and len(ours) > 0
+
+
+def test_resampled_draws_from_the_same_shards_as_webdataset(shards):
+    # webdataset seeds resampling from the pid, the time and os.urandom: no order to compare
+    theirs = [s["__key__"] for s in wds.WebDataset(shards.urls, resampled=True).with_epoch(50)]
+    ours = [s["__key__"] for s in WebDataset(shards.urls, resampled=True).with_epoch(50)]
+    assert len(ours) == len(theirs) == 50 and set(ours) <= set(ALL_KEYS)
+    # whole shards are drawn: each run of keys is a run of one shard, in shard order
+    assert all(int(b) - int(a) == 1 or int(b) % PER_SHARD == 0 for a, b in itertools.pairwise(ours))
+
+
+def test_pickling_and_context_manager_as_in_webdataset(shards):
+    dataset = WebDataset(shards.urls, shardshuffle=False).decode().to_tuple("x.npy", "cls")
+    clone = pickle.loads(pickle.dumps(dataset))
+    assert [canon(x) for x in clone] == [canon(x) for x in dataset]
+    with WebDataset(shards.urls, shardshuffle=False) as ds:
+        assert len(list(ds)) == N
