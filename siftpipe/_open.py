@@ -902,9 +902,8 @@ class RetryingFile(io.RawIOBase):
     def finish(self) -> None:
         """The archive was read to its end: for a ``pipe:`` shard, check the command's exit
         status (``PipeStream.finish``); nothing for other shards."""
-        finish = getattr(self._f, "finish", None)
-        if finish is not None:
-            finish()
+        if isinstance(self._f, PipeStream):
+            self._f.finish()
 
     def close(self) -> None:
         self._drop()
@@ -1093,9 +1092,8 @@ def iter_tar_samples(
             f"the tar header at byte {start + tf.offset} is corrupt "
             f"({_HEADER_FAULTS.get(corrupt, corrupt)}); the rest of the shard cannot be read"
         )
-    finish = getattr(stream, "finish", None)
-    if finish is not None:  # a pipe: command that failed fails its shard, even after a full archive
-        finish()
+    if isinstance(stream, RetryingFile | PipeStream):
+        stream.finish()  # a pipe: command that failed fails its shard, even after a whole archive
     if current is not None:
         yield current, None, None
 
