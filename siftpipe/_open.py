@@ -80,25 +80,28 @@ Handler = Callable[[BaseException], bool]
 PIPE = "pipe:"
 
 # credential shapes in a shell command, beyond the URLs that ``redact`` already handles:
-# NAME=value for a credential-like NAME, the value of -u/--user/--password/--token/..., and the
-# value of an Authorization header
+# NAME=value for a credential-like NAME, the value of -u/--user and of any --flag naming a secret
+# (--password, --token, --s3-secret-access-key, ...), and the value of a credential header
+_SECRET_WORD = (
+    r"(?:secret|token|password|passwd|pwd|credential|signature|access[_-]?key|account[_-]?key"
+    r"|api[_-]?key|auth|sas)"
+)
+_VALUE = r"(\"[^\"]*\"|'[^']*'|[^\s;&|]+)"
 _COMMAND_SECRETS = (
+    re.compile(rf"(?i)(\b[A-Z0-9_]*{_SECRET_WORD}[A-Z0-9_]*=){_VALUE}"),
+    re.compile(rf"(?i)((?:^|\s)(?:-u|--user|--[\w-]*{_SECRET_WORD}[\w-]*|--key)(?:\s+|=)){_VALUE}"),
     re.compile(
-        r"(?i)(\b[A-Z0-9_]*(?:SECRET|TOKEN|PASSWORD|PASSWD|PWD|CREDENTIAL|SIGNATURE|ACCESS_KEY|ACCOUNT_KEY"
-        r"|API_KEY|AUTH|SAS)[A-Z0-9_]*=)(\"[^\"]*\"|'[^']*'|[^\s;&|]+)"
+        rf"(?i)((?:authorization|[\w-]*{_SECRET_WORD}[\w-]*|[\w-]*-key)\s*:\s*(?:bearer\s+|basic\s+|token\s+)?)([^\s\"']+)"
     ),
-    re.compile(
-        r"(?i)((?:^|\s)(?:-u|--user|--password|--pass|--passwd|--token|--secret|--key|--access-key"
-        r"|--secret-key|--sas-token|--oauth2-bearer)(?:\s+|=))(\"[^\"]*\"|'[^']*'|[^\s;&|]+)"
-    ),
-    re.compile(r"(?i)(authorization:\s*(?:bearer\s+|basic\s+|token\s+)?)([^\s\"']+)"),
 )
 
 
 def redact_command(command: str) -> str:
     """A shell command fit to show: URLs' passwords and signatures, credential-like environment
-    assignments (``AWS_SECRET_ACCESS_KEY=...``), ``-u``/``--user``/``--password``/``--token``
-    values, ``Authorization`` header values and secret environment variables' values are ``***``."""
+    assignments (``AWS_SECRET_ACCESS_KEY=...``), the values of ``-u``/``--user`` and of flags
+    that name a secret (``--password``, ``--token``, ``--s3-secret-access-key``, ...), of
+    credential headers (``Authorization:``, ``X-Api-Key:``, ``...-Token:``) and of secret
+    environment variables are ``***``."""
     for pattern in _COMMAND_SECRETS:
         command = pattern.sub(r"\1***", command)
     return redact(command, secret_values())

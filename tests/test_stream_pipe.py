@@ -121,6 +121,17 @@ def test_credentials_in_a_command_never_reach_errors_warnings_or_samples(shards,
         ("gsutil -o Credentials:gs_oauth2_refresh_token=abcd cat gs://b/x", None),
         ("AZURE_STORAGE_SAS_TOKEN=sv=2020&sig=abcd azcopy cp x -", None),
         ("cat plain.tar", "cat plain.tar"),
+        (
+            "rclone cat r:b/x.tar --s3-secret-access-key abcd",
+            "rclone cat r:b/x.tar --s3-secret-access-key ***",
+        ),
+        ("curl -H 'X-Api-Key: abcd' https://h/x.tar", "curl -H 'X-Api-Key: ***' https://h/x.tar"),
+        (
+            "curl -H 'X-Amz-Security-Token: abcd' https://h/x",
+            "curl -H 'X-Amz-Security-Token: ***' https://h/x",
+        ),
+        ("curl -H 'Content-Type: text/plain' https://h/x", "curl -H 'Content-Type: text/plain' https://h/x"),
+        ("aws s3 cp s3://b/x.tar - --profile research", "aws s3 cp s3://b/x.tar - --profile research"),
     ],
 )
 def test_redact_command(command, shown):
