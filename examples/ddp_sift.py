@@ -13,6 +13,9 @@ Every rank writes its own audit partition (``rank=<r>``) and its own checkpoint.
 
 Rank 0 writes a synthetic dataset to ``--store`` first if it is not there. At the end rank 0
 prints one JSON line: steps per rank (equal), samples seen and kept per rank, test accuracy.
+Shards, audit log and checkpoints go under ``--dir`` (default: ``siftpipe-ddp`` in the system's
+temporary directory, or ``$SIFTPIPE_DDP_DIR``), never into the current directory, unless
+``--store``/``--audit``/``--checkpoint`` say otherwise.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 import time
 
 import fsspec
@@ -45,11 +49,14 @@ def to_xy(sample: dict) -> dict:
     }
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; ``--store``, ``--audit`` and ``--checkpoint`` default to ``--dir``."""
+    default_dir = os.environ.get("SIFTPIPE_DDP_DIR") or os.path.join(tempfile.gettempdir(), "siftpipe-ddp")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--store", default="siftpipe-ddp/train", help="shard prefix (a path or fsspec URL)")
-    ap.add_argument("--audit", default="siftpipe-ddp/audit", help="audit log root ('' for none)")
-    ap.add_argument("--checkpoint", default="siftpipe-ddp/ckpt", help="where each rank saves its state")
+    ap.add_argument("--dir", default=default_dir, help=f"where the outputs go by default ({default_dir})")
+    ap.add_argument("--store", help="shard prefix, a path or fsspec URL (default: DIR/train)")
+    ap.add_argument("--audit", help="audit log root, '' for none (default: DIR/audit)")
+    ap.add_argument("--checkpoint", help="where each rank saves its state (default: DIR/ckpt)")
     ap.add_argument("--storage-option", action="append", metavar="KEY=VALUE")
     ap.add_argument("--samples", type=int, default=16_000, help="training samples to generate")
     ap.add_argument("--shards", type=int, default=16)
@@ -62,7 +69,17 @@ def main() -> None:
     ap.add_argument("--beta", type=float, default=1.0)
     ap.add_argument("--sync-every", type=int, default=20, help="steps between loss-history syncs (0: local)")
     ap.add_argument("--resume", action="store_true", help="continue from --checkpoint to --epochs in all")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    for name in ("store", "audit", "checkpoint"):
+        if getattr(args, name) is None:
+            setattr(
+                args, name, os.path.join(args.dir, {"store": "train", "audit": "audit"}.get(name, "ckpt"))
+            )
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     options = parse_storage_options(args.storage_option)
 
     cuda = torch.cuda.is_available()

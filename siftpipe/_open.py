@@ -26,8 +26,11 @@ import logging
 import os
 import random
 import re
+import signal
 import socket
+import subprocess
 import tarfile
+import tempfile
 import threading
 import time
 import warnings
@@ -38,14 +41,19 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from ._secrets import Redactor, redact, redact_options, redact_url, secret_values
+from ._secrets import Redactor, redact, redact_options, secret_values
+from ._secrets import redact_url as _redact_plain_url
 from .errors import ConfigError, ShardError, ShardWarning
 
 __all__ = [
     "ShardOpener",
     "ShardReader",
+    "MAX_EXTENDED_HEADER_BYTES",
+    "MAX_MEMBER_BYTES",
+    "MAX_SAMPLE_BYTES",
     "ShardStats",
     "SharedShardCounts",
+    "TarLimitError",
     "classify_error",
     "describe_error",
     "find_shard_counts",
@@ -53,6 +61,8 @@ __all__ = [
     "merge_shard_stats",
     "ignore_and_stop",
     "iter_tar_samples",
+    "local_path",
+    "PipeStream",
     "redact_url",
     "reraise_exception",
     "reset_shard_stats",
@@ -64,6 +74,46 @@ __all__ = [
 log = logging.getLogger("siftpipe.shards")
 
 Handler = Callable[[BaseException], bool]
+
+# ---------------------------------------------------------------------------------- redaction
+
+PIPE = "pipe:"
+
+# credential shapes in a shell command, beyond the URLs that ``redact`` already handles:
+# NAME=value for a credential-like NAME, the value of -u/--user and of any --flag naming a secret
+# (--password, --token, --s3-secret-access-key, ...), and the value of a credential header
+_SECRET_WORD = (
+    r"(?:secret|token|password|passwd|pwd|credential|signature|access[_-]?key|account[_-]?key"
+    r"|api[_-]?key|auth|sas)"
+)
+_VALUE = r"(\"[^\"]*\"|'[^']*'|[^\s;&|]+)"
+_COMMAND_SECRETS = (
+    re.compile(rf"(?i)(\b[A-Z0-9_]*{_SECRET_WORD}[A-Z0-9_]*=){_VALUE}"),
+    re.compile(rf"(?i)((?:^|\s)(?:-u|--user|--[\w-]*{_SECRET_WORD}[\w-]*|--key)(?:\s+|=)){_VALUE}"),
+    re.compile(
+        rf"(?i)((?:authorization|[\w-]*{_SECRET_WORD}[\w-]*|[\w-]*-key)\s*:\s*(?:bearer\s+|basic\s+|token\s+)?)([^\s\"']+)"
+    ),
+)
+
+
+def redact_command(command: str) -> str:
+    """A shell command fit to show: URLs' passwords and signatures, credential-like environment
+    assignments (``AWS_SECRET_ACCESS_KEY=...``), the values of ``-u``/``--user`` and of flags
+    that name a secret (``--password``, ``--token``, ``--s3-secret-access-key``, ...), of
+    credential headers (``Authorization:``, ``X-Api-Key:``, ``...-Token:``) and of secret
+    environment variables are ``***``."""
+    for pattern in _COMMAND_SECRETS:
+        command = pattern.sub(r"\1***", command)
+    return redact(command, secret_values())
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any credential in it replaced by ``***`` (``_secrets.redact_url``); for a
+    ``pipe:`` URL, the credentials in its command (``redact_command``)."""
+    if url.startswith(PIPE):
+        return PIPE + redact_command(url[len(PIPE) :])
+    return _redact_plain_url(url)
+
 
 # ---------------------------------------------------------------------------------- handlers
 
@@ -392,7 +442,8 @@ def classify_error(exc: BaseException) -> str:
     """What went wrong, from an error raised by fsspec (or its backend) or by tarfile.
 
     Returns one of ``"missing_bucket"``, ``"missing"``, ``"denied"``, ``"no_credentials"``,
-    ``"transient"`` (worth retrying), ``"corrupt"`` or ``"other"``.
+    ``"transient"`` (worth retrying), ``"corrupt"``, ``"too_large"`` (``TarLimitError``) or
+    ``"other"``.
     """
     if isinstance(exc, ShardError) and exc.kind:
         return exc.kind
@@ -411,6 +462,8 @@ def classify_error(exc: BaseException) -> str:
         if code in _TRANSIENT_CODES or (status is not None and (status >= 500 or status == 429)):
             return "transient"
     first = chain[0]
+    if isinstance(first, TarLimitError):
+        return "too_large"
     if isinstance(first, FileNotFoundError):
         return "missing_bucket" if "bucket" in str(first).lower() else "missing"
     if isinstance(first, PermissionError):
@@ -438,6 +491,9 @@ _FIX = {
     "timeout=, or pass handler=warn_and_continue to skip shards that cannot be read",
     "corrupt": "it is not a readable tar archive (truncated or corrupt): rewrite the shard, or pass "
     "handler=warn_and_continue to skip it",
+    "too_large": "the reader takes one sample into memory at a time and refuses more: raise "
+    "max_member_bytes= or max_sample_bytes= (WebDataset, ShardSource; None: no limit) if the shard is "
+    "trusted and such members are expected, or pass handler=warn_and_continue to skip it",
     "other": "pass handler=warn_and_continue to skip shards that cannot be read",
 }
 
@@ -561,6 +617,11 @@ class ShardOpener:
         return stream
 
     def _raw_open(self, url: str, offset: int) -> Any:
+        if url.startswith(PIPE):
+            f: Any = PipeStream(url[len(PIPE) :], self.redact(redact_url(url)), self.timeout)
+            if offset:
+                _skip_bytes(f, offset)
+            return f
         fs, path = self.filesystem(url)
         kwargs: dict[str, Any] = {}
         protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
@@ -650,6 +711,124 @@ def _skip_bytes(f: Any, n: int) -> None:
         n -= len(chunk)
 
 
+class PipeStream(io.RawIOBase):
+    """The standard output of a shell command, read as a shard: webdataset's ``pipe:`` URLs
+    (``pipe:aws s3 cp s3://bucket/x.tar -``, ``pipe:curl -s https://host/x.tar``).
+
+    The command runs in its own session (so that closing the stream early ends every process of
+    a shell pipeline), with its standard error kept in a temporary file. When its output ends,
+    or ``finish()`` is called after the archive's end, a non-zero exit status raises a
+    ``ShardError`` (kind ``command``, also an ``OSError`` as webdataset's) naming the command
+    (credentials redacted), the status and the end of its standard error. Exit status 141 (a
+    shell whose command was ended by SIGPIPE, when the reader stopped reading) counts as success,
+    as in webdataset.
+
+    Args:
+        command: The shell command (the URL after ``pipe:``).
+        shown: The URL to name in errors, credentials already redacted.
+        timeout: Seconds ``finish()`` waits for the command to exit after its shard was read
+            (``None``: as long as it takes).
+    """
+
+    #: Exit statuses that mean success: 0, and a shell's child ended by SIGPIPE (128 + 13).
+    OK_STATUS = (0, 128 + signal.SIGPIPE, -signal.SIGPIPE)
+    #: Bytes of standard error shown in an error message (the end of it).
+    STDERR_SHOWN = 800
+
+    def __init__(self, command: str, shown: str, timeout: float | None = None) -> None:
+        super().__init__()
+        if os.environ.get("WDS_SECURE", "0") not in ("", "0"):
+            raise ConfigError(
+                f"{shown}: pipe: URLs run shell commands, and WDS_SECURE is set (as in webdataset, "
+                "this refuses them); unset WDS_SECURE or read the shards through a storage URL"
+            )
+        self.command = command
+        self.shown = shown
+        self.timeout = timeout
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
+        self.proc = subprocess.Popen(
+            command,
+            shell=True,  # the URL is a shell command by definition (webdataset's pipe:)
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            start_new_session=True,
+        )
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int | None = -1) -> bytes:
+        assert self.proc.stdout is not None
+        data = self.proc.stdout.read(-1 if n is None or n < 0 else n)
+        if not data and n != 0:
+            self._check(self._wait(None))
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def finish(self) -> None:
+        """The shard was read to its end: stop reading, wait for the command, check its status."""
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+        status = self._wait(self.timeout)
+        if status is None:
+            self._kill()
+            raise ShardError(
+                f"the command of shard {self.shown} did not exit within {self.timeout:g} s after its "
+                "archive was read; check the command, or raise timeout=",
+                url=self.shown,
+                kind="command",
+            )
+        self._check(status)
+
+    def _wait(self, timeout: float | None) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def _check(self, status: int | None) -> None:
+        if status is None or status in self.OK_STATUS:
+            return
+        self._stderr.seek(0, io.SEEK_END)
+        size = self._stderr.tell()
+        self._stderr.seek(max(0, size - self.STDERR_SHOWN))
+        tail = self._stderr.read().decode(errors="replace").strip()
+        said = f"; it said: {redact_command(tail)!r}" if tail else " (and wrote nothing to standard error)"
+        how = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
+        raise ShardError(
+            f"the command of shard {self.shown} {how}{said}; run it in a shell to check it: its "
+            "standard output must be the tar archive",
+            url=self.shown,
+            kind="command",
+        )
+
+    def _kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def close(self) -> None:
+        """Stop reading; a command still running is ended (with its whole process group)."""
+        if self.closed:
+            return
+        try:
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+            if self.proc.poll() is None:
+                self._kill()
+        finally:
+            self._stderr.close()
+            super().close()
+
+    def __repr__(self) -> str:
+        return f"<siftpipe pipe stream {self.shown}>"
+
+
 class RetryingFile(io.RawIOBase):
     """A read-only stream over one shard that survives dropped connections.
 
@@ -723,6 +902,12 @@ class RetryingFile(io.RawIOBase):
         buffer[: len(data)] = data
         return len(data)
 
+    def finish(self) -> None:
+        """The archive was read to its end: for a ``pipe:`` shard, check the command's exit
+        status (``PipeStream.finish``); nothing for other shards."""
+        if isinstance(self._f, PipeStream):
+            self._f.finish()
+
     def close(self) -> None:
         self._drop()
         super().close()
@@ -736,25 +921,85 @@ class RetryingFile(io.RawIOBase):
 _META = re.compile(r"__[^/]*__($|/)")
 
 
+#: Default of ``max_member_bytes``: the largest tar member read into memory (256 MiB).
+MAX_MEMBER_BYTES = 256 * 2**20
+#: Default of ``max_sample_bytes``: the most one sample's members may hold together (1 GiB).
+MAX_SAMPLE_BYTES = 2**30
+#: The largest pax or GNU long-name header read (1 MiB): tarfile reads one whole into memory.
+MAX_EXTENDED_HEADER_BYTES = 2**20
+
+_EXTENDED_TYPES = (
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+)
+
+
+class TarLimitError(tarfile.ReadError):
+    """A tar member (or one sample's members, or an extended header) holds more bytes than the
+    reader takes into memory at once; classified as kind ``too_large``."""
+
+
 class _CheckedTarInfo(tarfile.TarInfo):
     """Notes on its TarFile when the archive ends without its end-of-archive marker, or a member
-    header in the middle is corrupt (its checksum fails): stream-mode tarfile otherwise ends such
-    an archive quietly at that point, as if it were complete, and the rest of the shard is lost
-    without a word."""
+    header in the middle is corrupt (its checksum fails, a number field is garbage or its size is
+    negative): stream-mode tarfile otherwise ends such an archive quietly at that point, as if it
+    were complete, and the rest of the shard is lost without a word. Refuses an extended header
+    (pax, GNU long name) larger than ``MAX_EXTENDED_HEADER_BYTES`` before tarfile reads it whole."""
 
     @classmethod
     def fromtarfile(cls, tarfile_: tarfile.TarFile) -> _CheckedTarInfo:
+        # tarfile.TarInfo.fromtarfile, with checks between reading a header and acting on it
+        fileobj: Any = tarfile_.fileobj
+        buf = fileobj.read(tarfile.BLOCKSIZE)
         try:
-            return super().fromtarfile(tarfile_)
+            obj = cls.frombuf(buf, tarfile_.encoding, tarfile_.errors)
         except (tarfile.EmptyHeaderError, tarfile.TruncatedHeaderError):  # type: ignore[attr-defined]
             tarfile_._siftpipe_truncated = True  # type: ignore[attr-defined]
             raise
-        except tarfile.InvalidHeaderError:  # type: ignore[attr-defined]
-            tarfile_._siftpipe_corrupt = True  # type: ignore[attr-defined]
+        except tarfile.InvalidHeaderError as exc:  # type: ignore[attr-defined]
+            tarfile_._siftpipe_corrupt = str(exc)  # type: ignore[attr-defined]
             raise
+        obj.offset = fileobj.tell() - tarfile.BLOCKSIZE
+        if obj.size < 0:  # tarfile would move backwards in the stream, or end it quietly
+            tarfile_._siftpipe_corrupt = f"member {obj.name!r} has a negative size"  # type: ignore[attr-defined]
+            raise tarfile.InvalidHeaderError("negative size")  # type: ignore[attr-defined]
+        if obj.type in _EXTENDED_TYPES and obj.size > MAX_EXTENDED_HEADER_BYTES:
+            raise TarLimitError(
+                f"an extended header (pax or GNU long name) before member {obj.name!r} holds "
+                f"{obj.size} bytes, more than the {MAX_EXTENDED_HEADER_BYTES} a tar writer ever needs"
+            )
+        return obj._proc_member(tarfile_)  # type: ignore[attr-defined]
 
 
 _BASE_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+# tarfile's words for a header it cannot parse, said plainly
+_HEADER_FAULTS = {
+    "bad checksum": "its checksum does not match",
+    "invalid header": "a number field holds garbage",
+}
+
+
+def _is_text(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # tarfile decodes undecodable bytes to lone surrogates
+        return False
+    return True
+
+
+def local_path(url: str) -> str | None:
+    """The file a local shard names, the ``__local_path__`` of its samples: a path as given, a
+    ``file:`` URL's path; ``None`` for any other URL. (webdataset gives ``urlparse(url).path``:
+    the same for every name without ``?``, ``#`` or ``;``, which it cuts off.)"""
+    parsed = urlsplit(url)
+    if parsed.scheme == "":
+        return url
+    if parsed.scheme == "file":
+        return parsed.path
+    return None
 
 
 def iter_tar_samples(
@@ -764,6 +1009,8 @@ def iter_tar_samples(
     start: int = 0,
     select_files: Callable[[str], bool] | None = None,
     rename_files: Callable[[str], str] | None = None,
+    max_member_bytes: int | None = MAX_MEMBER_BYTES,
+    max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
 ) -> Iterator[tuple[dict[str, Any], int | None, str | None]]:
     """The samples of one tar stream, WebDataset style, each with where the next one starts.
 
@@ -773,13 +1020,26 @@ def iter_tar_samples(
     next_key)``: the byte offset (counting from the start of the object; ``start`` is where
     ``stream`` begins) of the tar header that starts the next sample, and that sample's key, or
     ``None`` after the last sample or when the archive is compressed (offsets are not seekable).
-    ``__url__`` is ``url`` with any credential in it redacted (it ends up in logs and audits).
+    ``__url__`` is ``url`` with any credential in it redacted (it ends up in logs and audits); a
+    local shard's samples also carry ``__local_path__``, as webdataset's do (see ``local_path``).
+
+    Hostile archives are bounded, checked before a member is read: a member larger than
+    ``max_member_bytes`` bytes, or one that takes a sample's members past ``max_sample_bytes``
+    bytes (each member counted with its 512-byte header, so that thousands of empty members of
+    one key are bounded too), raises ``TarLimitError`` naming the member (``None``: no limit). A
+    negative size, a corrupt header and a name that is not valid UTF-8 (a key no log can record)
+    raise ``tarfile.ReadError``. Member names are only ever keys, never paths written to (``../x``
+    and ``/x`` are keys like any other); links, devices, directories and members whose base name
+    has no extension are skipped, as webdataset skips them.
     """
+    path = local_path(url)
     url = redact_url(url)
     tf = tarfile.open(fileobj=stream, mode="r|*", tarinfo=_CheckedTarInfo)  # noqa: SIM115 - caller closes
     seekable = getattr(tf.fileobj, "comptype", None) == "tar"
     current: dict[str, Any] | None = None
+    held = 0  # bytes of the current sample's members, headers included
     for info in tf:
+        tf.members = []  # type: ignore[attr-defined]  # stream mode keeps every TarInfo otherwise
         if not info.isreg():
             continue
         name = info.name
@@ -796,11 +1056,29 @@ def iter_tar_samples(
         if current is not None and prefix != current["__key__"]:
             yield current, (start + info.offset if seekable else None), prefix
             current = None
+        if not _is_text(name):
+            raise tarfile.ReadError(
+                f"member {name.encode('utf-8', 'surrogateescape')!r} has a name that is not valid "
+                "UTF-8: its key could not be recorded in logs; rename the member"
+            )
+        if current is None:
+            held = 0
+        if max_member_bytes is not None and info.size > max_member_bytes:
+            raise TarLimitError(
+                f"member {name!r} holds {info.size} bytes, more than max_member_bytes={max_member_bytes}"
+            )
+        held += tarfile.BLOCKSIZE + info.size
+        if max_sample_bytes is not None and held > max_sample_bytes:
+            raise TarLimitError(
+                f"sample {prefix!r} holds more than max_sample_bytes={max_sample_bytes} bytes at member "
+                f"{name!r} (its members with their 512-byte headers)"
+            )
         member = tf.extractfile(info)
         data = member.read() if member is not None else b""
-        tf.members = []  # type: ignore[attr-defined]  # stream mode keeps every TarInfo otherwise
         if current is None:
             current = {"__key__": prefix, "__url__": url}
+            if path is not None:
+                current["__local_path__"] = path
         if suffix in current:
             raise tarfile.ReadError(
                 f"sample {prefix!r} has two members with field {suffix!r}: the shard's members must "
@@ -811,11 +1089,14 @@ def iter_tar_samples(
         raise tarfile.ReadError(
             f"the archive ends at byte {start + tf.offset} without its end-of-archive marker (truncated)"
         )
-    if getattr(tf, "_siftpipe_corrupt", False):
+    corrupt = getattr(tf, "_siftpipe_corrupt", None)
+    if corrupt is not None:
         raise tarfile.ReadError(
-            f"the tar header at byte {start + tf.offset} is corrupt (its checksum does not match); "
-            "the rest of the shard cannot be read"
+            f"the tar header at byte {start + tf.offset} is corrupt "
+            f"({_HEADER_FAULTS.get(corrupt, corrupt)}); the rest of the shard cannot be read"
         )
+    if isinstance(stream, RetryingFile | PipeStream):
+        stream.finish()  # a pipe: command that failed fails its shard, even after a whole archive
     if current is not None:
         yield current, None, None
 
@@ -832,6 +1113,12 @@ class ShardReader:
             skipped shard is counted in ``shard_stats().skipped``.
         select_files: Keep only tar members whose name passes this predicate.
         rename_files: Rename tar members before grouping.
+        max_member_bytes: The largest tar member read, in bytes (default ``MAX_MEMBER_BYTES``,
+            256 MiB; ``None``: no limit). A larger one fails its shard (kind ``too_large``,
+            naming the shard and the member) before any of it is read.
+        max_sample_bytes: The most one sample's members may hold together, in bytes, each
+            member counted with its 512-byte tar header (default ``MAX_SAMPLE_BYTES``, 1 GiB;
+            ``None``: no limit); bounds a sample of thousands of members as well.
     """
 
     def __init__(
@@ -840,11 +1127,35 @@ class ShardReader:
         handler: Handler = reraise_exception,
         select_files: Callable[[str], bool] | None = None,
         rename_files: Callable[[str], str] | None = None,
+        *,
+        max_member_bytes: int | None = MAX_MEMBER_BYTES,
+        max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
     ) -> None:
+        for name, value in (("max_member_bytes", max_member_bytes), ("max_sample_bytes", max_sample_bytes)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(
+                    f"{name} must be a number of bytes >= 1, or None for no limit; got {value!r}"
+                )
         self.opener = opener
         self.handler = handler
         self.select_files = select_files
         self.rename_files = rename_files
+        self.max_member_bytes = max_member_bytes
+        self.max_sample_bytes = max_sample_bytes
+
+    def tar_samples(
+        self, stream: Any, url: str, start: int = 0
+    ) -> Iterator[tuple[dict[str, Any], int | None, str | None]]:
+        """``iter_tar_samples`` of ``stream`` with this reader's member selection and limits."""
+        return iter_tar_samples(
+            stream,
+            url,
+            start=start,
+            select_files=self.select_files,
+            rename_files=self.rename_files,
+            max_member_bytes=self.max_member_bytes,
+            max_sample_bytes=self.max_sample_bytes,
+        )
 
     def __repr__(self) -> str:
         return f"ShardReader({self.opener!r}, handler={getattr(self.handler, '__name__', self.handler)})"
@@ -866,9 +1177,7 @@ class ShardReader:
         try:
             stream = self.opener.open(url)
             try:
-                for sample, _, _ in iter_tar_samples(
-                    stream, url, select_files=self.select_files, rename_files=self.rename_files
-                ):
+                for sample, _, _ in self.tar_samples(stream, url):
                     key = sample["__key__"]
                     self.opener.count("samples")
                     yield sample

@@ -849,27 +849,40 @@ def verdict(full: RunResult, sifted: RunResult, margin: float = 0.005) -> str:
 
 
 def plot_runs(results: Sequence[RunResult], path: str, title: str = "") -> None:
-    """Write a PNG: test accuracy against wall time (evaluations excluded), one line per run."""
+    """Write a PNG: test accuracy against wall time (evaluations excluded), one line per run.
+
+    The left panel shows every evaluation (the y-axis spans them all, the early low ones too);
+    the right one zooms on the top of the curves (from 2 points below the lowest final accuracy),
+    where the runs' final accuracies differ."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, (full, zoom) = plt.subplots(1, 2, figsize=(11, 4.5), sharex=True)
     for r in results:
-        ax.plot(
-            [0.0] + [p.seconds for p in r.points],
-            [math.nan] + [100 * p.accuracy for p in r.points],
-            marker="o",
-            ms=3,
-            label=f"{r.name} ({100 * r.accuracy:.2f}%)",
-        )
-    lows = [100 * p.accuracy for r in results for p in r.points]
-    if lows:
-        ax.set_ylim(max(0.0, float(np.quantile(lows, 0.2)) - 2), min(100.0, max(lows) + 0.5))
-    ax.set(xlabel="wall time, s (evaluations excluded)", ylabel="test accuracy, %", title=title)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+        for ax in (full, zoom):
+            ax.plot(
+                [0.0] + [p.seconds for p in r.points],
+                [math.nan] + [100 * p.accuracy for p in r.points],
+                marker="o",
+                ms=3,
+                label=f"{r.name} ({100 * r.accuracy:.2f}%)",
+            )
+    values = [100 * p.accuracy for r in results for p in r.points]
+    if values:
+        full.set_ylim(max(0.0, min(values) - 2), min(100.0, max(values) + 1))
+        last = min(100 * r.points[-1].accuracy for r in results if r.points)
+        zoom.set_ylim(max(0.0, last - 2), min(100.0, max(values) + 0.3))
+    full.set(
+        xlabel="wall time, s (evaluations excluded)", ylabel="test accuracy, %", title="every evaluation"
+    )
+    zoom.set(xlabel="wall time, s (evaluations excluded)", title="zoom on the top (lower points: left)")
+    for ax in (full, zoom):
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+import tarfile
 from collections.abc import Sequence
+from typing import ClassVar
+
+from webdataset.autodecode import DecodingError
 
 __all__ = [
     "AuditError",
     "ConfigError",
+    "CorruptShardError",
+    "MissingFieldError",
     "MissingKeyError",
     "NonFiniteLossError",
     "RegistryError",
     "ResumeError",
+    "SampleDecodeError",
     "SampleError",
     "ScorerError",
     "ScorerOutputError",
+    "ShardCommandError",
     "ShardError",
+    "ShardNotFoundError",
+    "ShardPermissionError",
+    "ShardUnavailableError",
     "SiftError",
     "ShardWarning",
     "SiftInWorkerError",
@@ -66,24 +77,99 @@ class ShardError(SiftError):
 
     Attributes (``None`` when not known): ``url`` (the shard, credentials redacted), ``key`` (the
     last sample key read from it), ``kind`` (``"missing"``, ``"missing_bucket"``, ``"denied"``,
-    ``"no_credentials"``, ``"transient"``, ``"corrupt"`` or ``"other"``).
+    ``"no_credentials"``, ``"transient"``, ``"corrupt"``, ``"too_large"``, ``"command"`` or
+    ``"other"``).
+
+    Each error is also an instance of what webdataset raises for the same fault, so that code
+    written for webdataset catches it unchanged: ``ShardError(message, kind=...)`` returns the
+    subclass for its kind, as ``OSError(errno.ENOENT, ...)`` returns a ``FileNotFoundError``:
+
+    ========================================  =====================================================
+    kind                                      class (and the built-in it also is)
+    ========================================  =====================================================
+    ``missing``, ``missing_bucket``           ``ShardNotFoundError`` (``FileNotFoundError``)
+    ``denied``, ``no_credentials``            ``ShardPermissionError`` (``PermissionError``)
+    ``transient``                             ``ShardUnavailableError`` (``OSError``)
+    ``command`` (a ``pipe:`` command failed)  ``ShardCommandError`` (``OSError``)
+    ``corrupt``                               ``CorruptShardError`` (``tarfile.ReadError``)
+    ``too_large``, ``other``                  ``ShardError`` only
+    ========================================  =====================================================
     """
+
+    #: The kind of an instance made without one. A DataLoader worker's error reaches the training
+    #: process rebuilt from its class and message only (torch's rule); the class keeps the kind.
+    default_kind: str | None = None
+    #: kind -> subclass, for ``ShardError(..., kind=...)`` (filled in below the subclasses).
+    _by_kind: ClassVar[dict[str, type[ShardError]]] = {}
+
+    def __new__(cls, message: str = "", *args: object, **kwargs: object) -> ShardError:
+        table = cls.__dict__.get("_by_kind")
+        kind = kwargs.get("kind")
+        target: type[ShardError] = table[kind] if table and isinstance(kind, str) and kind in table else cls
+        # the target's own MRO: an OSError subclass must be made by OSError.__new__
+        return super(ShardError, target).__new__(target, message)
 
     def __init__(
         self, message: str, *, url: str | None = None, key: str | None = None, kind: str | None = None
     ) -> None:
-        super().__init__(message)
+        # BaseException's own __init__, not the built-in mixin's: webdataset's DecodingError
+        # would take the message for its url
+        BaseException.__init__(self, message)
         self.url = url
         self.key = key
-        self.kind = kind
+        self.kind = kind if kind is not None else self.default_kind
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
-        # keep the attributes across processes (DataLoader workers pickle their errors)
-        return (_rebuild_shard_error, (str(self), self.url, self.key, self.kind))
+        # keep the class and the attributes across processes (DataLoader workers pickle errors)
+        attributes = {"url": self.url, "key": self.key, "kind": self.kind}
+        return (_rebuild_error, (type(self), str(self), attributes))
 
 
-def _rebuild_shard_error(message: str, url: str | None, key: str | None, kind: str | None) -> ShardError:
-    return ShardError(message, url=url, key=key, kind=kind)
+def _rebuild_error(cls: type[ShardError], message: str, attributes: dict[str, str | None]) -> ShardError:
+    return cls(message, **attributes)
+
+
+class ShardNotFoundError(ShardError, FileNotFoundError):
+    """The shard, or its bucket, does not exist (kinds ``missing``, ``missing_bucket``)."""
+
+    default_kind = "missing"
+
+
+class ShardPermissionError(ShardError, PermissionError):
+    """Access to the shard was denied, or no credentials were found (``denied``, ``no_credentials``)."""
+
+    default_kind = "denied"
+
+
+class ShardUnavailableError(ShardError, OSError):
+    """The storage did not answer within the retries and the timeout (``transient``)."""
+
+    default_kind = "transient"
+
+
+class ShardCommandError(ShardError, OSError):
+    """The command of a ``pipe:`` URL failed (``command``): it could not start, or it exited with
+    a non-zero status (webdataset raises ``OSError`` for this too)."""
+
+    default_kind = "command"
+
+
+class CorruptShardError(ShardError, tarfile.ReadError):
+    """The shard is not a readable tar archive: truncated, a corrupt header, a broken gzip stream,
+    or a member that no tar writer makes (``corrupt``)."""
+
+    default_kind = "corrupt"
+
+
+ShardError._by_kind = {
+    "missing": ShardNotFoundError,
+    "missing_bucket": ShardNotFoundError,
+    "denied": ShardPermissionError,
+    "no_credentials": ShardPermissionError,
+    "transient": ShardUnavailableError,
+    "command": ShardCommandError,
+    "corrupt": CorruptShardError,
+}
 
 
 class SampleError(ShardError):
@@ -91,7 +177,12 @@ class SampleError(ShardError):
 
     Attributes as ``ShardError`` (``kind`` is ``"corrupt"`` for a field that cannot be decoded,
     ``"missing_field"`` for a missing one), plus ``field``: the field, when known.
+    ``SampleError(message, kind=...)`` returns ``SampleDecodeError`` (also webdataset's
+    ``DecodingError``, with its ``k`` attribute) for ``corrupt`` and ``MissingFieldError`` (also
+    ``ValueError``, as webdataset's ``to_tuple`` raises) for ``missing_field``.
     """
+
+    _by_kind: ClassVar[dict[str, type[ShardError]]] = {}
 
     def __init__(
         self,
@@ -106,13 +197,30 @@ class SampleError(ShardError):
         self.field = field
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (_rebuild_sample_error, (str(self), self.url, self.key, self.kind, self.field))
+        attributes = {"url": self.url, "key": self.key, "kind": self.kind, "field": self.field}
+        return (_rebuild_error, (type(self), str(self), attributes))
 
 
-def _rebuild_sample_error(
-    message: str, url: str | None, key: str | None, kind: str | None, field: str | None
-) -> SampleError:
-    return SampleError(message, url=url, key=key, kind=kind, field=field)
+class SampleDecodeError(SampleError, DecodingError):
+    """A field of a sample cannot be decoded (``corrupt``); also webdataset's ``DecodingError``."""
+
+    default_kind = "corrupt"
+    #: webdataset's DecodingError attribute: the sample itself (never kept here: it may be large)
+    sample = None
+
+    @property
+    def k(self) -> str | None:
+        """webdataset's name for ``field``."""
+        return self.field
+
+
+class MissingFieldError(SampleError, ValueError):
+    """A sample lacks a field that ``.to_tuple()`` asked for (``missing_field``); also ``ValueError``."""
+
+    default_kind = "missing_field"
+
+
+SampleError._by_kind = {"corrupt": SampleDecodeError, "missing_field": MissingFieldError}
 
 
 class ShardWarning(UserWarning):

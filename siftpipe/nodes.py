@@ -29,13 +29,14 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from ._open import (
+    MAX_MEMBER_BYTES,
+    MAX_SAMPLE_BYTES,
     ShardOpener,
     ShardReader,
     ShardStats,
     describe_error,
     ignore_and_continue,
     ignore_and_stop,
-    iter_tar_samples,
     redact_options,
     redact_url,
     reraise_exception,
@@ -174,22 +175,35 @@ def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]
     return rank, world_size
 
 
+def _worker() -> tuple[int, int]:
+    """``(worker id, number of workers)`` of this process's DataLoader worker, ``(0, 1)`` outside
+    one: webdataset's ``pytorch_worker_info`` (torch's ``get_worker_info``, or the ``WORKER`` and
+    ``NUM_WORKERS`` environment variables)."""
+    from webdataset.utils import pytorch_worker_info
+
+    _, _, worker, num_workers = pytorch_worker_info()
+    return int(worker), int(num_workers)
+
+
 class ShardSource(BaseNode[dict[str, Any]]):
     """A stateful ``torchdata.nodes`` source of WebDataset samples from tar shards at any fsspec
     URL, read through the same opener as ``siftpipe.webdataset.WebDataset`` (storage options,
     retries with backoff, mid-stream reconnects, handlers, ``shard_stats()``).
 
-    Yields raw samples: dicts with ``__key__``, ``__url__`` and one ``bytes`` value per field
+    Yields raw samples: dicts with ``__key__``, ``__url__`` (``__local_path__`` too for a local
+    shard, as in webdataset) and one ``bytes`` value per field
     (decode them with ``siftpipe.shards.decode_sample``, e.g. in a ``ParallelMapper``).
 
     Its state is ``(epoch, shard index, samples read from that shard, byte offset of the next
-    sample, its key)``: resuming seeks straight to the next sample of an uncompressed shard (a
-    compressed one is re-read from its start and the samples before skipped), never re-reading
-    the epoch from its beginning. The shard URL and the next sample's key are checked on resume
+    sample, its key, DataLoader worker and number of workers)``: resuming seeks straight to the
+    next sample of an uncompressed shard (a compressed one is re-read from its start and the
+    samples before skipped), never re-reading the epoch from its beginning. The shard URL, the
+    next sample's key and the worker are checked on resume
     (``ResumeError`` if the shards changed since the checkpoint).
 
     Args:
-        urls: A brace pattern (``s3://bucket/train-{000000..000099}.tar``) or a list of URLs.
+        urls: A brace pattern (``s3://bucket/train-{000000..000099}.tar``) or a list of URLs
+            (any fsspec URL, a local path, or webdataset's ``pipe:COMMAND``).
         storage_options: fsspec options (see ``ShardOpener``); ``None``: the environment.
         handler: ``reraise_exception`` (default), ``warn_and_continue`` (skip a shard that cannot
             be read, counted in ``shard_stats().skipped``), or any webdataset handler.
@@ -198,8 +212,17 @@ class ShardSource(BaseNode[dict[str, Any]]):
         seed: Seed of the shard shuffle.
         rank, world_size: This process's share: shards ``rank::world_size`` of each epoch's
             order. Default: from ``torch.distributed`` or the ``RANK``/``WORLD_SIZE`` environment.
+            Inside a DataLoader worker (a source wrapped in an ``IterableDataset``, which every
+            worker iterates), the worker then takes every ``num_workers``-th of those, from its
+            id on: webdataset's ``split_by_node`` then ``split_by_worker``, so that no sample is
+            read twice. A rank or a worker left without shards is a ``ConfigError``.
         retries, backoff, max_backoff, timeout, block_size: see ``ShardOpener``.
         select_files, rename_files: as in webdataset: filter and rename tar members.
+        max_member_bytes: The largest tar member read, in bytes (default 256 MiB; ``None``: no
+            limit); a larger one fails its shard (``ShardError``, kind ``too_large``, naming the
+            shard and the member, handled by ``handler``) before any of it is read.
+        max_sample_bytes: The most one sample's members may hold together, in bytes, each counted
+            with its 512-byte header (default 1 GiB; ``None``: no limit).
     """
 
     STATE_VERSION = 1
@@ -221,6 +244,8 @@ class ShardSource(BaseNode[dict[str, Any]]):
         block_size: int | None = None,
         select_files: Callable[[str], bool] | None = None,
         rename_files: Callable[[str], str] | None = None,
+        max_member_bytes: int | None = MAX_MEMBER_BYTES,
+        max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
     ) -> None:
         super().__init__()
         from .webdataset import _expand
@@ -234,7 +259,14 @@ class ShardSource(BaseNode[dict[str, Any]]):
             timeout=timeout,
             block_size=block_size,
         )
-        self.reader = ShardReader(self.opener, handler, select_files=select_files, rename_files=rename_files)
+        self.reader = ShardReader(
+            self.opener,
+            handler,
+            select_files=select_files,
+            rename_files=rename_files,
+            max_member_bytes=max_member_bytes,
+            max_sample_bytes=max_sample_bytes,
+        )
         self.shuffle = shuffle
         self.seed = seed
         self.rank, self.world_size = _rank_and_world(rank, world_size)
@@ -250,6 +282,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
         self._sample = 0
         self._offset: int | None = 0
         self._next_key: str | None = None
+        self._worker = (0, 1)  # (DataLoader worker, workers) the current order was made for
         self._gen: Generator[dict[str, Any], None, None] | None = None
 
     def __repr__(self) -> str:
@@ -265,12 +298,22 @@ class ShardSource(BaseNode[dict[str, Any]]):
         return self.opener.stats()
 
     def order(self, epoch: int) -> list[str]:
-        """This rank's shard URLs for ``epoch``, in reading order."""
+        """This rank's (and, in a DataLoader worker, this worker's) shard URLs for ``epoch``, in
+        reading order. Raises ``ConfigError`` if a worker gets none."""
         urls = list(self.urls)
         if self.shuffle:
             perm = np.random.default_rng([self.seed, epoch]).permutation(len(urls))
             urls = [urls[i] for i in perm]
-        return urls[self.rank :: self.world_size]
+        ranks = urls[self.rank :: self.world_size]
+        worker, workers = _worker()
+        mine = ranks[worker::workers]
+        if not mine:
+            raise ConfigError(
+                f"DataLoader worker {worker} of {workers} (rank {self.rank} of {self.world_size}) gets "
+                f"none of this rank's {len(ranks)} shard(s): use at most {len(ranks)} worker(s), or write "
+                f"at least ranks x workers = {self.world_size * workers} shards"
+            )
+        return mine
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
@@ -282,15 +325,32 @@ class ShardSource(BaseNode[dict[str, Any]]):
                 self.epoch += 1
             self._started = False
             self._order = self.order(self.epoch)
+            self._worker = _worker()
             self._shard, self._sample, self._offset, self._next_key = 0, 0, 0, None
         else:
             self._restore(initial_state)
         self._gen = self._samples()
 
+    # a running pass (a generator) stays in its process: a copy pickled into a DataLoader worker
+    # starts a pass there with that worker's share (the position travels in get_state(), checked)
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_gen"] = None
+        return state
+
     def _restore(self, state: Mapping[str, Any]) -> None:
         if not isinstance(state, Mapping) or state.get("version") != self.STATE_VERSION:
             raise ResumeError(
                 "not a ShardSource state (no matching 'version'); pass what state_dict() returned"
+            )
+        worker, workers = _worker()
+        saved = (int(state.get("worker", 0)), int(state.get("num_workers", 1)))
+        if saved != (worker, workers):
+            raise ResumeError(
+                f"the checkpoint was taken in DataLoader worker {saved[0]} of {saved[1]}, this source "
+                f"runs in worker {worker} of {workers}: each worker reads its own shards, so resume "
+                "with the same number of workers (a StatefulDataLoader restores each worker's state "
+                "in that worker)"
             )
         order = self.order(int(state["epoch"]))
         if len(order) != state["num_shards"]:
@@ -308,6 +368,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
             )
         self.epoch = int(state["epoch"])
         self._order = order
+        self._worker = (worker, workers)
         self._shard = shard
         self._sample = int(state["sample"])
         self._offset = None if state["offset"] is None else int(state["offset"])
@@ -315,8 +376,10 @@ class ShardSource(BaseNode[dict[str, Any]]):
         self._started = bool(state["started"])
 
     def next(self) -> dict[str, Any]:
-        self._started = True
+        if self._gen is None:  # a copy pickled into this process
+            self.reset(None)
         assert self._gen is not None
+        self._started = True
         return next(self._gen)
 
     def get_state(self) -> dict[str, Any]:
@@ -331,6 +394,8 @@ class ShardSource(BaseNode[dict[str, Any]]):
             "offset": self._offset,
             "next_key": self._next_key,
             "started": self._started,
+            "worker": self._worker[0],
+            "num_workers": self._worker[1],
         }
 
     # ------------------------------------------------------------------ reading
@@ -378,13 +443,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
         expected = self._next_key
         stream = self.opener.open(url, offset)
         try:
-            samples = iter_tar_samples(
-                stream,
-                url,
-                start=offset,
-                select_files=self.reader.select_files,
-                rename_files=self.reader.rename_files,
-            )
+            samples = self.reader.tar_samples(stream, url, start=offset)
             for n, (sample, next_offset, next_key) in enumerate(samples):
                 if n < skip:
                     continue

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ._open import ShardOpener, redact_url
-from .errors import ConfigError, ShardError
+from .errors import ConfigError, SampleError, ShardError
 
 __all__ = [
     "ShardSet",
@@ -157,7 +157,9 @@ def decode_sample(sample: Mapping[str, Any], *, to_torch: bool = False) -> dict[
     ``.npy`` -> ``np.ndarray`` (``allow_pickle=False``; a torch tensor with ``to_torch``),
     ``.cls``/``.index``/``.id`` -> int, ``.txt`` -> str, ``.json`` -> its value; other fields
     and ``__key__``/``__url__`` are returned as they are. Matches webdataset's ``.decode()`` for
-    these formats, so the same samples decode the same in every adapter.
+    these formats, so the same samples decode the same in every adapter. A field that is not valid
+    data for its extension raises ``SampleError`` (kind ``corrupt``, ``field`` set; also
+    webdataset's ``DecodingError``) naming the sample, the shard and the field.
     """
     out: dict[str, Any] = {}
     for field, value in sample.items():
@@ -178,12 +180,13 @@ def decode_sample(sample: Mapping[str, Any], *, to_torch: bool = False) -> dict[
             else:
                 out[field] = value
         except (ValueError, UnicodeDecodeError) as exc:
-            raise ShardError(
+            raise SampleError(
                 f"sample {sample.get('__key__')!r} from {redact_url(str(sample.get('__url__')))}: field "
                 f"{field!r} is not valid .{ext} data ({exc}); rewrite the shard or decode it yourself",
                 url=redact_url(str(sample.get("__url__"))),
                 key=sample.get("__key__"),
                 kind="corrupt",
+                field=field,
             ) from None
     return out
 

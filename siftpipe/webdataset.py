@@ -40,6 +40,8 @@ from webdataset import autodecode, filters, shardlists
 from webdataset.compat import check_empty
 
 from ._open import (
+    MAX_MEMBER_BYTES,
+    MAX_SAMPLE_BYTES,
     ShardOpener,
     ShardReader,
     ShardStats,
@@ -335,9 +337,16 @@ class WebDataset(SiftFluid, wds.WebDataset):
             ``max_backoff`` seconds).
         timeout: Total seconds one open or read may spend failing and backing off.
         block_size: Bytes per read request for remote shards (``None``: the filesystem's).
+        max_member_bytes: The largest tar member read, in bytes (default 256 MiB; ``None``: no
+            limit): a larger one (a hostile shard, a gzip bomb) fails its shard with a
+            ``ShardError`` of kind ``too_large`` naming the shard and the member, before any of
+            it is read, and goes to ``handler`` like any other bad shard.
+        max_sample_bytes: The most one sample's members may hold together, in bytes, each
+            counted with its 512-byte header (default 1 GiB; ``None``: no limit).
 
     ``urls`` is a brace pattern (``s3://bucket/train-{000000..000099}.tar``), a list of URLs,
-    or any webdataset shard-list specification; local paths and ``file://`` URLs work too.
+    or any webdataset shard-list specification; local paths, ``file://`` URLs and webdataset's
+    ``pipe:COMMAND`` URLs (the command's standard output is the shard; see ``PipeStream``) work too.
     """
 
     def __init__(
@@ -366,6 +375,8 @@ class WebDataset(SiftFluid, wds.WebDataset):
         max_backoff: float = 30.0,
         timeout: float | None = 120.0,
         block_size: int | None = None,
+        max_member_bytes: int | None = MAX_MEMBER_BYTES,
+        max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
     ) -> None:
         wds.DataPipeline.__init__(self)
         if cache_dir is not None:
@@ -388,9 +399,12 @@ class WebDataset(SiftFluid, wds.WebDataset):
                 "set WebDataset(shardshuffle=...) to a positive integer or 0 or False", stacklevel=2
             )
             shardshuffle = 100
-        if seed is None:  # as webdataset: WDS_SEED, else a random seed
-            seed = int(os.environ["WDS_SEED"]) if "WDS_SEED" in os.environ else random.randint(0, 1000000)
-        self.seed = seed
+        # as webdataset: WDS_SEED, else a random seed. WDS_SEED stays a string, as webdataset keeps
+        # it: random.Random("13") and random.Random(13) shuffle differently, and the order must be
+        # webdataset's
+        self.seed: int | str = (
+            seed if seed is not None else os.environ.get("WDS_SEED", random.randint(0, 1000000))
+        )
         self.opener = ShardOpener(
             storage_options,
             retries=retries,
@@ -421,7 +435,14 @@ class WebDataset(SiftFluid, wds.WebDataset):
                 self.append(filters.detshuffle(shardshuffle, seed=self.seed))
             else:
                 self.append(filters.shuffle(shardshuffle, seed=self.seed))
-        self.reader = ShardReader(self.opener, handler, select_files=select_files, rename_files=rename_files)
+        self.reader = ShardReader(
+            self.opener,
+            handler,
+            select_files=select_files,
+            rename_files=rename_files,
+            max_member_bytes=max_member_bytes,
+            max_sample_bytes=max_sample_bytes,
+        )
         self.append(self.reader)
         if empty_check:
             self.append(check_empty)

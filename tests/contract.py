@@ -13,12 +13,16 @@ from typing import Any
 
 import torch
 from conftest import roundtrip
+from torchdata.nodes import Loader
 
 
 def signature(item: Any) -> Any:
-    """A comparable picture of an output item (sample or batch)."""
+    """A comparable picture of an output item (sample or batch), without where it was read from
+    (``__url__``, ``__local_path__``: the same samples come from local and remote shards)."""
     if isinstance(item, dict):
-        return tuple(sorted((k, signature(v)) for k, v in item.items() if k != "__url__"))
+        return tuple(
+            sorted((k, signature(v)) for k, v in item.items() if k not in ("__url__", "__local_path__"))
+        )
     if isinstance(item, tuple | list):
         return tuple(signature(v) for v in item)
     if isinstance(item, torch.Tensor):
@@ -75,3 +79,42 @@ def check_save_load(make: Callable[[], Adapter], cuts: Iterable[int], input_keys
         assert len(got) == len(ref_sig), f"cut {cut}: {len(got)} outputs, uninterrupted gave {len(ref_sig)}"
         assert got == ref_sig, f"cut {cut}: resumed outputs differ from the uninterrupted run"
     return reference
+
+
+def run_save_load_state(make_root, midpoint):
+    """torchdata's save/load-state contract for a node, written again from its description.
+
+    One Loader over the node: take ``midpoint`` items and checkpoint, finish epoch 0 and
+    checkpoint, run epoch 1. Then restoring the mid-epoch checkpoint must give the rest of
+    epoch 0 and then the same epoch 1; restoring the checkpoint taken before anything was read
+    must give epochs 0 and 1 again; restoring the end-of-epoch checkpoint gives nothing when the
+    loader does not restart, and epoch 1 when it does. Items are compared by value.
+    """
+    root = make_root()
+    loader = Loader(root)
+    initial = roundtrip(loader.state_dict())
+    it = iter(loader)
+    epoch0 = [next(it) for _ in range(midpoint)]
+    middle = roundtrip(loader.state_dict())
+    epoch0 += list(it)
+    end = roundtrip(loader.state_dict())
+    epoch1 = list(loader)
+    sig0, sig1 = [signature(x) for x in epoch0], [signature(x) for x in epoch1]
+    assert midpoint < len(epoch0), "the midpoint must fall inside the epoch"
+
+    loader.load_state_dict(middle)
+    assert [signature(x) for x in loader] == sig0[midpoint:]
+    assert [signature(x) for x in loader] == sig1
+
+    loader.load_state_dict(initial)
+    assert [signature(x) for x in loader] == sig0
+    assert [signature(x) for x in loader] == sig1
+
+    no_restart = Loader(root, restart_on_stop_iteration=False)
+    no_restart.load_state_dict(end)
+    assert list(no_restart) == []
+
+    restart = Loader(root)
+    restart.load_state_dict(end)
+    assert [signature(x) for x in restart] == sig1
+    return epoch0, epoch1

@@ -58,3 +58,36 @@ def test_torchdata_example_resumes_exactly():
     assert out["resumed_run_saw_the_same_samples"] is True
     assert out["resumed_run_has_the_same_weights"] is True
     assert 0 < out["kept"] < out["seen"]
+
+
+def test_the_ddp_example_writes_under_a_temporary_directory_unless_told(tmp_path, monkeypatch):
+    import importlib.util
+    import tempfile
+
+    spec = importlib.util.spec_from_file_location("ddp_sift_example", ROOT / "examples" / "ddp_sift.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SIFTPIPE_DDP_DIR", raising=False)
+    args = example.parse_args([])
+    default = os.path.join(tempfile.gettempdir(), "siftpipe-ddp")
+    assert (args.store, args.audit, args.checkpoint) == tuple(
+        os.path.join(default, name) for name in ("train", "audit", "ckpt")
+    )
+    monkeypatch.setenv("SIFTPIPE_DDP_DIR", str(tmp_path / "env"))
+    assert example.parse_args([]).store == str(tmp_path / "env" / "train")
+    args = example.parse_args(["--dir", str(tmp_path / "run"), "--audit", ""])
+    assert args.store == str(tmp_path / "run" / "train") and args.audit == ""
+    assert list(tmp_path.iterdir()) == []  # nothing in the current directory
+
+
+def test_the_examples_outputs_are_ignored_by_git(tmp_path):
+    import shutil
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        return  # not a checkout: nothing to ignore
+    names = ["siftpipe-ddp/train-000000.tar", "siftpipe-demo/plot.png"]
+    done = subprocess.run(
+        ["git", "check-ignore", *names], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert done.stdout.split() == names

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import roundtrip
-from contract import Adapter, check_save_load, output_keys, signature
+from contract import Adapter, check_save_load, output_keys, run_save_load_state
 from torch.utils.data import default_collate
 from torchdata.nodes import Batcher, IterableWrapper, Loader, Mapper, ParallelMapper
 
@@ -35,45 +35,6 @@ def shards(tmp_path_factory):
     return write_shards(
         synthetic_classification(N, dim=6), str(root / "train"), samples_per_shard=PER_SHARD, progress=False
     )
-
-
-def run_save_load_state(make_root, midpoint):
-    """torchdata's save/load-state contract for a node, written again from its description.
-
-    One Loader over the node: take ``midpoint`` items and checkpoint, finish epoch 0 and
-    checkpoint, run epoch 1. Then restoring the mid-epoch checkpoint must give the rest of
-    epoch 0 and then the same epoch 1; restoring the checkpoint taken before anything was read
-    must give epochs 0 and 1 again; restoring the end-of-epoch checkpoint gives nothing when the
-    loader does not restart, and epoch 1 when it does. Items are compared by value.
-    """
-    root = make_root()
-    loader = Loader(root)
-    initial = roundtrip(loader.state_dict())
-    it = iter(loader)
-    epoch0 = [next(it) for _ in range(midpoint)]
-    middle = roundtrip(loader.state_dict())
-    epoch0 += list(it)
-    end = roundtrip(loader.state_dict())
-    epoch1 = list(loader)
-    sig0, sig1 = [signature(x) for x in epoch0], [signature(x) for x in epoch1]
-    assert midpoint < len(epoch0), "the midpoint must fall inside the epoch"
-
-    loader.load_state_dict(middle)
-    assert [signature(x) for x in loader] == sig0[midpoint:]
-    assert [signature(x) for x in loader] == sig1
-
-    loader.load_state_dict(initial)
-    assert [signature(x) for x in loader] == sig0
-    assert [signature(x) for x in loader] == sig1
-
-    no_restart = Loader(root, restart_on_stop_iteration=False)
-    no_restart.load_state_dict(end)
-    assert list(no_restart) == []
-
-    restart = Loader(root)
-    restart.load_state_dict(end)
-    assert [signature(x) for x in restart] == sig1
-    return epoch0, epoch1
 
 
 def sift_pipeline(urls, *, batched, workers=2, policy=None, output_batch=None, **source_kw):

@@ -79,11 +79,13 @@ def test_local_paths_file_urls_and_s3_give_the_same_samples(local_shards, s3_sha
     s3 = list(ShardReader(ShardOpener(s3_options(local_s3.endpoint)))(s3_shards.urls))
     assert keys(local) == keys(as_file_urls) == keys(s3) == [f"{i:09d}" for i in range(300)]
     for a, b in zip(local, s3):
-        assert {k: v for k, v in a.items() if k != "__url__"} == {
-            k: v for k, v in b.items() if k != "__url__"
+        where = ("__url__", "__local_path__")
+        assert {k: v for k, v in a.items() if k not in where} == {
+            k: v for k, v in b.items() if k not in where
         }
+        assert a["__local_path__"] == a["__url__"] and "__local_path__" not in b
     assert s3[0]["__url__"] == s3_shards.urls[0]
-    assert sorted(local[0]) == ["__key__", "__url__", "cls", "hard.cls", "x.npy"]
+    assert sorted(local[0]) == ["__key__", "__local_path__", "__url__", "cls", "hard.cls", "x.npy"]
 
 
 def test_webdataset_style_url_dicts_are_accepted(local_shards):

@@ -300,7 +300,7 @@ def test_select_and_rename_tar_members_as_webdataset_does(shards):
         rename_files=lambda name: name.replace(".x.npy", ".features.npy"),
     )
     first = next(iter(raw))
-    assert sorted(first) == ["__key__", "__url__", "cls", "features.npy"]
+    assert sorted(first) == ["__key__", "__local_path__", "__url__", "cls", "features.npy"]
 
 
 def test_file_urls_and_lists_work_like_paths(shards):
