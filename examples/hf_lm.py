@@ -81,6 +81,7 @@ def main() -> None:
     ap.add_argument("--beta", type=float, default=1.0, help="RelativeProbabilistic beta (keeps 1/(1+beta))")
     ap.add_argument("--output", default=None, help="checkpoints and audit log (default: a temporary dir)")
     ap.add_argument("--save-steps", type=int, default=50)
+    ap.add_argument("--sync-every", type=int, default=0, help="steps between loss-history syncs (0: local)")
     ap.add_argument(
         "--resume", nargs="?", const="last", help="continue from a checkpoint folder (default: the last one)"
     )
@@ -122,7 +123,12 @@ def main() -> None:
         audit=os.path.join(output, "audit"),
     )
     trainer = SiftTrainer(  # sifting
-        model=model, args=training_args, train_dataset=train, data_collator=pad, sifter=sifter
+        model=model,
+        args=training_args,
+        train_dataset=train,
+        data_collator=pad,
+        sifter=sifter,
+        sync_every=args.sync_every or None,  # several processes: percentiles over all of them
     )
     trainer.train(resume_from_checkpoint=True if args.resume == "last" else args.resume)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 import warnings
 
@@ -52,7 +53,7 @@ class Bars(Dataset):
         for i in range(n):
             o, c = int(offset[i]), int(self.labels[i])
             bar = (rows == o) if c == 0 else (cols == o) if c == 1 else ((rows - cols) == o - SIZE // 2)
-            strength, noise = (0.35, 0.6) if faint[i] else (1.0, 0.2)
+            strength, noise = (0.5, 0.6) if faint[i] else (1.0, 0.2)
             images[i, 0] = strength * bar.float() + noise * torch.randn(SIZE, SIZE, generator=g)
         self.images = images
         self.faint = faint
@@ -110,11 +111,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64, help="kept images per batch and process")
     ap.add_argument("--ratio", type=float, default=0.5, help="PruneEasy: share of easy samples dropped")
     ap.add_argument("--devices", type=int, default=1, help="CPU processes (2 or more: DDP over gloo)")
+    ap.add_argument("--sync-every", type=int, default=0, help="DDP: steps between loss-history syncs")
+    ap.add_argument("--output", default=None, help="checkpoints (default: a temporary directory)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     warnings.filterwarnings("ignore", module="lightning")
     torch.set_num_threads(1)
     started = time.perf_counter()
+    output = args.output or tempfile.mkdtemp(prefix="siftpipe-lightning-vision-")
 
     L.seed_everything(args.seed, verbose=False)
     train = Bars(args.samples, seed=args.seed)
@@ -126,7 +130,8 @@ def main() -> None:
             sp.PruneEasy(args.ratio, anneal=per_rank * (args.epochs - 1), history=1000),
             micro_batch=256,
             seed=args.seed,
-        )
+        ),
+        sync_every=args.sync_every or None,  # DDP: the mean loss over all ranks
     )
     model = Classifier(sift, train, args.batch)
     trainer = L.Trainer(
@@ -134,9 +139,8 @@ def main() -> None:
         devices=args.devices,
         strategy="ddp" if args.devices > 1 else "auto",
         max_epochs=args.epochs,
-        callbacks=[sift],  # sifting
+        callbacks=[sift, L.callbacks.ModelCheckpoint(dirpath=output, save_last=True)],  # sifting: `sift`
         logger=False,
-        enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
@@ -168,6 +172,7 @@ def main() -> None:
                 "accuracy_clear": clear,
                 "accuracy_faint": faint,
                 "seconds": round(time.perf_counter() - started, 1),
+                "output": output,
             }
         )
     )
