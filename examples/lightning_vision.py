@@ -123,14 +123,11 @@ def main() -> None:
     L.seed_everything(args.seed, verbose=False)
     train = Bars(args.samples, seed=args.seed)
     per_rank = args.samples // args.devices
-    sift = SiftCallback(  # sifting
-        lambda: sp.Sifter(
-            None,  # score with the LightningModule
-            sp.CrossEntropy("image", "label"),
-            sp.PruneEasy(args.ratio, anneal=per_rank * (args.epochs - 1), history=1000),
-            micro_batch=256,
-            seed=args.seed,
-        ),
+    sift = SiftCallback(  # sifting: the stage is built on each process when training starts
+        scorer=sp.CrossEntropy("image", "label"),
+        policy=sp.PruneEasy(args.ratio, anneal=per_rank * (args.epochs - 1), history=1000),
+        micro_batch=256,
+        seed=args.seed,
         sync_every=args.sync_every or None,  # DDP: the mean loss over all ranks
     )
     model = Classifier(sift, train, args.batch)

@@ -188,10 +188,14 @@ def test_misuse_and_bad_checkpoints_get_errors_that_name_the_fix(tmp_path):
         SiftCallback(lambda: "not a sifter").sifter  # noqa: B018
     with pytest.raises(sp.ConfigError, match="DataLoader"):
         SiftCallback(sifter()).loader([1, 2, 3])
+    with pytest.raises(sp.ConfigError, match="not both or neither"):
+        SiftCallback(sifter(), scorer="cross_entropy")
+    with pytest.raises(sp.ConfigError, match="go with scorer="):
+        SiftCallback(sifter(), delay=3)
     sift = SiftCallback(sifter())
     with pytest.raises(sp.ScorerOutputError, match=r"shape \[n\]"):
         sift.loss(torch.zeros(3, 2), {})
-    tried("bad inputs tried", 4)
+    tried("bad inputs tried", 6)
     with pytest.raises(sp.ResumeError, match="version"):
         sift.load_state_dict({"version": 7})
     with pytest.raises(sp.ResumeError, match="2 process"):

@@ -3,7 +3,7 @@
     import siftpipe as sp
     from siftpipe.integrations.lightning import SiftCallback
 
-    sift = SiftCallback(lambda: sp.Sifter(None, sp.CrossEntropy("image", "label"), memory=sp.ScoreMemory()))
+    sift = SiftCallback(scorer=sp.CrossEntropy("image", "label"), memory=sp.ScoreMemory())
     trainer = L.Trainer(callbacks=[sift], ...)
     # in the LightningModule or DataModule:
     def train_dataloader(self):
@@ -21,6 +21,7 @@ docs/integrations.md.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -100,6 +101,11 @@ class SiftCallback(Callback):
             ``collate_fn`` becomes the wrapped DataLoader's and its ``output_batch`` the
             DataLoader's batch size; constructed with ``model=None`` it scores with the
             LightningModule.
+        scorer: Instead of ``sifter``: the stage is ``Sifter(None, scorer, policy, **sifter_args)``,
+            built on each process when training starts (``"cross_entropy"`` scores ``(x, y)``
+            batches; ``sp.CrossEntropy("image", "label")`` dict batches).
+        policy: With ``scorer``: the stage's policy (default ``RelativeProbabilistic(1.0)``).
+        sifter_args: With ``scorer``: more ``Sifter`` arguments (``memory=``, ``delay=``, ...).
         feedback: ``loss()`` hands the training step's per-sample losses to ``sifter.observe``.
             Default: when the sifter has a score memory.
         sync_every: Under DDP, share loss histories across ranks every this many steps.
@@ -113,13 +119,32 @@ class SiftCallback(Callback):
 
     def __init__(
         self,
-        sifter: sp.Sifter | Callable[[], sp.Sifter],
+        sifter: sp.Sifter | Callable[[], sp.Sifter] | None = None,
         *,
+        scorer: sp.Scorer | str | None = None,
+        policy: sp.Policy | str | None = None,
         feedback: bool | None = None,
         sync_every: int | None = None,
         restore_rng: bool = True,
         log: bool = True,
+        **sifter_args: Any,
     ) -> None:
+        if (sifter is None) == (scorer is None):
+            raise sp.ConfigError(
+                "give SiftCallback either a sifter (a Sifter or a function building one) or a scorer, "
+                "not both or neither"
+            )
+        if scorer is not None:
+            if "model" in sifter_args:
+                raise sp.ConfigError(
+                    "with scorer=, the stage scores with the LightningModule: give no model="
+                )
+            sifter = functools.partial(sp.Sifter, None, scorer, policy, **sifter_args)
+        elif policy is not None or sifter_args:
+            raise sp.ConfigError(
+                f"policy= and Sifter arguments ({', '.join(sifter_args) or 'policy'}) go with scorer=; "
+                "a given sifter has its own"
+            )
         if not (isinstance(sifter, sp.Sifter) or callable(sifter)):
             raise sp.ConfigError(
                 f"sifter must be a siftpipe.Sifter or a function returning one, got {sifter!r}"
