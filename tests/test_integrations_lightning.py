@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import siftpipe as sp
 from siftpipe.integrations import MissingExtraError
+from siftpipe.integrations._common import MetaCollate
 from siftpipe.integrations.lightning import SiftCallback
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,12 +196,34 @@ def test_misuse_and_bad_checkpoints_get_errors_that_name_the_fix(tmp_path):
     sift = SiftCallback(sifter())
     with pytest.raises(sp.ScorerOutputError, match=r"shape \[n\]"):
         sift.loss(torch.zeros(3, 2), {})
-    tried("bad inputs tried", 6)
+    with pytest.raises(sp.ConfigError, match="without its SiftCallback"):
+        iter(sift.loader(DataLoader(Points(), batch_size=4)))
+    tupled = MetaCollate(lambda samples: (1, 2), "__sift_weight__")
+    with pytest.raises(sp.ConfigError, match="return a dict"):
+        tupled([{"__key__": "a", "x": 1}])
+    tried("bad inputs tried", 8)
     with pytest.raises(sp.ResumeError, match="version"):
         sift.load_state_dict({"version": 7})
     with pytest.raises(sp.ResumeError, match="2 process"):
         sift.load_state_dict({"version": 1, "world_size": 2, "ranks": [{}, {}]})
     tried("malformed states tried", 2)
+
+
+class Forgetful(Net):
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self(batch["x"]), batch["y"])
+
+
+@pytest.mark.adversarial
+def test_a_training_step_that_does_not_hand_back_its_losses_is_warned_about(tmp_path):
+    """With InfoBatch's rule, a step that ignores the weights trains a biased loss: say so."""
+    sift = SiftCallback(scorer=sp.CrossEntropy("x", "y"), policy=sp.PruneEasy(0.5))
+    trainer = L.Trainer(
+        max_steps=2, accelerator="cpu", logger=False, enable_progress_bar=False, callbacks=[sift]
+    )
+    with pytest.warns(UserWarning, match="did not call SiftCallback.loss"):
+        trainer.fit(Forgetful(sift, Points()))
+    tried("bad inputs tried")
 
 
 @pytest.mark.adversarial

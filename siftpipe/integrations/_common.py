@@ -237,9 +237,15 @@ class MetaCollate:
             with self.rng.active():
                 batch = self.collate(samples)
         for name, values in meta.items():
-            batch[name] = (
-                torch.tensor(values, dtype=torch.float32) if name == self.weight_field else list(values)
-            )
+            try:
+                batch[name] = (
+                    torch.tensor(values, dtype=torch.float32) if name == self.weight_field else list(values)
+                )
+            except TypeError:
+                raise sp.ConfigError(
+                    f"the collate function {self.collate!r} made a {type(batch).__name__} of dict samples; "
+                    f"siftpipe carries the samples' {name!r} in the batch: return a dict from it"
+                ) from None
         return batch
 
     def __repr__(self) -> str:

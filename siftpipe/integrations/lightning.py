@@ -163,6 +163,9 @@ class SiftCallback(Callback):
         self._in_batch = False
         self._rng_to_restore: dict[str, Any] | None = None
         self._pending_state: dict[str, Any] | None = None
+        self._attached = False  # setup() ran: the callback is in the Trainer's callbacks
+        self._loss_called = False
+        self._warned_no_loss = False
         if self._sifter is not None:
             self._check(self._sifter)
 
@@ -220,6 +223,12 @@ class SiftCallback(Callback):
         return SiftedLoader(self, dataloader)
 
     def _stream_for(self, dataloader: DataLoader) -> SiftedStream:  # type: ignore[type-arg]
+        if not self._attached:
+            # without its hooks nothing acknowledges trained batches or saves the state
+            raise sp.ConfigError(
+                "the sifted loader is iterated by a Trainer without its SiftCallback: pass the same "
+                "callback in L.Trainer(callbacks=[sift, ...])"
+            )
         if dataloader is not self._source:
             self._source = dataloader
             self._inner = None
@@ -348,6 +357,7 @@ class SiftCallback(Callback):
                     f"SiftCallback.loss got {n} losses for a batch with {len(values)} {name}: pass one "
                     "loss per sample of the batch the training step received"
                 )
+        self._loss_called = True
         if self.feedback and keys is not None:
             sifter.observe(keys, per_sample.detach())
         if weights is None:
@@ -357,6 +367,7 @@ class SiftCallback(Callback):
     # ------------------------------------------------------------------ Lightning's hooks
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._attached = True
         sifter = self.sifter
         if sifter.model is None:
             sifter.model = pl_module  # unwrapped: a DDP forward would be a collective
@@ -376,11 +387,19 @@ class SiftCallback(Callback):
             restore_rng(self._rng_to_restore)
             self._rng_to_restore = None
         self._in_batch = True
+        self._loss_called = False
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._in_batch = False
+        if not self._loss_called and not self._warned_no_loss:
+            self._warned_no_loss = True
+            warnings.warn(
+                "training_step did not call SiftCallback.loss(per_sample, batch): the policy's weights "
+                "are not applied to the loss and the score memory gets no losses from training",
+                stacklevel=2,
+            )
         stream = self.stream
         stream.ack()
         self.sifter.model_version = trainer.global_step
@@ -396,7 +415,10 @@ class SiftCallback(Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        self._finish()
+        try:
+            self._finish()
+        except Exception as exc:  # the training error is the one to report
+            warnings.warn(f"siftpipe: could not flush the audit log after {exception!r}: {exc}", stacklevel=2)
 
     def _finish(self) -> None:
         if self._stream is not None:
