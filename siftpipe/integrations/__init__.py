@@ -12,12 +12,12 @@ Each submodule imports its trainer only when it is imported itself; a missing on
 
 from __future__ import annotations
 
-from ..errors import SiftError
+import siftpipe as sp
 
 __all__ = ["MissingExtraError"]
 
 
-class MissingExtraError(SiftError, ImportError):
+class MissingExtraError(sp.SiftError, ImportError):
     """An integration's trainer package is not installed; the message names the extra to install."""
 
     @classmethod
