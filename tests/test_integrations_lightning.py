@@ -26,7 +26,10 @@ from siftpipe.integrations.lightning import SiftCallback
 ROOT = Path(__file__).resolve().parents[1]
 warnings.filterwarnings("ignore", module="lightning")
 pytestmark = pytest.mark.filterwarnings(
-    "ignore:The dirpath has changed", "ignore:.*does not have many workers", "ignore:.*litlogger"
+    "ignore:The dirpath has changed",
+    "ignore:.*does not have many workers",
+    "ignore:.*litlogger",
+    "ignore:.*LeafSpec",
 )
 
 
@@ -72,7 +75,9 @@ class Net(L.LightningModule):
         per_sample = F.cross_entropy(self(x), y, reduction="none")
         loss = self.sift.loss(per_sample, batch)
         expected = per_sample.mean() if weight is None else (per_sample * weight).mean()
-        self.losses.append((float(loss), float(expected), [] if weight is None else weight.tolist()))
+        self.losses.append(
+            (float(loss.detach()), float(expected.detach()), [] if weight is None else weight.tolist())
+        )
         return loss
 
     def configure_optimizers(self):
@@ -110,6 +115,7 @@ def fit(
     )
     trainer = L.Trainer(
         max_steps=steps,
+        default_root_dir=tmp,
         accelerator="cpu",
         devices=1,
         logger=False,
@@ -219,7 +225,13 @@ def test_a_training_step_that_does_not_hand_back_its_losses_is_warned_about(tmp_
     """With InfoBatch's rule, a step that ignores the weights trains a biased loss: say so."""
     sift = SiftCallback(scorer=sp.CrossEntropy("x", "y"), policy=sp.PruneEasy(0.5))
     trainer = L.Trainer(
-        max_steps=2, accelerator="cpu", logger=False, enable_progress_bar=False, callbacks=[sift]
+        max_steps=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+        callbacks=[sift],
     )
     with pytest.warns(UserWarning, match="did not call SiftCallback.loss"):
         trainer.fit(Forgetful(sift, Points()))
