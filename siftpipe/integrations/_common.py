@@ -1,0 +1,477 @@
+"""What the trainer integrations share: a sifted stream of batches that resumes exactly.
+
+``SiftedStream`` feeds a per-sample ``Sifter`` from a loader that yields *lists* of samples (the
+trainer's DataLoader with an identity collate function) and hands on the sifter's collated batches.
+The sifter collates with the trainer's own collate function (``MetaCollate``), so a batch handed
+to the training step is exactly what the trainer would have built from the kept samples, dynamic
+padding included, with siftpipe's per-sample fields (key, weight) carried past the collator.
+
+Three things make a resumed run equal an uninterrupted one:
+
+* **The sifter's state** (policy history, generator, score memory, position in the pass): the
+  stream positions the loader at ``sifter.resume_from`` itself, skipping whole batches through
+  the sampler where it can.
+* **Data randomness apart from training randomness.** Everything the data pipeline does in the
+  training process (creating a DataLoader iterator draws a seed, a shuffling sampler without a
+  generator draws one, collators and datasets may draw) runs on a random state of its own,
+  swapped in around those calls and saved in the state, including its value at the start of the
+  pass, so a resumed pass re-creates the same shuffle and worker seeds. The training step's
+  dropout therefore sees the same generator whether or not the loader was re-created.
+* **Batches handed on but not trained yet.** Trainers fetch ahead (Lightning prefetches one batch
+  to know the epoch's last one). Such a batch was already emitted by the sifter, so it is part of
+  the state (``unacked``) and handed on again first after a resume. This is the only sample data a
+  state holds: at most the batches fetched ahead, usually one.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+import siftpipe as sp
+from siftpipe.distributed import EqualSteps
+
+__all__ = [
+    "DataRng",
+    "MetaCollate",
+    "SiftedStream",
+    "capture_rng",
+    "decode_rng",
+    "encode_rng",
+    "restore_rng",
+    "split_meta",
+    "with_index_keys",
+]
+
+#: Opens one pass: ``(epoch, skip) -> (lists of samples, samples skipped)``. The loader starts
+#: ``skip`` samples into the pass, or fewer (whole batches skipped cheaply): the stream drops the
+#: rest of the first ``skip`` samples itself.
+OpenPass = Callable[[int, int], tuple[Iterable[Sequence[Any]], int]]
+
+
+# ---------------------------------------------------------------------- random states
+
+
+def capture_rng(cuda: bool = False) -> dict[str, Any]:
+    """The process-wide random states: torch (CPU, and every CUDA device if ``cuda``), Python, numpy."""
+    states: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+    }
+    if cuda and torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng(states: Mapping[str, Any]) -> None:
+    """Set the process-wide random states ``capture_rng`` returned."""
+    torch.set_rng_state(states["torch"])
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def encode_rng(states: Mapping[str, Any]) -> dict[str, Any]:
+    """``capture_rng``'s states as tensors, tuples and numbers (``torch.load(weights_only=True)``)."""
+    name, keys, pos, has_gauss, cached = states["numpy"]
+    version, internal, gauss = states["python"]
+    out: dict[str, Any] = {
+        "torch": states["torch"].clone(),
+        "python": (int(version), torch.tensor(internal, dtype=torch.int64), gauss),
+        "numpy": (
+            str(name),
+            torch.from_numpy(keys.astype(np.int64)),
+            int(pos),
+            int(has_gauss),
+            float(cached),
+        ),
+    }
+    for name in ("cuda", "generators"):
+        if name in states:
+            out[name] = [s.clone() for s in states[name]]
+    return out
+
+
+def decode_rng(encoded: Mapping[str, Any]) -> dict[str, Any]:
+    """The inverse of ``encode_rng``."""
+    name, keys, pos, has_gauss, cached = encoded["numpy"]
+    version, internal, gauss = encoded["python"]
+    out: dict[str, Any] = {
+        "torch": encoded["torch"],
+        "python": (int(version), tuple(int(v) for v in internal.tolist()), gauss),
+        "numpy": (name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)),
+    }
+    for name in ("cuda", "generators"):
+        if name in encoded:
+            out[name] = list(encoded[name])
+    return out
+
+
+class DataRng:
+    """The random states the data pipeline runs on in the training process, kept apart from training.
+
+    Args:
+        seed: Seeds the states (a list of ints is fine: ``[seed, rank]``).
+    """
+
+    def __init__(self, seed: int | Sequence[int]) -> None:
+        entropy = np.random.SeedSequence(seed).generate_state(2)
+        one = int(entropy[0])
+        self.state: dict[str, Any] = {
+            "torch": torch.Generator().manual_seed(one).get_state(),
+            "python": random.Random(one).getstate(),
+            "numpy": np.random.RandomState(entropy).get_state(),
+        }
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Run the body on the data states; the training states are put back afterwards."""
+        training = capture_rng()
+        restore_rng(self.state)
+        try:
+            yield
+        finally:
+            self.state = capture_rng()
+            restore_rng(training)
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy of the current data states."""
+        return {
+            "torch": self.state["torch"].clone(),
+            "python": self.state["python"],
+            "numpy": self.state["numpy"],
+        }
+
+
+# ---------------------------------------------------------------------- samples and batches
+
+
+class _IndexKeyed(Dataset):  # type: ignore[type-arg]
+    """A map-style dataset whose dict samples carry their index as the key (when they carry none)."""
+
+    def __init__(self, dataset: Any, field: str) -> None:
+        self.dataset = dataset
+        self.field = field
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        item = self.dataset[index]
+        if isinstance(item, Mapping) and self.field not in item:
+            item = {**item, self.field: str(index)}
+        return item
+
+    def __getattr__(self, name: str) -> Any:
+        # samplers and trainers look for attributes of the dataset (lengths, column names)
+        if name in ("dataset", "field"):
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+def with_index_keys(dataset: Any, field: Any) -> Any:
+    """``dataset``, or for a map-style dataset a view whose dict samples without ``field`` get
+    their index (as a string) there: a key that names the same sample in every epoch, for the
+    score memory and the audit log. Iterable datasets are returned as they are."""
+    if not isinstance(field, str) or isinstance(dataset, IterableDataset):
+        return dataset
+    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        return dataset
+    return _IndexKeyed(dataset, field)
+
+
+def as_list(samples: list[Any]) -> list[Any]:
+    """A DataLoader collate function that leaves the samples uncollated (the sifter collates)."""
+    return list(samples)
+
+
+def split_meta(batch: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``batch`` without siftpipe's and WebDataset's per-sample fields (names starting ``__``), and those."""
+    plain: dict[str, Any] = {}
+    meta: dict[str, Any] = {}
+    for name, value in batch.items():
+        (meta if isinstance(name, str) and name.startswith("__") else plain)[name] = value
+    return plain, meta
+
+
+class MetaCollate:
+    """Collate dict samples with ``collate`` while carrying their ``__`` fields past it.
+
+    Collators built for model inputs (Hugging Face's pad and tensorize every field) fail on a
+    string key or turn a float weight into a float64 column. The ``__`` fields are taken out of
+    each sample first and put back into the batch: the weight field as a float32 tensor, the
+    others as lists. Samples that are not dicts are collated unchanged.
+
+    Args:
+        collate: The trainer's collate function.
+        weight_field: The field that holds the sample weight.
+        rng: Run ``collate`` on these data random states (collators may draw).
+    """
+
+    def __init__(
+        self, collate: Callable[[list[Any]], Any], weight_field: str, rng: DataRng | None = None
+    ) -> None:
+        self.collate = collate
+        self.weight_field = weight_field
+        self.rng = rng
+
+    def __call__(self, samples: list[Any]) -> Any:
+        meta: dict[str, list[Any]] = {}
+        if samples and isinstance(samples[0], Mapping):
+            names = [k for k in samples[0] if isinstance(k, str) and k.startswith("__")]
+            if names:
+                meta = {name: [s[name] for s in samples] for name in names}
+                samples = [{k: v for k, v in s.items() if k not in meta} for s in samples]
+        if self.rng is None:
+            batch = self.collate(samples)
+        else:
+            with self.rng.active():
+                batch = self.collate(samples)
+        for name, values in meta.items():
+            try:
+                batch[name] = (
+                    torch.tensor(values, dtype=torch.float32) if name == self.weight_field else list(values)
+                )
+            except TypeError:
+                raise sp.ConfigError(
+                    f"the collate function {self.collate!r} made a {type(batch).__name__} of dict samples; "
+                    f"siftpipe carries the samples' {name!r} in the batch: return a dict from it"
+                ) from None
+        return batch
+
+    def __repr__(self) -> str:
+        return f"MetaCollate({self.collate!r})"
+
+
+# ---------------------------------------------------------------------- the stream
+
+
+class SiftedStream:
+    """Kept batches of a per-sample ``Sifter``, pass after pass, with a state that resumes exactly.
+
+    Args:
+        sifter: The stage (per-sample mode; its ``collate_fn`` builds the batches handed on).
+        open_pass: Opens the loader for one pass (see ``OpenPass``).
+        endless: Iterating never ends: pass follows pass (the Hugging Face ``Trainer`` counts
+            optimizer steps, not passes). Otherwise one iteration is one pass (an epoch).
+        lockstep: Under torch.distributed, end every rank's pass at the same step
+            (``EqualSteps``: ranks keep different numbers of samples).
+        sync_every: With ``lockstep``, share loss histories across ranks every this many steps.
+        generators: Returns the ``torch.Generator`` objects that shuffle the data (a DataLoader's
+            ``generator=``): their states at the start of a pass are saved, so that a resumed pass
+            is shuffled as the interrupted one was.
+    """
+
+    STATE_VERSION = 1
+
+    def __init__(
+        self,
+        sifter: sp.Sifter,
+        open_pass: OpenPass,
+        *,
+        endless: bool,
+        lockstep: bool = False,
+        sync_every: int | None = None,
+        generators: Callable[[], list[torch.Generator]] | None = None,
+    ) -> None:
+        self.sifter = sifter
+        self.generators = generators
+        self.open_pass = open_pass
+        self.endless = endless
+        self.lockstep = lockstep
+        self.sync_every = sync_every
+        self.data_rng = DataRng(sifter.rng_seed)
+        #: The pass in progress (or the last one): the sifter's epoch.
+        self.epoch = 0
+        #: Batches fetched for a step that ``EqualSteps`` did not take (this rank, all passes).
+        self.discarded = 0
+        self._started = False
+        self._pass_rng: dict[str, Any] | None = None
+        self._resume_rng: dict[str, Any] | None = None
+        self._unacked: deque[Any] = deque()
+        self._replay: deque[Any] = deque()
+        self._active: Iterator[Any] | None = None
+        self._last = (0, 0)  # (seen, kept) at the last metrics() call
+
+    # ------------------------------------------------------------------ iterating
+
+    def __iter__(self) -> Iterator[Any]:
+        self.close()
+        gen = self._endless() if self.endless else self._pass()
+        self._active = gen
+        return gen
+
+    def _endless(self) -> Iterator[Any]:
+        while True:
+            seen = self.sifter.stats.seen
+            handed = yield from self._one_pass()
+            if not handed and self.sifter.stats.seen == seen:
+                raise sp.SiftError(
+                    f"pass {self.epoch} over the training data gave no sample at all; the dataset or "
+                    "stream is empty (an endless stream of passes over it would never yield a batch)"
+                )
+
+    def _pass(self) -> Iterator[Any]:
+        import torch.distributed as dist
+
+        if not (self.lockstep and dist.is_available() and dist.is_initialized()):
+            yield from self._one_pass()
+            return
+        equal = EqualSteps(self._one_pass(), sifter=self.sifter, sync_every=self.sync_every)
+        before = equal.discarded
+        try:
+            yield from equal
+        finally:
+            self.discarded += equal.discarded - before
+
+    def _one_pass(self) -> Generator[Any, None, int]:
+        sifter = self.sifter
+        handed = 0
+        while self._replay:
+            batch = self._replay.popleft()
+            self._unacked.append(batch)
+            handed += 1
+            yield batch
+        skip = sifter.resume_from
+        if skip is None:
+            if self._started:
+                self.epoch += 1
+            self._started = True
+            sifter.set_epoch(self.epoch)
+            self._pass_rng = self.data_rng.snapshot()
+            self._pass_rng["generators"] = [g.get_state() for g in self._generators()]
+            self._resume_rng = None
+            skip = 0
+        else:
+            # re-create the pass as it began (same shuffle, same worker seeds), then continue
+            # from the random states the checkpoint had
+            if self._pass_rng is None:
+                raise sp.ResumeError("the state resumes a pass but holds no random state of its start")
+            self.data_rng.state = dict(self._pass_rng)
+            saved = self._pass_rng.get("generators", [])
+            gens = self._generators()
+            if len(saved) != len(gens):
+                raise sp.ResumeError(
+                    f"the checkpoint's pass was shuffled by {len(saved)} generator(s) and this loader has "
+                    f"{len(gens)}: build the DataLoader as the interrupted run did"
+                )
+            for gen, gen_state in zip(gens, saved):
+                gen.set_state(gen_state)
+        with self.data_rng.active():
+            lists, skipped = self.open_pass(self.epoch, skip)
+            it = iter(lists)
+            # the first batch too: a shuffling sampler draws its seed then, and in a resumed pass
+            # it must draw from the state the pass began with
+            first = next(it, None)
+        self._resumed()
+        for batch in sifter(self._samples(first, it, skip - skipped)):
+            self._unacked.append(batch)
+            handed += 1
+            yield batch
+        return handed
+
+    def _generators(self) -> list[torch.Generator]:
+        return [] if self.generators is None else self.generators()
+
+    def _samples(self, first: Sequence[Any] | None, it: Iterator[Sequence[Any]], drop: int) -> Iterator[Any]:
+        samples = first
+        while samples is not None:
+            if drop >= len(samples):
+                drop -= len(samples)
+            else:
+                if drop:
+                    samples = samples[drop:]
+                    drop = 0
+                yield from samples
+            with self.data_rng.active():
+                samples = next(it, None)
+
+    def _resumed(self) -> None:
+        """A resumed pass has drawn what its start drew: continue on the checkpoint's random states."""
+        if self._resume_rng is not None:
+            self.data_rng.state = self._resume_rng
+            self._resume_rng = None
+
+    def ack(self, batches: int = 1) -> None:
+        """The trainer has trained the oldest ``batches`` batches handed on."""
+        for _ in range(min(batches, len(self._unacked))):
+            self._unacked.popleft()
+
+    def ack_all(self) -> None:
+        """Every batch handed on so far has been trained."""
+        self._unacked.clear()
+
+    def close(self) -> None:
+        """Stop the pass in progress (its DataLoader workers end with it)."""
+        gen, self._active = self._active, None
+        if gen is not None:
+            gen.close()  # type: ignore[attr-defined]
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sifter's state and the stream's, plain tensors, lists and numbers."""
+        return {
+            "version": self.STATE_VERSION,
+            "sifter": self.sifter.state_dict(),
+            "epoch": self.epoch,
+            "started": self._started,
+            "data_rng": encode_rng(self.data_rng.state),
+            "pass_rng": None if self._pass_rng is None else encode_rng(self._pass_rng),
+            "unacked": list(self._replay) + list(self._unacked),
+            "discarded": self.discarded,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state_dict()``: the next iteration picks up where it was taken."""
+        version = state.get("version") if isinstance(state, Mapping) else None
+        if version != self.STATE_VERSION:
+            raise sp.ResumeError(
+                "not a state of siftpipe's trainer integration (or one of another version): "
+                f"expected version {self.STATE_VERSION}, got {version!r}"
+            )
+        self.close()
+        self.sifter.load_state_dict(state["sifter"])
+        self.epoch = int(state["epoch"])
+        self._started = bool(state["started"])
+        current = decode_rng(state["data_rng"])
+        self._pass_rng = None if state["pass_rng"] is None else decode_rng(state["pass_rng"])
+        self.data_rng.state = current
+        self._resume_rng = current if self.sifter.resume_from is not None else None
+        self._replay = deque(state["unacked"])
+        self._unacked.clear()
+        self.discarded = int(state.get("discarded", 0))
+        stats = self.sifter.stats
+        self._last = (stats.seen, stats.kept)
+
+    # ------------------------------------------------------------------ metrics
+
+    def metrics(self, window: bool = True) -> dict[str, float]:
+        """Counters for the trainer's log: running totals, and the keep rate since the last call
+        (``window``) or since the start."""
+        stats = self.sifter.stats
+        seen0, kept0 = self._last
+        self._last = (stats.seen, stats.kept)
+        since = stats.seen - seen0
+        out = {
+            "keep_rate": (stats.kept - kept0) / since if window and since else stats.keep_rate,
+            "seen": float(stats.seen),
+            "kept": float(stats.kept),
+            "scored": float(stats.scored),
+            "from_memory": float(stats.from_memory),
+            "observed": float(stats.observed),
+            "seconds": stats.score_seconds + stats.decide_seconds,
+            "epoch": float(self.epoch),
+        }
+        if self.discarded:
+            out["discarded"] = float(self.discarded)
+        return out

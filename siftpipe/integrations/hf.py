@@ -1,0 +1,492 @@
+"""Sifting in the Hugging Face ``Trainer``: ``SiftTrainer``, ``SiftTrainerMixin`` and ``ModelLoss``.
+
+    import siftpipe as sp
+    from siftpipe.integrations.hf import ModelLoss, SiftTrainer
+
+    sifter = sp.Sifter(model, ModelLoss(), sp.RelativeProbabilistic(1.0), memory=sp.ScoreMemory(100_000))
+    trainer = SiftTrainer(model=model, args=args, train_dataset=train, sifter=sifter)   # args.max_steps > 0
+    trainer.train()                          # or trainer.train(resume_from_checkpoint=True)
+
+The stage runs in the training process, after the DataLoader: the Trainer's DataLoader (its sampler,
+workers, sharding across processes) yields lists of samples, the stage scores them with the live
+model, and collates the kept ones with the Trainer's data collator into batches of
+``per_device_train_batch_size`` kept samples. Details, caveats and what ``max_steps`` means:
+docs/integrations.md.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import IterableDataset, default_collate
+
+import siftpipe as sp
+
+from . import MissingExtraError
+from ._common import MetaCollate, SiftedStream, as_list, split_meta, with_index_keys
+
+try:
+    from accelerate import skip_first_batches
+    from transformers import Trainer, TrainerCallback
+    from transformers.models.auto import modeling_auto
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+except ImportError as exc:
+    raise MissingExtraError.of("siftpipe.integrations.hf", "hf", "transformers and accelerate", exc) from None
+
+if TYPE_CHECKING:
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+__all__ = ["STATE_FILE", "ModelLoss", "SiftTrainer", "SiftTrainerMixin"]
+
+#: The stage's state in each checkpoint folder, one file per process: ``STATE_FILE.format(rank=r)``.
+STATE_FILE = "siftpipe-rank{rank}.pt"
+
+KINDS = ("causal_lm", "tokens", "classification", "regression", "multi_label")
+
+
+def _names(*mappings: Mapping[str, Any]) -> frozenset[str]:
+    out: set[str] = set()
+    for mapping in mappings:
+        for value in mapping.values():
+            out.update((value,) if isinstance(value, str) else value)
+    return frozenset(out)
+
+
+_CAUSAL = _names(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+_TOKENS = _names(
+    modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    modeling_auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+)
+_CLASSIFY = _names(
+    modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
+    modeling_auto.MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES,
+    modeling_auto.MODEL_FOR_VIDEO_CLASSIFICATION_MAPPING_NAMES,
+)
+_PROBLEMS = {
+    "regression": "regression",
+    "single_label_classification": "classification",
+    "multi_label_classification": "multi_label",
+}
+
+
+class ModelLoss:
+    """A scorer: the per-sample loss that a ``transformers`` model's own training loss is made of.
+
+    The model's loss is a mean (or, with gradient accumulation, a sum divided by the step's token
+    count) over per-token or per-sample terms; ``terms`` returns each sample's sum of terms and
+    their count, and calling the scorer returns their mean, one loss per sample. Scoring with it
+    and feeding back the training step's losses (``SiftTrainer`` does) therefore puts the same
+    quantity into the score memory either way.
+
+    Args:
+        kind: How the model computes its loss: ``"causal_lm"`` (token cross-entropy, labels
+            shifted by one), ``"tokens"`` (masked LM, token classification, encoder-decoder),
+            ``"classification"``, ``"regression"``, ``"multi_label"``, or ``"auto"``: from the
+            model's class (its ``loss_type``, else the auto-model mappings) and config.
+        labels: The batch field with the labels (not passed to the model when scoring).
+        ignore_index: Label value that is not a target (padding, prompt tokens).
+    """
+
+    def __init__(self, kind: str = "auto", labels: str = "labels", ignore_index: int = -100) -> None:
+        if kind != "auto" and kind not in KINDS:
+            raise sp.ConfigError(f"ModelLoss kind must be 'auto' or one of {KINDS}, got {kind!r}")
+        self.kind = kind
+        self.labels = labels
+        self.ignore_index = ignore_index
+
+    def __call__(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        inputs, _ = split_meta(batch)
+        labels = inputs.pop(self.labels, None)
+        if labels is None:
+            raise KeyError(
+                f"the batch has no labels field {self.labels!r} (it has {', '.join(map(repr, batch))})"
+            )
+        sums, counts = self.terms(model, model(**inputs), labels)
+        return sums / counts.clamp(min=1)
+
+    def resolve(self, model: nn.Module, labels: torch.Tensor) -> str:
+        """The loss ``kind`` for ``model`` (a ``DistributedDataParallel`` wrapper is looked through)."""
+        if self.kind != "auto":
+            return self.kind
+        model = getattr(model, "module", model)
+        name = type(model).__name__
+        loss_type = getattr(model, "loss_type", None)
+        config = getattr(model, "config", None)
+        if loss_type in ("ForCausalLM", "ForConditionalGeneration") or name in _CAUSAL:
+            return "tokens" if getattr(config, "is_encoder_decoder", False) else "causal_lm"
+        if loss_type in ("ForMaskedLM", "ForTokenClassification") or name in _TOKENS:
+            return "tokens"
+        if (isinstance(loss_type, str) and loss_type.endswith("Classification")) or name in _CLASSIFY:
+            problem = getattr(config, "problem_type", None)
+            if problem is None:
+                if getattr(config, "num_labels", 2) == 1:
+                    problem = "regression"
+                elif labels.dtype in (torch.long, torch.int):
+                    problem = "single_label_classification"
+                else:
+                    problem = "multi_label_classification"
+            return _PROBLEMS[problem]
+        raise sp.ConfigError(
+            f"cannot tell how {name} computes its loss (loss_type={loss_type!r}); pass "
+            f"ModelLoss(kind=...) with one of {KINDS}, or your own scorer and sample_loss"
+        )
+
+    def terms(
+        self, model: nn.Module, outputs: Any, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sample's sum of loss terms and their count, from the model's ``outputs``.
+
+        Differentiable in the logits: with weights, the trained loss is rebuilt from these sums.
+        """
+        logits = getattr(outputs, "logits", None)
+        if logits is None and isinstance(outputs, Mapping):
+            logits = outputs.get("logits")
+        if not isinstance(logits, torch.Tensor):
+            raise sp.ScorerOutputError(
+                f"the model's output ({type(outputs).__name__}) has no logits tensor; ModelLoss needs "
+                "outputs with .logits (return_dict=True)"
+            )
+        kind = self.resolve(model, labels)
+        labels = labels.to(logits.device)
+        n = logits.shape[0]
+        if kind in ("causal_lm", "tokens"):
+            if kind == "causal_lm":
+                # as the model does: the prediction at t is scored against the label at t + 1
+                labels = F.pad(labels, (0, 1), value=self.ignore_index)[..., 1:]
+            tokens = F.cross_entropy(
+                logits.float().reshape(-1, logits.shape[-1]),
+                labels.reshape(-1),
+                ignore_index=self.ignore_index,
+                reduction="none",
+            ).reshape(n, -1)
+            return tokens.sum(dim=1), (labels != self.ignore_index).reshape(n, -1).sum(dim=1).to(tokens.dtype)
+        if kind == "classification":
+            loss = F.cross_entropy(logits.float().reshape(n, -1), labels.reshape(n), reduction="none")
+            return loss, torch.ones_like(loss)
+        if kind == "regression":
+            err = (logits.float().reshape(n, -1) - labels.float().reshape(n, -1)) ** 2
+        else:
+            err = F.binary_cross_entropy_with_logits(
+                logits.float().reshape(n, -1), labels.float().reshape(n, -1), reduction="none"
+            )
+        return err.sum(dim=1), torch.full((n,), float(err.shape[1]), device=err.device)
+
+    def __repr__(self) -> str:
+        return f"ModelLoss(kind={self.kind!r}, labels={self.labels!r})"
+
+
+class _TrainLoader:
+    """What the Trainer iterates: the sifted stream. It has no length: the Trainer runs ``max_steps``."""
+
+    def __init__(self, stream: SiftedStream) -> None:
+        self.stream = stream
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.stream)
+
+
+if TYPE_CHECKING:
+    _Base = Trainer
+else:
+    _Base = object
+
+
+class SiftTrainerMixin(_Base):
+    """Sift the training batches of a ``transformers.Trainer`` (or a subclass of one).
+
+    ``class MyTrainer(SiftTrainerMixin, SomeTrainer)`` adds sifting to any Trainer; ``SiftTrainer``
+    is the mixin over the plain ``Trainer``. All Trainer arguments are accepted, plus:
+
+    Args:
+        sifter: The stage, in per-sample mode (``batched=False``, the default). Left at their
+            defaults, its ``collate_fn`` becomes the Trainer's data collator and its
+            ``output_batch`` the per-process batch size, so every batch holds
+            ``per_device_train_batch_size`` kept samples (the last of a pass may hold fewer).
+            Constructed with ``model=None`` or the Trainer's model, it scores with ``trainer.model``.
+        sample_loss: Splits the model's loss into per-sample terms, for the feedback into the score
+            memory and for weights (``ModelLoss`` by default; the sifter's scorer if that is one).
+        feedback: Hand the training step's per-sample losses to ``sifter.observe`` (no second
+            forward for trained samples). Default: when the sifter has a score memory.
+        sync_every: Under torch.distributed, share loss histories across processes every this many
+            optimizer steps (``sp.sync_history``); ``None`` keeps them per process.
+
+    The Trainer needs ``args.max_steps > 0``: with samples dropped, the number of steps in a pass
+    is not known in advance. ``args.ignore_data_skip`` is set: on resume the stage positions the
+    data itself, from the state saved in the checkpoint folder (``STATE_FILE``).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        sifter: sp.Sifter,
+        sample_loss: ModelLoss | None = None,
+        feedback: bool | None = None,
+        sync_every: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(sifter, sp.Sifter):
+            raise sp.ConfigError(f"sifter must be a siftpipe.Sifter, got {type(sifter).__name__}")
+        if sifter.batched:
+            raise sp.ConfigError(
+                "the Trainer integration feeds the Sifter samples and lets it collate the kept ones with "
+                "the Trainer's data collator: construct it with batched=False (the default)"
+            )
+        if sync_every is not None and (not isinstance(sync_every, int) or sync_every < 1):
+            raise sp.ConfigError(
+                f"sync_every must be a number of optimizer steps >= 1 or None, got {sync_every!r}"
+            )
+        super().__init__(*args, **kwargs)
+        targs = self.args
+        if targs.max_steps is None or targs.max_steps <= 0:
+            raise sp.ConfigError(
+                "sifting drops samples, so the Trainer cannot know how many steps a pass over the data "
+                "takes: set TrainingArguments(max_steps=N), N optimizer steps of gradient_accumulation_steps "
+                "x per_device_train_batch_size kept samples per process (num_train_epochs is not used)"
+            )
+        if targs.auto_find_batch_size:
+            raise sp.ConfigError(
+                "auto_find_batch_size would change the batch size under the Sifter's output_batch"
+            )
+        if targs.n_gpu > 1:
+            raise sp.ConfigError(
+                "sifting does not support DataParallel (several GPUs in one process): launch one process "
+                "per GPU with torchrun or accelerate"
+            )
+        if getattr(self, "is_fsdp_enabled", False) or getattr(self, "is_deepspeed_enabled", False):
+            raise sp.ConfigError(
+                "sifting scores with the model between steps, and a sharded model (FSDP, DeepSpeed) "
+                "gathers its parameters with collectives that processes keeping different numbers of "
+                "samples would not all reach: use DistributedDataParallel"
+            )
+        config = self.accelerator.dataloader_config
+        if config.dispatch_batches:
+            raise sp.ConfigError(
+                "accelerator_config dispatch_batches=True sends every batch from process 0 with a "
+                "collective per batch; sifting processes read different numbers of batches: set it False"
+            )
+        # an IterableDataset would otherwise be read by process 0 and dispatched (see above)
+        config.dispatch_batches = False
+        for name in ("save_strategy", "eval_strategy"):
+            if str(getattr(targs, name, "")).lower().endswith("epoch"):
+                warnings.warn(
+                    f"{name}='epoch': with sifting the Trainer's one epoch spans all max_steps (like an "
+                    "IterableDataset), so this happens only at the end; use 'steps'",
+                    stacklevel=2,
+                )
+        targs.ignore_data_skip = True
+
+        weighted = sifter.attach_weight
+        if weighted and sample_loss is None and (targs.label_smoothing_factor or self.compute_loss_func):
+            raise sp.ConfigError(
+                "the policy weights samples, and label_smoothing_factor / compute_loss_func change the "
+                "loss away from the model's own, which ModelLoss splits into per-sample terms: pass "
+                "sample_loss= an object whose terms(model, outputs, labels) match your loss"
+            )
+        self.sifter = sifter
+        self.sift_sample_loss = sample_loss or (
+            sifter.scorer if isinstance(sifter.scorer, ModelLoss) else ModelLoss()
+        )
+        self.sift_feedback = sifter.memory is not None if feedback is None else bool(feedback)
+        if self.sift_feedback and sifter.memory is None:
+            raise sp.ConfigError(
+                "feedback=True needs a score memory: Sifter(..., memory=sp.ScoreMemory(...))"
+            )
+        self.sift_sync_every = sync_every
+        self._sift_follows_model = sifter.model is None or sifter.model is self.model
+        self._sift_inner: Any = None
+        self.sift_stream = SiftedStream(sifter, self._sift_open_pass, endless=True)
+
+        user_collator = self.data_collator
+        if sifter.collate_fn is default_collate:
+            sifter.collate_fn = MetaCollate(user_collator, sifter.weight_field, self.sift_stream.data_rng)
+        else:
+            sifter.collate_fn = MetaCollate(sifter.collate_fn, sifter.weight_field, self.sift_stream.data_rng)
+        if sifter.output_batch is None:
+            sifter.output_batch = targs.train_batch_size
+        # evaluation batches may carry the key field too (it survives column removal, below)
+        self.data_collator = MetaCollate(user_collator, sifter.weight_field)
+        self.add_callback(_SiftCallback(self))
+
+    # ------------------------------------------------------------------ data
+
+    def _set_signature_columns_if_needed(self) -> None:
+        # the Trainer keeps only the columns the model's forward takes; the key must survive too
+        super()._set_signature_columns_if_needed()
+        key = self.sifter.key
+        columns = self._signature_columns
+        if isinstance(key, str) and columns is not None and key not in columns:
+            columns.append(key)
+
+    def get_train_dataloader(self) -> Any:
+        """The sifted training batches: an iterable without a length (the Trainer runs ``max_steps``)."""
+        dataset, collator = self.train_dataset, self.data_collator
+        self.train_dataset = with_index_keys(dataset, self.sifter.key)
+        self.data_collator = as_list  # type: ignore[assignment]
+        try:
+            self._sift_inner = super().get_train_dataloader()
+        finally:
+            self.train_dataset, self.data_collator = dataset, collator
+        return _TrainLoader(self.sift_stream)
+
+    def _sift_open_pass(self, epoch: int, skip: int) -> tuple[Any, int]:
+        inner: Any = self._sift_inner
+        if inner is None:
+            raise sp.SiftError(
+                "the sifted stream was iterated before get_train_dataloader() built its loader"
+            )
+        inner.set_epoch(epoch)
+        # as the Trainer does: accelerate's set_epoch misses a batch sampler wrapped for sharding
+        underlying: Any = getattr(getattr(inner, "batch_sampler", None), "batch_sampler", None)
+        if hasattr(underlying, "set_epoch"):
+            underlying.set_epoch(epoch)
+        size = self.args.train_batch_size
+        if skip < size or isinstance(inner.dataset, IterableDataset):
+            return inner, 0
+        # a map-style pass skips whole batches in the sampler, without loading them
+        whole = skip // size
+        loader: Any = skip_first_batches(inner, whole)
+        loader.set_epoch(epoch)
+        return loader, whole * size
+
+    # ------------------------------------------------------------------ training
+
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> Any:
+        """The Trainer's loss on the kept samples, times their weights; hands their losses back.
+
+        Without weights (or with all weights 1) the loss is exactly the Trainer's. With weights it is
+        rebuilt from the per-sample terms with the Trainer's own normalization: each term of
+        sample ``i`` counts ``w_i`` times.
+        """
+        inputs, meta = split_meta(inputs)
+        sifter = self.sifter
+        keys: list[Any] | None = meta.get(sifter.key) if isinstance(sifter.key, str) else None
+        weights = meta.get(sifter.weight_field)
+        if weights is not None and bool((weights == 1).all()):
+            weights = None
+        observe = self.sift_feedback and keys is not None and model.training
+        if weights is None and not observe:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        loss, outputs = super().compute_loss(model, inputs, True, num_items_in_batch)
+        labels = inputs.get(self.sift_sample_loss.labels)
+        if labels is None:
+            raise sp.ConfigError(
+                f"weights and feedback need the labels field {self.sift_sample_loss.labels!r} in the batch"
+            )
+        with torch.set_grad_enabled(weights is not None and torch.is_grad_enabled()):
+            sums, counts = self.sift_sample_loss.terms(self.model or model, outputs, labels)
+        if observe and keys is not None:
+            sifter.observe(keys, (sums.detach() / counts.clamp(min=1)))
+        if weights is not None:
+            total = sums.detach().sum()
+            if total > 0:
+                # the model's loss is a fixed multiple of the sum of the terms (its normalization,
+                # gradient accumulation, averaging across processes): keep that multiple
+                loss = loss.detach() / total * (sums * weights.to(sums)).sum()
+        return (loss, outputs) if return_outputs else loss
+
+    def prediction_step(self, model: nn.Module, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        inputs, _ = split_meta(inputs)
+        return super().prediction_step(model, inputs, *args, **kwargs)
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """The Trainer's log, plus the stage's counters (``sift/...``) with every training loss."""
+        if "loss" in logs:
+            logs = {**logs, **{f"sift/{k}": v for k, v in self.sift_stream.metrics().items()}}
+        super().log(logs, *args, **kwargs)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.train``; resuming also restores the stage from the checkpoint folder."""
+        if resume_from_checkpoint is True and self.args.output_dir and os.path.isdir(self.args.output_dir):
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir) or True
+        if isinstance(resume_from_checkpoint, str):
+            self.sift_load(resume_from_checkpoint)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    # ------------------------------------------------------------------ state
+
+    def sift_save(self, folder: str) -> str:
+        """Write this process's stage state into checkpoint ``folder``; returns the file's path."""
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, STATE_FILE.format(rank=self.args.process_index))
+        state = {"stream": self.sift_stream.state_dict(), "world_size": self.args.world_size}
+        partial = f"{path}.partial-{os.getpid()}"
+        torch.save(state, partial)
+        os.replace(partial, path)  # a checkpoint holds the whole state or none
+        return path
+
+    def sift_load(self, folder: str) -> None:
+        """Restore this process's stage state from checkpoint ``folder``."""
+        name = STATE_FILE.format(rank=self.args.process_index)
+        path = os.path.join(folder, name)
+        if not os.path.exists(path):
+            raise sp.ResumeError(
+                f"checkpoint {folder} has no siftpipe state for process {self.args.process_index} ({name}): "
+                "it was saved by a Trainer without sifting, by fewer processes, or interrupted while "
+                "saving; resume from an earlier checkpoint, or start a new sifted run from its weights "
+                "(from_pretrained) without resume_from_checkpoint"
+            )
+        state = torch.load(path, weights_only=True)
+        world = int(state.get("world_size", 1))
+        if world != self.args.world_size:
+            raise sp.ResumeError(
+                f"checkpoint {folder} was saved by {world} process(es) and this run has "
+                f"{self.args.world_size}: each process resumes its own stage, so resume with {world}"
+            )
+        self.sift_stream.load_state_dict(state["stream"])
+
+
+class SiftTrainer(SiftTrainerMixin, Trainer):
+    """``transformers.Trainer`` with sifting; see ``SiftTrainerMixin`` for the extra arguments."""
+
+
+class _SiftCallback(TrainerCallback):
+    """The stage's part of the Trainer's events: steps taken, checkpoints, the end of training."""
+
+    def __init__(self, trainer: SiftTrainerMixin) -> None:
+        self.trainer = trainer
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        trainer = self.trainer
+        if trainer._sift_follows_model:
+            trainer.sifter.model = trainer.model  # unwrapped: a DDP forward would be a collective
+        trainer.sifter.model_version = state.global_step
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        trainer = self.trainer
+        # every batch fetched for this step has been trained: none is carried into a checkpoint
+        trainer.sift_stream.ack_all()
+        trainer.sifter.model_version = state.global_step
+        every = trainer.sift_sync_every
+        if every and state.global_step % every == 0 and args.world_size > 1:
+            sp.sync_history(trainer.sifter)
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        folder = os.path.join(args.output_dir or ".", f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        self.trainer.sift_save(folder)
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        trainer = self.trainer
+        trainer.sift_stream.close()
+        if trainer.sifter.audit is not None:
+            trainer.sifter.audit.flush()

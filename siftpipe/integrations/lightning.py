@@ -1,0 +1,471 @@
+"""Sifting in PyTorch Lightning: ``SiftCallback``.
+
+    import siftpipe as sp
+    from siftpipe.integrations.lightning import SiftCallback
+
+    sift = SiftCallback(scorer=sp.CrossEntropy("image", "label"), memory=sp.ScoreMemory())
+    trainer = L.Trainer(callbacks=[sift], ...)
+    # in the LightningModule or DataModule:
+    def train_dataloader(self):
+        return sift.loader(DataLoader(train, batch_size=64, shuffle=True, num_workers=4))
+    def training_step(self, batch, batch_idx):
+        per_sample = F.cross_entropy(self(batch["image"]), batch["label"], reduction="none")
+        return sift.loss(per_sample, batch)          # weights applied, losses fed back
+
+One epoch is one pass over the data (shorter: dropped samples are not trained); under DDP every
+rank ends its pass at the same step (``EqualSteps``). The stage's state (per rank), the batch
+Lightning fetched ahead and the random states go into Lightning's checkpoints through the
+callback's ``state_dict``, so ``trainer.fit(..., ckpt_path=...)`` continues exactly. Details:
+docs/integrations.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import (
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    default_collate,
+)
+
+import siftpipe as sp
+
+from . import MissingExtraError
+from ._common import (
+    MetaCollate,
+    SiftedStream,
+    as_list,
+    capture_rng,
+    decode_rng,
+    encode_rng,
+    restore_rng,
+    with_index_keys,
+)
+
+try:
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import Callback
+except ImportError as exc:
+    raise MissingExtraError.of("siftpipe.integrations.lightning", "lightning", "lightning", exc) from None
+
+__all__ = ["SiftCallback", "SiftedLoader"]
+
+
+class _SkipBatches(Sampler[list[int]]):
+    """A batch sampler without its first ``skip`` batches (their indices only: nothing is loaded)."""
+
+    def __init__(self, batch_sampler: Any, skip: int) -> None:
+        self.batch_sampler = batch_sampler
+        self.skip = skip
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for i, batch in enumerate(self.batch_sampler):
+            if i >= self.skip:
+                yield batch
+
+    def __len__(self) -> int:
+        return max(0, len(self.batch_sampler) - self.skip)
+
+
+class SiftedLoader:
+    """The sifted training batches of a ``SiftCallback``: return it from ``train_dataloader()``.
+
+    Iterating it is one pass over the wrapped DataLoader's data (one Lightning epoch). It has no
+    length: Lightning learns the end of the epoch by fetching one batch ahead.
+    """
+
+    def __init__(self, callback: SiftCallback, dataloader: DataLoader) -> None:  # type: ignore[type-arg]
+        self.callback = callback
+        self.dataloader = dataloader
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.callback._stream_for(self.dataloader))
+
+
+class SiftCallback(Callback):
+    """Sift a Lightning training run: the loader, the loss, the checkpoints and the metrics.
+
+    Args:
+        sifter: The stage (per-sample mode, the default), or a function that builds it. Give a
+            function under DDP: it is called on each process once the process group exists, so
+            each rank's generator is seeded with its rank. Left at their defaults, the stage's
+            ``collate_fn`` becomes the wrapped DataLoader's and its ``output_batch`` the
+            DataLoader's batch size; constructed with ``model=None`` it scores with the
+            LightningModule.
+        scorer: Instead of ``sifter``: the stage is ``Sifter(None, scorer, policy, **sifter_args)``,
+            built on each process when training starts (``"cross_entropy"`` scores ``(x, y)``
+            batches; ``sp.CrossEntropy("image", "label")`` dict batches).
+        policy: With ``scorer``: the stage's policy (default ``RelativeProbabilistic(1.0)``).
+        sifter_args: With ``scorer``: more ``Sifter`` arguments (``memory=``, ``delay=``, ...).
+        feedback: ``loss()`` hands the training step's per-sample losses to ``sifter.observe``.
+            Default: when the sifter has a score memory.
+        sync_every: Under DDP, share loss histories across ranks every this many steps.
+        restore_rng: Save the training process's random states (torch, CUDA, numpy, Python) with the
+            stage and put them back at the first training batch after a resume, so that dropout
+            draws the same masks as in the uninterrupted run (Lightning itself does not).
+        log: Log the stage's counters (``sift/...``) with ``pl_module.log`` every training step.
+    """
+
+    STATE_VERSION = 1
+
+    def __init__(
+        self,
+        sifter: sp.Sifter | Callable[[], sp.Sifter] | None = None,
+        *,
+        scorer: sp.Scorer | str | None = None,
+        policy: sp.Policy | str | None = None,
+        feedback: bool | None = None,
+        sync_every: int | None = None,
+        restore_rng: bool = True,
+        log: bool = True,
+        **sifter_args: Any,
+    ) -> None:
+        if (sifter is None) == (scorer is None):
+            raise sp.ConfigError(
+                "give SiftCallback either a sifter (a Sifter or a function building one) or a scorer, "
+                "not both or neither"
+            )
+        if scorer is not None:
+            if "model" in sifter_args:
+                raise sp.ConfigError(
+                    "with scorer=, the stage scores with the LightningModule: give no model="
+                )
+            sifter = functools.partial(sp.Sifter, None, scorer, policy, **sifter_args)
+        elif policy is not None or sifter_args:
+            raise sp.ConfigError(
+                f"policy= and Sifter arguments ({', '.join(sifter_args) or 'policy'}) go with scorer=; "
+                "a given sifter has its own"
+            )
+        if not (isinstance(sifter, sp.Sifter) or callable(sifter)):
+            raise sp.ConfigError(
+                f"sifter must be a siftpipe.Sifter or a function returning one, got {sifter!r}"
+            )
+        if sync_every is not None and (not isinstance(sync_every, int) or sync_every < 1):
+            raise sp.ConfigError(f"sync_every must be a number of steps >= 1 or None, got {sync_every!r}")
+        self._factory = None if isinstance(sifter, sp.Sifter) else sifter
+        self._sifter = sifter if isinstance(sifter, sp.Sifter) else None
+        self._feedback = feedback
+        self.sync_every = sync_every
+        self.restore_rng = restore_rng
+        self.log_metrics = log
+        self._stream: SiftedStream | None = None
+        self._source: DataLoader | None = None  # type: ignore[type-arg]
+        self._inner: DataLoader | None = None  # type: ignore[type-arg]
+        self._in_batch = False
+        self._rng_to_restore: dict[str, Any] | None = None
+        self._pending_state: dict[str, Any] | None = None
+        self._attached = False  # setup() ran: the callback is in the Trainer's callbacks
+        self._loss_called = False
+        self._warned_no_loss = False
+        if self._sifter is not None:
+            self._check(self._sifter)
+
+    # ------------------------------------------------------------------ the pieces
+
+    @property
+    def sifter(self) -> sp.Sifter:
+        """The stage (built by the factory on first use)."""
+        if self._sifter is None:
+            assert self._factory is not None
+            sifter = self._factory()
+            if not isinstance(sifter, sp.Sifter):
+                raise sp.ConfigError(
+                    f"the sifter factory returned {type(sifter).__name__}, not a siftpipe.Sifter"
+                )
+            self._check(sifter)
+            self._sifter = sifter
+        return self._sifter
+
+    @property
+    def stream(self) -> SiftedStream:
+        """The sifted stream the loader iterates (its state is the callback's)."""
+        if self._stream is None:
+            self._stream = SiftedStream(
+                self.sifter,
+                self._open_pass,
+                endless=False,
+                lockstep=True,
+                sync_every=self.sync_every,
+                generators=self._generators,
+            )
+        return self._stream
+
+    @property
+    def feedback(self) -> bool:
+        return self.sifter.memory is not None if self._feedback is None else self._feedback
+
+    @staticmethod
+    def _check(sifter: sp.Sifter) -> None:
+        if sifter.batched:
+            raise sp.ConfigError(
+                "SiftCallback feeds the Sifter samples and lets it collate the kept ones with the "
+                "DataLoader's collate function: construct it with batched=False (the default)"
+            )
+
+    def loader(self, dataloader: DataLoader) -> SiftedLoader:  # type: ignore[type-arg]
+        """Wrap the training DataLoader: its dataset, sampler, workers and collate function are
+        kept; the stage sits between the workers and the training step. Return the result from
+        ``train_dataloader()`` (or pass it to ``trainer.fit``)."""
+        if not isinstance(dataloader, DataLoader):
+            raise sp.ConfigError(
+                f"SiftCallback.loader wraps a torch DataLoader, got {type(dataloader).__name__}; for other "
+                "iterables, iterate sifter(...) yourself"
+            )
+        return SiftedLoader(self, dataloader)
+
+    def _stream_for(self, dataloader: DataLoader) -> SiftedStream:  # type: ignore[type-arg]
+        if not self._attached:
+            # without its hooks nothing acknowledges trained batches or saves the state
+            raise sp.ConfigError(
+                "the sifted loader is iterated by a Trainer without its SiftCallback: pass the same "
+                "callback in L.Trainer(callbacks=[sift, ...])"
+            )
+        if dataloader is not self._source:
+            self._source = dataloader
+            self._inner = None
+            sifter = self.sifter
+            collate = dataloader.collate_fn
+            if isinstance(sifter.collate_fn, MetaCollate):  # a reloaded DataLoader: its collate now
+                sifter.collate_fn.collate = collate
+            else:
+                inner = collate if sifter.collate_fn is default_collate else sifter.collate_fn
+                sifter.collate_fn = MetaCollate(inner, sifter.weight_field, self.stream.data_rng)
+            if sifter.output_batch is None:
+                if dataloader.batch_size is None:
+                    raise sp.ConfigError(
+                        "the DataLoader has a batch_sampler and no batch_size: give the Sifter "
+                        "output_batch= (kept samples per training batch)"
+                    )
+                sifter.output_batch = dataloader.batch_size
+        if self._pending_state is not None:
+            # restored only now: the stage's collate_fn and output_batch come from the DataLoader
+            state, self._pending_state = self._pending_state, None
+            self.stream.load_state_dict(state)
+        return self.stream
+
+    def _build_inner(self) -> DataLoader:  # type: ignore[type-arg]
+        source = self._source
+        assert source is not None
+        dataset = with_index_keys(source.dataset, self.sifter.key)
+        kwargs: dict[str, Any] = {
+            "num_workers": source.num_workers,
+            "collate_fn": as_list,
+            "pin_memory": source.pin_memory,
+            "timeout": source.timeout,
+            "worker_init_fn": source.worker_init_fn,
+            "multiprocessing_context": source.multiprocessing_context,
+            "generator": source.generator,
+            "persistent_workers": source.persistent_workers,
+        }
+        if source.num_workers > 0:
+            kwargs["prefetch_factor"] = source.prefetch_factor
+        if isinstance(source.dataset, IterableDataset):
+            return DataLoader(dataset, batch_size=source.batch_size, drop_last=source.drop_last, **kwargs)
+        if source.batch_size is None:
+            return DataLoader(dataset, batch_sampler=source.batch_sampler, **kwargs)
+        sampler = source.sampler
+        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        if distributed and not isinstance(sampler, DistributedSampler):
+            # what Lightning does for a plain DataLoader: each rank reads its own share
+            sampler = DistributedSampler(
+                dataset,
+                shuffle=isinstance(sampler, RandomSampler),
+                seed=self.sifter.seed,
+                drop_last=source.drop_last,
+            )
+        return DataLoader(
+            dataset, batch_size=source.batch_size, sampler=sampler, drop_last=source.drop_last, **kwargs
+        )
+
+    def _generators(self) -> list[torch.Generator]:
+        """Generators that shuffle the wrapped data: their states at a pass's start are saved."""
+        source = self._source
+        found: list[torch.Generator] = []
+        for owner in (source, getattr(source, "sampler", None)):
+            gen = getattr(owner, "generator", None)
+            if isinstance(gen, torch.Generator) and all(gen is not g for g in found):
+                found.append(gen)
+        return found
+
+    def _open_pass(self, epoch: int, skip: int) -> tuple[Any, int]:
+        if self._inner is None:
+            self._inner = self._build_inner()
+        inner = self._inner
+        owners: list[Any] = [
+            inner.sampler,
+            inner.batch_sampler,
+            getattr(inner.batch_sampler, "sampler", None),
+        ]
+        for owner in owners:
+            if hasattr(owner, "set_epoch"):
+                owner.set_epoch(epoch)
+        dataset = inner.dataset
+        if isinstance(dataset, IterableDataset):
+            if hasattr(dataset, "set_epoch"):
+                dataset.set_epoch(epoch)
+            return inner, 0
+        if inner.batch_size is None or skip < inner.batch_size:
+            return inner, 0
+        # a map-style pass skips whole batches in the sampler, without loading them
+        whole = skip // inner.batch_size
+        skipped = DataLoader(
+            dataset,
+            batch_sampler=_SkipBatches(inner.batch_sampler, whole),
+            num_workers=inner.num_workers,
+            collate_fn=as_list,
+            pin_memory=inner.pin_memory,
+            timeout=inner.timeout,
+            worker_init_fn=inner.worker_init_fn,
+            multiprocessing_context=inner.multiprocessing_context,
+            generator=inner.generator,
+            prefetch_factor=inner.prefetch_factor if inner.num_workers > 0 else None,
+        )
+        return skipped, whole * inner.batch_size
+
+    # ------------------------------------------------------------------ the training step
+
+    def loss(self, per_sample: torch.Tensor, batch: Any) -> torch.Tensor:
+        """The loss to optimise from the step's per-sample losses: their mean, each weighted by its
+        sample's weight when the policy sets weights; hands the losses back to the score memory.
+
+        Args:
+            per_sample: One loss per sample of ``batch`` (``reduction="none"``), shape ``[n]``.
+            batch: The batch ``training_step`` received.
+        """
+        if not isinstance(per_sample, torch.Tensor) or per_sample.ndim != 1:
+            raise sp.ScorerOutputError(
+                "SiftCallback.loss needs one loss per sample, a tensor of shape [n] "
+                f"(reduction='none'), got {getattr(per_sample, 'shape', type(per_sample).__name__)}"
+            )
+        if not self._in_batch:
+            return per_sample.mean()  # not a sifted training batch (validation, say)
+        sifter = self.sifter
+        n = per_sample.shape[0]
+        keys, weights = _meta(batch, sifter)
+        for name, values in (("keys", keys), ("weights", weights)):
+            if values is not None and len(values) != n:
+                raise sp.ScorerOutputError(
+                    f"SiftCallback.loss got {n} losses for a batch with {len(values)} {name}: pass one "
+                    "loss per sample of the batch the training step received"
+                )
+        self._loss_called = True
+        if self.feedback and keys is not None:
+            sifter.observe(keys, per_sample.detach())
+        if weights is None:
+            return per_sample.mean()
+        return (per_sample * torch.as_tensor(weights).to(per_sample)).mean()
+
+    # ------------------------------------------------------------------ Lightning's hooks
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._attached = True
+        sifter = self.sifter
+        if sifter.model is None:
+            sifter.model = pl_module  # unwrapped: a DDP forward would be a collective
+        rank, world = sp.dist_info()
+        if world > 1 and sifter.rng_seed != [sifter.seed, rank]:
+            warnings.warn(
+                f"the Sifter on rank {rank} was built before the process group existed, so every rank "
+                "seeds its generator alike (decisions correlate across ranks): pass SiftCallback a "
+                "function that builds it, lambda: sp.Sifter(...)",
+                stacklevel=2,
+            )
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._rng_to_restore is not None:
+            restore_rng(self._rng_to_restore)
+            self._rng_to_restore = None
+        self._in_batch = True
+        self._loss_called = False
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._in_batch = False
+        if not self._loss_called and not self._warned_no_loss:
+            self._warned_no_loss = True
+            warnings.warn(
+                "training_step did not call SiftCallback.loss(per_sample, batch): the policy's weights "
+                "are not applied to the loss and the score memory gets no losses from training",
+                stacklevel=2,
+            )
+        stream = self.stream
+        stream.ack()
+        self.sifter.model_version = trainer.global_step
+        if self.log_metrics:
+            metrics = stream.metrics(window=False)
+            pl_module.log_dict(
+                {f"sift/{k}": v for k, v in metrics.items()}, on_step=True, on_epoch=False, batch_size=1
+            )
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._finish()
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        try:
+            self._finish()
+        except Exception as exc:  # the training error is the one to report
+            warnings.warn(f"siftpipe: could not flush the audit log after {exception!r}: {exc}", stacklevel=2)
+
+    def _finish(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+        if self._sifter is not None and self._sifter.audit is not None:
+            self._sifter.audit.flush()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every rank's stage state, gathered into the checkpoint (Lightning writes rank 0's dict).
+
+        A collective under DDP: every rank saves the checkpoint (as ``ModelCheckpoint`` does)."""
+        stream_state = self._pending_state if self._pending_state is not None else self.stream.state_dict()
+        local = {"stream": stream_state, "rng": encode_rng(capture_rng(cuda=True))}
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        ranks: list[Any] = [local]
+        if world > 1:
+            ranks = [None] * world
+            dist.all_gather_object(ranks, local)
+        return {"version": self.STATE_VERSION, "world_size": world, "ranks": ranks}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("version") != self.STATE_VERSION:
+            raise sp.ResumeError(
+                f"the checkpoint's SiftCallback state has version {state_dict.get('version')!r}; this "
+                f"siftpipe reads version {self.STATE_VERSION}"
+            )
+        rank, world = sp.dist_info()
+        saved = int(state_dict["world_size"])
+        if saved != world:
+            raise sp.ResumeError(
+                f"the checkpoint was saved by {saved} process(es) and this run has {world}: each rank "
+                f"resumes its own stage, so resume with {saved}"
+            )
+        mine = state_dict["ranks"][rank]
+        self._pending_state = mine["stream"]
+        if self.restore_rng:
+            self._rng_to_restore = decode_rng(mine["rng"])
+
+
+def _meta(batch: Any, sifter: sp.Sifter) -> tuple[Sequence[Any] | None, Any]:
+    """The keys and weights a sifted batch carries (``None`` where it carries none)."""
+    key = sifter.key
+    if isinstance(batch, dict):
+        keys = batch.get(key) if isinstance(key, str) else None
+        return keys, batch.get(sifter.weight_field)
+    if isinstance(batch, tuple | list):
+        keys = batch[key] if isinstance(key, int) and not isinstance(key, bool) else None
+        weights = batch[-1] if sifter.attach_weight else None
+        return keys, weights
+    return None, None
