@@ -11,9 +11,11 @@ payload is the raw column buffers. No pickle, in the log or on the wire.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import re
 import signal
 import struct
 import time
@@ -30,6 +32,10 @@ REASONS: tuple[str, ...] = ("policy", "warmup", "nan", "predecode")
 #: Where a decision's loss came from (the ``source`` column), in the order of their codes.
 SOURCES: tuple[str, ...] = ("forward", "feedback", "stale", "proxy")
 _FRAME = struct.Struct("<II")
+#: Files of one attempt in a rank's directory (parts, manifests, end markers, claims).
+_ATTEMPT_FILE = re.compile(
+    r"(?:part-\d+-(?P<attempt>[0-9a-f]+)\.parquet)|(?:(?:_manifest-\d+-|_end-|_claim-)(?P<json>[0-9a-f]+)\.json)"
+)
 
 # dictionaries only where values repeat and statistics only where readers filter: per-key
 # dictionaries and min/max of unique strings cost more to write than they save
@@ -245,32 +251,137 @@ class PartWriter:
         # when a failure ends the log (on_full="block"), later frames are not retried again
         self.give_up_after_failure = give_up_after_failure
         self.failed: str | None = None
+        self.claim: Mapping[str, Any] | None = None  # a claim still to make (on_full="drop")
         self._fs: Any = None
 
     def handle(self, header: Mapping[str, Any], payload: memoryview | bytes) -> dict[str, Any]:
-        """Do what a frame asks; the reply says how it went (errors already redacted)."""
+        """Do what a frame asks; the reply says how it went (errors already redacted).
+
+        A reply with ``"fatal": True`` ends the log whatever ``on_full`` says (another job's
+        records are in the way)."""
+        op = header.get("op")
         if self.failed is not None:
             return {
-                "op": header.get("op"),
+                "op": op,
                 "part": header.get("part"),
                 "ok": False,
                 "error": f"not written: an earlier write failed ({self.failed})",
             }
         try:
-            if header["op"] == "part":
+            claim = header if op == "claim" else self.claim if op in ("part", "json") else None
+            if claim is not None:
+                self.claim = None
+                try:
+                    reply = self._claim(claim)
+                except Exception:
+                    if not self.give_up_after_failure:
+                        self.claim = claim  # on_full="drop": claim again before the next write
+                    raise
+                if not reply["ok"]:
+                    self.failed = reply["error"]
+                    return {**reply, "op": op, "part": header.get("part"), "fatal": True}
+                if op == "claim":
+                    return reply
+            if op == "part":
                 return self._part(header, payload)
-            if header["op"] == "json":
+            if op == "release":
+                self._filesystem().rm_file(self._filesystem()._strip_protocol(header["path"]))
+                return {"op": "release", "ok": True}
+            if op == "json":
                 retries = self._retrying(
                     lambda: self._put(header["path"], json.dumps(header["body"]).encode()),
                     f"write {header['path'].rsplit('/', 1)[-1]}",
                 )
                 return {"op": "json", "ok": True, "retries": retries}
-            raise ValueError(f"unknown operation {header['op']!r}")
+            raise ValueError(f"unknown operation {op!r}")
         except Exception as exc:
             error = self.safe(exc)
+            if "of the audit log at" not in error:
+                error = f"cannot write to the audit log at {redact(self.url, self.secrets)}: {error}"
             if self.give_up_after_failure:
                 self.failed = error
-            return {"op": header.get("op"), "part": header.get("part"), "ok": False, "error": error}
+            return {
+                "op": op,
+                "part": header.get("part"),
+                "ok": False,
+                "error": error,
+                "fatal": self.give_up_after_failure,
+            }
+
+    def _claim(self, header: Mapping[str, Any]) -> dict[str, Any]:
+        """Write this attempt's claim, then refuse if the directory holds another job's files.
+
+        A fresh job (``resumed`` false) may share its directory with nobody; a resumed one only
+        with attempts of its own job (``origin``). Claim first, list second: of two writers that
+        start together, the second to list sees the first's claim, so at most one goes on (both
+        stop when both list after both claimed: refused, never mixed)."""
+        body = header["body"]
+        directory, attempt = header["directory"], header["attempt"]
+        path = f"{directory}/_claim-{attempt}.json"
+        retries = self._retrying(
+            lambda: self._put(path, json.dumps(body, sort_keys=True).encode()), "write the claim"
+        )
+        others = self._attempts_in(directory, exclude=attempt)
+        foreign = {}
+        for other, names in sorted(others.items()):
+            origin = self._origin_of(directory, names) if body.get("resumed") else "?"
+            if body.get("resumed") and (body.get("origin") is None or origin in (None, body["origin"])):
+                continue  # its own job's earlier attempt (or a log too old to tell: trusted)
+            foreign[other] = origin
+        if not foreign:
+            return {"op": "claim", "ok": True, "retries": retries}
+        with contextlib.suppress(Exception):
+            fs = self._filesystem()
+            fs.rm_file(fs._strip_protocol(path))
+        where = redact(directory, self.secrets)
+        listed = ", ".join(sorted(foreign)[:5])
+        listed += f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        source = body.get("run_id_from", "run_id=")
+        if body.get("resumed"):
+            why = (
+                f"it resumes job {body.get('origin')}, but {where} also holds attempt(s) {listed} of "
+                "another job with the same run id"
+            )
+        else:
+            why = f"{where} already holds attempt(s) {listed} of another job"
+        return {
+            "op": "claim",
+            "ok": False,
+            "error": (
+                f"audit run id {body.get('run')!r} (from {source}) collides: {why}. A job never "
+                "supersedes another job's records: give this job a run id no other job used (or leave "
+                "run_id= and $SIFTPIPE_RUN_ID unset for a new one), or, to continue that job, resume "
+                "it from its checkpoint (Sifter.load_state_dict)"
+            ),
+        }
+
+    def _attempts_in(self, directory: str, exclude: str) -> dict[str, list[str]]:
+        """The attempts with files in ``directory`` other than ``exclude``: their file names."""
+        fs = self._filesystem()
+        try:
+            names = [p.rsplit("/", 1)[-1] for p in fs.ls(fs._strip_protocol(directory), detail=False)]
+        except FileNotFoundError:
+            return {}
+        found: dict[str, list[str]] = {}
+        for name in names:
+            m = _ATTEMPT_FILE.fullmatch(name)
+            attempt = m and (m["attempt"] or m["json"])
+            if attempt and attempt != exclude:
+                found.setdefault(attempt, []).append(name)
+        return found
+
+    def _origin_of(self, directory: str, names: Sequence[str]) -> str | None:
+        """The job (origin) an attempt's files name; None if none says (an older log)."""
+        fs = self._filesystem()
+        for name in sorted(names, key=lambda n: not n.startswith("_claim")):
+            if name.endswith(".json"):
+                try:
+                    body = json.loads(fs.cat_file(fs._strip_protocol(f"{directory}/{name}")))
+                except Exception:
+                    continue
+                if isinstance(body, dict) and "origin" in body:
+                    return None if body["origin"] is None else str(body["origin"])
+        return None
 
     def _part(self, header: Mapping[str, Any], payload: memoryview | bytes) -> dict[str, Any]:
         import pyarrow.parquet as pq

@@ -26,6 +26,7 @@ _MANIFEST = re.compile(
     r"run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/_manifest-(?P<part>\d+)-(?P<attempt>[0-9a-f]+)\.json$"
 )
 _END = re.compile(r"run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/_end-(?P<attempt>[0-9a-f]+)\.json$")
+_CLAIM = re.compile(r"run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/_claim-(?P<attempt>[0-9a-f]+)\.json$")
 
 
 @dataclass
@@ -55,6 +56,9 @@ class _Attempt:
     shards: dict[str, Any] | None = None
     #: The attempt's end marker (written when it closed), if it is readable.
     end: dict[str, Any] | None = None
+    #: The job the attempt belongs to (the attempt id of the job's fresh start), per its claim,
+    #: manifests or end marker; None in logs written before jobs were recorded.
+    origin: str | None = None
 
 
 def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
@@ -95,6 +99,7 @@ def list_parts(
     manifests: list[tuple[re.Match[str], str]] = []
     ended: set[tuple[str, int, str]] = set()
     end_paths: dict[tuple[str, int, str], str] = {}
+    claim_paths: dict[tuple[str, int, str], str] = {}
     for path in files:
         relative = path[len(root) + 1 :] if path.startswith(root + "/") else path
         if m := _PART.fullmatch(relative):
@@ -107,11 +112,18 @@ def list_parts(
         elif (m := _END.fullmatch(relative)) and wanted(m):
             ended.add((m["run"], int(m["rank"]), m["attempt"]))
             end_paths[(m["run"], int(m["rank"]), m["attempt"])] = path
+        elif (m := _CLAIM.fullmatch(relative)) and wanted(m):
+            claim_paths[(m["run"], int(m["rank"]), m["attempt"])] = path
     secrets_ = secret_values(storage_options)
     ends: dict[tuple[str, int, str], dict[str, Any]] = {}
-    if manifests or end_paths:
-        paths = [p for _, p in manifests] + list(end_paths.values())
+    origins: dict[tuple[str, int, str], str | None] = {}
+    if manifests or end_paths or claim_paths:
+        paths = [p for _, p in manifests] + list(end_paths.values()) + list(claim_paths.values())
         texts = _read_many(fs, paths, _parse_json)
+        for (stream_key, path), claim in zip(claim_paths.items(), texts[len(manifests) + len(end_paths) :]):
+            claim = _checked_manifest(claim, path, secrets_, what="claim")
+            if claim is not None:
+                origins[stream_key] = claim.get("origin")
         for (m, path), manifest in zip(manifests, texts):
             key = (m["run"], int(m["rank"]), m["attempt"], int(m["part"]))
             info = parts.setdefault(key, PartInfo(key[0], key[1], key[3], key[2], None, None))
@@ -134,6 +146,8 @@ def list_parts(
         if info.manifest is not None:
             attempt.started = min(attempt.started, float(info.manifest.get("attempt_started", np.inf)))
             attempt.resumed_from = int(info.manifest.get("resumed_from", 0))
+            if isinstance(info.manifest.get("origin"), str):
+                origins.setdefault(stream_key, info.manifest["origin"])
     for stream_key, marker in ends.items():
         if stream_key not in attempts:  # it closed without a part in storage (all dropped?)
             attempts[stream_key] = _Attempt(
@@ -144,6 +158,8 @@ def list_parts(
     for stream_key, attempt in attempts.items():
         attempt.ended = stream_key in ended
         attempt.end = ends.get(stream_key)
+        origin = (attempt.end or {}).get("origin")
+        attempt.origin = origin if isinstance(origin, str) else origins.get(stream_key)
         attempt.parts.sort(key=lambda p: p.part)
         shards = (ends.get(stream_key) or {}).get("shards")
         for info in reversed(attempt.parts):
@@ -156,19 +172,21 @@ def list_parts(
             attempt.resumed_from = min(
                 (int((p.manifest or {}).get("first_seq") or 0) for p in attempt.parts), default=0
             )
-    # a later attempt redid everything from its resume point on: earlier attempts' records
-    # from there are superseded
+    # a later attempt of the same job redid everything from its resume point on: that job's
+    # earlier attempts' records from there are superseded. Another job's never are (two jobs
+    # under one run id are a collision, which verify_log reports).
     by_stream: dict[tuple[str, int], list[_Attempt]] = {}
     for attempt in attempts.values():
         by_stream.setdefault((attempt.run, attempt.rank), []).append(attempt)
     ordered: list[_Attempt] = []
     for stream in sorted(by_stream):
         chain = sorted(by_stream[stream], key=lambda a: (a.started, a.attempt))
-        cutoff = float("inf")
+        cutoffs: dict[str | None, float] = {}
         for attempt in reversed(chain):
+            cutoff = cutoffs.get(attempt.origin, float("inf"))
             for info in attempt.parts:
                 info.cutoff = cutoff
-            cutoff = min(cutoff, attempt.resumed_from)
+            cutoffs[attempt.origin] = min(cutoff, attempt.resumed_from)
         ordered.extend(chain)
     infos = sorted(
         parts.values(),
@@ -232,6 +250,12 @@ _MANIFEST_CHECKS: dict[str, Callable[[Any], bool]] = {
     "urls": lambda v: isinstance(v, list) and all(isinstance(u, str | None) for u in v),
     "stage": _stage_ok,
     "shards": lambda v: isinstance(v, dict),
+    "origin": lambda v: isinstance(v, str | None),
+}
+_CLAIM_CHECKS: dict[str, Callable[[Any], bool]] = {
+    **_MANIFEST_CHECKS,
+    "origin": lambda v: isinstance(v, str | None),
+    "resumed": lambda v: isinstance(v, bool),
 }
 _END_CHECKS: dict[str, Callable[[Any], bool]] = {
     **_MANIFEST_CHECKS,
@@ -245,14 +269,14 @@ _END_CHECKS: dict[str, Callable[[Any], bool]] = {
 def _checked_manifest(manifest: Any, path: str, secrets: Sequence[str], what: str = "manifest") -> Any:
     """``manifest`` if it is a manifest (or end marker) siftpipe could have written; else None,
     with a warning naming the object (a reader then goes on without it)."""
-    problem = _problem(manifest, _MANIFEST_CHECKS if what == "manifest" else _END_CHECKS)
+    checks = {"manifest": _MANIFEST_CHECKS, "claim": _CLAIM_CHECKS}.get(what, _END_CHECKS)
+    problem = _problem(manifest, checks)
     if problem is None:
         return manifest
-    consequence = (
-        "its part is read without it (siftpipe log verify reports it)"
-        if what == "manifest"
-        else "the attempt is read as one that did not close"
-    )
+    consequence = {
+        "manifest": "its part is read without it (siftpipe log verify reports it)",
+        "claim": "the attempt's job is read from its manifests",
+    }.get(what, "the attempt is read as one that did not close")
     warnings.warn(
         f"audit {what} {redact(path, secrets)} is unreadable or malformed ({redact(problem, secrets)}); "
         + consequence,
@@ -499,6 +523,9 @@ class StreamReport:
     last_seq: int | None = None
     gaps: list[tuple[int, int]] = field(default_factory=list)  # missing seq ranges, inclusive
     duplicates: int = 0
+    #: Attempts of different jobs under this run id and rank (the same run id used by two jobs):
+    #: their records overlap and none supersedes another's.
+    collisions: list[str] = field(default_factory=list)
     missing_parts: list[str] = field(default_factory=list)
     unreadable_parts: list[str] = field(default_factory=list)
     count_mismatches: list[str] = field(default_factory=list)
@@ -517,6 +544,7 @@ class StreamReport:
         return not (
             self.gaps
             or self.duplicates
+            or self.collisions
             or self.missing_parts
             or self.unreadable_parts
             or self.count_mismatches
@@ -555,10 +583,17 @@ class LogReport:
                     if a["ended"]
                     else "did not close (killed?): its unflushed records are lost"
                 )
+                job = a.get("origin")
+                if job is None:
+                    how = f"resumed from seq {a['resumed_from']}"
+                elif job == a["attempt"]:
+                    how = f"a fresh start (job {job})"
+                else:
+                    how = f"resumed from seq {a['resumed_from']} (job {job})"
                 out.append(
-                    f"  attempt {a['attempt']}: resumed from seq {a['resumed_from']}, {a['parts']} part(s), "
-                    f"{a['records']} records, {end}"
+                    f"  attempt {a['attempt']}: {how}, {a['parts']} part(s), {a['records']} records, {end}"
                 )
+            out.extend(f"  collision: {c}" for c in s.collisions)
             if s.skipped_shards:
                 out.append(
                     f"  {len(s.skipped_shards)} shard(s) skipped by the pipeline's handler (their samples "
@@ -657,10 +692,26 @@ def verify_log(
                 "parts": len(attempt.parts),
                 "records": sum(int((p.manifest or {}).get("count", 0)) for p in attempt.parts),
                 "ended": attempt.ended,
+                "origin": attempt.origin,
                 "shards_skipped": skipped,
                 "samples_skipped": int(_number(shards.get("samples_skipped"), 0)),
             }
         )
+    jobs: dict[tuple[str, int], dict[str | None, list[str]]] = {}
+    for attempt in attempts:
+        jobs.setdefault((attempt.run, attempt.rank), {}).setdefault(attempt.origin, []).append(
+            attempt.attempt
+        )
+    for key, by_job in jobs.items():
+        if len(by_job) > 1:
+            described = "; ".join(
+                f"job {'(not recorded)' if job is None else job}: attempt(s) {', '.join(names)}"
+                for job, names in by_job.items()
+            )
+            streams[key].collisions.append(
+                f"{len(by_job)} jobs wrote under this run id and rank ({described}); none supersedes "
+                "another, so their records overlap: give each job its own run id"
+            )
     for key, chunks in canonical.items():
         report = streams[key]
         seq = np.sort(np.concatenate(chunks)) if chunks else np.zeros(0, np.int64)

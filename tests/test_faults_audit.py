@@ -64,7 +64,7 @@ def test_a_destination_failing_for_a_while_is_retried_and_loses_nothing(local_s3
 @pytest.mark.parametrize("writer", ["process", "thread"])
 def test_a_destination_that_stays_broken_raises_naming_url_records_retries_and_fix(bucket, proxy, writer):
     root = f"s3://{bucket}/broken-{writer}"
-    proxy.fail("status", 503, times=10_000, method="PUT")
+    proxy.fail("status", 503, times=10_000, method="PUT", path="/part-")  # the claim goes through
     log = sp.AuditLog(root, storage_options=options(proxy), flush_every=128, writer=writer, retry_timeout=0.6)
     s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32, audit=log)
     with pytest.raises(sp.AuditError) as err:
@@ -113,7 +113,7 @@ def test_a_full_queue_in_front_of_a_hung_destination_drops_whole_parts_and_count
     bucket, proxy, local_s3
 ):
     root = f"s3://{bucket}/queue-drop"
-    proxy.fail("hold", 0, times=1, method="PUT")  # the first part's upload hangs until released
+    proxy.fail("hold", 0, times=1, method="PUT", path="/part-")  # the first part's upload hangs
     log = sp.AuditLog(
         root,
         storage_options=options(proxy),
@@ -146,7 +146,7 @@ def test_a_full_queue_in_front_of_a_hung_destination_drops_whole_parts_and_count
 
 def test_a_full_queue_in_front_of_a_hung_destination_blocks_and_loses_nothing(bucket, proxy, local_s3):
     root = f"s3://{bucket}/queue-block"
-    proxy.fail("hold", 0, times=1, method="PUT")
+    proxy.fail("hold", 0, times=1, method="PUT", path="/part-")
     log = sp.AuditLog(
         root, storage_options=options(proxy), flush_every=64, max_queue_bytes=1, writer="thread"
     )
