@@ -25,6 +25,7 @@ import datetime as _dt
 import json
 import os
 import queue
+import re
 import secrets as _random
 import subprocess
 import sys
@@ -129,7 +130,8 @@ class AuditLog:
         url: Root of the log: an fsspec URL (``s3://bucket/prefix``) or a local path.
         storage_options: fsspec options (``endpoint_url``, ``profile``, ``anon``, ...); S3
             credentials otherwise come from the standard AWS environment.
-        run_id: Names this run (``run=<id>``); default ``$SIFTPIPE_RUN_ID``,
+        run_id: Names this run (``run=<id>``): 1 to 128 ASCII letters, digits, ``.``, ``_`` or
+            ``-``, starting with a letter or digit, and not a number or a date; default ``$SIFTPIPE_RUN_ID``,
             ``$TORCHELASTIC_RUN_ID`` (not ``none``, which ``torchrun`` sets for every job started
             without ``--rdzv-id``; ``<id>-restart<n>`` after an elastic restart), or a new
             time-stamped id (shared from rank 0 when torch.distributed is initialised: construct
@@ -182,7 +184,7 @@ class AuditLog:
         # resolved now: every rank constructs its stage at the same point, so a collective that
         # shares rank 0's id cannot meet another rank's unrelated collective
         self.run_id, self._run_id_from = _resolve_run_id(run_id)
-        self._rank = rank
+        self._rank = None if rank is None else _checked_rank(rank, "rank")
         self.stats = AuditStats()
         self.attempt = _random.token_hex(4)
         self._attempt_started = time.time_ns()
@@ -211,7 +213,7 @@ class AuditLog:
     @property
     def rank(self) -> int:
         if self._rank is None:
-            self._rank = _current_rank()
+            self._rank = _checked_rank(_current_rank(), "this process's rank (torch.distributed or $RANK)")
         return self._rank
 
     @property
@@ -400,11 +402,12 @@ class AuditLog:
             )
         if self._next_part or self._buffer:
             raise ResumeError("load the checkpoint into a new AuditLog, before anything is written to it")
-        run_id = _checked_run_id(state["run_id"], "the checkpoint's audit run id")
+        run_id = _checked_run_id(state["run_id"], "the checkpoint's audit run id", ResumeError)
+        rank = _checked_rank(state["rank"], "the checkpoint's audit rank", ResumeError)
         self._release_claim()  # a fresh claim made before the checkpoint was loaded no longer holds
         self.run_id = run_id
         self._run_id_from = "the checkpoint"
-        self._rank = int(state["rank"]) if self._rank is None else self._rank
+        self._rank = rank if self._rank is None else self._rank
         self._next_part = self._first_part = int(state["next_part"])
         self._resumed_from = int(resumed_from)
         self.attempt = _random.token_hex(4)
@@ -713,7 +716,11 @@ def _current_rank() -> int:
             return int(dist.get_rank())
     except ImportError:
         pass
-    return int(os.environ.get("RANK", "0"))
+    value = os.environ.get("RANK", "0")
+    try:
+        return int(value)
+    except ValueError:
+        raise AuditError(f"$RANK must be a process rank, an int >= 0, got {value!r}") from None
 
 
 def _resolve_run_id(explicit: str | None) -> tuple[str, str]:
@@ -761,8 +768,39 @@ def _shared_run_id() -> tuple[str, str]:
     return run_id, "a new id"
 
 
-def _checked_run_id(run_id: Any, what: str) -> str:
-    """``run_id`` if it can name a run, else ``AuditError`` naming ``what`` gave it."""
-    if not isinstance(run_id, str) or not run_id:
-        raise AuditError(f"{what} must be a non-empty string, got {run_id!r}")
-    return run_id
+#: A run id: what can name the folder ``run=<id>`` and read back unchanged.
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_DATE_LIKE = re.compile(r"\d+-\d+-\d+(T[\d.]*)?")
+RUN_ID_RULE = (
+    "1 to 128 ASCII letters, digits, '.', '_' or '-', starting with a letter or digit, and not a "
+    "number or a date (Hive readers such as pyarrow and DuckDB would read run=<id> back as one)"
+)
+
+
+def _read_as_another_type(run_id: str) -> bool:
+    """Whether a Hive reader would read ``run=<run_id>`` back as a number or a date."""
+    for parse in (lambda v: int(v, 0), float):
+        try:
+            parse(run_id)
+            return True
+        except ValueError:
+            pass
+    return bool(_DATE_LIKE.fullmatch(run_id)) or run_id.lower() == "epoch"
+
+
+def _checked_run_id(run_id: Any, what: str, error: type[Exception] = AuditError) -> str:
+    """``run_id`` if it can name a run, else ``error`` naming ``what`` gave it and the rule.
+
+    A ``/`` or ``..`` would put parts outside the run's folder or the log's root, a ``=`` or
+    ``%`` would be parsed by Hive readers into another value, and the reader would then find
+    nothing."""
+    if isinstance(run_id, str) and _RUN_ID.fullmatch(run_id) and not _read_as_another_type(run_id):
+        return run_id
+    raise error(f"{what} {run_id!r} cannot name an audit run: a run id is {RUN_ID_RULE}")
+
+
+def _checked_rank(rank: Any, what: str, error: type[Exception] = AuditError) -> int:
+    """``rank`` if it is a rank (an int >= 0: it names the folder ``rank=<rank>``)."""
+    if isinstance(rank, int | np.integer) and not isinstance(rank, bool) and rank >= 0:
+        return int(rank)
+    raise error(f"{what} must be a process rank, an int >= 0, got {rank!r}")

@@ -221,3 +221,105 @@ def test_two_writers_with_one_run_id_at_once_never_mix(tmp_path):
     if refused == 1:
         report = sp.verify_log(root)
         assert report.ok and report.streams[0].superseded == 0 and not report.streams[0].collisions
+
+
+BAD_RUN_IDS = [
+    "a/b",
+    "..",
+    "../escape",
+    "../../outside",
+    "x/../../y",
+    "a=b",
+    "run=x",
+    "a%2Fb",
+    "",
+    " x",
+    "x y",
+    ".hidden",
+    "_x",
+    "-x",
+    "a\\b",
+    "a\x00b",
+    "é",
+    "x" * 129,
+    "123",
+    "007",
+    "0x1F",
+    "1e5",
+    "inf",
+    "NaN",
+    "2024-01-01",
+    "epoch",
+]
+
+
+@pytest.mark.parametrize("run_id", BAD_RUN_IDS)
+def test_a_run_id_that_would_escape_or_be_mangled_is_refused_at_construction(tmp_path, run_id):
+    root = tmp_path / "root" / "log"
+    with pytest.raises(sp.AuditError, match=r"cannot name an audit run: a run id is 1 to 128 ASCII letters"):
+        sp.AuditLog(str(root), run_id=run_id)
+    assert not (tmp_path / "root").exists()
+
+
+def test_a_bad_run_id_or_rank_from_the_environment_or_a_state_is_refused(tmp_path, no_run_id_env):
+    no_run_id_env.setenv("SIFTPIPE_RUN_ID", "../../x")
+    with pytest.raises(sp.AuditError, match=r"\$SIFTPIPE_RUN_ID '\.\./\.\./x' cannot name"):
+        sp.AuditLog(str(tmp_path))
+    no_run_id_env.delenv("SIFTPIPE_RUN_ID")
+    no_run_id_env.setenv("TORCHELASTIC_RUN_ID", "a/b")
+    with pytest.raises(sp.AuditError, match=r"\$TORCHELASTIC_RUN_ID 'a/b' cannot name"):
+        sp.AuditLog(str(tmp_path))
+    no_run_id_env.delenv("TORCHELASTIC_RUN_ID")
+    for rank in ("../0", -1, True, 1.5):
+        with pytest.raises(sp.AuditError, match="rank must be a process rank"):
+            sp.AuditLog(str(tmp_path), rank=rank)
+    no_run_id_env.setenv("RANK", "0/..")
+    with pytest.raises(sp.AuditError, match=r"\$RANK must be a process rank"):
+        _ = sp.AuditLog(str(tmp_path)).directory
+    no_run_id_env.delenv("RANK")
+    for bad in (
+        {"run_id": "../up", "rank": 0, "next_part": 0},
+        {"run_id": "ok", "rank": "0/x", "next_part": 0},
+    ):
+        with pytest.raises(sp.ResumeError, match="the checkpoint's audit (run id|rank)"):
+            sp.AuditLog(str(tmp_path)).load_state_dict(bad)
+    assert not list(tmp_path.iterdir())
+
+
+ALPHABET = "abcXYZ0123456789._-"
+
+
+def test_every_accepted_run_id_reads_back_unchanged(tmp_path):
+    """A run id the log accepts names its folder and comes back unchanged from pyarrow (and DuckDB)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    try:
+        import duckdb
+    except ImportError:
+        duckdb = None
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.text(ALPHABET, min_size=1, max_size=12))
+    def check(run_id):
+        try:
+            log = sp.AuditLog(str(tmp_path / "x"), run_id=run_id, rank=0)
+        except sp.AuditError as exc:
+            assert "cannot name an audit run" in str(exc)
+            return
+        root = tmp_path / f"r{os.urandom(4).hex()}"
+        directory = log.directory.replace(str(tmp_path / "x"), str(root))
+        assert directory == f"{root}/run={run_id}/rank=0"
+        os.makedirs(directory)
+        pq.write_table(pa.table({"seq": [1]}), f"{directory}/part.parquet")
+        assert pq.read_table(str(root)).column("run").to_pylist() == [run_id]
+        if duckdb is not None:
+            rows = duckdb.sql(
+                f"select run, typeof(run) from read_parquet('{root}/**/*.parquet', hive_partitioning=true)"
+            ).fetchall()
+            assert rows == [(run_id, "VARCHAR")]
+        shutil.rmtree(root)
+
+    check()
