@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from ._secrets import redact
+from ._secrets import redact, redact_json, redact_url
 
 #: ``reason`` codes of a decision, in the order of their small-integer codes.
 REASONS: tuple[str, ...] = ("policy", "warmup", "nan", "predecode")
@@ -47,12 +47,16 @@ _STATISTICS_COLUMNS = ["seq", "epoch", "kept", "model_version", "micro_batch"]
 
 
 def encode_part(
-    chunks: Sequence[Mapping[str, Any]], header: dict[str, Any]
+    chunks: Sequence[Mapping[str, Any]],
+    header: dict[str, Any],
+    clean_url: Callable[[str], str] = redact_url,
 ) -> tuple[dict[str, Any], list[Any]]:
     """The header and payload buffers of a part made of ``chunks`` (one per decided group).
 
     Cheap on purpose: it runs on the training thread and holds the GIL, so strings are joined in
     C rather than converted one by one, and numeric columns are concatenated as they are.
+    ``clean_url`` removes credentials from each distinct URL (a sample's ``__url__`` may be a
+    presigned or password-bearing URL) before it is recorded.
     """
     n = [int(c["n"]) for c in chunks]
     total = sum(n)
@@ -85,24 +89,28 @@ def encode_part(
         column("workers", np.int32, -1)
 
     # urls: a dictionary (shard URLs repeat); a group from one shard costs no per-row work
-    uniques: dict[Any, int] = {}
+    uniques: dict[str, int] = {}  # recorded (credential-free) URL -> code
+    code_of: dict[Any, int] = {}  # URL as the sample carried it -> code
+
+    def code(url: Any) -> int:
+        found = code_of.get(url)
+        if found is None:
+            found = code_of[url] = (
+                -1 if url is None else uniques.setdefault(clean_url(str(url)), len(uniques))
+            )
+        return found
+
     codes = []
     for c in chunks:
         urls = c["urls"]
         if urls is None:
             codes.append(np.full(c["n"], -1, np.int32))
         elif isinstance(urls, tuple):  # (url, n)
-            codes.append(np.full(c["n"], uniques.setdefault(urls[0], len(uniques)), np.int32))
+            codes.append(np.full(c["n"], code(urls[0]), np.int32))
         else:
-            codes.append(
-                np.fromiter(
-                    (uniques.setdefault(u, len(uniques)) if u is not None else -1 for u in urls),
-                    np.int32,
-                    c["n"],
-                )
-            )
+            codes.append(np.fromiter((code(u) for u in urls), np.int32, c["n"]))
     buffers.append(("url_codes", np.concatenate(codes) if codes else np.zeros(0, np.int32)))
-    url_values = [None if u is None else str(u) for u in uniques]
+    url_values: list[str | None] = list(uniques)
 
     # keys: one NUL-joined UTF-8 blob, split again by the writer
     key_format = "none"
@@ -289,7 +297,7 @@ class PartWriter:
                 return {"op": "release", "ok": True}
             if op == "json":
                 retries = self._retrying(
-                    lambda: self._put(header["path"], json.dumps(header["body"]).encode()),
+                    lambda: self._put(header["path"], self._json(header["body"])),
                     f"write {header['path'].rsplit('/', 1)[-1]}",
                 )
                 return {"op": "json", "ok": True, "retries": retries}
@@ -318,9 +326,7 @@ class PartWriter:
         body = header["body"]
         directory, attempt = header["directory"], header["attempt"]
         path = f"{directory}/_claim-{attempt}.json"
-        retries = self._retrying(
-            lambda: self._put(path, json.dumps(body, sort_keys=True).encode()), "write the claim"
-        )
+        retries = self._retrying(lambda: self._put(path, self._json(body)), "write the claim")
         others = self._attempts_in(directory, exclude=attempt)
         foreign = {}
         for other, names in sorted(others.items()):
@@ -418,7 +424,7 @@ class PartWriter:
         retries += self._retrying(
             lambda: self._put(
                 f"{directory}/_manifest-{number:08d}-{header['identity']['attempt']}.json",
-                json.dumps(manifest, sort_keys=True).encode(),
+                self._json(manifest),
             ),
             f"write the manifest of part {number}",
         )
@@ -465,6 +471,10 @@ class PartWriter:
             fs.mv(tmp, target)
         else:
             fs.pipe_file(target, payload)
+
+    def _json(self, body: Any) -> bytes:
+        """``body`` as JSON to store: no string in it holds a credential."""
+        return json.dumps(redact_json(body, self.secrets), sort_keys=True).encode()
 
     def safe(self, exc: BaseException) -> str:
         text = (

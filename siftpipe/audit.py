@@ -41,6 +41,7 @@ import numpy as np
 from . import _audit_io
 from ._secrets import redact, safe_options, secret_values
 from .errors import AuditError, ResumeError
+from .reader import refuse_credentials_in_url
 
 if TYPE_CHECKING:
     from .sifter import Sifter
@@ -165,6 +166,7 @@ class AuditLog:
     ) -> None:
         if not isinstance(url, str) or not url:
             raise AuditError(f"the audit log needs a root URL or path, got {url!r}")
+        refuse_credentials_in_url(url)
         if not isinstance(flush_every, int) or flush_every < 1:
             raise AuditError(f"flush_every must be a number of records >= 1, got {flush_every!r}")
         if on_full not in ("block", "drop"):
@@ -173,7 +175,8 @@ class AuditLog:
             raise AuditError(f"writer must be 'process' or 'thread', got {writer!r}")
         self.url = url.rstrip("/")
         self._storage_options = dict(storage_options or {})
-        self._secrets = secret_values(self._storage_options)
+        self._secrets = secret_values(self._storage_options, url)
+        self._clean_urls: dict[str, str] = {}  # a sample's __url__ -> as recorded
         self.flush_every = flush_every
         self.max_queue_bytes = max_queue_bytes
         self.on_full = on_full
@@ -296,7 +299,9 @@ class AuditLog:
             self.stats.unwritten_records += rows
             self._raise_if_failed()
         header, buffers = _audit_io.encode_part(
-            chunks, {"part": number, "directory": self.directory, "identity": self._identity()}
+            chunks,
+            {"part": number, "directory": self.directory, "identity": self._identity()},
+            self._clean_url,
         )
         self._send(header, buffers, rows)
 
@@ -537,6 +542,15 @@ class AuditLog:
                 f"the audit log at {self._safe_url()} failed earlier ({self._failed}); "
                 "nothing more is written to it"
             )
+
+    def _clean_url(self, url: str) -> str:
+        """``url`` as the log records it: without credentials (remembered: shard URLs repeat)."""
+        clean = self._clean_urls.get(url)
+        if clean is None:
+            if len(self._clean_urls) > 100_000:
+                self._clean_urls.clear()
+            clean = self._clean_urls[url] = redact(url, self._secrets)
+        return clean
 
     def _safe_url(self) -> str:
         return redact(self.url, self._secrets)

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ._secrets import redact, secret_values
 from .cli import add_storage_option_flag, parse_storage_options
 from .policies import Policy, PruneEasy, RelativeProbabilistic, TopFraction, Uniform
 from .reader import _read_many, _read_part, list_parts, read_log, verify_log
@@ -91,7 +92,9 @@ def summarize(table: Any, *, buckets: int = 10, top_shards: int = 10) -> dict[st
         order = np.argsort(-dropped, kind="stable")[:top_shards]
         out["most_dropped_shards"] = [
             {
-                "url": urls[i],
+                # as recorded, and without credentials also in a log written before they were
+                # kept out of the url column
+                "url": None if urls[i] is None else redact(urls[i]),
                 "records": int(seen[i]),
                 "dropped": int(dropped[i]),
                 "keep_rate": float(kept_by[i] / seen[i]),
@@ -224,7 +227,8 @@ def _cmd_keys(args: argparse.Namespace) -> int:
             continue
         (table,) = _read_many(fs, [info.path], lambda b: _read_part(b, ["seq", "key", "kept"]))
         if isinstance(table, Exception):
-            print(f"skipping unreadable part {info.path}: {type(table).__name__}", file=sys.stderr)
+            shown = redact(str(info.path), secret_values(options, args.url))
+            print(f"skipping unreadable part {shown}: {type(table).__name__}", file=sys.stderr)
             continue
         seq = table.column("seq").to_numpy()
         kept = table.column("kept").to_numpy(zero_copy_only=False)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ._secrets import redact, secret_values
+from ._secrets import redact, secret_values, url_secrets
 from .errors import AuditError
 
 __all__ = ["LogReport", "PartInfo", "list_parts", "read_log", "verify_log"]
@@ -61,9 +61,27 @@ class _Attempt:
     origin: str | None = None
 
 
+#: Object stores whose fsspec filesystems do not read credentials from a URL: s3fs takes
+#: ``s3://KEY:SECRET@bucket`` for a bucket named ``KEY:SECRET`` and names it in its errors.
+_NO_URL_CREDENTIALS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"})
+
+
+def refuse_credentials_in_url(url: str) -> None:
+    """Raise ``AuditError`` for an object-store URL with credentials in it (they would reach
+    error messages); say where credentials go instead."""
+    protocol, sep, rest = url.partition("://")
+    if sep and protocol.lower() in _NO_URL_CREDENTIALS and url_secrets(url.split("?", 1)[0]):
+        raise AuditError(
+            f"the URL {redact(url)} holds credentials; {protocol}:// URLs cannot carry them: pass "
+            "them as storage options (e.g. key=, secret=, token=) or through the provider's "
+            "standard environment or profile"
+        )
+
+
 def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
     import fsspec
 
+    refuse_credentials_in_url(url)
     fs, root = fsspec.core.url_to_fs(url.rstrip("/"), skip_instance_cache=True, **(storage_options or {}))
     return fs, root.rstrip("/")
 
@@ -77,7 +95,7 @@ def list_parts(
 ) -> tuple[Any, list[PartInfo], list[_Attempt]]:
     """The filesystem, every part under ``url`` (with manifests and supersession cut-offs), and
     the attempts they belong to; optionally only some runs and ranks."""
-    secrets = secret_values(storage_options)
+    secrets = secret_values(storage_options, url)
     try:
         fs, root = _filesystem(url, storage_options)
         files = fs.find(root)
@@ -114,7 +132,7 @@ def list_parts(
             end_paths[(m["run"], int(m["rank"]), m["attempt"])] = path
         elif (m := _CLAIM.fullmatch(relative)) and wanted(m):
             claim_paths[(m["run"], int(m["rank"]), m["attempt"])] = path
-    secrets_ = secret_values(storage_options)
+    secrets_ = secrets
     ends: dict[tuple[str, int, str], dict[str, Any]] = {}
     origins: dict[tuple[str, int, str], str | None] = {}
     if manifests or end_paths or claim_paths:
@@ -393,7 +411,7 @@ def read_log(
             need.append("kept")
     tables = _read_many_with_progress(fs, [p.path for p in readable], need, progress)  # type: ignore[misc]
     out = []
-    secrets = secret_values(storage_options)
+    secrets = secret_values(storage_options, url)
     for info, table in zip(readable, tables):
         if isinstance(table, Exception):
             message = (
@@ -454,7 +472,7 @@ def _predecode_tables(
             found.append((m["run"], int(m["rank"]), path))
     tables = _read_many(fs, [p for _, _, p in found], lambda b: _read_part(b, columns))
     out = []
-    secrets = secret_values(storage_options)
+    secrets = secret_values(storage_options, url)
     for (run_id, rank_id, path), table in zip(found, tables):
         if isinstance(table, Exception):
             warnings.warn(
@@ -567,7 +585,11 @@ class LogReport:
         return sum(s.records for s in self.streams)
 
     def lines(self) -> list[str]:
-        """A human-readable report."""
+        """A human-readable report (without credentials, also in a log written before they were
+        kept out of its manifests)."""
+        return [redact(line) for line in self._lines()]
+
+    def _lines(self) -> list[str]:
         out = [f"audit log {self.url}: {len(self.streams)} stream(s), {self.records} records"]
         if not self.streams:
             out.append("  no parts found")
@@ -628,7 +650,7 @@ def verify_log(
 ) -> LogReport:
     """Check a log for gaps, duplicates, missing and unreadable parts, per (run, rank) stream."""
     fs, infos, attempts = list_parts(url, storage_options, run=run, rank=rank)
-    secrets = secret_values(storage_options)
+    secrets = secret_values(storage_options, url)
     seqs = _read_many(fs, [p.path for p in infos if p.path is not None], lambda b: _read_part(b, ["seq"]))
     seq_of: dict[int, Any] = {}
     readable = [p for p in infos if p.path is not None]
