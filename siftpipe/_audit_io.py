@@ -238,6 +238,39 @@ def _keys(key_format: str, blob: bytes | None, total: int) -> Any:
 
 # ---------------------------------------------------------------------- writing (thread or process)
 
+#: botocore's exceptions for a request that can never succeed as made (matched by name: the
+#: writer process does not import botocore unless the filesystem does).
+_PERMANENT_BY_NAME = {
+    "NoCredentialsError": "no credentials were found",
+    "PartialCredentialsError": "the credentials are incomplete",
+    "ParamValidationError": "the request is invalid (a bucket name, say)",
+    "NoRegionError": "no region is configured",
+    "UnknownServiceError": "the storage service is unknown",
+    "InvalidConfigError": "the storage options are invalid",
+}
+
+
+def permanent_cause(exc: BaseException) -> str | None:
+    """What makes ``exc`` a failure that retrying cannot cure, with the fix; None if it may pass
+    (a connection refused or reset, a timeout, a 5xx answer: an outage is retried)."""
+    for cls in type(exc).__mro__:
+        if cls.__name__ in _PERMANENT_BY_NAME:
+            return f"{_PERMANENT_BY_NAME[cls.__name__]}: check the storage options and credentials"
+    if isinstance(exc, FileNotFoundError):
+        return "the bucket or container does not exist: create it, or check the URL and endpoint_url"
+    if isinstance(exc, PermissionError):
+        return (
+            "access denied or invalid credentials: check the credentials (storage options, "
+            "environment, profile) and the destination's permissions"
+        )
+    if isinstance(exc, ImportError) or (isinstance(exc, ValueError) and "protocol" in str(exc).lower()):
+        return "no filesystem for this URL's protocol: check the URL, or install the fsspec package for it"
+    if isinstance(exc, TypeError):
+        return "a storage option this filesystem does not take: check the storage options"
+    if isinstance(exc, ValueError | NotADirectoryError | IsADirectoryError | NotImplementedError):
+        return "the destination cannot be written as given: check the URL and storage options"
+    return None
+
 
 class PartWriter:
     """Writes parts and small JSON objects under the log's root, retrying transient failures."""
@@ -327,12 +360,18 @@ class PartWriter:
         directory, attempt = header["directory"], header["attempt"]
         path = f"{directory}/_claim-{attempt}.json"
         retries = self._retrying(lambda: self._put(path, self._json(body)), "write the claim")
-        others = self._attempts_in(directory, exclude=attempt)
+        others: dict[str, list[str]] = {}
+        retries += self._retrying(
+            lambda: others.update(self._attempts_in(directory, exclude=attempt)), "list the directory"
+        )
         foreign = {}
         for other, names in sorted(others.items()):
-            origin = self._origin_of(directory, names) if body.get("resumed") else "?"
-            if body.get("resumed") and (body.get("origin") is None or origin in (None, body["origin"])):
-                continue  # its own job's earlier attempt (or a log too old to tell: trusted)
+            origin: str | None = "?"
+            if body.get("resumed"):
+                origin, more = self._origin_of(directory, names)
+                retries += more
+                if body.get("origin") is None or origin in (None, body["origin"]):
+                    continue  # its own job's earlier attempt (or a log too old to tell: trusted)
             foreign[other] = origin
         if not foreign:
             return {"op": "claim", "ok": True, "retries": retries}
@@ -364,8 +403,10 @@ class PartWriter:
     def _attempts_in(self, directory: str, exclude: str) -> dict[str, list[str]]:
         """The attempts with files in ``directory`` other than ``exclude``: their file names."""
         fs = self._filesystem()
+        path = fs._strip_protocol(directory)
+        fs.invalidate_cache(path)  # a listing cached before the claim was written would miss writers
         try:
-            names = [p.rsplit("/", 1)[-1] for p in fs.ls(fs._strip_protocol(directory), detail=False)]
+            names = [p.rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)]
         except FileNotFoundError:
             return {}
         found: dict[str, list[str]] = {}
@@ -376,18 +417,22 @@ class PartWriter:
                 found.setdefault(attempt, []).append(name)
         return found
 
-    def _origin_of(self, directory: str, names: Sequence[str]) -> str | None:
-        """The job (origin) an attempt's files name; None if none says (an older log)."""
-        fs = self._filesystem()
+    def _origin_of(self, directory: str, names: Sequence[str]) -> tuple[str | None, int]:
+        """The job (origin) an attempt's files name (None if none says: an older log), and the
+        retries it took to read them."""
+        retries = 0
         for name in sorted(names, key=lambda n: not n.startswith("_claim")):
-            if name.endswith(".json"):
-                try:
-                    body = json.loads(fs.cat_file(fs._strip_protocol(f"{directory}/{name}")))
-                except Exception:
-                    continue
-                if isinstance(body, dict) and "origin" in body:
-                    return None if body["origin"] is None else str(body["origin"])
-        return None
+            if not name.endswith(".json"):
+                continue
+            data, more = self._read(f"{directory}/{name}", f"read {name}")
+            retries += more
+            try:
+                body = json.loads(data) if data is not None else None
+            except ValueError:
+                continue  # a damaged object says nothing; another of the attempt's may
+            if isinstance(body, dict) and "origin" in body:
+                return (None if body["origin"] is None else str(body["origin"])), retries
+        return None, retries
 
     def _part(self, header: Mapping[str, Any], payload: memoryview | bytes) -> dict[str, Any]:
         import pyarrow.parquet as pq
@@ -431,6 +476,8 @@ class PartWriter:
         return {"op": "part", "part": number, "ok": True, "bytes": len(data), "retries": retries}
 
     def _retrying(self, action: Callable[[], None], what: str) -> int:
+        """Do ``action``, retrying transient failures for ``retry_timeout`` seconds; a permanent
+        one (see ``permanent_cause``) fails at once. Returns the number of retries."""
         deadline = time.monotonic() + self.retry_timeout
         delay, retries = 0.2, 0
         while True:
@@ -438,9 +485,16 @@ class PartWriter:
                 action()
                 return retries
             except Exception as exc:
+                where = redact(self.url, self.secrets)
+                cause = permanent_cause(exc)
+                if cause is not None:
+                    raise OSError(
+                        f"could not {what} of the audit log at {where}: {cause} ({self.safe(exc)}); "
+                        f"not retried, as it will not pass by itself ({retries} retries before it)"
+                    ) from None
                 if time.monotonic() + delay > deadline:
                     raise OSError(
-                        f"could not {what} of the audit log at {redact(self.url, self.secrets)} within "
+                        f"could not {what} of the audit log at {where} within "
                         f"{self.retry_timeout:g} s ({retries} retries): {self.safe(exc)}. Check the "
                         "destination (bucket, permissions, space); with on_full='drop' the run continues "
                         "and counts what is lost"
@@ -449,6 +503,20 @@ class PartWriter:
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
                 self._fs = None  # a fresh client after a broken connection
+
+    def _read(self, path: str, what: str) -> tuple[bytes | None, int]:
+        """The bytes of ``path`` (None if it is gone), read with retries; and the retries."""
+        box: list[bytes | None] = []
+
+        def action() -> None:
+            fs = self._filesystem()
+            try:
+                box.append(fs.cat_file(fs._strip_protocol(path)))
+            except FileNotFoundError:
+                box.append(None)
+
+        retries = self._retrying(action, what)
+        return box[-1], retries
 
     def _filesystem(self) -> Any:
         if self._fs is None:

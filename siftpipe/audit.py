@@ -145,7 +145,11 @@ class AuditLog:
         on_full: When the queue is full or a part cannot be written within ``retry_timeout``:
             ``"block"`` waits, then raises ``AuditError``; ``"drop"`` drops the part, counts its
             records in ``stats.dropped_records`` and warns.
-        retry_timeout: Seconds to keep retrying one write before giving up.
+        retry_timeout: Seconds to keep retrying one write that failed for a reason that may pass
+            (a connection refused or reset, a timeout, a 5xx answer). A failure that cannot pass
+            (no such bucket, access denied, invalid or missing credentials, an unknown protocol,
+            an invalid storage option) is not retried: ``AuditError`` naming the destination and
+            the cause, when the first pass starts.
         compression: Parquet codec.
         writer: ``"process"`` (default) or ``"thread"``.
     """
@@ -167,6 +171,7 @@ class AuditLog:
         if not isinstance(url, str) or not url:
             raise AuditError(f"the audit log needs a root URL or path, got {url!r}")
         refuse_credentials_in_url(url)
+        _check_protocol(url)
         if not isinstance(flush_every, int) or flush_every < 1:
             raise AuditError(f"flush_every must be a number of records >= 1, got {flush_every!r}")
         if on_full not in ("block", "drop"):
@@ -780,6 +785,26 @@ def _shared_run_id() -> tuple[str, str]:
             stacklevel=4,
         )
     return run_id, "a new id"
+
+
+def _check_protocol(url: str) -> None:
+    """``AuditError`` now, naming the URL and the cause, when no filesystem can write ``url``
+    (an unknown protocol, or one whose package is not installed), rather than at the first part."""
+    import fsspec
+
+    *chained, last = url.split("::")  # "simplecache::s3://bucket/x": each piece names a filesystem
+    for piece in [*chained, last]:
+        protocol = piece if piece in chained and "://" not in piece else fsspec.core.split_protocol(piece)[0]
+        if protocol is None:
+            continue
+        try:
+            fsspec.get_filesystem_class(protocol)
+        except (ValueError, ImportError) as exc:
+            raise AuditError(
+                f"cannot write an audit log to {redact(url)}: no filesystem for {protocol}:// URLs "
+                f"({redact(f'{type(exc).__name__}: {exc}')}); check the URL, or install the fsspec "
+                "package for it"
+            ) from None
 
 
 #: A run id: what can name the folder ``run=<id>`` and read back unchanged.
