@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -77,12 +78,24 @@ def argv_secrets(argv: Sequence[str]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a command; a siftpipe error is printed as one line naming the problem (exit status 2),
     any other error as its traceback (exit status 1), both without credentials."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return _run(build_parser().parse_args(argv), argv)
+
+
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from .errors import SiftError
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, where a closed pipe can still be told apart from an error
+        return code
+    except BrokenPipeError:
+        # the reader went away (`siftpipe log keys ... | head`): stop quietly, as Unix tools do;
+        # stdout goes to /dev/null so the interpreter's final flush does not complain again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141  # 128 + SIGPIPE: what a shell reports for a tool that a closed pipe ended
     except SiftError as exc:
         print(f"siftpipe: error: {redact(str(exc), argv_secrets(argv))}", file=sys.stderr)
         return 2
