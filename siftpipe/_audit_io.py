@@ -12,7 +12,6 @@ payload is the raw column buffers. No pickle, in the log or on the wire.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import re
@@ -435,10 +434,11 @@ class PartWriter:
         return None, retries
 
     def _part(self, header: Mapping[str, Any], payload: memoryview | bytes) -> dict[str, Any]:
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         table = decode_part(header, payload)
-        sink = io.BytesIO()
+        sink = pa.BufferOutputStream()  # Arrow's own memory: no Python object for Arrow to hold
         pq.write_table(
             table,
             sink,
@@ -446,7 +446,7 @@ class PartWriter:
             use_dictionary=_DICTIONARY_COLUMNS,
             write_statistics=_STATISTICS_COLUMNS,
         )
-        data = sink.getvalue()
+        data = sink.getvalue().to_pybytes()
         number = int(header["part"])
         directory = header["directory"]
         name = f"part-{number:08d}-{header['identity']['attempt']}.parquet"

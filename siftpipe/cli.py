@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -77,9 +78,22 @@ def argv_secrets(argv: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a command; a siftpipe error is printed as one line naming the problem (exit status 2),
-    any other error as its traceback (exit status 1), both without credentials."""
+    any other error as its traceback (exit status 1), both without credentials.
+
+    Called without ``argv`` it is the program (the ``siftpipe`` script, ``python -m siftpipe``):
+    a ``log`` command, which only reads, then ends the process with ``os._exit`` once its output
+    is flushed, so that no native thread of the libraries it used (Arrow's, the S3 client's) can
+    abort the process while the interpreter is being torn down."""
+    program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
-    return _run(build_parser().parse_args(argv), argv)
+    args = build_parser().parse_args(argv)
+    code = _run(args, argv)
+    if program and args.command == "log":
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+    return code
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import warnings
@@ -325,12 +324,22 @@ def _read_part(payload: bytes, columns: Sequence[str] | None) -> Any:
     First the part's schema is checked against the format (every column there, each holding
     the kind of values it should): a part of another shape raises ``ValueError`` naming the
     column, so that every reader, ``verify_log`` included, reports it as a bad part instead of
-    failing later on a stray type. Only the footer is read for that."""
+    failing later on a stray type. Only the footer is read for that.
+
+    Read on the calling thread from an Arrow-owned copy, with no pre-buffering and no thread
+    pool: Arrow's worker threads holding a Python object (a ``BytesIO``, a buffer over Python
+    bytes) may release it after the read returned, and if the interpreter is exiting by then, the
+    GIL they ask for ends their thread inside a C++ destructor: ``terminate called without an
+    active exception`` and SIGABRT, after the work was done (issue 11, item 16)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from .audit import COLUMNS
 
-    schema = pq.read_schema(io.BytesIO(payload))
+    owned = pa.allocate_buffer(len(payload))
+    memoryview(owned).cast("B")[:] = payload
+    part = pq.ParquetFile(pa.BufferReader(owned), pre_buffer=False)
+    schema = part.schema_arrow
     missing = [c for c in COLUMNS if c not in schema.names]
     if missing:
         raise ValueError(
@@ -341,7 +350,7 @@ def _read_part(payload: bytes, columns: Sequence[str] | None) -> Any:
         if not _is_kind(schema.field(name).type, kind):
             raise ValueError(f"its column {name!r} holds {schema.field(name).type}, not {kind} values")
     want = list(columns) if columns is not None else list(COLUMNS)
-    return pq.read_table(io.BytesIO(payload), columns=want)
+    return part.read(columns=want, use_threads=False)
 
 
 _KINDS = {
