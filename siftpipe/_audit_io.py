@@ -463,6 +463,9 @@ class PartWriter:
             "bytes": len(data),
             "urls": sorted(v for v in header["url_values"] if v is not None),
             "created": time.time(),
+            # when the part's last record was decided (unix s): a later attempt of the same job
+            # that started before it means two processes ran the job at once
+            "decided_until": max(header["time"]) if header["time"] else None,
         }
         what = f"write part {number} (records seq {manifest['first_seq']}..{manifest['last_seq']})"
         retries = self._retrying(lambda: self._put(f"{directory}/{name}", data), what)

@@ -206,6 +206,7 @@ class AuditLog:
         self._first_part = 0  # this attempt's first part number (a resumed one continues the run's)
         self._buffer: list[dict[str, Any]] = []
         self._buffer_rows = 0
+        self._decided_until: float | None = None  # unix time of the last decision handed over
         self._metadata: dict[str, Any] = {}
         self._shard_report: Callable[[], dict[str, Any] | None] | None = None
         self._transport: _Transport | None = None
@@ -288,6 +289,7 @@ class AuditLog:
             }
         )
         self._buffer_rows += n
+        self._decided_until = self._buffer[-1]["time"]
         self.stats.records += n
         if self._buffer_rows >= self.flush_every:
             self.seal()
@@ -365,6 +367,7 @@ class AuditLog:
                     # parts dropped on purpose (on_full="drop") are not in storage: say so here, so
                     # that a reader tells them from parts lost by accident
                     "dropped_records": self.stats.dropped_records,
+                    "decided_until": self._decided_until,
                 }
                 self._send(
                     {"op": "json", "path": f"{self.directory}/_end-{self.attempt}.json", "body": marker},

@@ -58,6 +58,8 @@ class _Attempt:
     #: The job the attempt belongs to (the attempt id of the job's fresh start), per its claim,
     #: manifests or end marker; None in logs written before jobs were recorded.
     origin: str | None = None
+    #: Unix time of the attempt's last decision found (manifests, end marker); None if unknown.
+    decided_until: float | None = None
 
 
 #: Object stores whose fsspec filesystems do not read credentials from a URL: s3fs takes
@@ -177,6 +179,9 @@ def list_parts(
         attempt.end = ends.get(stream_key)
         origin = (attempt.end or {}).get("origin")
         attempt.origin = origin if isinstance(origin, str) else origins.get(stream_key)
+        times = [_number((p.manifest or {}).get("decided_until"), None) for p in attempt.parts]
+        times.append(_number((attempt.end or {}).get("decided_until"), None))
+        attempt.decided_until = max((t for t in times if t is not None), default=None)
         attempt.parts.sort(key=lambda p: p.part)
         shards = (ends.get(stream_key) or {}).get("shards")
         for info in reversed(attempt.parts):
@@ -268,6 +273,7 @@ _MANIFEST_CHECKS: dict[str, Callable[[Any], bool]] = {
     "stage": _stage_ok,
     "shards": lambda v: isinstance(v, dict),
     "origin": lambda v: isinstance(v, str | None),
+    "decided_until": lambda v: v is None or (isinstance(v, _NUMBER) and not isinstance(v, bool)),
 }
 _CLAIM_CHECKS: dict[str, Callable[[Any], bool]] = {
     **_MANIFEST_CHECKS,
@@ -733,6 +739,26 @@ def verify_log(
         jobs.setdefault((attempt.run, attempt.rank), {}).setdefault(attempt.origin, []).append(
             attempt.attempt
         )
+    by_stream: dict[tuple[str, int], list[_Attempt]] = {}
+    for attempt in attempts:  # in start order
+        by_stream.setdefault((attempt.run, attempt.rank), []).append(attempt)
+    for key, chain in by_stream.items():
+        for i, later in enumerate(chain):
+            for earlier in chain[:i]:
+                until = earlier.decided_until
+                if (
+                    earlier.origin is not None
+                    and earlier.origin == later.origin
+                    and until is not None
+                    and until * 1e9 > later.started
+                ):
+                    streams[key].collisions.append(
+                        f"attempts {earlier.attempt} and {later.attempt} of job {later.origin} ran at "
+                        f"the same time ({earlier.attempt} decided samples until after {later.attempt} "
+                        f"started, by their hosts' clocks): two processes continued one job, and the "
+                        f"records of {earlier.attempt} from seq {later.resumed_from} on, though handed "
+                        "on too, are read as superseded"
+                    )
     for key, by_job in jobs.items():
         if len(by_job) > 1:
             described = "; ".join(
