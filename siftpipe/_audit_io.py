@@ -11,9 +11,10 @@ payload is the raw column buffers. No pickle, in the log or on the wire.
 
 from __future__ import annotations
 
-import io
+import contextlib
 import json
 import os
+import re
 import signal
 import struct
 import time
@@ -23,13 +24,17 @@ from typing import IO, Any
 
 import numpy as np
 
-from ._secrets import redact
+from ._secrets import redact, redact_json, redact_url
 
 #: ``reason`` codes of a decision, in the order of their small-integer codes.
 REASONS: tuple[str, ...] = ("policy", "warmup", "nan", "predecode")
 #: Where a decision's loss came from (the ``source`` column), in the order of their codes.
 SOURCES: tuple[str, ...] = ("forward", "feedback", "stale", "proxy")
 _FRAME = struct.Struct("<II")
+#: Files of one attempt in a rank's directory (parts, manifests, end markers, claims).
+_ATTEMPT_FILE = re.compile(
+    r"(?:part-\d+-(?P<attempt>[0-9a-f]+)\.parquet)|(?:(?:_manifest-\d+-|_end-|_claim-)(?P<json>[0-9a-f]+)\.json)"
+)
 
 # dictionaries only where values repeat and statistics only where readers filter: per-key
 # dictionaries and min/max of unique strings cost more to write than they save
@@ -41,12 +46,16 @@ _STATISTICS_COLUMNS = ["seq", "epoch", "kept", "model_version", "micro_batch"]
 
 
 def encode_part(
-    chunks: Sequence[Mapping[str, Any]], header: dict[str, Any]
+    chunks: Sequence[Mapping[str, Any]],
+    header: dict[str, Any],
+    clean_url: Callable[[str], str] = redact_url,
 ) -> tuple[dict[str, Any], list[Any]]:
     """The header and payload buffers of a part made of ``chunks`` (one per decided group).
 
     Cheap on purpose: it runs on the training thread and holds the GIL, so strings are joined in
     C rather than converted one by one, and numeric columns are concatenated as they are.
+    ``clean_url`` removes credentials from each distinct URL (a sample's ``__url__`` may be a
+    presigned or password-bearing URL) before it is recorded.
     """
     n = [int(c["n"]) for c in chunks]
     total = sum(n)
@@ -79,24 +88,28 @@ def encode_part(
         column("workers", np.int32, -1)
 
     # urls: a dictionary (shard URLs repeat); a group from one shard costs no per-row work
-    uniques: dict[Any, int] = {}
+    uniques: dict[str, int] = {}  # recorded (credential-free) URL -> code
+    code_of: dict[Any, int] = {}  # URL as the sample carried it -> code
+
+    def code(url: Any) -> int:
+        found = code_of.get(url)
+        if found is None:
+            found = code_of[url] = (
+                -1 if url is None else uniques.setdefault(clean_url(str(url)), len(uniques))
+            )
+        return found
+
     codes = []
     for c in chunks:
         urls = c["urls"]
         if urls is None:
             codes.append(np.full(c["n"], -1, np.int32))
         elif isinstance(urls, tuple):  # (url, n)
-            codes.append(np.full(c["n"], uniques.setdefault(urls[0], len(uniques)), np.int32))
+            codes.append(np.full(c["n"], code(urls[0]), np.int32))
         else:
-            codes.append(
-                np.fromiter(
-                    (uniques.setdefault(u, len(uniques)) if u is not None else -1 for u in urls),
-                    np.int32,
-                    c["n"],
-                )
-            )
+            codes.append(np.fromiter((code(u) for u in urls), np.int32, c["n"]))
     buffers.append(("url_codes", np.concatenate(codes) if codes else np.zeros(0, np.int32)))
-    url_values = [None if u is None else str(u) for u in uniques]
+    url_values: list[str | None] = list(uniques)
 
     # keys: one NUL-joined UTF-8 blob, split again by the writer
     key_format = "none"
@@ -224,6 +237,39 @@ def _keys(key_format: str, blob: bytes | None, total: int) -> Any:
 
 # ---------------------------------------------------------------------- writing (thread or process)
 
+#: botocore's exceptions for a request that can never succeed as made (matched by name: the
+#: writer process does not import botocore unless the filesystem does).
+_PERMANENT_BY_NAME = {
+    "NoCredentialsError": "no credentials were found",
+    "PartialCredentialsError": "the credentials are incomplete",
+    "ParamValidationError": "the request is invalid (a bucket name, say)",
+    "NoRegionError": "no region is configured",
+    "UnknownServiceError": "the storage service is unknown",
+    "InvalidConfigError": "the storage options are invalid",
+}
+
+
+def permanent_cause(exc: BaseException) -> str | None:
+    """What makes ``exc`` a failure that retrying cannot cure, with the fix; None if it may pass
+    (a connection refused or reset, a timeout, a 5xx answer: an outage is retried)."""
+    for cls in type(exc).__mro__:
+        if cls.__name__ in _PERMANENT_BY_NAME:
+            return f"{_PERMANENT_BY_NAME[cls.__name__]}: check the storage options and credentials"
+    if isinstance(exc, FileNotFoundError):
+        return "the bucket or container does not exist: create it, or check the URL and endpoint_url"
+    if isinstance(exc, PermissionError):
+        return (
+            "access denied or invalid credentials: check the credentials (storage options, "
+            "environment, profile) and the destination's permissions"
+        )
+    if isinstance(exc, ImportError) or (isinstance(exc, ValueError) and "protocol" in str(exc).lower()):
+        return "no filesystem for this URL's protocol: check the URL, or install the fsspec package for it"
+    if isinstance(exc, TypeError):
+        return "a storage option this filesystem does not take: check the storage options"
+    if isinstance(exc, ValueError | NotADirectoryError | IsADirectoryError | NotImplementedError):
+        return "the destination cannot be written as given: check the URL and storage options"
+    return None
+
 
 class PartWriter:
     """Writes parts and small JSON objects under the log's root, retrying transient failures."""
@@ -245,38 +291,154 @@ class PartWriter:
         # when a failure ends the log (on_full="block"), later frames are not retried again
         self.give_up_after_failure = give_up_after_failure
         self.failed: str | None = None
+        self.claim: Mapping[str, Any] | None = None  # a claim still to make (on_full="drop")
         self._fs: Any = None
 
     def handle(self, header: Mapping[str, Any], payload: memoryview | bytes) -> dict[str, Any]:
-        """Do what a frame asks; the reply says how it went (errors already redacted)."""
+        """Do what a frame asks; the reply says how it went (errors already redacted).
+
+        A reply with ``"fatal": True`` ends the log whatever ``on_full`` says (another job's
+        records are in the way)."""
+        op = header.get("op")
         if self.failed is not None:
             return {
-                "op": header.get("op"),
+                "op": op,
                 "part": header.get("part"),
                 "ok": False,
                 "error": f"not written: an earlier write failed ({self.failed})",
             }
         try:
-            if header["op"] == "part":
+            claim = header if op == "claim" else self.claim if op in ("part", "json") else None
+            if claim is not None:
+                self.claim = None
+                try:
+                    reply = self._claim(claim)
+                except Exception:
+                    if not self.give_up_after_failure:
+                        self.claim = claim  # on_full="drop": claim again before the next write
+                    raise
+                if not reply["ok"]:
+                    self.failed = reply["error"]
+                    return {**reply, "op": op, "part": header.get("part"), "fatal": True}
+                if op == "claim":
+                    return reply
+            if op == "part":
                 return self._part(header, payload)
-            if header["op"] == "json":
+            if op == "release":
+                self._filesystem().rm_file(self._filesystem()._strip_protocol(header["path"]))
+                return {"op": "release", "ok": True}
+            if op == "json":
                 retries = self._retrying(
-                    lambda: self._put(header["path"], json.dumps(header["body"]).encode()),
+                    lambda: self._put(header["path"], self._json(header["body"])),
                     f"write {header['path'].rsplit('/', 1)[-1]}",
                 )
                 return {"op": "json", "ok": True, "retries": retries}
-            raise ValueError(f"unknown operation {header['op']!r}")
+            raise ValueError(f"unknown operation {op!r}")
         except Exception as exc:
             error = self.safe(exc)
+            if "of the audit log at" not in error:
+                error = f"cannot write to the audit log at {redact(self.url, self.secrets)}: {error}"
             if self.give_up_after_failure:
                 self.failed = error
-            return {"op": header.get("op"), "part": header.get("part"), "ok": False, "error": error}
+            return {
+                "op": op,
+                "part": header.get("part"),
+                "ok": False,
+                "error": error,
+                "fatal": self.give_up_after_failure,
+            }
+
+    def _claim(self, header: Mapping[str, Any]) -> dict[str, Any]:
+        """Write this attempt's claim, then refuse if the directory holds another job's files.
+
+        A fresh job (``resumed`` false) may share its directory with nobody; a resumed one only
+        with attempts of its own job (``origin``). Claim first, list second: of two writers that
+        start together, the second to list sees the first's claim, so at most one goes on (both
+        stop when both list after both claimed: refused, never mixed)."""
+        body = header["body"]
+        directory, attempt = header["directory"], header["attempt"]
+        path = f"{directory}/_claim-{attempt}.json"
+        retries = self._retrying(lambda: self._put(path, self._json(body)), "write the claim")
+        others: dict[str, list[str]] = {}
+        retries += self._retrying(
+            lambda: others.update(self._attempts_in(directory, exclude=attempt)), "list the directory"
+        )
+        foreign = {}
+        for other, names in sorted(others.items()):
+            origin: str | None = "?"
+            if body.get("resumed"):
+                origin, more = self._origin_of(directory, names)
+                retries += more
+                if body.get("origin") is None or origin in (None, body["origin"]):
+                    continue  # its own job's earlier attempt (or a log too old to tell: trusted)
+            foreign[other] = origin
+        if not foreign:
+            return {"op": "claim", "ok": True, "retries": retries}
+        with contextlib.suppress(Exception):
+            fs = self._filesystem()
+            fs.rm_file(fs._strip_protocol(path))
+        where = redact(directory, self.secrets)
+        listed = ", ".join(sorted(foreign)[:5])
+        listed += f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        source = body.get("run_id_from", "run_id=")
+        if body.get("resumed"):
+            why = (
+                f"it resumes job {body.get('origin')}, but {where} also holds attempt(s) {listed} of "
+                "another job with the same run id"
+            )
+        else:
+            why = f"{where} already holds attempt(s) {listed} of another job"
+        return {
+            "op": "claim",
+            "ok": False,
+            "error": (
+                f"audit run id {body.get('run')!r} (from {source}) collides: {why}. A job never "
+                "supersedes another job's records: give this job a run id no other job used (or leave "
+                "run_id= and $SIFTPIPE_RUN_ID unset for a new one), or, to continue that job, resume "
+                "it from its checkpoint (Sifter.load_state_dict)"
+            ),
+        }
+
+    def _attempts_in(self, directory: str, exclude: str) -> dict[str, list[str]]:
+        """The attempts with files in ``directory`` other than ``exclude``: their file names."""
+        fs = self._filesystem()
+        path = fs._strip_protocol(directory)
+        fs.invalidate_cache(path)  # a listing cached before the claim was written would miss writers
+        try:
+            names = [p.rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)]
+        except FileNotFoundError:
+            return {}
+        found: dict[str, list[str]] = {}
+        for name in names:
+            m = _ATTEMPT_FILE.fullmatch(name)
+            attempt = m and (m["attempt"] or m["json"])
+            if attempt and attempt != exclude:
+                found.setdefault(attempt, []).append(name)
+        return found
+
+    def _origin_of(self, directory: str, names: Sequence[str]) -> tuple[str | None, int]:
+        """The job (origin) an attempt's files name (None if none says: an older log), and the
+        retries it took to read them."""
+        retries = 0
+        for name in sorted(names, key=lambda n: not n.startswith("_claim")):
+            if not name.endswith(".json"):
+                continue
+            data, more = self._read(f"{directory}/{name}", f"read {name}")
+            retries += more
+            try:
+                body = json.loads(data) if data is not None else None
+            except ValueError:
+                continue  # a damaged object says nothing; another of the attempt's may
+            if isinstance(body, dict) and "origin" in body:
+                return (None if body["origin"] is None else str(body["origin"])), retries
+        return None, retries
 
     def _part(self, header: Mapping[str, Any], payload: memoryview | bytes) -> dict[str, Any]:
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
         table = decode_part(header, payload)
-        sink = io.BytesIO()
+        sink = pa.BufferOutputStream()  # Arrow's own memory: no Python object for Arrow to hold
         pq.write_table(
             table,
             sink,
@@ -284,7 +446,7 @@ class PartWriter:
             use_dictionary=_DICTIONARY_COLUMNS,
             write_statistics=_STATISTICS_COLUMNS,
         )
-        data = sink.getvalue()
+        data = sink.getvalue().to_pybytes()
         number = int(header["part"])
         directory = header["directory"]
         name = f"part-{number:08d}-{header['identity']['attempt']}.parquet"
@@ -301,19 +463,24 @@ class PartWriter:
             "bytes": len(data),
             "urls": sorted(v for v in header["url_values"] if v is not None),
             "created": time.time(),
+            # when the part's last record was decided (unix s): a later attempt of the same job
+            # that started before it means two processes ran the job at once
+            "decided_until": max(header["time"]) if header["time"] else None,
         }
         what = f"write part {number} (records seq {manifest['first_seq']}..{manifest['last_seq']})"
         retries = self._retrying(lambda: self._put(f"{directory}/{name}", data), what)
         retries += self._retrying(
             lambda: self._put(
                 f"{directory}/_manifest-{number:08d}-{header['identity']['attempt']}.json",
-                json.dumps(manifest, sort_keys=True).encode(),
+                self._json(manifest),
             ),
             f"write the manifest of part {number}",
         )
         return {"op": "part", "part": number, "ok": True, "bytes": len(data), "retries": retries}
 
     def _retrying(self, action: Callable[[], None], what: str) -> int:
+        """Do ``action``, retrying transient failures for ``retry_timeout`` seconds; a permanent
+        one (see ``permanent_cause``) fails at once. Returns the number of retries."""
         deadline = time.monotonic() + self.retry_timeout
         delay, retries = 0.2, 0
         while True:
@@ -321,9 +488,16 @@ class PartWriter:
                 action()
                 return retries
             except Exception as exc:
+                where = redact(self.url, self.secrets)
+                cause = permanent_cause(exc)
+                if cause is not None:
+                    raise OSError(
+                        f"could not {what} of the audit log at {where}: {cause} ({self.safe(exc)}); "
+                        f"not retried, as it will not pass by itself ({retries} retries before it)"
+                    ) from None
                 if time.monotonic() + delay > deadline:
                     raise OSError(
-                        f"could not {what} of the audit log at {redact(self.url, self.secrets)} within "
+                        f"could not {what} of the audit log at {where} within "
                         f"{self.retry_timeout:g} s ({retries} retries): {self.safe(exc)}. Check the "
                         "destination (bucket, permissions, space); with on_full='drop' the run continues "
                         "and counts what is lost"
@@ -332,6 +506,20 @@ class PartWriter:
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
                 self._fs = None  # a fresh client after a broken connection
+
+    def _read(self, path: str, what: str) -> tuple[bytes | None, int]:
+        """The bytes of ``path`` (None if it is gone), read with retries; and the retries."""
+        box: list[bytes | None] = []
+
+        def action() -> None:
+            fs = self._filesystem()
+            try:
+                box.append(fs.cat_file(fs._strip_protocol(path)))
+            except FileNotFoundError:
+                box.append(None)
+
+        retries = self._retrying(action, what)
+        return box[-1], retries
 
     def _filesystem(self) -> Any:
         if self._fs is None:
@@ -354,6 +542,10 @@ class PartWriter:
             fs.mv(tmp, target)
         else:
             fs.pipe_file(target, payload)
+
+    def _json(self, body: Any) -> bytes:
+        """``body`` as JSON to store: no string in it holds a credential."""
+        return json.dumps(redact_json(body, self.secrets), sort_keys=True).encode()
 
     def safe(self, exc: BaseException) -> str:
         text = (

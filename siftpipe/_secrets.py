@@ -1,4 +1,26 @@
-"""Keep credentials out of messages, logs and reprs.
+"""Keep credentials out of everything siftpipe records, prints or raises.
+
+One function, ``redact``, does it everywhere: the audit log's ``url`` column and manifests,
+reprs, warnings, errors, and the ``siftpipe`` command line. It removes
+
+* every value given to it as a secret (credential-like storage options, credential-like
+  environment variables, passwords and signatures found in the URLs a user passed), also
+  percent-encoded;
+* the password of any ``scheme://user:password@host`` URL in the text (S3 keys written as
+  ``s3://KEY:SECRET@bucket`` too, with a ``/`` in the secret), and a user-only
+  ``scheme://TOKEN@host``;
+* the value of every ``name=value`` whose name is a credential's (URL query parameters and
+  connection strings alike): S3 presigned URLs (``X-Amz-Signature``, ``X-Amz-Credential``,
+  ``X-Amz-Security-Token``, ``Signature``, ``AWSAccessKeyId``), GCS signed URLs
+  (``X-Goog-Signature``, ``X-Goog-Credential``, ``access_token``), Azure SAS (``sig``) and
+  connection strings (``AccountKey``, ``SharedAccessSignature``, ``SharedAccessKey``), and any
+  ``password``/``pwd``/``token``/``secret``/``key``;
+* ``"name": "value"`` pairs of such names (JSON, dict reprs) and ``Bearer``/``Authorization``
+  tokens.
+
+Everything else is left as it was, byte for byte. A URL whose password holds a quote, a space,
+``?`` or ``#`` must percent-encode it (RFC 3986 requires it) for the URL form to be recognised;
+passed as a storage option, any value is removed. ``redact`` is idempotent.
 
 Standard library only: the audit writer process loads this file without the package.
 """
@@ -9,43 +31,179 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
-__all__ = ["REDACTED", "Redactor", "redact", "redact_options", "redact_url", "safe_options", "secret_values"]
+__all__ = [
+    "REDACTED",
+    "Redactor",
+    "is_secret_name",
+    "redact",
+    "redact_json",
+    "redact_options",
+    "redact_url",
+    "safe_options",
+    "secret_values",
+    "url_secrets",
+]
 
-_SENSITIVE_OPTION = re.compile(r"key|secret|token|passw|credential|signature|auth|session|sas", re.I)
+REDACTED = "***"
+_MIN_SECRET = 4  # shorter values are not searched for (they would match ordinary words)
+
+# the last word of a name (split at -, _, . and camelCase) says whether its value is a credential
+_SECRET_WORDS = frozenset(
+    {
+        "auth",
+        "authorization",
+        "code",
+        "credential",
+        "credentials",
+        "key",
+        "passwd",
+        "password",
+        "pwd",
+        "sas",
+        "secret",
+        "sig",
+        "signature",
+        "token",
+    }
+)
+_SECRET_NAMES = frozenset(
+    {"awsaccesskeyid", "connection_string", "connectionstring", "apikey", "accountkey", "sastoken"}
+)
+_WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z0-9]+")
 _SENSITIVE_ENV = re.compile(
     r"(^|_)(SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIALS?|SAS)(_|$)|ACCESS_KEY|ACCOUNT_KEY|API_KEY|"
     r"CONNECTION_STRING|SECRET_KEY",
     re.I,
 )
 _NOT_SECRET = re.compile(r"(?i)^(true|false|none|null|yes|no|on|off|[0-9.]+)$")
-_SENSITIVE_QUERY = re.compile(
-    r"signature|credential|token|secret|key|sig|auth|password|passwd|sas|session", re.I
+
+# a URL: a scheme, then anything up to whitespace, a quote or an angle bracket
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]*")
+# name=value: the value runs to the next &, ;, comma, whitespace, quote or closing bracket
+_PAIR = re.compile(r"(?<![\w-])([A-Za-z][\w.-]*)=([^&;,\s'\"<>)\]}]+)")
+_QUOTED_PAIR = re.compile(r"([\"'])([A-Za-z][\w.-]*)\1(\s*:\s*)([\"'])((?:(?!\4).)*)\4")
+_BEARER = re.compile(
+    r"(?i)\b(bearer\s+|authorization:\s*(?:(?:basic|digest|bearer)\s+)?)"
+    r"(?!(?:basic|digest|bearer)\b)(?!\*\*\*)([^\s'\",]{4,})"
 )
-_QUERY_IN_TEXT = re.compile(
-    r"((?:X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|Signature|AWSAccessKeyId|"
-    r"GoogleAccessId|access_token|sig|token|se?cret)=)([^&\s\"'<>]+)",
-    re.I,
-)
-_USERINFO_IN_TEXT = re.compile(r"(\b[a-zA-Z][\w+.-]*://[^/\s:@]+):([^/\s@]+)@")
-_MIN_SECRET = 4
-REDACTED = "***"
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a storage option, query parameter or field called ``name`` holds a credential."""
+    lowered = name.lower()
+    if lowered in _SECRET_NAMES:
+        return True
+    words = _WORDS.findall(name)
+    return bool(words) and words[-1].lower() in _SECRET_WORDS
+
+
+def _userinfo(url: str) -> tuple[int, int, int] | None:
+    """Where the userinfo of ``url`` (a ``scheme://...`` string) starts, where its password starts
+    (at the start, for a user-only token) and where it ends (its ``@``).
+
+    The authority runs to the first ``?`` or ``#`` (not the first ``/``: ``s3://KEY:SECRET@bucket``
+    keys may hold one) and the userinfo to its last ``@``. A ``user:...`` part counts when the
+    user has no ``/``; a part without ``:`` only when it has no ``/`` (a path's ``@`` is not one).
+    """
+    start = url.index("://") + 3
+    end = len(url)
+    for stop in "?#":
+        at = url.find(stop, start)
+        if at != -1:
+            end = min(end, at)
+    at = url.rfind("@", start, end)
+    if at == -1:
+        return None
+    info = url[start:at]
+    user, colon, _ = info.partition(":")
+    if "/" in user or (not colon and "/" in info):
+        return None
+    return start, start + len(user) + 1 if colon else start, at
+
+
+def _redact_url_token(url: str) -> str:
+    found = _userinfo(url)
+    if found is None:
+        return url
+    _, password, at = found
+    return url[:password] + REDACTED + url[at:]
+
+
+def _pair(match: re.Match[str]) -> str:
+    name = match.group(1)
+    return f"{name}={REDACTED}" if is_secret_name(name) else match.group(0)
+
+
+def _quoted_pair(match: re.Match[str]) -> str:
+    quote_, name, colon, vquote, _ = match.groups()
+    if not is_secret_name(name):
+        return match.group(0)
+    return f"{quote_}{name}{quote_}{colon}{vquote}{REDACTED}{vquote}"
+
+
+def _forms(secret: str) -> set[str]:
+    """``secret`` as it may appear: raw and percent-encoded."""
+    return {secret, quote(secret, safe=""), quote_plus(secret, safe=""), quote(secret)}
+
+
+def redact(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` without credentials: every one of ``secrets`` and every credential-shaped part
+    (URL passwords, credential query parameters and ``name=value`` pairs, bearer tokens) is
+    replaced by ``***``; the rest is unchanged. See the module's docstring for the shapes."""
+    if not isinstance(text, str):
+        text = str(text)
+    for secret in sorted(
+        {f for s in secrets if len(s) >= _MIN_SECRET and s.strip("*") for f in _forms(s)},
+        key=len,
+        reverse=True,
+    ):
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    if "://" in text:
+        text = _URL.sub(lambda m: _redact_url_token(m.group(0)), text)
+    text = _PAIR.sub(_pair, text)
+    text = _QUOTED_PAIR.sub(_quoted_pair, text)
+    return _BEARER.sub(rf"\1{REDACTED}", text)
+
+
+def redact_url(url: str) -> str:
+    """``url`` without credentials (``redact`` with no extra secrets: one function for all)."""
+    return redact(url)
+
+
+def url_secrets(text: str) -> set[str]:
+    """The credentials written into the URLs in ``text`` (passwords, credential parameters),
+    raw and decoded, so that they are also found where they appear without their URL."""
+    found: set[str] = set()
+    for m in _URL.finditer(text):
+        url = m.group(0)
+        info = _userinfo(url)
+        if info is not None:
+            password = url[info[1] : info[2]]
+            if password and password != REDACTED:
+                found |= {password, unquote(password)}
+    for m in _PAIR.finditer(text):
+        if is_secret_name(m.group(1)) and m.group(2) != REDACTED:
+            found |= {m.group(2), unquote(m.group(2)), unquote_plus(m.group(2))}
+    return {s for s in found if len(s) >= _MIN_SECRET}
 
 
 def _option_secrets(options: Any, parent_sensitive: bool = False) -> set[str]:
     found: set[str] = set()
     if isinstance(options, Mapping):
         for name, value in options.items():
-            sensitive = parent_sensitive or bool(_SENSITIVE_OPTION.search(str(name)))
-            found |= _option_secrets(value, sensitive)
+            found |= _option_secrets(value, parent_sensitive or is_secret_name(str(name)))
     elif isinstance(options, list | tuple):
         for value in options:
             found |= _option_secrets(value, parent_sensitive)
-    elif isinstance(options, str | bytes) and parent_sensitive:
+    elif isinstance(options, str | bytes):
         text = options.decode(errors="replace") if isinstance(options, bytes) else options
-        if len(text) >= _MIN_SECRET:
+        if parent_sensitive and len(text) >= _MIN_SECRET:
             found.add(text)
+        # credentials inside any value: an endpoint_url with a password, a connection string
+        found |= url_secrets(text)
     return found
 
 
@@ -57,64 +215,53 @@ def _env_secrets() -> set[str]:
     }
 
 
-def redact_url(url: str) -> str:
-    """``url`` with any password in it and any credential-like query parameter replaced by ***."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return _USERINFO_IN_TEXT.sub(rf"\1:{REDACTED}@", url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:{REDACTED}@{host}" if ":" in userinfo else f"{REDACTED}@{host}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode(
-            [(k, REDACTED if _SENSITIVE_QUERY.search(k) else v) for k, v in pairs], safe="*{}.,"
-        )
-    if netloc == parts.netloc and query == parts.query:
-        return url
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
 class Redactor:
-    """Removes credentials (from storage options and the environment) from text."""
+    """``redact`` with the credentials of ``storage_options`` and the environment."""
 
-    def __init__(self, storage_options: Mapping[str, Any] | None) -> None:
+    def __init__(self, storage_options: Mapping[str, Any] | None, *urls: str) -> None:
         self._secrets = _option_secrets(storage_options or {})
+        for url in urls:
+            self._secrets |= url_secrets(url)
 
     def __call__(self, text: str) -> str:
         return redact(text, self._secrets | _env_secrets())
 
 
 def redact_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of storage options fit for a repr: values of credential-like names are ***."""
+    """A copy of storage options fit for a repr: values of credential-like names are ``***``
+    and other strings are ``redact``-ed (an ``endpoint_url`` with a password, say)."""
     out: dict[str, Any] = {}
     for name, value in options.items():
-        if _SENSITIVE_OPTION.search(str(name)):
+        if is_secret_name(str(name)):
             out[name] = REDACTED
         elif isinstance(value, Mapping):
             out[name] = redact_options(value)
+        elif isinstance(value, str):
+            out[name] = redact(value)
         else:
             out[name] = value
     return out
 
 
-def secret_values(storage_options: Mapping[str, Any] | None = None) -> list[str]:
-    """Values that must never be shown: credential-like storage options and environment variables."""
-    return sorted(_option_secrets(storage_options or {}) | _env_secrets(), key=len, reverse=True)
+def secret_values(storage_options: Mapping[str, Any] | None = None, *urls: str) -> list[str]:
+    """Values that must never be shown: credential-like storage options and environment
+    variables, and the credentials written into ``urls``; longest first."""
+    found = _option_secrets(storage_options or {}) | _env_secrets()
+    for url in urls:
+        found |= url_secrets(url)
+    return sorted(found, key=len, reverse=True)
 
 
-def redact(text: str, secrets: Iterable[str] = ()) -> str:
-    """``text`` with every one of ``secrets``, credential-like URL query values and URL passwords
-    replaced by ``***``."""
-    for secret in sorted(secrets, key=len, reverse=True):
-        if secret in text:
-            text = text.replace(secret, REDACTED)
-    text = _QUERY_IN_TEXT.sub(rf"\1{REDACTED}", text)
-    return _USERINFO_IN_TEXT.sub(rf"\1:{REDACTED}@", text)
+def redact_json(value: Any, secrets: Iterable[str] = ()) -> Any:
+    """``value`` (parsed JSON) with every string in it ``redact``-ed."""
+    secrets = list(secrets)
+    if isinstance(value, str):
+        return redact(value, secrets)
+    if isinstance(value, Mapping):
+        return {k: redact_json(v, secrets) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_json(v, secrets) for v in value]
+    return value
 
 
 #: Storage options fit to show (an alias kept for the audit log's reprs).

@@ -10,7 +10,11 @@ Hive-style: pyarrow, pandas, DuckDB and Athena read ``run`` and ``rank`` from th
 is an immutable object (S3 has no append), written once; its manifest (written after it) gives the
 part's record count and first and last sequence number, so a reader can tell a missing part from an
 empty one. An *attempt* is one process's stretch of a run: a resumed run starts a new attempt whose
-records supersede, from its resume point on, those of attempts that started before it.
+records supersede, from its resume point on, those of attempts of the same job that started before
+it. Before its first record an attempt writes ``_claim-<attempt>.json`` (its job, its resume point)
+and lists its directory: a fresh job refuses a directory holding another job's files, a resumed
+one a directory holding files of a job other than its own, so a job never supersedes another's
+records.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import datetime as _dt
 import json
 import os
 import queue
+import re
 import secrets as _random
 import subprocess
 import sys
@@ -36,6 +41,7 @@ import numpy as np
 from . import _audit_io
 from ._secrets import redact, safe_options, secret_values
 from .errors import AuditError, ResumeError
+from .reader import refuse_credentials_in_url
 
 if TYPE_CHECKING:
     from .sifter import Sifter
@@ -68,7 +74,7 @@ Writer = Literal["process", "thread"]
 
 def _new_run_id() -> str:
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return f"{stamp}-{_random.token_hex(3)}"
+    return f"{stamp}-{_random.token_hex(4)}"
 
 
 class AuditStats:
@@ -125,17 +131,25 @@ class AuditLog:
         url: Root of the log: an fsspec URL (``s3://bucket/prefix``) or a local path.
         storage_options: fsspec options (``endpoint_url``, ``profile``, ``anon``, ...); S3
             credentials otherwise come from the standard AWS environment.
-        run_id: Names this run (``run=<id>``); default ``$SIFTPIPE_RUN_ID``,
-            ``$TORCHELASTIC_RUN_ID``, or a new time-stamped id (shared from rank 0 when
-            torch.distributed is initialised: construct the log on every rank). A resumed stage
-            keeps its checkpoint's run id.
+        run_id: Names this run (``run=<id>``): 1 to 128 ASCII letters, digits, ``.``, ``_`` or
+            ``-``, starting with a letter or digit, and not a number or a date; default ``$SIFTPIPE_RUN_ID``,
+            ``$TORCHELASTIC_RUN_ID`` (not ``none``, which ``torchrun`` sets for every job started
+            without ``--rdzv-id``; ``<id>-restart<n>`` after an elastic restart), or a new
+            time-stamped id (shared from rank 0 when torch.distributed is initialised: construct
+            the log on every rank). A resumed stage keeps its checkpoint's run id. One run id
+            belongs to one job: a fresh job whose run id another job already wrote is refused
+            with ``AuditError`` when its first pass starts.
         rank: This process's rank; default from torch.distributed, else ``$RANK``, else 0.
         flush_every: Records per part.
         max_queue_bytes: Bound on sealed-but-unwritten parts, in bytes.
         on_full: When the queue is full or a part cannot be written within ``retry_timeout``:
             ``"block"`` waits, then raises ``AuditError``; ``"drop"`` drops the part, counts its
             records in ``stats.dropped_records`` and warns.
-        retry_timeout: Seconds to keep retrying one write before giving up.
+        retry_timeout: Seconds to keep retrying one write that failed for a reason that may pass
+            (a connection refused or reset, a timeout, a 5xx answer). A failure that cannot pass
+            (no such bucket, access denied, invalid or missing credentials, an unknown protocol,
+            an invalid storage option) is not retried: ``AuditError`` naming the destination and
+            the cause, when the first pass starts.
         compression: Parquet codec.
         writer: ``"process"`` (default) or ``"thread"``.
     """
@@ -156,6 +170,8 @@ class AuditLog:
     ) -> None:
         if not isinstance(url, str) or not url:
             raise AuditError(f"the audit log needs a root URL or path, got {url!r}")
+        refuse_credentials_in_url(url)
+        _check_protocol(url)
         if not isinstance(flush_every, int) or flush_every < 1:
             raise AuditError(f"flush_every must be a number of records >= 1, got {flush_every!r}")
         if on_full not in ("block", "drop"):
@@ -164,7 +180,8 @@ class AuditLog:
             raise AuditError(f"writer must be 'process' or 'thread', got {writer!r}")
         self.url = url.rstrip("/")
         self._storage_options = dict(storage_options or {})
-        self._secrets = secret_values(self._storage_options)
+        self._secrets = secret_values(self._storage_options, url)
+        self._clean_urls: dict[str, str] = {}  # a sample's __url__ -> as recorded
         self.flush_every = flush_every
         self.max_queue_bytes = max_queue_bytes
         self.on_full = on_full
@@ -174,21 +191,22 @@ class AuditLog:
         self._explicit_run_id = run_id
         # resolved now: every rank constructs its stage at the same point, so a collective that
         # shares rank 0's id cannot meet another rank's unrelated collective
-        self.run_id: str = (
-            run_id
-            or os.environ.get("SIFTPIPE_RUN_ID")
-            or os.environ.get("TORCHELASTIC_RUN_ID")
-            or _shared_run_id()
-        )
-        self._rank = rank
+        self.run_id, self._run_id_from = _resolve_run_id(run_id)
+        self._rank = None if rank is None else _checked_rank(rank, "rank")
         self.stats = AuditStats()
         self.attempt = _random.token_hex(4)
         self._attempt_started = time.time_ns()
         self._resumed_from = 0
+        #: The job this attempt belongs to: the attempt id of the job's fresh start (a resumed
+        #: attempt inherits it from its state; None for states written before jobs were recorded).
+        self._origin: str | None = self.attempt
+        self._resumed = False
+        self._claim: str | None = None  # None: not claimed; "pending", "ok" or the refusal
         self._next_part = 0
         self._first_part = 0  # this attempt's first part number (a resumed one continues the run's)
         self._buffer: list[dict[str, Any]] = []
         self._buffer_rows = 0
+        self._decided_until: float | None = None  # unix time of the last decision handed over
         self._metadata: dict[str, Any] = {}
         self._shard_report: Callable[[], dict[str, Any] | None] | None = None
         self._transport: _Transport | None = None
@@ -204,7 +222,7 @@ class AuditLog:
     @property
     def rank(self) -> int:
         if self._rank is None:
-            self._rank = _current_rank()
+            self._rank = _checked_rank(_current_rank(), "this process's rank (torch.distributed or $RANK)")
         return self._rank
 
     @property
@@ -271,6 +289,7 @@ class AuditLog:
             }
         )
         self._buffer_rows += n
+        self._decided_until = self._buffer[-1]["time"]
         self.stats.records += n
         if self._buffer_rows >= self.flush_every:
             self.seal()
@@ -287,13 +306,22 @@ class AuditLog:
             self.stats.unwritten_records += rows
             self._raise_if_failed()
         header, buffers = _audit_io.encode_part(
-            chunks, {"part": number, "directory": self.directory, "identity": self._identity()}
+            chunks,
+            {"part": number, "directory": self.directory, "identity": self._identity()},
+            self._clean_url,
         )
         self._send(header, buffers, rows)
 
     def start(self) -> None:
-        """Start the writer now (the stage does, when a pass begins) rather than at the first part."""
+        """Start the writer and claim this rank's directory (the stage does, when a pass begins).
+
+        Raises ``AuditError`` when the directory holds another job's records (the same run id
+        used twice: see ``run_id``) or when the destination refuses the claim for good (no such
+        bucket, access denied, unknown protocol): before any record is decided."""
         self._writer()
+        with self._space:
+            self._space.wait_for(lambda: self._claim != "pending")
+        self._raise_if_failed()
 
     def _send(self, header: dict[str, Any], buffers: list[Any], rows: int) -> None:
         transport = self._writer()
@@ -325,8 +353,11 @@ class AuditLog:
         """Flush, write this attempt's end marker and stop the writer. Idempotent."""
         if self._closed:
             return
+        # a refused claim was raised already and nothing was written under it: nothing to report
+        refused = self._failed is not None and self._failed == self._claim and self._error is None
         try:
-            self.flush(timeout)
+            if not (refused and not self._buffer):
+                self.flush(timeout)
             if self._transport is not None and self._failed is None:
                 marker = {
                     **self._identity(),
@@ -336,6 +367,7 @@ class AuditLog:
                     # parts dropped on purpose (on_full="drop") are not in storage: say so here, so
                     # that a reader tells them from parts lost by accident
                     "dropped_records": self.stats.dropped_records,
+                    "decided_until": self._decided_until,
                 }
                 self._send(
                     {"op": "json", "path": f"{self.directory}/_end-{self.attempt}.json", "body": marker},
@@ -358,10 +390,16 @@ class AuditLog:
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
-        """Run id, rank and the next part number; seals the collected records first, so a
+        """Run id, rank, job and the next part number; seals the collected records first, so a
         checkpoint falls on a part boundary and the resumed run continues the numbering."""
         self.seal()
-        return {"run_id": self.run_id, "rank": self.rank, "next_part": self._next_part}
+        return {
+            "run_id": self.run_id,
+            "rank": self.rank,
+            "next_part": self._next_part,
+            "origin": self._origin,
+            "attempt": self.attempt,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any] | None, resumed_from: int = 0) -> None:
         """Continue a checkpointed log; ``resumed_from`` is the first sequence number to come."""
@@ -377,12 +415,19 @@ class AuditLog:
             )
         if self._next_part or self._buffer:
             raise ResumeError("load the checkpoint into a new AuditLog, before anything is written to it")
-        self.run_id = state["run_id"]
-        self._rank = int(state["rank"]) if self._rank is None else self._rank
+        run_id = _checked_run_id(state["run_id"], "the checkpoint's audit run id", ResumeError)
+        rank = _checked_rank(state["rank"], "the checkpoint's audit rank", ResumeError)
+        self._release_claim()  # a fresh claim made before the checkpoint was loaded no longer holds
+        self.run_id = run_id
+        self._run_id_from = "the checkpoint"
+        self._rank = rank if self._rank is None else self._rank
         self._next_part = self._first_part = int(state["next_part"])
         self._resumed_from = int(resumed_from)
         self.attempt = _random.token_hex(4)
         self._attempt_started = time.time_ns()
+        origin = state.get("origin")
+        self._origin = str(origin) if origin is not None else None
+        self._resumed = True
 
     # ------------------------------------------------------------------ the writer
 
@@ -399,23 +444,65 @@ class AuditLog:
             cls = _ProcessTransport if self.writer == "process" else _ThreadTransport
             self._transport = cls(config, self._on_reply, self._safe_url())
             _open_logs.add(self)
+        if self._claim is None and self._failed is None:
+            self._claim = "pending"
+            body = {**self._identity(), "resumed": self._resumed, "run_id_from": self._run_id_from}
+            with self._space:
+                self._queued += 1
+            self._transport.send(
+                {"op": "claim", "directory": self.directory, "attempt": self.attempt, "body": body},
+                [],
+                0,
+                0,
+            )
         return self._transport
+
+    def _release_claim(self) -> None:
+        """Withdraw this attempt's claim (nothing was written under it): it is about to become another."""
+        if self._claim is None:
+            return
+        with self._space:
+            self._space.wait_for(lambda: self._claim != "pending")
+        if self._claim == "ok" and self._transport is not None:
+            self.flush()
+            with self._space:
+                self._queued += 1
+            self._transport.send(
+                {"op": "release", "path": f"{self.directory}/_claim-{self.attempt}.json"}, [], 0, 0
+            )
+            self.flush()
+        self._claim = None
 
     def _on_reply(self, header: Mapping[str, Any], size: int, rows: int, reply: Mapping[str, Any]) -> None:
         """A frame was handled (runs on the writer's reply thread)."""
         self.stats.retries += int(reply.get("retries", 0))
-        if reply.get("ok"):
+        if header["op"] == "claim" and not reply.get("ok") and not reply.get("fatal"):
+            # on_full="drop": the run goes on; the writer claims again before its next write
+            self._claim = "deferred"
+            warnings.warn(
+                f"siftpipe: {reply.get('error')}; records are dropped and counted until it can be "
+                "written (on_full='drop')",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        elif header["op"] == "claim" and reply.get("ok"):
+            self._claim = "ok"
+        elif reply.get("ok"):
             if header["op"] == "part":
                 self.stats.parts_written += 1
                 self.stats.bytes_written += int(reply.get("bytes", 0))
-        elif header["op"] == "part" and self.on_full == "drop":
+        elif header["op"] == "part" and self.on_full == "drop" and not reply.get("fatal"):
             self._drop(header, rows, f"writing failed: {reply.get('error')}")
-        elif header["op"] == "json" and self.on_full == "drop":
+        elif header["op"] == "json" and self.on_full == "drop" and not reply.get("fatal"):
             warnings.warn(f"siftpipe: {reply.get('error')}", RuntimeWarning, stacklevel=2)
         else:
+            # a refused claim ends the log whatever on_full says: its records would mix with
+            # another job's
             self.stats.unwritten_records += rows
             if self._failed is None:
                 self._failed = self._error = str(reply.get("error"))
+            if header["op"] == "claim":
+                self._claim = self._failed
         with self._space:
             self._queued_bytes -= size
             self._queued -= 1
@@ -429,6 +516,7 @@ class AuditLog:
             "attempt": self.attempt,
             "attempt_started": self._attempt_started,
             "resumed_from": self._resumed_from,
+            "origin": self._origin,
             "flush_every": self.flush_every,
             "stage": self._metadata,
         }
@@ -451,6 +539,8 @@ class AuditLog:
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             error, self._error = self._error, None
+            if error == self._claim:  # refused before any record was written
+                raise AuditError(error)
             raise AuditError(
                 f"{error} ({self.stats.unwritten_records} records of this attempt are not in the log; "
                 "nothing more is written to it)"
@@ -460,6 +550,15 @@ class AuditLog:
                 f"the audit log at {self._safe_url()} failed earlier ({self._failed}); "
                 "nothing more is written to it"
             )
+
+    def _clean_url(self, url: str) -> str:
+        """``url`` as the log records it: without credentials (remembered: shard URLs repeat)."""
+        clean = self._clean_urls.get(url)
+        if clean is None:
+            if len(self._clean_urls) > 100_000:
+                self._clean_urls.clear()
+            clean = self._clean_urls[url] = redact(url, self._secrets)
+        return clean
 
     def _safe_url(self) -> str:
         return redact(self.url, self._secrets)
@@ -639,10 +738,36 @@ def _current_rank() -> int:
             return int(dist.get_rank())
     except ImportError:
         pass
-    return int(os.environ.get("RANK", "0"))
+    value = os.environ.get("RANK", "0")
+    try:
+        return int(value)
+    except ValueError:
+        raise AuditError(f"$RANK must be a process rank, an int >= 0, got {value!r}") from None
 
 
-def _shared_run_id() -> str:
+def _resolve_run_id(explicit: str | None) -> tuple[str, str]:
+    """This job's run id and where it came from (named in errors).
+
+    An id is unique per job unless the user names it: ``run_id=``, then ``$SIFTPIPE_RUN_ID``.
+    torchelastic's ``$TORCHELASTIC_RUN_ID`` is shared by the ranks of one job, but ``torchrun``
+    sets it to ``none`` for every job started without ``--rdzv-id``/``--standalone``, and an
+    elastic restart of the workers keeps it: ``none`` is ignored and a restart gets
+    ``<id>-restart<n>`` (a restart that resumes from a checkpoint continues the checkpoint's run
+    instead). Otherwise rank 0 makes a new id and, when torch.distributed is initialised, shares
+    it with every rank."""
+    if explicit is not None:
+        return _checked_run_id(explicit, "run_id="), "run_id="
+    if os.environ.get("SIFTPIPE_RUN_ID"):
+        return _checked_run_id(os.environ["SIFTPIPE_RUN_ID"], "$SIFTPIPE_RUN_ID"), "$SIFTPIPE_RUN_ID"
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if elastic and elastic.lower() != "none":
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        run_id = elastic if restart in ("", "0") else f"{elastic}-restart{restart}"
+        return _checked_run_id(run_id, "$TORCHELASTIC_RUN_ID"), "$TORCHELASTIC_RUN_ID"
+    return _shared_run_id()
+
+
+def _shared_run_id() -> tuple[str, str]:
     """A new run id, the same on every rank of an initialised torch.distributed job."""
     run_id = _new_run_id()
     try:
@@ -651,7 +776,73 @@ def _shared_run_id() -> str:
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             box = [run_id]
             dist.broadcast_object_list(box, src=0)
-            run_id = str(box[0])
+            return str(box[0]), "rank 0"
     except ImportError:
         pass
-    return run_id
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        warnings.warn(
+            f"siftpipe: the AuditLog was made before torch.distributed was initialised and no run id "
+            f"was set, so this rank writes to a run of its own ({run_id}); construct it after "
+            "init_process_group, or set run_id= or $SIFTPIPE_RUN_ID to the same value on every rank",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    return run_id, "a new id"
+
+
+def _check_protocol(url: str) -> None:
+    """``AuditError`` now, naming the URL and the cause, when no filesystem can write ``url``
+    (an unknown protocol, or one whose package is not installed), rather than at the first part."""
+    import fsspec
+
+    *chained, last = url.split("::")  # "simplecache::s3://bucket/x": each piece names a filesystem
+    for piece in [*chained, last]:
+        protocol = piece if piece in chained and "://" not in piece else fsspec.core.split_protocol(piece)[0]
+        if protocol is None:
+            continue
+        try:
+            fsspec.get_filesystem_class(protocol)
+        except (ValueError, ImportError) as exc:
+            raise AuditError(
+                f"cannot write an audit log to {redact(url)}: no filesystem for {protocol}:// URLs "
+                f"({redact(f'{type(exc).__name__}: {exc}')}); check the URL, or install the fsspec "
+                "package for it"
+            ) from None
+
+
+#: A run id: what can name the folder ``run=<id>`` and read back unchanged.
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_DATE_LIKE = re.compile(r"\d+-\d+-\d+(T[\d.]*)?")
+RUN_ID_RULE = (
+    "1 to 128 ASCII letters, digits, '.', '_' or '-', starting with a letter or digit, and not a "
+    "number or a date (Hive readers such as pyarrow and DuckDB would read run=<id> back as one)"
+)
+
+
+def _read_as_another_type(run_id: str) -> bool:
+    """Whether a Hive reader would read ``run=<run_id>`` back as a number or a date."""
+    for parse in (lambda v: int(v, 0), float):
+        try:
+            parse(run_id)
+            return True
+        except ValueError:
+            pass
+    return bool(_DATE_LIKE.fullmatch(run_id)) or run_id.lower() == "epoch"
+
+
+def _checked_run_id(run_id: Any, what: str, error: type[Exception] = AuditError) -> str:
+    """``run_id`` if it can name a run, else ``error`` naming ``what`` gave it and the rule.
+
+    A ``/`` or ``..`` would put parts outside the run's folder or the log's root, a ``=`` or
+    ``%`` would be parsed by Hive readers into another value, and the reader would then find
+    nothing."""
+    if isinstance(run_id, str) and _RUN_ID.fullmatch(run_id) and not _read_as_another_type(run_id):
+        return run_id
+    raise error(f"{what} {run_id!r} cannot name an audit run: a run id is {RUN_ID_RULE}")
+
+
+def _checked_rank(rank: Any, what: str, error: type[Exception] = AuditError) -> int:
+    """``rank`` if it is a rank (an int >= 0: it names the folder ``rank=<rank>``)."""
+    if isinstance(rank, int | np.integer) and not isinstance(rank, bool) and rank >= 0:
+        return int(rank)
+    raise error(f"{what} must be a process rank, an int >= 0, got {rank!r}")

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Any
+
+from ._secrets import redact, secret_values
 
 #: Modules of this package that each define ``add_cli(subparsers)`` for one command group.
 COMMAND_MODULES: tuple[str, ...] = ("demo", "logtools", "shards")
@@ -20,9 +25,13 @@ def parse_storage_options(pairs: Sequence[str] | None) -> dict[str, Any]:
     """
     options: dict[str, Any] = {}
     for pair in pairs or ():
-        if "=" not in pair:
-            raise SystemExit(f"--storage-option takes KEY=VALUE, got {pair!r}")
-        key, value = pair.split("=", 1)
+        key, equals, value = pair.partition("=")
+        if not equals or not key:
+            # not echoed: a value given without its name may well be the credential itself
+            raise SystemExit(
+                f"siftpipe: error: --storage-option takes KEY=VALUE, got a value of {len(pair)} "
+                "characters without a KEY= before it (not shown: it may be a credential)"
+            )
         parsed: Any = value
         if value.lower() in ("true", "false"):
             parsed = value.lower() == "true"
@@ -56,16 +65,59 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def argv_secrets(argv: Sequence[str]) -> list[str]:
+    """Credentials on a command line: in its URLs, and the values of credential-like
+    ``--storage-option`` names (with those of the environment)."""
+    options: dict[str, Any] = {}
+    for before, arg in zip(["", *argv], argv):
+        if before == "--storage-option" or arg.startswith("--storage-option="):
+            key, _, value = arg.removeprefix("--storage-option=").partition("=")
+            options[key.rsplit(".", 1)[-1]] = value
+    return secret_values(options, *argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run a command; a siftpipe error is printed as one line naming the problem (exit status 2)."""
+    """Run a command; a siftpipe error is printed as one line naming the problem (exit status 2),
+    any other error as its traceback (exit status 1), both without credentials.
+
+    Called without ``argv`` it is the program (the ``siftpipe`` script, ``python -m siftpipe``):
+    a ``log`` command, which only reads, then ends the process with ``os._exit`` once its output
+    is flushed, so that no native thread of the libraries it used (Arrow's, the S3 client's) can
+    abort the process while the interpreter is being torn down."""
+    program = argv is None
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    code = _run(args, argv)
+    if program and args.command == "log":
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+    return code
+
+
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from .errors import SiftError
 
-    args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, where a closed pipe can still be told apart from an error
+        return code
+    except BrokenPipeError:
+        # the reader went away (`siftpipe log keys ... | head`): stop quietly, as Unix tools do;
+        # stdout goes to /dev/null so the interpreter's final flush does not complain again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141  # 128 + SIGPIPE: what a shell reports for a tool that a closed pipe ended
     except SiftError as exc:
-        print(f"siftpipe: error: {exc}", file=sys.stderr)
+        print(f"siftpipe: error: {redact(str(exc), argv_secrets(argv))}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        secrets = argv_secrets(argv)
+        text = "".join(traceback.format_exception(exc))
+        print(redact(text, secrets), file=sys.stderr, end="")
+        return 1
 
 
 if __name__ == "__main__":

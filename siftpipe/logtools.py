@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ._secrets import redact, secret_values
 from .cli import add_storage_option_flag, parse_storage_options
 from .policies import Policy, PruneEasy, RelativeProbabilistic, TopFraction, Uniform
 from .reader import _read_many, _read_part, list_parts, read_log, verify_log
@@ -82,16 +83,20 @@ def summarize(table: Any, *, buckets: int = 10, top_shards: int = 10) -> dict[st
             url = pc.dictionary_encode(url)
         # count on the dictionary codes: no string is touched per row
         url = pa.table({"url": url}).unify_dictionaries().column("url").combine_chunks()
-        codes = url.indices.to_numpy(zero_copy_only=False)
-        valid = ~np.asarray(url.is_null().to_numpy(zero_copy_only=False))
+        # samples without a shard URL (in-memory sources, plain lists) have null codes
+        codes = url.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        valid = (codes >= 0) & ~np.asarray(url.is_null().to_numpy(zero_copy_only=False))
+        codes = np.where(valid, codes, 0)
         urls = url.dictionary.to_pylist()
         seen = np.bincount(codes[valid], minlength=len(urls))
         kept_by = np.bincount(codes[valid & kept], minlength=len(urls))
         dropped = seen - kept_by
-        order = np.argsort(-dropped, kind="stable")[:top_shards]
+        order = [i for i in np.argsort(-dropped, kind="stable") if seen[i]][:top_shards]
         out["most_dropped_shards"] = [
             {
-                "url": urls[i],
+                # as recorded, and without credentials also in a log written before they were
+                # kept out of the url column
+                "url": None if urls[i] is None else redact(urls[i]),
                 "records": int(seen[i]),
                 "dropped": int(dropped[i]),
                 "keep_rate": float(kept_by[i] / seen[i]),
@@ -124,7 +129,9 @@ def _print_summary(s: Mapping[str, Any], out: Any) -> None:
             "         -" if qs[k] is None else f" {qs[k]:>10.4g}" for k in ("p10", "p50", "p90", "mean")
         )
         print(f"  {name:<8}{cells}", file=out)
-    if s.get("most_dropped_shards"):
+    if s.get("most_dropped_shards") == []:
+        print("\nmost-dropped shards: none recorded (the samples carried no __url__)", file=out)
+    elif s.get("most_dropped_shards"):
         print("\nmost-dropped shards:", file=out)
         for row in s["most_dropped_shards"]:
             print(
@@ -195,20 +202,30 @@ def _read(args: argparse.Namespace, columns: list[str] | None) -> Any:
     )
 
 
+def _no_log(args: argparse.Namespace, what: str = "no audit log") -> int:
+    """Say on stderr that ``args.url`` holds nothing to work on; the exit status (1, as verify)."""
+    shown = redact(args.url, secret_values(parse_storage_options(args.storage_option), args.url))
+    where = "".join(f" --run {r}" for r in args.run or ()) + "".join(f" --rank {r}" for r in args.rank or ())
+    print(
+        f"siftpipe: {what} at {shown}{where}: check the URL, the storage options and --run/--rank",
+        file=sys.stderr,
+    )
+    return 1
+
+
 def _cmd_summary(args: argparse.Namespace) -> int:
     s = summarize(_read(args, _SUMMARY_COLUMNS))
     if args.json:
         print(json.dumps(s, indent=1))
-    else:
+    elif s.get("records"):
         _print_summary(s, sys.stdout)
-    return 0
+    return 0 if s.get("records") else _no_log(args, "no records")
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
     table = _read(args, ["seq", "kept", "loss", "score", "prob"])
     if table.num_rows == 0:
-        print("no records to plot", file=sys.stderr)
-        return 1
+        return _no_log(args, "no records to plot")
     plot_log(table, args.output)
     print(f"wrote {args.output}")
     return 0
@@ -217,6 +234,8 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 def _cmd_keys(args: argparse.Namespace) -> int:
     options = parse_storage_options(args.storage_option)
     fs, infos, _ = list_parts(args.url, options, run=args.run, rank=args.rank)
+    if not infos:
+        return _no_log(args)
     want_kept = not args.dropped
     out = sys.stdout
     for info in infos:
@@ -224,7 +243,8 @@ def _cmd_keys(args: argparse.Namespace) -> int:
             continue
         (table,) = _read_many(fs, [info.path], lambda b: _read_part(b, ["seq", "key", "kept"]))
         if isinstance(table, Exception):
-            print(f"skipping unreadable part {info.path}: {type(table).__name__}", file=sys.stderr)
+            shown = redact(str(info.path), secret_values(options, args.url))
+            print(f"skipping unreadable part {shown}: {type(table).__name__}", file=sys.stderr)
             continue
         seq = table.column("seq").to_numpy()
         kept = table.column("kept").to_numpy(zero_copy_only=False)
@@ -243,6 +263,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_whatif(args: argparse.Namespace) -> int:
     options = parse_storage_options(args.storage_option)
     _, infos, _ = list_parts(args.url, options, run=args.run, rank=args.rank)
+    if not infos:
+        return _no_log(args)
     stage: dict[str, Any] = next(
         (i.manifest["stage"] for i in infos if i.manifest and i.manifest.get("stage")), {}
     )

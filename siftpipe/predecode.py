@@ -160,7 +160,7 @@ class PreDecodeFilter:
                 dropped.append(
                     {
                         "key": str(k),
-                        "url": s.get("__url__"),
+                        "url": None if s.get("__url__") is None else redact_url(str(s["__url__"])),
                         "loss": float(lo),
                         "prob": float(pr),
                         "epoch": epoch,

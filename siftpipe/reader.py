@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import warnings
@@ -14,7 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ._secrets import redact, secret_values
+from ._secrets import redact, secret_values, url_secrets
 from .errors import AuditError
 
 __all__ = ["LogReport", "PartInfo", "list_parts", "read_log", "verify_log"]
@@ -26,6 +25,7 @@ _MANIFEST = re.compile(
     r"run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/_manifest-(?P<part>\d+)-(?P<attempt>[0-9a-f]+)\.json$"
 )
 _END = re.compile(r"run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/_end-(?P<attempt>[0-9a-f]+)\.json$")
+_CLAIM = re.compile(r"run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/_claim-(?P<attempt>[0-9a-f]+)\.json$")
 
 
 @dataclass
@@ -55,11 +55,34 @@ class _Attempt:
     shards: dict[str, Any] | None = None
     #: The attempt's end marker (written when it closed), if it is readable.
     end: dict[str, Any] | None = None
+    #: The job the attempt belongs to (the attempt id of the job's fresh start), per its claim,
+    #: manifests or end marker; None in logs written before jobs were recorded.
+    origin: str | None = None
+    #: Unix time of the attempt's last decision found (manifests, end marker); None if unknown.
+    decided_until: float | None = None
+
+
+#: Object stores whose fsspec filesystems do not read credentials from a URL: s3fs takes
+#: ``s3://KEY:SECRET@bucket`` for a bucket named ``KEY:SECRET`` and names it in its errors.
+_NO_URL_CREDENTIALS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"})
+
+
+def refuse_credentials_in_url(url: str) -> None:
+    """Raise ``AuditError`` for an object-store URL with credentials in it (they would reach
+    error messages); say where credentials go instead."""
+    protocol, sep, rest = url.partition("://")
+    if sep and protocol.lower() in _NO_URL_CREDENTIALS and url_secrets(url.split("?", 1)[0]):
+        raise AuditError(
+            f"the URL {redact(url)} holds credentials; {protocol}:// URLs cannot carry them: pass "
+            "them as storage options (e.g. key=, secret=, token=) or through the provider's "
+            "standard environment or profile"
+        )
 
 
 def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
     import fsspec
 
+    refuse_credentials_in_url(url)
     fs, root = fsspec.core.url_to_fs(url.rstrip("/"), skip_instance_cache=True, **(storage_options or {}))
     return fs, root.rstrip("/")
 
@@ -73,7 +96,7 @@ def list_parts(
 ) -> tuple[Any, list[PartInfo], list[_Attempt]]:
     """The filesystem, every part under ``url`` (with manifests and supersession cut-offs), and
     the attempts they belong to; optionally only some runs and ranks."""
-    secrets = secret_values(storage_options)
+    secrets = secret_values(storage_options, url)
     try:
         fs, root = _filesystem(url, storage_options)
         files = fs.find(root)
@@ -95,6 +118,7 @@ def list_parts(
     manifests: list[tuple[re.Match[str], str]] = []
     ended: set[tuple[str, int, str]] = set()
     end_paths: dict[tuple[str, int, str], str] = {}
+    claim_paths: dict[tuple[str, int, str], str] = {}
     for path in files:
         relative = path[len(root) + 1 :] if path.startswith(root + "/") else path
         if m := _PART.fullmatch(relative):
@@ -107,11 +131,18 @@ def list_parts(
         elif (m := _END.fullmatch(relative)) and wanted(m):
             ended.add((m["run"], int(m["rank"]), m["attempt"]))
             end_paths[(m["run"], int(m["rank"]), m["attempt"])] = path
-    secrets_ = secret_values(storage_options)
+        elif (m := _CLAIM.fullmatch(relative)) and wanted(m):
+            claim_paths[(m["run"], int(m["rank"]), m["attempt"])] = path
+    secrets_ = secrets
     ends: dict[tuple[str, int, str], dict[str, Any]] = {}
-    if manifests or end_paths:
-        paths = [p for _, p in manifests] + list(end_paths.values())
+    origins: dict[tuple[str, int, str], str | None] = {}
+    if manifests or end_paths or claim_paths:
+        paths = [p for _, p in manifests] + list(end_paths.values()) + list(claim_paths.values())
         texts = _read_many(fs, paths, _parse_json)
+        for (stream_key, path), claim in zip(claim_paths.items(), texts[len(manifests) + len(end_paths) :]):
+            claim = _checked_manifest(claim, path, secrets_, what="claim")
+            if claim is not None:
+                origins[stream_key] = claim.get("origin")
         for (m, path), manifest in zip(manifests, texts):
             key = (m["run"], int(m["rank"]), m["attempt"], int(m["part"]))
             info = parts.setdefault(key, PartInfo(key[0], key[1], key[3], key[2], None, None))
@@ -134,6 +165,8 @@ def list_parts(
         if info.manifest is not None:
             attempt.started = min(attempt.started, float(info.manifest.get("attempt_started", np.inf)))
             attempt.resumed_from = int(info.manifest.get("resumed_from", 0))
+            if isinstance(info.manifest.get("origin"), str):
+                origins.setdefault(stream_key, info.manifest["origin"])
     for stream_key, marker in ends.items():
         if stream_key not in attempts:  # it closed without a part in storage (all dropped?)
             attempts[stream_key] = _Attempt(
@@ -144,6 +177,11 @@ def list_parts(
     for stream_key, attempt in attempts.items():
         attempt.ended = stream_key in ended
         attempt.end = ends.get(stream_key)
+        origin = (attempt.end or {}).get("origin")
+        attempt.origin = origin if isinstance(origin, str) else origins.get(stream_key)
+        times = [_number((p.manifest or {}).get("decided_until"), None) for p in attempt.parts]
+        times.append(_number((attempt.end or {}).get("decided_until"), None))
+        attempt.decided_until = max((t for t in times if t is not None), default=None)
         attempt.parts.sort(key=lambda p: p.part)
         shards = (ends.get(stream_key) or {}).get("shards")
         for info in reversed(attempt.parts):
@@ -156,19 +194,21 @@ def list_parts(
             attempt.resumed_from = min(
                 (int((p.manifest or {}).get("first_seq") or 0) for p in attempt.parts), default=0
             )
-    # a later attempt redid everything from its resume point on: earlier attempts' records
-    # from there are superseded
+    # a later attempt of the same job redid everything from its resume point on: that job's
+    # earlier attempts' records from there are superseded. Another job's never are (two jobs
+    # under one run id are a collision, which verify_log reports).
     by_stream: dict[tuple[str, int], list[_Attempt]] = {}
     for attempt in attempts.values():
         by_stream.setdefault((attempt.run, attempt.rank), []).append(attempt)
     ordered: list[_Attempt] = []
     for stream in sorted(by_stream):
         chain = sorted(by_stream[stream], key=lambda a: (a.started, a.attempt))
-        cutoff = float("inf")
+        cutoffs: dict[str | None, float] = {}
         for attempt in reversed(chain):
+            cutoff = cutoffs.get(attempt.origin, float("inf"))
             for info in attempt.parts:
                 info.cutoff = cutoff
-            cutoff = min(cutoff, attempt.resumed_from)
+            cutoffs[attempt.origin] = min(cutoff, attempt.resumed_from)
         ordered.extend(chain)
     infos = sorted(
         parts.values(),
@@ -232,6 +272,13 @@ _MANIFEST_CHECKS: dict[str, Callable[[Any], bool]] = {
     "urls": lambda v: isinstance(v, list) and all(isinstance(u, str | None) for u in v),
     "stage": _stage_ok,
     "shards": lambda v: isinstance(v, dict),
+    "origin": lambda v: isinstance(v, str | None),
+    "decided_until": lambda v: v is None or (isinstance(v, _NUMBER) and not isinstance(v, bool)),
+}
+_CLAIM_CHECKS: dict[str, Callable[[Any], bool]] = {
+    **_MANIFEST_CHECKS,
+    "origin": lambda v: isinstance(v, str | None),
+    "resumed": lambda v: isinstance(v, bool),
 }
 _END_CHECKS: dict[str, Callable[[Any], bool]] = {
     **_MANIFEST_CHECKS,
@@ -245,14 +292,14 @@ _END_CHECKS: dict[str, Callable[[Any], bool]] = {
 def _checked_manifest(manifest: Any, path: str, secrets: Sequence[str], what: str = "manifest") -> Any:
     """``manifest`` if it is a manifest (or end marker) siftpipe could have written; else None,
     with a warning naming the object (a reader then goes on without it)."""
-    problem = _problem(manifest, _MANIFEST_CHECKS if what == "manifest" else _END_CHECKS)
+    checks = {"manifest": _MANIFEST_CHECKS, "claim": _CLAIM_CHECKS}.get(what, _END_CHECKS)
+    problem = _problem(manifest, checks)
     if problem is None:
         return manifest
-    consequence = (
-        "its part is read without it (siftpipe log verify reports it)"
-        if what == "manifest"
-        else "the attempt is read as one that did not close"
-    )
+    consequence = {
+        "manifest": "its part is read without it (siftpipe log verify reports it)",
+        "claim": "the attempt's job is read from its manifests",
+    }.get(what, "the attempt is read as one that did not close")
     warnings.warn(
         f"audit {what} {redact(path, secrets)} is unreadable or malformed ({redact(problem, secrets)}); "
         + consequence,
@@ -283,12 +330,22 @@ def _read_part(payload: bytes, columns: Sequence[str] | None) -> Any:
     First the part's schema is checked against the format (every column there, each holding
     the kind of values it should): a part of another shape raises ``ValueError`` naming the
     column, so that every reader, ``verify_log`` included, reports it as a bad part instead of
-    failing later on a stray type. Only the footer is read for that."""
+    failing later on a stray type. Only the footer is read for that.
+
+    Read on the calling thread from an Arrow-owned copy, with no pre-buffering and no thread
+    pool: Arrow's worker threads holding a Python object (a ``BytesIO``, a buffer over Python
+    bytes) may release it after the read returned, and if the interpreter is exiting by then, the
+    GIL they ask for ends their thread inside a C++ destructor: ``terminate called without an
+    active exception`` and SIGABRT, after the work was done (issue 11, item 16)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from .audit import COLUMNS
 
-    schema = pq.read_schema(io.BytesIO(payload))
+    owned = pa.allocate_buffer(len(payload))
+    memoryview(owned).cast("B")[:] = payload
+    part = pq.ParquetFile(pa.BufferReader(owned), pre_buffer=False)
+    schema = part.schema_arrow
     missing = [c for c in COLUMNS if c not in schema.names]
     if missing:
         raise ValueError(
@@ -299,7 +356,7 @@ def _read_part(payload: bytes, columns: Sequence[str] | None) -> Any:
         if not _is_kind(schema.field(name).type, kind):
             raise ValueError(f"its column {name!r} holds {schema.field(name).type}, not {kind} values")
     want = list(columns) if columns is not None else list(COLUMNS)
-    return pq.read_table(io.BytesIO(payload), columns=want)
+    return part.read(columns=want, use_threads=False)
 
 
 _KINDS = {
@@ -369,7 +426,7 @@ def read_log(
             need.append("kept")
     tables = _read_many_with_progress(fs, [p.path for p in readable], need, progress)  # type: ignore[misc]
     out = []
-    secrets = secret_values(storage_options)
+    secrets = secret_values(storage_options, url)
     for info, table in zip(readable, tables):
         if isinstance(table, Exception):
             message = (
@@ -430,7 +487,7 @@ def _predecode_tables(
             found.append((m["run"], int(m["rank"]), path))
     tables = _read_many(fs, [p for _, _, p in found], lambda b: _read_part(b, columns))
     out = []
-    secrets = secret_values(storage_options)
+    secrets = secret_values(storage_options, url)
     for (run_id, rank_id, path), table in zip(found, tables):
         if isinstance(table, Exception):
             warnings.warn(
@@ -499,6 +556,9 @@ class StreamReport:
     last_seq: int | None = None
     gaps: list[tuple[int, int]] = field(default_factory=list)  # missing seq ranges, inclusive
     duplicates: int = 0
+    #: Attempts of different jobs under this run id and rank (the same run id used by two jobs):
+    #: their records overlap and none supersedes another's.
+    collisions: list[str] = field(default_factory=list)
     missing_parts: list[str] = field(default_factory=list)
     unreadable_parts: list[str] = field(default_factory=list)
     count_mismatches: list[str] = field(default_factory=list)
@@ -517,6 +577,7 @@ class StreamReport:
         return not (
             self.gaps
             or self.duplicates
+            or self.collisions
             or self.missing_parts
             or self.unreadable_parts
             or self.count_mismatches
@@ -539,7 +600,11 @@ class LogReport:
         return sum(s.records for s in self.streams)
 
     def lines(self) -> list[str]:
-        """A human-readable report."""
+        """A human-readable report (without credentials, also in a log written before they were
+        kept out of its manifests)."""
+        return [redact(line) for line in self._lines()]
+
+    def _lines(self) -> list[str]:
         out = [f"audit log {self.url}: {len(self.streams)} stream(s), {self.records} records"]
         if not self.streams:
             out.append("  no parts found")
@@ -555,10 +620,17 @@ class LogReport:
                     if a["ended"]
                     else "did not close (killed?): its unflushed records are lost"
                 )
+                job = a.get("origin")
+                if job is None:
+                    how = f"resumed from seq {a['resumed_from']}"
+                elif job == a["attempt"]:
+                    how = f"a fresh start (job {job})"
+                else:
+                    how = f"resumed from seq {a['resumed_from']} (job {job})"
                 out.append(
-                    f"  attempt {a['attempt']}: resumed from seq {a['resumed_from']}, {a['parts']} part(s), "
-                    f"{a['records']} records, {end}"
+                    f"  attempt {a['attempt']}: {how}, {a['parts']} part(s), {a['records']} records, {end}"
                 )
+            out.extend(f"  collision: {c}" for c in s.collisions)
             if s.skipped_shards:
                 out.append(
                     f"  {len(s.skipped_shards)} shard(s) skipped by the pipeline's handler (their samples "
@@ -593,7 +665,7 @@ def verify_log(
 ) -> LogReport:
     """Check a log for gaps, duplicates, missing and unreadable parts, per (run, rank) stream."""
     fs, infos, attempts = list_parts(url, storage_options, run=run, rank=rank)
-    secrets = secret_values(storage_options)
+    secrets = secret_values(storage_options, url)
     seqs = _read_many(fs, [p.path for p in infos if p.path is not None], lambda b: _read_part(b, ["seq"]))
     seq_of: dict[int, Any] = {}
     readable = [p for p in infos if p.path is not None]
@@ -657,10 +729,46 @@ def verify_log(
                 "parts": len(attempt.parts),
                 "records": sum(int((p.manifest or {}).get("count", 0)) for p in attempt.parts),
                 "ended": attempt.ended,
+                "origin": attempt.origin,
                 "shards_skipped": skipped,
                 "samples_skipped": int(_number(shards.get("samples_skipped"), 0)),
             }
         )
+    jobs: dict[tuple[str, int], dict[str | None, list[str]]] = {}
+    for attempt in attempts:
+        jobs.setdefault((attempt.run, attempt.rank), {}).setdefault(attempt.origin, []).append(
+            attempt.attempt
+        )
+    by_stream: dict[tuple[str, int], list[_Attempt]] = {}
+    for attempt in attempts:  # in start order
+        by_stream.setdefault((attempt.run, attempt.rank), []).append(attempt)
+    for key, chain in by_stream.items():
+        for i, later in enumerate(chain):
+            for earlier in chain[:i]:
+                until = earlier.decided_until
+                if (
+                    earlier.origin is not None
+                    and earlier.origin == later.origin
+                    and until is not None
+                    and until * 1e9 > later.started
+                ):
+                    streams[key].collisions.append(
+                        f"attempts {earlier.attempt} and {later.attempt} of job {later.origin} ran at "
+                        f"the same time ({earlier.attempt} decided samples until after {later.attempt} "
+                        f"started, by their hosts' clocks): two processes continued one job, and the "
+                        f"records of {earlier.attempt} from seq {later.resumed_from} on, though handed "
+                        "on too, are read as superseded"
+                    )
+    for key, by_job in jobs.items():
+        if len(by_job) > 1:
+            described = "; ".join(
+                f"job {'(not recorded)' if job is None else job}: attempt(s) {', '.join(names)}"
+                for job, names in by_job.items()
+            )
+            streams[key].collisions.append(
+                f"{len(by_job)} jobs wrote under this run id and rank ({described}); none supersedes "
+                "another, so their records overlap: give each job its own run id"
+            )
     for key, chunks in canonical.items():
         report = streams[key]
         seq = np.sort(np.concatenate(chunks)) if chunks else np.zeros(0, np.int64)

@@ -90,7 +90,7 @@ class Replay:
         self.weight_field = weight_field
         self.cache_shards = cache_shards
         self._fs, infos, _ = list_parts(url, storage_options, run=run, rank=rank)
-        self._secrets = secret_values(storage_options)
+        self._secrets = secret_values(storage_options, url)
         shown = redact(url, self._secrets)
         runs = sorted({p.run for p in infos})
         if not runs:
@@ -114,6 +114,7 @@ class Replay:
             attach_weight = any(bool(((p.manifest or {}).get("stage") or {}).get("weighted")) for p in infos)
         self.attach_weight = attach_weight
         self._shards: OrderedDict[Any, _ShardDecisions] = OrderedDict()
+        self._urls: dict[Any, str] = {}
         self._part_cache: OrderedDict[str, Any] = OrderedDict()
         self.epoch = 0
         self._passes = 0
@@ -153,6 +154,8 @@ class Replay:
                     "pass key=<field> or keep '__key__' in the pipeline up to the replay stage"
                 ) from None
             url = sample.get("__url__") if isinstance(sample, dict) else None
+            if url is not None:
+                url = self._recorded_url(url)
             shard = self._shard(url)
             slot = (k, self.epoch)
             occurrence = shard.seen.get(slot, 0)
@@ -183,6 +186,15 @@ class Replay:
             if self.attach_weight and isinstance(sample, dict):
                 sample = {**sample, self.weight_field: weight}
             yield sample
+
+    def _recorded_url(self, url: Any) -> str:
+        """``url`` as the log recorded it: without credentials (a presigned URL, say)."""
+        recorded = self._urls.get(url)
+        if recorded is None:
+            if len(self._urls) > 100_000:
+                self._urls.clear()
+            recorded = self._urls[url] = redact(str(url), self._secrets)
+        return recorded
 
     def _shard(self, url: Any) -> _ShardDecisions:
         shard = self._shards.get(url)

@@ -64,7 +64,7 @@ def test_a_destination_failing_for_a_while_is_retried_and_loses_nothing(local_s3
 @pytest.mark.parametrize("writer", ["process", "thread"])
 def test_a_destination_that_stays_broken_raises_naming_url_records_retries_and_fix(bucket, proxy, writer):
     root = f"s3://{bucket}/broken-{writer}"
-    proxy.fail("status", 503, times=10_000, method="PUT")
+    proxy.fail("status", 503, times=10_000, method="PUT", path="/part-")  # the claim goes through
     log = sp.AuditLog(root, storage_options=options(proxy), flush_every=128, writer=writer, retry_timeout=0.6)
     s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32, audit=log)
     with pytest.raises(sp.AuditError) as err:
@@ -113,7 +113,7 @@ def test_a_full_queue_in_front_of_a_hung_destination_drops_whole_parts_and_count
     bucket, proxy, local_s3
 ):
     root = f"s3://{bucket}/queue-drop"
-    proxy.fail("hold", 0, times=1, method="PUT")  # the first part's upload hangs until released
+    proxy.fail("hold", 0, times=1, method="PUT", path="/part-")  # the first part's upload hangs
     log = sp.AuditLog(
         root,
         storage_options=options(proxy),
@@ -146,7 +146,7 @@ def test_a_full_queue_in_front_of_a_hung_destination_drops_whole_parts_and_count
 
 def test_a_full_queue_in_front_of_a_hung_destination_blocks_and_loses_nothing(bucket, proxy, local_s3):
     root = f"s3://{bucket}/queue-block"
-    proxy.fail("hold", 0, times=1, method="PUT")
+    proxy.fail("hold", 0, times=1, method="PUT", path="/part-")
     log = sp.AuditLog(
         root, storage_options=options(proxy), flush_every=64, max_queue_bytes=1, writer="thread"
     )
@@ -171,3 +171,90 @@ def test_a_full_queue_in_front_of_a_hung_destination_blocks_and_loses_nothing(bu
     assert log.stats.dropped_records == 0 and len(out) == s.stats.kept
     table = sp.read_log(root, local_s3.storage_options)
     assert table.column("seq").to_pylist() == list(range(len(SAMPLES)))
+
+
+# ------------------------------------------------- destinations that can never work: at once
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_a_bucket_that_does_not_exist_fails_at_once_naming_it_and_the_cause(local_s3, writer):
+    root = "s3://no-such-bucket-for-the-log/audit"
+    log = sp.AuditLog(root, storage_options=local_s3.storage_options, flush_every=64, writer=writer)
+    assert log.retry_timeout == 600  # the default: a permanent error must not wait for it
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32, audit=log)
+    with pytest.raises(sp.AuditError) as err:
+        s(SAMPLES)  # refused when the pass starts, before any sample is decided
+    text = str(err.value)
+    assert root in text and "does not exist" in text and "not retried" in text, text
+    assert log.stats.retries == 0 and log.stats.records == 0
+    s.close()  # nothing to flush, nothing to wait for
+    with pytest.raises(sp.AuditError, match="no-such-bucket-for-the-log"):
+        s(SAMPLES)
+
+
+def test_invalid_credentials_fail_at_once_naming_the_cause(monkeypatch):
+    from faults import AuthS3
+
+    server = AuthS3()  # checks credentials: the dummy test keys are not in its records
+    try:
+        fs = sp.AuditLog(
+            "s3://some-bucket/audit",
+            storage_options={
+                "endpoint_url": server.endpoint,
+                "key": "AKIANOTKNOWN0000",
+                "secret": "nOpE-sEcReT-1",
+            },
+            flush_every=64,
+        )
+        s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32, audit=fs)
+        with pytest.raises(sp.AuditError) as err:
+            s(SAMPLES)
+    finally:
+        server.stop()
+    text = str(err.value)
+    assert "s3://some-bucket/audit" in text and "access denied or invalid credentials" in text, text
+    assert "not retried" in text and "nOpE-sEcReT-1" not in text and fs.stats.retries == 0
+
+
+@pytest.mark.parametrize("url", ["foo://bucket/audit", "nosuchfs::s3://bucket/audit"])
+def test_an_unknown_protocol_is_refused_when_the_log_is_made(url):
+    with pytest.raises(sp.AuditError, match=r"no filesystem for (foo|nosuchfs):// URLs .*Protocol not known"):
+        sp.AuditLog(url)
+
+
+def test_exit_after_a_refused_destination_does_not_wait(local_s3, tmp_path):
+    """The training loop is told at once, and the interpreter's exit flushes nothing and waits
+    for nothing (the script never closes its log)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
+        "import siftpipe as sp\n"
+        "from conftest import loss_field, make_samples\n"
+        "log = sp.AuditLog('s3://no-such-bucket-at-exit/log',\n"
+        f"                  storage_options={local_s3.storage_options!r})\n"
+        "s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, audit=log)\n"
+        "try:\n"
+        "    list(s(make_samples(100)))\n"
+        "except sp.AuditError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": repo},
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        "refused:" in done.stdout
+        and "no-such-bucket-at-exit" in done.stdout
+        and "does not exist" in done.stdout
+    )
+    assert "could not flush" not in done.stderr

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 from conftest import loss_field, make_samples
 
 import siftpipe as sp
@@ -86,3 +87,74 @@ def test_storage_option_parsing():
     ) == {"endpoint_url": "http://x:1", "anon": True, "client_kwargs": {"region_name": "eu"}, "n": 3}
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         parse_storage_options(["novalue"])
+
+
+def losses_only(items):
+    return {"loss": torch.tensor([x["loss"] for x in items])}
+
+
+def test_summary_of_samples_without_shard_urls(tmp_path, capsys):
+    samples = [{k: v for k, v in x.items() if k != "__url__"} for x in SAMPLES[:300]]
+    log = sp.AuditLog(str(tmp_path), run_id="nourl", flush_every=100)
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=20, audit=log)
+    kept = len(list(s(samples)))
+    s.close()
+    assert main(["log", "summary", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert f"records 300  kept {kept}" in text and "none recorded (the samples carried no __url__)" in text
+    assert main(["log", "summary", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["most_dropped_shards"] == []
+    # some samples with a URL, some without: only the URLs are listed
+    mixed = sp.AuditLog(str(tmp_path / "mixed"), run_id="mixed", flush_every=100)
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=20, audit=mixed, collate_fn=losses_only)
+    list(s([x if i % 2 else {**x, "__url__": None} for i, x in enumerate(SAMPLES[:300])]))
+    s.close()
+    assert main(["log", "summary", str(tmp_path / "mixed"), "--json"]) == 0
+    shards = json.loads(capsys.readouterr().out)["most_dropped_shards"]
+    assert sum(r["records"] for r in shards) == 150 and None not in [r["url"] for r in shards]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["summary"], ["summary", "--json"], ["keys"], ["keys", "--dropped"], ["whatif"], ["plot"], ["verify"]],
+)
+def test_a_place_without_a_log_exits_non_zero(tmp_path, local_s3, bucket, capsys, command):
+    opts = ["--storage-option", f"endpoint_url={local_s3.endpoint}"]
+    for where in (str(tmp_path / "nothing"), f"s3://{bucket}/nothing", "s3://no-such-bucket-for-cli/x"):
+        extra = ["-o", str(tmp_path / "x.png")] if command == ["plot"] else []
+        assert main(["log", *command, where, *opts, *extra]) != 0, (command, where)
+        out = capsys.readouterr()
+        assert (
+            "no parts found" in out.out
+            or "no audit log" in out.err
+            or "no records" in out.err
+            or ("siftpipe: error:" in out.err)
+        ), out
+
+
+LOG_COMMANDS = [["summary"], ["summary", "--json"], ["keys"], ["keys", "--dropped"], ["verify"], ["whatif"]]
+
+
+@pytest.mark.parametrize("command", LOG_COMMANDS)
+def test_a_closed_pipe_ends_any_log_command_quietly(s3_log, tmp_path, command):
+    """`siftpipe log ... | head`: the reader is gone before the first write, or after one line."""
+    import os
+    import subprocess
+    import sys
+
+    root, opts, _ = s3_log
+    argv = [sys.executable, "-m", "siftpipe", "log", *command[:1], root, *opts, *command[1:]]
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": repo}
+    # a reader that closes its end at once: the first write meets a broken pipe
+    read, write = os.pipe()
+    os.close(read)
+    done = subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, text=True, env=env, check=False)
+    os.close(write)
+    assert done.returncode == 141 and done.stderr == "", done.stderr
+    # `head -1`: reads a line, then goes (keys writes far more than a pipe holds)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout.readline()
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait() in (0, 141) and "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr

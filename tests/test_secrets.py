@@ -1,15 +1,23 @@
 """Credentials never appear in records, manifests, errors, warnings or reprs."""
 
+import base64
+import json
 import logging
 import os
+import string
 import warnings
+from urllib.parse import quote
 
 import pytest
 import torch
 from conftest import loss_field, make_samples
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from s3util import CREDENTIALS
+from tally import tried
 
 import siftpipe as sp
+from siftpipe._secrets import redact, redact_options, secret_values
 
 SECRET = "sIfTpIpE-sToRaGe-OpTiOn-SeCrEt-42"
 TOKEN = "tOkEn-FoR-tHe-SeSsIoN-0123456789"
@@ -193,3 +201,337 @@ def test_no_credentials_on_the_streaming_side(local_s3, bucket, caplog, monkeypa
         assert_clean(text, where)
         for secret in (PASSWORD, SIGNATURE):
             assert secret not in text, f"a credential leaked into {where}"
+
+
+# ------------------------------------------------------------------ one redaction, every shape
+
+_B64 = string.ascii_letters + string.digits + "+/"
+# what a password or key may hold in a URL without percent-encoding in practice (RFC 3986 wants
+# quotes, spaces, '?' and '#' encoded)
+_RAW = string.ascii_letters + string.digits + "/+=-_.~!$&()*,;:@"
+secret_text = st.text(string.ascii_letters + string.digits, min_size=12, max_size=40)
+b64_secret = st.text(_B64, min_size=16, max_size=44).map(lambda s: s + "==")
+raw_secret = st.text(_RAW, min_size=12, max_size=40).filter(lambda s: not s.startswith("*"))
+host = st.sampled_from(["example.com", "127.0.0.1:9000", "data.internal", "bucket-7.s3.amazonaws.com"])
+path = st.lists(
+    st.text(string.ascii_lowercase + string.digits + "-_", min_size=1, max_size=8), min_size=1, max_size=3
+).map(lambda parts: "/".join(parts) + ".tar")
+user = st.text(string.ascii_lowercase + string.digits, min_size=3, max_size=10)
+
+
+@st.composite
+def credential_shapes(draw):
+    """(text, secrets that must vanish, parts that must survive) for S3, GCS, Azure and HTTP."""
+    kind = draw(
+        st.sampled_from(
+            [
+                "s3-presigned",
+                "s3-legacy-presigned",
+                "s3-url-keys",
+                "gcs-signed",
+                "gcs-access-token",
+                "gcs-bearer",
+                "azure-sas",
+                "azure-connection-string",
+                "azure-service-bus",
+                "http-basic",
+                "http-token-user",
+            ]
+        )
+    )
+    h, p = draw(host), draw(path)
+    if kind == "s3-presigned":
+        sig, token, akid = draw(secret_text), draw(b64_secret), "AKIA" + draw(secret_text).upper()[:16]
+        text = (
+            f"https://{h}/{p}?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential={akid}%2F20260101%2Fus-east-1"
+            f"%2Fs3%2Faws4_request&X-Amz-Date=20260101T000000Z&X-Amz-Expires=3600&X-Amz-SignedHeaders=host"
+            f"&X-Amz-Security-Token={quote(token, safe='')}&X-Amz-Signature={sig}"
+        )
+        secrets, kept = [sig, token, akid], [h, p, "X-Amz-Date=20260101T000000Z", "X-Amz-SignedHeaders=host"]
+    elif kind == "s3-legacy-presigned":
+        sig = draw(b64_secret)
+        text = (
+            f"https://{h}/{p}?AWSAccessKeyId=AKIAEXAMPLE12&Expires=1700000000&Signature={quote(sig, safe='')}"
+        )
+        secrets, kept = [sig, "AKIAEXAMPLE12"], [h, p, "Expires=1700000000"]
+    elif kind == "s3-url-keys":
+        secret = draw(st.text(_B64, min_size=30, max_size=40))
+        assume("/" in secret)
+        text = f"s3://AKIAKEYID0000:{secret}@my-bucket/{p}"
+        secrets, kept = [secret], ["AKIAKEYID0000", "my-bucket", p]
+    elif kind == "gcs-signed":
+        sig = draw(st.text("0123456789abcdef", min_size=64, max_size=128))
+        email = f"{draw(user)}@proj.iam.gserviceaccount.com"
+        text = (
+            f"https://storage.googleapis.com/bkt/{p}?X-Goog-Algorithm=GOOG4-RSA-SHA256&X-Goog-Credential="
+            f"{quote(email, safe='')}%2F20260101%2Fauto%2Fstorage%2Fgoog4_request"
+            "&X-Goog-Date=20260101T000000Z&X-Goog-Expires=900&X-Goog-SignedHeaders=host&X-Goog-Signature={sig}"
+        )
+        secrets, kept = [sig], ["storage.googleapis.com/bkt/" + p, "X-Goog-Expires=900"]
+    elif kind == "gcs-access-token":
+        token = "ya29." + draw(secret_text)
+        text = (
+            f"https://storage.googleapis.com/download/storage/v1/b/bkt/o/{p}?alt=media&access_token={token}"
+        )
+        secrets, kept = [token], ["alt=media", p]
+    elif kind == "gcs-bearer":
+        token = "ya29." + draw(secret_text)
+        text = f"request failed (headers {{'Authorization': 'Bearer {token}'}}) for gs://bkt/{p}"
+        secrets, kept = [token], [f"gs://bkt/{p}"]
+    elif kind == "azure-sas":
+        sig = draw(b64_secret)
+        text = (
+            f"https://acct.blob.core.windows.net/container/{p}?sv=2022-11-02&ss=b&srt=co&sp=rl"
+            f"&se=2030-01-01T00:00:00Z&spr=https&sig={quote(sig, safe='')}"
+        )
+        secrets, kept = [sig], ["acct.blob.core.windows.net/container/" + p, "sv=2022-11-02", "sp=rl"]
+    elif kind == "azure-connection-string":
+        key = draw(b64_secret)
+        text = (
+            f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={key};"
+            "EndpointSuffix=core.windows.net"
+        )
+        secrets, kept = [key], ["AccountName=acct", "EndpointSuffix=core.windows.net"]
+    elif kind == "azure-service-bus":
+        key = draw(b64_secret)
+        text = f"Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=Root;SharedAccessKey={key}"
+        secrets, kept = [key], ["SharedAccessKeyName=Root", "ns.servicebus.windows.net"]
+    elif kind == "http-basic":
+        password = draw(raw_secret)
+        u = draw(user)
+        text = f"http://{u}:{password}@{h}/{p}?part=3"
+        secrets, kept = [password], [f"{u}:", h + "/" + p, "part=3"]
+    else:
+        token = draw(secret_text)
+        text = f"https://{token}@github.com/org/{p}"
+        secrets, kept = [token], [f"github.com/org/{p}"]
+    # a credential short enough to be part of a kept word cannot be told from it
+    assume(not any(s in k for s in secrets for k in kept))
+    return kind, text, secrets, kept
+
+
+def embed(text, how):
+    """``text`` as it reaches a message, a repr or a JSON record."""
+    return {
+        "plain": text,
+        "message": f"could not open {text}: 403 Forbidden",
+        "repr": repr([text, "http://other.host/x.tar"]),
+        "json": json.dumps({"url": text, "n": 3}),
+    }[how]
+
+
+@pytest.mark.adversarial
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=credential_shapes(), how=st.sampled_from(["plain", "message", "repr", "json"]))
+def test_redaction_removes_every_credential_shape_and_keeps_the_rest(shape, how):
+    kind, text, secrets, kept = shape
+    out = redact(embed(text, how))
+    for secret in secrets:
+        for form in (secret, quote(secret, safe=""), quote(secret)):
+            assert form not in out, (kind, form, out)
+    for part in kept:
+        assert part in out, (kind, part, out)
+    assert redact(out) == out  # idempotent: a recorded URL is matched as recorded
+    assert out.count("***") >= 1
+    tried("credential shapes tried")
+
+
+@pytest.mark.adversarial
+@settings(max_examples=150, deadline=None)
+@given(
+    name=st.sampled_from(
+        [
+            "key",
+            "secret",
+            "token",
+            "password",
+            "pwd",
+            "connection_string",
+            "sas_token",
+            "account_key",
+            "session_token",
+            "client_secret",
+            "credentials",
+            "aws_secret_access_key",
+        ]
+    ),
+    value=raw_secret,
+    nested=st.booleans(),
+)
+def test_storage_options_of_every_credential_name_never_show(name, value, nested):
+    options = {"endpoint_url": "http://127.0.0.1:9000", name: value}
+    if nested:
+        options = {"client_kwargs": options}
+    shown = repr(redact_options(options))
+    assert value not in shown and "127.0.0.1:9000" in shown
+    message = f"TypeError: unexpected keyword {value!r} in {options}"
+    assert value not in redact(message, secret_values(options))
+    tried("credential shapes tried")
+
+
+def test_an_endpoint_url_with_a_password_never_shows(tmp_path):
+    options = {"client_kwargs": {"endpoint_url": "http://reader:EndPointPw-123@127.0.0.1:9"}}
+    shown = repr(redact_options(options)) + redact(
+        "failed: Could not connect to the endpoint URL: "
+        "'http://reader:EndPointPw-123@127.0.0.1:9/b?list-type=2'",
+        secret_values(options),
+    )
+    assert "EndPointPw-123" not in shown and "reader:***@127.0.0.1:9" in shown
+    assert "EndPointPw-123" in secret_values(options)
+
+
+HTTP_PASSWORD = "hTtP-pAsSwOrD-99"
+AMZ_SIGNATURE = "aMz5iGnAtUrE0123456789abcdef"
+
+
+@pytest.fixture
+def http_shards(tmp_path):
+    """Tar shards served over loopback HTTP behind basic auth (query strings ignored, as S3's
+    presigned parameters are by a plain server): the URLs a user hands plain webdataset."""
+    import http.server
+    import threading
+
+    from siftpipe.shards import synthetic_classification, write_shards
+
+    shards = write_shards(
+        synthetic_classification(60, dim=4),
+        str(tmp_path / "www" / "train"),
+        samples_per_shard=20,
+        progress=False,
+    )
+    expected = "Basic " + base64.b64encode(f"reader:{HTTP_PASSWORD}".encode()).decode()
+    seen = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(tmp_path / "www"), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            seen.append(self.headers.get("Authorization") == expected)
+            if self.headers.get("Authorization") != expected:
+                self.send_error(401)
+                return
+            super().do_GET()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    urls = [
+        f"http://reader:{HTTP_PASSWORD}@127.0.0.1:{port}/{os.path.basename(u)}"
+        f"?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Date=20260101T000000Z&X-Amz-Signature={AMZ_SIGNATURE}"
+        for u in shards.urls
+    ]
+    yield urls, seen
+    server.shutdown()
+
+
+def test_plain_webdataset_urls_with_a_password_and_signature_never_reach_the_log(
+    http_shards, tmp_path, capsys
+):
+    import webdataset as wds
+
+    from siftpipe.cli import main
+
+    urls, seen = http_shards
+    dataset = (
+        wds.WebDataset(urls, shardshuffle=False, empty_check=False)
+        .decode()
+        .map(lambda s: {"__key__": s["__key__"], "__url__": s["__url__"], "loss": float(s["x.npy"].sum())})
+    )
+    root = str(tmp_path / "audit")
+    log = sp.AuditLog(root, run_id="wds", flush_every=25)
+    sifter = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=10, audit=log, seed=1)
+    samples = list(dataset)
+    assert len(samples) == 60 and all(seen) and HTTP_PASSWORD in samples[0]["__url__"]
+    kept = [x["__key__"] for x in sifter(samples)]
+    sifter.close()
+
+    texts = {}
+    for path in sorted((tmp_path / "audit").rglob("*")):
+        if path.is_file():
+            texts[str(path)] = path.read_bytes().decode("latin-1")
+    table = sp.read_log(root)
+    recorded = table.column("url").to_pylist()
+    assert len(set(recorded)) == 3 and all(
+        "reader:***@127.0.0.1" in u and "X-Amz-Date=20260101" in u for u in recorded
+    )
+    texts["records"] = str(table.to_pylist())
+    for command in (["summary"], ["summary", "--json"], ["verify"], ["keys"], ["whatif", "--uniform", "0.5"]):
+        assert main(["log", command[0], root, *command[1:]]) == 0
+        out = capsys.readouterr()
+        texts[f"siftpipe log {' '.join(command)}"] = out.out + out.err
+    assert "reader:***@127.0.0.1" in texts["siftpipe log summary"]
+    # replay matches the samples as they come (credentials and all) to their recorded decisions
+    assert [x["__key__"] for x in sp.replay(root)(samples)] == kept
+    for where, text in texts.items():
+        for secret in (HTTP_PASSWORD, AMZ_SIGNATURE):
+            assert secret not in text, f"a credential leaked into {where}"
+
+
+URL_SECRET = "uRl/SeCrEt+WiTh/SlAsHeS0123"
+OPTION_SECRETS = {
+    "connection_string": "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=CoNnEcTiOnKeY0123==",
+    "pwd": "PwD-oPtIoN-sEcReT-1",
+    "password": "PaSsWoRd-OpTiOn-2",
+    "token": "ToKeN-oPtIoN-sEcReT-3",
+}
+ENDPOINT_PASSWORD = "EnDpOiNt-PaSs-4"
+
+
+def test_credentials_in_urls_and_options_never_reach_errors_reprs_or_the_command_line(
+    local_s3, bucket, capsys
+):
+    from siftpipe.cli import main, parse_storage_options
+
+    texts = {}
+    keyed = f"s3://AKIAURLKEY0000:{URL_SECRET}@{bucket}/log"
+    for call in (
+        lambda: sp.AuditLog(keyed, storage_options=local_s3.storage_options),
+        lambda: sp.read_log(keyed, local_s3.storage_options),
+        lambda: sp.verify_log(keyed, local_s3.storage_options),
+        lambda: sp.replay(keyed, local_s3.storage_options),
+    ):
+        with pytest.raises(sp.AuditError, match=r"holds credentials; s3:// URLs cannot carry them") as err:
+            call()
+        texts[f"error {len(texts)}"] = str(err.value) + repr(err.value)
+    endpoint = f"http://user:{ENDPOINT_PASSWORD}@127.0.0.1:9"
+    options = {**OPTION_SECRETS, "client_kwargs": {"endpoint_url": endpoint}}
+    log = sp.AuditLog(f"s3://{bucket}/opts", storage_options=options, retry_timeout=1)
+    texts["repr(AuditLog)"] = repr(log)
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=10, audit=log)
+    with pytest.raises(sp.AuditError) as err:
+        s(make_samples(10))
+    texts["claim error"] = str(err.value)
+    for argv in (
+        ["log", "summary", keyed, "--storage-option", f"endpoint_url={local_s3.endpoint}"],
+        [
+            "log",
+            "verify",
+            f"s3://{bucket}/log",
+            "--storage-option",
+            f"client_kwargs.endpoint_url={endpoint}",
+            "--storage-option",
+            "config_kwargs.retries.max_attempts=1",
+        ],
+        [
+            "log",
+            "keys",
+            f"s3://{bucket}/log",
+            *[f"--storage-option={k}={v}" for k, v in OPTION_SECRETS.items()],
+        ],
+    ):
+        code = main(argv)
+        out = capsys.readouterr()
+        assert code == 2 and out.err.startswith("siftpipe: error: ") and out.err.count("\n") == 1, out.err
+        texts[" ".join(argv[:2])] = out.out + out.err
+    with pytest.raises(SystemExit) as exit_:
+        parse_storage_options([OPTION_SECRETS["token"]])
+    texts["--storage-option SECRET"] = str(exit_.value)
+    assert "KEY=VALUE" in texts["--storage-option SECRET"]
+    for where, text in texts.items():
+        for secret in (URL_SECRET, ENDPOINT_PASSWORD, *OPTION_SECRETS.values(), "CoNnEcTiOnKeY0123"):
+            assert secret not in text, f"a credential leaked into {where}: {text}"
+        assert "uRl" not in text, f"a piece of a credential leaked into {where}: {text}"
