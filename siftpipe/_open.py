@@ -41,8 +41,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from ._secrets import Redactor, redact, redact_options, secret_values
-from ._secrets import redact_url as _redact_plain_url
+from ._secrets import Redactor, redact, redact_command, redact_options, redact_url, secret_values
 from .errors import ConfigError, ShardError, ShardWarning
 
 __all__ = [
@@ -75,44 +74,7 @@ log = logging.getLogger("siftpipe.shards")
 
 Handler = Callable[[BaseException], bool]
 
-# ---------------------------------------------------------------------------------- redaction
-
 PIPE = "pipe:"
-
-# credential shapes in a shell command, beyond the URLs that ``redact`` already handles:
-# NAME=value for a credential-like NAME, the value of -u/--user and of any --flag naming a secret
-# (--password, --token, --s3-secret-access-key, ...), and the value of a credential header
-_SECRET_WORD = (
-    r"(?:secret|token|password|passwd|pwd|credential|signature|access[_-]?key|account[_-]?key"
-    r"|api[_-]?key|auth|sas)"
-)
-_VALUE = r"(\"[^\"]*\"|'[^']*'|[^\s;&|]+)"
-_COMMAND_SECRETS = (
-    re.compile(rf"(?i)(\b[A-Z0-9_]*{_SECRET_WORD}[A-Z0-9_]*=){_VALUE}"),
-    re.compile(rf"(?i)((?:^|\s)(?:-u|--user|--[\w-]*{_SECRET_WORD}[\w-]*|--key)(?:\s+|=)){_VALUE}"),
-    re.compile(
-        rf"(?i)((?:authorization|[\w-]*{_SECRET_WORD}[\w-]*|[\w-]*-key)\s*:\s*(?:bearer\s+|basic\s+|token\s+)?)([^\s\"']+)"
-    ),
-)
-
-
-def redact_command(command: str) -> str:
-    """A shell command fit to show: URLs' passwords and signatures, credential-like environment
-    assignments (``AWS_SECRET_ACCESS_KEY=...``), the values of ``-u``/``--user`` and of flags
-    that name a secret (``--password``, ``--token``, ``--s3-secret-access-key``, ...), of
-    credential headers (``Authorization:``, ``X-Api-Key:``, ``...-Token:``) and of secret
-    environment variables are ``***``."""
-    for pattern in _COMMAND_SECRETS:
-        command = pattern.sub(r"\1***", command)
-    return redact(command, secret_values())
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any credential in it replaced by ``***`` (``_secrets.redact_url``); for a
-    ``pipe:`` URL, the credentials in its command (``redact_command``)."""
-    if url.startswith(PIPE):
-        return PIPE + redact_command(url[len(PIPE) :])
-    return _redact_plain_url(url)
 
 
 # ---------------------------------------------------------------------------------- handlers

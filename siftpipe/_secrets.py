@@ -16,7 +16,9 @@ reprs, warnings, errors, and the ``siftpipe`` command line. It removes
   connection strings (``AccountKey``, ``SharedAccessSignature``, ``SharedAccessKey``), and any
   ``password``/``pwd``/``token``/``secret``/``key``;
 * ``"name": "value"`` pairs of such names (JSON, dict reprs) and ``Bearer``/``Authorization``
-  tokens.
+  tokens;
+* in a webdataset ``pipe:`` URL's shell command, the values of ``-u``/``--user``, of flags and
+  credential headers that name a secret, and of credential-like environment assignments.
 
 Everything else is left as it was, byte for byte. A URL whose password holds a quote, a space,
 ``?`` or ``#`` must percent-encode it (RFC 3986 requires it) for the URL form to be recognised;
@@ -38,6 +40,7 @@ __all__ = [
     "Redactor",
     "is_secret_name",
     "redact",
+    "redact_command",
     "redact_json",
     "redact_options",
     "redact_url",
@@ -161,6 +164,8 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
     ):
         if secret in text:
             text = text.replace(secret, REDACTED)
+    if PIPE in text:
+        text = _PIPE_COMMAND.sub(lambda m: m.group(1) + _redact_flags(m.group(2)), text)
     if "://" in text:
         text = _URL.sub(lambda m: _redact_url_token(m.group(0)), text)
     text = _PAIR.sub(_pair, text)
@@ -171,6 +176,45 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
 def redact_url(url: str) -> str:
     """``url`` without credentials (``redact`` with no extra secrets: one function for all)."""
     return redact(url)
+
+
+PIPE = "pipe:"
+
+# credential shapes in a shell command, beyond the URLs that ``redact`` already handles:
+# NAME=value for a credential-like NAME, the value of -u/--user and of any --flag naming a secret
+# (--password, --token, --s3-secret-access-key, ...), and the value of a credential header
+_SECRET_WORD = (
+    r"(?:secret|token|password|passwd|pwd|credential|signature|access[_-]?key|account[_-]?key"
+    r"|api[_-]?key|auth|sas)"
+)
+_VALUE = r"(\"[^\"]*\"|'[^']*'|[^\s;&|]+)"
+_COMMAND_SECRETS = (
+    re.compile(rf"(?i)(\b[A-Z0-9_]*{_SECRET_WORD}[A-Z0-9_]*=){_VALUE}"),
+    re.compile(rf"(?i)((?:^|\s)(?:-u|--user|--[\w-]*{_SECRET_WORD}[\w-]*|--key)(?:\s+|=)){_VALUE}"),
+    re.compile(
+        rf"(?i)((?:authorization|[\w-]*{_SECRET_WORD}[\w-]*|[\w-]*-key)\s*:\s*(?:bearer\s+|basic\s+|token\s+)?)([^\s\"']+)"
+    ),
+)
+
+
+def redact_command(command: str) -> str:
+    """A shell command fit to show: URLs' passwords and signatures, credential-like environment
+    assignments (``AWS_SECRET_ACCESS_KEY=...``), the values of ``-u``/``--user`` and of flags
+    that name a secret (``--password``, ``--token``, ``--s3-secret-access-key``, ...), of
+    credential headers (``Authorization:``, ``X-Api-Key:``, ``...-Token:``) and of secret
+    environment variables are ``***``."""
+    return redact(_redact_flags(command), secret_values())
+
+
+def _redact_flags(command: str) -> str:
+    for pattern in _COMMAND_SECRETS:
+        command = pattern.sub(rf"\1{REDACTED}", command)
+    return command
+
+
+# a webdataset ``pipe:`` URL inside a text: its command may quote, so it runs to the end of the
+# line (flag-shaped words after it in the same line are redacted too: safe, if eager)
+_PIPE_COMMAND = re.compile(r"(pipe:)([^\n]*)")
 
 
 def url_secrets(text: str) -> set[str]:

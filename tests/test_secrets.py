@@ -471,6 +471,43 @@ def test_plain_webdataset_urls_with_a_password_and_signature_never_reach_the_log
             assert secret not in text, f"a credential leaked into {where}"
 
 
+PIPE_SECRET = "PiPe-CoMmAnD-sEcReT-0123"
+
+
+def test_plain_webdataset_pipe_commands_with_credentials_never_reach_the_log(tmp_path, capsys):
+    """A `pipe:` shard's command (webdataset runs it in a shell) may carry a credential in an
+    environment assignment or a flag: the audit log's url column and its readers show it redacted."""
+    import webdataset as wds
+
+    from siftpipe.cli import main
+    from siftpipe.shards import synthetic_classification, write_shards
+
+    shards = write_shards(
+        synthetic_classification(40, dim=4), str(tmp_path / "train"), samples_per_shard=20, progress=False
+    )
+    # a shell comment keeps `cat` working while the command carries a flag credential
+    urls = [f"pipe:cat {u} # --password {PIPE_SECRET}" for u in shards.urls]
+    dataset = (
+        wds.WebDataset(urls, shardshuffle=False, empty_check=False)
+        .decode()
+        .map(lambda s: {"__key__": s["__key__"], "__url__": s["__url__"], "loss": float(s["x.npy"].sum())})
+    )
+    samples = list(dataset)
+    assert len(samples) == 40 and PIPE_SECRET in samples[0]["__url__"]
+    root = str(tmp_path / "audit")
+    log = sp.AuditLog(root, run_id="pipe")
+    sifter = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=10, audit=log)
+    list(sifter(samples))
+    sifter.close()
+    recorded = set(sp.read_log(root).column("url").to_pylist())
+    assert recorded == {f"pipe:cat {u} # --password ***" for u in shards.urls}
+    texts = {str(p): p.read_bytes().decode("latin-1") for p in (tmp_path / "audit").rglob("*") if p.is_file()}
+    assert main(["log", "summary", root]) == 0
+    texts["summary"] = capsys.readouterr().out
+    for where, text in texts.items():
+        assert PIPE_SECRET not in text, f"a credential leaked into {where}"
+
+
 URL_SECRET = "uRl/SeCrEt+WiTh/SlAsHeS0123"
 OPTION_SECRETS = {
     "connection_string": "DefaultEndpointsProtocol=https;AccountName=a;AccountKey=CoNnEcTiOnKeY0123==",
