@@ -300,10 +300,14 @@ class Sifter:
         self._consumed = 0
         self._pending: deque[_Group] = deque()
         self._emitted = 0
+        # a mid-pass checkpoint loaded by load_state_dict, until its pending groups are re-read
         self._restore: dict[str, Any] | None = None
         self._pass_open = False
         self._passes = 0
         self._epoch_set = False
+        # the pass opened last has not read anything yet: calling again re-opens the same pass
+        self._unstarted = False
+        self._pass_id = 0  # which call (or load) the running pass belongs to
         # a weak reference: a pass the caller abandons is freed at once (with what it holds:
         # DataLoader iterators and their workers), not kept alive by this stage or left to the
         # cyclic garbage collector
@@ -443,16 +447,19 @@ class Sifter:
         _check_not_in_worker()
         self._close_active()
         self.watch_shards(source)
+        # kept until the pass has re-read the pending groups, so that a state taken before the
+        # first next() (or a call that is dropped unstarted) still holds them
         resume = self._restore
-        self._restore = None
         if resume is None:
-            if self._passes > 0 and not self._epoch_set:
+            if self._passes > 0 and not self._epoch_set and not self._unstarted:
                 self.epoch += 1
             self._pending.clear()
             self._emitted = 0
             self._consumed = 0  # positions count from the start of each pass
         self._epoch_set = False
+        self._unstarted = resume is None
         self._passes += 1
+        self._pass_id += 1
         self._pass_open = True
         tracked = self._tracks(source)
         if resume is not None and resume.get("source") is not None:
@@ -478,25 +485,38 @@ class Sifter:
         It holds no sample data; samples decided but not yet handed on are described by their
         keep mask, weights and keys, and are re-read from the source on resume (never
         re-scored). Safe for ``torch.load(..., weights_only=True)``.
+
+        Taken inside a pass (while its iterator is alive, before its first item or after any
+        item), a stage loaded with it continues that pass. Taken after the pass ended, or after
+        it was abandoned (``break`` out of the loop, ``close()``, an exception), the next call
+        starts a new pass, as it would in this process.
         """
         self._trim()
-        if self._restore is not None:
-            return dict(self._restore)
-        pending = [
-            {
-                "n_items": g.n_items,
-                "rows": g.rows,
-                "seq0": g.seq0,
-                "keep": torch.from_numpy(g.keep.copy()),
-                # float64, as handed on: a float32 copy made resumed weights differ in the last bits
-                "weight": None if g.weight is None else torch.from_numpy(g.weight.astype(np.float64)),
-                "keys": self._keys_of_group(g),
-            }
-            for g in self._pending
-        ]
-        source_state = None
-        if self._source is not None:
-            source_state = self._pending[0].snapshot if self._pending else self._source.state_dict()
+        restore = self._restore
+        if restore is not None:
+            # loaded and not re-read yet: the checkpoint's position is still the position
+            pending = [
+                {**desc, "keep": desc["keep"].clone(), "weight": _clone(desc["weight"])}
+                for desc in restore["pending"]
+            ]
+            consumed, emitted, source_state = int(restore["consumed"]), int(restore["emitted"]), restore["source"]
+        else:
+            pending = [
+                {
+                    "n_items": g.n_items,
+                    "rows": g.rows,
+                    "seq0": g.seq0,
+                    "keep": torch.from_numpy(g.keep.copy()),
+                    # float64, as handed on: a float32 copy made resumed weights differ in the last bits
+                    "weight": None if g.weight is None else torch.from_numpy(g.weight.astype(np.float64)),
+                    "keys": self._keys_of_group(g),
+                }
+                for g in self._pending
+            ]
+            consumed, emitted = self._consumed, self._emitted
+            source_state = None
+            if self._source is not None:
+                source_state = self._pending[0].snapshot if self._pending else self._source.state_dict()
         return {
             "version": self.STATE_VERSION,
             "config": self._config(),
@@ -504,10 +524,11 @@ class Sifter:
             "rng": self._rng.bit_generator.state,
             "counts": dict(self._counts),
             "seconds": list(self._seconds),
-            "consumed": self._consumed,
+            "consumed": consumed,
             "pending": pending,
-            "emitted": self._emitted,
+            "emitted": emitted,
             "epoch": self.epoch,
+            "epoch_set": self._epoch_set,
             "pass_open": self._pass_open,
             "model_version": self.model_version,
             "source": source_state,
@@ -532,6 +553,7 @@ class Sifter:
                     f"{name}={mine.get(name)!r}; decisions would differ, so construct the Sifter "
                     f"with {name}={value!r} to resume"
                 )
+        self._close_active()
         self.policy.load_state_dict(state["policy"])
         if self.memory is not None:
             if state.get("memory") is None:
@@ -550,14 +572,17 @@ class Sifter:
             self.audit.load_state_dict(state.get("audit"), resumed_from=int(state["counts"]["seen"]))
         self._pending.clear()
         self._emitted = 0
-        self._epoch_set = False
+        self._epoch_set = bool(state.get("epoch_set", False))
+        self._unstarted = False
+        self._passes = max(self._passes, 1)
+        self._pass_id += 1
         if state["pass_open"]:
             self._restore = dict(state)
+            self._pass_open = True
         else:
             # the checkpoint fell between passes: the next call starts the next one
             self._restore = None
             self._pass_open = False
-            self._passes = max(self._passes, 1)
 
     def close(self) -> None:
         """Stop the active pass and flush and close the audit log (if any)."""
@@ -588,18 +613,29 @@ class Sifter:
 
     def _run(self, it: Iterator[Any], resume: dict[str, Any] | None) -> Generator[Any, None, None]:
         out = _Output(self)
-        if resume is not None:
-            for group in self._reread(it, resume):
+        groups = self._reread(it, resume) if resume is not None else []
+        self._restore = None
+        self._unstarted = False
+        this_pass = self._pass_id
+        try:
+            for group in groups:
                 yield from out.hand_on(group)
-        while True:
-            fresh = self._read(it)
-            if fresh is None:
-                break
-            self._decide(fresh)
-            yield from out.hand_on(fresh)
-        yield from out.finish()
-        self._trim()
-        self._pass_open = False
+            while True:
+                fresh = self._read(it)
+                if fresh is None:
+                    break
+                self._decide(fresh)
+                yield from out.hand_on(fresh)
+            yield from out.finish()
+            self._trim()
+        finally:
+            # ended, abandoned or failed: the next call starts a new pass, and so does a stage
+            # loaded with a state taken from now on (unless a newer pass or a load came first: a
+            # pass left in a reference cycle is closed whenever the garbage collector gets to it)
+            if self._pass_id == this_pass:
+                self._pass_open = False
+                self._pending.clear()
+                self._emitted = 0
 
     def _read(self, it: Iterator[Any]) -> _Group | None:
         snapshot = self._source.state_dict() if self._source is not None else None
@@ -618,7 +654,18 @@ class Sifter:
         return group
 
     def _reread(self, it: Iterator[Any], state: Mapping[str, Any]) -> list[_Group]:
-        """Re-read the samples decided before the checkpoint but not yet handed on."""
+        """Re-read the samples decided before the checkpoint but not yet handed on.
+
+        Raises ``ResumeError`` with the stage as it was (the checkpoint still to be resumed) if the
+        source does not give them."""
+        try:
+            return self._reread_groups(it, state)
+        except BaseException:
+            self._pending.clear()
+            self._emitted = 0
+            raise
+
+    def _reread_groups(self, it: Iterator[Any], state: Mapping[str, Any]) -> list[_Group]:
         groups = []
         emitted = int(state["emitted"])
         for desc in state["pending"]:
@@ -1090,6 +1137,10 @@ class _Output:
         s._emitted += self.buffered
         self.buffer, self.buffered = [], 0
         yield out
+
+
+def _clone(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.clone()
 
 
 def _is_oom(exc: BaseException) -> bool:
