@@ -313,6 +313,7 @@ class Sifter:
         # cyclic garbage collector
         self._active: weakref.ReferenceType[Generator[Any, None, None]] | None = None
         self._source: Any = None
+        self._source_restore: Any = None  # a between-passes checkpoint's source state, for the next call
         self._score_device = _CPU  # fixed at the start of each pass
         self._shard_counts: list[SharedShardCounts] = []  # see watch_shards
 
@@ -393,7 +394,7 @@ class Sifter:
         input item (``state["consumed"]``) the next call's source must start at. ``None`` when no
         resume is pending or the tracked source is repositioned by the stage itself."""
         restore = self._restore
-        if restore is None or restore.get("source") is not None:
+        if restore is None or (restore.get("source") is not None and self.track_source is not False):
             return None
         return int(restore["consumed"])
 
@@ -445,11 +446,20 @@ class Sifter:
         ``state["consumed"]`` on (a tracked stateful source is repositioned for you).
         """
         _check_not_in_worker()
+        tracked = self._tracks(source)
+        resume = self._restore
+        # the tracked source's position: inside the checkpoint's pass, or where its last pass ended
+        source_state = resume.get("source") if resume is not None else self._source_restore
+        if source_state is not None and not tracked and self.track_source is not False:
+            raise ResumeError(
+                "the state holds the source's position (a stateful source was tracked), but "
+                f"this source ({type(source).__name__}) has no load_state_dict; pass the same "
+                "kind of source, or track_source=False and feed it from state['consumed']"
+            )
         self._close_active()
         self.watch_shards(source)
-        # kept until the pass has re-read the pending groups, so that a state taken before the
-        # first next() (or a call that is dropped unstarted) still holds them
-        resume = self._restore
+        # `resume` stays until the pass has re-read the pending groups, so that a state taken
+        # before the first next() (or a call that is dropped unstarted) still holds them
         if resume is None:
             if self._passes > 0 and not self._epoch_set and not self._unstarted:
                 self.epoch += 1
@@ -461,15 +471,9 @@ class Sifter:
         self._passes += 1
         self._pass_id += 1
         self._pass_open = True
-        tracked = self._tracks(source)
-        if resume is not None and resume.get("source") is not None:
-            if not tracked:
-                raise ResumeError(
-                    "the state holds the source's position (a stateful source was tracked), but "
-                    f"this source ({type(source).__name__}) has no load_state_dict; pass the same "
-                    "kind of source, or track_source=False and feed it from state['consumed']"
-                )
-            source.load_state_dict(resume["source"])  # type: ignore[attr-defined]
+        if source_state is not None and tracked:
+            source.load_state_dict(source_state)  # type: ignore[attr-defined]
+        self._source_restore = None
         self._source = source if tracked else None
         if self.audit is not None:
             self.audit.start()
@@ -514,7 +518,7 @@ class Sifter:
                 for g in self._pending
             ]
             consumed, emitted = self._consumed, self._emitted
-            source_state = None
+            source_state = self._source_restore
             if self._source is not None:
                 source_state = self._pending[0].snapshot if self._pending else self._source.state_dict()
         return {
@@ -576,12 +580,16 @@ class Sifter:
         self._unstarted = False
         self._passes = max(self._passes, 1)
         self._pass_id += 1
+        self._source = None
         if state["pass_open"]:
             self._restore = dict(state)
+            self._source_restore = None
             self._pass_open = True
         else:
-            # the checkpoint fell between passes: the next call starts the next one
+            # the checkpoint fell between passes: the next call starts the next one, from where
+            # the tracked source's last pass left it (a StatefulDataLoader: its next epoch's order)
             self._restore = None
+            self._source_restore = state["source"]
             self._pass_open = False
 
     def close(self) -> None:
