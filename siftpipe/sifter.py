@@ -126,6 +126,69 @@ class _Group:
         return int(self.kept_index.size)
 
 
+class _Reader:
+    """The source iterator of a running pass. ``state_dict()`` may read one item ahead, to record
+    the key of the item the resumed source must start with; the pass then takes that item first.
+    """
+
+    __slots__ = ("__weakref__", "ahead", "ahead_snapshot", "it")
+
+    def __init__(self, it: Iterator[Any]) -> None:
+        self.it = it
+        self.ahead: Any = _NOTHING  # an item, _END, or the exception reading it raised
+        self.ahead_snapshot: Any = None  # the tracked source's state before that item
+
+    def look_ahead(self, snapshot: Any) -> Any:
+        """The next item (read now, or earlier), ``_END``, or the exception reading it raised."""
+        if self.ahead is _NOTHING:
+            self.ahead_snapshot = snapshot
+            try:
+                self.ahead = next(self.it)
+            except StopIteration:
+                self.ahead = _END
+            except Exception as exc:  # raised again where the pass reads it
+                self.ahead = _Raised(exc)
+        return self.ahead
+
+    def _take_ahead(self) -> Any:
+        item = self.ahead
+        if isinstance(item, _Raised):
+            self.ahead = _NOTHING
+            raise item.exc
+        if item is not _END:  # the end stays: the iterator is not asked again
+            self.ahead = _NOTHING
+        return item
+
+    def take(self, n: int) -> list[Any]:
+        """Up to ``n`` items (fewer at the end)."""
+        if self.ahead is _NOTHING:
+            return list(islice(self.it, n))
+        first = self._take_ahead()
+        if first is _END:
+            return []
+        return [first, *islice(self.it, n - 1)]
+
+    def next(self) -> Any:
+        """The next item, or ``_END``."""
+        if self.ahead is not _NOTHING:
+            return self._take_ahead()
+        try:
+            return next(self.it)
+        except StopIteration:
+            return _END
+
+
+class _Raised:
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+
+_NOTHING = object()
+_END = object()
+
+
 class Sifter:
     """Drop the samples the live model has already learned; hand the rest on.
 
@@ -313,6 +376,7 @@ class Sifter:
         # cyclic garbage collector
         self._active: weakref.ReferenceType[Generator[Any, None, None]] | None = None
         self._source: Any = None
+        self._reader: weakref.ReferenceType[_Reader] | None = None  # the running pass's source
         self._source_restore: Any = None  # a between-passes checkpoint's source state, for the next call
         self._score_device = _CPU  # fixed at the start of each pass
         self._shard_counts: list[SharedShardCounts] = []  # see watch_shards
@@ -479,8 +543,10 @@ class Sifter:
             self.audit.start()
         device = self.device
         self._score_device = _CPU if device.type == "cpu" else device
-        gen = self._run(iter(source), resume)
+        reader = _Reader(iter(source))
+        gen = self._run(reader, resume)
         self._active = weakref.ref(gen)
+        self._reader = weakref.ref(reader)
         return gen
 
     def state_dict(self) -> dict[str, Any]:
@@ -491,9 +557,11 @@ class Sifter:
         re-scored). Safe for ``torch.load(..., weights_only=True)``.
 
         Taken inside a pass (while its iterator is alive, before its first item or after any
-        item), a stage loaded with it continues that pass. Taken after the pass ended, or after
-        it was abandoned (``break`` out of the loop, ``close()``, an exception), the next call
-        starts a new pass, as it would in this process.
+        item), a stage loaded with it continues that pass. When no decided sample is waiting to
+        be handed on, it reads the next input item ahead (the pass takes it first) to record its
+        key, so that a resumed source fed from the wrong position is caught. Taken after the pass
+        ended, or after it was abandoned (``break`` out of the loop, ``close()``, an exception),
+        the next call starts a new pass, as it would in this process.
         """
         self._trim()
         restore = self._restore
@@ -503,7 +571,9 @@ class Sifter:
                 {**desc, "keep": desc["keep"].clone(), "weight": _clone(desc["weight"])}
                 for desc in restore["pending"]
             ]
-            consumed, emitted, source_state = int(restore["consumed"]), int(restore["emitted"]), restore["source"]
+            consumed, emitted = int(restore["consumed"]), int(restore["emitted"])
+            source_state = restore["source"]
+            next_key, ended = restore.get("next_key"), bool(restore.get("ended", False))
         else:
             pending = [
                 {
@@ -519,8 +589,24 @@ class Sifter:
             ]
             consumed, emitted = self._consumed, self._emitted
             source_state = self._source_restore
-            if self._source is not None:
-                source_state = self._pending[0].snapshot if self._pending else self._source.state_dict()
+            next_key, ended = None, False
+            reader = self._reader() if self._reader is not None and self._pass_open else None
+            if self._pending:
+                if self._source is not None:
+                    source_state = self._pending[0].snapshot
+            elif reader is not None:
+                # nothing pending: read the next item now, so that a resumed source fed from the
+                # wrong position is caught at once (its keys are checked against this one's)
+                snapshot = self._source.state_dict() if self._source is not None else None
+                ahead = reader.look_ahead(snapshot)
+                if self._source is not None:
+                    source_state = reader.ahead_snapshot
+                if ahead is _END:
+                    ended = True
+                elif not isinstance(ahead, _Raised):
+                    next_key = self._first_key(ahead)
+            elif self._source is not None:
+                source_state = self._source.state_dict()
         return {
             "version": self.STATE_VERSION,
             "config": self._config(),
@@ -536,6 +622,8 @@ class Sifter:
             "pass_open": self._pass_open,
             "model_version": self.model_version,
             "source": source_state,
+            "next_key": next_key,
+            "ended": ended,
             "audit": None if self.audit is None else self.audit.state_dict(),
             "memory": None if self.memory is None else self.memory.state_dict(),
         }
@@ -619,9 +707,9 @@ class Sifter:
 
     # ------------------------------------------------------------------ the pass
 
-    def _run(self, it: Iterator[Any], resume: dict[str, Any] | None) -> Generator[Any, None, None]:
+    def _run(self, reader: _Reader, resume: dict[str, Any] | None) -> Generator[Any, None, None]:
         out = _Output(self)
-        groups = self._reread(it, resume) if resume is not None else []
+        groups = self._reread(reader, resume) if resume is not None else []
         self._restore = None
         self._unstarted = False
         this_pass = self._pass_id
@@ -629,7 +717,7 @@ class Sifter:
             for group in groups:
                 yield from out.hand_on(group)
             while True:
-                fresh = self._read(it)
+                fresh = self._read(reader)
                 if fresh is None:
                     break
                 self._decide(fresh)
@@ -645,39 +733,44 @@ class Sifter:
                 self._pending.clear()
                 self._emitted = 0
 
-    def _read(self, it: Iterator[Any]) -> _Group | None:
-        snapshot = self._source.state_dict() if self._source is not None else None
+    def _read(self, reader: _Reader) -> _Group | None:
+        if reader.ahead is not _NOTHING:
+            snapshot = reader.ahead_snapshot
+        else:
+            snapshot = self._source.state_dict() if self._source is not None else None
         if self.batched:
-            try:
-                batch = next(it)
-            except StopIteration:
+            batch = reader.next()
+            if batch is _END:
                 return None
             group = _Group([batch], _batch.batch_size(batch), self._counts["seen"], snapshot)
         else:
-            items = list(islice(it, self.micro_batch))
+            items = reader.take(self.micro_batch)  # type: ignore[arg-type]
             if not items:
                 return None
             group = _Group(items, len(items), self._counts["seen"], snapshot)
         self._pending.append(group)
         return group
 
-    def _reread(self, it: Iterator[Any], state: Mapping[str, Any]) -> list[_Group]:
+    def _reread(self, reader: _Reader, state: Mapping[str, Any]) -> list[_Group]:
         """Re-read the samples decided before the checkpoint but not yet handed on.
 
         Raises ``ResumeError`` with the stage as it was (the checkpoint still to be resumed) if the
         source does not give them."""
         try:
-            return self._reread_groups(it, state)
+            groups = self._reread_groups(reader, state)
+            if not groups:
+                self._check_next(reader, state)
+            return groups
         except BaseException:
             self._pending.clear()
             self._emitted = 0
             raise
 
-    def _reread_groups(self, it: Iterator[Any], state: Mapping[str, Any]) -> list[_Group]:
+    def _reread_groups(self, reader: _Reader, state: Mapping[str, Any]) -> list[_Group]:
         groups = []
         emitted = int(state["emitted"])
         for desc in state["pending"]:
-            items = list(islice(it, desc["n_items"]))
+            items = reader.take(desc["n_items"])
             group = _Group(items, desc["rows"], desc["seq0"], None)
             if len(items) < desc["n_items"] or (self.batched and _batch.batch_size(items[0]) != desc["rows"]):
                 raise ResumeError(
@@ -685,15 +778,22 @@ class Sifter:
                     f"checkpoint (sample seq {desc['seq0']}..), but the source gave "
                     f"{len(items)} item(s) of another size; feed it from item {state['consumed']}"
                 )
-            if desc["keys"] is not None:
+            if desc["keys"] is not None and self.key is not None:
                 got = self._keys_of_group(group)
+                if got is None:
+                    raise ResumeError(
+                        f"the checkpoint names the samples to re-read by key, but the source's "
+                        f"item(s) at item {state['consumed']} have no key {self.key!r}; feed the "
+                        "source the checkpoint was taken from, from item state['consumed']"
+                    )
                 if got != desc["keys"]:
                     first = next(
-                        i for i, (a, b) in enumerate(zip(got or [], desc["keys"], strict=False)) if a != b
+                        (i for i, (a, b) in enumerate(zip(got, desc["keys"], strict=False)) if a != b),
+                        min(len(got), len(desc["keys"])) - 1,
                     )
                     raise ResumeError(
                         f"the source is not where the checkpoint left it: sample {first} of the "
-                        f"in-flight micro-batch has key {(got or [None])[first]!r}, the checkpoint "
+                        f"in-flight micro-batch has key {got[first]!r}, the checkpoint "
                         f"expected {desc['keys'][first]!r}; feed the source from item "
                         f"{state['consumed']} (state['consumed']) with the same order"
                     )
@@ -708,6 +808,44 @@ class Sifter:
             groups.append(group)
         self._emitted = int(state["emitted"])
         return groups
+
+    def _check_next(self, reader: _Reader, state: Mapping[str, Any]) -> None:
+        """The resumed source starts with the item the checkpoint saw next (or has ended, if the
+        checkpoint's had)."""
+        want, ended = state.get("next_key"), bool(state.get("ended", False))
+        if want is None and not ended:
+            return  # the checkpoint did not see the next item (no keys, or nothing pending)
+        ahead = reader.look_ahead(self._source.state_dict() if self._source is not None else None)
+        if isinstance(ahead, _Raised):
+            return  # raised where the pass reads it
+        where = f"feed the source from item {state['consumed']} (state['consumed']) in the same order"
+        if ended and ahead is not _END:
+            raise ResumeError(
+                f"the source is not where the checkpoint left it: the checkpoint's source had ended "
+                f"after item {state['consumed']}, but this one gives more (key "
+                f"{self._first_key(ahead)!r}); {where}"
+            )
+        if want is None or self.key is None:
+            return
+        if ahead is _END:
+            raise ResumeError(
+                f"the source is not where the checkpoint left it: the checkpoint expected the item "
+                f"with key {want!r} next, but the source gave nothing; {where}"
+            )
+        got = self._first_key(ahead)
+        if got != want:
+            raise ResumeError(
+                f"the source is not where the checkpoint left it: its next item has key {got!r}, "
+                f"the checkpoint expected {want!r}; {where}"
+            )
+
+    def _first_key(self, item: Any) -> Any:
+        """The key of an input item (the first row's, for a batch), or None."""
+        try:
+            keys = self._keys_of_group(_Group([item], 1, 0, None))
+        except Exception:  # a key callable that fails: recorded as unknown, not raised here
+            return None
+        return keys[0] if keys else None
 
     def _trim(self) -> None:
         """Forget leading groups whose kept samples have all been handed on."""

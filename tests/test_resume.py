@@ -352,3 +352,53 @@ def test_an_abandoned_pass_is_not_resumed_by_a_stage_loaded_after_it():
     t.load_state_dict(state)
     assert output_keys(t(SAMPLES)) == output_keys(s(SAMPLES))
     assert t.epoch == s.epoch == 1
+
+
+@pytest.mark.parametrize("mode", ["micro_batch=1", "batched"])
+def test_a_source_fed_from_the_wrong_position_is_caught_at_every_cut(mode):
+    """With nothing pending at the cut (every cut with micro_batch=1, every output in batched
+    mode without output_batch) the state still names the next item's key, so a source fed from
+    one item too early or too late is refused at once."""
+    if mode == "batched":
+        data = BATCHES[:6]
+        kw = dict(batched=True, micro_batch=None)
+    else:
+        data = SAMPLES[:30]
+        kw = dict(micro_batch=1)
+
+    def make():
+        return sp.Sifter(None, loss_field, sp.Uniform(0.6), seed=4, **kw)
+
+    n_out = len(list(make()(data)))
+    caught = 0
+    for cut in range(1, n_out + 1):
+        a = make()
+        it = a(data)
+        for _ in range(cut):
+            next(it)
+        state = roundtrip(a.state_dict())
+        consumed = state["consumed"]
+        for wrong in (consumed - 1, consumed + 1):
+            if wrong < 0 or wrong > len(data):
+                continue
+            b = make()
+            b.load_state_dict(state)
+            with pytest.raises(sp.ResumeError, match="not where the checkpoint left it"):
+                list(b(data[wrong:]))
+            caught += 1
+        b = make()
+        b.load_state_dict(state)
+        assert len(list(b(data[consumed:]))) == n_out - cut
+    assert caught >= 2 * n_out - 1
+
+
+def test_a_resumed_source_without_keys_is_refused_with_the_fix():
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32)
+    it = s(SAMPLES)
+    next(it)
+    state = roundtrip(s.state_dict())
+    t = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32)
+    t.load_state_dict(state)
+    keyless = [{k: v for k, v in x.items() if k != "__key__"} for x in SAMPLES]
+    with pytest.raises(sp.ResumeError, match="have no key '__key__'"):
+        list(t(keyless))
