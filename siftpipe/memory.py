@@ -159,8 +159,10 @@ class ScoreMemory:
             "refused": self.refused,
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if int(state["capacity"]) > self.capacity:
+    def load_state_dict(self, state: Mapping[str, Any], *, fit: bool = False) -> None:
+        """Restore ``state_dict()``. ``fit``: load what fits into a smaller memory (the rest is
+        refused and counted) instead of raising ``ResumeError``."""
+        if not fit and int(state["capacity"]) > self.capacity:
             raise ResumeError(
                 f"the checkpoint's score memory holds up to {state['capacity']} samples; this one "
                 f"{self.capacity}: construct ScoreMemory(capacity={state['capacity']}) to resume"
@@ -171,11 +173,12 @@ class ScoreMemory:
             state["epoch"].numpy(),
             state["source"].numpy(),
         )
-        self.refused = int(state["refused"])
+        self.refused += int(state["refused"])
 
     def _fill(self, keys: np.ndarray, loss: np.ndarray, epoch: np.ndarray, source: np.ndarray) -> None:
         self._keys[:] = _EMPTY
         self._count = 0
+        self.refused = 0
         for e in np.unique(epoch):
             for s in np.unique(source[epoch == e]):
                 pick = (epoch == e) & (source == s)

@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ from .errors import (
     describe_keys,
 )
 from .memory import FEEDBACK, SOURCES, STALE, ScoreMemory, key_hashes
-from .policies import Policy, RelativeProbabilistic, get_policy
+from .policies import Policy, RelativeProbabilistic, _HistoryPolicy, get_policy
 from .predecode import PRE_KEPT, PRE_LOSS, PRE_PROB, publish
 from .scorers import Scorer, get_scorer
 
@@ -91,6 +91,21 @@ _CPU = torch.device("cpu")
 _REPORTED_URLS = 100  # skipped shard URLs written into each audit manifest, at most
 _NO_ROWS = np.zeros(0, dtype=bool)
 _NO_INDEX = np.zeros(0, dtype=np.int64)
+# settings a resumed stage may differ in on purpose (see Sifter.load_state_dict), and the state
+# entries each covers beyond its own name
+_RESUME_OVERRIDES = (
+    "delay",
+    "key",
+    "memory",
+    "micro_batch",
+    "on_nan",
+    "output_batch",
+    "policy",
+    "rank",
+    "seed",
+)
+_OVERRIDE_OF = {"policy_class": "policy", "policy_config": "policy", "world": "rank"}
+_READ_VERSIONS = (1, 2)  # state versions load_state_dict reads
 
 
 class _Group:
@@ -245,7 +260,10 @@ class Sifter:
             Selective Backprop's stale mode).
     """
 
-    STATE_VERSION = 1
+    STATE_VERSION = 2
+    #: Settings ``load_state_dict(state, override=...)`` accepts: this stage's then wins over the
+    #: checkpoint's.
+    RESUME_OVERRIDES: ClassVar[tuple[str, ...]] = _RESUME_OVERRIDES
 
     def __init__(
         self,
@@ -628,33 +646,76 @@ class Sifter:
             "memory": None if self.memory is None else self.memory.state_dict(),
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a ``state_dict()``; the next ``sifter(source)`` call continues from it."""
+    def load_state_dict(self, state: Mapping[str, Any], *, override: Iterable[str] = ()) -> None:
+        """Restore a ``state_dict()``; the next ``sifter(source)`` call continues from it.
+
+        The checkpoint must come from a stage set up alike: every setting that changes decisions
+        or positions is compared, and a difference raises ``ResumeError`` naming it (``batched``,
+        ``micro_batch``, ``output_batch``, ``delay``, ``on_nan``, ``seed``, ``key``, the policy's
+        type and configuration, the score memory's presence, ``capacity``, ``max_age`` and
+        ``remember_forward``, and the rank and world size). Settings that only change how losses
+        are computed or what is handed on (``scorer``, ``device``, ``autocast``, ``pin_memory``,
+        ``eval_mode``, ``on_oom``, ``pad_micro_batch``, ``collate_fn``, ``attach_weight``,
+        ``weight_field``) are not compared: moving a job to other hardware must stay possible.
+
+        Args:
+            state: What ``state_dict()`` returned (through ``torch.save``/``torch.load``).
+            override: Names of settings (``Sifter.RESUME_OVERRIDES``) in which this stage may
+                differ from the checkpoint on purpose; this stage's setting then wins, and the
+                resumed run no longer decides as the uninterrupted one would. ``"policy"``: the
+                checkpoint's loss history is carried over when both policies keep one (resized
+                to this policy's window), else the policy starts empty. ``"seed"``: the generator
+                restarts from this stage's seed. ``"memory"``: the checkpoint's remembered losses
+                are loaded into this memory as far as they fit (none if either stage has none).
+                ``"rank"``: a checkpoint of another rank or world size is loaded as it is (not
+                with an audit log, which would write into the other rank's stream). ``"key"``:
+                re-read samples are not checked by key. ``batched`` cannot be overridden.
+        """
         if not isinstance(state, Mapping) or "version" not in state:
             raise ResumeError("not a siftpipe Sifter state dict (no 'version' entry)")
-        if state["version"] != self.STATE_VERSION:
+        if state["version"] not in _READ_VERSIONS:
             raise ResumeError(
                 f"state dict version {state['version']} is not supported (this siftpipe "
-                f"writes version {self.STATE_VERSION})"
+                f"writes version {self.STATE_VERSION} and reads {list(_READ_VERSIONS)})"
             )
-        mine = self._config()
-        for name, value in state["config"].items():
-            if mine.get(name) != value:
-                raise ResumeError(
-                    f"the checkpoint was made with {name}={value!r} but this stage has "
-                    f"{name}={mine.get(name)!r}; decisions would differ, so construct the Sifter "
-                    f"with {name}={value!r} to resume"
-                )
+        audit_state = state.get("audit")
+        if (
+            self.audit is not None
+            and isinstance(audit_state, Mapping)
+            and "rank" in audit_state
+            and int(audit_state["rank"]) != self.audit.rank
+        ):
+            raise ResumeError(
+                f"the checkpoint belongs to rank {int(audit_state['rank'])}'s audit stream but this "
+                f"stage's audit log writes rank {self.audit.rank}'s: resuming would write into "
+                "another rank's records. Load each rank's own checkpoint (the same world size), "
+                "or resume without audit= (override=('rank',) then loads it)"
+            )
+        allowed = _override_names(override)
+        differ = self._differences(state)
+        refused = [d for d in differ if d[0] not in allowed]
+        if refused:
+            names = sorted({d[0] for d in refused if d[0] in _RESUME_OVERRIDES})
+            fix = "construct the Sifter with the checkpoint's setting to resume exactly"
+            if names:
+                fix += f", or pass override={tuple(names)!r} to resume with this stage's on purpose"
+            raise ResumeError(
+                "the checkpoint was made with other settings, so decisions would differ: "
+                + "; ".join(d[1] for d in refused)
+                + f"; {fix}"
+            )
+        override_policy = "policy" in allowed and any(d[0] == "policy" for d in differ)
         self._close_active()
-        self.policy.load_state_dict(state["policy"])
-        if self.memory is not None:
-            if state.get("memory") is None:
-                raise ResumeError(
-                    "the checkpoint holds no score memory but this stage has one; resume without memory=, "
-                    "or start the memory empty by loading the checkpoint into a stage without it first"
-                )
-            self.memory.load_state_dict(state["memory"])
-        self._rng.bit_generator.state = state["rng"]
+        if override_policy:
+            self._carry_policy_state(state["policy"])
+        else:
+            self.policy.load_state_dict(state["policy"])
+        if self.memory is not None and state.get("memory") is not None:
+            self.memory.load_state_dict(state["memory"], fit="memory" in allowed)
+        if "seed" in allowed and any(d[0] == "seed" for d in differ):
+            self._rng = np.random.default_rng(self.rng_seed)
+        else:
+            self._rng.bit_generator.state = state["rng"]
         self._counts = {**self._counts, **state["counts"]}
         self._seconds = list(state["seconds"])
         self._consumed = int(state["consumed"])
@@ -671,6 +732,10 @@ class Sifter:
         self._source = None
         if state["pass_open"]:
             self._restore = dict(state)
+            if "key" in allowed and any(d[0] == "key" for d in differ):
+                # the checkpoint's keys were read with another key setting: nothing to compare
+                self._restore["pending"] = [{**desc, "keys": None} for desc in state["pending"]]
+                self._restore["next_key"] = None
             self._source_restore = None
             self._pass_open = True
         else:
@@ -894,8 +959,10 @@ class Sifter:
 
         group.keep = keep
         group.kept_index = kept_index
+        # kept even when not attached: the state holds it, so a resumed stage that attaches
+        # weights gets the decided ones
+        group.weight = weight
         if self.attach_weight:
-            group.weight = np.ones(rows) if weight is None else weight
             self._attach_weights(group)
         if self.audit is not None:
             self.audit.write_decisions(
@@ -1120,8 +1187,7 @@ class Sifter:
     # ------------------------------------------------------------------ samples
 
     def _attach_weights(self, group: _Group) -> None:
-        weight = group.weight
-        assert weight is not None
+        weight = np.ones(group.rows) if group.weight is None else group.weight
         if self.batched:
             column = torch.from_numpy(weight.astype(np.float32))
             group.items[0] = _batch.with_column(group.items[0], self.weight_field, column)
@@ -1197,13 +1263,91 @@ class Sifter:
     # ------------------------------------------------------------------ helpers
 
     def _config(self) -> dict[str, Any]:
+        """The settings a checkpoint must share with the stage that resumes it (see
+        ``load_state_dict``), as plain values."""
+        policy = self.policy
+        memory = self.memory
+        rank, world = dist_info()
+        key = self.key
         return {
             "micro_batch": self.micro_batch,
             "batched": self.batched,
             "output_batch": self.output_batch,
             "delay": self.delay,
-            "policy": self.policy.name or type(self.policy).__name__,
+            "policy": policy.name or type(policy).__name__,
+            "policy_class": f"{type(policy).__module__}.{type(policy).__qualname__}",
+            "policy_config": {k: _plain(v) for k, v in policy.config().items()},
+            "on_nan": self.on_nan,
+            "seed": self.seed,
+            # a callable cannot be compared across processes: only fields and positions are
+            "key": key if key is None or isinstance(key, str | int) else "<callable>",
+            "memory": None
+            if memory is None
+            else {
+                "capacity": memory.capacity,
+                "max_age": memory.max_age,
+                "remember_forward": self.remember_forward,
+            },
+            "rank": rank,
+            "world": world,
         }
+
+    def _differences(self, state: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """(override name, what differs) for each setting the checkpoint does not share."""
+        theirs = state["config"]
+        mine = self._config()
+        out: list[tuple[str, str]] = []
+        for name, value in theirs.items():
+            if name not in mine or mine[name] == value:
+                continue
+            group = _OVERRIDE_OF.get(name, name)
+            if (
+                name == "policy_config"
+                and theirs.get("policy_class", mine["policy_class"]) != mine["policy_class"]
+            ):
+                continue  # another policy altogether: said once, by name
+            if name == "memory" and (value is None or mine[name] is None):
+                have = "holds no score memory" if value is None else "holds a score memory"
+                out.append(
+                    (group, f"the checkpoint {have}, this stage {'has one' if value is None else 'has none'}")
+                )
+            elif isinstance(value, Mapping) and isinstance(mine[name], Mapping):
+                for k in sorted(set(value) | set(mine[name])):
+                    if value.get(k) != mine[name].get(k):
+                        what = "policy" if name == "policy_config" else name
+                        out.append(
+                            (
+                                group,
+                                f"{what} {k}={value.get(k)!r} in the checkpoint, {mine[name].get(k)!r} here",
+                            )
+                        )
+            elif name == "policy":
+                out.append((group, f"policy={value!r} in the checkpoint, policy={mine[name]!r} here"))
+            elif name == "policy_class" and theirs.get("policy") == mine["policy"]:
+                out.append((group, f"policy class {value} in the checkpoint, {mine[name]} here"))
+            elif name != "policy_class":
+                out.append((group, f"{name}={value!r} in the checkpoint, {name}={mine[name]!r} here"))
+        # states of version 1 do not name their memory: its presence still has to match
+        if "memory" not in theirs and (state.get("memory") is None) != (self.memory is None):
+            have = "holds a score memory" if state.get("memory") is not None else "holds no score memory"
+            here = "has one" if self.memory is not None else "has none"
+            out.append(("memory", f"the checkpoint {have}, this stage {here}"))
+        return out
+
+    def _carry_policy_state(self, state: Mapping[str, Any]) -> None:
+        """Load what fits of another policy's state (``override=("policy",)``)."""
+        policy = self.policy
+        fresh = policy.fresh().state_dict()
+        if isinstance(policy, _HistoryPolicy) and isinstance(state.get("history"), Mapping):
+            values = state["history"].get("values")
+            policy.load_state_dict(fresh)
+            if isinstance(values, torch.Tensor):
+                policy.history.extend(values.numpy().astype(np.float64))
+            return
+        try:
+            policy.load_state_dict(dict(state))
+        except Exception:
+            policy.load_state_dict(fresh)
 
     def _tracks(self, source: Any) -> bool:
         able = hasattr(source, "state_dict") and hasattr(source, "load_state_dict")
@@ -1283,6 +1427,30 @@ class _Output:
         s._emitted += self.buffered
         self.buffer, self.buffered = [], 0
         yield out
+
+
+def _override_names(override: Iterable[str]) -> set[str]:
+    names = {override} if isinstance(override, str) else set(override)
+    unknown = sorted(str(n) for n in names - set(_RESUME_OVERRIDES))
+    if unknown:
+        raise ConfigError(
+            f"override names settings the checkpoint may differ in: {list(_RESUME_OVERRIDES)}; got {unknown}"
+            + (
+                " (batched cannot be overridden: positions count other things)"
+                if "batched" in unknown
+                else ""
+            )
+        )
+    return names
+
+
+def _plain(value: Any) -> Any:
+    """A policy setting as a value ``torch.load(weights_only=True)`` reads back and ``==`` compares."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    return repr(value)
 
 
 def _clone(t: torch.Tensor | None) -> torch.Tensor | None:
