@@ -129,6 +129,21 @@ class LossHistory:
         return {"size": self.size, "values": torch.from_numpy(self.values())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``; raises ``ResumeError`` (and changes nothing) if it does not fit."""
+        size, values = state.get("size"), state.get("values")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ResumeError(f"the loss history's state has no window size (got {size!r}); it is damaged")
+        if not (
+            isinstance(values, torch.Tensor)
+            and values.is_floating_point()
+            and values.ndim == 1
+            and values.shape[0] <= size
+            and bool(torch.isfinite(values).all())
+        ):
+            raise ResumeError(
+                f"the loss history's state must hold at most {size} finite losses in a 1-d float "
+                f"tensor, got {type(values).__name__} {getattr(values, 'shape', '')}; it is damaged"
+            )
         if int(state["size"]) != self.size:
             raise ResumeError(
                 f"the checkpoint's loss history holds {int(state['size'])} losses but this policy's "

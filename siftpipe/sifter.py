@@ -657,6 +657,8 @@ class Sifter:
         are computed or what is handed on (``scorer``, ``device``, ``autocast``, ``pin_memory``,
         ``eval_mode``, ``on_oom``, ``pad_micro_batch``, ``collate_fn``, ``attach_weight``,
         ``weight_field``) are not compared: moving a job to other hardware must stay possible.
+        The whole state is checked before anything is loaded: a partial or damaged one raises
+        ``ResumeError`` naming the entry and leaves the stage (its running pass included) as it was.
 
         Args:
             state: What ``state_dict()`` returned (through ``torch.save``/``torch.load``).
@@ -671,14 +673,13 @@ class Sifter:
                 with an audit log, which would write into the other rank's stream). ``"key"``:
                 re-read samples are not checked by key. ``batched`` cannot be overridden.
         """
-        if not isinstance(state, Mapping) or "version" not in state:
-            raise ResumeError("not a siftpipe Sifter state dict (no 'version' entry)")
-        if state["version"] not in _READ_VERSIONS:
+        _check_state(state, self.batched)
+        if self.audit is not None and state["audit"] is None:
             raise ResumeError(
-                f"state dict version {state['version']} is not supported (this siftpipe "
-                f"writes version {self.STATE_VERSION} and reads {list(_READ_VERSIONS)})"
+                "the checkpoint was made without an audit log, so this stage's log cannot continue "
+                "it; resume without audit=, or start a new run"
             )
-        audit_state = state.get("audit")
+        audit_state = state["audit"]
         if (
             self.audit is not None
             and isinstance(audit_state, Mapping)
@@ -704,25 +705,37 @@ class Sifter:
                 + "; ".join(d[1] for d in refused)
                 + f"; {fix}"
             )
-        override_policy = "policy" in allowed and any(d[0] == "policy" for d in differ)
+        # Everything else was checked above; what can still fail (the policy's own loading, the
+        # audit log's own checks) goes first, and is undone, so that a refused state leaves the
+        # stage exactly as it was (its running pass included).
+        before = self.policy.state_dict()
+        try:
+            if "policy" in allowed and any(d[0] == "policy" for d in differ):
+                self._carry_policy_state(state["policy"])
+            else:
+                self.policy.load_state_dict(state["policy"])
+            if self.audit is not None:
+                self.audit.load_state_dict(state["audit"], resumed_from=int(state["counts"]["seen"]))
+        except Exception as exc:
+            self.policy.load_state_dict(before)
+            if isinstance(exc, ResumeError):
+                raise
+            raise ResumeError(
+                f"the checkpoint's policy state does not fit policy {self.policy!r}: "
+                f"{type(exc).__name__}: {exc}; load a state this policy's state_dict() wrote"
+            ) from exc
         self._close_active()
-        if override_policy:
-            self._carry_policy_state(state["policy"])
-        else:
-            self.policy.load_state_dict(state["policy"])
-        if self.memory is not None and state.get("memory") is not None:
+        if self.memory is not None and state["memory"] is not None:
             self.memory.load_state_dict(state["memory"], fit="memory" in allowed)
         if "seed" in allowed and any(d[0] == "seed" for d in differ):
             self._rng = np.random.default_rng(self.rng_seed)
         else:
             self._rng.bit_generator.state = state["rng"]
-        self._counts = {**self._counts, **state["counts"]}
-        self._seconds = list(state["seconds"])
+        self._counts = {**self._counts, **{k: int(v) for k, v in state["counts"].items()}}
+        self._seconds = [float(v) for v in state["seconds"]]
         self._consumed = int(state["consumed"])
         self.epoch = int(state["epoch"])
-        self.model_version = state["model_version"]
-        if self.audit is not None:
-            self.audit.load_state_dict(state.get("audit"), resumed_from=int(state["counts"]["seen"]))
+        self.model_version = int(state["model_version"])
         self._pending.clear()
         self._emitted = 0
         self._epoch_set = bool(state.get("epoch_set", False))
@@ -1427,6 +1440,174 @@ class _Output:
         s._emitted += self.buffered
         self.buffer, self.buffered = [], 0
         yield out
+
+
+_COUNTS = ("seen", "kept", "dropped", "nan", "warmup", "micro_batches", "scored", "from_memory", "observed")
+_ENTRIES = (
+    "version",
+    "config",
+    "policy",
+    "rng",
+    "counts",
+    "seconds",
+    "consumed",
+    "pending",
+    "emitted",
+    "epoch",
+    "pass_open",
+    "model_version",
+    "source",
+    "audit",
+    "memory",
+)
+
+
+def _is_int(value: Any, low: int = 0) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool) and bool(value >= low)
+
+
+def _check_state(state: Any, batched: bool) -> None:
+    """Raise ``ResumeError`` naming the first missing or malformed entry of a Sifter state, before
+    anything is loaded from it."""
+    if not isinstance(state, Mapping) or "version" not in state:
+        hint = ""
+        if isinstance(state, Mapping) and any(str(k).startswith("_") for k in state):
+            hint = " (it looks like a loader's or a torchdata node's state: load it with that object)"
+        raise ResumeError(f"not a siftpipe Sifter state dict (no 'version' entry){hint}")
+    if state["version"] not in _READ_VERSIONS:
+        raise ResumeError(
+            f"state dict version {state['version']!r} is not supported (this siftpipe writes version "
+            f"{Sifter.STATE_VERSION} and reads {list(_READ_VERSIONS)})"
+        )
+    if "sifter" in state and "config" not in state:
+        raise ResumeError(
+            "this is a SiftNode's state (a 'sifter' entry inside): restore it with the node's or the "
+            "Loader's load_state_dict, or pass state['sifter'] to Sifter.load_state_dict"
+        )
+    missing = [name for name in _ENTRIES if name not in state]
+    if missing:
+        raise ResumeError(
+            f"the Sifter state lacks {missing} (a truncated or partial state?); pass the whole dict "
+            "that Sifter.state_dict() returned"
+        )
+
+    def bad(entry: str, want: str) -> ResumeError:
+        value: Any = state
+        for part in entry.replace("]", "").split("["):
+            try:
+                value = value[int(part) if part.isdigit() else part.strip("'")]
+            except (KeyError, IndexError, TypeError):
+                value = None
+                break
+        return ResumeError(
+            f"the Sifter state's entry {entry} must be {want}, got {type(value).__name__} {_short(value)}; "
+            "the state is damaged, or not one Sifter.state_dict() wrote"
+        )
+
+    for name in ("config", "policy", "counts", "rng"):
+        if not isinstance(state[name], Mapping):
+            raise bad(name, "a dict")
+    try:
+        np.random.default_rng().bit_generator.state = state["rng"]  # a scratch generator
+    except Exception as exc:
+        raise ResumeError(
+            f"the Sifter state's entry rng is not a numpy generator state ({type(exc).__name__}: {exc}); "
+            "the state is damaged, or not one Sifter.state_dict() wrote"
+        ) from None
+    # the checkpoint's own mode (a stage in the other mode is refused by name afterwards)
+    batched = bool(state["config"].get("batched", batched))
+    if "seen" not in state["counts"]:
+        raise bad("counts['seen']", "a number of samples >= 0")
+    for name, value in state["counts"].items():
+        if name not in _COUNTS:
+            raise bad(f"counts[{name!r}]", f"one of the counters {list(_COUNTS)}")
+        if not _is_int(value):
+            raise bad(f"counts[{name!r}]", "a count >= 0")
+    seconds = state["seconds"]
+    if not (isinstance(seconds, list | tuple) and len(seconds) == 2):
+        raise bad("seconds", "a list of 2 numbers of seconds")
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in seconds):
+        raise bad("seconds", "a list of 2 numbers of seconds")
+    for name in ("consumed", "emitted", "epoch"):
+        if not _is_int(state[name]):
+            raise bad(name, "an integer >= 0")
+    if not _is_int(state["model_version"], -(2**63)):
+        raise bad("model_version", "an integer")
+    for name in ("pass_open", "epoch_set", "ended"):
+        if name in state and not isinstance(state[name], bool):
+            raise bad(name, "True or False")
+    pending = state["pending"]
+    if not isinstance(pending, list | tuple):
+        raise bad("pending", "a list")
+    if pending and not state["pass_open"]:
+        raise bad("pending", "empty between passes (pass_open is False)")
+    kept = 0
+    for i, desc in enumerate(pending):
+        where = f"pending[{i}]"
+        if not isinstance(desc, Mapping):
+            raise bad(where, "a dict")
+        for name in ("n_items", "rows", "seq0", "keep", "weight", "keys"):
+            if name not in desc:
+                raise bad(f"{where}[{name!r}]", "present")
+        for name, low in (("n_items", 1), ("rows", 1), ("seq0", 0)):
+            if not _is_int(desc[name], low):
+                raise bad(f"{where}[{name!r}]", f"an integer >= {low}")
+        rows = int(desc["rows"])
+        if (batched and desc["n_items"] != 1) or (not batched and desc["n_items"] != rows):
+            raise bad(f"{where}['n_items']", "1 input batch" if batched else "equal to rows")
+        keep = desc["keep"]
+        if not (isinstance(keep, torch.Tensor) and keep.dtype == torch.bool and tuple(keep.shape) == (rows,)):
+            raise bad(f"{where}['keep']", f"a bool tensor of {rows} rows")
+        weight = desc["weight"]
+        if weight is not None and not (
+            isinstance(weight, torch.Tensor)
+            and weight.is_floating_point()
+            and tuple(weight.shape) == (rows,)
+            and bool(torch.isfinite(weight).all())
+        ):
+            raise bad(f"{where}['weight']", f"None or a float tensor of {rows} finite weights")
+        keys = desc["keys"]
+        if keys is not None and not (isinstance(keys, list | tuple) and len(keys) == rows):
+            raise bad(f"{where}['keys']", f"None or a list of {rows} sample keys")
+        kept += int(keep.sum())
+    if state["emitted"] > max(kept - 1, 0) and (pending or state["emitted"]):
+        raise bad("emitted", f"fewer than the {kept} kept rows pending")
+    if state["audit"] is not None and not (
+        isinstance(state["audit"], Mapping)
+        and isinstance(state["audit"].get("run_id"), str)
+        and _is_int(state["audit"].get("rank"))
+        and _is_int(state["audit"].get("next_part"))
+    ):
+        raise bad("audit", "None or a dict with run_id (str), rank and next_part (integers)")
+    _check_memory_state(state["memory"], bad)
+
+
+def _check_memory_state(memory: Any, bad: Callable[[str, str], ResumeError]) -> None:
+    if memory is None:
+        return
+    if not isinstance(memory, Mapping):
+        raise bad("memory", "None or a dict")
+    for name in ("capacity", "max_age"):
+        if not _is_int(memory.get(name), 1):
+            raise bad(f"memory[{name!r}]", "an integer >= 1")
+    if not _is_int(memory.get("refused")):
+        raise bad("memory['refused']", "a count >= 0")
+    dtypes = {"keys": torch.int64, "loss": torch.float32, "epoch": torch.int16, "source": torch.int8}
+    sizes = set()
+    for name, dtype in dtypes.items():
+        t = memory.get(name)
+        if not (isinstance(t, torch.Tensor) and t.dtype == dtype and t.ndim == 1):
+            raise bad(f"memory[{name!r}]", f"a 1-d {dtype} tensor")
+        sizes.add(t.shape[0])
+    if len(sizes) != 1:
+        raise bad("memory", f"tensors of one length (got lengths {sorted(sizes)})")
+    if sizes.pop() > memory["capacity"]:
+        raise bad("memory['keys']", f"at most capacity={memory['capacity']} entries")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _override_names(override: Iterable[str]) -> set[str]:
