@@ -2,12 +2,35 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 import torch
 
 from .errors import ConfigError, ResumeError
+
+
+def physical_memory() -> int | None:
+    """Bytes of physical memory on this machine, or None where the OS does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_fits(nbytes: int, what: str, fix: str) -> None:
+    """Raise ``ConfigError`` if ``nbytes`` for ``what`` exceed this machine's physical memory."""
+    total = physical_memory()
+    if total is not None and nbytes > total:
+        raise ConfigError(
+            f"{what} needs {_gib(nbytes)} of memory, more than this machine's {_gib(total)}; {fix}"
+        )
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:,.1f} GiB"
+
 
 # windows up to this many losses are re-sorted on each update (cheaper than inserting there)
 _RESORT_BELOW = 2048
@@ -24,10 +47,17 @@ class LossHistory:
     """
 
     def __init__(self, size: int) -> None:
-        if not isinstance(size, int | np.integer) or size < 1:
+        if not isinstance(size, int | np.integer) or isinstance(size, bool) or size < 1:
             raise ConfigError(f"history size must be a positive number of samples, got {size!r}")
+        fix = "a window of 500 to 100,000 losses is typical (percentiles settle long before)"
+        check_fits(16 * int(size), f"a loss history of {int(size):,} losses (16 bytes each)", fix)
         self.size = int(size)
-        self._ring = np.zeros(self.size, dtype=np.float64)
+        try:
+            self._ring = np.zeros(self.size, dtype=np.float64)
+        except MemoryError:
+            raise ConfigError(
+                f"a loss history of {self.size:,} losses (16 bytes each) does not fit in memory; {fix}"
+            ) from None
         self._pos = 0  # next slot of the ring to write
         self._count = 0  # losses in the window, <= size
         self._sorted = np.zeros(0, dtype=np.float64)

@@ -21,6 +21,7 @@ import torch
 
 from ._audit_io import SOURCES
 from .errors import ConfigError, ResumeError
+from .history import check_fits
 
 __all__ = ["SOURCES", "ScoreMemory", "key_hashes"]
 
@@ -51,18 +52,25 @@ class ScoreMemory:
     """
 
     def __init__(self, capacity: int = 1_000_000, max_age: int = 1) -> None:
-        if not isinstance(capacity, int) or capacity < 1:
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise ConfigError(f"capacity must be a number of samples >= 1, got {capacity!r}")
-        if not isinstance(max_age, int) or max_age < 1:
+        if not isinstance(max_age, int) or isinstance(max_age, bool) or max_age < 1:
             raise ConfigError(f"max_age must be a number of epochs >= 1, got {max_age!r}")
         self.capacity = capacity
         self.max_age = max_age
         slots = max(16, int(np.ceil(capacity / _MAX_LOAD)))
+        fix = "size it to the samples of one epoch (or of this rank's shards)"
+        check_fits(15 * slots, f"a score memory of capacity {capacity:,} (about 22 bytes a sample)", fix)
         self._slots_n = np.uint64(slots)
-        self._keys = np.zeros(slots, dtype=np.uint64)
-        self._loss = np.zeros(slots, dtype=np.float32)
-        self._epoch = np.zeros(slots, dtype=np.int16)
-        self._source = np.zeros(slots, dtype=np.int8)
+        try:
+            self._keys = np.zeros(slots, dtype=np.uint64)
+            self._loss = np.zeros(slots, dtype=np.float32)
+            self._epoch = np.zeros(slots, dtype=np.int16)
+            self._source = np.zeros(slots, dtype=np.int8)
+        except MemoryError:
+            raise ConfigError(
+                f"a score memory of capacity {capacity:,} does not fit in memory; {fix}"
+            ) from None
         self._count = 0
         #: New keys turned away because the memory was full.
         self.refused = 0

@@ -315,6 +315,10 @@ class Sifter:
             )
         if pad_micro_batch and micro_batch is None:
             raise ConfigError("pad_micro_batch=True needs a fixed micro_batch size to pad to")
+        if not isinstance(seed, int | np.integer) or isinstance(seed, bool) or seed < 0:
+            raise ConfigError(f"seed must be an integer >= 0 (it seeds the stage's generator), got {seed!r}")
+        if device is not None:
+            device = _scoring_device(device)
 
         self.model = model
         self.scorer: Scorer = get_scorer(scorer) if isinstance(scorer, str) else scorer
@@ -327,7 +331,7 @@ class Sifter:
             raise ConfigError(f"policy must be a siftpipe.Policy or a registered name, got {policy!r}")
         self.micro_batch = micro_batch
         self.delay = delay
-        self.seed = seed
+        self.seed = int(seed)
         self.batched = batched
         self.output_batch = output_batch
         self.collate_fn = collate_fn or default_collate
@@ -528,6 +532,12 @@ class Sifter:
         ``state["consumed"]`` on (a tracked stateful source is repositioned for you).
         """
         _check_not_in_worker()
+        device = self.device
+        if device.type == "meta" and self._device is None:
+            raise ConfigError(
+                "the model's parameters are on the meta device (shapes without data), so it cannot "
+                "score: materialise it first (model.to_empty(device=...) and load its weights)"
+            )
         tracked = self._tracks(source)
         resume = self._restore
         # the tracked source's position: inside the checkpoint's pass, or where its last pass ended
@@ -559,7 +569,6 @@ class Sifter:
         self._source = source if tracked else None
         if self.audit is not None:
             self.audit.start()
-        device = self.device
         self._score_device = _CPU if device.type == "cpu" else device
         reader = _Reader(iter(source))
         gen = self._run(reader, resume)
@@ -1632,6 +1641,23 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     return repr(value)
+
+
+def _scoring_device(device: Any) -> torch.device:
+    """``device`` as a torch.device the stage can score on, or ``ConfigError`` naming the fix."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"device={device!r} is not a torch device ({exc}); pass 'cpu', 'cuda', 'cuda:1', a "
+            "torch.device, or None for the model's own device"
+        ) from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"device={device!r} but this torch sees no CUDA device; pass device='cpu' or None (the "
+            "model's own device)"
+        )
+    return dev
 
 
 def _clone(t: torch.Tensor | None) -> torch.Tensor | None:
