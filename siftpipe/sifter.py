@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import weakref
 from collections import deque
@@ -42,7 +43,7 @@ OnOom = Literal["raise", "split"]
 KeySpec = str | int | Callable[[Any], Any] | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class SiftStats:
     """Counters of a stage, in samples unless the name says otherwise.
 
@@ -85,6 +86,11 @@ class SiftStats:
     def keep_rate(self) -> float:
         """kept / seen (1.0 before anything was seen)."""
         return self.kept / self.seen if self.seen else 1.0
+
+    def __repr__(self) -> str:
+        # the dataclass repr leaves out properties: keep_rate is the figure people print stats for
+        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+        return f"SiftStats({fields}, keep_rate={self.keep_rate:.4f})"
 
 
 _CPU = torch.device("cpu")
