@@ -152,19 +152,28 @@ class _Reader:
     the key of the item the resumed source must start with; the pass then takes that item first.
     """
 
-    __slots__ = ("__weakref__", "ahead", "ahead_snapshot", "it")
+    __slots__ = ("__weakref__", "ahead", "ahead_snapshot", "it", "source")
 
-    def __init__(self, it: Iterator[Any]) -> None:
-        self.it = it
+    def __init__(self, source: Iterable[Any]) -> None:
+        self.source = source
+        # iterated at the first read, not when the pass is opened: a pass opened and dropped
+        # unread leaves a DataLoader where it was (iterating it starts an epoch)
+        self.it: Iterator[Any] | None = None
         self.ahead: Any = _NOTHING  # an item, _END, or the exception reading it raised
         self.ahead_snapshot: Any = None  # the tracked source's state before that item
+
+    def _iter(self) -> Iterator[Any]:
+        it = self.it
+        if it is None:  # (never `self.it or ...`: a DataLoader iterator's truth is its __len__)
+            it = self.it = iter(self.source)
+        return it
 
     def look_ahead(self, snapshot: Any) -> Any:
         """The next item (read now, or earlier), ``_END``, or the exception reading it raised."""
         if self.ahead is _NOTHING:
             self.ahead_snapshot = snapshot
             try:
-                self.ahead = next(self.it)
+                self.ahead = next(self._iter())
             except StopIteration:
                 self.ahead = _END
             except Exception as exc:  # raised again where the pass reads it
@@ -183,18 +192,18 @@ class _Reader:
     def take(self, n: int) -> list[Any]:
         """Up to ``n`` items (fewer at the end)."""
         if self.ahead is _NOTHING:
-            return list(islice(self.it, n))
+            return list(islice(self._iter(), n))
         first = self._take_ahead()
         if first is _END:
             return []
-        return [first, *islice(self.it, n - 1)]
+        return [first, *islice(self._iter(), n - 1)]
 
     def next(self) -> Any:
         """The next item, or ``_END``."""
         if self.ahead is not _NOTHING:
             return self._take_ahead()
         try:
-            return next(self.it)
+            return next(self._iter())
         except StopIteration:
             return _END
 
@@ -406,6 +415,7 @@ class Sifter:
         self._source: Any = None
         self._reader: weakref.ReferenceType[_Reader] | None = None  # the running pass's source
         self._source_restore: Any = None  # a between-passes checkpoint's source state, for the next call
+        self._source_abandoned = False  # the tracked source's last pass was left before its end
         self._score_device = _CPU  # fixed at the start of each pass
         self._shard_counts: list[SharedShardCounts] = []  # see watch_shards
 
@@ -571,12 +581,17 @@ class Sifter:
         self._pass_open = True
         if source_state is not None and tracked:
             source.load_state_dict(source_state)  # type: ignore[attr-defined]
+            if resume is None and self._source_abandoned:
+                # the checkpoint's pass was left mid-way: in its process the next iteration
+                # started a new one, and so does iterating the restored source once more
+                iter(source)
         self._source_restore = None
+        self._source_abandoned = False
         self._source = source if tracked else None
         if self.audit is not None:
             self.audit.start()
         self._score_device = _CPU if device.type == "cpu" else device
-        reader = _Reader(iter(source))
+        reader = _Reader(source)
         gen = self._run(reader, resume)
         self._active = weakref.ref(gen)
         self._reader = weakref.ref(reader)
@@ -657,6 +672,7 @@ class Sifter:
             "source": source_state,
             "next_key": next_key,
             "ended": ended,
+            "source_abandoned": self._source_abandoned and not self._pass_open,
             "audit": None if self.audit is None else self.audit.state_dict(),
             "memory": None if self.memory is None else self.memory.state_dict(),
         }
@@ -760,6 +776,7 @@ class Sifter:
         self._source = None
         if state["pass_open"]:
             self._restore = dict(state)
+            self._source_abandoned = False
             if "key" in allowed and any(d[0] == "key" for d in differ):
                 # the checkpoint's keys were read with another key setting: nothing to compare
                 self._restore["pending"] = [{**desc, "keys": None} for desc in state["pending"]]
@@ -771,6 +788,7 @@ class Sifter:
             # the tracked source's last pass left it (a StatefulDataLoader: its next epoch's order)
             self._restore = None
             self._source_restore = state["source"]
+            self._source_abandoned = bool(state.get("source_abandoned", False))
             self._pass_open = False
 
     def close(self) -> None:
@@ -806,6 +824,7 @@ class Sifter:
         self._restore = None
         self._unstarted = False
         this_pass = self._pass_id
+        finished = False
         try:
             for group in groups:
                 yield from out.hand_on(group)
@@ -817,6 +836,7 @@ class Sifter:
                 yield from out.hand_on(fresh)
             yield from out.finish()
             self._trim()
+            finished = True
         finally:
             # ended, abandoned or failed: the next call starts a new pass, and so does a stage
             # loaded with a state taken from now on (unless a newer pass or a load came first: a
@@ -825,6 +845,7 @@ class Sifter:
                 self._pass_open = False
                 self._pending.clear()
                 self._emitted = 0
+                self._source_abandoned = not finished and self._source is not None
 
     def _read(self, reader: _Reader) -> _Group | None:
         if reader.ahead is not _NOTHING:
@@ -1548,7 +1569,7 @@ def _check_state(state: Any, batched: bool) -> None:
             raise bad(name, "an integer >= 0")
     if not _is_int(state["model_version"], -(2**63)):
         raise bad("model_version", "an integer")
-    for name in ("pass_open", "epoch_set", "ended"):
+    for name in ("pass_open", "epoch_set", "ended", "source_abandoned"):
         if name in state and not isinstance(state[name], bool):
             raise bad(name, "True or False")
     pending = state["pending"]

@@ -196,3 +196,32 @@ def test_track_source_false_resumes_a_tracked_checkpoint_from_consumed():
     assert t.resume_from == state["consumed"]
     tail = output_keys(t(list(loader())[state["consumed"] :]))
     assert head + tail == reference
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_checkpoint_after_an_abandoned_epoch_restores_the_loaders_next_epoch(num_workers):
+    """Leaving an epoch early (``break``, EqualSteps' last step) and checkpointing then: in this
+    process the next pass is the loader's next epoch, and so it is after a restart."""
+    loader, sifter = shuffled_loader(num_workers, "sampler"), make_sifter()
+    for i, _ in enumerate(sifter(loader)):
+        if i == 2:
+            break
+    state = roundtrip(sifter.state_dict())
+    assert not state["pass_open"] and state["source_abandoned"]
+    expected = output_keys(sifter(loader))
+
+    sifter_b = make_sifter()
+    sifter_b.load_state_dict(state)
+    assert output_keys(sifter_b(shuffled_loader(num_workers, "sampler"))) == expected
+
+
+def test_a_pass_opened_and_dropped_unread_leaves_the_loader_where_it_was():
+    bare, loader = shuffled_loader(0, "sampler"), shuffled_loader(0, "sampler")
+    bare_orders = [[k for b in bare for k in b["__key__"]] for _ in range(2)]
+    sifter = sp.Sifter(
+        None, lambda m, b: b["x"].pow(2).sum(1).double(), sp.Uniform(1.0), batched=True, micro_batch=None
+    )
+    first = output_keys(sifter(loader))
+    sifter(loader)  # opened, never read
+    second = output_keys(sifter(loader))
+    assert [first, second] == bare_orders and sifter.epoch == 1
