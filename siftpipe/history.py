@@ -62,6 +62,7 @@ class LossHistory:
         self._count = 0  # losses in the window, <= size
         self._sorted = np.zeros(0, dtype=np.float64)
         self._sum: float | None = 0.0
+        self._total = 0  # losses ever added: the state says how many of them the window holds
 
     def __len__(self) -> int:
         return self._count
@@ -71,6 +72,7 @@ class LossHistory:
         new = np.asarray(losses, dtype=np.float64).ravel()
         if new.size == 0:
             return
+        self._total += new.size
         if new.size >= self.size:
             self._ring[:] = new[-self.size :]
             self._pos = 0
@@ -156,7 +158,7 @@ class LossHistory:
         return np.quantile(self._sorted, q)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"size": self.size, "values": torch.from_numpy(self.values())}
+        return {"size": self.size, "values": torch.from_numpy(self.values()), "total": self._total}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state_dict()``; raises ``ResumeError`` (and changes nothing) if it does not fit."""
@@ -174,6 +176,14 @@ class LossHistory:
                 f"the loss history's state must hold at most {size} finite losses in a 1-d float "
                 f"tensor, got {type(values).__name__} {getattr(values, 'shape', '')}; it is damaged"
             )
+        total = state.get("total", values.shape[0])
+        if not (
+            isinstance(total, int) and not isinstance(total, bool) and values.shape[0] == min(size, total)
+        ):
+            raise ResumeError(
+                f"the loss history's state holds {values.shape[0]} losses, but {total!r} were added to a "
+                f"window of {size}: it is damaged (truncated?)"
+            )
         if int(state["size"]) != self.size:
             raise ResumeError(
                 f"the checkpoint's loss history holds {int(state['size'])} losses but this policy's "
@@ -186,3 +196,4 @@ class LossHistory:
         self._sorted = np.zeros(0, dtype=np.float64)
         self._sum = 0.0
         self.extend(values)
+        self._total = int(total)

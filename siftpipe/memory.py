@@ -32,6 +32,18 @@ _MAX_LOAD = 0.7
 _MAX_PROBES = 4096
 
 
+_MAX_EPOCH = int(np.iinfo(np.int16).max)
+
+
+def check_epoch(epoch: int) -> None:
+    """``ConfigError`` unless ``epoch`` fits the memory's 16-bit epoch column."""
+    if not -_MAX_EPOCH <= epoch <= _MAX_EPOCH:
+        raise ConfigError(
+            f"the score memory records epochs as 16-bit numbers, so epoch {epoch} is out of its range "
+            f"(|epoch| <= {_MAX_EPOCH}); number epochs from 0 (set_epoch)"
+        )
+
+
 def key_hashes(keys: Iterable[Any]) -> np.ndarray:
     """Stable 64-bit hashes (BLAKE2b) of sample keys, the same in every process and run; never 0."""
     out = np.fromiter(
@@ -101,6 +113,7 @@ class ScoreMemory:
 
     def update(self, hashes: np.ndarray, losses: np.ndarray, epoch: int, source: int) -> None:
         """Remember ``losses`` for ``hashes`` (the last value wins for a repeated key)."""
+        check_epoch(epoch)
         losses = np.asarray(losses, dtype=np.float32)
         finite = np.isfinite(losses)
         hashes, losses = np.asarray(hashes, np.uint64)[finite], losses[finite]

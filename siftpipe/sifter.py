@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 import weakref
 from collections import deque
@@ -30,7 +31,7 @@ from .errors import (
     SiftInWorkerError,
     describe_keys,
 )
-from .memory import FEEDBACK, SOURCES, STALE, ScoreMemory, key_hashes
+from .memory import FEEDBACK, SOURCES, STALE, ScoreMemory, check_epoch, key_hashes
 from .policies import Policy, RelativeProbabilistic, _HistoryPolicy, get_policy
 from .predecode import PRE_KEPT, PRE_LOSS, PRE_PROB, publish
 from .scorers import Scorer, get_scorer
@@ -152,20 +153,23 @@ class _Reader:
     the key of the item the resumed source must start with; the pass then takes that item first.
     """
 
-    __slots__ = ("__weakref__", "ahead", "ahead_snapshot", "it", "source")
+    __slots__ = ("__weakref__", "ahead", "ahead_snapshot", "began", "it", "source")
 
-    def __init__(self, source: Iterable[Any]) -> None:
+    def __init__(self, source: Iterable[Any], began: Callable[[], None]) -> None:
         self.source = source
+        self.began = began  # called once, when the source is first iterated
         # iterated at the first read, not when the pass is opened: a pass opened and dropped
         # unread leaves a DataLoader where it was (iterating it starts an epoch)
         self.it: Iterator[Any] | None = None
         self.ahead: Any = _NOTHING  # an item, _END, or the exception reading it raised
         self.ahead_snapshot: Any = None  # the tracked source's state before that item
 
-    def _iter(self) -> Iterator[Any]:
+    def iterate(self) -> Iterator[Any]:
+        """The source's iterator (``iter(source)`` at the first call)."""
         it = self.it
         if it is None:  # (never `self.it or ...`: a DataLoader iterator's truth is its __len__)
             it = self.it = iter(self.source)
+            self.began()
         return it
 
     def look_ahead(self, snapshot: Any) -> Any:
@@ -173,7 +177,7 @@ class _Reader:
         if self.ahead is _NOTHING:
             self.ahead_snapshot = snapshot
             try:
-                self.ahead = next(self._iter())
+                self.ahead = next(self.iterate())
             except StopIteration:
                 self.ahead = _END
             except Exception as exc:  # raised again where the pass reads it
@@ -190,21 +194,26 @@ class _Reader:
         return item
 
     def take(self, n: int) -> list[Any]:
-        """Up to ``n`` items (fewer at the end)."""
+        """Up to ``n`` items (fewer at the end; the end is remembered, the source not asked again)."""
         if self.ahead is _NOTHING:
-            return list(islice(self._iter(), n))
-        first = self._take_ahead()
-        if first is _END:
-            return []
-        return [first, *islice(self._iter(), n - 1)]
+            items = list(islice(self.iterate(), n))
+        else:
+            first = self._take_ahead()
+            if first is _END:
+                return []
+            items = [first, *islice(self.iterate(), n - 1)]
+        if len(items) < n:
+            self.ahead = _END
+        return items
 
     def next(self) -> Any:
-        """The next item, or ``_END``."""
+        """The next item, or ``_END`` (remembered)."""
         if self.ahead is not _NOTHING:
             return self._take_ahead()
         try:
-            return next(self._iter())
+            return next(self.iterate())
         except StopIteration:
+            self.ahead = _END
             return _END
 
 
@@ -502,6 +511,8 @@ class Sifter:
 
     def set_epoch(self, epoch: int) -> None:
         """Record ``epoch`` with the decisions from now on (the next pass does not add one)."""
+        if self.memory is not None:
+            check_epoch(int(epoch))
         self.epoch = int(epoch)
         self._epoch_set = True
 
@@ -574,24 +585,23 @@ class Sifter:
             self._pending.clear()
             self._emitted = 0
             self._consumed = 0  # positions count from the start of each pass
-        self._epoch_set = False
         self._unstarted = resume is None
         self._passes += 1
         self._pass_id += 1
         self._pass_open = True
         if source_state is not None and tracked:
             source.load_state_dict(source_state)  # type: ignore[attr-defined]
-            if resume is None and self._source_abandoned:
-                # the checkpoint's pass was left mid-way: in its process the next iteration
-                # started a new one, and so does iterating the restored source once more
+            if self._source_abandoned:
+                # the checkpoint's source was left mid-way through a pass: in its process the
+                # next iteration started a new one, and so does iterating the restored one once
+                # (the flag stays until this pass reads: a state taken before then needs it too)
                 iter(source)
         self._source_restore = None
-        self._source_abandoned = False
         self._source = source if tracked else None
         if self.audit is not None:
             self.audit.start()
         self._score_device = _CPU if device.type == "cpu" else device
-        reader = _Reader(source)
+        reader = _Reader(source, self._began_reading)
         gen = self._run(reader, resume)
         self._active = weakref.ref(gen)
         self._reader = weakref.ref(reader)
@@ -622,7 +632,12 @@ class Sifter:
             consumed, emitted = int(restore["consumed"]), int(restore["emitted"])
             source_state = restore["source"]
             next_key, ended = restore.get("next_key"), bool(restore.get("ended", False))
+            source_abandoned = bool(restore.get("source_abandoned", False))
+            pass_read = bool(restore.get("pass_read", True))
         else:
+            pass_read = not (self._pass_open and self._unstarted)  # False only for an open, unread pass
+            # set from a pass left mid-way until the next pass starts reading the source
+            source_abandoned = self._source_abandoned
             pending = [
                 {
                     "n_items": g.n_items,
@@ -639,6 +654,8 @@ class Sifter:
             source_state = self._source_restore
             next_key, ended = None, False
             reader = self._reader() if self._reader is not None and self._pass_open else None
+            if reader is not None and reader.it is None:
+                reader = None  # not read yet: reading ahead would start the source's pass
             if self._pending:
                 if self._source is not None:
                     source_state = self._pending[0].snapshot
@@ -647,15 +664,20 @@ class Sifter:
                 # wrong position is caught at once (its keys are checked against this one's)
                 snapshot = self._source.state_dict() if self._source is not None else None
                 ahead = reader.look_ahead(snapshot)
-                if self._source is not None:
-                    source_state = reader.ahead_snapshot
                 if ahead is _END:
+                    # the source's state after its end: a resumed pass does not read it again
+                    # (that would start its next pass), and the next pass starts from there
                     ended = True
-                elif not isinstance(ahead, _Raised):
-                    next_key = self._first_key(ahead)
+                    if self._source is not None:
+                        source_state = self._source.state_dict()
+                else:
+                    if self._source is not None:
+                        source_state = reader.ahead_snapshot
+                    if not isinstance(ahead, _Raised):
+                        next_key = self._first_key(ahead)
             elif self._source is not None:
                 source_state = self._source.state_dict()
-        return {
+        state = {
             "version": self.STATE_VERSION,
             "config": self._config(),
             "policy": self.policy.state_dict(),
@@ -663,19 +685,26 @@ class Sifter:
             "counts": dict(self._counts),
             "seconds": list(self._seconds),
             "consumed": consumed,
+            "read": consumed + sum(int(d["n_items"]) for d in pending),
             "pending": pending,
             "emitted": emitted,
             "epoch": self.epoch,
             "epoch_set": self._epoch_set,
+            "opened": self._passes > 0,
+            "pass_read": pass_read,
             "pass_open": self._pass_open,
             "model_version": self.model_version,
             "source": source_state,
             "next_key": next_key,
             "ended": ended,
-            "source_abandoned": self._source_abandoned and not self._pass_open,
+            "source_abandoned": source_abandoned,
             "audit": None if self.audit is None else self.audit.state_dict(),
             "memory": None if self.memory is None else self.memory.state_dict(),
         }
+        # An entry damaged, or swapped in from another checkpoint (another rank's decisions, say),
+        # can look as well formed as the right one: the digests tell them apart.
+        state["checks"] = {name: _digest(value) for name, value in state.items() if name != "seconds"}
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any], *, override: Iterable[str] = ()) -> None:
         """Restore a ``state_dict()``; the next ``sifter(source)`` call continues from it.
@@ -705,6 +734,8 @@ class Sifter:
                 re-read samples are not checked by key. ``batched`` cannot be overridden.
         """
         _check_state(state, self.batched)
+        if state["version"] >= 2:
+            self._check_policy_entries(state)
         if self.audit is not None and state["audit"] is None:
             raise ResumeError(
                 "the checkpoint was made without an audit log, so this stage's log cannot continue "
@@ -771,12 +802,13 @@ class Sifter:
         self._emitted = 0
         self._epoch_set = bool(state.get("epoch_set", False))
         self._unstarted = False
-        self._passes = max(self._passes, 1)
+        # a stage that never opened a pass starts its first in epoch 0 (version 1 did not say)
+        self._passes = int(bool(state.get("opened", True)))
         self._pass_id += 1
         self._source = None
         if state["pass_open"]:
             self._restore = dict(state)
-            self._source_abandoned = False
+            self._source_abandoned = bool(state.get("source_abandoned", False))
             if "key" in allowed and any(d[0] == "key" for d in differ):
                 # the checkpoint's keys were read with another key setting: nothing to compare
                 self._restore["pending"] = [{**desc, "keys": None} for desc in state["pending"]]
@@ -823,6 +855,10 @@ class Sifter:
         groups = self._reread(reader, resume) if resume is not None else []
         self._restore = None
         self._unstarted = False
+        if resume is None or not resume.get("pass_read", True):
+            # a set_epoch counts for the pass that reads next: this one, unless it is a pass
+            # resumed mid-way (then the set_epoch came during it, and counts for the next)
+            self._epoch_set = False
         this_pass = self._pass_id
         finished = False
         try:
@@ -845,12 +881,18 @@ class Sifter:
                 self._pass_open = False
                 self._pending.clear()
                 self._emitted = 0
-                self._source_abandoned = not finished and self._source is not None
+                # left before the source's end: a restored source must be moved past that pass
+                self._source_abandoned = (
+                    not finished and self._source is not None and reader.ahead is not _END
+                )
 
     def _read(self, reader: _Reader) -> _Group | None:
         if reader.ahead is not _NOTHING:
             snapshot = reader.ahead_snapshot
         else:
+            # the tracked source's state is taken after iter() started this pass (before it, a
+            # loader whose last pass was left mid-way would restore into that pass)
+            reader.iterate()
             snapshot = self._source.state_dict() if self._source is not None else None
         if self.batched:
             batch = reader.next()
@@ -923,12 +965,21 @@ class Sifter:
         self._emitted = int(state["emitted"])
         return groups
 
+    def _began_reading(self) -> None:
+        """The pass iterated its source: whatever an earlier pass left mid-way is behind it."""
+        self._source_abandoned = False
+
     def _check_next(self, reader: _Reader, state: Mapping[str, Any]) -> None:
         """The resumed source starts with the item the checkpoint saw next (or has ended, if the
         checkpoint's had)."""
         want, ended = state.get("next_key"), bool(state.get("ended", False))
         if want is None and not ended:
             return  # the checkpoint did not see the next item (no keys, or nothing pending)
+        if ended and self._source is not None:
+            # a tracked source restored at its end: reading it now would start its next pass
+            reader.ahead = _END
+            return
+        reader.iterate()  # first: the snapshot below is the source's state inside this pass
         ahead = reader.look_ahead(self._source.state_dict() if self._source is not None else None)
         if isinstance(ahead, _Raised):
             return  # raised where the pass reads it
@@ -1347,7 +1398,7 @@ class Sifter:
         mine = self._config()
         out: list[tuple[str, str]] = []
         for name, value in theirs.items():
-            if name not in mine or mine[name] == value:
+            if name not in mine or _same(mine[name], value):
                 continue
             group = _OVERRIDE_OF.get(name, name)
             if (
@@ -1362,14 +1413,10 @@ class Sifter:
                 )
             elif isinstance(value, Mapping) and isinstance(mine[name], Mapping):
                 for k in sorted(set(value) | set(mine[name])):
-                    if value.get(k) != mine[name].get(k):
+                    a, b = value.get(k, _MISSING), mine[name].get(k, _MISSING)
+                    if not _same(a, b):
                         what = "policy" if name == "policy_config" else name
-                        out.append(
-                            (
-                                group,
-                                f"{what} {k}={value.get(k)!r} in the checkpoint, {mine[name].get(k)!r} here",
-                            )
-                        )
+                        out.append((group, f"{what} {k}={a!r} in the checkpoint, {b!r} here"))
             elif name == "policy":
                 out.append((group, f"policy={value!r} in the checkpoint, policy={mine[name]!r} here"))
             elif name == "policy_class" and theirs.get("policy") == mine["policy"]:
@@ -1382,6 +1429,28 @@ class Sifter:
             here = "has one" if self.memory is not None else "has none"
             out.append(("memory", f"the checkpoint {have}, this stage {here}"))
         return out
+
+    def _check_policy_entries(self, state: Mapping[str, Any]) -> None:
+        """What a version 2 state holds for this stage's kind of policy (the policy itself checks
+        the rest when it loads)."""
+        history = state["policy"].get("history")
+        if (
+            isinstance(self.policy, _HistoryPolicy)
+            and isinstance(history, Mapping)
+            and "total" not in history
+        ):
+            raise ResumeError(
+                "the Sifter state's entry policy['history'] lacks 'total' (how many losses the window "
+                "was given); the state is damaged, or not one Sifter.state_dict() wrote"
+            )
+        mine = f"{type(self.policy).__module__}.{type(self.policy).__qualname__}"
+        if self.policy.weighted and state["config"].get("policy_class") == mine:
+            for i, desc in enumerate(state["pending"]):
+                if desc["weight"] is None:
+                    raise ResumeError(
+                        f"the Sifter state's entry pending[{i}]['weight'] is None, but {self.policy!r} "
+                        "weighs the samples it keeps; the state is damaged, or not this policy's"
+                    )
 
     def _carry_policy_state(self, state: Mapping[str, Any]) -> None:
         """Load what fits of another policy's state (``override=("policy",)``)."""
@@ -1479,6 +1548,33 @@ class _Output:
 
 
 _COUNTS = ("seen", "kept", "dropped", "nan", "warmup", "micro_batches", "scored", "from_memory", "observed")
+# the settings a version 2 state's config names (see Sifter._config)
+_CONFIG = (
+    "micro_batch",
+    "batched",
+    "output_batch",
+    "delay",
+    "policy",
+    "policy_class",
+    "policy_config",
+    "on_nan",
+    "seed",
+    "key",
+    "memory",
+    "rank",
+    "world",
+)
+# entries version 2 added (version 1 states load with their defaults)
+_ENTRIES_2 = (
+    "epoch_set",
+    "opened",
+    "pass_read",
+    "read",
+    "next_key",
+    "ended",
+    "source_abandoned",
+    "checks",
+)
 _ENTRIES = (
     "version",
     "config",
@@ -1510,7 +1606,7 @@ def _check_state(state: Any, batched: bool) -> None:
         if isinstance(state, Mapping) and any(str(k).startswith("_") for k in state):
             hint = " (it looks like a loader's or a torchdata node's state: load it with that object)"
         raise ResumeError(f"not a siftpipe Sifter state dict (no 'version' entry){hint}")
-    if state["version"] not in _READ_VERSIONS:
+    if type(state["version"]) is not int or state["version"] not in _READ_VERSIONS:
         raise ResumeError(
             f"state dict version {state['version']!r} is not supported (this siftpipe writes version "
             f"{Sifter.STATE_VERSION} and reads {list(_READ_VERSIONS)})"
@@ -1520,7 +1616,9 @@ def _check_state(state: Any, batched: bool) -> None:
             "this is a SiftNode's state (a 'sifter' entry inside): restore it with the node's or the "
             "Loader's load_state_dict, or pass state['sifter'] to Sifter.load_state_dict"
         )
-    missing = [name for name in _ENTRIES if name not in state]
+    missing = [
+        name for name in (*_ENTRIES, *(_ENTRIES_2 if state["version"] >= 2 else ())) if name not in state
+    ]
     if missing:
         raise ResumeError(
             f"the Sifter state lacks {missing} (a truncated or partial state?); pass the whole dict "
@@ -1543,33 +1641,57 @@ def _check_state(state: Any, batched: bool) -> None:
     for name in ("config", "policy", "counts", "rng"):
         if not isinstance(state[name], Mapping):
             raise bad(name, "a dict")
+    scratch = np.random.default_rng()
     try:
-        np.random.default_rng().bit_generator.state = state["rng"]  # a scratch generator
+        scratch.bit_generator.state = state["rng"]
+        # numpy coerces what it can (a float, a bool): a damaged state does not read back the same
+        same = scratch.bit_generator.state == dict(state["rng"])
     except Exception as exc:
         raise ResumeError(
             f"the Sifter state's entry rng is not a numpy generator state ({type(exc).__name__}: {exc}); "
             "the state is damaged, or not one Sifter.state_dict() wrote"
         ) from None
+    rng = state["rng"]
+    if (
+        not same
+        or not _plain_ints(rng)
+        or rng.get("has_uint32", 0) not in (0, 1)
+        or not 0 <= rng.get("uinteger", 0) < 2**32
+    ):
+        raise bad("rng", "the generator state numpy wrote (it does not read back the same)")
     # the checkpoint's own mode (a stage in the other mode is refused by name afterwards)
     batched = bool(state["config"].get("batched", batched))
-    if "seen" not in state["counts"]:
-        raise bad("counts['seen']", "a number of samples >= 0")
-    for name, value in state["counts"].items():
+    counts = state["counts"]
+    # version 1 states written before some counters existed lack them
+    for name in _COUNTS if state["version"] >= 2 else ("seen", "kept", "dropped"):
+        if name not in counts:
+            raise bad(f"counts[{name!r}]", "a count >= 0")
+    for name, value in counts.items():
         if name not in _COUNTS:
             raise bad(f"counts[{name!r}]", f"one of the counters {list(_COUNTS)}")
         if not _is_int(value):
             raise bad(f"counts[{name!r}]", "a count >= 0")
+    seen = int(counts["seen"])
+    if counts["kept"] + counts["dropped"] != seen:
+        raise bad("counts['seen']", f"kept + dropped ({counts['kept']} + {counts['dropped']})")
+    for name in ("nan", "warmup", "scored", "from_memory"):
+        if counts.get(name, 0) > seen:
+            raise bad(f"counts[{name!r}]", f"at most the {seen} samples seen")
     seconds = state["seconds"]
-    if not (isinstance(seconds, list | tuple) and len(seconds) == 2):
-        raise bad("seconds", "a list of 2 numbers of seconds")
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in seconds):
-        raise bad("seconds", "a list of 2 numbers of seconds")
-    for name in ("consumed", "emitted", "epoch"):
+    if not (
+        isinstance(seconds, list | tuple)
+        and len(seconds) == 2
+        and all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in seconds)
+    ):
+        raise bad("seconds", "a list of 2 numbers of seconds >= 0")
+    if not (state["source"] is None or isinstance(state["source"], Mapping)):
+        raise bad("source", "None or the tracked source's state dict")
+    for name in ("consumed", "emitted", "epoch", *(("read",) if "read" in state else ())):
         if not _is_int(state[name]):
             raise bad(name, "an integer >= 0")
     if not _is_int(state["model_version"], -(2**63)):
         raise bad("model_version", "an integer")
-    for name in ("pass_open", "epoch_set", "ended", "source_abandoned"):
+    for name in ("pass_open", "epoch_set", "ended", "source_abandoned", "opened", "pass_read"):
         if name in state and not isinstance(state[name], bool):
             raise bad(name, "True or False")
     pending = state["pending"]
@@ -1578,6 +1700,7 @@ def _check_state(state: Any, batched: bool) -> None:
     if pending and not state["pass_open"]:
         raise bad("pending", "empty between passes (pass_open is False)")
     kept = 0
+    seq = None  # where the next pending group must start: groups are decided one after another
     for i, desc in enumerate(pending):
         where = f"pending[{i}]"
         if not isinstance(desc, Mapping):
@@ -1589,6 +1712,9 @@ def _check_state(state: Any, batched: bool) -> None:
             if not _is_int(desc[name], low):
                 raise bad(f"{where}[{name!r}]", f"an integer >= {low}")
         rows = int(desc["rows"])
+        if seq is not None and desc["seq0"] != seq:
+            raise bad(f"{where}['seq0']", f"{seq}, where the group before it ends")
+        seq = int(desc["seq0"]) + rows
         if (batched and desc["n_items"] != 1) or (not batched and desc["n_items"] != rows):
             raise bad(f"{where}['n_items']", "1 input batch" if batched else "equal to rows")
         keep = desc["keep"]
@@ -1606,8 +1732,29 @@ def _check_state(state: Any, batched: bool) -> None:
         if keys is not None and not (isinstance(keys, list | tuple) and len(keys) == rows):
             raise bad(f"{where}['keys']", f"None or a list of {rows} sample keys")
         kept += int(keep.sum())
+    if seq is not None and seq != seen:
+        raise bad("counts['seen']", f"{seq}, where the last pending group ends")
     if state["emitted"] > max(kept - 1, 0) and (pending or state["emitted"]):
         raise bad("emitted", f"fewer than the {kept} kept rows pending")
+    if "read" in state and state["read"] != state["consumed"] + sum(int(d["n_items"]) for d in pending):
+        raise bad("read", "consumed plus the input items pending (a pending group went missing?)")
+    config = state["config"]
+    if state["version"] >= 2:
+        lacking = [name for name in _CONFIG if name not in config]
+        if lacking:
+            raise bad("config", f"the settings {list(_CONFIG)} (it lacks {lacking})")
+    if "memory" in config and (config["memory"] is None) != (state["memory"] is None):
+        raise bad("memory", "present exactly when the state's config names a score memory")
+    if isinstance(config.get("memory"), Mapping) and isinstance(state["memory"], Mapping):
+        for name in ("capacity", "max_age"):
+            if not _same(config["memory"].get(name), state["memory"].get(name)):
+                raise bad(
+                    f"memory[{name!r}]", f"the {name} its config names ({config['memory'].get(name)!r})"
+                )
+    _check_flags(state, bad)
+
+    if state["memory"] is not None and state["epoch"] > np.iinfo(np.int16).max:
+        raise bad("epoch", "at most 32767 with a score memory (it records epochs in 16 bits)")
     if state["audit"] is not None and not (
         isinstance(state["audit"], Mapping)
         and isinstance(state["audit"].get("run_id"), str)
@@ -1616,6 +1763,63 @@ def _check_state(state: Any, batched: bool) -> None:
     ):
         raise bad("audit", "None or a dict with run_id (str), rank and next_part (integers)")
     _check_memory_state(state["memory"], bad)
+    if "checks" in state:  # last: the checks above name what is wrong more exactly
+        checks = state["checks"]
+        entries = set(state) - {"seconds", "checks"}
+        if not (isinstance(checks, Mapping) and set(checks) == entries):
+            raise bad("checks", f"the digests of the entries {sorted(entries)}")
+        for name in sorted(entries):
+            if checks[name] != _digest(state[name]):
+                raise bad(name, "the value the checkpoint recorded a digest of (damaged, or swapped in?)")
+
+
+def _digest(tree: Any) -> str:
+    """A digest of a state's entry: its structure, numbers, strings and tensors' bytes."""
+    h = hashlib.blake2b(digest_size=16)
+
+    def feed(x: Any) -> None:
+        if isinstance(x, Mapping):
+            h.update(b"{")
+            for k in sorted(x, key=str):
+                feed(str(k))
+                feed(x[k])
+            h.update(b"}")
+        elif isinstance(x, list | tuple):
+            h.update(b"[")
+            for v in x:
+                feed(v)
+            h.update(b"]")
+        elif isinstance(x, torch.Tensor):
+            t = x.detach().cpu().contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        else:
+            h.update(f"{type(x).__name__}:{x!r};".encode())
+
+    feed(tree)
+    return h.hexdigest()
+
+
+def _plain_ints(tree: Any) -> bool:
+    """Every number in ``tree`` is an int (not a bool or a float)."""
+    if isinstance(tree, Mapping):
+        return all(_plain_ints(v) for v in tree.values())
+    return isinstance(tree, str) or (isinstance(tree, int) and not isinstance(tree, bool))
+
+
+def _check_flags(state: Mapping[str, Any], bad: Callable[[str, str], ResumeError]) -> None:
+    """The position flags agree with each other (each is written from the same position)."""
+    pending, open_ = state["pending"], state["pass_open"]
+    if state.get("ended") and (pending or not open_ or state.get("next_key") is not None):
+        raise bad("ended", "False unless an open pass has nothing pending and its source had ended")
+    if state.get("next_key") is not None and (pending or not open_):
+        raise bad("next_key", "None unless an open pass has nothing pending")
+    if not state.get("pass_read", True) and (pending or state["consumed"] or not open_):
+        raise bad("pass_read", "True for a pass that has read (or False only for an open, unread one)")
+    if state.get("source_abandoned") and (open_ and state.get("pass_read", True)):
+        raise bad("source_abandoned", "False for a pass that has read its source")
+    if not state.get("opened", True) and (open_ or state["counts"]["seen"]):
+        raise bad("opened", "True for a stage that has opened a pass")
 
 
 def _check_memory_state(memory: Any, bad: Callable[[str, str], ResumeError]) -> None:
@@ -1637,6 +1841,8 @@ def _check_memory_state(memory: Any, bad: Callable[[str, str], ResumeError]) -> 
         sizes.add(t.shape[0])
     if len(sizes) != 1:
         raise bad("memory", f"tensors of one length (got lengths {sorted(sizes)})")
+    if not bool(torch.isfinite(memory["loss"]).all()):
+        raise bad("memory['loss']", "finite losses (a remembered loss is never NaN or infinite)")
     if sizes.pop() > memory["capacity"]:
         raise bad("memory['keys']", f"at most capacity={memory['capacity']} entries")
 
@@ -1659,6 +1865,21 @@ def _override_names(override: Iterable[str]) -> set[str]:
             )
         )
     return names
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "(missing)"
+
+
+_MISSING = _Missing()
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, and of the same types (``True`` is not the ``1`` a checkpoint recorded)."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return set(a) == set(b) and all(_same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
 
 
 def _plain(value: Any) -> Any:

@@ -233,6 +233,8 @@ LIFE = [
     "loaded between passes",
     "second pass, before the first next",
     "set_epoch between passes",
+    "a stage that never ran",
+    "set_epoch while a pass is open and unread",
     "a second pass called and dropped unstarted",
 ]
 
@@ -285,6 +287,12 @@ def test_a_state_taken_at_any_point_of_the_iterators_life_round_trips(point, out
     elif point == "set_epoch between passes":
         list(a(data))
         a.set_epoch(7)
+    elif point == "a stage that never ran":
+        pass
+    elif point == "set_epoch while a pass is open and unread":
+        list(a(data))
+        live = a(data)
+        a.set_epoch(4)
     elif point == "a second pass called and dropped unstarted":
         list(a(data))
         a(data)

@@ -73,14 +73,20 @@ def damaged():
         ("pending\\[0\\]\\['keys'\\]", edit(["pending", 0, "keys"], ["a"])),
         ("pending\\[0\\]\\['rows'\\]", edit(["pending", 0], {**good["pending"][0], "rows": 0})),
         ("entry pending", edit(["pending"], "none")),
-        ("loss history", edit(["policy", "history", "values"], torch.tensor([1.0, float("nan")]))),
-        ("loss history", edit(["policy", "history"], drop=True)),
+        (
+            "entry policy must be the value the checkpoint recorded a digest of",
+            edit(["policy", "history", "values"], torch.tensor([1.0, float("nan")])),
+        ),
+        (
+            "entry policy must be the value the checkpoint recorded a digest of",
+            edit(["policy", "history"], drop=True),
+        ),
         ("memory\\['loss'\\]", edit(["memory", "loss"], good["memory"]["loss"].double())),
         (
             "memory must be tensors of one length",
             edit(["memory", "keys"], torch.zeros(5000, dtype=torch.int64)),
         ),
-        ("memory\\['keys'\\] must be at most capacity=10", edit(["memory", "capacity"], 10)),
+        ("memory\\['capacity'\\] must be the capacity its config names", edit(["memory", "capacity"], 10)),
         ("entry audit", edit(["audit"], {"run_id": 3})),
         ("SiftNode's state", SiftNode.get_state.__get__(_node())()),
         ("loader's or a torchdata node's state", roundtrip(loader.state_dict())),

@@ -225,3 +225,26 @@ def test_a_pass_opened_and_dropped_unread_leaves_the_loader_where_it_was():
     sifter(loader)  # opened, never read
     second = output_keys(sifter(loader))
     assert [first, second] == bare_orders and sifter.epoch == 1
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_checkpoint_after_the_last_batch_of_an_epoch_resumes_into_the_next(num_workers):
+    """Taken after the epoch's last output but before the loop asked for more (the loader has
+    ended, the short last batch comes after it): the resumed pass ends at once, and the next one
+    is the loader's next epoch."""
+    loader, sifter = shuffled_loader(num_workers, "sampler"), make_sifter(output_batch=10)
+    it = sifter(loader)
+    outputs = list(it)
+    assert len(outputs[-1]["__key__"]) < 10
+    sifter_a, loader_a = make_sifter(output_batch=10), shuffled_loader(num_workers, "sampler")
+    it_a = sifter_a(loader_a)
+    for _ in range(len(outputs)):
+        next(it_a)
+    state = roundtrip(sifter_a.state_dict())
+    assert state["pass_open"] and state["ended"]
+    expected = output_keys(sifter(loader))
+
+    sifter_b, loader_b = make_sifter(output_batch=10), shuffled_loader(num_workers, "sampler")
+    sifter_b.load_state_dict(state)
+    assert list(sifter_b(loader_b)) == []
+    assert output_keys(sifter_b(loader_b)) == expected
