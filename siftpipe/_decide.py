@@ -10,11 +10,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._audit_io import REASONS
-from .policies import Policy
+from .errors import PolicyError
+from .policies import Decision, Policy, PruneEasy, RelativeProbabilistic, TopFraction, Uniform
 
-__all__ = ["NAN", "POLICY", "PREDECODE", "REASONS", "WARMUP", "Decided", "decide_rows"]
+__all__ = ["NAN", "POLICY", "PREDECODE", "REASONS", "WARMUP", "Decided", "check_decision", "decide_rows"]
 
 POLICY, WARMUP, NAN, PREDECODE = 0, 1, 2, 3
+
+# siftpipe's own policies, exactly these classes (a subclass may override decide): their decisions
+# are well formed for any finite losses (tests/test_properties.py), so the hot path skips the check
+_CHECKED_BY_TESTS = frozenset({PruneEasy, RelativeProbabilistic, TopFraction, Uniform})
 
 
 @dataclass
@@ -61,6 +66,8 @@ def decide_rows(
     if all_finite and rows <= chunk:
         # the common case: one micro-batch, every loss finite; the policy's arrays are final
         d = policy.decide(losses, rng, seq0)
+        if type(policy) not in _CHECKED_BY_TESTS:
+            check_decision(policy, d, rows, seq0)
         keep, prob, score, weight = d.keep, d.prob, d.score, d.weight
         micro_batches = 1
     else:
@@ -75,6 +82,8 @@ def decide_rows(
             sub = np.arange(start, stop) if all_finite else finite[start:stop].nonzero()[0] + start
             if sub.size:
                 d = policy.decide(losses[sub], rng, seq0 + start)
+                if type(policy) not in _CHECKED_BY_TESTS:
+                    check_decision(policy, d, sub.size, seq0 + start)
                 keep[sub], prob[sub], score[sub] = d.keep, d.prob, d.score
                 if d.weight is not None:
                     weight[sub] = d.weight
@@ -101,3 +110,83 @@ def decide_rows(
         reason = np.where(warm, WARMUP, 0 if reason is None else reason).astype(np.int8)
         warmup = int(warm.sum())
     return Decided(keep, prob, score, weight, reason, micro_batches, nan, warmup)
+
+
+def check_decision(policy: Policy, d: Decision, n: int, seq: int) -> None:
+    """Raise ``PolicyError`` unless ``d`` is a well-formed decision for ``n`` losses.
+
+    A handful of vectorised reductions per micro-batch; the description of what is wrong is
+    built only when something is."""
+    if isinstance(d, Decision):
+        keep, prob, score, weight = d.keep, d.prob, d.score, d.weight
+        shape = (n,)
+        if (
+            isinstance(keep, np.ndarray)
+            and keep.dtype == np.bool_
+            and keep.shape == shape
+            and isinstance(prob, np.ndarray)
+            and prob.dtype.kind == "f"
+            and prob.shape == shape
+            and isinstance(score, np.ndarray)
+            and score.dtype.kind in "fiu"
+            and score.shape == shape
+            # NaN fails both comparisons
+            and np.minimum.reduce(prob) >= 0.0
+            and np.maximum.reduce(prob) <= 1.0
+            and (
+                weight is None
+                or (
+                    isinstance(weight, np.ndarray)
+                    and weight.dtype.kind == "f"
+                    and weight.shape == shape
+                    and np.minimum.reduce(weight) >= 0.0
+                    and np.maximum.reduce(weight) < np.inf
+                )
+            )
+        ):
+            return
+    raise PolicyError(
+        f"policy {_name(policy)} returned a malformed decision for the micro-batch of {n} losses at "
+        f"sample seq {seq}: {'; '.join(_problems(d, n))}. decide() must return a Decision of numpy "
+        f"arrays of length {n}: keep (bool), prob (float keep probabilities in [0, 1]), score "
+        "(numbers), weight (None, or finite floats >= 0)"
+    )
+
+
+def _name(policy: Policy) -> str:
+    try:
+        return repr(policy)
+    except Exception:
+        return type(policy).__name__
+
+
+def _problems(d: object, n: int) -> list[str]:
+    if not isinstance(d, Decision):
+        return [f"it returned a {type(d).__name__}, not a siftpipe.Decision"]
+    out = []
+    for name, kinds, what in (
+        ("keep", "b", "bool"),
+        ("prob", "f", "float"),
+        ("score", "fiu", "numeric"),
+        ("weight", "f", "float"),
+    ):
+        value = getattr(d, name)
+        if value is None and name == "weight":
+            continue
+        if not isinstance(value, np.ndarray):
+            out.append(f"{name} is a {type(value).__name__}, not a numpy array")
+            continue
+        if value.dtype.kind not in kinds:
+            out.append(f"{name} has dtype {value.dtype}, not {what}")
+        if value.shape != (n,):
+            out.append(f"{name} has shape {value.shape}, not ({n},)")
+        if value.dtype.kind == "f" and value.shape == (n,) and name in ("prob", "weight"):
+            bad = np.flatnonzero(
+                ~((value >= 0) & (value <= 1)) if name == "prob" else ~((value >= 0) & np.isfinite(value))
+            )
+            if bad.size:
+                rule = "in [0, 1]" if name == "prob" else "finite and >= 0"
+                out.append(
+                    f"{name} is not {rule} at {bad.size} row(s), e.g. row {int(bad[0])}: {value[bad[0]]!r}"
+                )
+    return out or ["it is malformed"]

@@ -15,6 +15,7 @@ __all__ = [
     "MissingFieldError",
     "MissingKeyError",
     "NonFiniteLossError",
+    "PolicyError",
     "RegistryError",
     "ResumeError",
     "SampleDecodeError",
@@ -58,6 +59,12 @@ class NonFiniteLossError(SiftError):
 
 class MissingKeyError(SiftError):
     """A sample lacks the key field that the audit log, replay or score memory needs."""
+
+
+class PolicyError(SiftError):
+    """A policy's ``decide`` returned a malformed ``Decision`` (wrong length, type or dtype, a keep
+    probability outside [0, 1], a NaN, negative or infinite weight); the message names the policy,
+    the micro-batch and what was wrong."""
 
 
 class ResumeError(SiftError):

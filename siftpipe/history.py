@@ -2,12 +2,35 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 import torch
 
 from .errors import ConfigError, ResumeError
+
+
+def physical_memory() -> int | None:
+    """Bytes of physical memory on this machine, or None where the OS does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_fits(nbytes: int, what: str, fix: str) -> None:
+    """Raise ``ConfigError`` if ``nbytes`` for ``what`` exceed this machine's physical memory."""
+    total = physical_memory()
+    if total is not None and nbytes > total:
+        raise ConfigError(
+            f"{what} needs {_gib(nbytes)} of memory, more than this machine's {_gib(total)}; {fix}"
+        )
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:,.1f} GiB"
+
 
 # windows up to this many losses are re-sorted on each update (cheaper than inserting there)
 _RESORT_BELOW = 2048
@@ -24,14 +47,22 @@ class LossHistory:
     """
 
     def __init__(self, size: int) -> None:
-        if not isinstance(size, int | np.integer) or size < 1:
+        if not isinstance(size, int | np.integer) or isinstance(size, bool) or size < 1:
             raise ConfigError(f"history size must be a positive number of samples, got {size!r}")
+        fix = "a window of 500 to 100,000 losses is typical (percentiles settle long before)"
+        check_fits(16 * int(size), f"a loss history of {int(size):,} losses (16 bytes each)", fix)
         self.size = int(size)
-        self._ring = np.zeros(self.size, dtype=np.float64)
+        try:
+            self._ring = np.zeros(self.size, dtype=np.float64)
+        except MemoryError:
+            raise ConfigError(
+                f"a loss history of {self.size:,} losses (16 bytes each) does not fit in memory; {fix}"
+            ) from None
         self._pos = 0  # next slot of the ring to write
         self._count = 0  # losses in the window, <= size
         self._sorted = np.zeros(0, dtype=np.float64)
         self._sum: float | None = 0.0
+        self._total = 0  # losses ever added: the state says how many of them the window holds
 
     def __len__(self) -> int:
         return self._count
@@ -41,6 +72,7 @@ class LossHistory:
         new = np.asarray(losses, dtype=np.float64).ravel()
         if new.size == 0:
             return
+        self._total += new.size
         if new.size >= self.size:
             self._ring[:] = new[-self.size :]
             self._pos = 0
@@ -126,9 +158,32 @@ class LossHistory:
         return np.quantile(self._sorted, q)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"size": self.size, "values": torch.from_numpy(self.values())}
+        return {"size": self.size, "values": torch.from_numpy(self.values()), "total": self._total}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``; raises ``ResumeError`` (and changes nothing) if it does not fit."""
+        size, values = state.get("size"), state.get("values")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ResumeError(f"the loss history's state has no window size (got {size!r}); it is damaged")
+        if not (
+            isinstance(values, torch.Tensor)
+            and values.is_floating_point()
+            and values.ndim == 1
+            and values.shape[0] <= size
+            and bool(torch.isfinite(values).all())
+        ):
+            raise ResumeError(
+                f"the loss history's state must hold at most {size} finite losses in a 1-d float "
+                f"tensor, got {type(values).__name__} {getattr(values, 'shape', '')}; it is damaged"
+            )
+        total = state.get("total", values.shape[0])
+        if not (
+            isinstance(total, int) and not isinstance(total, bool) and values.shape[0] == min(size, total)
+        ):
+            raise ResumeError(
+                f"the loss history's state holds {values.shape[0]} losses, but {total!r} were added to a "
+                f"window of {size}: it is damaged (truncated?)"
+            )
         if int(state["size"]) != self.size:
             raise ResumeError(
                 f"the checkpoint's loss history holds {int(state['size'])} losses but this policy's "
@@ -141,3 +196,4 @@ class LossHistory:
         self._sorted = np.zeros(0, dtype=np.float64)
         self._sum = 0.0
         self.extend(values)
+        self._total = int(total)

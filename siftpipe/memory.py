@@ -21,6 +21,7 @@ import torch
 
 from ._audit_io import SOURCES
 from .errors import ConfigError, ResumeError
+from .history import check_fits
 
 __all__ = ["SOURCES", "ScoreMemory", "key_hashes"]
 
@@ -29,6 +30,18 @@ FORWARD, FEEDBACK, STALE, PROXY = (SOURCES.index(s) for s in ("forward", "feedba
 _EMPTY = np.uint64(0)
 _MAX_LOAD = 0.7
 _MAX_PROBES = 4096
+
+
+_MAX_EPOCH = int(np.iinfo(np.int16).max)
+
+
+def check_epoch(epoch: int) -> None:
+    """``ConfigError`` unless ``epoch`` fits the memory's 16-bit epoch column."""
+    if not -_MAX_EPOCH <= epoch <= _MAX_EPOCH:
+        raise ConfigError(
+            f"the score memory records epochs as 16-bit numbers, so epoch {epoch} is out of its range "
+            f"(|epoch| <= {_MAX_EPOCH}); number epochs from 0 (set_epoch)"
+        )
 
 
 def key_hashes(keys: Iterable[Any]) -> np.ndarray:
@@ -51,18 +64,25 @@ class ScoreMemory:
     """
 
     def __init__(self, capacity: int = 1_000_000, max_age: int = 1) -> None:
-        if not isinstance(capacity, int) or capacity < 1:
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise ConfigError(f"capacity must be a number of samples >= 1, got {capacity!r}")
-        if not isinstance(max_age, int) or max_age < 1:
+        if not isinstance(max_age, int) or isinstance(max_age, bool) or max_age < 1:
             raise ConfigError(f"max_age must be a number of epochs >= 1, got {max_age!r}")
         self.capacity = capacity
         self.max_age = max_age
         slots = max(16, int(np.ceil(capacity / _MAX_LOAD)))
+        fix = "size it to the samples of one epoch (or of this rank's shards)"
+        check_fits(15 * slots, f"a score memory of capacity {capacity:,} (about 22 bytes a sample)", fix)
         self._slots_n = np.uint64(slots)
-        self._keys = np.zeros(slots, dtype=np.uint64)
-        self._loss = np.zeros(slots, dtype=np.float32)
-        self._epoch = np.zeros(slots, dtype=np.int16)
-        self._source = np.zeros(slots, dtype=np.int8)
+        try:
+            self._keys = np.zeros(slots, dtype=np.uint64)
+            self._loss = np.zeros(slots, dtype=np.float32)
+            self._epoch = np.zeros(slots, dtype=np.int16)
+            self._source = np.zeros(slots, dtype=np.int8)
+        except MemoryError:
+            raise ConfigError(
+                f"a score memory of capacity {capacity:,} does not fit in memory; {fix}"
+            ) from None
         self._count = 0
         #: New keys turned away because the memory was full.
         self.refused = 0
@@ -93,6 +113,7 @@ class ScoreMemory:
 
     def update(self, hashes: np.ndarray, losses: np.ndarray, epoch: int, source: int) -> None:
         """Remember ``losses`` for ``hashes`` (the last value wins for a repeated key)."""
+        check_epoch(epoch)
         losses = np.asarray(losses, dtype=np.float32)
         finite = np.isfinite(losses)
         hashes, losses = np.asarray(hashes, np.uint64)[finite], losses[finite]
@@ -159,8 +180,10 @@ class ScoreMemory:
             "refused": self.refused,
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if int(state["capacity"]) > self.capacity:
+    def load_state_dict(self, state: Mapping[str, Any], *, fit: bool = False) -> None:
+        """Restore ``state_dict()``. ``fit``: load what fits into a smaller memory (the rest is
+        refused and counted) instead of raising ``ResumeError``."""
+        if not fit and int(state["capacity"]) > self.capacity:
             raise ResumeError(
                 f"the checkpoint's score memory holds up to {state['capacity']} samples; this one "
                 f"{self.capacity}: construct ScoreMemory(capacity={state['capacity']}) to resume"
@@ -171,11 +194,12 @@ class ScoreMemory:
             state["epoch"].numpy(),
             state["source"].numpy(),
         )
-        self.refused = int(state["refused"])
+        self.refused += int(state["refused"])
 
     def _fill(self, keys: np.ndarray, loss: np.ndarray, epoch: np.ndarray, source: np.ndarray) -> None:
         self._keys[:] = _EMPTY
         self._count = 0
+        self.refused = 0
         for e in np.unique(epoch):
             for s in np.unique(source[epoch == e]):
                 pick = (epoch == e) & (source == s)

@@ -135,8 +135,10 @@ class SiftNode(BaseNode[Any]):
         # "SystemError: AST constructor recursion depth mismatch" inside np.load).
         gc.collect()
         if initial_state is None:
-            self.source.reset(None)
+            # the call first hands the source a between-passes checkpoint's state (if one was
+            # loaded); resetting it then starts the epoch after that one
             self._it = self.sifter(self._wrapped)
+            self.source.reset(None)
             return
         if not isinstance(initial_state, Mapping) or initial_state.get("version") != self.STATE_VERSION:
             raise ResumeError(
@@ -148,7 +150,6 @@ class SiftNode(BaseNode[Any]):
         if state["pass_open"]:
             self._it = self.sifter(self._wrapped)  # repositions the source, replays pending groups
         else:  # the checkpoint fell at the end of a pass: nothing left until the next reset(None)
-            self.source.reset(state["source"])
             self._it = None
 
     def next(self) -> Any:

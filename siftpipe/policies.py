@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -161,13 +161,24 @@ class _HistoryPolicy(Policy):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "history" not in state:
+        if not isinstance(state.get("history"), Mapping):
             raise ResumeError(f"the checkpoint holds no loss history for policy {self!r}")
-        self.history.load_state_dict(state["history"])
+        reference = None
         if "reference" in state:
-            self._reference = (state["reference"].numpy(), state["reference_cumulative"].numpy())
-        else:
-            self._reference = None
+            values, cumulative = state["reference"], state.get("reference_cumulative")
+            if not (
+                isinstance(values, torch.Tensor)
+                and isinstance(cumulative, torch.Tensor)
+                and values.ndim == 1
+                and values.shape == cumulative.shape
+            ):
+                raise ResumeError(
+                    f"the checkpoint's cross-rank reference for policy {self!r} is damaged: it needs "
+                    "two 1-d tensors of one length (reference, reference_cumulative)"
+                )
+            reference = (values.numpy(), cumulative.numpy())
+        self.history.load_state_dict(state["history"])
+        self._reference = reference
 
 
 @register_policy("relative_probabilistic")

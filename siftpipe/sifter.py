@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -29,8 +31,8 @@ from .errors import (
     SiftInWorkerError,
     describe_keys,
 )
-from .memory import FEEDBACK, SOURCES, STALE, ScoreMemory, key_hashes
-from .policies import Policy, RelativeProbabilistic, get_policy
+from .memory import FEEDBACK, SOURCES, STALE, ScoreMemory, check_epoch, key_hashes
+from .policies import Policy, RelativeProbabilistic, _HistoryPolicy, get_policy
 from .predecode import PRE_KEPT, PRE_LOSS, PRE_PROB, publish
 from .scorers import Scorer, get_scorer
 
@@ -42,7 +44,7 @@ OnOom = Literal["raise", "split"]
 KeySpec = str | int | Callable[[Any], Any] | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class SiftStats:
     """Counters of a stage, in samples unless the name says otherwise.
 
@@ -86,11 +88,31 @@ class SiftStats:
         """kept / seen (1.0 before anything was seen)."""
         return self.kept / self.seen if self.seen else 1.0
 
+    def __repr__(self) -> str:
+        # the dataclass repr leaves out properties: keep_rate is the figure people print stats for
+        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+        return f"SiftStats({fields}, keep_rate={self.keep_rate:.4f})"
+
 
 _CPU = torch.device("cpu")
 _REPORTED_URLS = 100  # skipped shard URLs written into each audit manifest, at most
 _NO_ROWS = np.zeros(0, dtype=bool)
 _NO_INDEX = np.zeros(0, dtype=np.int64)
+# settings a resumed stage may differ in on purpose (see Sifter.load_state_dict), and the state
+# entries each covers beyond its own name
+_RESUME_OVERRIDES = (
+    "delay",
+    "key",
+    "memory",
+    "micro_batch",
+    "on_nan",
+    "output_batch",
+    "policy",
+    "rank",
+    "seed",
+)
+_OVERRIDE_OF = {"policy_class": "policy", "policy_config": "policy", "world": "rank"}
+_READ_VERSIONS = (1, 2)  # state versions load_state_dict reads
 
 
 class _Group:
@@ -124,6 +146,86 @@ class _Group:
     @property
     def n_kept(self) -> int:
         return int(self.kept_index.size)
+
+
+class _Reader:
+    """The source iterator of a running pass. ``state_dict()`` may read one item ahead, to record
+    the key of the item the resumed source must start with; the pass then takes that item first.
+    """
+
+    __slots__ = ("__weakref__", "ahead", "ahead_snapshot", "began", "it", "source")
+
+    def __init__(self, source: Iterable[Any], began: Callable[[], None]) -> None:
+        self.source = source
+        self.began = began  # called once, when the source is first iterated
+        # iterated at the first read, not when the pass is opened: a pass opened and dropped
+        # unread leaves a DataLoader where it was (iterating it starts an epoch)
+        self.it: Iterator[Any] | None = None
+        self.ahead: Any = _NOTHING  # an item, _END, or the exception reading it raised
+        self.ahead_snapshot: Any = None  # the tracked source's state before that item
+
+    def iterate(self) -> Iterator[Any]:
+        """The source's iterator (``iter(source)`` at the first call)."""
+        it = self.it
+        if it is None:  # (never `self.it or ...`: a DataLoader iterator's truth is its __len__)
+            it = self.it = iter(self.source)
+            self.began()
+        return it
+
+    def look_ahead(self, snapshot: Any) -> Any:
+        """The next item (read now, or earlier), ``_END``, or the exception reading it raised."""
+        if self.ahead is _NOTHING:
+            self.ahead_snapshot = snapshot
+            try:
+                self.ahead = next(self.iterate())
+            except StopIteration:
+                self.ahead = _END
+            except Exception as exc:  # raised again where the pass reads it
+                self.ahead = _Raised(exc)
+        return self.ahead
+
+    def _take_ahead(self) -> Any:
+        item = self.ahead
+        if isinstance(item, _Raised):
+            self.ahead = _NOTHING
+            raise item.exc
+        if item is not _END:  # the end stays: the iterator is not asked again
+            self.ahead = _NOTHING
+        return item
+
+    def take(self, n: int) -> list[Any]:
+        """Up to ``n`` items (fewer at the end; the end is remembered, the source not asked again)."""
+        if self.ahead is _NOTHING:
+            items = list(islice(self.iterate(), n))
+        else:
+            first = self._take_ahead()
+            if first is _END:
+                return []
+            items = [first, *islice(self.iterate(), n - 1)]
+        if len(items) < n:
+            self.ahead = _END
+        return items
+
+    def next(self) -> Any:
+        """The next item, or ``_END`` (remembered)."""
+        if self.ahead is not _NOTHING:
+            return self._take_ahead()
+        try:
+            return next(self.iterate())
+        except StopIteration:
+            self.ahead = _END
+            return _END
+
+
+class _Raised:
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+
+_NOTHING = object()
+_END = object()
 
 
 class Sifter:
@@ -182,7 +284,10 @@ class Sifter:
             Selective Backprop's stale mode).
     """
 
-    STATE_VERSION = 1
+    STATE_VERSION = 2
+    #: Settings ``load_state_dict(state, override=...)`` accepts: this stage's then wins over the
+    #: checkpoint's.
+    RESUME_OVERRIDES: ClassVar[tuple[str, ...]] = _RESUME_OVERRIDES
 
     def __init__(
         self,
@@ -234,6 +339,10 @@ class Sifter:
             )
         if pad_micro_batch and micro_batch is None:
             raise ConfigError("pad_micro_batch=True needs a fixed micro_batch size to pad to")
+        if not isinstance(seed, int | np.integer) or isinstance(seed, bool) or seed < 0:
+            raise ConfigError(f"seed must be an integer >= 0 (it seeds the stage's generator), got {seed!r}")
+        if device is not None:
+            device = _scoring_device(device)
 
         self.model = model
         self.scorer: Scorer = get_scorer(scorer) if isinstance(scorer, str) else scorer
@@ -246,7 +355,7 @@ class Sifter:
             raise ConfigError(f"policy must be a siftpipe.Policy or a registered name, got {policy!r}")
         self.micro_batch = micro_batch
         self.delay = delay
-        self.seed = seed
+        self.seed = int(seed)
         self.batched = batched
         self.output_batch = output_batch
         self.collate_fn = collate_fn or default_collate
@@ -300,15 +409,22 @@ class Sifter:
         self._consumed = 0
         self._pending: deque[_Group] = deque()
         self._emitted = 0
+        # a mid-pass checkpoint loaded by load_state_dict, until its pending groups are re-read
         self._restore: dict[str, Any] | None = None
         self._pass_open = False
         self._passes = 0
         self._epoch_set = False
+        # the pass opened last has not read anything yet: calling again re-opens the same pass
+        self._unstarted = False
+        self._pass_id = 0  # which call (or load) the running pass belongs to
         # a weak reference: a pass the caller abandons is freed at once (with what it holds:
         # DataLoader iterators and their workers), not kept alive by this stage or left to the
         # cyclic garbage collector
         self._active: weakref.ReferenceType[Generator[Any, None, None]] | None = None
         self._source: Any = None
+        self._reader: weakref.ReferenceType[_Reader] | None = None  # the running pass's source
+        self._source_restore: Any = None  # a between-passes checkpoint's source state, for the next call
+        self._source_abandoned = False  # the tracked source's last pass was left before its end
         self._score_device = _CPU  # fixed at the start of each pass
         self._shard_counts: list[SharedShardCounts] = []  # see watch_shards
 
@@ -389,12 +505,14 @@ class Sifter:
         input item (``state["consumed"]``) the next call's source must start at. ``None`` when no
         resume is pending or the tracked source is repositioned by the stage itself."""
         restore = self._restore
-        if restore is None or restore.get("source") is not None:
+        if restore is None or (restore.get("source") is not None and self.track_source is not False):
             return None
         return int(restore["consumed"])
 
     def set_epoch(self, epoch: int) -> None:
         """Record ``epoch`` with the decisions from now on (the next pass does not add one)."""
+        if self.memory is not None:
+            check_epoch(int(epoch))
         self.epoch = int(epoch)
         self._epoch_set = True
 
@@ -441,35 +559,52 @@ class Sifter:
         ``state["consumed"]`` on (a tracked stateful source is repositioned for you).
         """
         _check_not_in_worker()
+        device = self.device
+        if device.type == "meta" and self._device is None:
+            raise ConfigError(
+                "the model's parameters are on the meta device (shapes without data), so it cannot "
+                "score: materialise it first (model.to_empty(device=...) and load its weights)"
+            )
+        tracked = self._tracks(source)
+        resume = self._restore
+        # the tracked source's position: inside the checkpoint's pass, or where its last pass ended
+        source_state = resume.get("source") if resume is not None else self._source_restore
+        if source_state is not None and not tracked and self.track_source is not False:
+            raise ResumeError(
+                "the state holds the source's position (a stateful source was tracked), but "
+                f"this source ({type(source).__name__}) has no load_state_dict; pass the same "
+                "kind of source, or track_source=False and feed it from state['consumed']"
+            )
         self._close_active()
         self.watch_shards(source)
-        resume = self._restore
-        self._restore = None
+        # `resume` stays until the pass has re-read the pending groups, so that a state taken
+        # before the first next() (or a call that is dropped unstarted) still holds them
         if resume is None:
-            if self._passes > 0 and not self._epoch_set:
+            if self._passes > 0 and not self._epoch_set and not self._unstarted:
                 self.epoch += 1
             self._pending.clear()
             self._emitted = 0
             self._consumed = 0  # positions count from the start of each pass
-        self._epoch_set = False
+        self._unstarted = resume is None
         self._passes += 1
+        self._pass_id += 1
         self._pass_open = True
-        tracked = self._tracks(source)
-        if resume is not None and resume.get("source") is not None:
-            if not tracked:
-                raise ResumeError(
-                    "the state holds the source's position (a stateful source was tracked), but "
-                    f"this source ({type(source).__name__}) has no load_state_dict; pass the same "
-                    "kind of source, or track_source=False and feed it from state['consumed']"
-                )
-            source.load_state_dict(resume["source"])  # type: ignore[attr-defined]
+        if source_state is not None and tracked:
+            source.load_state_dict(source_state)  # type: ignore[attr-defined]
+            if self._source_abandoned:
+                # the checkpoint's source was left mid-way through a pass: in its process the
+                # next iteration started a new one, and so does iterating the restored one once
+                # (the flag stays until this pass reads: a state taken before then needs it too)
+                iter(source)
+        self._source_restore = None
         self._source = source if tracked else None
         if self.audit is not None:
             self.audit.start()
-        device = self.device
         self._score_device = _CPU if device.type == "cpu" else device
-        gen = self._run(iter(source), resume)
+        reader = _Reader(source, self._began_reading)
+        gen = self._run(reader, resume)
         self._active = weakref.ref(gen)
+        self._reader = weakref.ref(reader)
         return gen
 
     def state_dict(self) -> dict[str, Any]:
@@ -478,86 +613,215 @@ class Sifter:
         It holds no sample data; samples decided but not yet handed on are described by their
         keep mask, weights and keys, and are re-read from the source on resume (never
         re-scored). Safe for ``torch.load(..., weights_only=True)``.
+
+        Taken inside a pass (while its iterator is alive, before its first item or after any
+        item), a stage loaded with it continues that pass. When no decided sample is waiting to
+        be handed on, it reads the next input item ahead (the pass takes it first) to record its
+        key, so that a resumed source fed from the wrong position is caught. Taken after the pass
+        ended, or after it was abandoned (``break`` out of the loop, ``close()``, an exception),
+        the next call starts a new pass, as it would in this process.
         """
         self._trim()
-        if self._restore is not None:
-            return dict(self._restore)
-        pending = [
-            {
-                "n_items": g.n_items,
-                "rows": g.rows,
-                "seq0": g.seq0,
-                "keep": torch.from_numpy(g.keep.copy()),
-                # float64, as handed on: a float32 copy made resumed weights differ in the last bits
-                "weight": None if g.weight is None else torch.from_numpy(g.weight.astype(np.float64)),
-                "keys": self._keys_of_group(g),
-            }
-            for g in self._pending
-        ]
-        source_state = None
-        if self._source is not None:
-            source_state = self._pending[0].snapshot if self._pending else self._source.state_dict()
-        return {
+        restore = self._restore
+        if restore is not None:
+            # loaded and not re-read yet: the checkpoint's position is still the position
+            pending = [
+                {**desc, "keep": desc["keep"].clone(), "weight": _clone(desc["weight"])}
+                for desc in restore["pending"]
+            ]
+            consumed, emitted = int(restore["consumed"]), int(restore["emitted"])
+            source_state = restore["source"]
+            next_key, ended = restore.get("next_key"), bool(restore.get("ended", False))
+            source_abandoned = bool(restore.get("source_abandoned", False))
+            pass_read = bool(restore.get("pass_read", True))
+        else:
+            pass_read = not (self._pass_open and self._unstarted)  # False only for an open, unread pass
+            # set from a pass left mid-way until the next pass starts reading the source
+            source_abandoned = self._source_abandoned
+            pending = [
+                {
+                    "n_items": g.n_items,
+                    "rows": g.rows,
+                    "seq0": g.seq0,
+                    "keep": torch.from_numpy(g.keep.copy()),
+                    # float64, as handed on: a float32 copy made resumed weights differ in the last bits
+                    "weight": None if g.weight is None else torch.from_numpy(g.weight.astype(np.float64)),
+                    "keys": self._keys_of_group(g),
+                }
+                for g in self._pending
+            ]
+            consumed, emitted = self._consumed, self._emitted
+            source_state = self._source_restore
+            next_key, ended = None, False
+            reader = self._reader() if self._reader is not None and self._pass_open else None
+            if reader is not None and reader.it is None:
+                reader = None  # not read yet: reading ahead would start the source's pass
+            if self._pending:
+                if self._source is not None:
+                    source_state = self._pending[0].snapshot
+            elif reader is not None:
+                # nothing pending: read the next item now, so that a resumed source fed from the
+                # wrong position is caught at once (its keys are checked against this one's)
+                snapshot = self._source.state_dict() if self._source is not None else None
+                ahead = reader.look_ahead(snapshot)
+                if ahead is _END:
+                    # the source's state after its end: a resumed pass does not read it again
+                    # (that would start its next pass), and the next pass starts from there
+                    ended = True
+                    if self._source is not None:
+                        source_state = self._source.state_dict()
+                else:
+                    if self._source is not None:
+                        source_state = reader.ahead_snapshot
+                    if not isinstance(ahead, _Raised):
+                        next_key = self._first_key(ahead)
+            elif self._source is not None:
+                source_state = self._source.state_dict()
+        state = {
             "version": self.STATE_VERSION,
             "config": self._config(),
             "policy": self.policy.state_dict(),
             "rng": self._rng.bit_generator.state,
             "counts": dict(self._counts),
             "seconds": list(self._seconds),
-            "consumed": self._consumed,
+            "consumed": consumed,
+            "read": consumed + sum(int(d["n_items"]) for d in pending),
             "pending": pending,
-            "emitted": self._emitted,
+            "emitted": emitted,
             "epoch": self.epoch,
+            "epoch_set": self._epoch_set,
+            "opened": self._passes > 0,
+            "pass_read": pass_read,
             "pass_open": self._pass_open,
             "model_version": self.model_version,
             "source": source_state,
+            "next_key": next_key,
+            "ended": ended,
+            "source_abandoned": source_abandoned,
             "audit": None if self.audit is None else self.audit.state_dict(),
             "memory": None if self.memory is None else self.memory.state_dict(),
         }
+        # An entry damaged, or swapped in from another checkpoint (another rank's decisions, say),
+        # can look as well formed as the right one: the digests tell them apart.
+        state["checks"] = {name: _digest(value) for name, value in state.items() if name != "seconds"}
+        return state
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a ``state_dict()``; the next ``sifter(source)`` call continues from it."""
-        if not isinstance(state, Mapping) or "version" not in state:
-            raise ResumeError("not a siftpipe Sifter state dict (no 'version' entry)")
-        if state["version"] != self.STATE_VERSION:
+    def load_state_dict(self, state: Mapping[str, Any], *, override: Iterable[str] = ()) -> None:
+        """Restore a ``state_dict()``; the next ``sifter(source)`` call continues from it.
+
+        The checkpoint must come from a stage set up alike: every setting that changes decisions
+        or positions is compared, and a difference raises ``ResumeError`` naming it (``batched``,
+        ``micro_batch``, ``output_batch``, ``delay``, ``on_nan``, ``seed``, ``key``, the policy's
+        type and configuration, the score memory's presence, ``capacity``, ``max_age`` and
+        ``remember_forward``, and the rank and world size). Settings that only change how losses
+        are computed or what is handed on (``scorer``, ``device``, ``autocast``, ``pin_memory``,
+        ``eval_mode``, ``on_oom``, ``pad_micro_batch``, ``collate_fn``, ``attach_weight``,
+        ``weight_field``) are not compared: moving a job to other hardware must stay possible.
+        The whole state is checked before anything is loaded: a partial or damaged one raises
+        ``ResumeError`` naming the entry and leaves the stage (its running pass included) as it was.
+
+        Args:
+            state: What ``state_dict()`` returned (through ``torch.save``/``torch.load``).
+            override: Names of settings (``Sifter.RESUME_OVERRIDES``) in which this stage may
+                differ from the checkpoint on purpose; this stage's setting then wins, and the
+                resumed run no longer decides as the uninterrupted one would. ``"policy"``: the
+                checkpoint's loss history is carried over when both policies keep one (resized
+                to this policy's window), else the policy starts empty. ``"seed"``: the generator
+                restarts from this stage's seed. ``"memory"``: the checkpoint's remembered losses
+                are loaded into this memory as far as they fit (none if either stage has none).
+                ``"rank"``: a checkpoint of another rank or world size is loaded as it is (not
+                with an audit log, which would write into the other rank's stream). ``"key"``:
+                re-read samples are not checked by key. ``batched`` cannot be overridden.
+        """
+        _check_state(state, self.batched)
+        if state["version"] >= 2:
+            self._check_policy_entries(state)
+        if self.audit is not None and state["audit"] is None:
             raise ResumeError(
-                f"state dict version {state['version']} is not supported (this siftpipe "
-                f"writes version {self.STATE_VERSION})"
+                "the checkpoint was made without an audit log, so this stage's log cannot continue "
+                "it; resume without audit=, or start a new run"
             )
-        mine = self._config()
-        for name, value in state["config"].items():
-            if mine.get(name) != value:
-                raise ResumeError(
-                    f"the checkpoint was made with {name}={value!r} but this stage has "
-                    f"{name}={mine.get(name)!r}; decisions would differ, so construct the Sifter "
-                    f"with {name}={value!r} to resume"
-                )
-        self.policy.load_state_dict(state["policy"])
-        if self.memory is not None:
-            if state.get("memory") is None:
-                raise ResumeError(
-                    "the checkpoint holds no score memory but this stage has one; resume without memory=, "
-                    "or start the memory empty by loading the checkpoint into a stage without it first"
-                )
-            self.memory.load_state_dict(state["memory"])
-        self._rng.bit_generator.state = state["rng"]
-        self._counts = {**self._counts, **state["counts"]}
-        self._seconds = list(state["seconds"])
+        audit_state = state["audit"]
+        if (
+            self.audit is not None
+            and isinstance(audit_state, Mapping)
+            and "rank" in audit_state
+            and int(audit_state["rank"]) != self.audit.rank
+        ):
+            raise ResumeError(
+                f"the checkpoint belongs to rank {int(audit_state['rank'])}'s audit stream but this "
+                f"stage's audit log writes rank {self.audit.rank}'s: resuming would write into "
+                "another rank's records. Load each rank's own checkpoint (the same world size), "
+                "or resume without audit= (override=('rank',) then loads it)"
+            )
+        allowed = _override_names(override)
+        differ = self._differences(state)
+        refused = [d for d in differ if d[0] not in allowed]
+        if refused:
+            names = sorted({d[0] for d in refused if d[0] in _RESUME_OVERRIDES})
+            fix = "construct the Sifter with the checkpoint's setting to resume exactly"
+            if names:
+                fix += f", or pass override={tuple(names)!r} to resume with this stage's on purpose"
+            raise ResumeError(
+                "the checkpoint was made with other settings, so decisions would differ: "
+                + "; ".join(d[1] for d in refused)
+                + f"; {fix}"
+            )
+        # Everything else was checked above; what can still fail (the policy's own loading, the
+        # audit log's own checks) goes first, and is undone, so that a refused state leaves the
+        # stage exactly as it was (its running pass included).
+        before = self.policy.state_dict()
+        try:
+            if "policy" in allowed and any(d[0] == "policy" for d in differ):
+                self._carry_policy_state(state["policy"])
+            else:
+                self.policy.load_state_dict(state["policy"])
+            if self.audit is not None:
+                self.audit.load_state_dict(state["audit"], resumed_from=int(state["counts"]["seen"]))
+        except Exception as exc:
+            self.policy.load_state_dict(before)
+            if isinstance(exc, ResumeError):
+                raise
+            raise ResumeError(
+                f"the checkpoint's policy state does not fit policy {self.policy!r}: "
+                f"{type(exc).__name__}: {exc}; load a state this policy's state_dict() wrote"
+            ) from exc
+        self._close_active()
+        if self.memory is not None and state["memory"] is not None:
+            self.memory.load_state_dict(state["memory"], fit="memory" in allowed)
+        if "seed" in allowed and any(d[0] == "seed" for d in differ):
+            self._rng = np.random.default_rng(self.rng_seed)
+        else:
+            self._rng.bit_generator.state = state["rng"]
+        self._counts = {**self._counts, **{k: int(v) for k, v in state["counts"].items()}}
+        self._seconds = [float(v) for v in state["seconds"]]
         self._consumed = int(state["consumed"])
         self.epoch = int(state["epoch"])
-        self.model_version = state["model_version"]
-        if self.audit is not None:
-            self.audit.load_state_dict(state.get("audit"), resumed_from=int(state["counts"]["seen"]))
+        self.model_version = int(state["model_version"])
         self._pending.clear()
         self._emitted = 0
-        self._epoch_set = False
+        self._epoch_set = bool(state.get("epoch_set", False))
+        self._unstarted = False
+        # a stage that never opened a pass starts its first in epoch 0 (version 1 did not say)
+        self._passes = int(bool(state.get("opened", True)))
+        self._pass_id += 1
+        self._source = None
         if state["pass_open"]:
             self._restore = dict(state)
+            self._source_abandoned = bool(state.get("source_abandoned", False))
+            if "key" in allowed and any(d[0] == "key" for d in differ):
+                # the checkpoint's keys were read with another key setting: nothing to compare
+                self._restore["pending"] = [{**desc, "keys": None} for desc in state["pending"]]
+                self._restore["next_key"] = None
+            self._source_restore = None
+            self._pass_open = True
         else:
-            # the checkpoint fell between passes: the next call starts the next one
+            # the checkpoint fell between passes: the next call starts the next one, from where
+            # the tracked source's last pass left it (a StatefulDataLoader: its next epoch's order)
             self._restore = None
+            self._source_restore = state["source"]
+            self._source_abandoned = bool(state.get("source_abandoned", False))
             self._pass_open = False
-            self._passes = max(self._passes, 1)
 
     def close(self) -> None:
         """Stop the active pass and flush and close the audit log (if any)."""
@@ -586,43 +850,83 @@ class Sifter:
 
     # ------------------------------------------------------------------ the pass
 
-    def _run(self, it: Iterator[Any], resume: dict[str, Any] | None) -> Generator[Any, None, None]:
+    def _run(self, reader: _Reader, resume: dict[str, Any] | None) -> Generator[Any, None, None]:
         out = _Output(self)
-        if resume is not None:
-            for group in self._reread(it, resume):
+        groups = self._reread(reader, resume) if resume is not None else []
+        self._restore = None
+        self._unstarted = False
+        if resume is None or not resume.get("pass_read", True):
+            # a set_epoch counts for the pass that reads next: this one, unless it is a pass
+            # resumed mid-way (then the set_epoch came during it, and counts for the next)
+            self._epoch_set = False
+        this_pass = self._pass_id
+        finished = False
+        try:
+            for group in groups:
                 yield from out.hand_on(group)
-        while True:
-            fresh = self._read(it)
-            if fresh is None:
-                break
-            self._decide(fresh)
-            yield from out.hand_on(fresh)
-        yield from out.finish()
-        self._trim()
-        self._pass_open = False
+            while True:
+                fresh = self._read(reader)
+                if fresh is None:
+                    break
+                self._decide(fresh)
+                yield from out.hand_on(fresh)
+            yield from out.finish()
+            self._trim()
+            finished = True
+        finally:
+            # ended, abandoned or failed: the next call starts a new pass, and so does a stage
+            # loaded with a state taken from now on (unless a newer pass or a load came first: a
+            # pass left in a reference cycle is closed whenever the garbage collector gets to it)
+            if self._pass_id == this_pass:
+                self._pass_open = False
+                self._pending.clear()
+                self._emitted = 0
+                # left before the source's end: a restored source must be moved past that pass
+                self._source_abandoned = (
+                    not finished and self._source is not None and reader.ahead is not _END
+                )
 
-    def _read(self, it: Iterator[Any]) -> _Group | None:
-        snapshot = self._source.state_dict() if self._source is not None else None
+    def _read(self, reader: _Reader) -> _Group | None:
+        if reader.ahead is not _NOTHING:
+            snapshot = reader.ahead_snapshot
+        else:
+            # the tracked source's state is taken after iter() started this pass (before it, a
+            # loader whose last pass was left mid-way would restore into that pass)
+            reader.iterate()
+            snapshot = self._source.state_dict() if self._source is not None else None
         if self.batched:
-            try:
-                batch = next(it)
-            except StopIteration:
+            batch = reader.next()
+            if batch is _END:
                 return None
             group = _Group([batch], _batch.batch_size(batch), self._counts["seen"], snapshot)
         else:
-            items = list(islice(it, self.micro_batch))
+            items = reader.take(self.micro_batch)  # type: ignore[arg-type]
             if not items:
                 return None
             group = _Group(items, len(items), self._counts["seen"], snapshot)
         self._pending.append(group)
         return group
 
-    def _reread(self, it: Iterator[Any], state: Mapping[str, Any]) -> list[_Group]:
-        """Re-read the samples decided before the checkpoint but not yet handed on."""
+    def _reread(self, reader: _Reader, state: Mapping[str, Any]) -> list[_Group]:
+        """Re-read the samples decided before the checkpoint but not yet handed on.
+
+        Raises ``ResumeError`` with the stage as it was (the checkpoint still to be resumed) if the
+        source does not give them."""
+        try:
+            groups = self._reread_groups(reader, state)
+            if not groups:
+                self._check_next(reader, state)
+            return groups
+        except BaseException:
+            self._pending.clear()
+            self._emitted = 0
+            raise
+
+    def _reread_groups(self, reader: _Reader, state: Mapping[str, Any]) -> list[_Group]:
         groups = []
         emitted = int(state["emitted"])
         for desc in state["pending"]:
-            items = list(islice(it, desc["n_items"]))
+            items = reader.take(desc["n_items"])
             group = _Group(items, desc["rows"], desc["seq0"], None)
             if len(items) < desc["n_items"] or (self.batched and _batch.batch_size(items[0]) != desc["rows"]):
                 raise ResumeError(
@@ -630,15 +934,22 @@ class Sifter:
                     f"checkpoint (sample seq {desc['seq0']}..), but the source gave "
                     f"{len(items)} item(s) of another size; feed it from item {state['consumed']}"
                 )
-            if desc["keys"] is not None:
+            if desc["keys"] is not None and self.key is not None:
                 got = self._keys_of_group(group)
+                if got is None:
+                    raise ResumeError(
+                        f"the checkpoint names the samples to re-read by key, but the source's "
+                        f"item(s) at item {state['consumed']} have no key {self.key!r}; feed the "
+                        "source the checkpoint was taken from, from item state['consumed']"
+                    )
                 if got != desc["keys"]:
                     first = next(
-                        i for i, (a, b) in enumerate(zip(got or [], desc["keys"], strict=False)) if a != b
+                        (i for i, (a, b) in enumerate(zip(got, desc["keys"], strict=False)) if a != b),
+                        min(len(got), len(desc["keys"])) - 1,
                     )
                     raise ResumeError(
                         f"the source is not where the checkpoint left it: sample {first} of the "
-                        f"in-flight micro-batch has key {(got or [None])[first]!r}, the checkpoint "
+                        f"in-flight micro-batch has key {got[first]!r}, the checkpoint "
                         f"expected {desc['keys'][first]!r}; feed the source from item "
                         f"{state['consumed']} (state['consumed']) with the same order"
                     )
@@ -653,6 +964,53 @@ class Sifter:
             groups.append(group)
         self._emitted = int(state["emitted"])
         return groups
+
+    def _began_reading(self) -> None:
+        """The pass iterated its source: whatever an earlier pass left mid-way is behind it."""
+        self._source_abandoned = False
+
+    def _check_next(self, reader: _Reader, state: Mapping[str, Any]) -> None:
+        """The resumed source starts with the item the checkpoint saw next (or has ended, if the
+        checkpoint's had)."""
+        want, ended = state.get("next_key"), bool(state.get("ended", False))
+        if want is None and not ended:
+            return  # the checkpoint did not see the next item (no keys, or nothing pending)
+        if ended and self._source is not None:
+            # a tracked source restored at its end: reading it now would start its next pass
+            reader.ahead = _END
+            return
+        reader.iterate()  # first: the snapshot below is the source's state inside this pass
+        ahead = reader.look_ahead(self._source.state_dict() if self._source is not None else None)
+        if isinstance(ahead, _Raised):
+            return  # raised where the pass reads it
+        where = f"feed the source from item {state['consumed']} (state['consumed']) in the same order"
+        if ended and ahead is not _END:
+            raise ResumeError(
+                f"the source is not where the checkpoint left it: the checkpoint's source had ended "
+                f"after item {state['consumed']}, but this one gives more (key "
+                f"{self._first_key(ahead)!r}); {where}"
+            )
+        if want is None or self.key is None:
+            return
+        if ahead is _END:
+            raise ResumeError(
+                f"the source is not where the checkpoint left it: the checkpoint expected the item "
+                f"with key {want!r} next, but the source gave nothing; {where}"
+            )
+        got = self._first_key(ahead)
+        if got != want:
+            raise ResumeError(
+                f"the source is not where the checkpoint left it: its next item has key {got!r}, "
+                f"the checkpoint expected {want!r}; {where}"
+            )
+
+    def _first_key(self, item: Any) -> Any:
+        """The key of an input item (the first row's, for a batch), or None."""
+        try:
+            keys = self._keys_of_group(_Group([item], 1, 0, None))
+        except Exception:  # a key callable that fails: recorded as unknown, not raised here
+            return None
+        return keys[0] if keys else None
 
     def _trim(self) -> None:
         """Forget leading groups whose kept samples have all been handed on."""
@@ -701,8 +1059,10 @@ class Sifter:
 
         group.keep = keep
         group.kept_index = kept_index
+        # kept even when not attached: the state holds it, so a resumed stage that attaches
+        # weights gets the decided ones
+        group.weight = weight
         if self.attach_weight:
-            group.weight = np.ones(rows) if weight is None else weight
             self._attach_weights(group)
         if self.audit is not None:
             self.audit.write_decisions(
@@ -927,8 +1287,7 @@ class Sifter:
     # ------------------------------------------------------------------ samples
 
     def _attach_weights(self, group: _Group) -> None:
-        weight = group.weight
-        assert weight is not None
+        weight = np.ones(group.rows) if group.weight is None else group.weight
         if self.batched:
             column = torch.from_numpy(weight.astype(np.float32))
             group.items[0] = _batch.with_column(group.items[0], self.weight_field, column)
@@ -1004,13 +1363,109 @@ class Sifter:
     # ------------------------------------------------------------------ helpers
 
     def _config(self) -> dict[str, Any]:
+        """The settings a checkpoint must share with the stage that resumes it (see
+        ``load_state_dict``), as plain values."""
+        policy = self.policy
+        memory = self.memory
+        rank, world = dist_info()
+        key = self.key
         return {
             "micro_batch": self.micro_batch,
             "batched": self.batched,
             "output_batch": self.output_batch,
             "delay": self.delay,
-            "policy": self.policy.name or type(self.policy).__name__,
+            "policy": policy.name or type(policy).__name__,
+            "policy_class": f"{type(policy).__module__}.{type(policy).__qualname__}",
+            "policy_config": {k: _plain(v) for k, v in policy.config().items()},
+            "on_nan": self.on_nan,
+            "seed": self.seed,
+            # a callable cannot be compared across processes: only fields and positions are
+            "key": key if key is None or isinstance(key, str | int) else "<callable>",
+            "memory": None
+            if memory is None
+            else {
+                "capacity": memory.capacity,
+                "max_age": memory.max_age,
+                "remember_forward": self.remember_forward,
+            },
+            "rank": rank,
+            "world": world,
         }
+
+    def _differences(self, state: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """(override name, what differs) for each setting the checkpoint does not share."""
+        theirs = state["config"]
+        mine = self._config()
+        out: list[tuple[str, str]] = []
+        for name, value in theirs.items():
+            if name not in mine or _same(mine[name], value):
+                continue
+            group = _OVERRIDE_OF.get(name, name)
+            if (
+                name == "policy_config"
+                and theirs.get("policy_class", mine["policy_class"]) != mine["policy_class"]
+            ):
+                continue  # another policy altogether: said once, by name
+            if name == "memory" and (value is None or mine[name] is None):
+                have = "holds no score memory" if value is None else "holds a score memory"
+                out.append(
+                    (group, f"the checkpoint {have}, this stage {'has one' if value is None else 'has none'}")
+                )
+            elif isinstance(value, Mapping) and isinstance(mine[name], Mapping):
+                for k in sorted(set(value) | set(mine[name])):
+                    a, b = value.get(k, _MISSING), mine[name].get(k, _MISSING)
+                    if not _same(a, b):
+                        what = "policy" if name == "policy_config" else name
+                        out.append((group, f"{what} {k}={a!r} in the checkpoint, {b!r} here"))
+            elif name == "policy":
+                out.append((group, f"policy={value!r} in the checkpoint, policy={mine[name]!r} here"))
+            elif name == "policy_class" and theirs.get("policy") == mine["policy"]:
+                out.append((group, f"policy class {value} in the checkpoint, {mine[name]} here"))
+            elif name != "policy_class":
+                out.append((group, f"{name}={value!r} in the checkpoint, {name}={mine[name]!r} here"))
+        # states of version 1 do not name their memory: its presence still has to match
+        if "memory" not in theirs and (state.get("memory") is None) != (self.memory is None):
+            have = "holds a score memory" if state.get("memory") is not None else "holds no score memory"
+            here = "has one" if self.memory is not None else "has none"
+            out.append(("memory", f"the checkpoint {have}, this stage {here}"))
+        return out
+
+    def _check_policy_entries(self, state: Mapping[str, Any]) -> None:
+        """What a version 2 state holds for this stage's kind of policy (the policy itself checks
+        the rest when it loads)."""
+        history = state["policy"].get("history")
+        if (
+            isinstance(self.policy, _HistoryPolicy)
+            and isinstance(history, Mapping)
+            and "total" not in history
+        ):
+            raise ResumeError(
+                "the Sifter state's entry policy['history'] lacks 'total' (how many losses the window "
+                "was given); the state is damaged, or not one Sifter.state_dict() wrote"
+            )
+        mine = f"{type(self.policy).__module__}.{type(self.policy).__qualname__}"
+        if self.policy.weighted and state["config"].get("policy_class") == mine:
+            for i, desc in enumerate(state["pending"]):
+                if desc["weight"] is None:
+                    raise ResumeError(
+                        f"the Sifter state's entry pending[{i}]['weight'] is None, but {self.policy!r} "
+                        "weighs the samples it keeps; the state is damaged, or not this policy's"
+                    )
+
+    def _carry_policy_state(self, state: Mapping[str, Any]) -> None:
+        """Load what fits of another policy's state (``override=("policy",)``)."""
+        policy = self.policy
+        fresh = policy.fresh().state_dict()
+        if isinstance(policy, _HistoryPolicy) and isinstance(state.get("history"), Mapping):
+            values = state["history"].get("values")
+            policy.load_state_dict(fresh)
+            if isinstance(values, torch.Tensor):
+                policy.history.extend(values.numpy().astype(np.float64))
+            return
+        try:
+            policy.load_state_dict(dict(state))
+        except Exception:
+            policy.load_state_dict(fresh)
 
     def _tracks(self, source: Any) -> bool:
         able = hasattr(source, "state_dict") and hasattr(source, "load_state_dict")
@@ -1090,6 +1545,371 @@ class _Output:
         s._emitted += self.buffered
         self.buffer, self.buffered = [], 0
         yield out
+
+
+_COUNTS = ("seen", "kept", "dropped", "nan", "warmup", "micro_batches", "scored", "from_memory", "observed")
+# the settings a version 2 state's config names (see Sifter._config)
+_CONFIG = (
+    "micro_batch",
+    "batched",
+    "output_batch",
+    "delay",
+    "policy",
+    "policy_class",
+    "policy_config",
+    "on_nan",
+    "seed",
+    "key",
+    "memory",
+    "rank",
+    "world",
+)
+# entries version 2 added (version 1 states load with their defaults)
+_ENTRIES_2 = (
+    "epoch_set",
+    "opened",
+    "pass_read",
+    "read",
+    "next_key",
+    "ended",
+    "source_abandoned",
+    "checks",
+)
+_ENTRIES = (
+    "version",
+    "config",
+    "policy",
+    "rng",
+    "counts",
+    "seconds",
+    "consumed",
+    "pending",
+    "emitted",
+    "epoch",
+    "pass_open",
+    "model_version",
+    "source",
+    "audit",
+    "memory",
+)
+
+
+def _is_int(value: Any, low: int = 0) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool) and bool(value >= low)
+
+
+def _check_state(state: Any, batched: bool) -> None:
+    """Raise ``ResumeError`` naming the first missing or malformed entry of a Sifter state, before
+    anything is loaded from it."""
+    if not isinstance(state, Mapping) or "version" not in state:
+        hint = ""
+        if isinstance(state, Mapping) and any(str(k).startswith("_") for k in state):
+            hint = " (it looks like a loader's or a torchdata node's state: load it with that object)"
+        raise ResumeError(f"not a siftpipe Sifter state dict (no 'version' entry){hint}")
+    if type(state["version"]) is not int or state["version"] not in _READ_VERSIONS:
+        raise ResumeError(
+            f"state dict version {state['version']!r} is not supported (this siftpipe writes version "
+            f"{Sifter.STATE_VERSION} and reads {list(_READ_VERSIONS)})"
+        )
+    if "sifter" in state and "config" not in state:
+        raise ResumeError(
+            "this is a SiftNode's state (a 'sifter' entry inside): restore it with the node's or the "
+            "Loader's load_state_dict, or pass state['sifter'] to Sifter.load_state_dict"
+        )
+    missing = [
+        name for name in (*_ENTRIES, *(_ENTRIES_2 if state["version"] >= 2 else ())) if name not in state
+    ]
+    if missing:
+        raise ResumeError(
+            f"the Sifter state lacks {missing} (a truncated or partial state?); pass the whole dict "
+            "that Sifter.state_dict() returned"
+        )
+
+    def bad(entry: str, want: str) -> ResumeError:
+        value: Any = state
+        for part in entry.replace("]", "").split("["):
+            try:
+                value = value[int(part) if part.isdigit() else part.strip("'")]
+            except (KeyError, IndexError, TypeError):
+                value = None
+                break
+        return ResumeError(
+            f"the Sifter state's entry {entry} must be {want}, got {type(value).__name__} {_short(value)}; "
+            "the state is damaged, or not one Sifter.state_dict() wrote"
+        )
+
+    for name in ("config", "policy", "counts", "rng"):
+        if not isinstance(state[name], Mapping):
+            raise bad(name, "a dict")
+    scratch = np.random.default_rng()
+    try:
+        scratch.bit_generator.state = state["rng"]
+        # numpy coerces what it can (a float, a bool): a damaged state does not read back the same
+        same = scratch.bit_generator.state == dict(state["rng"])
+    except Exception as exc:
+        raise ResumeError(
+            f"the Sifter state's entry rng is not a numpy generator state ({type(exc).__name__}: {exc}); "
+            "the state is damaged, or not one Sifter.state_dict() wrote"
+        ) from None
+    rng = state["rng"]
+    if (
+        not same
+        or not _plain_ints(rng)
+        or rng.get("has_uint32", 0) not in (0, 1)
+        or not 0 <= rng.get("uinteger", 0) < 2**32
+    ):
+        raise bad("rng", "the generator state numpy wrote (it does not read back the same)")
+    # the checkpoint's own mode (a stage in the other mode is refused by name afterwards)
+    batched = bool(state["config"].get("batched", batched))
+    counts = state["counts"]
+    # version 1 states written before some counters existed lack them
+    for name in _COUNTS if state["version"] >= 2 else ("seen", "kept", "dropped"):
+        if name not in counts:
+            raise bad(f"counts[{name!r}]", "a count >= 0")
+    for name, value in counts.items():
+        if name not in _COUNTS:
+            raise bad(f"counts[{name!r}]", f"one of the counters {list(_COUNTS)}")
+        if not _is_int(value):
+            raise bad(f"counts[{name!r}]", "a count >= 0")
+    seen = int(counts["seen"])
+    if counts["kept"] + counts["dropped"] != seen:
+        raise bad("counts['seen']", f"kept + dropped ({counts['kept']} + {counts['dropped']})")
+    for name in ("nan", "warmup", "scored", "from_memory"):
+        if counts.get(name, 0) > seen:
+            raise bad(f"counts[{name!r}]", f"at most the {seen} samples seen")
+    seconds = state["seconds"]
+    if not (
+        isinstance(seconds, list | tuple)
+        and len(seconds) == 2
+        and all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in seconds)
+    ):
+        raise bad("seconds", "a list of 2 numbers of seconds >= 0")
+    if not (state["source"] is None or isinstance(state["source"], Mapping)):
+        raise bad("source", "None or the tracked source's state dict")
+    for name in ("consumed", "emitted", "epoch", *(("read",) if "read" in state else ())):
+        if not _is_int(state[name]):
+            raise bad(name, "an integer >= 0")
+    if not _is_int(state["model_version"], -(2**63)):
+        raise bad("model_version", "an integer")
+    for name in ("pass_open", "epoch_set", "ended", "source_abandoned", "opened", "pass_read"):
+        if name in state and not isinstance(state[name], bool):
+            raise bad(name, "True or False")
+    pending = state["pending"]
+    if not isinstance(pending, list | tuple):
+        raise bad("pending", "a list")
+    if pending and not state["pass_open"]:
+        raise bad("pending", "empty between passes (pass_open is False)")
+    kept = 0
+    seq = None  # where the next pending group must start: groups are decided one after another
+    for i, desc in enumerate(pending):
+        where = f"pending[{i}]"
+        if not isinstance(desc, Mapping):
+            raise bad(where, "a dict")
+        for name in ("n_items", "rows", "seq0", "keep", "weight", "keys"):
+            if name not in desc:
+                raise bad(f"{where}[{name!r}]", "present")
+        for name, low in (("n_items", 1), ("rows", 1), ("seq0", 0)):
+            if not _is_int(desc[name], low):
+                raise bad(f"{where}[{name!r}]", f"an integer >= {low}")
+        rows = int(desc["rows"])
+        if seq is not None and desc["seq0"] != seq:
+            raise bad(f"{where}['seq0']", f"{seq}, where the group before it ends")
+        seq = int(desc["seq0"]) + rows
+        if (batched and desc["n_items"] != 1) or (not batched and desc["n_items"] != rows):
+            raise bad(f"{where}['n_items']", "1 input batch" if batched else "equal to rows")
+        keep = desc["keep"]
+        if not (isinstance(keep, torch.Tensor) and keep.dtype == torch.bool and tuple(keep.shape) == (rows,)):
+            raise bad(f"{where}['keep']", f"a bool tensor of {rows} rows")
+        weight = desc["weight"]
+        if weight is not None and not (
+            isinstance(weight, torch.Tensor)
+            and weight.is_floating_point()
+            and tuple(weight.shape) == (rows,)
+            and bool(torch.isfinite(weight).all())
+        ):
+            raise bad(f"{where}['weight']", f"None or a float tensor of {rows} finite weights")
+        keys = desc["keys"]
+        if keys is not None and not (isinstance(keys, list | tuple) and len(keys) == rows):
+            raise bad(f"{where}['keys']", f"None or a list of {rows} sample keys")
+        kept += int(keep.sum())
+    if seq is not None and seq != seen:
+        raise bad("counts['seen']", f"{seq}, where the last pending group ends")
+    if state["emitted"] > max(kept - 1, 0) and (pending or state["emitted"]):
+        raise bad("emitted", f"fewer than the {kept} kept rows pending")
+    if "read" in state and state["read"] != state["consumed"] + sum(int(d["n_items"]) for d in pending):
+        raise bad("read", "consumed plus the input items pending (a pending group went missing?)")
+    config = state["config"]
+    if state["version"] >= 2:
+        lacking = [name for name in _CONFIG if name not in config]
+        if lacking:
+            raise bad("config", f"the settings {list(_CONFIG)} (it lacks {lacking})")
+    if "memory" in config and (config["memory"] is None) != (state["memory"] is None):
+        raise bad("memory", "present exactly when the state's config names a score memory")
+    if isinstance(config.get("memory"), Mapping) and isinstance(state["memory"], Mapping):
+        for name in ("capacity", "max_age"):
+            if not _same(config["memory"].get(name), state["memory"].get(name)):
+                raise bad(
+                    f"memory[{name!r}]", f"the {name} its config names ({config['memory'].get(name)!r})"
+                )
+    _check_flags(state, bad)
+
+    if state["memory"] is not None and state["epoch"] > np.iinfo(np.int16).max:
+        raise bad("epoch", "at most 32767 with a score memory (it records epochs in 16 bits)")
+    if state["audit"] is not None and not (
+        isinstance(state["audit"], Mapping)
+        and isinstance(state["audit"].get("run_id"), str)
+        and _is_int(state["audit"].get("rank"))
+        and _is_int(state["audit"].get("next_part"))
+    ):
+        raise bad("audit", "None or a dict with run_id (str), rank and next_part (integers)")
+    _check_memory_state(state["memory"], bad)
+    if "checks" in state:  # last: the checks above name what is wrong more exactly
+        checks = state["checks"]
+        entries = set(state) - {"seconds", "checks"}
+        if not (isinstance(checks, Mapping) and set(checks) == entries):
+            raise bad("checks", f"the digests of the entries {sorted(entries)}")
+        for name in sorted(entries):
+            if checks[name] != _digest(state[name]):
+                raise bad(name, "the value the checkpoint recorded a digest of (damaged, or swapped in?)")
+
+
+def _digest(tree: Any) -> str:
+    """A digest of a state's entry: its structure, numbers, strings and tensors' bytes."""
+    h = hashlib.blake2b(digest_size=16)
+
+    def feed(x: Any) -> None:
+        if isinstance(x, Mapping):
+            h.update(b"{")
+            for k in sorted(x, key=str):
+                feed(str(k))
+                feed(x[k])
+            h.update(b"}")
+        elif isinstance(x, list | tuple):
+            h.update(b"[")
+            for v in x:
+                feed(v)
+            h.update(b"]")
+        elif isinstance(x, torch.Tensor):
+            t = x.detach().cpu().contiguous()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        else:
+            h.update(f"{type(x).__name__}:{x!r};".encode())
+
+    feed(tree)
+    return h.hexdigest()
+
+
+def _plain_ints(tree: Any) -> bool:
+    """Every number in ``tree`` is an int (not a bool or a float)."""
+    if isinstance(tree, Mapping):
+        return all(_plain_ints(v) for v in tree.values())
+    return isinstance(tree, str) or (isinstance(tree, int) and not isinstance(tree, bool))
+
+
+def _check_flags(state: Mapping[str, Any], bad: Callable[[str, str], ResumeError]) -> None:
+    """The position flags agree with each other (each is written from the same position)."""
+    pending, open_ = state["pending"], state["pass_open"]
+    if state.get("ended") and (pending or not open_ or state.get("next_key") is not None):
+        raise bad("ended", "False unless an open pass has nothing pending and its source had ended")
+    if state.get("next_key") is not None and (pending or not open_):
+        raise bad("next_key", "None unless an open pass has nothing pending")
+    if not state.get("pass_read", True) and (pending or state["consumed"] or not open_):
+        raise bad("pass_read", "True for a pass that has read (or False only for an open, unread one)")
+    if state.get("source_abandoned") and (open_ and state.get("pass_read", True)):
+        raise bad("source_abandoned", "False for a pass that has read its source")
+    if not state.get("opened", True) and (open_ or state["counts"]["seen"]):
+        raise bad("opened", "True for a stage that has opened a pass")
+
+
+def _check_memory_state(memory: Any, bad: Callable[[str, str], ResumeError]) -> None:
+    if memory is None:
+        return
+    if not isinstance(memory, Mapping):
+        raise bad("memory", "None or a dict")
+    for name in ("capacity", "max_age"):
+        if not _is_int(memory.get(name), 1):
+            raise bad(f"memory[{name!r}]", "an integer >= 1")
+    if not _is_int(memory.get("refused")):
+        raise bad("memory['refused']", "a count >= 0")
+    dtypes = {"keys": torch.int64, "loss": torch.float32, "epoch": torch.int16, "source": torch.int8}
+    sizes = set()
+    for name, dtype in dtypes.items():
+        t = memory.get(name)
+        if not (isinstance(t, torch.Tensor) and t.dtype == dtype and t.ndim == 1):
+            raise bad(f"memory[{name!r}]", f"a 1-d {dtype} tensor")
+        sizes.add(t.shape[0])
+    if len(sizes) != 1:
+        raise bad("memory", f"tensors of one length (got lengths {sorted(sizes)})")
+    if not bool(torch.isfinite(memory["loss"]).all()):
+        raise bad("memory['loss']", "finite losses (a remembered loss is never NaN or infinite)")
+    if sizes.pop() > memory["capacity"]:
+        raise bad("memory['keys']", f"at most capacity={memory['capacity']} entries")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _override_names(override: Iterable[str]) -> set[str]:
+    names = {override} if isinstance(override, str) else set(override)
+    unknown = sorted(str(n) for n in names - set(_RESUME_OVERRIDES))
+    if unknown:
+        raise ConfigError(
+            f"override names settings the checkpoint may differ in: {list(_RESUME_OVERRIDES)}; got {unknown}"
+            + (
+                " (batched cannot be overridden: positions count other things)"
+                if "batched" in unknown
+                else ""
+            )
+        )
+    return names
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "(missing)"
+
+
+_MISSING = _Missing()
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, and of the same types (``True`` is not the ``1`` a checkpoint recorded)."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return set(a) == set(b) and all(_same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def _plain(value: Any) -> Any:
+    """A policy setting as a value ``torch.load(weights_only=True)`` reads back and ``==`` compares."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    return repr(value)
+
+
+def _scoring_device(device: Any) -> torch.device:
+    """``device`` as a torch.device the stage can score on, or ``ConfigError`` naming the fix."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"device={device!r} is not a torch device ({exc}); pass 'cpu', 'cuda', 'cuda:1', a "
+            "torch.device, or None for the model's own device"
+        ) from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"device={device!r} but this torch sees no CUDA device; pass device='cpu' or None (the "
+            "model's own device)"
+        )
+    return dev
+
+
+def _clone(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.clone()
 
 
 def _is_oom(exc: BaseException) -> bool:

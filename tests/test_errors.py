@@ -103,3 +103,42 @@ def test_collate_failure_names_the_fix():
     data = [{"__key__": "a", "x": torch.zeros(2)}, {"__key__": "b", "x": torch.zeros(3)}]
     with pytest.raises(sp.ScorerError, match=r"collating micro-batch.*'a', 'b'.*collate_fn"):
         list(sp.Sifter(None, loss_field, micro_batch=2)(data))
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda: sp.Sifter(None, loss_field, seed=-1), r"seed must be an integer >= 0.*-1"),
+        (lambda: sp.Sifter(None, loss_field, seed=1.5), r"seed must be an integer >= 0.*1\.5"),
+        (lambda: sp.Sifter(None, loss_field, seed="0"), r"seed must be an integer >= 0.*'0'"),
+        (lambda: sp.Sifter(None, loss_field, seed=True), r"seed must be an integer >= 0"),
+        (
+            lambda: sp.Sifter(None, loss_field, device="gpu0"),
+            r"device='gpu0' is not a torch device.*'cuda:1'",
+        ),
+        (
+            lambda: sp.RelativeProbabilistic(history=10**13),
+            r"loss history of 10,000,000,000,000 losses.*GiB.*typical",
+        ),
+        (lambda: sp.PruneEasy(history=10**13), r"loss history of 10,000,000,000,000 losses"),
+        (lambda: sp.ScoreMemory(10**13), r"score memory of capacity 10,000,000,000,000.*one epoch"),
+    ],
+)
+def test_a_bad_setting_is_a_config_error_with_the_fix(make, match):
+    with pytest.raises(sp.ConfigError, match=match):
+        make()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_cuda_device_without_cuda_is_a_config_error():
+    with pytest.raises(sp.ConfigError, match="sees no CUDA device"):
+        sp.Sifter(None, loss_field, device="cuda:0")
+
+
+def test_a_model_on_the_meta_device_is_a_config_error_naming_the_fix():
+    model = torch.nn.Linear(4, 3, device="meta")
+    s = sp.Sifter(model, sp.CrossEntropy("x", "y"), micro_batch=8)
+    with pytest.raises(sp.ConfigError, match=r"meta device.*to_empty"):
+        s(SAMPLES)
+    model.to_empty(device="cpu")  # materialised later: the same stage then scores
+    assert len(list(s(SAMPLES))) > 0

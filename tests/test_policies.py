@@ -2,6 +2,9 @@ import math
 
 import numpy as np
 import pytest
+import torch
+from conftest import loss_field, make_samples
+from torch.utils.data import default_collate
 
 import siftpipe as sp
 
@@ -123,3 +126,82 @@ def test_fresh_copies_configuration_not_state():
     p.decide(np.arange(5.0), np.random.default_rng(0), 0)
     q = p.fresh()
     assert q.config() == p.config() and len(q.history) == 0 and len(p.history) == 5
+
+
+class Broken(sp.Policy):
+    """A user policy whose decision is damaged by ``damage(decision, n) -> decision``."""
+
+    name = ""
+
+    def __init__(self, damage):
+        self.damage = damage
+
+    def decide(self, losses, rng, seen):
+        n = losses.size
+        prob = np.full(n, 0.5)
+        good = sp.Decision(rng.random(n) < prob, prob, np.zeros(n), np.ones(n))
+        return self.damage(good, n)
+
+    def __repr__(self):
+        return "Broken()"
+
+
+def with_(**fields):
+    return lambda d, n: sp.Decision(**{**d.__dict__, **{k: v(d, n) for k, v in fields.items()}})
+
+
+MALFORMED = [
+    ("keep one short", with_(keep=lambda d, n: d.keep[:-1]), r"keep has shape \(15,\), not \(16,\)"),
+    (
+        "prob above 1",
+        with_(prob=lambda d, n: np.full(n, 1.5)),
+        r"prob is not in \[0, 1\] at 16 row\(s\).*1\.5",
+    ),
+    ("prob below 0", with_(prob=lambda d, n: np.full(n, -0.1)), r"prob is not in \[0, 1\]"),
+    ("prob NaN", with_(prob=lambda d, n: np.where(np.arange(n) == 3, np.nan, 0.5)), r"row 3: .*nan"),
+    ("weight NaN", with_(weight=lambda d, n: np.full(n, np.nan)), r"weight is not finite and >= 0"),
+    ("weight negative", with_(weight=lambda d, n: np.full(n, -1.0)), r"weight is not finite and >= 0"),
+    ("weight infinite", with_(weight=lambda d, n: np.full(n, np.inf)), r"weight is not finite and >= 0"),
+    ("weight too long", with_(weight=lambda d, n: np.ones(n + 1)), r"weight has shape \(17,\)"),
+    ("keep a list", with_(keep=lambda d, n: d.keep.tolist()), r"keep is a list, not a numpy array"),
+    ("prob a tensor", with_(prob=lambda d, n: torch.from_numpy(d.prob)), r"prob is a Tensor"),
+    ("keep of ints", with_(keep=lambda d, n: d.keep.astype(np.int64)), r"keep has dtype int64, not bool"),
+    ("prob of ints", with_(prob=lambda d, n: np.ones(n, dtype=np.int64)), r"prob has dtype int64, not float"),
+    ("score of strings", with_(score=lambda d, n: np.array(["x"] * n)), r"score has dtype <U1, not numeric"),
+    ("not a Decision", lambda d, n: (d.keep, d.prob), r"returned a tuple, not a siftpipe.Decision"),
+    ("None", lambda d, n: None, r"returned a NoneType"),
+]
+
+
+@pytest.mark.parametrize("case,damage,match", MALFORMED, ids=[m[0] for m in MALFORMED])
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_malformed_decision_raises_policy_error_naming_the_policy_and_the_fault(
+    case, damage, match, batched
+):
+    samples = make_samples(64)
+    data = [default_collate(samples[i : i + 48]) for i in range(0, 64, 48)] if batched else samples
+    # batched: 48-row batches scored in micro-batches of 16, the loop branch of the decision
+    s = sp.Sifter(None, loss_field, Broken(damage), micro_batch=16, batched=batched, seed=0)
+    with pytest.raises(
+        sp.PolicyError, match=rf"(?s)policy Broken\(\) returned a malformed decision.*{match}"
+    ):
+        list(s(data))
+    assert issubclass(sp.PolicyError, sp.SiftError)
+
+
+def test_a_subclass_of_a_builtin_policy_is_checked_too():
+    class Greedy(sp.Uniform):
+        def decide(self, losses, rng, seen):
+            d = super().decide(losses, rng, seen)
+            return sp.Decision(d.keep, d.prob * 3, d.score)
+
+    with pytest.raises(sp.PolicyError, match="prob is not in"):
+        list(sp.Sifter(None, loss_field, Greedy(0.5), micro_batch=8)(make_samples(16)))
+
+
+def test_a_well_formed_user_policy_passes_in_any_float_width():
+    def narrow(d, n):
+        return sp.Decision(d.keep, d.prob.astype(np.float32), np.arange(n), d.weight.astype(np.float32))
+
+    out = list(sp.Sifter(None, loss_field, Broken(narrow), micro_batch=16, seed=0)(make_samples(64)))
+    assert 0 < len(out) < 64

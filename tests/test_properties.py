@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from torch.utils.data import default_collate
 
 import siftpipe as sp
+from siftpipe._decide import check_decision
 from siftpipe.memory import FEEDBACK, FORWARD, STALE, key_hashes
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=False)
@@ -59,6 +60,7 @@ def test_a_policy_decision_is_well_formed_for_any_finite_losses(policy, values, 
     x = np.asarray(values, dtype=np.float64)
     d = policy.decide(x, np.random.default_rng(seed), 0)
     n = x.size
+    check_decision(policy, d, n, 0)  # what the stage skips for these policies on its hot path
     assert d.keep.shape == d.prob.shape == d.score.shape == (n,) and d.keep.dtype == bool
     assert np.all((d.prob >= 0) & (d.prob <= 1)), d.prob
     assert not d.keep[d.prob == 0].any() and d.keep[d.prob == 1].all()

@@ -235,3 +235,10 @@ def test_device_is_the_models_and_a_moved_scorer_output_is_refused(samples):
     s = sp.Sifter(None, lambda m, b: torch.zeros(len(b["__key__"])), device="meta")
     with pytest.raises(sp.ScorerOutputError, match="losses on cpu.*scores on meta"):
         list(s(samples[:4]))
+
+
+def test_printed_stats_show_the_keep_rate(samples):
+    s = sp.Sifter(None, loss_field, sp.TopFraction(0.5), micro_batch=64)
+    list(s(samples[:128]))
+    text = repr(s.stats)
+    assert "keep_rate=0.5000" in text and "seen=128" in text and "kept=64" in text

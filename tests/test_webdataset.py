@@ -361,9 +361,9 @@ def test_resuming_a_chain_skips_what_the_checkpoint_had_finished(shards):
     short = WebLoader(
         decoded(shards.urls[:1]).batched(BATCH, collation_fn=default_collate), batch_size=None, num_workers=0
     ).sift(make_sifter(batched=True, output_batch=25))
-    big = dict(state, consumed=5, pending=[])
-    short.sifter.load_state_dict(big)
-    with pytest.raises(sp.ResumeError, match="skip the 5 input items.*ended after 1"):
+    assert state["consumed"] >= 2  # one shard is one batch
+    short.sifter.load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match=rf"skip the {state['consumed']} input items.*ended after 1"):
         list(short)
 
 
