@@ -22,6 +22,7 @@ from .history import LossHistory
 from .memory import SOURCES, ScoreMemory
 from .policies import (
     Decision,
+    InfoBatch,
     Policy,
     PruneEasy,
     RelativeProbabilistic,
@@ -33,6 +34,7 @@ from .policies import (
 )
 from .predecode import PreDecodeFilter
 from .reader import LogReport, read_log, verify_log
+from .recipe import recipe
 from .replay import Replay, WhatIf, replay, whatif
 from .scorers import (
     CrossEntropy,
@@ -58,6 +60,7 @@ __all__ = [
     "CrossEntropy",
     "Decision",
     "EqualSteps",
+    "InfoBatch",
     "LogReport",
     "LossHistory",
     "MeanSquaredError",
@@ -96,6 +99,7 @@ __all__ = [
     "get_scorer",
     "policy_names",
     "read_log",
+    "recipe",
     "register_policy",
     "register_scorer",
     "replay",

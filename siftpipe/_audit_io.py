@@ -27,9 +27,9 @@ import numpy as np
 from ._secrets import redact, redact_json, redact_url
 
 #: ``reason`` codes of a decision, in the order of their small-integer codes.
-REASONS: tuple[str, ...] = ("policy", "warmup", "nan", "predecode")
+REASONS: tuple[str, ...] = ("policy", "warmup", "nan", "predecode", "unknown")
 #: Where a decision's loss came from (the ``source`` column), in the order of their codes.
-SOURCES: tuple[str, ...] = ("forward", "feedback", "stale", "proxy")
+SOURCES: tuple[str, ...] = ("forward", "feedback", "stale", "proxy", "none")
 _FRAME = struct.Struct("<II")
 #: Files of one attempt in a rank's directory (parts, manifests, end markers, claims).
 _ATTEMPT_FILE = re.compile(

@@ -13,9 +13,19 @@ from ._audit_io import REASONS
 from .errors import PolicyError
 from .policies import Decision, Policy, PruneEasy, RelativeProbabilistic, TopFraction, Uniform
 
-__all__ = ["NAN", "POLICY", "PREDECODE", "REASONS", "WARMUP", "Decided", "check_decision", "decide_rows"]
+__all__ = [
+    "NAN",
+    "POLICY",
+    "PREDECODE",
+    "REASONS",
+    "UNKNOWN",
+    "WARMUP",
+    "Decided",
+    "check_decision",
+    "decide_rows",
+]
 
-POLICY, WARMUP, NAN, PREDECODE = 0, 1, 2, 3
+POLICY, WARMUP, NAN, PREDECODE, UNKNOWN = 0, 1, 2, 3, 4
 
 # siftpipe's own policies, exactly these classes (a subclass may override decide): their decisions
 # are well formed for any finite losses (tests/test_properties.py), so the hot path skips the check
@@ -46,6 +56,7 @@ def decide_rows(
     nan_kept: bool,
     finite: np.ndarray | None = None,
     decided: tuple[np.ndarray, np.ndarray] | None = None,
+    unknown: np.ndarray | None = None,
 ) -> Decided:
     """Decide ``losses`` (rows ``seq0..``) in micro-batches of ``chunk`` rows.
 
@@ -53,6 +64,8 @@ def decide_rows(
     (reason ``nan``); rows before ``delay`` with a finite loss are kept (reason ``warmup``).
     ``decided`` = (mask, keep probabilities) marks rows already kept upstream (before decode):
     they are kept with those probabilities, reason ``predecode``, and the policy never sees them.
+    ``unknown`` marks rows with no loss at all (a score memory that does not know them, with
+    ``unknown="keep"``): kept with probability 1, reason ``unknown``, unseen by the policy.
     """
     rows = losses.shape[0]
     if finite is None:
@@ -60,6 +73,8 @@ def decide_rows(
     upstream = decided[0] if decided is not None else None
     if upstream is not None:
         finite = finite & ~upstream
+    if unknown is not None:
+        finite = finite & ~unknown
     all_finite = bool(finite.all())
     reason: np.ndarray | None = None
     nan = 0
@@ -90,6 +105,8 @@ def decide_rows(
             micro_batches += 1
         if not all_finite:
             bad = ~finite if upstream is None else ~finite & ~upstream
+            if unknown is not None:
+                bad &= ~unknown
             keep[bad] = nan_kept
             prob[bad] = float(nan_kept)
             reason[bad] = NAN
@@ -98,6 +115,10 @@ def decide_rows(
             keep[upstream] = True
             prob[upstream] = decided[1][upstream]  # type: ignore[index]
             reason[upstream] = PREDECODE
+        if unknown is not None:
+            keep[unknown] = True
+            prob[unknown] = 1.0
+            reason[unknown] = UNKNOWN
     warmup = 0
     if seq0 < delay:
         warm = np.zeros(rows, dtype=bool)

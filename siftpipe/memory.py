@@ -25,7 +25,9 @@ from .history import check_fits
 
 __all__ = ["SOURCES", "ScoreMemory", "key_hashes"]
 
-FORWARD, FEEDBACK, STALE, PROXY = (SOURCES.index(s) for s in ("forward", "feedback", "stale", "proxy"))
+FORWARD, FEEDBACK, STALE, PROXY, NONE = (
+    SOURCES.index(s) for s in ("forward", "feedback", "stale", "proxy", "none")
+)
 
 _EMPTY = np.uint64(0)
 _MAX_LOAD = 0.7
@@ -61,13 +63,21 @@ class ScoreMemory:
         capacity: Samples it can hold (about 22 bytes each, allocated up front).
         max_age: A remembered loss decides a sample for this many epochs after it was recorded
             (1: the next epoch only; k: Selective Backprop's stale mode). Older ones are re-scored.
+            ``None``: it never expires (InfoBatch: a pruned sample keeps its last loss until it is
+            trained again).
+
+    Besides losses, the memory measures what dropping did (see ``forgetting``): when the training
+    step hands back the loss of a sample whose remembered loss is two or more epochs old (it was
+    not trained in between), the change is compared with that of easy samples that were trained.
     """
 
-    def __init__(self, capacity: int = 1_000_000, max_age: int = 1) -> None:
+    def __init__(self, capacity: int = 1_000_000, max_age: int | None = 1) -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise ConfigError(f"capacity must be a number of samples >= 1, got {capacity!r}")
-        if not isinstance(max_age, int) or isinstance(max_age, bool) or max_age < 1:
-            raise ConfigError(f"max_age must be a number of epochs >= 1, got {max_age!r}")
+        if max_age is not None and (not isinstance(max_age, int) or isinstance(max_age, bool) or max_age < 1):
+            raise ConfigError(
+                f"max_age must be a number of epochs >= 1 or None (never expires), got {max_age!r}"
+            )
         self.capacity = capacity
         self.max_age = max_age
         slots = max(16, int(np.ceil(capacity / _MAX_LOAD)))
@@ -84,8 +94,14 @@ class ScoreMemory:
                 f"a score memory of capacity {capacity:,} does not fit in memory; {fix}"
             ) from None
         self._count = 0
+        self._sum = 0.0  # of every remembered loss, for ``mean``
         #: New keys turned away because the memory was full.
         self.refused = 0
+        # forgetting evidence: rows (skipped, trained easy) x (sum of loss change, count), for the
+        # epoch being observed (_drift[0]) and the one before it (_drift[1])
+        self._drift = np.zeros((2, 2, 2))
+        self._drift_epoch = 0
+        self._verdict = float("nan")  # the last forgetting measured over a whole epoch
 
     def __len__(self) -> int:
         return self._count
@@ -126,6 +142,8 @@ class ScoreMemory:
         while hashes.size:
             slot = self._slots(hashes)
             present = self._keys[slot] == hashes
+            if source == FEEDBACK and present.any():
+                self._note_drift(slot[present], losses[present], epoch)
             self._set(slot[present], hashes[present], losses[present], epoch, source)
             hashes, losses, slot = hashes[~present], losses[~present], slot[~present]
             if not hashes.size:
@@ -147,7 +165,58 @@ class ScoreMemory:
             rest[first] = False
             hashes, losses = hashes[rest], losses[rest]
 
+    def _note_drift(self, slot: np.ndarray, losses: np.ndarray, epoch: int) -> None:
+        """Record how the training losses of known samples moved since they were remembered."""
+        if epoch != self._drift_epoch:
+            if epoch > self._drift_epoch:
+                verdict = self._forgetting_of(self._drift[0])
+                if verdict is not None:
+                    self._verdict = verdict
+                self._drift[1] = self._drift[0] if epoch == self._drift_epoch + 1 else 0.0
+                self._drift[0] = 0.0
+            self._drift_epoch = epoch
+        old = self._loss[slot].astype(np.float64)
+        age = epoch - self._epoch[slot].astype(np.int64)
+        change = losses.astype(np.float64) - old
+        mean = self.mean()
+        skipped = age >= 2
+        trained_easy = (age == 1) & (old < mean)
+        for row, pick in ((0, skipped), (1, trained_easy)):
+            if pick.any():
+                self._drift[0, row, 0] += float(change[pick].sum())
+                self._drift[0, row, 1] += int(pick.sum())
+
+    def forgetting(self) -> float | None:
+        """How much more the loss of samples that were not trained rose than that of easy samples
+        that were, in units of the mean remembered loss (0: dropping cost nothing; 0.5: dropped
+        samples came back half a mean loss worse). Measured over the epoch before the one being
+        observed, else over this one so far (each needs ``MIN_EVIDENCE`` samples of both kinds),
+        else the last whole epoch's figure; None before any evidence."""
+        for window in (self._drift[1], self._drift[0]):
+            value = self._forgetting_of(window)
+            if value is not None:
+                return value
+        return None if np.isnan(self._verdict) else self._verdict
+
+    #: Samples of each kind (skipped, trained easy) a forgetting figure needs.
+    MIN_EVIDENCE = 16
+
+    def _forgetting_of(self, window: np.ndarray) -> float | None:
+        mean = self.mean()
+        (s_sum, s_n), (t_sum, t_n) = window
+        if not mean > 0 or s_n < self.MIN_EVIDENCE or t_n < self.MIN_EVIDENCE:
+            return None
+        return float((s_sum / s_n - t_sum / t_n) / mean)
+
+    def mean(self) -> float:
+        """The mean of every remembered loss (any age); NaN when empty."""
+        return self._sum / self._count if self._count else float("nan")
+
     def _set(self, slot: np.ndarray, hashes: np.ndarray, losses: np.ndarray, epoch: int, source: int) -> None:
+        fresh = self._keys[slot] == _EMPTY
+        self._sum += float(losses.astype(np.float64).sum()) - float(
+            self._loss[slot][~fresh].astype(np.float64).sum()
+        )
         self._keys[slot] = hashes
         self._loss[slot] = losses
         self._epoch[slot] = epoch
@@ -159,7 +228,9 @@ class ScoreMemory:
         slot = self._slots(hashes)
         hit = self._keys[slot] == hashes
         age = epoch - self._epoch[slot].astype(np.int64)
-        usable = hit & (age >= 1) & (age <= self.max_age)
+        usable = hit & (age >= 1)
+        if self.max_age is not None:
+            usable &= age <= self.max_age
         loss = np.where(usable, self._loss[slot].astype(np.float64), np.nan)
         return loss, self._source[slot]
 
@@ -178,6 +249,9 @@ class ScoreMemory:
             "epoch": torch.from_numpy(self._epoch[at].copy()),
             "source": torch.from_numpy(self._source[at].copy()),
             "refused": self.refused,
+            "drift": torch.from_numpy(self._drift.copy()),
+            "drift_epoch": self._drift_epoch,
+            "drift_verdict": self._verdict,
         }
 
     def load_state_dict(self, state: Mapping[str, Any], *, fit: bool = False) -> None:
@@ -195,11 +269,19 @@ class ScoreMemory:
             state["source"].numpy(),
         )
         self.refused += int(state["refused"])
+        if "drift" in state:  # states written before the forgetting measure lack it
+            self._drift = state["drift"].numpy().astype(np.float64).reshape(2, 2, 2).copy()
+            self._drift_epoch = int(state["drift_epoch"])
+            self._verdict = float(state.get("drift_verdict", float("nan")))
 
     def _fill(self, keys: np.ndarray, loss: np.ndarray, epoch: np.ndarray, source: np.ndarray) -> None:
         self._keys[:] = _EMPTY
         self._count = 0
+        self._sum = 0.0
         self.refused = 0
+        self._drift = np.zeros((2, 2, 2))
+        self._drift_epoch = 0
+        self._verdict = float("nan")  # the last forgetting measured over a whole epoch
         for e in np.unique(epoch):
             for s in np.unique(source[epoch == e]):
                 pick = (epoch == e) & (source == s)
@@ -217,7 +299,8 @@ class ScoreMemory:
             loss=self._loss[at],
             epoch=self._epoch[at],
             source=self._source[at],
-            config=np.array([self.capacity, self.max_age, self.refused], dtype=np.int64),
+            # max_age 0 stands for None (never expires)
+            config=np.array([self.capacity, self.max_age or 0, self.refused], dtype=np.int64),
         )
         with fsspec.open(url, "wb", **(storage_options or {})) as f:
             f.write(buffer.getvalue())
@@ -230,7 +313,7 @@ class ScoreMemory:
         with fsspec.open(url, "rb", **(storage_options or {})) as f:
             data = np.load(io.BytesIO(f.read()), allow_pickle=False)
         capacity, max_age, refused = (int(v) for v in data["config"])
-        memory = cls(capacity, max_age)
+        memory = cls(capacity, max_age or None)
         memory._fill(data["keys"], data["loss"], data["epoch"], data["source"])
         memory.refused = refused
         return memory

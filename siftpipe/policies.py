@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import abc
+import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -15,8 +16,12 @@ from ._registry import Registry
 from .errors import ConfigError, ResumeError
 from .history import LossHistory
 
+if TYPE_CHECKING:
+    from .memory import ScoreMemory
+
 __all__ = [
     "Decision",
+    "InfoBatch",
     "Policy",
     "PruneEasy",
     "RelativeProbabilistic",
@@ -78,6 +83,8 @@ class Policy(abc.ABC):
     name: ClassVar[str] = ""
     #: True if kept samples can carry weights other than 1 (the stage then attaches them).
     weighted: ClassVar[bool] = False
+    #: True if the policy judges losses against the stage's score memory (``bind_memory``).
+    uses_memory: ClassVar[bool] = False
 
     @abc.abstractmethod
     def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
@@ -98,6 +105,14 @@ class Policy(abc.ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         del state
+
+    def bind_memory(self, memory: ScoreMemory) -> None:
+        """Called by the stage with its score memory when ``uses_memory`` is True."""
+        del memory
+
+    def sifting_scale(self) -> float:
+        """How much of its configured dropping the policy does now, in [0, 1] (1 without a guard)."""
+        return 1.0
 
     def fresh(self) -> Policy:
         """A new policy with the same configuration and empty state."""
@@ -300,3 +315,105 @@ class Uniform(_KeepFraction):
         n = losses.size
         prob = np.full(n, self.keep)
         return Decision(rng.random(n) < prob, prob, np.full(n, np.nan))
+
+
+_log = logging.getLogger("siftpipe")
+
+
+@register_policy("infobatch")
+class InfoBatch(Policy):
+    """InfoBatch (Qin et al., ICLR 2024), faithful to the paper, for a stage with a score memory.
+
+    Every loss comes from the training step (``Sifter.observe``); nothing is re-scored. A sample
+    whose remembered loss is below the mean of *every* remembered loss is pruned with probability
+    ``ratio``; a pruned sample keeps its last loss (use ``ScoreMemory(max_age=None)``) until it is
+    trained again; the below-mean samples kept carry weight ``1 / (1 - ratio)`` so the expected
+    gradient is unchanged; samples the memory does not know are kept (``Sifter(unknown="keep")``);
+    after ``anneal`` of the ``budget`` nothing is pruned (the paper's full-data last epochs). One
+    departure, forced by streaming: the mean is that of the memory when the micro-batch is
+    decided, not a snapshot taken at the start of the epoch.
+
+    ``guard`` (off in the paper's rule, on in ``siftpipe.recipe``) backs pruning off when it is
+    not paying: the memory measures how much more the loss of samples that were not trained
+    rose than that of easy samples that were (``ScoreMemory.forgetting``, in units of the mean
+    loss); the pruning ratio is scaled by ``1 - forgetting / guard``, clipped to
+    [``EXPLORE``, 1]: at a forgetting of ``guard`` mean losses the stage prunes only a tenth of
+    its ratio, which keeps nearly everything and still measures whether pruning pays again.
+
+    Args:
+        ratio: Probability of pruning a below-mean sample, in [0, 1).
+        budget: Samples this stage will see over the whole run (epochs x samples per epoch on
+            this rank), for ``anneal``; ``None``: never anneal.
+        anneal: Fraction of ``budget`` after which nothing is pruned, in (0, 1].
+        guard: Forgetting, in mean losses, at which pruning stops; ``None``: no guard.
+    """
+
+    name = "infobatch"
+    weighted = True
+    uses_memory = True
+    #: The least share of ``ratio`` a guarded policy keeps pruning with, to go on measuring.
+    EXPLORE = 0.1
+
+    def __init__(
+        self, ratio: float = 0.5, budget: int | None = None, anneal: float = 0.875, guard: float | None = None
+    ) -> None:
+        if not isinstance(ratio, int | float) or not (0.0 <= float(ratio) < 1.0):
+            raise ConfigError(f"ratio must be in [0, 1) (easy samples kept weigh 1/(1-ratio)), got {ratio!r}")
+        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
+            raise ConfigError(
+                f"budget must be the samples the stage will see in the run (>= 1) or None, got {budget!r}"
+            )
+        if not isinstance(anneal, int | float) or not (0.0 < float(anneal) <= 1.0):
+            raise ConfigError(f"anneal must be a fraction of the budget in (0, 1], got {anneal!r}")
+        if guard is not None and (not isinstance(guard, int | float) or not (0.0 < float(guard) < math.inf)):
+            raise ConfigError(
+                f"guard must be a forgetting tolerance > 0 in mean losses, or None, got {guard!r}"
+            )
+        self.ratio = float(ratio)
+        self.budget = budget
+        self.anneal = float(anneal)
+        self.guard = None if guard is None else float(guard)
+        self._anneal_at = None if budget is None else int(self.anneal * budget)
+        self._memory: ScoreMemory | None = None
+        self._warned = False
+
+    def config(self) -> dict[str, Any]:
+        return {"ratio": self.ratio, "budget": self.budget, "anneal": self.anneal, "guard": self.guard}
+
+    def bind_memory(self, memory: ScoreMemory) -> None:
+        self._memory = memory
+
+    def sifting_scale(self) -> float:
+        if self.guard is None or self._memory is None:
+            return 1.0
+        forgetting = self._memory.forgetting()
+        if forgetting is None:
+            return 1.0
+        scale = min(1.0, max(self.EXPLORE, 1.0 - forgetting / self.guard))
+        if scale < 0.5 and not self._warned:
+            self._warned = True
+            _log.warning(
+                "siftpipe: sifting is not paying: samples it dropped came back %.2f mean losses worse "
+                "than easy samples it trained; pruning is backed off to %.0f%% of ratio %.2f "
+                "(stats.sifting_scale)",
+                forgetting,
+                100 * scale,
+                self.ratio,
+            )
+        return scale
+
+    def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
+        n = losses.size
+        draw = rng.random(n)
+        if self._memory is None:
+            raise ConfigError(
+                "InfoBatch needs the stage's score memory: use it through sp.Sifter(memory=...)"
+            )
+        mean = self._memory.mean()
+        easy = losses < mean if math.isfinite(mean) else np.zeros(n, dtype=bool)
+        if self._anneal_at is not None:
+            easy &= (seen + np.arange(n)) < self._anneal_at
+        ratio = self.ratio * self.sifting_scale()
+        prob = np.where(easy, 1.0 - ratio, 1.0)
+        weight = np.where(easy, 1.0 / (1.0 - ratio), 1.0)
+        return Decision(draw < prob, prob, easy.astype(np.float64), weight)

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ._decide import REASONS, WARMUP, decide_rows
+from ._decide import REASONS, UNKNOWN, WARMUP, decide_rows
 from ._secrets import redact, secret_values
 from .errors import AuditError, ConfigError, MissingKeyError
 from .policies import Policy
@@ -344,7 +344,14 @@ def whatif(
         table = log
     if table.num_rows == 0:
         raise AuditError("the log holds no decisions to replay")
+    for policy in policies:
+        if policy.uses_memory:
+            raise ConfigError(
+                f"what-if cannot replay {policy!r}: it judges losses against the stage's score memory, "
+                "which the log does not hold; try a policy that decides from the logged losses alone"
+            )
     reason = np.asarray(table.column("reason").to_pylist(), dtype=object)
+    unknown = reason == REASONS[UNKNOWN]
     warm_rows = table.column("seq").to_numpy()[reason == REASONS[WARMUP]]
     inferred_delay = int(warm_rows.max()) + 1 if warm_rows.size else 0
     runs = table.column("run").to_pylist() if "run" in table.column_names else ["?"] * table.num_rows
@@ -379,7 +386,16 @@ def whatif(
                 cuts = np.arange(micro_batch, idx.size, micro_batch)
             for group in np.split(idx, cuts):
                 first = int(seqs[group[0]])
-                d = decide_rows(fresh, rng, losses[group], first, group.size, stream_delay, nan_kept)
+                d = decide_rows(
+                    fresh,
+                    rng,
+                    losses[group],
+                    first,
+                    group.size,
+                    stream_delay,
+                    nan_kept,
+                    unknown=unknown[group],
+                )
                 keep[group] = d.keep
         results.append(
             WhatIf(

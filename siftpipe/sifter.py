@@ -31,7 +31,7 @@ from .errors import (
     SiftInWorkerError,
     describe_keys,
 )
-from .memory import FEEDBACK, SOURCES, STALE, ScoreMemory, check_epoch, key_hashes
+from .memory import FEEDBACK, NONE, SOURCES, STALE, ScoreMemory, check_epoch, key_hashes
 from .policies import Policy, RelativeProbabilistic, _HistoryPolicy, get_policy
 from .predecode import PRE_KEPT, PRE_LOSS, PRE_PROB, publish
 from .scorers import Scorer, get_scorer
@@ -67,6 +67,12 @@ class SiftStats:
             manifests list them. Not part of the state: counted since the pipeline was built.
         samples_skipped: Samples the watched pipelines' handler skipped because a field could
             not be decoded or was missing.
+        unknown: Samples kept with no loss at all (``unknown="keep"``: the score memory did not
+            know them yet).
+        sifting_scale: How much of its configured dropping the policy is doing now, in [0, 1]:
+            1 for policies without a guard; a guarded policy (``siftpipe.recipe``) lowers it
+            when the samples it dropped are being forgotten, and 0 means it keeps everything
+            because sifting is not paying (also logged as a warning by ``siftpipe``).
     """
 
     seen: int
@@ -82,6 +88,8 @@ class SiftStats:
     observed: int = 0
     shards_skipped: int = 0
     samples_skipped: int = 0
+    unknown: int = 0
+    sifting_scale: float = 1.0
 
     @property
     def keep_rate(self) -> float:
@@ -127,6 +135,7 @@ class _Group:
         "seq0",
         "skip",
         "snapshot",
+        "unknown",
         "upstream",
         "weight",
     )
@@ -142,6 +151,7 @@ class _Group:
         self.kept_index: np.ndarray = _NO_INDEX
         self.skip = 0  # kept rows handed on before the checkpoint this group was re-read from
         self.upstream: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.unknown: np.ndarray | None = None  # rows with no loss (unknown="keep")
 
     @property
     def n_kept(self) -> int:
@@ -282,6 +292,10 @@ class Sifter:
         remember_forward: Also remember the losses of scoring forward passes (then a sample is
             re-scored once its remembered loss is older than ``memory.max_age`` epochs:
             Selective Backprop's stale mode).
+        unknown: What happens to a sample the score memory has no usable loss for: ``"score"``
+            (a scoring forward pass) or ``"keep"`` (kept with no forward, reason ``"unknown"``,
+            source ``"none"``, counted in ``stats.unknown``; its loss arrives when the training
+            step hands it back through ``observe``: InfoBatch's way, and ``siftpipe.recipe``'s).
     """
 
     STATE_VERSION = 2
@@ -315,6 +329,7 @@ class Sifter:
         track_source: bool | None = None,
         memory: ScoreMemory | None = None,
         remember_forward: bool = True,
+        unknown: Literal["score", "keep"] = "score",
     ) -> None:
         if model is not None and not isinstance(model, nn.Module):
             raise ConfigError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
@@ -337,6 +352,13 @@ class Sifter:
             raise ConfigError(
                 "a score memory finds samples by key: give key= a field, position or callable, not None"
             )
+        if unknown not in ("score", "keep"):
+            raise ConfigError(f"unknown must be 'score' or 'keep', got {unknown!r}")
+        if unknown == "keep" and memory is None:
+            raise ConfigError(
+                "unknown='keep' keeps samples the score memory does not know: pass "
+                "memory=sp.ScoreMemory(capacity=...) and hand losses back with observe()"
+            )
         if pad_micro_batch and micro_batch is None:
             raise ConfigError("pad_micro_batch=True needs a fixed micro_batch size to pad to")
         if not isinstance(seed, int | np.integer) or isinstance(seed, bool) or seed < 0:
@@ -353,6 +375,13 @@ class Sifter:
         self.policy: Policy = get_policy(policy) if isinstance(policy, str) else policy
         if not isinstance(self.policy, Policy):
             raise ConfigError(f"policy must be a siftpipe.Policy or a registered name, got {policy!r}")
+        if self.policy.uses_memory:
+            if memory is None:
+                raise ConfigError(
+                    f"policy {self.policy!r} judges losses against the score memory: pass "
+                    "memory=sp.ScoreMemory(capacity=..., max_age=None) and hand losses back with observe()"
+                )
+            self.policy.bind_memory(memory)
         self.micro_batch = micro_batch
         self.delay = delay
         self.seed = int(seed)
@@ -372,6 +401,7 @@ class Sifter:
         self.track_source = track_source
         self.memory = memory
         self.remember_forward = remember_forward
+        self.unknown = unknown
         #: Where this scorer's losses come from, for the audit log (a proxy scorer says "proxy").
         self._loss_source = SOURCES.index(getattr(self.scorer, "loss_source", "forward"))
         #: A tag recorded with each decision (set it to the optimizer step, say).
@@ -402,6 +432,7 @@ class Sifter:
                 "scored",
                 "from_memory",
                 "observed",
+                "unknown",
             ),
             0,
         )
@@ -465,6 +496,8 @@ class Sifter:
             c["observed"],
             shards["skipped"],
             shards["samples_skipped"],
+            c["unknown"],
+            self.policy.sifting_scale(),
         )
 
     def watch_shards(self, *pipelines: Any) -> None:
@@ -1033,8 +1066,9 @@ class Sifter:
         micro_batch0 = counts["micro_batches"]
 
         finite = np.isfinite(losses)
-        if self.on_nan == "raise" and not finite.all():
-            self._raise_non_finite(group, losses, finite)
+        unknown = group.unknown
+        if self.on_nan == "raise" and not finite.all() and (unknown is None or not (finite | unknown).all()):
+            self._raise_non_finite(group, losses, finite if unknown is None else finite | unknown)
         upstream = group.upstream
         d = decide_rows(
             self.policy,
@@ -1046,6 +1080,7 @@ class Sifter:
             self.on_nan == "keep",
             finite,
             None if upstream is None else (upstream[0], upstream[2]),
+            unknown,
         )
         keep, prob, score, weight, reason = d.keep, d.prob, d.score, d.weight, d.reason
         counts["micro_batches"] += d.micro_batches
@@ -1136,7 +1171,13 @@ class Sifter:
         losses, remembered = memory.lookup(hashes, self.epoch)
         miss = np.flatnonzero(np.isnan(losses))
         sources = np.where(remembered == FEEDBACK, FEEDBACK, STALE).astype(np.int8)
-        if miss.size:
+        if miss.size and self.unknown == "keep":
+            sources[miss] = NONE
+            unknown = np.zeros(group.rows, dtype=bool)
+            unknown[miss] = True
+            group.unknown = unknown
+            self._counts["unknown"] += miss.size
+        elif miss.size:
             fresh = self._score_rows(group, miss)
             losses[miss] = fresh
             sources[miss] = source
@@ -1388,6 +1429,7 @@ class Sifter:
                 "max_age": memory.max_age,
                 "remember_forward": self.remember_forward,
             },
+            "unknown": self.unknown,
             "rank": rank,
             "world": world,
         }
@@ -1547,7 +1589,20 @@ class _Output:
         yield out
 
 
-_COUNTS = ("seen", "kept", "dropped", "nan", "warmup", "micro_batches", "scored", "from_memory", "observed")
+_COUNTS = (
+    "seen",
+    "kept",
+    "dropped",
+    "nan",
+    "warmup",
+    "micro_batches",
+    "scored",
+    "from_memory",
+    "observed",
+    "unknown",
+)
+# counters a state may lack (written before they existed): they load as 0
+_LATER_COUNTS = ("unknown",)
 # the settings a version 2 state's config names (see Sifter._config)
 _CONFIG = (
     "micro_batch",
@@ -1663,7 +1718,11 @@ def _check_state(state: Any, batched: bool) -> None:
     batched = bool(state["config"].get("batched", batched))
     counts = state["counts"]
     # version 1 states written before some counters existed lack them
-    for name in _COUNTS if state["version"] >= 2 else ("seen", "kept", "dropped"):
+    for name in (
+        (c for c in _COUNTS if c not in _LATER_COUNTS)
+        if state["version"] >= 2
+        else ("seen", "kept", "dropped")
+    ):
         if name not in counts:
             raise bad(f"counts[{name!r}]", "a count >= 0")
     for name, value in counts.items():
@@ -1674,7 +1733,7 @@ def _check_state(state: Any, batched: bool) -> None:
     seen = int(counts["seen"])
     if counts["kept"] + counts["dropped"] != seen:
         raise bad("counts['seen']", f"kept + dropped ({counts['kept']} + {counts['dropped']})")
-    for name in ("nan", "warmup", "scored", "from_memory"):
+    for name in ("nan", "warmup", "scored", "from_memory", "unknown"):
         if counts.get(name, 0) > seen:
             raise bad(f"counts[{name!r}]", f"at most the {seen} samples seen")
     seconds = state["seconds"]
@@ -1827,9 +1886,18 @@ def _check_memory_state(memory: Any, bad: Callable[[str, str], ResumeError]) -> 
         return
     if not isinstance(memory, Mapping):
         raise bad("memory", "None or a dict")
-    for name in ("capacity", "max_age"):
-        if not _is_int(memory.get(name), 1):
-            raise bad(f"memory[{name!r}]", "an integer >= 1")
+    if not _is_int(memory.get("capacity"), 1):
+        raise bad("memory['capacity']", "an integer >= 1")
+    if memory.get("max_age") is not None and not _is_int(memory.get("max_age"), 1):
+        raise bad("memory['max_age']", "an integer >= 1, or None (never expires)")
+    if "drift" in memory and not (
+        isinstance(memory["drift"], torch.Tensor)
+        and memory["drift"].shape == (2, 2, 2)
+        and bool(torch.isfinite(memory["drift"]).all())
+        and _is_int(memory.get("drift_epoch"), -32767)
+        and isinstance(memory.get("drift_verdict", 0.0), float | int)
+    ):
+        raise bad("memory['drift']", "a finite 2x2x2 tensor with an integer drift_epoch")
     if not _is_int(memory.get("refused")):
         raise bad("memory['refused']", "a count >= 0")
     dtypes = {"keys": torch.int64, "loss": torch.float32, "epoch": torch.int16, "source": torch.int8}
