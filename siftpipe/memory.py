@@ -251,7 +251,7 @@ class ScoreMemory:
             "refused": self.refused,
             "drift": torch.from_numpy(self._drift.copy()),
             "drift_epoch": self._drift_epoch,
-            "drift_verdict": self._verdict,
+            "drift_verdict": None if np.isnan(self._verdict) else self._verdict,
         }
 
     def load_state_dict(self, state: Mapping[str, Any], *, fit: bool = False) -> None:
@@ -272,7 +272,8 @@ class ScoreMemory:
         if "drift" in state:  # states written before the forgetting measure lack it
             self._drift = state["drift"].numpy().astype(np.float64).reshape(2, 2, 2).copy()
             self._drift_epoch = int(state["drift_epoch"])
-            self._verdict = float(state.get("drift_verdict", float("nan")))
+            verdict = state.get("drift_verdict")
+            self._verdict = float("nan") if verdict is None else float(verdict)
 
     def _fill(self, keys: np.ndarray, loss: np.ndarray, epoch: np.ndarray, source: np.ndarray) -> None:
         self._keys[:] = _EMPTY

@@ -414,6 +414,7 @@ def read_log(
         progress: Show a progress bar over parts.
     """
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     fs, infos, _ = list_parts(url, storage_options, run=run, rank=rank)
     readable = [p for p in infos if p.path is not None]
@@ -439,10 +440,10 @@ def read_log(
             continue
         if not include_superseded and info.cutoff != float("inf"):
             table = table.filter(
-                pa.compute.less(table.column("seq"), pa.scalar(int(info.cutoff), pa.int64()))
+                pc.less(table.column("seq"), pa.scalar(int(info.cutoff), pa.int64()))
             )
         if kept is not None:
-            table = table.filter(table.column("kept") if kept else pa.compute.invert(table.column("kept")))
+            table = table.filter(table.column("kept") if kept else pc.invert(table.column("kept")))
         if columns is not None:
             table = table.select([c for c in columns if c in table.column_names])
         n = table.num_rows

@@ -1895,7 +1895,10 @@ def _check_memory_state(memory: Any, bad: Callable[[str, str], ResumeError]) -> 
         and memory["drift"].shape == (2, 2, 2)
         and bool(torch.isfinite(memory["drift"]).all())
         and _is_int(memory.get("drift_epoch"), -32767)
-        and isinstance(memory.get("drift_verdict", 0.0), float | int)
+        and (
+            memory.get("drift_verdict") is None
+            or (isinstance(memory["drift_verdict"], float | int) and np.isfinite(memory["drift_verdict"]))
+        )
     ):
         raise bad("memory['drift']", "a finite 2x2x2 tensor with an integer drift_epoch")
     if not _is_int(memory.get("refused")):

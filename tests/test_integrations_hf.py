@@ -109,6 +109,7 @@ def train(
     resume: str | None = None,
     trainer_cls: type = Recording,
     callbacks: list | None = None,
+    make_sifter=None,
 ) -> Recording:
     model = gpt2(dropout)
     args = TrainingArguments(
@@ -124,13 +125,17 @@ def train(
         seed=0,
         disable_tqdm=True,
     )
-    sifter = sp.Sifter(
-        None,
-        ModelLoss(),
-        policy or sp.RelativeProbabilistic(1.0, history=64),
-        micro_batch=16,
-        delay=16,
-        memory=sp.ScoreMemory(1000),
+    sifter = (
+        make_sifter()
+        if make_sifter is not None
+        else sp.Sifter(
+            None,
+            ModelLoss(),
+            policy or sp.RelativeProbabilistic(1.0, history=64),
+            micro_batch=16,
+            delay=16,
+            memory=sp.ScoreMemory(1000),
+        )
     )
     trainer = trainer_cls(
         model=model,
@@ -176,6 +181,23 @@ def test_resume_from_any_checkpoint_equals_the_uninterrupted_run(tmp_path):
     assert logged and {"sift/keep_rate", "sift/scored", "sift/from_memory", "sift/seconds"} <= set(logged[-1])
     assert logged[-1]["sift/from_memory"] > 0  # trained samples were decided from the fed-back losses
     assert 0 < logged[-1]["sift/keep_rate"] < 1
+
+
+def test_the_default_recipe_learns_from_the_steps_losses_alone_and_resumes_exactly(tmp_path):
+    def make():
+        return sp.recipe(None, ModelLoss(), budget=240, capacity=1000, micro_batch=16)
+
+    full = train(tmp_path / "full", make_sifter=make)
+    s = full.sifter.stats
+    assert s.scored == 0  # not one scoring forward: every loss came from a training step
+    assert s.unknown == 48 and s.from_memory > 0 and s.dropped > 0 and 0 < s.observed <= s.kept
+    keys = [b["keys"] for b in full.batches]
+    # step 6 ends pass 0 exactly (its 48 samples, all unknown and kept): the resumed stream must
+    # go on to pass 1, not take the finished pass for empty data
+    part = resumed_from(tmp_path / "full", 6, tmp_path / "cut6", make_sifter=make)
+    assert [b["keys"] for b in part.batches] == keys[12:]
+    assert torch.equal(weights(part), weights(full))
+    assert counters(part) == counters(full)
 
 
 def test_resume_over_webdataset_shards(tmp_path):

@@ -313,8 +313,10 @@ class SiftedStream:
     def _endless(self) -> Iterator[Any]:
         while True:
             seen = self.sifter.stats.seen
+            resumed = self.sifter.resume_from is not None
             handed = yield from self._one_pass()
-            if not handed and self.sifter.stats.seen == seen:
+            # a pass resumed from a checkpoint taken at its very end has nothing left: not empty data
+            if not handed and self.sifter.stats.seen == seen and not resumed:
                 raise sp.SiftError(
                     f"pass {self.epoch} over the training data gave no sample at all; the dataset or "
                     "stream is empty (an endless stream of passes over it would never yield a batch)"
