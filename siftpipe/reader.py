@@ -563,6 +563,9 @@ class StreamReport:
     missing_parts: list[str] = field(default_factory=list)
     unreadable_parts: list[str] = field(default_factory=list)
     count_mismatches: list[str] = field(default_factory=list)
+    #: Findings that are expected after a kill and lose nothing (e.g. the last part of a killed
+    #: attempt, readable, whose manifest was never written): reported, not problems.
+    notes: list[str] = field(default_factory=list)
     attempts: list[dict[str, Any]] = field(default_factory=list)
     #: Shards the pipeline's handler skipped (``warn_and_continue``), as ``"<url> (<kind>)"``:
     #: their samples never reached the stage, so no record stands for them. A chosen policy, not
@@ -654,7 +657,14 @@ class LogReport:
             out.extend(f"  missing part: {m}" for m in s.missing_parts)
             out.extend(f"  unreadable part: {m}" for m in s.unreadable_parts)
             out.extend(f"  count mismatch: {m}" for m in s.count_mismatches)
+            out.extend(f"  note: {m}" for m in s.notes)
         return out
+
+
+def _died_writing(attempt: _Attempt, info: PartInfo) -> bool:
+    """Whether ``info`` is the last part of an attempt that never closed: the one part whose
+    manifest a kill can leave unwritten (parts are written in order, each before its manifest)."""
+    return not attempt.ended and info.part == max(p.part for p in attempt.parts)
 
 
 def verify_log(
@@ -674,6 +684,7 @@ def verify_log(
         seq_of[id(info)] = table
     streams: dict[tuple[str, int], StreamReport] = {}
     canonical: dict[tuple[str, int], list[np.ndarray]] = {}
+    owners = {(a.run, a.rank, a.attempt): a for a in attempts}
     for info in infos:
         key = (info.run, info.rank)
         report = streams.setdefault(key, StreamReport(info.run, info.rank))
@@ -686,7 +697,14 @@ def verify_log(
             report.unreadable_parts.append(f"{redact(info.path, secrets)}: {type(table).__name__}")
             continue
         seq = table.column("seq").to_numpy()
-        if info.manifest is None:
+        owner = owners.get((info.run, info.rank, info.attempt))
+        if info.manifest is None and owner is not None and _died_writing(owner, info):
+            # S3 puts are atomic and the part is readable Parquet: its records are all there
+            report.notes.append(
+                f"{name}: no manifest; the attempt was killed between writing its last part and "
+                f"that part's manifest; the part is readable and its {seq.size} records count"
+            )
+        elif info.manifest is None:
             report.count_mismatches.append(f"{name}: no manifest (written when the process died?)")
         elif int(info.manifest.get("count", -1)) != seq.size:
             report.count_mismatches.append(

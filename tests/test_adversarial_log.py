@@ -263,7 +263,7 @@ def test_sigkill_at_random_points_then_resume_leaves_one_record_per_sample(own_s
     assert kills >= 2
     report = sp.verify_log(root, options)
     (stream,) = report.streams
-    assert report.ok, report.lines()
+    assert report.ok, "\n".join(report.lines())
     assert stream.records == TOTAL and (stream.first_seq, stream.last_seq) == (0, TOTAL - 1)
     assert not stream.collisions and len({a.get("origin") for a in stream.attempts}) == 1
     table = sp.read_log(root, options)

@@ -170,6 +170,26 @@ def test_verify_finds_a_missing_and_a_truncated_part(tmp_path):
         sp.read_log(str(tmp_path), on_bad_part="raise")
 
 
+def test_a_kill_between_the_last_part_and_its_manifest_loses_nothing_and_verify_says_so(tmp_path):
+    """S3 puts are atomic and a part is written before its manifest: a SIGKILL between the two
+    leaves a readable last part without manifest. Its records are all there (a note, not a
+    problem); a missing manifest anywhere else, or in an attempt that closed, still is one."""
+    sift_all(str(tmp_path))
+    rank_dir = tmp_path / "run=r1" / "rank=0"
+    manifests = sorted(rank_dir.glob("_manifest-*.json"))
+    (end,) = rank_dir.glob("_end-*.json")
+    manifests[-1].unlink()
+    closed = sp.verify_log(str(tmp_path))  # the attempt closed: its manifests must all be there
+    assert not closed.ok and "no manifest" in "\n".join(closed.lines())
+    end.unlink()  # now it looks killed right after writing its last part
+    killed = sp.verify_log(str(tmp_path))
+    assert killed.ok and killed.records == 1000, "\n".join(killed.lines())
+    assert "killed between writing its last part" in "\n".join(killed.lines())
+    manifests[3].unlink()  # a manifest missing in the middle is not what a kill leaves
+    middle = sp.verify_log(str(tmp_path))
+    assert not middle.ok and len(middle.streams[0].count_mismatches) == 1
+
+
 def test_filters_by_run_rank_and_kept(tmp_path):
     for run in ("a", "b"):
         log = sp.AuditLog(str(tmp_path), run_id=run, rank=1 if run == "b" else 0, flush_every=300)

@@ -77,7 +77,7 @@ def test_sigkill_then_resume_lines_up_with_the_checkpoint(own_s3, tmp_path):
 
     report = sp.verify_log(root, options)
     stream = report.streams[0]
-    assert report.ok, report.lines()
+    assert report.ok, "\n".join(report.lines())
     assert stream.records == TOTAL and (stream.first_seq, stream.last_seq) == (0, TOTAL - 1)
     assert len(stream.attempts) == 2 and stream.attempts[1]["ended"]
     table = sp.read_log(root, options)

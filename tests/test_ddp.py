@@ -78,7 +78,7 @@ def test_ddp_over_sifted_s3_shards_takes_equal_steps_and_logs_every_rank(s3):
     assert result["equal_steps"] and ranks[0]["steps_per_epoch"] == ranks[1]["steps_per_epoch"]
     assert all(r["seen"] == 6000 for r in ranks)  # each rank streamed its half, twice
     report = sp.verify_log(f"s3://{bucket}/audit", server.storage_options)
-    assert report.ok, report.lines()
+    assert report.ok, "\n".join(report.lines())
     assert [(s.rank, s.records) for s in report.streams] == [(0, 6000), (1, 6000)]
     assert len({s.run for s in report.streams}) == 1  # one run id, shared from rank 0
 

@@ -97,7 +97,7 @@ def test_sigkill_in_batched_mode_with_the_thread_writer_then_resume(own_s3, tmp_
 
     report = sp.verify_log(root, options)
     (stream,) = report.streams
-    assert report.ok, report.lines()
+    assert report.ok, "\n".join(report.lines())
     assert (stream.records, stream.first_seq, stream.last_seq) == (TOTAL, 0, TOTAL - 1)
     assert stream.superseded == sum(a["records"] for a in stream.attempts) - TOTAL
     assert [a["ended"] for a in stream.attempts] == [False, True]

@@ -162,7 +162,7 @@ def test_workers_skip_bad_shards_and_samples_and_the_training_process_counts_eve
     table = sp.read_log(str(tmp_path / "audit"))
     assert table.num_rows == stats.seen and sorted(table.column("key").to_pylist()) == sorted(reached)
     report = sp.verify_log(str(tmp_path / "audit"))
-    assert report.ok, report.lines()  # a chosen policy, not a broken log
+    assert report.ok, "\n".join(report.lines())  # a chosen policy, not a broken log
     (stream,) = report.streams
     assert sorted(stream.skipped_shards) == sorted(seen_by_workers.skipped_urls)
     assert stream.samples_skipped == 2
