@@ -5,6 +5,7 @@ from .distributed import EqualSteps, dist_info, fixed_steps, sync_history
 from .errors import (
     AuditError,
     ConfigError,
+    MissingExtraError,
     MissingKeyError,
     NonFiniteLossError,
     PolicyError,
@@ -64,6 +65,7 @@ __all__ = [
     "LogReport",
     "LossHistory",
     "MeanSquaredError",
+    "MissingExtraError",
     "MissingKeyError",
     "NonFiniteLossError",
     "Policy",

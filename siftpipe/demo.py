@@ -854,9 +854,9 @@ def plot_runs(results: Sequence[RunResult], path: str, title: str = "") -> None:
     The left panel shows every evaluation (the y-axis spans them all, the early low ones too);
     the right one zooms on the top of the curves (from 2 points below the lowest final accuracy),
     where the runs' final accuracies differ."""
-    import matplotlib
+    from ._optional import require
 
-    matplotlib.use("Agg")
+    require("matplotlib", "the accuracy plot").use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (full, zoom) = plt.subplots(1, 2, figsize=(11, 4.5), sharex=True)
@@ -890,13 +890,18 @@ def plot_runs(results: Sequence[RunResult], path: str, title: str = "") -> None:
 
 def run_demo(args: argparse.Namespace) -> int:
     """The ``siftpipe demo`` command (see ``add_cli`` for the flags)."""
-    from tqdm.auto import tqdm
-
     import siftpipe as sp
 
+    from ._optional import available, progress_bar
     from .cli import parse_storage_options
 
     wall0 = time.perf_counter()
+    can_plot = available("matplotlib")
+    if not can_plot:
+        print(
+            "siftpipe demo: no accuracy plot: matplotlib is not installed (pip install 'siftpipe[plot]')",
+            file=sys.stderr,
+        )
     torch.set_num_threads(max(1, args.threads))
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
@@ -954,7 +959,7 @@ def run_demo(args: argparse.Namespace) -> int:
         audit = None
         if arm.policy is not None:
             audit = sp.AuditLog(audit_root, run_id=f"demo-{time.strftime('%Y%m%d-%H%M%S')}")
-        bar = tqdm(
+        bar = progress_bar(
             total=None if args.budget_seconds else args.epochs * args.samples,
             unit="sample",
             desc=arm.name,
@@ -984,7 +989,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
     full, sifted = results
     plot = os.path.join(out, "accuracy.png")
-    plot_runs(results, plot, title=f"siftpipe demo: {args.samples:,} samples, {budget}")
+    if can_plot:
+        plot_runs(results, plot, title=f"siftpipe demo: {args.samples:,} samples, {budget}")
     print()
     print(_table(results))
     print()
@@ -997,7 +1003,8 @@ def run_demo(args: argparse.Namespace) -> int:
     run_id = audit.run_id if audit is not None else "?"
     print(f"audit log of the sifted run: {audit_root} (run {run_id}); inspect it with")
     print(f"  siftpipe log summary {audit_root}")
-    print(f"plot of test accuracy against wall time: {plot}")
+    if can_plot:
+        print(f"plot of test accuracy against wall time: {plot}")
     say(f"(demo took {time.perf_counter() - wall0:.0f} s in all)")
     return 0
 

@@ -12,6 +12,7 @@ __all__ = [
     "AuditError",
     "ConfigError",
     "CorruptShardError",
+    "MissingExtraError",
     "MissingFieldError",
     "MissingKeyError",
     "NonFiniteLossError",
@@ -59,6 +60,11 @@ class NonFiniteLossError(SiftError):
 
 class MissingKeyError(SiftError):
     """A sample lacks the key field that the audit log, replay or score memory needs."""
+
+
+class MissingExtraError(SiftError, ImportError):
+    """An optional dependency is not installed (a plot needs matplotlib); the message names the
+    ``pip install "siftpipe[...]"`` that brings it."""
 
 
 class PolicyError(SiftError):

@@ -143,9 +143,9 @@ def _print_summary(s: Mapping[str, Any], out: Any) -> None:
 
 def plot_log(table: Any, path: str) -> None:
     """Write a PNG: keep rate over sequence, loss histograms kept vs dropped, prob vs score."""
-    import matplotlib
+    from ._optional import require
 
-    matplotlib.use("Agg")
+    require("matplotlib", "siftpipe log plot").use("Agg")
     import matplotlib.pyplot as plt
 
     kept = table.column("kept").to_numpy(zero_copy_only=False)

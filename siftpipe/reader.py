@@ -439,9 +439,7 @@ def read_log(
             warnings.warn(message, RuntimeWarning, stacklevel=2)
             continue
         if not include_superseded and info.cutoff != float("inf"):
-            table = table.filter(
-                pc.less(table.column("seq"), pa.scalar(int(info.cutoff), pa.int64()))
-            )
+            table = table.filter(pc.less(table.column("seq"), pa.scalar(int(info.cutoff), pa.int64())))
         if kept is not None:
             table = table.filter(table.column("kept") if kept else pc.invert(table.column("kept")))
         if columns is not None:
@@ -524,11 +522,11 @@ def _read_many_with_progress(
 ) -> list[Any]:
     if not progress or len(paths) < 2:
         return _read_many(fs, paths, lambda b: _read_part(b, columns))
-    from tqdm import tqdm
+    from ._optional import progress_bar
 
     results: list[Any] = []
     batch = 32
-    with tqdm(total=len(paths), unit="part", desc="reading log") as bar:
+    with progress_bar(auto=False, total=len(paths), unit="part", desc="reading log") as bar:
         for start in range(0, len(paths), batch):
             chunk = paths[start : start + batch]
             results.extend(_read_many(fs, chunk, lambda b: _read_part(b, columns)))

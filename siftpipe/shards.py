@@ -255,7 +255,7 @@ def write_shards(
         samples_per_shard: Samples per shard (the last one may hold fewer).
         storage_options: fsspec options for the URL's filesystem (endpoint_url, key/secret,
             profile, ...); ``None`` uses the standard environment.
-        progress: Show a tqdm progress bar (samples) on stderr.
+        progress: Show a progress bar (samples) on stderr (when tqdm, ``siftpipe[progress]``, is installed).
         total: Number of samples, for the progress bar, when ``samples`` has no ``len``.
         mtime: Modification time stored in the tar headers (seconds since the epoch); the
             default 0 makes the same samples give byte-identical shards.
@@ -266,7 +266,7 @@ def write_shards(
     and the fix (missing bucket, no permission, ...) and ``ConfigError`` for a sample that
     cannot be stored without pickle.
     """
-    from tqdm.auto import tqdm
+    from ._optional import progress_bar
 
     if not isinstance(samples_per_shard, int) or samples_per_shard < 1:
         raise ConfigError(f"samples_per_shard must be a number of samples >= 1, got {samples_per_shard!r}")
@@ -283,7 +283,7 @@ def write_shards(
     urls: list[str] = []
     counts: list[int] = []
     shown = opener.redact(redact_url(prefix))
-    bar = tqdm(
+    bar = progress_bar(
         total=n if n is not None else total, unit="sample", desc=f"writing {shown}", disable=not progress
     )
     tmpdir = tempfile.mkdtemp(prefix="siftpipe-shard-")
