@@ -31,6 +31,24 @@ REASONS: tuple[str, ...] = ("policy", "warmup", "nan", "predecode", "unknown")
 #: Where a decision's loss came from (the ``source`` column), in the order of their codes.
 SOURCES: tuple[str, ...] = ("forward", "feedback", "stale", "proxy", "none")
 _FRAME = struct.Struct("<II")
+#: Columns of every part, in order (``run`` and ``rank`` come from the path).
+COLUMNS: tuple[str, ...] = (
+    "worker",
+    "seq",
+    "epoch",
+    "key",
+    "url",
+    "loss",
+    "score",
+    "prob",
+    "kept",
+    "weight",
+    "reason",
+    "source",
+    "micro_batch",
+    "model_version",
+    "time",
+)
 #: Files of one attempt in a rank's directory (parts, manifests, end markers, claims).
 _ATTEMPT_FILE = re.compile(
     r"(?:part-\d+-(?P<attempt>[0-9a-f]+)\.parquet)|(?:(?:_manifest-\d+-|_end-|_claim-)(?P<json>[0-9a-f]+)\.json)"

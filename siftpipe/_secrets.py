@@ -35,6 +35,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
+from .errors import AuditError
+
 __all__ = [
     "REDACTED",
     "Redactor",
@@ -310,3 +312,20 @@ def redact_json(value: Any, secrets: Iterable[str] = ()) -> Any:
 
 #: Storage options fit to show (an alias kept for the audit log's reprs).
 safe_options = redact_options
+
+
+#: Object stores whose fsspec filesystems do not read credentials from a URL: s3fs takes
+#: ``s3://KEY:SECRET@bucket`` for a bucket named ``KEY:SECRET`` and names it in its errors.
+_NO_URL_CREDENTIALS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"})
+
+
+def refuse_credentials_in_url(url: str) -> None:
+    """Raise ``AuditError`` for an object-store URL with credentials in it (they would reach
+    error messages); say where credentials go instead."""
+    protocol, sep, rest = url.partition("://")
+    if sep and protocol.lower() in _NO_URL_CREDENTIALS and url_secrets(url.split("?", 1)[0]):
+        raise AuditError(
+            f"the URL {redact(url)} holds credentials; {protocol}:// URLs cannot carry them: pass "
+            "them as storage options (e.g. key=, secret=, token=) or through the provider's "
+            "standard environment or profile"
+        )

@@ -39,33 +39,15 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from . import _audit_io
-from ._secrets import redact, safe_options, secret_values
+from ._audit_io import COLUMNS
+from ._secrets import redact, refuse_credentials_in_url, safe_options, secret_values
 from .errors import AuditError, ResumeError
-from .reader import refuse_credentials_in_url
 
 if TYPE_CHECKING:
     from .sifter import Sifter
 
 __all__ = ["COLUMNS", "AuditLog", "AuditStats"]
 
-#: Columns of every part, in order (``run`` and ``rank`` come from the path).
-COLUMNS: tuple[str, ...] = (
-    "worker",
-    "seq",
-    "epoch",
-    "key",
-    "url",
-    "loss",
-    "score",
-    "prob",
-    "kept",
-    "weight",
-    "reason",
-    "source",
-    "micro_batch",
-    "model_version",
-    "time",
-)
 FORMAT_VERSION = 1
 
 OnFull = Literal["block", "drop"]

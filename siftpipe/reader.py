@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ._secrets import redact, secret_values, url_secrets
+from ._secrets import redact, refuse_credentials_in_url, secret_values
 from .errors import AuditError
 
 __all__ = ["LogReport", "PartInfo", "list_parts", "read_log", "verify_log"]
@@ -60,23 +60,6 @@ class _Attempt:
     origin: str | None = None
     #: Unix time of the attempt's last decision found (manifests, end marker); None if unknown.
     decided_until: float | None = None
-
-
-#: Object stores whose fsspec filesystems do not read credentials from a URL: s3fs takes
-#: ``s3://KEY:SECRET@bucket`` for a bucket named ``KEY:SECRET`` and names it in its errors.
-_NO_URL_CREDENTIALS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"})
-
-
-def refuse_credentials_in_url(url: str) -> None:
-    """Raise ``AuditError`` for an object-store URL with credentials in it (they would reach
-    error messages); say where credentials go instead."""
-    protocol, sep, rest = url.partition("://")
-    if sep and protocol.lower() in _NO_URL_CREDENTIALS and url_secrets(url.split("?", 1)[0]):
-        raise AuditError(
-            f"the URL {redact(url)} holds credentials; {protocol}:// URLs cannot carry them: pass "
-            "them as storage options (e.g. key=, secret=, token=) or through the provider's "
-            "standard environment or profile"
-        )
 
 
 def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
@@ -340,7 +323,7 @@ def _read_part(payload: bytes, columns: Sequence[str] | None) -> Any:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from .audit import COLUMNS
+    from ._audit_io import COLUMNS
 
     owned = pa.allocate_buffer(len(payload))
     memoryview(owned).cast("B")[:] = payload
@@ -537,7 +520,7 @@ def _read_many_with_progress(
 def _empty_table(columns: Sequence[str] | None) -> Any:
     import pyarrow as pa
 
-    from .audit import COLUMNS
+    from ._audit_io import COLUMNS
 
     names = [c for c in (columns or COLUMNS)] + ["run", "rank"]
     return pa.table({name: pa.array([], pa.null()) for name in names})
