@@ -565,6 +565,7 @@ def run_arm(
         )
         paused += time.perf_counter() - t0
 
+    clock = {"select": 0.0, "feedback": 0.0}
     model.train()
     start = time.perf_counter()
     cpu0 = time.process_time()
@@ -610,7 +611,7 @@ def run_arm(
                         yield b["i"], b.get("__sift_weight__"), base + min(s.stats.seen - at_start, n)
 
                 steps = sifted()
-        for idx, weight, seen in steps:
+        for idx, weight, seen in _timed(steps, clock):
             # evaluation k happens before the step whose samples cross k/evals of the budget
             while next_eval < evals and seen > (next_eval / evals) * total:
                 evaluate()
@@ -628,11 +629,13 @@ def run_arm(
             loss.backward()
             optimizer.step()
             detached = losses.detach()
+            t_feedback = time.perf_counter()
             if arm.kind == "recipe":
                 assert sifter is not None
                 sifter.observe([keys[i] for i in idx.tolist()], detached)
             elif ref is not None:
                 ref.feedback(idx.numpy(), detached.numpy().astype(np.float64))
+            clock["feedback"] += time.perf_counter() - t_feedback
             state["trained"] += len(idx)
             noisy_trained += int(data.noisy[idx.numpy()].sum())
         state["seen"] = (epoch + 1) * n
@@ -656,6 +659,9 @@ def run_arm(
         "scored": scored,
         "units": 3 * state["trained"] + scored,
         "keep_rate": round(state["trained"] / state["seen"], 4),
+        # wall time getting each step's batch (building it, and the selector) and handing losses back
+        "select_seconds": round(clock["select"], 3),
+        "feedback_seconds": round(clock["feedback"], 3),
         "trained_per_epoch": trained_per_epoch,
         "noisy_share_trained": round(noisy_trained / max(1, state["trained"]), 4),
         "final_metric": round(final["metric"], 5),
@@ -673,6 +679,19 @@ def run_arm(
             "sifting_scale": round(stats.sifting_scale, 4),
         }
     return row
+
+
+def _timed(steps: Iterator[Any], clock: dict[str, float]) -> Iterator[Any]:
+    """``steps``, adding the wall time spent producing each item to ``clock["select"]``."""
+    while True:
+        t0 = time.perf_counter()
+        try:
+            item = next(steps)
+        except StopIteration:
+            clock["select"] += time.perf_counter() - t0
+            return
+        clock["select"] += time.perf_counter() - t0
+        yield item
 
 
 def to_target(points: Sequence[dict[str, float]], target: float, lower: bool) -> dict[str, float] | None:
@@ -757,6 +776,8 @@ def run_task(task: Task, arms: list[ArmSpec], seeds: list[int], args: argparse.N
             "worst_time_ratio": max((r.get("seconds_ratio", math.nan) for r in rows), default=None),
             "worst_units_ratio": max((r.get("units_ratio", math.nan) for r in rows), default=None),
             "seconds": _median([r["seconds"] for r in rows]),
+            "select_seconds": _median([r["select_seconds"] for r in rows]),
+            "feedback_seconds": _median([r["feedback_seconds"] for r in rows]),
             "keep_rate": _median([r["keep_rate"] for r in rows]),
             "scored": _median([r["scored"] for r in rows]),
             "final_metric": _median([r["final_metric"] for r in rows]),
@@ -840,8 +861,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"metric: {d['metric']}; target: {d['target']}.",
             "",
             "| arm | reached | time / full | units / full | seen / full | trained / full | worst time | "
-            "keep rate | scoring fwd | final metric | wall s |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "keep rate | scoring fwd | final metric | wall s | select+feedback s |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
 
         def f(v: Any, p: str = ".2f") -> str:
@@ -852,7 +873,8 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {arm} | {s['reached']} | {f(s['time_ratio'])} | {f(s['units_ratio'])} | "
                 f"{f(s['seen_ratio'])} | {f(s['trained_ratio'])} | {f(s['worst_time_ratio'])} | "
                 f"{f(s['keep_rate'], '.3f')} | {f(s['scored'], '.0f')} | {f(s['final_metric'], '.4f')} | "
-                f"{f(s['seconds'], '.1f')} |"
+                f"{f(s['seconds'], '.1f')} | "
+                f"{f((s['select_seconds'] or 0) + (s['feedback_seconds'] or 0), '.1f')} |"
             )
         lines.append("")
     arms = list(next(iter(report["tasks"].values()))["summary"]) if report["tasks"] else []
