@@ -755,6 +755,7 @@ def run_task(task: Task, arms: list[ArmSpec], seeds: list[int], args: argparse.N
                 final = full["final_metric"]
                 target = final if lower else final - MARGIN
                 row["target"] = round(target, 5)
+                row["final_gap"] = round(row["final_metric"] - final, 5)  # vs the full run, same seed
                 hit = to_target(row["points"], target, lower)
                 full_hit = to_target(full["points"], target, lower)
                 row["to_target"] = None if hit is None else {k: round(v, 2) for k, v in hit.items()}
@@ -781,6 +782,7 @@ def run_task(task: Task, arms: list[ArmSpec], seeds: list[int], args: argparse.N
             "keep_rate": _median([r["keep_rate"] for r in rows]),
             "scored": _median([r["scored"] for r in rows]),
             "final_metric": _median([r["final_metric"] for r in rows]),
+            "final_gap": _median([r.get("final_gap", math.nan) for r in rows]),
             "noisy_share_trained": _median([r["noisy_share_trained"] for r in rows]),
         }
         for k in ("worst_time_ratio", "worst_units_ratio"):
@@ -861,8 +863,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"metric: {d['metric']}; target: {d['target']}.",
             "",
             "| arm | reached | time / full | units / full | seen / full | trained / full | worst time | "
-            "keep rate | scoring fwd | final metric | wall s | select+feedback s |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "keep rate | scoring fwd | final metric | final - full | wall s | select+feedback s |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
 
         def f(v: Any, p: str = ".2f") -> str:
@@ -873,6 +875,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {arm} | {s['reached']} | {f(s['time_ratio'])} | {f(s['units_ratio'])} | "
                 f"{f(s['seen_ratio'])} | {f(s['trained_ratio'])} | {f(s['worst_time_ratio'])} | "
                 f"{f(s['keep_rate'], '.3f')} | {f(s['scored'], '.0f')} | {f(s['final_metric'], '.4f')} | "
+                f"{f(s.get('final_gap'), '+.4f')} | "
                 f"{f(s['seconds'], '.1f')} | "
                 f"{f((s['select_seconds'] or 0) + (s['feedback_seconds'] or 0), '.1f')} |"
             )
