@@ -81,6 +81,28 @@ def bucket(local_s3):
     return local_s3.new_bucket()
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (the README's ``-n 2``), each worker counts in its own process: the
+    controller sums what they send back, so the summary below covers the whole session."""
+    if config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workeroutput"):
+        config.pluginmanager.register(_TallyFromWorkers(), "siftpipe-tally-from-workers")
+
+
+class _TallyFromWorkers:
+    def pytest_testnodedown(self, node, error):
+        from tally import tried
+
+        for category, n in getattr(node, "workeroutput", {}).get("siftpipe_tally", {}).items():
+            tried(category, n)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: hand its counts to the controller
+        from tally import totals
+
+        session.config.workeroutput["siftpipe_tally"] = totals()
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Print what the adversarial tests tried (see tests/tally.py), and write it where asked."""
     import json
