@@ -49,6 +49,7 @@ from .scorers import (
     scorer_names,
 )
 from .sifter import REASONS, Sifter, SiftStats
+from .sink import Decisions, DecisionSink, StageInfo
 
 __version__ = "0.1.0"
 
@@ -60,6 +61,8 @@ __all__ = [
     "ConfigError",
     "CrossEntropy",
     "Decision",
+    "DecisionSink",
+    "Decisions",
     "EqualSteps",
     "InfoBatch",
     "LogReport",
@@ -90,6 +93,7 @@ __all__ = [
     "SiftError",
     "SiftInWorkerError",
     "SiftStats",
+    "StageInfo",
     "Sifter",
     "TokenCrossEntropy",
     "TopFraction",

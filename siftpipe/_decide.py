@@ -57,6 +57,8 @@ def decide_rows(
     finite: np.ndarray | None = None,
     decided: tuple[np.ndarray, np.ndarray] | None = None,
     unknown: np.ndarray | None = None,
+    *,
+    all_finite: bool | None = None,
 ) -> Decided:
     """Decide ``losses`` (rows ``seq0..``) in micro-batches of ``chunk`` rows.
 
@@ -66,16 +68,21 @@ def decide_rows(
     they are kept with those probabilities, reason ``predecode``, and the policy never sees them.
     ``unknown`` marks rows with no loss at all (a score memory that does not know them, with
     ``unknown="keep"``): kept with probability 1, reason ``unknown``, unseen by the policy.
+    ``all_finite``: whether every entry of ``finite`` is True, if the caller knows.
     """
     rows = losses.shape[0]
     if finite is None:
         finite = np.isfinite(losses)
+        all_finite = None
     upstream = decided[0] if decided is not None else None
     if upstream is not None:
         finite = finite & ~upstream
+        all_finite = None
     if unknown is not None:
         finite = finite & ~unknown
-    all_finite = bool(finite.all())
+        all_finite = None
+    if all_finite is None:
+        all_finite = np.count_nonzero(finite) == rows
     reason: np.ndarray | None = None
     nan = 0
     if all_finite and rows <= chunk:
@@ -110,7 +117,7 @@ def decide_rows(
             keep[bad] = nan_kept
             prob[bad] = float(nan_kept)
             reason[bad] = NAN
-            nan = int(bad.sum())
+            nan = int(np.count_nonzero(bad))
         if upstream is not None:
             keep[upstream] = True
             prob[upstream] = decided[1][upstream]  # type: ignore[index]
@@ -129,7 +136,7 @@ def decide_rows(
         if weight is not None:
             weight = np.where(warm, 1.0, weight)
         reason = np.where(warm, WARMUP, 0 if reason is None else reason).astype(np.int8)
-        warmup = int(warm.sum())
+        warmup = int(np.count_nonzero(warm))
     return Decided(keep, prob, score, weight, reason, micro_batches, nan, warmup)
 
 

@@ -34,7 +34,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -42,9 +42,7 @@ from . import _audit_io
 from ._audit_io import COLUMNS
 from ._secrets import redact, refuse_credentials_in_url, safe_options, secret_values
 from .errors import AuditError, ResumeError
-
-if TYPE_CHECKING:
-    from .sifter import Sifter
+from .sink import Decisions, StageInfo, set_url_sink
 
 __all__ = ["COLUMNS", "AuditLog", "AuditStats"]
 
@@ -221,53 +219,41 @@ class AuditLog:
 
     # ------------------------------------------------------------------ writing
 
-    def write_decisions(
-        self,
-        sifter: Sifter,
-        *,
-        seq0: int,
-        keys: list[Any] | None,
-        urls: list[Any] | None,
-        workers: list[Any] | None,
-        loss: np.ndarray,
-        score: np.ndarray,
-        prob: np.ndarray,
-        kept: np.ndarray,
-        weight: np.ndarray | None,
-        reason: np.ndarray | None,
-        micro_batch0: int,
-        chunk: int,
-        source: np.ndarray | int,
-    ) -> None:
+    def bind(self, info: StageInfo, shard_report: Callable[[], dict[str, Any] | None]) -> None:
+        """Take the stage's settings (recorded in every manifest) and where to read the shard
+        counters from (the stage calls this once, before its first decisions)."""
+        self._metadata = info.as_dict()
+        self._shard_report = shard_report
+
+    def write(self, decisions: Decisions) -> None:
         """Record one decided group (called by the stage on the training thread)."""
         self._raise_if_failed()
         if self._closed:
             raise AuditError(f"the audit log at {self._safe_url()} is closed; create a new AuditLog")
-        if not self._metadata:
-            self._metadata = _describe(sifter)
-            self._shard_report = sifter._shard_report
-        n = int(loss.shape[0])
+        d = decisions
+        urls: Any = d.urls
+        n = d.n
         if urls is not None and urls and urls.count(urls[0]) == n:
-            urls = (urls[0], n)  # type: ignore[assignment]  # one shard: no per-row strings
+            urls = (urls[0], n)  # one shard: no per-row strings
         self._buffer.append(
             {
                 "n": n,
-                "seq0": seq0,
-                "epoch": sifter.epoch,
-                "model_version": sifter.model_version,
+                "seq0": d.seq0,
+                "epoch": d.epoch,
+                "model_version": d.model_version,
                 "time": time.time(),
-                "keys": keys,
+                "keys": d.keys,
                 "urls": urls,
-                "workers": workers,
-                "loss": loss,
-                "score": score,
-                "prob": prob,
-                "kept": kept,
-                "weight": weight,
-                "reason": reason,
-                "micro_batch0": micro_batch0,
-                "chunk": chunk,
-                "source": source,
+                "workers": d.workers,
+                "loss": d.loss,
+                "score": d.score,
+                "prob": d.prob,
+                "kept": d.kept,
+                "weight": d.weight,
+                "reason": d.reason,
+                "micro_batch0": d.micro_batch0,
+                "chunk": d.chunk,
+                "source": d.source,
             }
         )
         self._buffer_rows += n
@@ -382,6 +368,33 @@ class AuditLog:
             "origin": self._origin,
             "attempt": self.attempt,
         }
+
+    def check_state(self, state: Mapping[str, Any] | None) -> None:
+        """``ResumeError`` unless this log can continue ``state`` (the stage asks before it changes
+        anything): a checkpoint made without a log, or another rank's stream, cannot."""
+        if state is None:
+            raise ResumeError(
+                "the checkpoint was made without an audit log, so this stage's log cannot continue "
+                "it; resume without audit=, or start a new run"
+            )
+        if not (
+            isinstance(state, Mapping)
+            and isinstance(state.get("run_id"), str)
+            and _is_int(state.get("rank"))
+            and _is_int(state.get("next_part"))
+        ):
+            raise ResumeError(
+                "the Sifter state's entry audit must be None or a dict with run_id (str), rank and "
+                f"next_part (integers), got {type(state).__name__} {str(state)[:80]}; the state is "
+                "damaged, or not one an AuditLog's state_dict() wrote"
+            )
+        if int(state["rank"]) != self.rank:
+            raise ResumeError(
+                f"the checkpoint belongs to rank {int(state['rank'])}'s audit stream but this "
+                f"stage's audit log writes rank {self.rank}'s: resuming would write into "
+                "another rank's records. Load each rank's own checkpoint (the same world size), "
+                "or resume without audit= (override=('rank',) then loads it)"
+            )
 
     def load_state_dict(self, state: Mapping[str, Any] | None, resumed_from: int = 0) -> None:
         """Continue a checkpointed log; ``resumed_from`` is the first sequence number to come."""
@@ -696,20 +709,8 @@ class _ProcessTransport(_Transport):
         self.reader.join(timeout)
 
 
-def _describe(sifter: Sifter) -> dict[str, Any]:
-    policy = sifter.policy
-    return {
-        "policy": policy.name or type(policy).__name__,
-        "policy_config": policy.config(),
-        "weighted": bool(sifter.attach_weight),
-        "micro_batch": sifter.micro_batch,
-        "batched": sifter.batched,
-        "delay": sifter.delay,
-        "seed": sifter.seed,
-        "rng_seed": sifter.rng_seed,
-        "on_nan": sifter.on_nan,
-        "scorer": repr(sifter.scorer)[:200],
-    }
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 0
 
 
 def _current_rank() -> int:
@@ -828,3 +829,6 @@ def _checked_rank(rank: Any, what: str, error: type[Exception] = AuditError) -> 
     if isinstance(rank, int | np.integer) and not isinstance(rank, bool) and rank >= 0:
         return int(rank)
     raise error(f"{what} must be a process rank, an int >= 0, got {rank!r}")
+
+
+set_url_sink(AuditLog)

@@ -35,6 +35,7 @@ from .memory import FEEDBACK, NONE, SOURCES, STALE, ScoreMemory, check_epoch, ke
 from .policies import Policy, RelativeProbabilistic, _HistoryPolicy, get_policy
 from .predecode import PRE_KEPT, PRE_LOSS, PRE_PROB, publish
 from .scorers import Scorer, get_scorer
+from .sink import Decisions, DecisionSink, StageInfo, make_sink
 
 __all__ = ["REASONS", "SiftStats", "Sifter"]
 
@@ -409,12 +410,8 @@ class Sifter:
         #: The pass (epoch) number recorded with each decision; see ``set_epoch``.
         self.epoch = 0
 
-        if audit is not None:
-            from .audit import AuditLog
-
-            if not isinstance(audit, AuditLog):
-                audit = AuditLog(audit)
-        self.audit: AuditLog | None = audit
+        #: Where decisions go (the audit log): a ``DecisionSink``; a URL given here became an ``AuditLog``.
+        self.audit: DecisionSink | None = None if audit is None else make_sink(audit)
 
         rank, world = dist_info()
         #: The generator's seed: ``seed``, or ``[seed, rank]`` on a multi-process job so that ranks
@@ -511,6 +508,22 @@ class Sifter:
         for counts in find_shard_counts(*pipelines):
             if all(counts is not c for c in self._shard_counts):
                 self._shard_counts.append(counts)
+
+    def describe(self) -> StageInfo:
+        """The settings that decide, as plain data (what a sink records about the stage)."""
+        policy = self.policy
+        return StageInfo(
+            policy=policy.name or type(policy).__name__,
+            policy_config=policy.config(),
+            weighted=bool(self.attach_weight),
+            micro_batch=self.micro_batch,
+            batched=self.batched,
+            delay=self.delay,
+            seed=self.seed,
+            rng_seed=self.rng_seed,
+            on_nan=self.on_nan,
+            scorer=repr(self.scorer)[:200],
+        )
 
     def shard_stats(self) -> ShardStats | None:
         """What the watched shard readers counted, over every process (``None`` if none is watched)."""
@@ -632,6 +645,7 @@ class Sifter:
         self._source_restore = None
         self._source = source if tracked else None
         if self.audit is not None:
+            self.audit.bind(self.describe(), self._shard_report)
             self.audit.start()
         self._score_device = _CPU if device.type == "cpu" else device
         reader = _Reader(source, self._began_reading)
@@ -769,24 +783,8 @@ class Sifter:
         _check_state(state, self.batched)
         if state["version"] >= 2:
             self._check_policy_entries(state)
-        if self.audit is not None and state["audit"] is None:
-            raise ResumeError(
-                "the checkpoint was made without an audit log, so this stage's log cannot continue "
-                "it; resume without audit=, or start a new run"
-            )
-        audit_state = state["audit"]
-        if (
-            self.audit is not None
-            and isinstance(audit_state, Mapping)
-            and "rank" in audit_state
-            and int(audit_state["rank"]) != self.audit.rank
-        ):
-            raise ResumeError(
-                f"the checkpoint belongs to rank {int(audit_state['rank'])}'s audit stream but this "
-                f"stage's audit log writes rank {self.audit.rank}'s: resuming would write into "
-                "another rank's records. Load each rank's own checkpoint (the same world size), "
-                "or resume without audit= (override=('rank',) then loads it)"
-            )
+        if self.audit is not None:
+            self.audit.check_state(state["audit"])
         allowed = _override_names(override)
         differ = self._differences(state)
         refused = [d for d in differ if d[0] not in allowed]
@@ -1066,8 +1064,14 @@ class Sifter:
         micro_batch0 = counts["micro_batches"]
 
         finite = np.isfinite(losses)
+        # count_nonzero: one C call, where ndarray.all() goes through a ufunc reduction
+        all_finite = np.count_nonzero(finite) == rows
         unknown = group.unknown
-        if self.on_nan == "raise" and not finite.all() and (unknown is None or not (finite | unknown).all()):
+        if (
+            not all_finite
+            and self.on_nan == "raise"
+            and (unknown is None or np.count_nonzero(finite | unknown) != rows)
+        ):
             self._raise_non_finite(group, losses, finite if unknown is None else finite | unknown)
         upstream = group.upstream
         d = decide_rows(
@@ -1081,6 +1085,7 @@ class Sifter:
             finite,
             None if upstream is None else (upstream[0], upstream[2]),
             unknown,
+            all_finite=all_finite,
         )
         keep, prob, score, weight, reason = d.keep, d.prob, d.score, d.weight, d.reason
         counts["micro_batches"] += d.micro_batches
@@ -1100,21 +1105,24 @@ class Sifter:
         if self.attach_weight:
             self._attach_weights(group)
         if self.audit is not None:
-            self.audit.write_decisions(
-                self,
-                seq0=seq0,
-                keys=self._keys_of_group(group, required=True),
-                urls=self._field_of_group(group, "__url__"),
-                workers=self._field_of_group(group, "__worker__"),
-                loss=losses,
-                score=score,
-                prob=prob,
-                kept=keep,
-                weight=weight,
-                reason=reason,
-                micro_batch0=micro_batch0,
-                chunk=chunk,
-                source=sources,
+            self.audit.write(
+                Decisions(
+                    seq0=seq0,
+                    epoch=self.epoch,
+                    model_version=self.model_version,
+                    keys=self._keys_of_group(group, required=True),
+                    urls=self._field_of_group(group, "__url__"),
+                    workers=self._field_of_group(group, "__worker__"),
+                    loss=losses,
+                    score=score,
+                    prob=prob,
+                    kept=keep,
+                    weight=weight,
+                    reason=reason,
+                    micro_batch0=micro_batch0,
+                    chunk=chunk,
+                    source=sources,
+                )
             )
         self._seconds[0] += t1 - t0
         self._seconds[1] += time.perf_counter() - t1
@@ -1133,12 +1141,14 @@ class Sifter:
         """Rows a ``PreDecodeFilter`` already kept: (mask, their losses, their keep probabilities)."""
         if self.batched:
             batch = group.items[0]
-            if not isinstance(batch, Mapping) or PRE_KEPT not in batch:
+            # (type() first: isinstance against the Mapping ABC is slow for everything else)
+            if not (type(batch) is dict or isinstance(batch, Mapping)) or PRE_KEPT not in batch:
                 return None
             columns = [np.asarray(batch[name], dtype=np.float64) for name in (PRE_KEPT, PRE_LOSS, PRE_PROB)]
         else:
             items = group.items
-            if not isinstance(items[0], Mapping) or PRE_KEPT not in items[0]:
+            first = items[0]
+            if not (type(first) is dict or isinstance(first, Mapping)) or PRE_KEPT not in first:
                 return None
             columns = [
                 np.fromiter((s[name] for s in items), np.float64, len(items))
@@ -1192,13 +1202,13 @@ class Sifter:
         if self.batched:
             batch = group.items[0]
             rows = group.rows
-            at = np.arange(rows) if index is None else index
             if index is not None:
                 batch = _batch.take(batch, index)
                 rows = index.size
             chunk = self.micro_batch or rows
             if rows <= chunk:
-                return self._score(batch, rows, group, at)
+                return self._score(batch, rows, group, index)
+            at = np.arange(rows) if index is None else index
             parts = [
                 self._score(
                     _batch.take(batch, np.arange(s, min(rows, s + chunk))),
@@ -1210,7 +1220,6 @@ class Sifter:
             ]
             return np.concatenate(parts)
         items = group.items if index is None else [group.items[i] for i in index.tolist()]
-        at = np.arange(len(items)) if index is None else index
         n = len(items)
         size = self.micro_batch
         if self.pad_micro_batch and size is not None and n < size:
@@ -1218,21 +1227,23 @@ class Sifter:
         try:
             batch = self.collate_fn(items)
         except Exception as exc:
+            at = np.arange(n) if index is None else index
             raise ScorerError(
                 f"collating micro-batch at sample seq {group.seq0 + int(at[0])} (keys "
                 f"{describe_keys(self._names(group, at))}) failed: {type(exc).__name__}: {exc}; "
                 "give the Sifter a collate_fn that builds the batch your scorer expects"
             ) from exc
-        return self._score(batch, n, group, at, rows=len(items))
+        return self._score(batch, n, group, index, rows=len(items))
 
     def _names(self, group: _Group, at: np.ndarray) -> list[Any] | None:
         keys = self._keys_of_group(group)
         return [keys[i] for i in at.tolist()] if keys else None
 
     def _score(
-        self, batch: Any, n: int, group: _Group, at: np.ndarray, rows: int | None = None
+        self, batch: Any, n: int, group: _Group, at: np.ndarray | None, rows: int | None = None
     ) -> np.ndarray:
-        """Losses of the first ``n`` rows of ``batch``: rows ``at`` of ``group`` (for messages).
+        """Losses of the first ``n`` rows of ``batch``: rows ``at`` of ``group`` (for messages;
+        ``None``: all of the group's rows, in order).
 
         ``rows`` is the batch's row count when the caller knows it (padding included)."""
         if rows is None:
@@ -1246,6 +1257,8 @@ class Sifter:
         try:
             out = self._forward(batch, device)
         except Exception as exc:
+            if at is None:
+                at = np.arange(group.rows)
             if self.on_oom == "split" and _is_oom(exc) and rows > 1:
                 if n == 1:  # one sample and its padding: shed the padding, score the sample alone
                     return self._score(_batch.take(batch, np.arange(1)), 1, group, at[:1], rows=1)
@@ -1264,7 +1277,7 @@ class Sifter:
                 f"{n} samples at seq {group.seq0 + int(at[0])} "
                 f"(keys {describe_keys(self._names(group, at[:n]))}){hint}"
             ) from exc
-        return self._check_losses(out, n, rows, device, group, int(at[0]))
+        return self._check_losses(out, n, rows, device, group, 0 if at is None else int(at[0]))
 
     def _forward(self, batch: Any, device: torch.device) -> Any:
         if device is not _CPU and device.type != "cpu":
@@ -1288,6 +1301,21 @@ class Sifter:
     def _check_losses(
         self, out: Any, n: int, rows: int, device: torch.device, group: _Group, offset: int
     ) -> np.ndarray:
+        if (
+            type(out) is torch.Tensor
+            and out.ndim == 1
+            and out.shape[0] == rows
+            and out.is_floating_point()
+            and (device is _CPU and not out.is_cuda and out.device.type == "cpu")
+        ):
+            # the common case, checked with the cheapest attribute reads: a CPU stage, a plain
+            # 1-d float tensor of the right length on the CPU
+            losses = out[:n] if n < rows else out
+            if losses.requires_grad:
+                losses = losses.detach()
+            if losses.dtype != torch.float64:
+                losses = losses.double()
+            return losses.numpy()
         where = f"micro-batch at sample seq {group.seq0 + offset}"
         if not isinstance(out, torch.Tensor):
             raise ScorerOutputError(
@@ -1814,13 +1842,9 @@ def _check_state(state: Any, batched: bool) -> None:
 
     if state["memory"] is not None and state["epoch"] > np.iinfo(np.int16).max:
         raise bad("epoch", "at most 32767 with a score memory (it records epochs in 16 bits)")
-    if state["audit"] is not None and not (
-        isinstance(state["audit"], Mapping)
-        and isinstance(state["audit"].get("run_id"), str)
-        and _is_int(state["audit"].get("rank"))
-        and _is_int(state["audit"].get("next_part"))
-    ):
-        raise bad("audit", "None or a dict with run_id (str), rank and next_part (integers)")
+    if state["audit"] is not None and not isinstance(state["audit"], Mapping):
+        # (the sink checks its own entry: DecisionSink.check_state)
+        raise bad("audit", "None or a dict (the state of the stage's audit log or sink)")
     _check_memory_state(state["memory"], bad)
     if "checks" in state:  # last: the checks above name what is wrong more exactly
         checks = state["checks"]

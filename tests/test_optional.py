@@ -14,7 +14,8 @@ from pathlib import Path
 from test_demo import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
-BLOCK = "import sys\nfor m in ('matplotlib', 'matplotlib.pyplot', 'tqdm', 'tqdm.auto'): sys.modules[m] = None\n"
+_HIDDEN = ("matplotlib", "matplotlib.pyplot", "tqdm", "tqdm.auto")
+BLOCK = f"import sys\nfor m in {_HIDDEN!r}: sys.modules[m] = None\n"
 
 
 def run(code: str, cwd: Path) -> subprocess.CompletedProcess:
