@@ -6,13 +6,18 @@ Prints one JSON object:
                               (each sample carries its precomputed loss)
   batched_samples_per_s       the stage in batched mode (worker batches of --batch rows)
   batched_256_samples_per_s   the same with worker batches of 256 rows
+  per_micro_batch_us          the stage's own cost per micro-batch of 256 rows: the batched_256 run
+                              minus a bare loop over the same batches that calls the same scorer
+                              and takes its losses to numpy (interleaved with it, best of each)
   model_scoring_ratio         stage throughput with a real model (3-layer MLP of --width, micro-batch
                               256; width 256 takes about 1 ms per forward on this 2-core VM) divided
                               by calling that model directly on the same micro-batches
+  model_per_micro_batch_us    the stage's cost per micro-batch beyond that direct call
   rss_mib_after_tenth, rss_mib_at_end, rss_growth   peak RSS of a batched run of --rss-samples, after
                               its first tenth (1M of the default 10M) and at its end
 
-Usage: python tools/bench_overhead.py [--samples 2000000] [--repeats 3]
+Usage: python tools/bench_overhead.py [--samples 2000000] [--repeats 3] [--only CASE ...]
+CASE: passthrough, per_sample, batched, batched_256, model, rss (default: all).
 """
 
 from __future__ import annotations
@@ -29,15 +34,32 @@ import torch.nn.functional as F
 import siftpipe as sp
 from siftpipe.demo import build_model
 
+CASES = ("passthrough", "per_sample", "batched", "batched_256", "model", "rss")
 
-def best_rate(fn, n: int, repeats: int) -> float:
-    """Samples per second of the fastest of ``repeats`` runs of ``fn`` (which handles n samples)."""
+
+def best_time(fn, repeats: int) -> float:
+    """Seconds of the fastest of ``repeats`` runs of ``fn``."""
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t0)
-    return n / best
+    return best
+
+
+def best_rate(fn, n: int, repeats: int) -> float:
+    """Samples per second of the fastest of ``repeats`` runs of ``fn`` (which handles n samples)."""
+    return n / best_time(fn, repeats)
+
+
+def side_by_side(bare, staged, repeats: int) -> tuple[float, float]:
+    """Best seconds of ``bare`` and of ``staged``, run alternately so that drift in the machine's
+    speed hits both alike."""
+    bare_s, staged_s = float("inf"), float("inf")
+    for _ in range(repeats):
+        bare_s = min(bare_s, best_time(bare, 1))
+        staged_s = min(staged_s, best_time(staged, 1))
+    return bare_s, staged_s
 
 
 def precomputed(model, batch):
@@ -51,13 +73,16 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=256, help="MLP width for model_scoring_ratio")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rss-samples", type=int, default=10_000_000, help="samples for the memory check")
+    ap.add_argument("--only", nargs="+", choices=CASES, default=list(CASES), help="run only these cases")
     args = ap.parse_args()
+    only = set(args.only)
     torch.set_num_threads(1)
     n = args.samples
     rng = np.random.default_rng(0)
+    result: dict[str, float | int | str] = {}
 
     # per-sample stream: each sample is its own precomputed loss (a float)
-    losses = rng.exponential(size=n).tolist()
+    losses = rng.exponential(size=n).tolist() if only & {"passthrough", "per_sample"} else []
 
     def passthrough():
         for _ in (x for x in losses):
@@ -83,10 +108,7 @@ def main() -> None:
         for i in range(count):
             yield batches[i % len(batches)]
 
-    def batched_run(rows):
-        batches = make_batches(rows)
-        count = n // rows
-
+    def staged_run(batches, count):
         def run():
             s = sp.Sifter(
                 None, precomputed, sp.RelativeProbabilistic(1.0, 500), micro_batch=None, batched=True
@@ -94,64 +116,86 @@ def main() -> None:
             for _ in s(batch_stream(batches, count)):
                 pass
 
-        return best_rate(run, count * rows, args.repeats)
+        return run
 
-    result: dict[str, float | int | str] = {}
-    result["passthrough_samples_per_s"] = best_rate(passthrough, n, args.repeats)
-    result["per_sample_samples_per_s"] = best_rate(per_sample, n, args.repeats)
-    result["batched_samples_per_s"] = batched_run(args.batch)
-    result["batched_rows_per_batch"] = args.batch
-    result["batched_256_samples_per_s"] = batched_run(256)
-
-    # a real model whose forward on a micro-batch of 256 takes about a millisecond here
-    torch.manual_seed(0)
-    width = args.width
-    model = build_model(width, 10, width, depth=2)  # width-width-width-10
-    mb = 256
-    model_batches = [(torch.randn(mb, width), torch.randint(0, 10, (mb,))) for _ in range(200)]
-    scorer = sp.CrossEntropy(0, 1)
-
-    def direct():
-        model.eval()
-        with torch.inference_mode():
-            for x, y in model_batches:
-                F.cross_entropy(model(x), y, reduction="none").cpu().numpy()
-
-    def staged():
-        s = sp.Sifter(
-            model, scorer, sp.RelativeProbabilistic(1.0, 500), micro_batch=None, batched=True, key=None
+    if "passthrough" in only:
+        result["passthrough_samples_per_s"] = best_rate(passthrough, n, args.repeats)
+    if "per_sample" in only:
+        result["per_sample_samples_per_s"] = best_rate(per_sample, n, args.repeats)
+    if "batched" in only:
+        rows = args.batch
+        count = n // rows
+        result["batched_samples_per_s"] = best_rate(
+            staged_run(make_batches(rows), count), count * rows, args.repeats
         )
-        for _ in s(model_batches):
-            pass
+        result["batched_rows_per_batch"] = rows
+    if "batched_256" in only:
+        rows = 256
+        count = n // rows
+        batches = make_batches(rows)
 
-    model_n = mb * len(model_batches)
-    direct_rate, staged_rate = [], []
-    for _ in range(args.repeats):  # interleaved, so drift in machine speed hits both alike
-        direct_rate.append(best_rate(direct, model_n, 1))
-        staged_rate.append(best_rate(staged, model_n, 1))
-    t0 = time.perf_counter()
-    direct()
-    result["model_forward_ms_per_micro_batch"] = (time.perf_counter() - t0) / len(model_batches) * 1e3
-    result["model_direct_samples_per_s"] = max(direct_rate)
-    result["model_staged_samples_per_s"] = max(staged_rate)
-    result["model_scoring_ratio"] = max(staged_rate) / max(direct_rate)
+        def bare():
+            # what any loop over these batches pays anyway: the scorer call and its losses in numpy
+            for batch in batch_stream(batches, count):
+                precomputed(None, batch).numpy()
 
-    # memory: peak RSS must not grow with the stream (history, buffers and queues are bounded)
-    total = args.rss_samples // args.batch
-    s = sp.Sifter(None, precomputed, sp.RelativeProbabilistic(1.0, 100_000), micro_batch=None, batched=True)
-    marks = {}
-    tenth = args.rss_samples // 10
-    for _ in s(batch_stream(make_batches(args.batch), total)):
-        if s.stats.seen >= tenth and "rss_mib_after_tenth" not in marks:
-            marks["rss_mib_after_tenth"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    marks["rss_mib_at_end"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    marks["rss_samples"] = s.stats.seen
-    result.update(marks)
-    result["rss_growth"] = marks["rss_mib_at_end"] / marks["rss_mib_after_tenth"] - 1
+        bare_s, staged_s = side_by_side(bare, staged_run(batches, count), args.repeats)
+        result["batched_256_samples_per_s"] = count * rows / staged_s
+        result["bare_256_samples_per_s"] = count * rows / bare_s
+        result["per_micro_batch_us"] = (staged_s - bare_s) / count * 1e6
 
-    result["per_sample_vs_passthrough"] = (
-        result["per_sample_samples_per_s"] / result["passthrough_samples_per_s"]
-    )
+    if "model" in only:
+        # a real model whose forward on a micro-batch of 256 takes about a millisecond here
+        torch.manual_seed(0)
+        width = args.width
+        model = build_model(width, 10, width, depth=2)  # width-width-width-10
+        mb = 256
+        model_batches = [(torch.randn(mb, width), torch.randint(0, 10, (mb,))) for _ in range(200)]
+        scorer = sp.CrossEntropy(0, 1)
+
+        def direct():
+            model.eval()
+            with torch.inference_mode():
+                for x, y in model_batches:
+                    F.cross_entropy(model(x), y, reduction="none").cpu().numpy()
+
+        def staged():
+            s = sp.Sifter(
+                model, scorer, sp.RelativeProbabilistic(1.0, 500), micro_batch=None, batched=True, key=None
+            )
+            for _ in s(model_batches):
+                pass
+
+        model_n = mb * len(model_batches)
+        direct_s, staged_s = side_by_side(direct, staged, args.repeats)
+        t0 = time.perf_counter()
+        direct()
+        result["model_forward_ms_per_micro_batch"] = (time.perf_counter() - t0) / len(model_batches) * 1e3
+        result["model_direct_samples_per_s"] = model_n / direct_s
+        result["model_staged_samples_per_s"] = model_n / staged_s
+        result["model_scoring_ratio"] = direct_s / staged_s
+        result["model_per_micro_batch_us"] = (staged_s - direct_s) / len(model_batches) * 1e6
+
+    if "rss" in only:
+        # memory: peak RSS must not grow with the stream (history, buffers and queues are bounded)
+        total = args.rss_samples // args.batch
+        s = sp.Sifter(
+            None, precomputed, sp.RelativeProbabilistic(1.0, 100_000), micro_batch=None, batched=True
+        )
+        marks = {}
+        tenth = args.rss_samples // 10
+        for _ in s(batch_stream(make_batches(args.batch), total)):
+            if s.stats.seen >= tenth and "rss_mib_after_tenth" not in marks:
+                marks["rss_mib_after_tenth"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        marks["rss_mib_at_end"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        marks["rss_samples"] = s.stats.seen
+        result.update(marks)
+        result["rss_growth"] = marks["rss_mib_at_end"] / marks["rss_mib_after_tenth"] - 1
+
+    if {"per_sample", "passthrough"} <= only:
+        result["per_sample_vs_passthrough"] = (
+            result["per_sample_samples_per_s"] / result["passthrough_samples_per_s"]
+        )
     result["torch_threads"] = torch.get_num_threads()
     result["torch"] = torch.__version__
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}, indent=1))
