@@ -48,10 +48,13 @@ def check_epoch(epoch: int) -> None:
 
 def key_hashes(keys: Iterable[Any]) -> np.ndarray:
     """Stable 64-bit hashes (BLAKE2b) of sample keys, the same in every process and run; never 0."""
-    out = np.fromiter(
-        (int.from_bytes(hashlib.blake2b(str(k).encode(), digest_size=8).digest(), "little") for k in keys),
-        dtype=np.uint64,
+    blake = hashlib.blake2b
+    # one bytes object of 8-byte digests read as little-endian integers: the same values as
+    # int.from_bytes(digest, "little") per key, without a Python int per key
+    digests = b"".join(
+        [blake((k if type(k) is str else str(k)).encode(), digest_size=8).digest() for k in keys]
     )
+    out = np.frombuffer(digests, dtype="<u8").astype(np.uint64)  # a writable copy, native order
     out[out == _EMPTY] = 1  # 0 marks an empty slot
     return out
 

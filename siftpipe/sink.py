@@ -2,7 +2,7 @@
 
 The stage (``Sifter``) knows sinks only through ``DecisionSink``; a sink knows the stage only
 through the two dataclasses below. The audit log (``siftpipe.audit.AuditLog``) is one sink; a
-sink of your own (metrics, a queue to another service) implements the same six methods::
+sink of your own (metrics, a queue to another service) implements the same seven methods::
 
     class CountKept:
         def bind(self, info, shard_report): self.info = info

@@ -13,6 +13,11 @@ def test_hashes_are_stable_and_never_zero():
     assert int(key_hashes(["x"])[0]) == int.from_bytes(
         __import__("hashlib").blake2b(b"x", digest_size=8).digest(), "little"
     )
+    # any key is hashed as str(key); numpy strings and a generator give the same values
+    assert int(h[3]) == int.from_bytes(__import__("hashlib").blake2b(b"17", digest_size=8).digest(), "little")
+    assert key_hashes(np.array(["a", "b"])).tolist() == h[:2].tolist()
+    assert key_hashes(k for k in ["a", "b"]).tolist() == h[:2].tolist()
+    assert key_hashes([]).shape == (0,) and key_hashes([]).dtype == np.uint64
 
 
 def test_remembers_the_last_loss_per_key_against_a_dict():
