@@ -55,6 +55,27 @@ class Adapter:
         """Release what an abandoned run holds (worker processes); called after the checkpoint."""
 
 
+class PlainList(Adapter):
+    """The stage over a plain list, resumed by feeding the list from ``state['consumed']``
+    (what the README tells a user with a plain iterable to do)."""
+
+    def __init__(self, data: list[Any], sifter: Any = None, **kwargs: Any) -> None:
+        import siftpipe as sp
+
+        self.data = data
+        self.sifter = sifter if sifter is not None else sp.Sifter(**kwargs)
+
+    def start(self) -> Iterator[Any]:
+        return self.sifter(self.data)
+
+    def state(self) -> dict[str, Any]:
+        return self.sifter.state_dict()
+
+    def resume(self, state: dict[str, Any]) -> Iterator[Any]:
+        self.sifter.load_state_dict(state)
+        return self.sifter(self.data[state["consumed"] :])
+
+
 def check_save_load(make: Callable[[], Adapter], cuts: Iterable[int], input_keys: list[str] | None = None):
     reference = list(make().start())
     ref_sig = [signature(x) for x in reference]

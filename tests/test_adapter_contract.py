@@ -10,7 +10,7 @@ import functools
 
 import pytest
 import torch
-from contract import Adapter, check_save_load, output_keys, signature
+from contract import Adapter, PlainList, check_save_load, output_keys, signature
 from torch.utils.data import default_collate
 from torchdata.nodes import Batcher, Loader, Mapper, ParallelMapper, Unbatcher
 
@@ -73,24 +73,12 @@ def shards(tmp_path_factory):
     )
 
 
-class Plain(Adapter):
-    """The stage over a list, resumed by feeding the list from state['consumed']."""
-
-    def __init__(self, shards, mode, policy):
-        raw = [to_sample(s) for s in WebDataset(shards.urls, shardshuffle=False).decode()]
-        batches = [default_collate(raw[i : i + PER_SHARD]) for i in range(0, N, PER_SHARD)]
-        self.data = batches if mode == "batched" else [r for b in batches for r in rows(b)]
-        self.sifter = make_sifter(mode, policy)
-
-    def start(self):
-        return self.sifter(self.data)
-
-    def state(self):
-        return self.sifter.state_dict()
-
-    def resume(self, state):
-        self.sifter.load_state_dict(state)
-        return self.sifter(self.data[state["consumed"] :])
+def Plain(shards, mode, policy):
+    """The stage over a list of the shards' samples (or worker batches)."""
+    raw = [to_sample(s) for s in WebDataset(shards.urls, shardshuffle=False).decode()]
+    batches = [default_collate(raw[i : i + PER_SHARD]) for i in range(0, N, PER_SHARD)]
+    data = batches if mode == "batched" else [r for b in batches for r in rows(b)]
+    return PlainList(data, make_sifter(mode, policy))
 
 
 class WebDatasetChain(Adapter):

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 from conftest import loss_field, roundtrip
-from contract import Adapter, check_save_load, output_keys
+from contract import PlainList, check_save_load, output_keys
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import default_collate
@@ -134,22 +134,6 @@ def test_any_losses_through_the_stage_keep_an_ordered_subset_and_counts_add_up(
         assert np.isfinite(history.values()).all()
 
 
-class _Plain(Adapter):
-    def __init__(self, data, **kwargs):
-        self.data = data
-        self.sifter = sp.Sifter(**kwargs)
-
-    def start(self):
-        return self.sifter(self.data)
-
-    def state(self):
-        return self.sifter.state_dict()
-
-    def resume(self, state):
-        self.sifter.load_state_dict(state)
-        return self.sifter(self.data[state["consumed"] :])
-
-
 @SETTINGS
 @example(  # found by this test: weights went through the state as float32 and came back changed
     policy=sp.PruneEasy(0.8125, None, 1),
@@ -177,7 +161,7 @@ def test_resume_at_any_cut_equals_the_uninterrupted_run(
     config = policy.config()
 
     def make():
-        return _Plain(
+        return PlainList(
             data,
             model=None,
             scorer=loss_field,

@@ -1,31 +1,13 @@
 import pytest
 import torch
 from conftest import loss_field, make_samples, roundtrip
-from contract import Adapter, check_save_load, output_keys
+from contract import PlainList, check_save_load, output_keys
 from torch.utils.data import default_collate
 
 import siftpipe as sp
 
 SAMPLES = make_samples(700, seed=3)
 BATCHES = [default_collate(SAMPLES[i : i + 48]) for i in range(0, len(SAMPLES), 48)]
-
-
-class PlainIterator(Adapter):
-    """The stage over a plain list, resumed by feeding the list from state['consumed']."""
-
-    def __init__(self, data, **kwargs):
-        self.data = data
-        self.sifter = sp.Sifter(**kwargs)
-
-    def start(self):
-        return self.sifter(self.data)
-
-    def state(self):
-        return self.sifter.state_dict()
-
-    def resume(self, state):
-        self.sifter.load_state_dict(state)
-        return self.sifter(self.data[state["consumed"] :])
 
 
 POLICIES = {
@@ -41,7 +23,7 @@ CUTS = [0, 1, 2, 5, 17, 31, 32, 33, 60, 100, 151, 200, 260, 299, 300]
 @pytest.mark.parametrize("output_batch", [None, 7, 40])
 def test_per_sample_resume_equals_uninterrupted(policy, output_batch):
     def make():
-        return PlainIterator(
+        return PlainList(
             SAMPLES,
             model=None,
             scorer=loss_field,
@@ -59,7 +41,7 @@ def test_per_sample_resume_equals_uninterrupted(policy, output_batch):
 @pytest.mark.parametrize("output_batch,micro_batch", [(None, None), (30, None), (100, 16)])
 def test_batched_resume_equals_uninterrupted(policy, output_batch, micro_batch):
     def make():
-        return PlainIterator(
+        return PlainList(
             BATCHES,
             model=None,
             scorer=loss_field,
@@ -79,7 +61,7 @@ def test_resume_with_a_real_model_does_not_rescore_in_flight_samples():
     scorer = sp.CrossEntropy("x", "y")
 
     def make():
-        return PlainIterator(
+        return PlainList(
             SAMPLES,
             model=model,
             scorer=scorer,
@@ -174,7 +156,7 @@ def test_checkpoint_between_passes_starts_the_next_pass():
 
 def test_resume_in_a_later_pass_counts_consumed_from_that_pass():
     def make():
-        return PlainIterator(
+        return PlainList(
             SAMPLES,
             model=None,
             scorer=loss_field,
@@ -183,7 +165,7 @@ def test_resume_in_a_later_pass_counts_consumed_from_that_pass():
             seed=5,
         )
 
-    class SecondPass(PlainIterator):
+    class SecondPass(PlainList):
         def start(self):
             list(self.sifter(self.data))
             return self.sifter(self.data)
