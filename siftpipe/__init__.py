@@ -23,6 +23,7 @@ from .history import LossHistory
 from .memory import SOURCES, ScoreMemory
 from .policies import (
     Decision,
+    HistoryPolicy,
     InfoBatch,
     Policy,
     PruneEasy,
@@ -64,6 +65,7 @@ __all__ = [
     "DecisionSink",
     "Decisions",
     "EqualSteps",
+    "HistoryPolicy",
     "InfoBatch",
     "LogReport",
     "LossHistory",

@@ -25,11 +25,8 @@ from typing import IO, Any
 import numpy as np
 
 from ._secrets import redact, redact_json, redact_url
+from ._vocab import REASONS, SOURCES
 
-#: ``reason`` codes of a decision, in the order of their small-integer codes.
-REASONS: tuple[str, ...] = ("policy", "warmup", "nan", "predecode", "unknown")
-#: Where a decision's loss came from (the ``source`` column), in the order of their codes.
-SOURCES: tuple[str, ...] = ("forward", "feedback", "stale", "proxy", "none")
 _FRAME = struct.Struct("<II")
 #: Columns of every part, in order (``run`` and ``rank`` come from the path).
 COLUMNS: tuple[str, ...] = (
@@ -156,21 +153,21 @@ def encode_part(
         "url_values": url_values,
         "key_format": key_format,
         "buffers": [
-            [name, str(value.dtype) if isinstance(value, np.ndarray) else "bytes", _nbytes(value)]
+            [name, str(value.dtype) if isinstance(value, np.ndarray) else "bytes", nbytes(value)]
             for name, value in buffers
         ],
     }
     return header, [value for _, value in buffers]
 
 
-def _nbytes(value: np.ndarray | bytes) -> int:
+def nbytes(value: np.ndarray | bytes) -> int:
     return int(value.nbytes) if isinstance(value, np.ndarray) else len(value)
 
 
 def frame(header: Mapping[str, Any], buffers: Sequence[Any] = ()) -> list[Any]:
     """The pieces of one frame, ready to write in order."""
     head = json.dumps(header).encode()
-    size = sum(_nbytes(b) for b in buffers)
+    size = sum(nbytes(b) for b in buffers)
     return [_FRAME.pack(len(head), size), head, *(memoryview(b).cast("B") for b in buffers)]
 
 

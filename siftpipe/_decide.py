@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._audit_io import REASONS
+from ._vocab import REASONS
 from .errors import PolicyError
 from .policies import Decision, Policy, PruneEasy, RelativeProbabilistic, TopFraction, Uniform
 

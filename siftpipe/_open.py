@@ -31,17 +31,22 @@ import socket
 import subprocess
 import tarfile
 import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import numpy as np
-
 from ._secrets import Redactor, redact, redact_command, redact_options, redact_url, secret_values
+from ._shardcounts import (
+    ShardStats,
+    SharedShardCounts,
+    count_here,
+    find_shard_counts,
+    merge_shard_stats,
+    reset_shard_stats,
+    shard_stats,
+)
 from .errors import ConfigError, ShardError, ShardWarning
 
 __all__ = [
@@ -125,189 +130,6 @@ def warn_and_stop(exn: BaseException) -> bool:
 def ignore_and_stop(exn: BaseException) -> bool:
     """Handler: end the pass quietly at this shard."""
     return False
-
-
-# ---------------------------------------------------------------------------------- counters
-
-
-@dataclass(frozen=True)
-class ShardStats:
-    """Shard counters of this process (a DataLoader worker counts its own shards).
-
-    Attributes:
-        opened: Shards opened successfully.
-        completed: Shards read to their end.
-        skipped: Shards given up on and skipped by the handler (``warn_and_continue`` & co.).
-        failed: Shards whose error was raised (``reraise_exception``).
-        retries: Failed attempts that were retried (opening or reading).
-        reopened: Times a stream was reopened mid-shard at its byte offset after a failed read.
-        samples: Samples read from shards.
-        samples_skipped: Samples skipped by the handler because a field could not be decoded or
-            was missing (``WebDataset.decode()`` / ``.to_tuple()``).
-        skipped_urls: The skipped shards, ``"<url> (<kind>)"`` (only in a pipeline's own
-            ``shard_stats()``, which counts across processes; at most about 2 KiB of URLs per
-            process are kept, the count ``skipped`` is always exact).
-    """
-
-    opened: int = 0
-    completed: int = 0
-    skipped: int = 0
-    failed: int = 0
-    retries: int = 0
-    reopened: int = 0
-    samples: int = 0
-    samples_skipped: int = 0
-    skipped_urls: tuple[str, ...] = ()
-
-    def as_dict(self) -> dict[str, Any]:
-        """The counters and skipped URLs as plain JSON values."""
-        out: dict[str, Any] = {name: getattr(self, name) for name in _FIELDS}
-        out["skipped_urls"] = list(self.skipped_urls)
-        return out
-
-
-_FIELDS: tuple[str, ...] = tuple(n for n in ShardStats.__dataclass_fields__ if n != "skipped_urls")
-_INDEX: dict[str, int] = {name: i for i, name in enumerate(_FIELDS)}
-_COUNTS: dict[str, int] = dict.fromkeys(_FIELDS, 0)
-_COUNTS_LOCK = threading.Lock()
-
-
-def _count(name: str, n: int = 1) -> None:
-    with _COUNTS_LOCK:
-        _COUNTS[name] += n
-
-
-def shard_stats() -> ShardStats:
-    """A snapshot of this process's shard counters (see ``ShardStats``)."""
-    with _COUNTS_LOCK:
-        counts: dict[str, Any] = dict(_COUNTS)
-    return ShardStats(**counts)
-
-
-def reset_shard_stats() -> None:
-    """Set this process's shard counters back to zero."""
-    with _COUNTS_LOCK:
-        for name in _COUNTS:
-            _COUNTS[name] = 0
-
-
-class SharedShardCounts:
-    """Shard counters of one pipeline, kept in shared memory so that every process reading
-    through it adds to them: the training process and its DataLoader workers alike.
-
-    A DataLoader worker is a separate process: what it counts in its own memory (``shard_stats()``)
-    never reaches the training process. These counters are a small tensor in shared memory (a
-    forked worker inherits it; a spawned one receives it by handle, as torch passes tensors),
-    one row per process (row 0: a process that is not a DataLoader worker; row ``1 + id``:
-    worker ``id``), so no two processes write one cell and no lock is needed. Each row also
-    keeps the URLs of the shards that process skipped, as long as they fit in ``URL_BYTES``.
-
-    Two loaders iterating the same dataset *at the same time* share worker rows, and counts can
-    then be lost; one loader (any number of workers, persistent or not) counts exactly.
-    """
-
-    ROWS = 129  # the training process and 128 DataLoader workers
-    URL_BYTES = 2048
-
-    def __init__(self) -> None:
-        import torch
-
-        width = len(_FIELDS) + 1  # the counters, then the bytes of URLs used
-        self._counts = torch.zeros((self.ROWS, width), dtype=torch.int64).share_memory_()
-        self._urls = torch.zeros((self.ROWS, self.URL_BYTES), dtype=torch.uint8).share_memory_()
-        self._views: tuple[Any, Any] | None = None
-
-    # the tensors travel (by handle to spawned workers); the numpy views are made where used
-    def __getstate__(self) -> dict[str, Any]:
-        return {"_counts": self._counts, "_urls": self._urls}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self._counts, self._urls = state["_counts"], state["_urls"]
-        self._views = None
-
-    def _arrays(self) -> tuple[Any, Any]:
-        if self._views is None:
-            self._views = (self._counts.numpy(), self._urls.numpy())
-        return self._views
-
-    @staticmethod
-    def _row() -> int:
-        from torch.utils.data import get_worker_info
-
-        info = get_worker_info()
-        if info is None:
-            return 0
-        return 1 + int(info.id) % (SharedShardCounts.ROWS - 1)
-
-    def add(self, name: str, n: int = 1) -> None:
-        self._arrays()[0][self._row(), _INDEX[name]] += n
-
-    def note_skip(self, url: str | None, kind: str | None) -> None:
-        """Count a skipped shard and keep its (already redacted) URL if there is room."""
-        counts, urls = self._arrays()
-        row = self._row()
-        counts[row, _INDEX["skipped"]] += 1
-        data = f"{url} ({kind})\n".encode(errors="replace")
-        used = int(counts[row, -1])
-        if used + len(data) <= self.URL_BYTES:
-            urls[row, used : used + len(data)] = np.frombuffer(data, np.uint8)
-            counts[row, -1] = used + len(data)  # after the bytes: a reader never sees half a URL
-
-    def totals(self) -> dict[str, int]:
-        """The counters summed over every process (cheap: no URLs)."""
-        counts, _ = self._arrays()
-        return dict(zip(_FIELDS, map(int, counts[:, :-1].sum(0))))
-
-    def stats(self) -> ShardStats:
-        """The counters summed over every process, and the skipped URLs kept."""
-        counts, urls = self._arrays()
-        totals = [int(v) for v in counts[:, :-1].sum(0)]
-        kept: list[str] = []
-        for row in map(int, counts[:, -1].nonzero()[0]):
-            text = urls[row, : int(counts[row, -1])].tobytes().decode(errors="replace")
-            kept.extend(line for line in text.split("\n") if line)
-        return ShardStats(**dict(zip(_FIELDS, totals)), skipped_urls=tuple(kept))
-
-    def reset(self) -> None:
-        """Zero the counters (call it while no worker is reading)."""
-        self._counts.zero_()
-        self._urls.zero_()
-
-    def __repr__(self) -> str:
-        return f"SharedShardCounts({self.stats()})"
-
-
-def find_shard_counts(*objects: Any) -> list[SharedShardCounts]:
-    """The shared shard counters of every shard reader in ``objects``: pipelines (``WebDataset``,
-    ``WebLoader``, ``DataPipeline``), DataLoaders (their ``dataset``), ``ShardSource`` and the
-    torchdata nodes above it (their ``source``), readers and openers."""
-    found: dict[int, SharedShardCounts] = {}
-    seen: set[int] = set()
-    todo = list(objects)
-    while todo:
-        obj = todo.pop()
-        if obj is None or id(obj) in seen or isinstance(obj, str | bytes | int | float):
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, ShardOpener):
-            found.setdefault(id(obj.counts), obj.counts)
-            continue
-        for attr in ("opener", "reader", "dataset", "source"):
-            try:
-                todo.append(getattr(obj, attr, None))
-            except Exception:  # a property that cannot be read here is no shard reader
-                continue
-        pipeline = getattr(obj, "pipeline", None)
-        if isinstance(pipeline, list):
-            todo.extend(pipeline)
-    return list(found.values())
-
-
-def merge_shard_stats(counters: Iterable[SharedShardCounts]) -> ShardStats:
-    """The stats of several shared counters, added up (URLs of skipped shards concatenated)."""
-    stats = [c.stats() for c in counters]
-    totals: dict[str, Any] = {name: sum(getattr(st, name) for st in stats) for name in _FIELDS}
-    return ShardStats(**totals, skipped_urls=tuple(u for st in stats for u in st.skipped_urls))
 
 
 # ---------------------------------------------------------------------------------- classifying
@@ -517,7 +339,7 @@ class ShardOpener:
 
     def count(self, name: str, n: int = 1) -> None:
         """Count an event in this process's ``shard_stats()`` and in this opener's shared counters."""
-        _count(name, n)
+        count_here(name, n)
         self.counts.add(name, n)
 
     def stats(self) -> ShardStats:
@@ -1163,7 +985,7 @@ class ShardReader:
         except BaseException:
             self.opener.count("failed")
             raise
-        _count("skipped")
+        count_here("skipped")
         self.opener.counts.note_skip(err.url, err.kind)
         log.info("skipped %s", err)
         if not go_on and state is not None:

@@ -293,7 +293,7 @@ class AuditLog:
 
     def _send(self, header: dict[str, Any], buffers: list[Any], rows: int) -> None:
         transport = self._writer()
-        size = sum(_audit_io._nbytes(b) for b in buffers)
+        size = sum(_audit_io.nbytes(b) for b in buffers)
         with self._space:
             while self._queued_bytes and self._queued_bytes + size > self.max_queue_bytes:
                 if self.on_full == "drop":
@@ -710,7 +710,7 @@ class _ProcessTransport(_Transport):
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int | np.integer) and not isinstance(value, bool) and bool(value >= 0)
 
 
 def _current_rank() -> int:

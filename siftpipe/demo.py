@@ -892,8 +892,8 @@ def run_demo(args: argparse.Namespace) -> int:
     """The ``siftpipe demo`` command (see ``add_cli`` for the flags)."""
     import siftpipe as sp
 
+    from ._cliopts import parse_storage_options
     from ._optional import available, progress_bar
-    from .cli import parse_storage_options
 
     wall0 = time.perf_counter()
     can_plot = available("matplotlib")
@@ -1011,7 +1011,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def add_cli(subparsers: Any) -> None:
     """``siftpipe demo [--out DIR] [--store URL] [--samples N] [--epochs E] ...``."""
-    from .cli import add_storage_option_flag
+    from ._cliopts import add_storage_option_flag
 
     p = subparsers.add_parser(
         "demo",

@@ -23,7 +23,6 @@ constructor).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -31,20 +30,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ._ranks import dist_info
 from .errors import ConfigError, SiftError
-from .policies import PruneEasy, RelativeProbabilistic
+from .policies import HistoryPolicy
 
 __all__ = ["EqualSteps", "dist_info", "fixed_steps", "sync_history"]
 
 T = TypeVar("T")
-
-
-def dist_info(group: Any = None) -> tuple[int, int]:
-    """(rank, world size): from torch.distributed if initialised, else ``$RANK``/``$WORLD_SIZE``."""
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(group), dist.get_world_size(group)
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def _device_for(group: Any) -> torch.device:
@@ -71,10 +63,10 @@ def sync_history(sifter: Any, group: Any = None, quantiles: int = 256) -> np.nda
     """
 
     policy = sifter.policy
-    if not isinstance(policy, RelativeProbabilistic | PruneEasy):
+    if not isinstance(policy, HistoryPolicy):
         raise ConfigError(
-            f"a global loss history needs a policy with a loss window (RelativeProbabilistic, PruneEasy), "
-            f"not {type(policy).__name__}"
+            "a global loss history needs a policy with a loss window (a HistoryPolicy such as "
+            f"RelativeProbabilistic or PruneEasy), not {type(policy).__name__}"
         )
     history = policy.history
     sketch = np.full(quantiles + 1, np.nan)

@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from ._cliopts import add_storage_option_flag, parse_storage_options
 from ._secrets import redact, secret_values
-from .cli import add_storage_option_flag, parse_storage_options
 from .policies import Policy, PruneEasy, RelativeProbabilistic, TopFraction, Uniform
-from .reader import _read_many, _read_part, list_parts, read_log, verify_log
+from .reader import list_parts, read_log, read_many, read_part, verify_log
 from .replay import format_whatif, whatif
 
 __all__ = ["add_cli", "plot_log", "summarize"]
@@ -241,7 +241,7 @@ def _cmd_keys(args: argparse.Namespace) -> int:
     for info in infos:
         if info.path is None:
             continue
-        (table,) = _read_many(fs, [info.path], lambda b: _read_part(b, ["seq", "key", "kept"]))
+        (table,) = read_many(fs, [info.path], lambda b: read_part(b, ["seq", "key", "kept"]))
         if isinstance(table, Exception):
             shown = redact(str(info.path), secret_values(options, args.url))
             print(f"skipping unreadable part {shown}: {type(table).__name__}", file=sys.stderr)

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
+import secrets as _random
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from ._audit_io import SOURCES
+from ._vocab import SOURCES
 from .errors import ConfigError, ResumeError
 from .history import check_fits
 
@@ -308,6 +311,38 @@ class ScoreMemory:
         )
         with fsspec.open(url, "wb", **(storage_options or {})) as f:
             f.write(buffer.getvalue())
+
+    def publish(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        epoch: int,
+        seed: int | None,
+        beta: float,
+        audit_directory: str | None = None,
+    ) -> str:
+        """Publish this memory for ``PreDecodeFilter`` stages (``siftpipe.predecode``) under ``url``:
+        ``memory-<version>.npz`` and then ``latest.json`` naming it, with the ``epoch``, ``seed``
+        and ``beta`` workers decide with and the audit log ``audit_directory`` their records go
+        next to. Returns the version (``<epoch>-<random>``)."""
+        import fsspec
+
+        version = f"{epoch:06d}-{_random.token_hex(4)}"
+        url = url.rstrip("/")
+        self.save(f"{url}/memory-{version}.npz", storage_options)
+        meta = {
+            "version": version,
+            "file": f"memory-{version}.npz",
+            "epoch": epoch,
+            "seed": seed,
+            "beta": float(beta),
+            "audit": None if audit_directory is None else {"directory": audit_directory},
+            "published": time.time(),
+        }
+        with fsspec.open(f"{url}/latest.json", "wb", **(storage_options or {})) as f:
+            f.write(json.dumps(meta).encode())
+        return version
 
     @classmethod
     def load(cls, url: str, storage_options: Mapping[str, Any] | None = None) -> ScoreMemory:

@@ -249,9 +249,9 @@ class ShardSource(BaseNode[dict[str, Any]]):
         max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
     ) -> None:
         super().__init__()
-        from .webdataset import _expand
+        from .webdataset import expand_urls
 
-        self.urls = _expand(urls)
+        self.urls = expand_urls(urls)
         self.opener = ShardOpener(
             storage_options,
             retries=retries,

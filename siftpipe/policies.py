@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Decision",
+    "HistoryPolicy",
     "InfoBatch",
     "Policy",
     "PruneEasy",
@@ -135,9 +136,16 @@ class _KeepFraction(Policy):
         return {"keep": self.keep}
 
 
-class _HistoryPolicy(Policy):
-    """A policy that judges losses against a window of recent ones, or against a reference
-    distribution merged from every rank's window (see ``siftpipe.distributed.sync_history``)."""
+class HistoryPolicy(Policy):
+    """The base of policies that judge losses against a window of recent ones (``self.history``,
+    a ``LossHistory`` of ``history`` samples), or against a reference distribution merged from
+    every rank's window (``siftpipe.distributed.sync_history`` works with any subclass).
+
+    A subclass implements ``decide`` (see ``Policy``), adds each micro-batch's losses to
+    ``self.history``, and asks ``_reference_percentile(losses)`` / ``_reference_mean()`` first:
+    they answer from the merged reference after a sync and return ``None`` before one. Its state
+    (the window and the reference) is saved and checked by this base class.
+    """
 
     def __init__(self, history: int) -> None:
         self.history = LossHistory(history)
@@ -197,7 +205,7 @@ class _HistoryPolicy(Policy):
 
 
 @register_policy("relative_probabilistic")
-class RelativeProbabilistic(_HistoryPolicy):
+class RelativeProbabilistic(HistoryPolicy):
     """Smart sifting / Selective Backprop: keep with probability ``percentile ** beta``.
 
     The percentile of a loss is its mid-rank among the last ``history`` losses (the current
@@ -258,7 +266,7 @@ class TopFraction(_KeepFraction):
 
 
 @register_policy("prune_easy")
-class PruneEasy(_HistoryPolicy):
+class PruneEasy(HistoryPolicy):
     """InfoBatch: drop below-mean-loss samples with probability ``ratio``; reweight survivors.
 
     A sample is *easy* if its loss is below the mean of the last ``history`` losses. Easy samples

@@ -35,15 +35,11 @@ from typing import Any
 import numpy as np
 
 from ._secrets import redact, redact_url, secret_values
-from .errors import ConfigError, MissingKeyError
+from ._vocab import PRE_KEPT, PRE_LOSS, PRE_PROB
+from .errors import MissingKeyError
 from .memory import ScoreMemory, key_hashes
 
 __all__ = ["PRE_KEPT", "PreDecodeFilter"]
-
-#: Field marking a sample kept by a ``PreDecodeFilter`` (1), or unknown to it (0).
-PRE_KEPT = "__sift_prekept__"
-PRE_LOSS = "__sift_preloss__"
-PRE_PROB = "__sift_preprob__"
 
 
 def hash_uniform(seed: int, epoch: int, keys: Iterable[Any]) -> np.ndarray:
@@ -201,35 +197,6 @@ class PreDecodeFilter:
         path = f"{audit['directory']}/_predecode/{name}"
         with fsspec.open(path, "wb", **self.storage_options) as f:
             f.write(sink.getvalue())
-
-
-def publish(sifter: Any, url: str, storage_options: Mapping[str, Any] | None = None) -> str:
-    """Write ``sifter``'s score memory and what workers need to decide from it; returns its version."""
-    import fsspec
-
-    if sifter.memory is None:
-        raise ConfigError("publish_memory() needs a score memory: Sifter(..., memory=sp.ScoreMemory(...))")
-    beta = getattr(sifter.policy, "beta", None)
-    if beta is None:
-        raise ConfigError(
-            "sifting before decode uses the relative-probabilistic rule; give the Sifter a "
-            f"RelativeProbabilistic policy (it has {type(sifter.policy).__name__})"
-        )
-    version = f"{sifter.epoch:06d}-{_random.token_hex(4)}"
-    url = url.rstrip("/")
-    sifter.memory.save(f"{url}/memory-{version}.npz", storage_options)
-    meta = {
-        "version": version,
-        "file": f"memory-{version}.npz",
-        "epoch": sifter.epoch,
-        "seed": sifter.seed,
-        "beta": float(beta),
-        "audit": None if sifter.audit is None else {"directory": sifter.audit.directory},
-        "published": time.time(),
-    }
-    with fsspec.open(f"{url}/latest.json", "wb", **(storage_options or {})) as f:
-        f.write(json.dumps(meta).encode())
-    return version
 
 
 def _worker_id() -> int:

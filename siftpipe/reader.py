@@ -121,7 +121,7 @@ def list_parts(
     origins: dict[tuple[str, int, str], str | None] = {}
     if manifests or end_paths or claim_paths:
         paths = [p for _, p in manifests] + list(end_paths.values()) + list(claim_paths.values())
-        texts = _read_many(fs, paths, _parse_json)
+        texts = read_many(fs, paths, _parse_json)
         for (stream_key, path), claim in zip(claim_paths.items(), texts[len(manifests) + len(end_paths) :]):
             claim = _checked_manifest(claim, path, secrets_, what="claim")
             if claim is not None:
@@ -292,7 +292,7 @@ def _checked_manifest(manifest: Any, path: str, secrets: Sequence[str], what: st
     return None
 
 
-def _read_many(fs: Any, paths: Sequence[str], parse: Callable[[bytes], Any], workers: int = 8) -> list[Any]:
+def read_many(fs: Any, paths: Sequence[str], parse: Callable[[bytes], Any], workers: int = 8) -> list[Any]:
     """``parse(bytes)`` of every path, read in parallel; an exception object where one failed."""
 
     def one(path: str) -> Any:
@@ -307,7 +307,7 @@ def _read_many(fs: Any, paths: Sequence[str], parse: Callable[[bytes], Any], wor
         return list(pool.map(one, paths))
 
 
-def _read_part(payload: bytes, columns: Sequence[str] | None) -> Any:
+def read_part(payload: bytes, columns: Sequence[str] | None) -> Any:
     """The part's table with ``columns`` (default: every column of the format, in order).
 
     First the part's schema is checked against the format (every column there, each holding
@@ -467,7 +467,7 @@ def _predecode_tables(
         m = _PREDECODE.fullmatch(relative)
         if m and (runs is None or m["run"] in runs) and (ranks is None or int(m["rank"]) in ranks):
             found.append((m["run"], int(m["rank"]), path))
-    tables = _read_many(fs, [p for _, _, p in found], lambda b: _read_part(b, columns))
+    tables = read_many(fs, [p for _, _, p in found], lambda b: read_part(b, columns))
     out = []
     secrets = secret_values(storage_options, url)
     for (run_id, rank_id, path), table in zip(found, tables):
@@ -504,7 +504,7 @@ def _read_many_with_progress(
     fs: Any, paths: list[str], columns: Sequence[str] | None, progress: bool
 ) -> list[Any]:
     if not progress or len(paths) < 2:
-        return _read_many(fs, paths, lambda b: _read_part(b, columns))
+        return read_many(fs, paths, lambda b: read_part(b, columns))
     from ._optional import progress_bar
 
     results: list[Any] = []
@@ -512,7 +512,7 @@ def _read_many_with_progress(
     with progress_bar(auto=False, total=len(paths), unit="part", desc="reading log") as bar:
         for start in range(0, len(paths), batch):
             chunk = paths[start : start + batch]
-            results.extend(_read_many(fs, chunk, lambda b: _read_part(b, columns)))
+            results.extend(read_many(fs, chunk, lambda b: read_part(b, columns)))
             bar.update(len(chunk))
     return results
 
@@ -658,7 +658,7 @@ def verify_log(
     """Check a log for gaps, duplicates, missing and unreadable parts, per (run, rank) stream."""
     fs, infos, attempts = list_parts(url, storage_options, run=run, rank=rank)
     secrets = secret_values(storage_options, url)
-    seqs = _read_many(fs, [p.path for p in infos if p.path is not None], lambda b: _read_part(b, ["seq"]))
+    seqs = read_many(fs, [p.path for p in infos if p.path is not None], lambda b: read_part(b, ["seq"]))
     seq_of: dict[int, Any] = {}
     readable = [p for p in infos if p.path is not None]
     for info, table in zip(readable, seqs):

@@ -14,7 +14,7 @@ from ._decide import REASONS, UNKNOWN, WARMUP, decide_rows
 from ._secrets import redact, secret_values
 from .errors import AuditError, ConfigError, MissingKeyError
 from .policies import Policy
-from .reader import PartInfo, _read_many, _read_part, list_parts, read_log
+from .reader import PartInfo, list_parts, read_log, read_many, read_part
 
 __all__ = ["Replay", "WhatIf", "replay", "whatif"]
 
@@ -241,7 +241,7 @@ class Replay:
         path = str(info.path)
         table = self._part_cache.get(path)
         if table is None:
-            (table,) = _read_many(self._fs, [path], lambda b: _read_part(b, _DECISION_COLUMNS))
+            (table,) = read_many(self._fs, [path], lambda b: read_part(b, _DECISION_COLUMNS))
             if isinstance(table, Exception):
                 raise AuditError(
                     f"cannot read audit part {redact(path, self._secrets)} (truncated, corrupt or not an "

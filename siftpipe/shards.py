@@ -414,7 +414,7 @@ def synthetic_classification(
 
 def add_cli(subparsers: Any) -> None:
     """``siftpipe shards write URL --samples N --per-shard M [--storage-option K=V ...]``."""
-    from .cli import add_storage_option_flag
+    from ._cliopts import add_storage_option_flag
 
     shards = subparsers.add_parser("shards", help="write WebDataset tar shards")
     commands = shards.add_subparsers(dest="shards_command", required=True, metavar="COMMAND")
@@ -439,7 +439,7 @@ def add_cli(subparsers: Any) -> None:
 
 
 def _cli_write(args: argparse.Namespace) -> int:
-    from .cli import parse_storage_options
+    from ._cliopts import parse_storage_options
 
     if args.samples < 1:
         raise SystemExit(f"--samples must be >= 1, got {args.samples}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time
 import weakref
 from collections import deque
@@ -19,21 +18,33 @@ from torch.utils.data import default_collate, get_worker_info
 
 from . import _batch
 from ._decide import REASONS, decide_rows
-from ._open import ShardStats, SharedShardCounts, find_shard_counts, merge_shard_stats
-from .distributed import dist_info
+from ._ranks import dist_info
+from ._scoring import CPU, Scoring, Setting, scoring_device
+from ._shardcounts import ShardStats, SharedShardCounts, find_shard_counts, merge_shard_stats
+from ._state import (
+    COUNTS,
+    MISSING,
+    OVERRIDE_OF,
+    RESUME_OVERRIDES,
+    STATE_VERSION,
+    check_state,
+    digest,
+    override_names,
+    plain_value,
+    same_value,
+)
+from ._vocab import PRE_KEPT, PRE_LOSS, PRE_PROB
 from .errors import (
     ConfigError,
     MissingKeyError,
     NonFiniteLossError,
     ResumeError,
-    ScorerError,
     ScorerOutputError,
     SiftInWorkerError,
     describe_keys,
 )
 from .memory import FEEDBACK, NONE, SOURCES, STALE, ScoreMemory, check_epoch, key_hashes
-from .policies import Policy, RelativeProbabilistic, _HistoryPolicy, get_policy
-from .predecode import PRE_KEPT, PRE_LOSS, PRE_PROB, publish
+from .policies import HistoryPolicy, Policy, RelativeProbabilistic, get_policy
 from .scorers import Scorer, get_scorer
 from .sink import Decisions, DecisionSink, StageInfo, make_sink
 
@@ -103,25 +114,10 @@ class SiftStats:
         return f"SiftStats({fields}, keep_rate={self.keep_rate:.4f})"
 
 
-_CPU = torch.device("cpu")
+_HASH_MEMO = 1 << 16  # string keys whose hashes the stage remembers for observe(), at most
 _REPORTED_URLS = 100  # skipped shard URLs written into each audit manifest, at most
 _NO_ROWS = np.zeros(0, dtype=bool)
 _NO_INDEX = np.zeros(0, dtype=np.int64)
-# settings a resumed stage may differ in on purpose (see Sifter.load_state_dict), and the state
-# entries each covers beyond its own name
-_RESUME_OVERRIDES = (
-    "delay",
-    "key",
-    "memory",
-    "micro_batch",
-    "on_nan",
-    "output_batch",
-    "policy",
-    "rank",
-    "seed",
-)
-_OVERRIDE_OF = {"policy_class": "policy", "policy_config": "policy", "world": "rank"}
-_READ_VERSIONS = (1, 2)  # state versions load_state_dict reads
 
 
 class _Group:
@@ -299,10 +295,21 @@ class Sifter:
             step hands it back through ``observe``: InfoBatch's way, and ``siftpipe.recipe``'s).
     """
 
-    STATE_VERSION = 2
+    STATE_VERSION = STATE_VERSION
     #: Settings ``load_state_dict(state, override=...)`` accepts: this stage's then wins over the
     #: checkpoint's.
-    RESUME_OVERRIDES: ClassVar[tuple[str, ...]] = _RESUME_OVERRIDES
+    RESUME_OVERRIDES: ClassVar[tuple[str, ...]] = RESUME_OVERRIDES
+
+    # settings the scoring part keeps (see siftpipe._scoring): read and set them here as usual
+    model = Setting("_scoring")
+    scorer = Setting("_scoring")
+    micro_batch = Setting("_scoring")
+    collate_fn = Setting("_scoring")
+    pad_micro_batch = Setting("_scoring")
+    autocast = Setting("_scoring")
+    pin_memory = Setting("_scoring")
+    eval_mode = Setting("_scoring")
+    on_oom = Setting("_scoring")
 
     def __init__(
         self,
@@ -365,10 +372,11 @@ class Sifter:
         if not isinstance(seed, int | np.integer) or isinstance(seed, bool) or seed < 0:
             raise ConfigError(f"seed must be an integer >= 0 (it seeds the stage's generator), got {seed!r}")
         if device is not None:
-            device = _scoring_device(device)
+            device = scoring_device(device)
 
+        self._scoring = Scoring()
         self.model = model
-        self.scorer: Scorer = get_scorer(scorer) if isinstance(scorer, str) else scorer
+        self.scorer = get_scorer(scorer) if isinstance(scorer, str) else scorer
         if not callable(self.scorer):
             raise ConfigError(f"scorer must be callable (model, batch) -> Tensor[n], got {scorer!r}")
         if policy is None:
@@ -387,6 +395,7 @@ class Sifter:
         self.delay = delay
         self.seed = int(seed)
         self.batched = batched
+        self._scoring.batched = batched  # (fixed for the stage's life: positions count it)
         self.output_batch = output_batch
         self.collate_fn = collate_fn or default_collate
         self.pad_micro_batch = pad_micro_batch
@@ -418,21 +427,8 @@ class Sifter:
         #: draw independently.
         self.rng_seed: int | list[int] = seed if world <= 1 else [seed, rank]
         self._rng = np.random.default_rng(self.rng_seed)
-        self._counts = dict.fromkeys(
-            (
-                "seen",
-                "kept",
-                "dropped",
-                "nan",
-                "warmup",
-                "micro_batches",
-                "scored",
-                "from_memory",
-                "observed",
-                "unknown",
-            ),
-            0,
-        )
+        self._counts = dict.fromkeys(COUNTS, 0)
+        self._recent_hashes: dict[str, int] = {}  # see _remember_hashes
         self._seconds = [0.0, 0.0]
         self._consumed = 0
         self._pending: deque[_Group] = deque()
@@ -453,7 +449,6 @@ class Sifter:
         self._reader: weakref.ReferenceType[_Reader] | None = None  # the running pass's source
         self._source_restore: Any = None  # a between-passes checkpoint's source state, for the next call
         self._source_abandoned = False  # the tracked source's last pass was left before its end
-        self._score_device = _CPU  # fixed at the start of each pass
         self._shard_counts: list[SharedShardCounts] = []  # see watch_shards
 
     # ------------------------------------------------------------------ public
@@ -586,8 +581,26 @@ class Sifter:
                 f"observe() got {len(keys)} keys but {values.size} losses; pass one loss per sample "
                 "(reduction='none')"
             )
-        self.memory.update(key_hashes(keys), values, self.epoch, FEEDBACK)
+        self.memory.update(self._hashes_of(keys), values, self.epoch, FEEDBACK)
         self._counts["observed"] += values.size
+
+    def _remember_hashes(self, keys: list[Any], hashes: np.ndarray) -> None:
+        """Keep the hashes of a group's string keys for ``observe`` (the training step hands most
+        of them back soon): a memo of ``key_hashes``, bounded, not part of the state."""
+        cache = self._recent_hashes
+        if len(cache) > _HASH_MEMO:
+            cache.clear()
+        if set(map(type, keys)) == {str}:  # str only: 1, 1.0 and True are one dict key
+            cache.update(zip(keys, hashes.tolist()))
+
+    def _hashes_of(self, keys: list[Any]) -> np.ndarray:
+        cache = self._recent_hashes
+        if cache:
+            try:
+                return np.array([cache.pop(k) for k in keys], dtype=np.uint64)
+            except (KeyError, TypeError):  # one not remembered (or unhashable): hash them all
+                pass
+        return key_hashes(keys)
 
     def publish_memory(self, url: str, storage_options: Mapping[str, Any] | None = None) -> str:
         """Publish the score memory for ``PreDecodeFilter`` stages in DataLoader workers.
@@ -595,7 +608,24 @@ class Sifter:
         Call it at the end of each epoch; workers load the newest publication when they next
         start iterating and decide from it (see ``siftpipe.predecode``). Returns its version.
         """
-        return publish(self, url, storage_options)
+        if self.memory is None:
+            raise ConfigError(
+                "publish_memory() needs a score memory: Sifter(..., memory=sp.ScoreMemory(...))"
+            )
+        beta = getattr(self.policy, "beta", None)
+        if beta is None:
+            raise ConfigError(
+                "sifting before decode uses the relative-probabilistic rule; give the Sifter a "
+                f"RelativeProbabilistic policy (it has {type(self.policy).__name__})"
+            )
+        return self.memory.publish(
+            url,
+            storage_options,
+            epoch=self.epoch,
+            seed=self.seed,
+            beta=float(beta),
+            audit_directory=getattr(self.audit, "directory", None),
+        )
 
     def __call__(self, source: Iterable[Any]) -> Iterator[Any]:
         """Sift ``source``: an iterator over the kept samples (or batches), in input order.
@@ -647,7 +677,7 @@ class Sifter:
         if self.audit is not None:
             self.audit.bind(self.describe(), self._shard_report)
             self.audit.start()
-        self._score_device = _CPU if device.type == "cpu" else device
+        self._scoring.device = CPU if device.type == "cpu" else device
         reader = _Reader(source, self._began_reading)
         gen = self._run(reader, resume)
         self._active = weakref.ref(gen)
@@ -750,7 +780,7 @@ class Sifter:
         }
         # An entry damaged, or swapped in from another checkpoint (another rank's decisions, say),
         # can look as well formed as the right one: the digests tell them apart.
-        state["checks"] = {name: _digest(value) for name, value in state.items() if name != "seconds"}
+        state["checks"] = {name: digest(value) for name, value in state.items() if name != "seconds"}
         return state
 
     def load_state_dict(self, state: Mapping[str, Any], *, override: Iterable[str] = ()) -> None:
@@ -780,16 +810,16 @@ class Sifter:
                 with an audit log, which would write into the other rank's stream). ``"key"``:
                 re-read samples are not checked by key. ``batched`` cannot be overridden.
         """
-        _check_state(state, self.batched)
+        check_state(state, self.batched)
         if state["version"] >= 2:
             self._check_policy_entries(state)
         if self.audit is not None:
             self.audit.check_state(state["audit"])
-        allowed = _override_names(override)
+        allowed = override_names(override)
         differ = self._differences(state)
         refused = [d for d in differ if d[0] not in allowed]
         if refused:
-            names = sorted({d[0] for d in refused if d[0] in _RESUME_OVERRIDES})
+            names = sorted({d[0] for d in refused if d[0] in RESUME_OVERRIDES})
             fix = "construct the Sifter with the checkpoint's setting to resume exactly"
             if names:
                 fix += f", or pass override={tuple(names)!r} to resume with this stage's on purpose"
@@ -1178,6 +1208,7 @@ class Sifter:
         keys = self._keys_of_group(group, required=True, purpose="the score memory")
         assert keys is not None  # key=None with a memory is refused at construction
         hashes = key_hashes(keys)
+        self._remember_hashes(keys, hashes)
         losses, remembered = memory.lookup(hashes, self.epoch)
         miss = np.flatnonzero(np.isnan(losses))
         sources = np.where(remembered == FEEDBACK, FEEDBACK, STALE).astype(np.int8)
@@ -1196,162 +1227,14 @@ class Sifter:
         self._counts["from_memory"] += group.rows - miss.size
         return losses, sources
 
-    def _score_rows(self, group: _Group, index: np.ndarray | None) -> np.ndarray:
-        """Losses of rows ``index`` of ``group`` (all rows if None), in micro-batches."""
-        self._counts["scored"] += group.rows if index is None else index.size
-        if self.batched:
-            batch = group.items[0]
-            rows = group.rows
-            if index is not None:
-                batch = _batch.take(batch, index)
-                rows = index.size
-            chunk = self.micro_batch or rows
-            if rows <= chunk:
-                return self._score(batch, rows, group, index)
-            at = np.arange(rows) if index is None else index
-            parts = [
-                self._score(
-                    _batch.take(batch, np.arange(s, min(rows, s + chunk))),
-                    min(chunk, rows - s),
-                    group,
-                    at[s : s + chunk],
-                )
-                for s in range(0, rows, chunk)
-            ]
-            return np.concatenate(parts)
-        items = group.items if index is None else [group.items[i] for i in index.tolist()]
-        n = len(items)
-        size = self.micro_batch
-        if self.pad_micro_batch and size is not None and n < size:
-            items = items + [items[-1]] * (size - n)
-        try:
-            batch = self.collate_fn(items)
-        except Exception as exc:
-            at = np.arange(n) if index is None else index
-            raise ScorerError(
-                f"collating micro-batch at sample seq {group.seq0 + int(at[0])} (keys "
-                f"{describe_keys(self._names(group, at))}) failed: {type(exc).__name__}: {exc}; "
-                "give the Sifter a collate_fn that builds the batch your scorer expects"
-            ) from exc
-        return self._score(batch, n, group, index, rows=len(items))
-
     def _names(self, group: _Group, at: np.ndarray) -> list[Any] | None:
         keys = self._keys_of_group(group)
         return [keys[i] for i in at.tolist()] if keys else None
 
-    def _score(
-        self, batch: Any, n: int, group: _Group, at: np.ndarray | None, rows: int | None = None
-    ) -> np.ndarray:
-        """Losses of the first ``n`` rows of ``batch``: rows ``at`` of ``group`` (for messages;
-        ``None``: all of the group's rows, in order).
-
-        ``rows`` is the batch's row count when the caller knows it (padding included)."""
-        if rows is None:
-            size = self.micro_batch
-            if self.pad_micro_batch and size is not None and n < size:
-                batch = _batch.pad_rows(batch, size)
-                rows = size
-            else:
-                rows = n
-        device = self._score_device
-        try:
-            out = self._forward(batch, device)
-        except Exception as exc:
-            if at is None:
-                at = np.arange(group.rows)
-            if self.on_oom == "split" and _is_oom(exc) and rows > 1:
-                if n == 1:  # one sample and its padding: shed the padding, score the sample alone
-                    return self._score(_batch.take(batch, np.arange(1)), 1, group, at[:1], rows=1)
-                half = n // 2
-                lo = _batch.take(batch, np.arange(half))
-                hi = _batch.take(batch, np.arange(half, rows))
-                return np.concatenate(
-                    [
-                        self._score(lo, half, group, at[:half], rows=half),
-                        self._score(hi, n - half, group, at[half:], rows=rows - half),
-                    ]
-                )
-            hint = "; pass on_oom='split' to retry it in halves, or lower micro_batch" if _is_oom(exc) else ""
-            raise ScorerError(
-                f"scorer {self.scorer!r} raised {type(exc).__name__}: {exc} on the micro-batch of "
-                f"{n} samples at seq {group.seq0 + int(at[0])} "
-                f"(keys {describe_keys(self._names(group, at[:n]))}){hint}"
-            ) from exc
-        return self._check_losses(out, n, rows, device, group, 0 if at is None else int(at[0]))
-
-    def _forward(self, batch: Any, device: torch.device) -> Any:
-        if device is not _CPU and device.type != "cpu":
-            if self.pin_memory:
-                batch = _batch.pin(batch)
-            batch = _batch.to_device(batch, device, non_blocking=True)
-        model = self.model
-        was_training = model is not None and model.training
-        if was_training and self.eval_mode:
-            model.eval()  # type: ignore[union-attr]
-        try:
-            with torch.inference_mode():
-                if self.autocast is None:
-                    return self.scorer(model, batch)  # type: ignore[arg-type]
-                with torch.autocast(device_type=device.type, dtype=self.autocast):
-                    return self.scorer(model, batch)  # type: ignore[arg-type]
-        finally:
-            if was_training and self.eval_mode:
-                model.train()  # type: ignore[union-attr]
-
-    def _check_losses(
-        self, out: Any, n: int, rows: int, device: torch.device, group: _Group, offset: int
-    ) -> np.ndarray:
-        if (
-            type(out) is torch.Tensor
-            and out.ndim == 1
-            and out.shape[0] == rows
-            and out.is_floating_point()
-            and (device is _CPU and not out.is_cuda and out.device.type == "cpu")
-        ):
-            # the common case, checked with the cheapest attribute reads: a CPU stage, a plain
-            # 1-d float tensor of the right length on the CPU
-            losses = out[:n] if n < rows else out
-            if losses.requires_grad:
-                losses = losses.detach()
-            if losses.dtype != torch.float64:
-                losses = losses.double()
-            return losses.numpy()
-        where = f"micro-batch at sample seq {group.seq0 + offset}"
-        if not isinstance(out, torch.Tensor):
-            raise ScorerOutputError(
-                f"scorer {self.scorer!r} returned a {type(out).__name__} for the {where}; it must "
-                f"return a torch.Tensor of shape [{rows}] (one loss per sample)"
-            )
-        if out.ndim != 1 or out.shape[0] != rows:
-            fix = (
-                "use reduction='none' and reduce every dimension but the first"
-                if out.ndim != 1
-                else "return exactly one loss per sample of the micro-batch"
-            )
-            raise ScorerOutputError(
-                f"scorer {self.scorer!r} returned shape {list(out.shape)} for the {where}; "
-                f"expected [{rows}] (one loss per sample): {fix}"
-            )
-        if not out.is_floating_point():
-            raise ScorerOutputError(
-                f"scorer {self.scorer!r} returned dtype {out.dtype} for the {where}; losses must "
-                "be floating point (return loss.float())"
-            )
-        od = out.device
-        if od != device and (od.type != device.type or (od.index is not None and device.index is not None)):
-            raise ScorerOutputError(
-                f"scorer {self.scorer!r} returned losses on {out.device} for the {where}, but the "
-                f"model scores on {device}; compute the loss on the model's device (a silent copy "
-                "here would hide a scorer that moved work off the accelerator)"
-            )
-        losses = out[:n] if n < rows else out
-        if losses.requires_grad:
-            losses = losses.detach()
-        if losses.dtype != torch.float64:
-            losses = losses.double()
-        if device is not _CPU:
-            losses = losses.cpu()
-        return losses.numpy()
+    def _score_rows(self, group: _Group, index: np.ndarray | None) -> np.ndarray:
+        """Losses of rows ``index`` of ``group`` (all rows if None), in micro-batches."""
+        self._counts["scored"] += group.rows if index is None else index.size
+        return self._scoring.rows(group, index, lambda at: self._names(group, at))
 
     # ------------------------------------------------------------------ samples
 
@@ -1445,7 +1328,7 @@ class Sifter:
             "delay": self.delay,
             "policy": policy.name or type(policy).__name__,
             "policy_class": f"{type(policy).__module__}.{type(policy).__qualname__}",
-            "policy_config": {k: _plain(v) for k, v in policy.config().items()},
+            "policy_config": {k: plain_value(v) for k, v in policy.config().items()},
             "on_nan": self.on_nan,
             "seed": self.seed,
             # a callable cannot be compared across processes: only fields and positions are
@@ -1468,9 +1351,9 @@ class Sifter:
         mine = self._config()
         out: list[tuple[str, str]] = []
         for name, value in theirs.items():
-            if name not in mine or _same(mine[name], value):
+            if name not in mine or same_value(mine[name], value):
                 continue
-            group = _OVERRIDE_OF.get(name, name)
+            group = OVERRIDE_OF.get(name, name)
             if (
                 name == "policy_config"
                 and theirs.get("policy_class", mine["policy_class"]) != mine["policy_class"]
@@ -1483,8 +1366,8 @@ class Sifter:
                 )
             elif isinstance(value, Mapping) and isinstance(mine[name], Mapping):
                 for k in sorted(set(value) | set(mine[name])):
-                    a, b = value.get(k, _MISSING), mine[name].get(k, _MISSING)
-                    if not _same(a, b):
+                    a, b = value.get(k, MISSING), mine[name].get(k, MISSING)
+                    if not same_value(a, b):
                         what = "policy" if name == "policy_config" else name
                         out.append((group, f"{what} {k}={a!r} in the checkpoint, {b!r} here"))
             elif name == "policy":
@@ -1504,11 +1387,7 @@ class Sifter:
         """What a version 2 state holds for this stage's kind of policy (the policy itself checks
         the rest when it loads)."""
         history = state["policy"].get("history")
-        if (
-            isinstance(self.policy, _HistoryPolicy)
-            and isinstance(history, Mapping)
-            and "total" not in history
-        ):
+        if isinstance(self.policy, HistoryPolicy) and isinstance(history, Mapping) and "total" not in history:
             raise ResumeError(
                 "the Sifter state's entry policy['history'] lacks 'total' (how many losses the window "
                 "was given); the state is damaged, or not one Sifter.state_dict() wrote"
@@ -1526,7 +1405,7 @@ class Sifter:
         """Load what fits of another policy's state (``override=("policy",)``)."""
         policy = self.policy
         fresh = policy.fresh().state_dict()
-        if isinstance(policy, _HistoryPolicy) and isinstance(state.get("history"), Mapping):
+        if isinstance(policy, HistoryPolicy) and isinstance(state.get("history"), Mapping):
             values = state["history"].get("values")
             policy.load_state_dict(fresh)
             if isinstance(values, torch.Tensor):
@@ -1617,399 +1496,8 @@ class _Output:
         yield out
 
 
-_COUNTS = (
-    "seen",
-    "kept",
-    "dropped",
-    "nan",
-    "warmup",
-    "micro_batches",
-    "scored",
-    "from_memory",
-    "observed",
-    "unknown",
-)
-# counters a state may lack (written before they existed): they load as 0
-_LATER_COUNTS = ("unknown",)
-# the settings a version 2 state's config names (see Sifter._config)
-_CONFIG = (
-    "micro_batch",
-    "batched",
-    "output_batch",
-    "delay",
-    "policy",
-    "policy_class",
-    "policy_config",
-    "on_nan",
-    "seed",
-    "key",
-    "memory",
-    "rank",
-    "world",
-)
-# entries version 2 added (version 1 states load with their defaults)
-_ENTRIES_2 = (
-    "epoch_set",
-    "opened",
-    "pass_read",
-    "read",
-    "next_key",
-    "ended",
-    "source_abandoned",
-    "checks",
-)
-_ENTRIES = (
-    "version",
-    "config",
-    "policy",
-    "rng",
-    "counts",
-    "seconds",
-    "consumed",
-    "pending",
-    "emitted",
-    "epoch",
-    "pass_open",
-    "model_version",
-    "source",
-    "audit",
-    "memory",
-)
-
-
-def _is_int(value: Any, low: int = 0) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool) and bool(value >= low)
-
-
-def _check_state(state: Any, batched: bool) -> None:
-    """Raise ``ResumeError`` naming the first missing or malformed entry of a Sifter state, before
-    anything is loaded from it."""
-    if not isinstance(state, Mapping) or "version" not in state:
-        hint = ""
-        if isinstance(state, Mapping) and any(str(k).startswith("_") for k in state):
-            hint = " (it looks like a loader's or a torchdata node's state: load it with that object)"
-        raise ResumeError(f"not a siftpipe Sifter state dict (no 'version' entry){hint}")
-    if type(state["version"]) is not int or state["version"] not in _READ_VERSIONS:
-        raise ResumeError(
-            f"state dict version {state['version']!r} is not supported (this siftpipe writes version "
-            f"{Sifter.STATE_VERSION} and reads {list(_READ_VERSIONS)})"
-        )
-    if "sifter" in state and "config" not in state:
-        raise ResumeError(
-            "this is a SiftNode's state (a 'sifter' entry inside): restore it with the node's or the "
-            "Loader's load_state_dict, or pass state['sifter'] to Sifter.load_state_dict"
-        )
-    missing = [
-        name for name in (*_ENTRIES, *(_ENTRIES_2 if state["version"] >= 2 else ())) if name not in state
-    ]
-    if missing:
-        raise ResumeError(
-            f"the Sifter state lacks {missing} (a truncated or partial state?); pass the whole dict "
-            "that Sifter.state_dict() returned"
-        )
-
-    def bad(entry: str, want: str) -> ResumeError:
-        value: Any = state
-        for part in entry.replace("]", "").split("["):
-            try:
-                value = value[int(part) if part.isdigit() else part.strip("'")]
-            except (KeyError, IndexError, TypeError):
-                value = None
-                break
-        return ResumeError(
-            f"the Sifter state's entry {entry} must be {want}, got {type(value).__name__} {_short(value)}; "
-            "the state is damaged, or not one Sifter.state_dict() wrote"
-        )
-
-    for name in ("config", "policy", "counts", "rng"):
-        if not isinstance(state[name], Mapping):
-            raise bad(name, "a dict")
-    scratch = np.random.default_rng()
-    try:
-        scratch.bit_generator.state = state["rng"]
-        # numpy coerces what it can (a float, a bool): a damaged state does not read back the same
-        same = scratch.bit_generator.state == dict(state["rng"])
-    except Exception as exc:
-        raise ResumeError(
-            f"the Sifter state's entry rng is not a numpy generator state ({type(exc).__name__}: {exc}); "
-            "the state is damaged, or not one Sifter.state_dict() wrote"
-        ) from None
-    rng = state["rng"]
-    if (
-        not same
-        or not _plain_ints(rng)
-        or rng.get("has_uint32", 0) not in (0, 1)
-        or not 0 <= rng.get("uinteger", 0) < 2**32
-    ):
-        raise bad("rng", "the generator state numpy wrote (it does not read back the same)")
-    # the checkpoint's own mode (a stage in the other mode is refused by name afterwards)
-    batched = bool(state["config"].get("batched", batched))
-    counts = state["counts"]
-    # version 1 states written before some counters existed lack them
-    for name in (
-        (c for c in _COUNTS if c not in _LATER_COUNTS)
-        if state["version"] >= 2
-        else ("seen", "kept", "dropped")
-    ):
-        if name not in counts:
-            raise bad(f"counts[{name!r}]", "a count >= 0")
-    for name, value in counts.items():
-        if name not in _COUNTS:
-            raise bad(f"counts[{name!r}]", f"one of the counters {list(_COUNTS)}")
-        if not _is_int(value):
-            raise bad(f"counts[{name!r}]", "a count >= 0")
-    seen = int(counts["seen"])
-    if counts["kept"] + counts["dropped"] != seen:
-        raise bad("counts['seen']", f"kept + dropped ({counts['kept']} + {counts['dropped']})")
-    for name in ("nan", "warmup", "scored", "from_memory", "unknown"):
-        if counts.get(name, 0) > seen:
-            raise bad(f"counts[{name!r}]", f"at most the {seen} samples seen")
-    seconds = state["seconds"]
-    if not (
-        isinstance(seconds, list | tuple)
-        and len(seconds) == 2
-        and all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in seconds)
-    ):
-        raise bad("seconds", "a list of 2 numbers of seconds >= 0")
-    if not (state["source"] is None or isinstance(state["source"], Mapping)):
-        raise bad("source", "None or the tracked source's state dict")
-    for name in ("consumed", "emitted", "epoch", *(("read",) if "read" in state else ())):
-        if not _is_int(state[name]):
-            raise bad(name, "an integer >= 0")
-    if not _is_int(state["model_version"], -(2**63)):
-        raise bad("model_version", "an integer")
-    for name in ("pass_open", "epoch_set", "ended", "source_abandoned", "opened", "pass_read"):
-        if name in state and not isinstance(state[name], bool):
-            raise bad(name, "True or False")
-    pending = state["pending"]
-    if not isinstance(pending, list | tuple):
-        raise bad("pending", "a list")
-    if pending and not state["pass_open"]:
-        raise bad("pending", "empty between passes (pass_open is False)")
-    kept = 0
-    seq = None  # where the next pending group must start: groups are decided one after another
-    for i, desc in enumerate(pending):
-        where = f"pending[{i}]"
-        if not isinstance(desc, Mapping):
-            raise bad(where, "a dict")
-        for name in ("n_items", "rows", "seq0", "keep", "weight", "keys"):
-            if name not in desc:
-                raise bad(f"{where}[{name!r}]", "present")
-        for name, low in (("n_items", 1), ("rows", 1), ("seq0", 0)):
-            if not _is_int(desc[name], low):
-                raise bad(f"{where}[{name!r}]", f"an integer >= {low}")
-        rows = int(desc["rows"])
-        if seq is not None and desc["seq0"] != seq:
-            raise bad(f"{where}['seq0']", f"{seq}, where the group before it ends")
-        seq = int(desc["seq0"]) + rows
-        if (batched and desc["n_items"] != 1) or (not batched and desc["n_items"] != rows):
-            raise bad(f"{where}['n_items']", "1 input batch" if batched else "equal to rows")
-        keep = desc["keep"]
-        if not (isinstance(keep, torch.Tensor) and keep.dtype == torch.bool and tuple(keep.shape) == (rows,)):
-            raise bad(f"{where}['keep']", f"a bool tensor of {rows} rows")
-        weight = desc["weight"]
-        if weight is not None and not (
-            isinstance(weight, torch.Tensor)
-            and weight.is_floating_point()
-            and tuple(weight.shape) == (rows,)
-            and bool(torch.isfinite(weight).all())
-        ):
-            raise bad(f"{where}['weight']", f"None or a float tensor of {rows} finite weights")
-        keys = desc["keys"]
-        if keys is not None and not (isinstance(keys, list | tuple) and len(keys) == rows):
-            raise bad(f"{where}['keys']", f"None or a list of {rows} sample keys")
-        kept += int(keep.sum())
-    if seq is not None and seq != seen:
-        raise bad("counts['seen']", f"{seq}, where the last pending group ends")
-    if state["emitted"] > max(kept - 1, 0) and (pending or state["emitted"]):
-        raise bad("emitted", f"fewer than the {kept} kept rows pending")
-    if "read" in state and state["read"] != state["consumed"] + sum(int(d["n_items"]) for d in pending):
-        raise bad("read", "consumed plus the input items pending (a pending group went missing?)")
-    config = state["config"]
-    if state["version"] >= 2:
-        lacking = [name for name in _CONFIG if name not in config]
-        if lacking:
-            raise bad("config", f"the settings {list(_CONFIG)} (it lacks {lacking})")
-    if "memory" in config and (config["memory"] is None) != (state["memory"] is None):
-        raise bad("memory", "present exactly when the state's config names a score memory")
-    if isinstance(config.get("memory"), Mapping) and isinstance(state["memory"], Mapping):
-        for name in ("capacity", "max_age"):
-            if not _same(config["memory"].get(name), state["memory"].get(name)):
-                raise bad(
-                    f"memory[{name!r}]", f"the {name} its config names ({config['memory'].get(name)!r})"
-                )
-    _check_flags(state, bad)
-
-    if state["memory"] is not None and state["epoch"] > np.iinfo(np.int16).max:
-        raise bad("epoch", "at most 32767 with a score memory (it records epochs in 16 bits)")
-    if state["audit"] is not None and not isinstance(state["audit"], Mapping):
-        # (the sink checks its own entry: DecisionSink.check_state)
-        raise bad("audit", "None or a dict (the state of the stage's audit log or sink)")
-    _check_memory_state(state["memory"], bad)
-    if "checks" in state:  # last: the checks above name what is wrong more exactly
-        checks = state["checks"]
-        entries = set(state) - {"seconds", "checks"}
-        if not (isinstance(checks, Mapping) and set(checks) == entries):
-            raise bad("checks", f"the digests of the entries {sorted(entries)}")
-        for name in sorted(entries):
-            if checks[name] != _digest(state[name]):
-                raise bad(name, "the value the checkpoint recorded a digest of (damaged, or swapped in?)")
-
-
-def _digest(tree: Any) -> str:
-    """A digest of a state's entry: its structure, numbers, strings and tensors' bytes."""
-    h = hashlib.blake2b(digest_size=16)
-
-    def feed(x: Any) -> None:
-        if isinstance(x, Mapping):
-            h.update(b"{")
-            for k in sorted(x, key=str):
-                feed(str(k))
-                feed(x[k])
-            h.update(b"}")
-        elif isinstance(x, list | tuple):
-            h.update(b"[")
-            for v in x:
-                feed(v)
-            h.update(b"]")
-        elif isinstance(x, torch.Tensor):
-            t = x.detach().cpu().contiguous()
-            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-        else:
-            h.update(f"{type(x).__name__}:{x!r};".encode())
-
-    feed(tree)
-    return h.hexdigest()
-
-
-def _plain_ints(tree: Any) -> bool:
-    """Every number in ``tree`` is an int (not a bool or a float)."""
-    if isinstance(tree, Mapping):
-        return all(_plain_ints(v) for v in tree.values())
-    return isinstance(tree, str) or (isinstance(tree, int) and not isinstance(tree, bool))
-
-
-def _check_flags(state: Mapping[str, Any], bad: Callable[[str, str], ResumeError]) -> None:
-    """The position flags agree with each other (each is written from the same position)."""
-    pending, open_ = state["pending"], state["pass_open"]
-    if state.get("ended") and (pending or not open_ or state.get("next_key") is not None):
-        raise bad("ended", "False unless an open pass has nothing pending and its source had ended")
-    if state.get("next_key") is not None and (pending or not open_):
-        raise bad("next_key", "None unless an open pass has nothing pending")
-    if not state.get("pass_read", True) and (pending or state["consumed"] or not open_):
-        raise bad("pass_read", "True for a pass that has read (or False only for an open, unread one)")
-    if state.get("source_abandoned") and (open_ and state.get("pass_read", True)):
-        raise bad("source_abandoned", "False for a pass that has read its source")
-    if not state.get("opened", True) and (open_ or state["counts"]["seen"]):
-        raise bad("opened", "True for a stage that has opened a pass")
-
-
-def _check_memory_state(memory: Any, bad: Callable[[str, str], ResumeError]) -> None:
-    if memory is None:
-        return
-    if not isinstance(memory, Mapping):
-        raise bad("memory", "None or a dict")
-    if not _is_int(memory.get("capacity"), 1):
-        raise bad("memory['capacity']", "an integer >= 1")
-    if memory.get("max_age") is not None and not _is_int(memory.get("max_age"), 1):
-        raise bad("memory['max_age']", "an integer >= 1, or None (never expires)")
-    if "drift" in memory and not (
-        isinstance(memory["drift"], torch.Tensor)
-        and memory["drift"].shape == (2, 2, 2)
-        and bool(torch.isfinite(memory["drift"]).all())
-        and _is_int(memory.get("drift_epoch"), -32767)
-        and (
-            memory.get("drift_verdict") is None
-            or (isinstance(memory["drift_verdict"], float | int) and np.isfinite(memory["drift_verdict"]))
-        )
-    ):
-        raise bad("memory['drift']", "a finite 2x2x2 tensor with an integer drift_epoch")
-    if not _is_int(memory.get("refused")):
-        raise bad("memory['refused']", "a count >= 0")
-    dtypes = {"keys": torch.int64, "loss": torch.float32, "epoch": torch.int16, "source": torch.int8}
-    sizes = set()
-    for name, dtype in dtypes.items():
-        t = memory.get(name)
-        if not (isinstance(t, torch.Tensor) and t.dtype == dtype and t.ndim == 1):
-            raise bad(f"memory[{name!r}]", f"a 1-d {dtype} tensor")
-        sizes.add(t.shape[0])
-    if len(sizes) != 1:
-        raise bad("memory", f"tensors of one length (got lengths {sorted(sizes)})")
-    if not bool(torch.isfinite(memory["loss"]).all()):
-        raise bad("memory['loss']", "finite losses (a remembered loss is never NaN or infinite)")
-    if sizes.pop() > memory["capacity"]:
-        raise bad("memory['keys']", f"at most capacity={memory['capacity']} entries")
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _override_names(override: Iterable[str]) -> set[str]:
-    names = {override} if isinstance(override, str) else set(override)
-    unknown = sorted(str(n) for n in names - set(_RESUME_OVERRIDES))
-    if unknown:
-        raise ConfigError(
-            f"override names settings the checkpoint may differ in: {list(_RESUME_OVERRIDES)}; got {unknown}"
-            + (
-                " (batched cannot be overridden: positions count other things)"
-                if "batched" in unknown
-                else ""
-            )
-        )
-    return names
-
-
-class _Missing:
-    def __repr__(self) -> str:
-        return "(missing)"
-
-
-_MISSING = _Missing()
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal, and of the same types (``True`` is not the ``1`` a checkpoint recorded)."""
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return set(a) == set(b) and all(_same(a[k], b[k]) for k in a)
-    return type(a) is type(b) and a == b
-
-
-def _plain(value: Any) -> Any:
-    """A policy setting as a value ``torch.load(weights_only=True)`` reads back and ``==`` compares."""
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, np.generic):
-        return value.item()
-    return repr(value)
-
-
-def _scoring_device(device: Any) -> torch.device:
-    """``device`` as a torch.device the stage can score on, or ``ConfigError`` naming the fix."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError) as exc:
-        raise ConfigError(
-            f"device={device!r} is not a torch device ({exc}); pass 'cpu', 'cuda', 'cuda:1', a "
-            "torch.device, or None for the model's own device"
-        ) from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(
-            f"device={device!r} but this torch sees no CUDA device; pass device='cpu' or None (the "
-            "model's own device)"
-        )
-    return dev
-
-
 def _clone(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.clone()
-
-
-def _is_oom(exc: BaseException) -> bool:
-    oom = getattr(torch, "OutOfMemoryError", None)
-    return (oom is not None and isinstance(exc, oom)) or "out of memory" in str(exc).lower()
 
 
 def _check_not_in_worker() -> None:

@@ -45,7 +45,7 @@ from ._open import (
     ShardOpener,
     ShardReader,
     ShardStats,
-    _count,
+    count_here,
     describe_error,
     find_shard_counts,
     ignore_and_continue,
@@ -258,7 +258,7 @@ class _SampleHandler:
 
     def __call__(self, exn: BaseException) -> bool:
         go_on = self.handler(exn)  # reraise_exception raises here
-        _count("samples_skipped")
+        count_here("samples_skipped")
         for counts in self.counts:
             counts.add("samples_skipped")
         return go_on
@@ -300,7 +300,7 @@ def is_installed() -> bool:
     return all(wds.FluidInterface.__dict__.get(n) is SiftFluid.__dict__[n] for n in FLUID_METHODS)
 
 
-def _expand(urls: Any) -> list[str]:
+def expand_urls(urls: Any) -> list[str]:
     if isinstance(urls, str):
         expanded = shardlists.expand_urls(urls)
     else:
@@ -421,7 +421,7 @@ class WebDataset(SiftFluid, wds.WebDataset):
         elif isinstance(urls, str) and urlparse(urls).path.endswith("/"):
             self.append(shardlists.DirectoryShardList(urls, mode=mode))
         else:
-            self.urls = _expand(urls)
+            self.urls = expand_urls(urls)
             if mode == "resampled":
                 self.append(shardlists.ResampledShardList(self.urls))
             else:

@@ -76,3 +76,30 @@ def test_state_and_file_roundtrip(tmp_path):
         np.testing.assert_array_equal(a[1], b[1])
     with pytest.raises(sp.ResumeError, match="capacity=2000"):
         sp.ScoreMemory(capacity=10).load_state_dict(memory.state_dict())
+
+
+def test_observe_stores_under_the_same_hashes_whether_the_stage_remembered_them_or_not():
+    from conftest import loss_field, make_samples
+
+    samples = make_samples(60)
+    keys = [x["__key__"] for x in samples]
+    s = sp.Sifter(
+        None, loss_field, sp.RelativeProbabilistic(1.0, 50), micro_batch=10, memory=sp.ScoreMemory(1000)
+    )
+    list(s(samples))  # the lookups remember these keys' hashes
+    # some remembered, one never seen, then keys that are equal as dict keys but not as strings
+    observed = [*keys[:5], "never-seen", *keys[5:8]]
+    s.observe(observed, np.arange(len(observed), dtype=np.float64) + 0.5)
+    s.observe([1, 1.0, True], np.array([7.0, 8.0, 9.0]))
+    s.observe(keys[:5], np.full(5, 3.0))  # the second time: hashed afresh, same slots
+    got, _ = s.memory.lookup(key_hashes([*observed, 1, 1.0, True]), epoch=1)
+    assert got.tolist() == [3.0] * 5 + [5.5, 6.5, 7.5, 8.5, 7.0, 8.0, 9.0]
+    # a stage whose keys are ints: True and 1.0 must not pick up the hash remembered for 1
+    ints = [{**x, "__key__": i} for i, x in enumerate(samples)]
+    s = sp.Sifter(
+        None, loss_field, sp.RelativeProbabilistic(1.0, 50), micro_batch=10, memory=sp.ScoreMemory(1000)
+    )
+    list(s(ints))
+    s.observe([True, 1.0, 1], np.array([1.0, 2.0, 3.0]))
+    got, _ = s.memory.lookup(key_hashes(["True", "1.0", "1"]), epoch=1)
+    assert got.tolist() == [1.0, 2.0, 3.0]

@@ -488,5 +488,6 @@ class _SiftCallback(TrainerCallback):
     ) -> None:
         trainer = self.trainer
         trainer.sift_stream.close()
-        if trainer.sifter.audit is not None:
-            trainer.sifter.audit.flush()
+        flush = getattr(trainer.sifter.audit, "flush", None)  # a sink of one's own may have none
+        if flush is not None:
+            flush()

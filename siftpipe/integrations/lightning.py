@@ -423,8 +423,9 @@ class SiftCallback(Callback):
     def _finish(self) -> None:
         if self._stream is not None:
             self._stream.close()
-        if self._sifter is not None and self._sifter.audit is not None:
-            self._sifter.audit.flush()
+        flush = getattr(self._sifter.audit, "flush", None) if self._sifter is not None else None
+        if flush is not None:  # (a sink of one's own may have none)
+            flush()
 
     def state_dict(self) -> dict[str, Any]:
         """Every rank's stage state, gathered into the checkpoint (Lightning writes rank 0's dict).

@@ -1,0 +1,18 @@
+"""The decision vocabulary every layer shares: reason and loss-source codes, the fields a
+PreDecodeFilter adds to samples (core, audit and adapters alike)."""
+
+from __future__ import annotations
+
+__all__ = ["PRE_KEPT", "PRE_LOSS", "PRE_PROB", "REASONS", "SOURCES"]
+
+#: ``reason`` codes of a decision, in the order of their small-integer codes.
+REASONS: tuple[str, ...] = ("policy", "warmup", "nan", "predecode", "unknown")
+#: Where a decision's loss came from (the ``source`` column), in the order of their codes.
+SOURCES: tuple[str, ...] = ("forward", "feedback", "stale", "proxy", "none")
+
+#: Field marking a sample kept by a ``PreDecodeFilter`` (1), or unknown to it (0).
+PRE_KEPT = "__sift_prekept__"
+#: The remembered loss a ``PreDecodeFilter`` decided a kept sample by.
+PRE_LOSS = "__sift_preloss__"
+#: The keep probability a ``PreDecodeFilter`` gave a kept sample.
+PRE_PROB = "__sift_preprob__"
