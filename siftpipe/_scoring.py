@@ -28,20 +28,27 @@ class Setting:
     """An attribute of the stage that one of its parts keeps: ``Sifter.model`` reads and writes
     ``Sifter._scoring.model`` (the integrations swap the model and collate_fn after construction)."""
 
-    def __init__(self, part: str) -> None:
+    def __init__(self, part: str, make: Callable[[], Any]) -> None:
         self.part = part
+        self.make = make  # builds the part when a setting is touched before the stage made it
         self.name = ""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
+    def _part(self, obj: Any) -> Any:
+        part = obj.__dict__.get(self.part)
+        if part is None:
+            part = obj.__dict__[self.part] = self.make()
+        return part
+
     def __get__(self, obj: Any, objtype: type | None = None) -> Any:
         if obj is None:
             return self
-        return getattr(getattr(obj, self.part), self.name)
+        return getattr(self._part(obj), self.name)
 
     def __set__(self, obj: Any, value: Any) -> None:
-        setattr(getattr(obj, self.part), self.name, value)
+        setattr(self._part(obj), self.name, value)
 
 
 class Scoring:

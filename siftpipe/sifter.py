@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 import weakref
@@ -115,6 +116,7 @@ class SiftStats:
 
 
 _HASH_MEMO = 1 << 16  # string keys whose hashes the stage remembers for observe(), at most
+_MEMO_KEY_TYPES = {str, np.str_}  # key types whose dict equality is equality of str(key)
 _REPORTED_URLS = 100  # skipped shard URLs written into each audit manifest, at most
 _NO_ROWS = np.zeros(0, dtype=bool)
 _NO_INDEX = np.zeros(0, dtype=np.int64)
@@ -301,15 +303,15 @@ class Sifter:
     RESUME_OVERRIDES: ClassVar[tuple[str, ...]] = RESUME_OVERRIDES
 
     # settings the scoring part keeps (see siftpipe._scoring): read and set them here as usual
-    model = Setting("_scoring")
-    scorer = Setting("_scoring")
-    micro_batch = Setting("_scoring")
-    collate_fn = Setting("_scoring")
-    pad_micro_batch = Setting("_scoring")
-    autocast = Setting("_scoring")
-    pin_memory = Setting("_scoring")
-    eval_mode = Setting("_scoring")
-    on_oom = Setting("_scoring")
+    model = Setting("_scoring", Scoring)
+    scorer = Setting("_scoring", Scoring)
+    micro_batch = Setting("_scoring", Scoring)
+    collate_fn = Setting("_scoring", Scoring)
+    pad_micro_batch = Setting("_scoring", Scoring)
+    autocast = Setting("_scoring", Scoring)
+    pin_memory = Setting("_scoring", Scoring)
+    eval_mode = Setting("_scoring", Scoring)
+    on_oom = Setting("_scoring", Scoring)
 
     def __init__(
         self,
@@ -374,7 +376,8 @@ class Sifter:
         if device is not None:
             device = scoring_device(device)
 
-        self._scoring = Scoring()
+        if "_scoring" not in self.__dict__:  # (a subclass may have set a setting already)
+            self._scoring = Scoring()
         self.model = model
         self.scorer = get_scorer(scorer) if isinstance(scorer, str) else scorer
         if not callable(self.scorer):
@@ -394,8 +397,7 @@ class Sifter:
         self.micro_batch = micro_batch
         self.delay = delay
         self.seed = int(seed)
-        self.batched = batched
-        self._scoring.batched = batched  # (fixed for the stage's life: positions count it)
+        self._scoring.batched = batched  # fixed for the stage's life: positions count it
         self.output_batch = output_batch
         self.collate_fn = collate_fn or default_collate
         self.pad_micro_batch = pad_micro_batch
@@ -421,11 +423,12 @@ class Sifter:
 
         #: Where decisions go (the audit log): a ``DecisionSink``; a URL given here became an ``AuditLog``.
         self.audit: DecisionSink | None = None if audit is None else make_sink(audit)
+        self._sink_bound = False
 
         rank, world = dist_info()
         #: The generator's seed: ``seed``, or ``[seed, rank]`` on a multi-process job so that ranks
         #: draw independently.
-        self.rng_seed: int | list[int] = seed if world <= 1 else [seed, rank]
+        self.rng_seed: int | list[int] = self.seed if world <= 1 else [self.seed, int(rank)]
         self._rng = np.random.default_rng(self.rng_seed)
         self._counts = dict.fromkeys(COUNTS, 0)
         self._recent_hashes: dict[str, int] = {}  # see _remember_hashes
@@ -452,6 +455,17 @@ class Sifter:
         self._shard_counts: list[SharedShardCounts] = []  # see watch_shards
 
     # ------------------------------------------------------------------ public
+
+    @property
+    def batched(self) -> bool:
+        """Whether input items are collated batches (fixed at construction)."""
+        return self._scoring.batched
+
+    def __copy__(self) -> Sifter:
+        new = self.__class__.__new__(self.__class__)
+        new.__dict__.update(self.__dict__)
+        new._scoring = copy.copy(self._scoring)  # a copy's settings are its own, as attributes were
+        return new
 
     @property
     def device(self) -> torch.device:
@@ -595,7 +609,7 @@ class Sifter:
 
     def _hashes_of(self, keys: list[Any]) -> np.ndarray:
         cache = self._recent_hashes
-        if cache:
+        if cache and set(map(type, keys)) <= _MEMO_KEY_TYPES:  # str subclasses may str() otherwise
             try:
                 return np.array([cache.pop(k) for k in keys], dtype=np.uint64)
             except (KeyError, TypeError):  # one not remembered (or unhashable): hash them all
@@ -624,7 +638,7 @@ class Sifter:
             epoch=self.epoch,
             seed=self.seed,
             beta=float(beta),
-            audit_directory=getattr(self.audit, "directory", None),
+            audit_directory=_directory_of(self.audit),
         )
 
     def __call__(self, source: Iterable[Any]) -> Iterator[Any]:
@@ -675,7 +689,9 @@ class Sifter:
         self._source_restore = None
         self._source = source if tracked else None
         if self.audit is not None:
-            self.audit.bind(self.describe(), self._shard_report)
+            if not self._sink_bound:  # once: what the log records about the stage is its first pass's
+                self.audit.bind(self.describe(), self._shard_report)
+                self._sink_bound = True
             self.audit.start()
         self._scoring.device = CPU if device.type == "cpu" else device
         reader = _Reader(source, self._began_reading)
@@ -837,8 +853,6 @@ class Sifter:
                 self._carry_policy_state(state["policy"])
             else:
                 self.policy.load_state_dict(state["policy"])
-            if self.audit is not None:
-                self.audit.load_state_dict(state["audit"], resumed_from=int(state["counts"]["seen"]))
         except Exception as exc:
             self.policy.load_state_dict(before)
             if isinstance(exc, ResumeError):
@@ -847,6 +861,17 @@ class Sifter:
                 f"the checkpoint's policy state does not fit policy {self.policy!r}: "
                 f"{type(exc).__name__}: {exc}; load a state this policy's state_dict() wrote"
             ) from exc
+        if self.audit is not None:
+            try:
+                self.audit.load_state_dict(state["audit"], resumed_from=int(state["counts"]["seen"]))
+            except Exception as exc:
+                self.policy.load_state_dict(before)
+                if isinstance(exc, ResumeError):
+                    raise
+                raise ResumeError(
+                    f"the stage's audit sink {type(self.audit).__name__} could not load the "
+                    f"checkpoint's audit entry: {type(exc).__name__}: {exc}"
+                ) from exc
         self._close_active()
         if self.memory is not None and state["memory"] is not None:
             self.memory.load_state_dict(state["memory"], fit="memory" in allowed)
@@ -1494,6 +1519,12 @@ class _Output:
         s._emitted += self.buffered
         self.buffer, self.buffered = [], 0
         yield out
+
+
+def _directory_of(sink: Any) -> str | None:
+    """The audit log's directory (where workers put their ``_predecode`` records), if the sink has one."""
+    directory = getattr(sink, "directory", None)
+    return directory if isinstance(directory, str) else None
 
 
 def _clone(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -10,7 +10,7 @@ sink of your own (metrics, a queue to another service) implements the same seven
         def write(self, decisions): self.kept = getattr(self, "kept", 0) + int(decisions.kept.sum())
         def state_dict(self): return {"kept": getattr(self, "kept", 0)}
         def check_state(self, state): pass
-        def load_state_dict(self, state, resumed_from=0): self.kept = state["kept"]
+        def load_state_dict(self, state, resumed_from=0): self.kept = (state or {}).get("kept", 0)
         def close(self): pass
 
 A URL given as ``Sifter(audit="s3://...")`` becomes the sink registered by ``set_url_sink``
@@ -19,6 +19,7 @@ A URL given as ``Sifter(audit="s3://...")`` becomes the sink registered by ``set
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -46,8 +47,9 @@ class StageInfo:
     scorer: str
 
     def as_dict(self) -> dict[str, Any]:
-        """The fields as a dict (the audit log's manifests record this as ``stage``)."""
-        return asdict(self)
+        """The fields as plain JSON values (the audit log's manifests record this as ``stage``):
+        numpy scalars become numbers, anything else JSON cannot hold its ``repr``."""
+        return {name: _jsonable(value) for name, value in asdict(self).items()}
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,19 @@ class DecisionSink(Protocol):
     def close(self) -> None: ...
 
 
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return repr(value)
+
+
+_METHODS = ("bind", "start", "write", "state_dict", "check_state", "load_state_dict", "close")
 _url_sink: dict[str, Callable[[Any], DecisionSink]] = {}
 
 
@@ -115,8 +130,18 @@ def set_url_sink(factory: Callable[[Any], DecisionSink]) -> None:
 
 def make_sink(value: Any) -> DecisionSink:
     """``value`` if it is a sink, else the registered URL sink made from it (a URL or path)."""
+    if isinstance(value, type):
+        raise ConfigError(
+            f"audit= got the class {value.__name__}; pass an instance (AuditLog(url), or your sink's)"
+        )
     if isinstance(value, DecisionSink):
         return value
+    lacking = [name for name in _METHODS if not callable(getattr(value, name, None))]
+    if len(lacking) < len(_METHODS) and not isinstance(value, str | bytes | os.PathLike):
+        raise ConfigError(
+            f"audit= got a {type(value).__name__} that lacks the DecisionSink methods {lacking}; "
+            "a sink implements all of " + ", ".join(_METHODS) + " (see siftpipe.sink)"
+        )
     factory = _url_sink.get("url")
     if factory is None:  # pragma: no cover - siftpipe's __init__ imports the audit log
         raise ConfigError("no sink is registered for URLs; import siftpipe.audit first")

@@ -103,3 +103,15 @@ def test_observe_stores_under_the_same_hashes_whether_the_stage_remembered_them_
     s.observe([True, 1.0, 1], np.array([1.0, 2.0, 3.0]))
     got, _ = s.memory.lookup(key_hashes(["True", "1.0", "1"]), epoch=1)
     assert got.tolist() == [1.0, 2.0, 3.0]
+
+    class Tagged(str):  # a str subclass whose str() differs: the memo must not answer for it
+        def __str__(self):
+            return "tag:" + str.__str__(self)
+
+    s = sp.Sifter(
+        None, loss_field, sp.RelativeProbabilistic(1.0, 50), micro_batch=10, memory=sp.ScoreMemory(1000)
+    )
+    list(s(samples))
+    s.observe([Tagged(keys[0])], np.array([4.0]))
+    got, _ = s.memory.lookup(key_hashes([Tagged(keys[0]), keys[0]]), epoch=1)
+    assert got[0] == 4.0 and got[1] != 4.0  # keys[0] keeps what the pass scored

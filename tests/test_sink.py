@@ -93,3 +93,67 @@ def test_a_url_still_becomes_an_audit_log(tmp_path):
     list(s(make_samples(64)))
     s.close()
     assert sp.read_log(str(tmp_path / "log")).num_rows == 64
+
+
+def test_bound_once_however_many_passes():
+    sink = Recorder()
+    binds = []
+    sink.bind = lambda info, report: binds.append(info)
+    s = sp.Sifter(None, loss_field, sp.TopFraction(0.5), micro_batch=8, audit=sink)
+    list(s(make_samples(16)))
+    s.micro_batch = 4
+    list(s(make_samples(16)))
+    assert len(binds) == 1 and binds[0].micro_batch == 8 and sink.starts == 2
+
+
+@pytest.mark.timeout(120)
+def test_numpy_settings_reach_the_manifests_as_numbers(tmp_path):
+    """A numpy seed or policy setting once made the writer process's JSON fail, and the stage
+    waited for it forever."""
+    log = sp.AuditLog(str(tmp_path), writer="process")
+    s = sp.Sifter(
+        None, loss_field, sp.TopFraction(np.float64(0.5)), micro_batch=8, seed=np.int64(3), audit=log
+    )
+    list(s(make_samples(40)))
+    s.close()
+    assert sp.read_log(str(tmp_path)).num_rows == 40
+    assert s.describe().as_dict()["rng_seed"] == 3 and s.describe().as_dict()["policy_config"] == {
+        "keep": 0.5
+    }
+
+
+def test_what_is_not_a_sink_is_refused_by_name():
+    with pytest.raises(sp.ConfigError, match="the class AuditLog; pass an instance"):
+        sp.Sifter(None, loss_field, audit=sp.AuditLog)
+
+    class Half:
+        def write(self, decisions):
+            pass
+
+    with pytest.raises(sp.ConfigError, match=r"lacks the DecisionSink methods \['bind', 'start'"):
+        sp.Sifter(None, loss_field, audit=Half())
+
+
+def test_a_sink_that_fails_to_load_is_named_not_the_policy():
+    samples = make_samples(40)
+    first = sp.Sifter(None, loss_field, sp.RelativeProbabilistic(1.0, 50), micro_batch=10, audit=Recorder())
+    it = first(samples)
+    next(it)
+    state = first.state_dict()
+    sink = Recorder()
+    sink.load_state_dict = lambda state, resumed_from=0: 1 / 0
+    second = sp.Sifter(None, loss_field, sp.RelativeProbabilistic(1.0, 50), micro_batch=10, audit=sink)
+    with pytest.raises(sp.ResumeError, match="audit sink Recorder could not load .*ZeroDivisionError"):
+        second.load_state_dict(state)
+    assert second.stats.seen == 0
+
+
+def test_a_copy_of_a_stage_has_settings_of_its_own():
+    import copy
+
+    s = sp.Sifter(None, loss_field, micro_batch=4)
+    c = copy.copy(s)
+    c.micro_batch, c.model = 8, "other"
+    assert (s.micro_batch, s.model) == (4, None) and (c.micro_batch, c.model) == (8, "other")
+    with pytest.raises(AttributeError):
+        s.batched = True  # fixed at construction: positions in the state count it
