@@ -35,8 +35,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
-from .errors import AuditError
-
 __all__ = [
     "REDACTED",
     "Redactor",
@@ -324,6 +322,10 @@ def refuse_credentials_in_url(url: str) -> None:
     error messages); say where credentials go instead."""
     protocol, sep, rest = url.partition("://")
     if sep and protocol.lower() in _NO_URL_CREDENTIALS and url_secrets(url.split("?", 1)[0]):
+        # imported here: the audit writer process loads this module without the rest of the
+        # package, and siftpipe.errors imports webdataset (and with it torch: 1.4 s, ~200 MiB)
+        from .errors import AuditError
+
         raise AuditError(
             f"the URL {redact(url)} holds credentials; {protocol}:// URLs cannot carry them: pass "
             "them as storage options (e.g. key=, secret=, token=) or through the provider's "

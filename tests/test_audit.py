@@ -306,3 +306,23 @@ def test_a_normal_exit_flushes_what_was_never_closed(tmp_path):
     table = sp.read_log(root)
     assert table.num_rows == 777 and sum(table.column("kept").to_pylist()) == int(out.stdout)
     assert sp.verify_log(root).streams[0].attempts[0]["ended"]
+
+
+def test_the_writer_process_loads_neither_torch_nor_webdataset():
+    """The writer process starts with only the modules it needs (about 40 MiB and 0.2 s, where
+    importing siftpipe.errors drags in webdataset and torch: about 220 MiB and 1.5 s per log)."""
+    import subprocess
+    import sys
+
+    from siftpipe import _audit_io
+    from siftpipe.audit import _BOOT
+
+    here = os.path.dirname(os.path.abspath(_audit_io.__file__))
+    boot = _BOOT.split("replies = ")[0] + (
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'webdataset', 'siftpipe'}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", boot, here], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
