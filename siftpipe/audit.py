@@ -158,6 +158,8 @@ class AuditLog:
             raise AuditError(f"on_full must be 'block' or 'drop', got {on_full!r}")
         if writer not in ("process", "thread"):
             raise AuditError(f"writer must be 'process' or 'thread', got {writer!r}")
+        if writer == "process":
+            _check_sendable(storage_options or {})
         self.url = url.rstrip("/")
         self._storage_options = dict(storage_options or {})
         self._secrets = secret_values(self._storage_options, url)
@@ -633,6 +635,7 @@ class _ProcessTransport(_Transport):
         self.pending: queue.Queue[tuple[dict[str, Any], int, int]] = queue.Queue()
         self.lock = threading.Lock()  # orders "sent, await a reply" against "the process is gone"
         self.gone = False
+        self.unsent: str | None = None  # why the configuration could not be sent, if it could not
         self.sender = threading.Thread(
             target=self._send_loop, args=(dict(config),), daemon=True, name="siftpipe-audit-send"
         )
@@ -651,8 +654,8 @@ class _ProcessTransport(_Transport):
             rows,
             {
                 "ok": False,
-                "error": f"the audit writer process for {self.where} exited (code {code}) "
-                "before writing this",
+                "error": self.unsent
+                or f"the audit writer process for {self.where} exited (code {code}) before writing this",
             },
         )
 
@@ -668,10 +671,15 @@ class _ProcessTransport(_Transport):
             return False
 
     def _send_loop(self, config: dict[str, Any]) -> None:
-        alive = self._write(_audit_io.frame(config))
+        pieces, self.unsent = _framed(config)
+        alive = pieces is not None and self._write(pieces)
         while (item := self.outbox.get()) is not None:
             header, buffers, size, rows = item
-            alive = alive and self._write(_audit_io.frame(header, buffers))
+            pieces, unsent = _framed(header, buffers)
+            if pieces is None:  # reported, never a silent death of this thread (and a hung stage)
+                self.on_reply(header, size, rows, {"ok": False, "error": unsent})
+                continue
+            alive = alive and self._write(pieces)
             with self.lock:
                 if alive and not self.gone:
                     self.pending.put((header, size, rows))
@@ -707,6 +715,37 @@ class _ProcessTransport(_Transport):
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.reader.join(timeout)
+
+
+def _framed(header: Mapping[str, Any], buffers: Any = ()) -> tuple[list[Any] | None, str | None]:
+    """(the frame's pieces, None), or (None, why it cannot be encoded)."""
+    try:
+        return _audit_io.frame(header, buffers), None
+    except (TypeError, ValueError) as exc:
+        return None, f"a message to the audit writer process could not be encoded: {exc}"
+
+
+def _check_sendable(options: Mapping[str, Any], where: str = "") -> None:
+    """``AuditError`` naming the storage option the writer process cannot receive: options travel
+    to it as JSON (its value is not shown: it may be a credential)."""
+    for key, value in options.items():
+        name = f"{where}{key}"
+        if isinstance(value, Mapping):
+            _check_sendable(value, f"{name}.")
+        elif isinstance(value, list | tuple):
+            for item in value:
+                if not isinstance(item, str | int | float | bool | type(None)):
+                    _refuse_option(name, item)
+        elif not isinstance(value, str | int | float | bool | type(None)):
+            _refuse_option(name, value)
+
+
+def _refuse_option(name: str, value: Any) -> None:
+    raise AuditError(
+        f"storage option {name!r} is a {type(value).__name__}, which the audit writer process cannot "
+        "receive (options travel to it as JSON); give it as a plain value (a string, number or "
+        "dict of them), or pass writer='thread' to write from this process with the object as is"
+    )
 
 
 def _is_int(value: Any) -> bool:

@@ -326,3 +326,27 @@ def test_the_writer_process_loads_neither_torch_nor_webdataset():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_storage_option_the_writer_process_cannot_receive_is_refused_by_name(tmp_path):
+    """It once killed the writer's sender thread, and the stage waited for its claim forever."""
+
+    class Session:
+        def __repr__(self):
+            return "Session(token='SECRET-123')"
+
+    with pytest.raises(sp.AuditError, match=r"storage option 'client_kwargs.session' is a Session") as err:
+        sp.AuditLog(str(tmp_path), storage_options={"client_kwargs": {"session": Session()}})
+    assert "SECRET" not in str(err.value) and "writer='thread'" in str(err.value)
+    # the thread writer keeps the object in this process
+    log = sp.AuditLog(str(tmp_path), storage_options={"auto_mkdir": True}, writer="thread")
+    log.close()
+
+
+def test_a_message_the_writer_process_cannot_receive_is_reported_not_lost():
+    from siftpipe.audit import _framed
+
+    pieces, why = _framed({"op": "write", "bad": object()})
+    assert pieces is None and "could not be encoded" in why
+    pieces, why = _framed({"op": "close"})
+    assert why is None and pieces
