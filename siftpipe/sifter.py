@@ -6,7 +6,6 @@ import copy
 import dataclasses
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -19,6 +18,7 @@ from torch.utils.data import default_collate, get_worker_info
 
 from . import _batch
 from ._decide import REASONS, decide_rows
+from ._ledger import Group, Ledger, Output
 from ._ranks import dist_info
 from ._scoring import CPU, Scoring, Setting, scoring_device
 from ._shardcounts import ShardStats, SharedShardCounts, find_shard_counts, merge_shard_stats
@@ -118,43 +118,6 @@ class SiftStats:
 _HASH_MEMO = 1 << 16  # string keys whose hashes the stage remembers for observe(), at most
 _MEMO_KEY_TYPES = {str, np.str_}  # key types whose dict equality is equality of str(key)
 _REPORTED_URLS = 100  # skipped shard URLs written into each audit manifest, at most
-_NO_ROWS = np.zeros(0, dtype=bool)
-_NO_INDEX = np.zeros(0, dtype=np.int64)
-
-
-class _Group:
-    """The input items of one decided micro-batch (per-sample mode) or one input batch."""
-
-    __slots__ = (
-        "items",
-        "keep",
-        "kept_index",
-        "n_items",
-        "rows",
-        "seq0",
-        "skip",
-        "snapshot",
-        "unknown",
-        "upstream",
-        "weight",
-    )
-
-    def __init__(self, items: list[Any], rows: int, seq0: int, snapshot: Any) -> None:
-        self.items = items
-        self.n_items = len(items)
-        self.rows = rows
-        self.seq0 = seq0
-        self.snapshot = snapshot
-        self.keep: np.ndarray = _NO_ROWS
-        self.weight: np.ndarray | None = None
-        self.kept_index: np.ndarray = _NO_INDEX
-        self.skip = 0  # kept rows handed on before the checkpoint this group was re-read from
-        self.upstream: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        self.unknown: np.ndarray | None = None  # rows with no loss (unknown="keep")
-
-    @property
-    def n_kept(self) -> int:
-        return int(self.kept_index.size)
 
 
 class _Reader:
@@ -433,9 +396,7 @@ class Sifter:
         self._counts = dict.fromkeys(COUNTS, 0)
         self._recent_hashes: dict[str, int] = {}  # see _remember_hashes
         self._seconds = [0.0, 0.0]
-        self._consumed = 0
-        self._pending: deque[_Group] = deque()
-        self._emitted = 0
+        self._ledger = Ledger()  # groups decided and not yet all handed on; positions in the pass
         # a mid-pass checkpoint loaded by load_state_dict, until its pending groups are re-read
         self._restore: dict[str, Any] | None = None
         self._pass_open = False
@@ -465,6 +426,7 @@ class Sifter:
         new = self.__class__.__new__(self.__class__)
         new.__dict__.update(self.__dict__)
         new._scoring = copy.copy(self._scoring)  # a copy's settings are its own, as attributes were
+        new._ledger = copy.copy(self._ledger)  # its positions too (the pending groups are shared)
         return new
 
     @property
@@ -551,8 +513,8 @@ class Sifter:
     def consumed(self) -> int:
         """Input items (samples, or batches in ``batched`` mode) of the current pass fully handed
         on or dropped: where to restart the source from when resuming from ``state_dict()``."""
-        self._trim()
-        return self._consumed
+        self._ledger.trim()
+        return self._ledger.consumed
 
     @property
     def resume_from(self) -> int | None:
@@ -672,9 +634,9 @@ class Sifter:
         if resume is None:
             if self._passes > 0 and not self._epoch_set and not self._unstarted:
                 self.epoch += 1
-            self._pending.clear()
-            self._emitted = 0
-            self._consumed = 0  # positions count from the start of each pass
+            self._ledger.pending.clear()
+            self._ledger.emitted = 0
+            self._ledger.consumed = 0  # positions count from the start of each pass
         self._unstarted = resume is None
         self._passes += 1
         self._pass_id += 1
@@ -714,7 +676,7 @@ class Sifter:
         ended, or after it was abandoned (``break`` out of the loop, ``close()``, an exception),
         the next call starts a new pass, as it would in this process.
         """
-        self._trim()
+        self._ledger.trim()
         restore = self._restore
         if restore is not None:
             # loaded and not re-read yet: the checkpoint's position is still the position
@@ -741,17 +703,17 @@ class Sifter:
                     "weight": None if g.weight is None else torch.from_numpy(g.weight.astype(np.float64)),
                     "keys": self._keys_of_group(g),
                 }
-                for g in self._pending
+                for g in self._ledger.pending
             ]
-            consumed, emitted = self._consumed, self._emitted
+            consumed, emitted = self._ledger.consumed, self._ledger.emitted
             source_state = self._source_restore
             next_key, ended = None, False
             reader = self._reader() if self._reader is not None and self._pass_open else None
             if reader is not None and reader.it is None:
                 reader = None  # not read yet: reading ahead would start the source's pass
-            if self._pending:
+            if self._ledger.pending:
                 if self._source is not None:
-                    source_state = self._pending[0].snapshot
+                    source_state = self._ledger.pending[0].snapshot
             elif reader is not None:
                 # nothing pending: read the next item now, so that a resumed source fed from the
                 # wrong position is caught at once (its keys are checked against this one's)
@@ -881,11 +843,11 @@ class Sifter:
             self._rng.bit_generator.state = state["rng"]
         self._counts = {**self._counts, **{k: int(v) for k, v in state["counts"].items()}}
         self._seconds = [float(v) for v in state["seconds"]]
-        self._consumed = int(state["consumed"])
+        self._ledger.consumed = int(state["consumed"])
         self.epoch = int(state["epoch"])
         self.model_version = int(state["model_version"])
-        self._pending.clear()
-        self._emitted = 0
+        self._ledger.pending.clear()
+        self._ledger.emitted = 0
         self._epoch_set = bool(state.get("epoch_set", False))
         self._unstarted = False
         # a stage that never opened a pass starts its first in epoch 0 (version 1 did not say)
@@ -937,7 +899,7 @@ class Sifter:
     # ------------------------------------------------------------------ the pass
 
     def _run(self, reader: _Reader, resume: dict[str, Any] | None) -> Generator[Any, None, None]:
-        out = _Output(self)
+        out = Output(self._ledger, self._scoring, self.output_batch)
         groups = self._reread(reader, resume) if resume is not None else []
         self._restore = None
         self._unstarted = False
@@ -957,7 +919,7 @@ class Sifter:
                 self._decide(fresh)
                 yield from out.hand_on(fresh)
             yield from out.finish()
-            self._trim()
+            self._ledger.trim()
             finished = True
         finally:
             # ended, abandoned or failed: the next call starts a new pass, and so does a stage
@@ -965,14 +927,14 @@ class Sifter:
             # pass left in a reference cycle is closed whenever the garbage collector gets to it)
             if self._pass_id == this_pass:
                 self._pass_open = False
-                self._pending.clear()
-                self._emitted = 0
+                self._ledger.pending.clear()
+                self._ledger.emitted = 0
                 # left before the source's end: a restored source must be moved past that pass
                 self._source_abandoned = (
                     not finished and self._source is not None and reader.ahead is not _END
                 )
 
-    def _read(self, reader: _Reader) -> _Group | None:
+    def _read(self, reader: _Reader) -> Group | None:
         if reader.ahead is not _NOTHING:
             snapshot = reader.ahead_snapshot
         else:
@@ -984,16 +946,16 @@ class Sifter:
             batch = reader.next()
             if batch is _END:
                 return None
-            group = _Group([batch], _batch.batch_size(batch), self._counts["seen"], snapshot)
+            group = Group([batch], _batch.batch_size(batch), self._counts["seen"], snapshot)
         else:
             items = reader.take(self.micro_batch)  # type: ignore[arg-type]
             if not items:
                 return None
-            group = _Group(items, len(items), self._counts["seen"], snapshot)
-        self._pending.append(group)
+            group = Group(items, len(items), self._counts["seen"], snapshot)
+        self._ledger.pending.append(group)
         return group
 
-    def _reread(self, reader: _Reader, state: Mapping[str, Any]) -> list[_Group]:
+    def _reread(self, reader: _Reader, state: Mapping[str, Any]) -> list[Group]:
         """Re-read the samples decided before the checkpoint but not yet handed on.
 
         Raises ``ResumeError`` with the stage as it was (the checkpoint still to be resumed) if the
@@ -1004,16 +966,16 @@ class Sifter:
                 self._check_next(reader, state)
             return groups
         except BaseException:
-            self._pending.clear()
-            self._emitted = 0
+            self._ledger.pending.clear()
+            self._ledger.emitted = 0
             raise
 
-    def _reread_groups(self, reader: _Reader, state: Mapping[str, Any]) -> list[_Group]:
+    def _reread_groups(self, reader: _Reader, state: Mapping[str, Any]) -> list[Group]:
         groups = []
         emitted = int(state["emitted"])
         for desc in state["pending"]:
             items = reader.take(desc["n_items"])
-            group = _Group(items, desc["rows"], desc["seq0"], None)
+            group = Group(items, desc["rows"], desc["seq0"], None)
             if len(items) < desc["n_items"] or (self.batched and _batch.batch_size(items[0]) != desc["rows"]):
                 raise ResumeError(
                     f"resuming needs the {desc['n_items']} input item(s) decided before the "
@@ -1046,9 +1008,9 @@ class Sifter:
                 self._attach_weights(group)
             group.skip = min(emitted, group.n_kept)
             emitted -= group.skip
-            self._pending.append(group)
+            self._ledger.pending.append(group)
             groups.append(group)
-        self._emitted = int(state["emitted"])
+        self._ledger.emitted = int(state["emitted"])
         return groups
 
     def _began_reading(self) -> None:
@@ -1093,22 +1055,14 @@ class Sifter:
     def _first_key(self, item: Any) -> Any:
         """The key of an input item (the first row's, for a batch), or None."""
         try:
-            keys = self._keys_of_group(_Group([item], 1, 0, None))
+            keys = self._keys_of_group(Group([item], 1, 0, None))
         except Exception:  # a key callable that fails: recorded as unknown, not raised here
             return None
         return keys[0] if keys else None
 
-    def _trim(self) -> None:
-        """Forget leading groups whose kept samples have all been handed on."""
-        pending = self._pending
-        while pending and pending[0].n_kept <= self._emitted:
-            group = pending.popleft()
-            self._emitted -= group.n_kept
-            self._consumed += group.n_items
-
     # ------------------------------------------------------------------ deciding
 
-    def _decide(self, group: _Group) -> None:
+    def _decide(self, group: Group) -> None:
         t0 = time.perf_counter()
         rows = group.rows
         losses, sources = self._score_group(group)
@@ -1182,7 +1136,7 @@ class Sifter:
         self._seconds[0] += t1 - t0
         self._seconds[1] += time.perf_counter() - t1
 
-    def _raise_non_finite(self, group: _Group, losses: np.ndarray, finite: np.ndarray) -> None:
+    def _raise_non_finite(self, group: Group, losses: np.ndarray, finite: np.ndarray) -> None:
         bad = np.flatnonzero(~finite)
         keys = self._keys_of_group(group)
         names = [keys[i] for i in bad] if keys else None
@@ -1192,7 +1146,7 @@ class Sifter:
             "scorer, or pass on_nan='keep' or 'drop' to count and skip them"
         )
 
-    def _upstream(self, group: _Group) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def _upstream(self, group: Group) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """Rows a ``PreDecodeFilter`` already kept: (mask, their losses, their keep probabilities)."""
         if self.batched:
             batch = group.items[0]
@@ -1212,7 +1166,7 @@ class Sifter:
         mask = columns[0] == 1
         return (mask, columns[1], columns[2]) if mask.any() else None
 
-    def _score_group(self, group: _Group) -> tuple[np.ndarray, np.ndarray | int]:
+    def _score_group(self, group: Group) -> tuple[np.ndarray, np.ndarray | int]:
         """Losses for every row of ``group``, and where each came from (codes, or one code)."""
         source = self._loss_source
         memory = self.memory
@@ -1252,18 +1206,18 @@ class Sifter:
         self._counts["from_memory"] += group.rows - miss.size
         return losses, sources
 
-    def _names(self, group: _Group, at: np.ndarray) -> list[Any] | None:
+    def _names(self, group: Group, at: np.ndarray) -> list[Any] | None:
         keys = self._keys_of_group(group)
         return [keys[i] for i in at.tolist()] if keys else None
 
-    def _score_rows(self, group: _Group, index: np.ndarray | None) -> np.ndarray:
+    def _score_rows(self, group: Group, index: np.ndarray | None) -> np.ndarray:
         """Losses of rows ``index`` of ``group`` (all rows if None), in micro-batches."""
         self._counts["scored"] += group.rows if index is None else index.size
         return self._scoring.rows(group, index, lambda at: self._names(group, at))
 
     # ------------------------------------------------------------------ samples
 
-    def _attach_weights(self, group: _Group) -> None:
+    def _attach_weights(self, group: Group) -> None:
         weight = np.ones(group.rows) if group.weight is None else group.weight
         if self.batched:
             column = torch.from_numpy(weight.astype(np.float32))
@@ -1282,7 +1236,7 @@ class Sifter:
                 items[i] = (sample, w)
 
     def _keys_of_group(
-        self, group: _Group, required: bool = False, purpose: str = "the audit log"
+        self, group: Group, required: bool = False, purpose: str = "the audit log"
     ) -> list[Any] | None:
         spec = self.key
         if spec is None:
@@ -1324,7 +1278,7 @@ class Sifter:
                     ) from None
             raise
 
-    def _field_of_group(self, group: _Group, name: str) -> list[Any] | None:
+    def _field_of_group(self, group: Group, name: str) -> list[Any] | None:
         """Per-sample values of an optional metadata field (``__url__``, ``__worker__``), or None."""
         if self.batched:
             batch = group.items[0]
@@ -1451,74 +1405,6 @@ class Sifter:
                 "state_dict/load_state_dict"
             )
         return self.track_source
-
-
-class _Output:
-    """Hands kept samples on: one by one, as filtered batches, or as fixed-size batches."""
-
-    def __init__(self, sifter: Sifter) -> None:
-        self.s = sifter
-        self.buffer: list[Any] = []
-        self.buffered = 0
-
-    def hand_on(self, group: _Group) -> Iterator[Any]:
-        s = self.s
-        index = group.kept_index[group.skip :] if group.skip else group.kept_index
-        if s.batched:
-            if index.size == 0:
-                s._trim()
-                return
-            batch = group.items[0]
-            kept = _batch.take(batch, index) if index.size < group.rows else batch
-            if s.output_batch is None:
-                s._emitted += index.size
-                yield kept
-                s._trim()
-                return
-            self.buffer.append(kept)
-            self.buffered += index.size
-            yield from self._full_batches()
-            return
-        items = group.items
-        if s.output_batch is None:
-            for i in index.tolist():
-                s._emitted += 1
-                yield items[i]
-            s._trim()
-            return
-        self.buffer.extend(items[i] for i in index.tolist())
-        self.buffered = len(self.buffer)
-        yield from self._full_batches()
-
-    def _full_batches(self) -> Iterator[Any]:
-        s = self.s
-        size = s.output_batch
-        assert size is not None
-        while self.buffered >= size:
-            if s.batched:
-                whole = _batch.concat(self.buffer)
-                total = self.buffered
-                out = _batch.take(whole, np.arange(size))
-                rest = total - size
-                self.buffer = [_batch.take(whole, np.arange(size, total))] if rest else []
-                self.buffered = rest
-            else:
-                out = s.collate_fn(self.buffer[:size])
-                del self.buffer[:size]
-                self.buffered = len(self.buffer)
-            s._emitted += size
-            yield out
-            s._trim()
-        s._trim()
-
-    def finish(self) -> Iterator[Any]:
-        if not self.buffered:
-            return
-        s = self.s
-        out = _batch.concat(self.buffer) if s.batched else s.collate_fn(self.buffer)
-        s._emitted += self.buffered
-        self.buffer, self.buffered = [], 0
-        yield out
 
 
 def _directory_of(sink: Any) -> str | None:

@@ -28,7 +28,18 @@ LAYERS: dict[str, set[str]] = {
         "_cliopts",
     },
     # the stage and what it decides with; knows no log, no shard format, no framework
-    "core": {"history", "memory", "policies", "scorers", "_decide", "_state", "_scoring", "sifter", "recipe"},
+    "core": {
+        "history",
+        "memory",
+        "policies",
+        "scorers",
+        "_decide",
+        "_state",
+        "_scoring",
+        "_ledger",
+        "sifter",
+        "recipe",
+    },
     # the audit log (a sink), its wire format, reading, replay
     "audit": {"_audit_io", "audit", "reader", "replay"},
     # opening and reading shards; writing them
