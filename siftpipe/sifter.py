@@ -8,7 +8,6 @@ import time
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import islice
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -22,6 +21,7 @@ from ._ledger import Group, Ledger, Output
 from ._ranks import dist_info
 from ._scoring import CPU, Scoring, Setting, scoring_device
 from ._shardcounts import ShardStats, SharedShardCounts, find_shard_counts, merge_shard_stats
+from ._source import END, Raised, Reader
 from ._state import (
     COUNTS,
     MISSING,
@@ -118,86 +118,6 @@ class SiftStats:
 _HASH_MEMO = 1 << 16  # string keys whose hashes the stage remembers for observe(), at most
 _MEMO_KEY_TYPES = {str, np.str_}  # key types whose dict equality is equality of str(key)
 _REPORTED_URLS = 100  # skipped shard URLs written into each audit manifest, at most
-
-
-class _Reader:
-    """The source iterator of a running pass. ``state_dict()`` may read one item ahead, to record
-    the key of the item the resumed source must start with; the pass then takes that item first.
-    """
-
-    __slots__ = ("__weakref__", "ahead", "ahead_snapshot", "began", "it", "source")
-
-    def __init__(self, source: Iterable[Any], began: Callable[[], None]) -> None:
-        self.source = source
-        self.began = began  # called once, when the source is first iterated
-        # iterated at the first read, not when the pass is opened: a pass opened and dropped
-        # unread leaves a DataLoader where it was (iterating it starts an epoch)
-        self.it: Iterator[Any] | None = None
-        self.ahead: Any = _NOTHING  # an item, _END, or the exception reading it raised
-        self.ahead_snapshot: Any = None  # the tracked source's state before that item
-
-    def iterate(self) -> Iterator[Any]:
-        """The source's iterator (``iter(source)`` at the first call)."""
-        it = self.it
-        if it is None:  # (never `self.it or ...`: a DataLoader iterator's truth is its __len__)
-            it = self.it = iter(self.source)
-            self.began()
-        return it
-
-    def look_ahead(self, snapshot: Any) -> Any:
-        """The next item (read now, or earlier), ``_END``, or the exception reading it raised."""
-        if self.ahead is _NOTHING:
-            self.ahead_snapshot = snapshot
-            try:
-                self.ahead = next(self.iterate())
-            except StopIteration:
-                self.ahead = _END
-            except Exception as exc:  # raised again where the pass reads it
-                self.ahead = _Raised(exc)
-        return self.ahead
-
-    def _take_ahead(self) -> Any:
-        item = self.ahead
-        if isinstance(item, _Raised):
-            self.ahead = _NOTHING
-            raise item.exc
-        if item is not _END:  # the end stays: the iterator is not asked again
-            self.ahead = _NOTHING
-        return item
-
-    def take(self, n: int) -> list[Any]:
-        """Up to ``n`` items (fewer at the end; the end is remembered, the source not asked again)."""
-        if self.ahead is _NOTHING:
-            items = list(islice(self.iterate(), n))
-        else:
-            first = self._take_ahead()
-            if first is _END:
-                return []
-            items = [first, *islice(self.iterate(), n - 1)]
-        if len(items) < n:
-            self.ahead = _END
-        return items
-
-    def next(self) -> Any:
-        """The next item, or ``_END`` (remembered)."""
-        if self.ahead is not _NOTHING:
-            return self._take_ahead()
-        try:
-            return next(self.iterate())
-        except StopIteration:
-            self.ahead = _END
-            return _END
-
-
-class _Raised:
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: Exception) -> None:
-        self.exc = exc
-
-
-_NOTHING = object()
-_END = object()
 
 
 class Sifter:
@@ -410,7 +330,7 @@ class Sifter:
         # cyclic garbage collector
         self._active: weakref.ReferenceType[Generator[Any, None, None]] | None = None
         self._source: Any = None
-        self._reader: weakref.ReferenceType[_Reader] | None = None  # the running pass's source
+        self._reader: weakref.ReferenceType[Reader] | None = None  # the running pass's source
         self._source_restore: Any = None  # a between-passes checkpoint's source state, for the next call
         self._source_abandoned = False  # the tracked source's last pass was left before its end
         self._shard_counts: list[SharedShardCounts] = []  # see watch_shards
@@ -656,7 +576,7 @@ class Sifter:
                 self._sink_bound = True
             self.audit.start()
         self._scoring.device = CPU if device.type == "cpu" else device
-        reader = _Reader(source, self._began_reading)
+        reader = Reader(source, self._began_reading)
         gen = self._run(reader, resume)
         self._active = weakref.ref(gen)
         self._reader = weakref.ref(reader)
@@ -719,7 +639,7 @@ class Sifter:
                 # wrong position is caught at once (its keys are checked against this one's)
                 snapshot = self._source.state_dict() if self._source is not None else None
                 ahead = reader.look_ahead(snapshot)
-                if ahead is _END:
+                if ahead is END:
                     # the source's state after its end: a resumed pass does not read it again
                     # (that would start its next pass), and the next pass starts from there
                     ended = True
@@ -728,7 +648,7 @@ class Sifter:
                 else:
                     if self._source is not None:
                         source_state = reader.ahead_snapshot
-                    if not isinstance(ahead, _Raised):
+                    if not isinstance(ahead, Raised):
                         next_key = self._first_key(ahead)
             elif self._source is not None:
                 source_state = self._source.state_dict()
@@ -898,7 +818,7 @@ class Sifter:
 
     # ------------------------------------------------------------------ the pass
 
-    def _run(self, reader: _Reader, resume: dict[str, Any] | None) -> Generator[Any, None, None]:
+    def _run(self, reader: Reader, resume: dict[str, Any] | None) -> Generator[Any, None, None]:
         out = Output(self._ledger, self._scoring, self.output_batch)
         groups = self._reread(reader, resume) if resume is not None else []
         self._restore = None
@@ -930,12 +850,10 @@ class Sifter:
                 self._ledger.pending.clear()
                 self._ledger.emitted = 0
                 # left before the source's end: a restored source must be moved past that pass
-                self._source_abandoned = (
-                    not finished and self._source is not None and reader.ahead is not _END
-                )
+                self._source_abandoned = not finished and self._source is not None and reader.ahead is not END
 
-    def _read(self, reader: _Reader) -> Group | None:
-        if reader.ahead is not _NOTHING:
+    def _read(self, reader: Reader) -> Group | None:
+        if reader.has_ahead:
             snapshot = reader.ahead_snapshot
         else:
             # the tracked source's state is taken after iter() started this pass (before it, a
@@ -944,7 +862,7 @@ class Sifter:
             snapshot = self._source.state_dict() if self._source is not None else None
         if self.batched:
             batch = reader.next()
-            if batch is _END:
+            if batch is END:
                 return None
             group = Group([batch], _batch.batch_size(batch), self._counts["seen"], snapshot)
         else:
@@ -955,7 +873,7 @@ class Sifter:
         self._ledger.pending.append(group)
         return group
 
-    def _reread(self, reader: _Reader, state: Mapping[str, Any]) -> list[Group]:
+    def _reread(self, reader: Reader, state: Mapping[str, Any]) -> list[Group]:
         """Re-read the samples decided before the checkpoint but not yet handed on.
 
         Raises ``ResumeError`` with the stage as it was (the checkpoint still to be resumed) if the
@@ -970,7 +888,7 @@ class Sifter:
             self._ledger.emitted = 0
             raise
 
-    def _reread_groups(self, reader: _Reader, state: Mapping[str, Any]) -> list[Group]:
+    def _reread_groups(self, reader: Reader, state: Mapping[str, Any]) -> list[Group]:
         groups = []
         emitted = int(state["emitted"])
         for desc in state["pending"]:
@@ -1017,7 +935,7 @@ class Sifter:
         """The pass iterated its source: whatever an earlier pass left mid-way is behind it."""
         self._source_abandoned = False
 
-    def _check_next(self, reader: _Reader, state: Mapping[str, Any]) -> None:
+    def _check_next(self, reader: Reader, state: Mapping[str, Any]) -> None:
         """The resumed source starts with the item the checkpoint saw next (or has ended, if the
         checkpoint's had)."""
         want, ended = state.get("next_key"), bool(state.get("ended", False))
@@ -1025,14 +943,14 @@ class Sifter:
             return  # the checkpoint did not see the next item (no keys, or nothing pending)
         if ended and self._source is not None:
             # a tracked source restored at its end: reading it now would start its next pass
-            reader.ahead = _END
+            reader.ahead = END
             return
         reader.iterate()  # first: the snapshot below is the source's state inside this pass
         ahead = reader.look_ahead(self._source.state_dict() if self._source is not None else None)
-        if isinstance(ahead, _Raised):
+        if isinstance(ahead, Raised):
             return  # raised where the pass reads it
         where = f"feed the source from item {state['consumed']} (state['consumed']) in the same order"
-        if ended and ahead is not _END:
+        if ended and ahead is not END:
             raise ResumeError(
                 f"the source is not where the checkpoint left it: the checkpoint's source had ended "
                 f"after item {state['consumed']}, but this one gives more (key "
@@ -1040,7 +958,7 @@ class Sifter:
             )
         if want is None or self.key is None:
             return
-        if ahead is _END:
+        if ahead is END:
             raise ResumeError(
                 f"the source is not where the checkpoint left it: the checkpoint expected the item "
                 f"with key {want!r} next, but the source gave nothing; {where}"

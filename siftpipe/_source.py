@@ -1,0 +1,97 @@
+"""Reading the stage's source: one iterator per pass, iterated at the first read, with one item
+of look-ahead (a checkpoint records the key of the item a resumed source must start with)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
+from typing import Any
+
+__all__ = ["END", "Raised", "Reader"]
+
+#: What ``Reader.next`` and ``look_ahead`` return at the source's end.
+END = object()
+_NOTHING = object()
+
+
+class Reader:
+    """The source iterator of a running pass. ``state_dict()`` may read one item ahead, to record
+    the key of the item the resumed source must start with; the pass then takes that item first.
+    """
+
+    __slots__ = ("__weakref__", "ahead", "ahead_snapshot", "began", "it", "source")
+
+    def __init__(self, source: Iterable[Any], began: Callable[[], None]) -> None:
+        self.source = source
+        self.began = began  # called once, when the source is first iterated
+        # iterated at the first read, not when the pass is opened: a pass opened and dropped
+        # unread leaves a DataLoader where it was (iterating it starts an epoch)
+        self.it: Iterator[Any] | None = None
+        self.ahead: Any = _NOTHING  # an item, END, or the exception reading it raised
+        self.ahead_snapshot: Any = None  # the tracked source's state before that item
+
+    @property
+    def has_ahead(self) -> bool:
+        """Whether an item (or the end, or an error) was read ahead and not yet taken."""
+        return self.ahead is not _NOTHING
+
+    def iterate(self) -> Iterator[Any]:
+        """The source's iterator (``iter(source)`` at the first call)."""
+        it = self.it
+        if it is None:  # (never `self.it or ...`: a DataLoader iterator's truth is its __len__)
+            it = self.it = iter(self.source)
+            self.began()
+        return it
+
+    def look_ahead(self, snapshot: Any) -> Any:
+        """The next item (read now, or earlier), ``END``, or the exception reading it raised."""
+        if self.ahead is _NOTHING:
+            self.ahead_snapshot = snapshot
+            try:
+                self.ahead = next(self.iterate())
+            except StopIteration:
+                self.ahead = END
+            except Exception as exc:  # raised again where the pass reads it
+                self.ahead = Raised(exc)
+        return self.ahead
+
+    def _take_ahead(self) -> Any:
+        item = self.ahead
+        if isinstance(item, Raised):
+            self.ahead = _NOTHING
+            raise item.exc
+        if item is not END:  # the end stays: the iterator is not asked again
+            self.ahead = _NOTHING
+        return item
+
+    def take(self, n: int) -> list[Any]:
+        """Up to ``n`` items (fewer at the end; the end is remembered, the source not asked again)."""
+        if self.ahead is _NOTHING:
+            items = list(islice(self.iterate(), n))
+        else:
+            first = self._take_ahead()
+            if first is END:
+                return []
+            items = [first, *islice(self.iterate(), n - 1)]
+        if len(items) < n:
+            self.ahead = END
+        return items
+
+    def next(self) -> Any:
+        """The next item, or ``END`` (remembered)."""
+        if self.ahead is not _NOTHING:
+            return self._take_ahead()
+        try:
+            return next(self.iterate())
+        except StopIteration:
+            self.ahead = END
+            return END
+
+
+class Raised:
+    """What ``look_ahead`` returns when reading the item raised: the pass raises it when it reads."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
