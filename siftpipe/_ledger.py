@@ -63,6 +63,14 @@ class Ledger:
         self.consumed = 0
         self.emitted = 0
 
+    def drop_pending(self, consumed: int | None = None) -> None:
+        """Forget the pending groups (a pass ended or failed, or a state is loaded); ``consumed``:
+        the position to stand at, if it moves too."""
+        self.pending.clear()
+        self.emitted = 0
+        if consumed is not None:
+            self.consumed = consumed
+
     def trim(self) -> None:
         """Forget leading groups whose kept samples have all been handed on."""
         pending = self.pending

@@ -41,6 +41,7 @@ import numpy as np
 from . import _audit_io
 from ._audit_io import COLUMNS
 from ._secrets import redact, refuse_credentials_in_url, safe_options, secret_values
+from ._state import is_int
 from .errors import AuditError, ResumeError
 from .sink import Decisions, StageInfo, set_url_sink
 
@@ -382,8 +383,8 @@ class AuditLog:
         if not (
             isinstance(state, Mapping)
             and isinstance(state.get("run_id"), str)
-            and _is_int(state.get("rank"))
-            and _is_int(state.get("next_part"))
+            and is_int(state.get("rank"))
+            and is_int(state.get("next_part"))
         ):
             raise ResumeError(
                 "the Sifter state's entry audit must be None or a dict with run_id (str), rank and "
@@ -746,10 +747,6 @@ def _refuse_option(name: str, value: Any) -> None:
         "receive (options travel to it as JSON); give it as a plain value (a string, number or "
         "dict of them), or pass writer='thread' to write from this process with the object as is"
     )
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool) and bool(value >= 0)
 
 
 def _current_rank() -> int:

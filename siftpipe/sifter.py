@@ -483,6 +483,8 @@ class Sifter:
     def _remember_hashes(self, keys: list[Any], hashes: np.ndarray) -> None:
         """Keep the hashes of a group's string keys for ``observe`` (the training step hands most
         of them back soon): a memo of ``key_hashes``, bounded, not part of the state."""
+        if not self._counts["observed"]:  # nothing hands losses back (yet): nothing to remember for
+            return
         cache = self._recent_hashes
         if len(cache) > _HASH_MEMO:
             cache.clear()
@@ -554,9 +556,7 @@ class Sifter:
         if resume is None:
             if self._passes > 0 and not self._epoch_set and not self._unstarted:
                 self.epoch += 1
-            self._ledger.pending.clear()
-            self._ledger.emitted = 0
-            self._ledger.consumed = 0  # positions count from the start of each pass
+            self._ledger.drop_pending(consumed=0)  # positions count from the start of each pass
         self._unstarted = resume is None
         self._passes += 1
         self._pass_id += 1
@@ -730,30 +730,27 @@ class Sifter:
         # audit log's own checks) goes first, and is undone, so that a refused state leaves the
         # stage exactly as it was (its running pass included).
         before = self.policy.state_dict()
+        loading = "policy"
         try:
             if "policy" in allowed and any(d[0] == "policy" for d in differ):
                 self._carry_policy_state(state["policy"])
             else:
                 self.policy.load_state_dict(state["policy"])
+            loading = "audit"
+            if self.audit is not None:
+                self.audit.load_state_dict(state["audit"], resumed_from=int(state["counts"]["seen"]))
         except Exception as exc:
             self.policy.load_state_dict(before)
             if isinstance(exc, ResumeError):
                 raise
+            why = f"{type(exc).__name__}: {exc}"
             raise ResumeError(
-                f"the checkpoint's policy state does not fit policy {self.policy!r}: "
-                f"{type(exc).__name__}: {exc}; load a state this policy's state_dict() wrote"
+                f"the checkpoint's policy state does not fit policy {self.policy!r}: {why}; load a "
+                "state this policy's state_dict() wrote"
+                if loading == "policy"
+                else f"the stage's audit sink {type(self.audit).__name__} could not load the "
+                f"checkpoint's audit entry: {why}"
             ) from exc
-        if self.audit is not None:
-            try:
-                self.audit.load_state_dict(state["audit"], resumed_from=int(state["counts"]["seen"]))
-            except Exception as exc:
-                self.policy.load_state_dict(before)
-                if isinstance(exc, ResumeError):
-                    raise
-                raise ResumeError(
-                    f"the stage's audit sink {type(self.audit).__name__} could not load the "
-                    f"checkpoint's audit entry: {type(exc).__name__}: {exc}"
-                ) from exc
         self._close_active()
         if self.memory is not None and state["memory"] is not None:
             self.memory.load_state_dict(state["memory"], fit="memory" in allowed)
@@ -763,11 +760,9 @@ class Sifter:
             self._rng.bit_generator.state = state["rng"]
         self._counts = {**self._counts, **{k: int(v) for k, v in state["counts"].items()}}
         self._seconds = [float(v) for v in state["seconds"]]
-        self._ledger.consumed = int(state["consumed"])
+        self._ledger.drop_pending(consumed=int(state["consumed"]))
         self.epoch = int(state["epoch"])
         self.model_version = int(state["model_version"])
-        self._ledger.pending.clear()
-        self._ledger.emitted = 0
         self._epoch_set = bool(state.get("epoch_set", False))
         self._unstarted = False
         # a stage that never opened a pass starts its first in epoch 0 (version 1 did not say)
@@ -847,8 +842,7 @@ class Sifter:
             # pass left in a reference cycle is closed whenever the garbage collector gets to it)
             if self._pass_id == this_pass:
                 self._pass_open = False
-                self._ledger.pending.clear()
-                self._ledger.emitted = 0
+                self._ledger.drop_pending()
                 # left before the source's end: a restored source must be moved past that pass
                 self._source_abandoned = not finished and self._source is not None and reader.ahead is not END
 
@@ -884,8 +878,7 @@ class Sifter:
                 self._check_next(reader, state)
             return groups
         except BaseException:
-            self._ledger.pending.clear()
-            self._ledger.emitted = 0
+            self._ledger.drop_pending()
             raise
 
     def _reread_groups(self, reader: Reader, state: Mapping[str, Any]) -> list[Group]:

@@ -86,7 +86,9 @@ def test_observe_stores_under_the_same_hashes_whether_the_stage_remembered_them_
     s = sp.Sifter(
         None, loss_field, sp.RelativeProbabilistic(1.0, 50), micro_batch=10, memory=sp.ScoreMemory(1000)
     )
+    s.observe(["warm-up"], np.array([1.0]))  # the stage remembers hashes once observe() is in use
     list(s(samples))  # the lookups remember these keys' hashes
+    assert keys[0] in s._recent_hashes  # (the memo is in use, so the checks below exercise it)
     # some remembered, one never seen, then keys that are equal as dict keys but not as strings
     observed = [*keys[:5], "never-seen", *keys[5:8]]
     s.observe(observed, np.arange(len(observed), dtype=np.float64) + 0.5)
@@ -99,6 +101,7 @@ def test_observe_stores_under_the_same_hashes_whether_the_stage_remembered_them_
     s = sp.Sifter(
         None, loss_field, sp.RelativeProbabilistic(1.0, 50), micro_batch=10, memory=sp.ScoreMemory(1000)
     )
+    s.observe(["warm-up"], np.array([1.0]))  # the memo is in use from here
     list(s(ints))
     s.observe([True, 1.0, 1], np.array([1.0, 2.0, 3.0]))
     got, _ = s.memory.lookup(key_hashes(["True", "1.0", "1"]), epoch=1)
@@ -111,6 +114,7 @@ def test_observe_stores_under_the_same_hashes_whether_the_stage_remembered_them_
     s = sp.Sifter(
         None, loss_field, sp.RelativeProbabilistic(1.0, 50), micro_batch=10, memory=sp.ScoreMemory(1000)
     )
+    s.observe(["warm-up"], np.array([1.0]))  # the memo is in use from here
     list(s(samples))
     s.observe([Tagged(keys[0])], np.array([4.0]))
     got, _ = s.memory.lookup(key_hashes([Tagged(keys[0]), keys[0]]), epoch=1)
