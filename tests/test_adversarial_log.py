@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import warnings
 
 import pytest
@@ -428,6 +429,7 @@ RESUMER = textwrap.dedent(
     s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=20, seed=4,
                   audit=sp.AuditLog(root, flush_every=40))
     s.load_state_dict(state)
+    open(go + ".ready-" + str(os.getpid()), "w").close()  # loaded: its attempt has started
     while not os.path.exists(go):
         time.sleep(0.001)
     for x in s(make_samples(400, seed=6)[state["consumed"]:]):
@@ -469,6 +471,13 @@ def test_two_processes_resuming_one_job_at_once_are_reported(tmp_path):
             )
             for _ in range(n)
         ]
+        # released together once every process has loaded the checkpoint (a fast one could
+        # otherwise finish before a slow one starts: one resume after another, not a race)
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob(go.name + ".ready-*"))) < n and time.monotonic() < deadline:
+            if any(p.poll() is not None for p in procs):
+                break
+            time.sleep(0.01)
         go.write_text("go")
         for p in procs:
             out, err = p.communicate(timeout=240)
