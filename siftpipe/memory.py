@@ -17,6 +17,7 @@ import json
 import secrets as _random
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,7 @@ _MAX_PROBES = 4096
 
 
 _MAX_EPOCH = int(np.iinfo(np.int16).max)
+_CACHED_KEY_TYPES = {str, np.str_}  # key types whose dict equality is equality of str(key)
 
 
 def check_epoch(epoch: int) -> None:
@@ -71,21 +73,32 @@ class ScoreMemory:
             (1: the next epoch only; k: Selective Backprop's stale mode). Older ones are re-scored.
             ``None``: it never expires (InfoBatch: a pruned sample keeps its last loss until it is
             trained again).
+        key_cache: String keys whose hashes it remembers (``hashes``), at most: the first this many
+            distinct keys seen, about 150 bytes each (the key, its hash, a dict entry); 0: none.
+            Hashing a key costs about 0.8 µs and a cached one 0.06 µs: over several epochs of the
+            same keys that is most of the stage's cost per sample on a cheap training step.
 
     Besides losses, the memory measures what dropping did (see ``forgetting``): when the training
     step hands back the loss of a sample whose remembered loss is two or more epochs old (it was
     not trained in between), the change is compared with that of easy samples that were trained.
     """
 
-    def __init__(self, capacity: int = 1_000_000, max_age: int | None = 1) -> None:
+    def __init__(
+        self, capacity: int = 1_000_000, max_age: int | None = 1, *, key_cache: int = 1 << 17
+    ) -> None:
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise ConfigError(f"capacity must be a number of samples >= 1, got {capacity!r}")
         if max_age is not None and (not isinstance(max_age, int) or isinstance(max_age, bool) or max_age < 1):
             raise ConfigError(
                 f"max_age must be a number of epochs >= 1 or None (never expires), got {max_age!r}"
             )
+        if not isinstance(key_cache, int) or isinstance(key_cache, bool) or key_cache < 0:
+            raise ConfigError(f"key_cache must be a number of keys >= 0, got {key_cache!r}")
         self.capacity = capacity
         self.max_age = max_age
+        self.key_cache = key_cache
+        # str key -> its key_hashes value; not part of the state (it is a cache of a pure function)
+        self._hash_of: dict[str, int] = {}
         slots = max(16, int(np.ceil(capacity / _MAX_LOAD)))
         fix = "size it to the samples of one epoch (or of this rank's shards)"
         check_fits(15 * slots, f"a score memory of capacity {capacity:,} (about 22 bytes a sample)", fix)
@@ -117,12 +130,36 @@ class ScoreMemory:
         """Bytes held by the table."""
         return self._keys.nbytes + self._loss.nbytes + self._epoch.nbytes + self._source.nbytes
 
+    def hashes(self, keys: Sequence[Any]) -> np.ndarray:
+        """``key_hashes(keys)``, answered from the key cache for string keys it has seen."""
+        cache = self._hash_of
+        # str (and numpy's str) only: 1, 1.0 and True are one dict key but three different strings,
+        # and a str subclass may str() to something else
+        if not self.key_cache or not len(keys) or not set(map(type, keys)) <= _CACHED_KEY_TYPES:
+            return key_hashes(keys)
+        # 0 marks a key not cached (key_hashes never gives 0)
+        got = np.fromiter(map(cache.get, keys, repeat(0)), dtype=np.uint64, count=len(keys))
+        miss = np.flatnonzero(got == _EMPTY)
+        if miss.size:
+            missed = [keys[i] for i in miss.tolist()]
+            fresh = key_hashes(missed)
+            got[miss] = fresh
+            room = self.key_cache - len(cache)
+            if room > 0:
+                cache.update(zip(missed[:room], fresh[:room].tolist()))
+        return got
+
     def _slots(self, hashes: np.ndarray) -> np.ndarray:
         """For each hash: the slot holding it, or the empty slot where it would go."""
         mixed = hashes ^ (hashes >> np.uint64(29))
         slot = (mixed % self._slots_n).astype(np.int64)
-        found = np.full(hashes.size, -1, dtype=np.int64)
-        pending = np.arange(hashes.size)
+        here = self._keys[slot]
+        done = (here == hashes) | (here == _EMPTY)
+        if np.count_nonzero(done) == hashes.size:  # the common case: every first probe answers
+            return slot
+        found = np.where(done, slot, -1)
+        pending = np.flatnonzero(~done)
+        slot[pending] = (slot[pending] + 1) % int(self._slots_n)
         for _ in range(_MAX_PROBES):
             here = self._keys[slot[pending]]
             done = (here == hashes[pending]) | (here == _EMPTY)

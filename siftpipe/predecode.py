@@ -37,7 +37,7 @@ import numpy as np
 from ._secrets import redact, redact_url, secret_values
 from ._vocab import PRE_KEPT, PRE_LOSS, PRE_PROB
 from .errors import MissingKeyError
-from .memory import ScoreMemory, key_hashes
+from .memory import ScoreMemory
 
 __all__ = ["PRE_KEPT", "PreDecodeFilter"]
 
@@ -136,7 +136,7 @@ class PreDecodeFilter:
                 yield {**s, PRE_KEPT: 0, PRE_LOSS: float("nan"), PRE_PROB: float("nan")}
             return
         epoch = int(self._meta["epoch"]) + 1
-        loss, _ = memory.lookup(key_hashes(keys), epoch)
+        loss, _ = memory.lookup(memory.hashes(keys), epoch)
         known = ~np.isnan(loss)
         values = self._sorted
         pct = (np.searchsorted(values, loss, "left") + np.searchsorted(values, loss, "right")) / (

@@ -44,7 +44,7 @@ from .errors import (
     SiftInWorkerError,
     describe_keys,
 )
-from .memory import FEEDBACK, NONE, SOURCES, STALE, ScoreMemory, check_epoch, key_hashes
+from .memory import FEEDBACK, NONE, SOURCES, STALE, ScoreMemory, check_epoch
 from .policies import HistoryPolicy, Policy, RelativeProbabilistic, get_policy
 from .scorers import Scorer, get_scorer
 from .sink import Decisions, DecisionSink, StageInfo, make_sink
@@ -115,8 +115,6 @@ class SiftStats:
         return f"SiftStats({fields}, keep_rate={self.keep_rate:.4f})"
 
 
-_HASH_MEMO = 1 << 16  # string keys whose hashes the stage remembers for observe(), at most
-_MEMO_KEY_TYPES = {str, np.str_}  # key types whose dict equality is equality of str(key)
 _REPORTED_URLS = 100  # skipped shard URLs written into each audit manifest, at most
 
 
@@ -314,7 +312,6 @@ class Sifter:
         self.rng_seed: int | list[int] = self.seed if world <= 1 else [self.seed, int(rank)]
         self._rng = np.random.default_rng(self.rng_seed)
         self._counts = dict.fromkeys(COUNTS, 0)
-        self._recent_hashes: dict[str, int] = {}  # see _remember_hashes
         self._seconds = [0.0, 0.0]
         self._ledger = Ledger()  # groups decided and not yet all handed on; positions in the pass
         # a mid-pass checkpoint loaded by load_state_dict, until its pending groups are re-read
@@ -477,28 +474,8 @@ class Sifter:
                 f"observe() got {len(keys)} keys but {values.size} losses; pass one loss per sample "
                 "(reduction='none')"
             )
-        self.memory.update(self._hashes_of(keys), values, self.epoch, FEEDBACK)
+        self.memory.update(self.memory.hashes(keys), values, self.epoch, FEEDBACK)
         self._counts["observed"] += values.size
-
-    def _remember_hashes(self, keys: list[Any], hashes: np.ndarray) -> None:
-        """Keep the hashes of a group's string keys for ``observe`` (the training step hands most
-        of them back soon): a memo of ``key_hashes``, bounded, not part of the state."""
-        if not self._counts["observed"]:  # nothing hands losses back (yet): nothing to remember for
-            return
-        cache = self._recent_hashes
-        if len(cache) > _HASH_MEMO:
-            cache.clear()
-        if set(map(type, keys)) == {str}:  # str only: 1, 1.0 and True are one dict key
-            cache.update(zip(keys, hashes.tolist()))
-
-    def _hashes_of(self, keys: list[Any]) -> np.ndarray:
-        cache = self._recent_hashes
-        if cache and set(map(type, keys)) <= _MEMO_KEY_TYPES:  # str subclasses may str() otherwise
-            try:
-                return np.array([cache.pop(k) for k in keys], dtype=np.uint64)
-            except (KeyError, TypeError):  # one not remembered (or unhashable): hash them all
-                pass
-        return key_hashes(keys)
 
     def publish_memory(self, url: str, storage_options: Mapping[str, Any] | None = None) -> str:
         """Publish the score memory for ``PreDecodeFilter`` stages in DataLoader workers.
@@ -1097,8 +1074,7 @@ class Sifter:
             return self._score_rows(group, None), source
         keys = self._keys_of_group(group, required=True, purpose="the score memory")
         assert keys is not None  # key=None with a memory is refused at construction
-        hashes = key_hashes(keys)
-        self._remember_hashes(keys, hashes)
+        hashes = memory.hashes(keys)
         losses, remembered = memory.lookup(hashes, self.epoch)
         miss = np.flatnonzero(np.isnan(losses))
         sources = np.where(remembered == FEEDBACK, FEEDBACK, STALE).astype(np.int8)

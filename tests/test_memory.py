@@ -78,6 +78,25 @@ def test_state_and_file_roundtrip(tmp_path):
         sp.ScoreMemory(capacity=10).load_state_dict(memory.state_dict())
 
 
+def test_key_cache_answers_what_key_hashes_would_and_stays_within_its_bound():
+    keys = [f"k{i}" for i in range(50)]
+    memory = sp.ScoreMemory(100, key_cache=30)
+    first = memory.hashes(keys[:20])
+    assert first.tolist() == key_hashes(keys[:20]).tolist() and len(memory._hash_of) == 20
+    mixed = memory.hashes(keys[10:50])  # 10 cached, 30 new of which 10 fit
+    assert mixed.tolist() == key_hashes(keys[10:50]).tolist()
+    assert len(memory._hash_of) == 30 and set(memory._hash_of) == set(keys[:30])
+    again = memory.hashes([*keys[::-1], keys[0]])  # repeats, cached and uncached together
+    assert again.tolist() == key_hashes([*keys[::-1], keys[0]]).tolist() and len(memory._hash_of) == 30
+    assert memory.hashes(np.array(keys[:3])).tolist() == first[:3].tolist()  # numpy strings
+    assert memory.hashes([]).shape == (0,)
+    off = sp.ScoreMemory(100, key_cache=0)
+    assert off.hashes(keys).tolist() == key_hashes(keys).tolist() and not off._hash_of
+    for bad in (-1, 1.5, True):
+        with pytest.raises(sp.ConfigError, match="key_cache"):
+            sp.ScoreMemory(100, key_cache=bad)
+
+
 def test_observe_stores_under_the_same_hashes_whether_the_stage_remembered_them_or_not():
     from conftest import loss_field, make_samples
 
@@ -86,14 +105,13 @@ def test_observe_stores_under_the_same_hashes_whether_the_stage_remembered_them_
     s = sp.Sifter(
         None, loss_field, sp.RelativeProbabilistic(1.0, 50), micro_batch=10, memory=sp.ScoreMemory(1000)
     )
-    s.observe(["warm-up"], np.array([1.0]))  # the stage remembers hashes once observe() is in use
-    list(s(samples))  # the lookups remember these keys' hashes
-    assert keys[0] in s._recent_hashes  # (the memo is in use, so the checks below exercise it)
+    list(s(samples))  # the lookups cache these keys' hashes
+    assert keys[0] in s.memory._hash_of  # (the cache is in use, so the checks below exercise it)
     # some remembered, one never seen, then keys that are equal as dict keys but not as strings
     observed = [*keys[:5], "never-seen", *keys[5:8]]
     s.observe(observed, np.arange(len(observed), dtype=np.float64) + 0.5)
     s.observe([1, 1.0, True], np.array([7.0, 8.0, 9.0]))
-    s.observe(keys[:5], np.full(5, 3.0))  # the second time: hashed afresh, same slots
+    s.observe(keys[:5], np.full(5, 3.0))  # the second time: from the cache again, same slots
     got, _ = s.memory.lookup(key_hashes([*observed, 1, 1.0, True]), epoch=1)
     assert got.tolist() == [3.0] * 5 + [5.5, 6.5, 7.5, 8.5, 7.0, 8.0, 9.0]
     # a stage whose keys are ints: True and 1.0 must not pick up the hash remembered for 1
@@ -101,20 +119,18 @@ def test_observe_stores_under_the_same_hashes_whether_the_stage_remembered_them_
     s = sp.Sifter(
         None, loss_field, sp.RelativeProbabilistic(1.0, 50), micro_batch=10, memory=sp.ScoreMemory(1000)
     )
-    s.observe(["warm-up"], np.array([1.0]))  # the memo is in use from here
     list(s(ints))
     s.observe([True, 1.0, 1], np.array([1.0, 2.0, 3.0]))
     got, _ = s.memory.lookup(key_hashes(["True", "1.0", "1"]), epoch=1)
     assert got.tolist() == [1.0, 2.0, 3.0]
 
-    class Tagged(str):  # a str subclass whose str() differs: the memo must not answer for it
+    class Tagged(str):  # a str subclass whose str() differs: the cache must not answer for it
         def __str__(self):
             return "tag:" + str.__str__(self)
 
     s = sp.Sifter(
         None, loss_field, sp.RelativeProbabilistic(1.0, 50), micro_batch=10, memory=sp.ScoreMemory(1000)
     )
-    s.observe(["warm-up"], np.array([1.0]))  # the memo is in use from here
     list(s(samples))
     s.observe([Tagged(keys[0])], np.array([4.0]))
     got, _ = s.memory.lookup(key_hashes([Tagged(keys[0]), keys[0]]), epoch=1)
