@@ -89,6 +89,7 @@ class Output:
         self.output_batch = output_batch
         self.buffer: list[Any] = []
         self.buffered = 0
+        self.handed = 0  # samples handed on by this output (the ledger's emitted count is trimmed)
 
     def hand_on(self, group: Group) -> Iterator[Any]:
         s, ledger = self.scoring, self.ledger
@@ -101,6 +102,7 @@ class Output:
             kept = _batch.take(batch, index) if index.size < group.rows else batch
             if self.output_batch is None:
                 ledger.emitted += index.size
+                self.handed += index.size
                 yield kept
                 ledger.trim()
                 return
@@ -112,6 +114,7 @@ class Output:
         if self.output_batch is None:
             for i in index.tolist():
                 ledger.emitted += 1
+                self.handed += 1
                 yield items[i]
             ledger.trim()
             return
@@ -136,6 +139,7 @@ class Output:
                 del self.buffer[:size]
                 self.buffered = len(self.buffer)
             ledger.emitted += size
+            self.handed += size
             yield out
             ledger.trim()
         ledger.trim()
@@ -146,5 +150,6 @@ class Output:
         s, ledger = self.scoring, self.ledger
         out = _batch.concat(self.buffer) if s.batched else s.collate_fn(self.buffer)
         ledger.emitted += self.buffered
+        self.handed += self.buffered
         self.buffer, self.buffered = [], 0
         yield out

@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.data import default_collate, get_worker_info
 
 from . import _batch
+from ._account import CostAccount
 from ._decide import REASONS, decide_rows
 from ._ledger import Group, Ledger, Output
 from ._ranks import dist_info
@@ -86,6 +87,16 @@ class SiftStats:
             1 for policies without a guard; a guarded policy (``siftpipe.recipe``) lowers it
             when the samples it dropped are being forgotten, and 0 means it keeps everything
             because sifting is not paying (also logged as a warning by ``siftpipe``).
+        stage_seconds: Wall time of the stage's own work in this process: scoring, deciding,
+            re-batching, handing decisions to the audit log, and ``observe()``; not the time its
+            source took to produce input (paid with or without sifting). Not part of the state.
+        step_seconds: Wall time between the stage handing an item on and being asked for the
+            next, less ``observe()``: the training step, as the stage sees it.
+        saved_seconds: Estimated training time the dropped samples would have cost:
+            ``dropped x step_seconds / samples handed on`` (it assumes a step's time grows with
+            its samples). ``net_seconds`` = ``saved_seconds - stage_seconds``; when a whole pass
+            costs more than it saves, ``siftpipe`` logs a warning once. These three are left
+            out of ``==``.
     """
 
     seen: int
@@ -103,6 +114,16 @@ class SiftStats:
     samples_skipped: int = 0
     unknown: int = 0
     sifting_scale: float = 1.0
+    # wall-clock estimates: left out of ==, so that two stages that decided alike compare equal
+    stage_seconds: float = dataclasses.field(default=0.0, compare=False)
+    step_seconds: float = dataclasses.field(default=0.0, compare=False)
+    saved_seconds: float = dataclasses.field(default=0.0, compare=False)
+
+    @property
+    def net_seconds(self) -> float:
+        """saved_seconds - stage_seconds: what sifting has saved so far, net of its own cost
+        (negative: it is costing more wall time than it saves)."""
+        return self.saved_seconds - self.stage_seconds
 
     @property
     def keep_rate(self) -> float:
@@ -313,6 +334,7 @@ class Sifter:
         self._rng = np.random.default_rng(self.rng_seed)
         self._counts = dict.fromkeys(COUNTS, 0)
         self._seconds = [0.0, 0.0]
+        self._account = CostAccount()  # wall time the stage costs and saves (stats, a warning)
         self._ledger = Ledger()  # groups decided and not yet all handed on; positions in the pass
         # a mid-pass checkpoint loaded by load_state_dict, until its pending groups are re-read
         self._restore: dict[str, Any] | None = None
@@ -361,7 +383,7 @@ class Sifter:
     @property
     def stats(self) -> SiftStats:
         """A snapshot of the counters (cheap: read it every step if you like)."""
-        c = self._counts
+        c, account = self._counts, self._account
         shards = {"skipped": 0, "samples_skipped": 0}
         for counts in self._shard_counts:
             totals = counts.totals()
@@ -383,6 +405,9 @@ class Sifter:
             shards["samples_skipped"],
             c["unknown"],
             self.policy.sifting_scale(),
+            account.stage_seconds,
+            account.step_seconds,
+            account.saved_seconds(),
         )
 
     def watch_shards(self, *pipelines: Any) -> None:
@@ -461,6 +486,7 @@ class Sifter:
             keys: The samples' keys (``batch["__key__"]``).
             losses: One loss per key: a tensor (any device; detached here) or an array.
         """
+        t0 = time.perf_counter()
         if self.memory is None:
             raise ConfigError(
                 "observe() needs a score memory: Sifter(..., memory=sp.ScoreMemory(capacity=...))"
@@ -476,6 +502,7 @@ class Sifter:
             )
         self.memory.update(self.memory.hashes(keys), values, self.epoch, FEEDBACK)
         self._counts["observed"] += values.size
+        self._account.observe += time.perf_counter() - t0
 
     def publish_memory(self, url: str, storage_options: Mapping[str, Any] | None = None) -> str:
         """Publish the score memory for ``PreDecodeFilter`` stages in DataLoader workers.
@@ -801,18 +828,22 @@ class Sifter:
             self._epoch_set = False
         this_pass = self._pass_id
         finished = False
+        account = self._account
+        account.pass_begins(out.handed)
+        emitted = lambda: out.handed  # noqa: E731
         try:
             for group in groups:
-                yield from out.hand_on(group)
+                yield from account.through(out.hand_on(group), emitted)
             while True:
                 fresh = self._read(reader)
                 if fresh is None:
                     break
                 self._decide(fresh)
-                yield from out.hand_on(fresh)
-            yield from out.finish()
+                yield from account.through(out.hand_on(fresh), emitted)
+            yield from account.through(out.finish(), emitted)
             self._ledger.trim()
             finished = True
+            account.pass_ends()
         finally:
             # ended, abandoned or failed: the next call starts a new pass, and so does a stage
             # loaded with a state taken from now on (unless a newer pass or a load came first: a
@@ -831,13 +862,16 @@ class Sifter:
             # loader whose last pass was left mid-way would restore into that pass)
             reader.iterate()
             snapshot = self._source.state_dict() if self._source is not None else None
+        t0 = time.perf_counter()
         if self.batched:
             batch = reader.next()
+            self._account.source += time.perf_counter() - t0
             if batch is END:
                 return None
             group = Group([batch], _batch.batch_size(batch), self._counts["seen"], snapshot)
         else:
             items = reader.take(self.micro_batch)  # type: ignore[arg-type]
+            self._account.source += time.perf_counter() - t0
             if not items:
                 return None
             group = Group(items, len(items), self._counts["seen"], snapshot)
@@ -993,6 +1027,7 @@ class Sifter:
         counts["seen"] += rows
         counts["kept"] += n_kept
         counts["dropped"] += rows - n_kept
+        self._account.dropped += rows - n_kept
 
         group.keep = keep
         group.kept_index = kept_index

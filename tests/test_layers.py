@@ -37,6 +37,7 @@ LAYERS: dict[str, set[str]] = {
         "_state",
         "_scoring",
         "_ledger",
+        "_account",
         "_source",
         "sifter",
         "recipe",

@@ -677,6 +677,11 @@ def run_arm(
             "from_memory": stats.from_memory,
             "observed": stats.observed,
             "sifting_scale": round(stats.sifting_scale, 4),
+            # the stage's own account of whether it paid (wall seconds; SiftStats)
+            "stage_seconds": round(stats.stage_seconds, 3),
+            "step_seconds": round(stats.step_seconds, 3),
+            "saved_seconds": round(stats.saved_seconds, 3),
+            "net_seconds": round(stats.net_seconds, 3),
         }
     return row
 
