@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
 
 __all__ = ["CostAccount"]
 
@@ -36,9 +34,9 @@ class CostAccount:
         "_emitted",
         "_pass",
         "dropped",
+        "dropping_passes",
         "handed",
         "inside",
-        "mark",
         "observe",
         "outside",
         "source",
@@ -48,9 +46,9 @@ class CostAccount:
     def __init__(self) -> None:
         self.inside = self.outside = self.source = self.observe = 0.0
         self.handed = self.dropped = 0
-        self.mark = 0.0  # when the stage last resumed
-        self._emitted = 0  # the ledger's count of samples handed on in the pass, when last read
-        self._pass: tuple[float, float, int, int] = (0.0, 0.0, 0, 0)
+        self._emitted = 0  # the pass output's count of samples handed on, when last added
+        self._pass = 0  # samples dropped before the running pass
+        self.dropping_passes = 0
         self.warned = False
 
     @property
@@ -69,49 +67,60 @@ class CostAccount:
         handed on, times samples dropped; 0 before anything was handed on)."""
         return self.dropped * self.step_seconds / self.handed if self.handed else 0.0
 
-    def through(self, items: Iterator[Any], emitted: Callable[[], int]) -> Iterator[Any]:
-        """``items``, handed on with the time before each charged to the stage and the time after
-        it to the consumer. ``emitted()``: samples handed on in this pass so far (the output's
-        count, raised before each item is handed on)."""
-        for item in items:
-            now = time.perf_counter()
-            self.inside += now - self.mark
-            count = emitted()
-            self.handed += count - self._emitted
-            self._emitted = count
-            yield item
-            self.mark = time.perf_counter()
-            self.outside += self.mark - now
+    def add(self, inside: float, outside: float, handed: int) -> None:
+        """Add seconds ``inside`` the stage and ``outside`` it; ``handed``: samples the pass's
+        output has handed on so far."""
+        self.inside += inside
+        self.outside += outside
+        self.handed += handed - self._emitted
+        self._emitted = handed
 
-    def pass_begins(self, emitted: int) -> None:
-        """A pass starts (or resumes) with ``emitted`` samples handed on already: remember the
-        counters, to judge this pass alone when it ends."""
-        self.mark = time.perf_counter()
-        self._emitted = emitted
-        self._pass = (self.stage_seconds, self.step_seconds, self.handed, self.dropped)
+    def pass_begins(self) -> None:
+        """A pass starts (or resumes)."""
+        self._emitted = 0
+        self._pass = self.dropped
 
-    def pass_ends(self) -> None:
-        """A pass ended: charge its last stretch to the stage and, once, log when the pass cost
-        more in the stage than its dropped samples would have cost to train."""
-        self.inside += time.perf_counter() - self.mark
-        stage0, step0, handed0, dropped0 = self._pass
-        stage, step = self.stage_seconds - stage0, self.step_seconds - step0
-        handed, dropped = self.handed - handed0, self.dropped - dropped0
-        if self.warned or not dropped or not handed or stage + step < self.MIN_EVIDENCE_SECONDS:
+    def pass_ends(self, mark: float) -> None:
+        """A pass ended: charge its last stretch (since ``mark``, a ``time.perf_counter()``) to
+        the stage and judge the run so far (``judge``)."""
+        self.inside += time.perf_counter() - mark
+        if self.dropped > self._pass:
+            self.dropping_passes += 1
+            self.judge()
+
+    #: Passes that dropped samples before the stage judges whether it pays: a first pass that only
+    #: learns losses (``siftpipe.recipe``'s) is a debt the next ones pay back.
+    JUDGE_AFTER = 2
+
+    def judge(self) -> None:
+        """Log once when, over the run so far, the stage's own time exceeds the training time its
+        dropped samples would have cost (with enough evidence: ``JUDGE_AFTER`` passes that
+        dropped samples, ``MIN_EVIDENCE_SECONDS`` of time)."""
+        stage, step, handed, dropped = self.stage_seconds, self.step_seconds, self.handed, self.dropped
+        if (
+            self.warned
+            or self.dropping_passes < self.JUDGE_AFTER
+            or not handed
+            or stage + step < self.MIN_EVIDENCE_SECONDS
+        ):
             return
         saved = dropped * step / handed
         if saved >= stage:
             return
         self.warned = True
+        seen = handed + dropped
+        per_seen, per_step = stage / seen, step / handed
         _log.warning(
-            "siftpipe: sifting is not paying for itself: in the pass that just ended the stage spent "
-            "%.2f s of its own (%.1f us a sample) and the %d samples it dropped would have cost about "
-            "%.2f s to train (%.1f us a sample trained). On a training step this cheap, train on every "
-            "sample, or sift only where a step costs more (a larger model or batch); stats.net_seconds "
-            "has the figure for the whole run",
+            "siftpipe: sifting is not paying for itself: so far the stage spent %.2f s of its own "
+            "(%.1f us a sample it saw) and the %d samples it dropped (%.0f%% of those it saw) would "
+            "have cost about %.2f s to train (%.1f us a sample trained); at this cost it pays only "
+            "when it drops more than %.0f%%. Train on every sample, or sift where a step costs more "
+            "(a larger model or batch) or more can be dropped; stats.net_seconds follows the figure",
             stage,
-            1e6 * stage / (handed + dropped),
+            1e6 * per_seen,
             dropped,
+            100.0 * dropped / seen,
             saved,
-            1e6 * step / handed,
+            1e6 * per_step,
+            100.0 * per_seen / per_step if per_step > 0 else 100.0,
         )

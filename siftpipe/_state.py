@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from .errors import ConfigError, ResumeError
+from .policies import HistoryPolicy, Policy
 
 #: The version of the state dicts ``Sifter.state_dict()`` writes.
 STATE_VERSION = 2
@@ -397,3 +398,78 @@ def plain_value(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     return repr(value)
+
+
+def config_differences(
+    state: Mapping[str, Any], mine: Mapping[str, Any], has_memory: bool
+) -> list[tuple[str, str]]:
+    """(override name, what differs) for each setting the checkpoint ``state`` does not share with
+    a stage whose settings are ``mine`` (``Sifter._config()``) and that ``has_memory``."""
+    theirs = state["config"]
+    out: list[tuple[str, str]] = []
+    for name, value in theirs.items():
+        if name not in mine or same_value(mine[name], value):
+            continue
+        group = OVERRIDE_OF.get(name, name)
+        if (
+            name == "policy_config"
+            and theirs.get("policy_class", mine["policy_class"]) != mine["policy_class"]
+        ):
+            continue  # another policy altogether: said once, by name
+        if name == "memory" and (value is None or mine[name] is None):
+            have = "holds no score memory" if value is None else "holds a score memory"
+            out.append(
+                (group, f"the checkpoint {have}, this stage {'has one' if value is None else 'has none'}")
+            )
+        elif isinstance(value, Mapping) and isinstance(mine[name], Mapping):
+            for k in sorted(set(value) | set(mine[name])):
+                a, b = value.get(k, MISSING), mine[name].get(k, MISSING)
+                if not same_value(a, b):
+                    what = "policy" if name == "policy_config" else name
+                    out.append((group, f"{what} {k}={a!r} in the checkpoint, {b!r} here"))
+        elif name == "policy":
+            out.append((group, f"policy={value!r} in the checkpoint, policy={mine[name]!r} here"))
+        elif name == "policy_class" and theirs.get("policy") == mine["policy"]:
+            out.append((group, f"policy class {value} in the checkpoint, {mine[name]} here"))
+        elif name != "policy_class":
+            out.append((group, f"{name}={value!r} in the checkpoint, {name}={mine[name]!r} here"))
+    # states of version 1 do not name their memory: its presence still has to match
+    if "memory" not in theirs and (state.get("memory") is None) != (not has_memory):
+        have = "holds a score memory" if state.get("memory") is not None else "holds no score memory"
+        here = "has one" if has_memory else "has none"
+        out.append(("memory", f"the checkpoint {have}, this stage {here}"))
+    return out
+
+
+def check_policy_entries(policy: Policy, state: Mapping[str, Any]) -> None:
+    """What a version 2 state holds for a stage with ``policy`` (the policy itself checks
+    the rest when it loads)."""
+    history = state["policy"].get("history")
+    if isinstance(policy, HistoryPolicy) and isinstance(history, Mapping) and "total" not in history:
+        raise ResumeError(
+            "the Sifter state's entry policy['history'] lacks 'total' (how many losses the window "
+            "was given); the state is damaged, or not one Sifter.state_dict() wrote"
+        )
+    mine = f"{type(policy).__module__}.{type(policy).__qualname__}"
+    if policy.weighted and state["config"].get("policy_class") == mine:
+        for i, desc in enumerate(state["pending"]):
+            if desc["weight"] is None:
+                raise ResumeError(
+                    f"the Sifter state's entry pending[{i}]['weight'] is None, but {policy!r} "
+                    "weighs the samples it keeps; the state is damaged, or not this policy's"
+                )
+
+
+def carry_policy_state(policy: Policy, state: Mapping[str, Any]) -> None:
+    """Load into ``policy`` what fits of another policy's state (``override=("policy",)``)."""
+    fresh = policy.fresh().state_dict()
+    if isinstance(policy, HistoryPolicy) and isinstance(state.get("history"), Mapping):
+        values = state["history"].get("values")
+        policy.load_state_dict(fresh)
+        if isinstance(values, torch.Tensor):
+            policy.history.extend(values.numpy().astype(np.float64))
+        return
+    try:
+        policy.load_state_dict(dict(state))
+    except Exception:
+        policy.load_state_dict(fresh)

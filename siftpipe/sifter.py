@@ -20,25 +20,25 @@ from ._account import CostAccount
 from ._decide import REASONS, decide_rows
 from ._ledger import Group, Ledger, Output
 from ._ranks import dist_info
+from ._resume import check_next, first_key, reread_groups
+from ._rows import attach_weights, field_of, keys_of, upstream_of
 from ._scoring import CPU, Scoring, Setting, scoring_device
 from ._shardcounts import ShardStats, SharedShardCounts, find_shard_counts, merge_shard_stats
 from ._source import END, Raised, Reader
 from ._state import (
     COUNTS,
-    MISSING,
-    OVERRIDE_OF,
     RESUME_OVERRIDES,
     STATE_VERSION,
+    carry_policy_state,
+    check_policy_entries,
     check_state,
+    config_differences,
     digest,
     override_names,
     plain_value,
-    same_value,
 )
-from ._vocab import PRE_KEPT, PRE_LOSS, PRE_PROB
 from .errors import (
     ConfigError,
-    MissingKeyError,
     NonFiniteLossError,
     ResumeError,
     ScorerOutputError,
@@ -46,7 +46,7 @@ from .errors import (
     describe_keys,
 )
 from .memory import FEEDBACK, NONE, SOURCES, STALE, ScoreMemory, check_epoch
-from .policies import HistoryPolicy, Policy, RelativeProbabilistic, get_policy
+from .policies import Policy, RelativeProbabilistic, get_policy
 from .scorers import Scorer, get_scorer
 from .sink import Decisions, DecisionSink, StageInfo, make_sink
 
@@ -91,12 +91,15 @@ class SiftStats:
             re-batching, handing decisions to the audit log, and ``observe()``; not the time its
             source took to produce input (paid with or without sifting). Not part of the state.
         step_seconds: Wall time between the stage handing an item on and being asked for the
-            next, less ``observe()``: the training step, as the stage sees it.
+            next, less ``observe()``: the training step, as the stage sees it. On an accelerator
+            the device's time shows where the loop waits for it (``observe()``'s copy of the
+            losses counts as step); a stage that scores waits for the step's queued kernels too,
+            and charges that wait to ``stage_seconds``.
         saved_seconds: Estimated training time the dropped samples would have cost:
             ``dropped x step_seconds / samples handed on`` (it assumes a step's time grows with
-            its samples). ``net_seconds`` = ``saved_seconds - stage_seconds``; when a whole pass
-            costs more than it saves, ``siftpipe`` logs a warning once. These three are left
-            out of ``==``.
+            its samples). ``net_seconds`` = ``saved_seconds - stage_seconds``; when it is
+            negative at the end of the second (or a later) pass that dropped samples,
+            ``siftpipe`` logs a warning once. These three are left out of ``==``.
     """
 
     seen: int
@@ -486,13 +489,15 @@ class Sifter:
             keys: The samples' keys (``batch["__key__"]``).
             losses: One loss per key: a tensor (any device; detached here) or an array.
         """
-        t0 = time.perf_counter()
         if self.memory is None:
             raise ConfigError(
                 "observe() needs a score memory: Sifter(..., memory=sp.ScoreMemory(capacity=...))"
             )
         if isinstance(losses, torch.Tensor):
+            # on an accelerator this copy waits for the training step's kernels: the step's time,
+            # so the stage's own account starts after it
             losses = losses.detach().float().cpu().numpy()
+        t0 = time.perf_counter()
         values = np.asarray(losses, dtype=np.float64).reshape(-1)
         keys = list(keys)
         if len(keys) != values.size:
@@ -653,7 +658,7 @@ class Sifter:
                     if self._source is not None:
                         source_state = reader.ahead_snapshot
                     if not isinstance(ahead, Raised):
-                        next_key = self._first_key(ahead)
+                        next_key = first_key(ahead, self.batched, self.key)
             elif self._source is not None:
                 source_state = self._source.state_dict()
         state = {
@@ -714,11 +719,11 @@ class Sifter:
         """
         check_state(state, self.batched)
         if state["version"] >= 2:
-            self._check_policy_entries(state)
+            check_policy_entries(self.policy, state)
         if self.audit is not None:
             self.audit.check_state(state["audit"])
         allowed = override_names(override)
-        differ = self._differences(state)
+        differ = config_differences(state, self._config(), self.memory is not None)
         refused = [d for d in differ if d[0] not in allowed]
         if refused:
             names = sorted({d[0] for d in refused if d[0] in RESUME_OVERRIDES})
@@ -737,7 +742,7 @@ class Sifter:
         loading = "policy"
         try:
             if "policy" in allowed and any(d[0] == "policy" for d in differ):
-                self._carry_policy_state(state["policy"])
+                carry_policy_state(self.policy, state["policy"])
             else:
                 self.policy.load_state_dict(state["policy"])
             loading = "audit"
@@ -829,30 +834,53 @@ class Sifter:
         this_pass = self._pass_id
         finished = False
         account = self._account
-        account.pass_begins(out.handed)
-        emitted = lambda: out.handed  # noqa: E731
+        account.pass_begins()
+        # the time before a group's first item is handed on is the stage's (reading past its
+        # source, deciding, taking rows), the time from then to the group's end the consumer's
+        # (its steps; the stage's own work between items of a group is a few list operations,
+        # or re-batching, and is counted there too): two clock reads a group, none per item
+        clock = time.perf_counter
+        mark = clock()
+        inside = outside = 0.0
         try:
-            for group in groups:
-                yield from account.through(out.hand_on(group), emitted)
-            while True:
-                fresh = self._read(reader)
-                if fresh is None:
-                    break
-                self._decide(fresh)
-                yield from account.through(out.hand_on(fresh), emitted)
-            yield from account.through(out.finish(), emitted)
+            for items in self._outputs(out, reader, groups):
+                first = next(items, END)
+                if first is END:
+                    continue  # nothing kept: its time goes with the next group that hands on
+                handed_at = clock()
+                inside += handed_at - mark
+                yield first
+                yield from items
+                mark = clock()
+                outside += mark - handed_at
+                account.add(inside, outside, out.handed)
+                inside = outside = 0.0
             self._ledger.trim()
             finished = True
-            account.pass_ends()
+            account.pass_ends(mark)
         finally:
             # ended, abandoned or failed: the next call starts a new pass, and so does a stage
             # loaded with a state taken from now on (unless a newer pass or a load came first: a
             # pass left in a reference cycle is closed whenever the garbage collector gets to it)
+            account.add(inside, outside, out.handed)
             if self._pass_id == this_pass:
                 self._pass_open = False
                 self._ledger.drop_pending()
                 # left before the source's end: a restored source must be moved past that pass
                 self._source_abandoned = not finished and self._source is not None and reader.ahead is not END
+
+    def _outputs(self, out: Output, reader: Reader, groups: list[Group]) -> Iterator[Iterator[Any]]:
+        """The items to hand on, group by group: the re-read groups', then each fresh group's
+        once decided, then what the output still holds."""
+        for group in groups:
+            yield out.hand_on(group)
+        while True:
+            fresh = self._read(reader)
+            if fresh is None:
+                break
+            self._decide(fresh)
+            yield out.hand_on(fresh)
+        yield out.finish()
 
     def _read(self, reader: Reader) -> Group | None:
         if reader.has_ahead:
@@ -884,103 +912,18 @@ class Sifter:
         Raises ``ResumeError`` with the stage as it was (the checkpoint still to be resumed) if the
         source does not give them."""
         try:
-            groups = self._reread_groups(reader, state)
+            weight_field = self.weight_field if self.attach_weight else None
+            groups = reread_groups(reader, state, self._ledger, self.batched, self.key, weight_field)
             if not groups:
-                self._check_next(reader, state)
+                check_next(reader, state, self._source, self.batched, self.key)
             return groups
         except BaseException:
             self._ledger.drop_pending()
             raise
 
-    def _reread_groups(self, reader: Reader, state: Mapping[str, Any]) -> list[Group]:
-        groups = []
-        emitted = int(state["emitted"])
-        for desc in state["pending"]:
-            items = reader.take(desc["n_items"])
-            group = Group(items, desc["rows"], desc["seq0"], None)
-            if len(items) < desc["n_items"] or (self.batched and _batch.batch_size(items[0]) != desc["rows"]):
-                raise ResumeError(
-                    f"resuming needs the {desc['n_items']} input item(s) decided before the "
-                    f"checkpoint (sample seq {desc['seq0']}..), but the source gave "
-                    f"{len(items)} item(s) of another size; feed it from item {state['consumed']}"
-                )
-            if desc["keys"] is not None and self.key is not None:
-                got = self._keys_of_group(group)
-                if got is None:
-                    raise ResumeError(
-                        f"the checkpoint names the samples to re-read by key, but the source's "
-                        f"item(s) at item {state['consumed']} have no key {self.key!r}; feed the "
-                        "source the checkpoint was taken from, from item state['consumed']"
-                    )
-                if got != desc["keys"]:
-                    first = next(
-                        (i for i, (a, b) in enumerate(zip(got, desc["keys"], strict=False)) if a != b),
-                        min(len(got), len(desc["keys"])) - 1,
-                    )
-                    raise ResumeError(
-                        f"the source is not where the checkpoint left it: sample {first} of the "
-                        f"in-flight micro-batch has key {got[first]!r}, the checkpoint "
-                        f"expected {desc['keys'][first]!r}; feed the source from item "
-                        f"{state['consumed']} (state['consumed']) with the same order"
-                    )
-            group.keep = desc["keep"].numpy().astype(bool)
-            group.weight = None if desc["weight"] is None else desc["weight"].numpy().astype(np.float64)
-            group.kept_index = np.flatnonzero(group.keep)
-            if self.attach_weight:
-                self._attach_weights(group)
-            group.skip = min(emitted, group.n_kept)
-            emitted -= group.skip
-            self._ledger.pending.append(group)
-            groups.append(group)
-        self._ledger.emitted = int(state["emitted"])
-        return groups
-
     def _began_reading(self) -> None:
         """The pass iterated its source: whatever an earlier pass left mid-way is behind it."""
         self._source_abandoned = False
-
-    def _check_next(self, reader: Reader, state: Mapping[str, Any]) -> None:
-        """The resumed source starts with the item the checkpoint saw next (or has ended, if the
-        checkpoint's had)."""
-        want, ended = state.get("next_key"), bool(state.get("ended", False))
-        if want is None and not ended:
-            return  # the checkpoint did not see the next item (no keys, or nothing pending)
-        if ended and self._source is not None:
-            # a tracked source restored at its end: reading it now would start its next pass
-            reader.ahead = END
-            return
-        reader.iterate()  # first: the snapshot below is the source's state inside this pass
-        ahead = reader.look_ahead(self._source.state_dict() if self._source is not None else None)
-        if isinstance(ahead, Raised):
-            return  # raised where the pass reads it
-        where = f"feed the source from item {state['consumed']} (state['consumed']) in the same order"
-        if ended and ahead is not END:
-            raise ResumeError(
-                f"the source is not where the checkpoint left it: the checkpoint's source had ended "
-                f"after item {state['consumed']}, but this one gives more (key "
-                f"{self._first_key(ahead)!r}); {where}"
-            )
-        if want is None or self.key is None:
-            return
-        if ahead is END:
-            raise ResumeError(
-                f"the source is not where the checkpoint left it: the checkpoint expected the item "
-                f"with key {want!r} next, but the source gave nothing; {where}"
-            )
-        got = self._first_key(ahead)
-        if got != want:
-            raise ResumeError(
-                f"the source is not where the checkpoint left it: its next item has key {got!r}, "
-                f"the checkpoint expected {want!r}; {where}"
-            )
-
-    def _first_key(self, item: Any) -> Any:
-        """The key of an input item (the first row's, for a batch), or None."""
-        try:
-            keys = self._keys_of_group(Group([item], 1, 0, None))
-        except Exception:  # a key callable that fails: recorded as unknown, not raised here
-            return None
-        return keys[0] if keys else None
 
     # ------------------------------------------------------------------ deciding
 
@@ -1035,7 +978,7 @@ class Sifter:
         # weights gets the decided ones
         group.weight = weight
         if self.attach_weight:
-            self._attach_weights(group)
+            attach_weights(group, self.batched, self.weight_field)
         if self.audit is not None:
             self.audit.write(
                 Decisions(
@@ -1069,31 +1012,11 @@ class Sifter:
             "scorer, or pass on_nan='keep' or 'drop' to count and skip them"
         )
 
-    def _upstream(self, group: Group) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """Rows a ``PreDecodeFilter`` already kept: (mask, their losses, their keep probabilities)."""
-        if self.batched:
-            batch = group.items[0]
-            # (type() first: isinstance against the Mapping ABC is slow for everything else)
-            if not (type(batch) is dict or isinstance(batch, Mapping)) or PRE_KEPT not in batch:
-                return None
-            columns = [np.asarray(batch[name], dtype=np.float64) for name in (PRE_KEPT, PRE_LOSS, PRE_PROB)]
-        else:
-            items = group.items
-            first = items[0]
-            if not (type(first) is dict or isinstance(first, Mapping)) or PRE_KEPT not in first:
-                return None
-            columns = [
-                np.fromiter((s[name] for s in items), np.float64, len(items))
-                for name in (PRE_KEPT, PRE_LOSS, PRE_PROB)
-            ]
-        mask = columns[0] == 1
-        return (mask, columns[1], columns[2]) if mask.any() else None
-
     def _score_group(self, group: Group) -> tuple[np.ndarray, np.ndarray | int]:
         """Losses for every row of ``group``, and where each came from (codes, or one code)."""
         source = self._loss_source
         memory = self.memory
-        upstream = group.upstream = self._upstream(group)
+        upstream = group.upstream = upstream_of(group, self.batched)
         if upstream is not None:
             # kept before decode, from the published memory: no forward, no second decision
             mask, pre_loss, _ = upstream
@@ -1139,79 +1062,13 @@ class Sifter:
 
     # ------------------------------------------------------------------ samples
 
-    def _attach_weights(self, group: Group) -> None:
-        weight = np.ones(group.rows) if group.weight is None else group.weight
-        if self.batched:
-            column = torch.from_numpy(weight.astype(np.float32))
-            group.items[0] = _batch.with_column(group.items[0], self.weight_field, column)
-            return
-        items = group.items
-        for i in group.kept_index.tolist():
-            sample = items[i]
-            w = float(weight[i])
-            if isinstance(sample, dict):
-                # a copy: the caller's sample (perhaps reused next epoch) stays as it was
-                items[i] = {**sample, self.weight_field: w}
-            elif isinstance(sample, tuple | list):
-                items[i] = (*sample, w)
-            else:
-                items[i] = (sample, w)
-
     def _keys_of_group(
         self, group: Group, required: bool = False, purpose: str = "the audit log"
     ) -> list[Any] | None:
-        spec = self.key
-        if spec is None:
-            return None
-        if self.batched:
-            batch = group.items[0]
-            if callable(spec):
-                keys = list(spec(batch))
-            else:
-                try:
-                    keys = batch[spec]
-                except (KeyError, IndexError, TypeError):
-                    if required:
-                        raise MissingKeyError(
-                            f"the input batch at sample seq {group.seq0} has no key field {spec!r}; "
-                            f"{purpose} needs one key per sample: keep '__key__' in the batch, "
-                            "pass key=<field or callable>, or key=None to log without keys"
-                        ) from None
-                    return None
-                keys = keys.tolist() if isinstance(keys, torch.Tensor | np.ndarray) else list(keys)
-            return keys
-        items = group.items
-        if callable(spec):
-            return [spec(s) for s in items]
-        try:
-            return [s[spec] for s in items]
-        except (KeyError, IndexError, TypeError):
-            if not required:
-                return None
-            for i, sample in enumerate(items):
-                try:
-                    sample[spec]
-                except (KeyError, IndexError, TypeError):
-                    have = list(sample) if isinstance(sample, dict) else type(sample).__name__
-                    raise MissingKeyError(
-                        f"sample seq {group.seq0 + i} has no key field {spec!r} (it has {have}); "
-                        f"{purpose} needs one key per sample: keep '__key__' in the sample, "
-                        "pass key=<field, position or callable>, or key=None to log without keys"
-                    ) from None
-            raise
+        return keys_of(group, self.batched, self.key, required, purpose)
 
     def _field_of_group(self, group: Group, name: str) -> list[Any] | None:
-        """Per-sample values of an optional metadata field (``__url__``, ``__worker__``), or None."""
-        if self.batched:
-            batch = group.items[0]
-            if isinstance(batch, Mapping) and name in batch:
-                values = batch[name]
-                return values.tolist() if isinstance(values, torch.Tensor) else list(values)
-            return None
-        items = group.items
-        if isinstance(items[0], Mapping) and name in items[0]:
-            return [s.get(name) for s in items]
-        return None
+        return field_of(group, self.batched, name)
 
     # ------------------------------------------------------------------ helpers
 
@@ -1245,77 +1102,6 @@ class Sifter:
             "rank": rank,
             "world": world,
         }
-
-    def _differences(self, state: Mapping[str, Any]) -> list[tuple[str, str]]:
-        """(override name, what differs) for each setting the checkpoint does not share."""
-        theirs = state["config"]
-        mine = self._config()
-        out: list[tuple[str, str]] = []
-        for name, value in theirs.items():
-            if name not in mine or same_value(mine[name], value):
-                continue
-            group = OVERRIDE_OF.get(name, name)
-            if (
-                name == "policy_config"
-                and theirs.get("policy_class", mine["policy_class"]) != mine["policy_class"]
-            ):
-                continue  # another policy altogether: said once, by name
-            if name == "memory" and (value is None or mine[name] is None):
-                have = "holds no score memory" if value is None else "holds a score memory"
-                out.append(
-                    (group, f"the checkpoint {have}, this stage {'has one' if value is None else 'has none'}")
-                )
-            elif isinstance(value, Mapping) and isinstance(mine[name], Mapping):
-                for k in sorted(set(value) | set(mine[name])):
-                    a, b = value.get(k, MISSING), mine[name].get(k, MISSING)
-                    if not same_value(a, b):
-                        what = "policy" if name == "policy_config" else name
-                        out.append((group, f"{what} {k}={a!r} in the checkpoint, {b!r} here"))
-            elif name == "policy":
-                out.append((group, f"policy={value!r} in the checkpoint, policy={mine[name]!r} here"))
-            elif name == "policy_class" and theirs.get("policy") == mine["policy"]:
-                out.append((group, f"policy class {value} in the checkpoint, {mine[name]} here"))
-            elif name != "policy_class":
-                out.append((group, f"{name}={value!r} in the checkpoint, {name}={mine[name]!r} here"))
-        # states of version 1 do not name their memory: its presence still has to match
-        if "memory" not in theirs and (state.get("memory") is None) != (self.memory is None):
-            have = "holds a score memory" if state.get("memory") is not None else "holds no score memory"
-            here = "has one" if self.memory is not None else "has none"
-            out.append(("memory", f"the checkpoint {have}, this stage {here}"))
-        return out
-
-    def _check_policy_entries(self, state: Mapping[str, Any]) -> None:
-        """What a version 2 state holds for this stage's kind of policy (the policy itself checks
-        the rest when it loads)."""
-        history = state["policy"].get("history")
-        if isinstance(self.policy, HistoryPolicy) and isinstance(history, Mapping) and "total" not in history:
-            raise ResumeError(
-                "the Sifter state's entry policy['history'] lacks 'total' (how many losses the window "
-                "was given); the state is damaged, or not one Sifter.state_dict() wrote"
-            )
-        mine = f"{type(self.policy).__module__}.{type(self.policy).__qualname__}"
-        if self.policy.weighted and state["config"].get("policy_class") == mine:
-            for i, desc in enumerate(state["pending"]):
-                if desc["weight"] is None:
-                    raise ResumeError(
-                        f"the Sifter state's entry pending[{i}]['weight'] is None, but {self.policy!r} "
-                        "weighs the samples it keeps; the state is damaged, or not this policy's"
-                    )
-
-    def _carry_policy_state(self, state: Mapping[str, Any]) -> None:
-        """Load what fits of another policy's state (``override=("policy",)``)."""
-        policy = self.policy
-        fresh = policy.fresh().state_dict()
-        if isinstance(policy, HistoryPolicy) and isinstance(state.get("history"), Mapping):
-            values = state["history"].get("values")
-            policy.load_state_dict(fresh)
-            if isinstance(values, torch.Tensor):
-                policy.history.extend(values.numpy().astype(np.float64))
-            return
-        try:
-            policy.load_state_dict(dict(state))
-        except Exception:
-            policy.load_state_dict(fresh)
 
     def _tracks(self, source: Any) -> bool:
         able = hasattr(source, "state_dict") and hasattr(source, "load_state_dict")

@@ -1,47 +1,15 @@
-"""Shared fixtures: small models, deterministic sample streams."""
+"""Fixtures and hooks only: small models, sample streams, the loopback S3 server, the adversarial
+tally. Helpers that tests import live in modules of their own (``common``, ``contract``, ``faults``,
+``s3util``, ``tally``), never here."""
 
 from __future__ import annotations
 
-import io
-
-import numpy as np
 import pytest
 import torch
+from common import make_samples
 
-# One intra-op thread: the suite also runs DataLoader workers, writer processes and servers on
-# the same cores, and OpenMP threads that spin-wait on an oversubscribed machine slow every torch
-# call by an order of magnitude. Tests assert behaviour, never speed.
-torch.set_num_threads(1)
-
-
-def loss_field(model, batch):
-    """A scorer that costs nothing: each sample carries its own loss in field 'loss'."""
-    return batch["loss"].double()
-
-
-def roundtrip(state):
-    """What a checkpoint does to a state dict: torch.save, then torch.load(weights_only=True)."""
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    buf.seek(0)
-    return torch.load(buf, weights_only=True)
-
-
-def make_samples(n: int, seed: int = 0, dim: int = 4):
-    """Dict samples with a key, a feature vector, a label and a precomputed loss."""
-    rng = np.random.default_rng(seed)
-    losses = rng.exponential(size=n)
-    x = rng.normal(size=(n, dim)).astype(np.float32)
-    return [
-        {
-            "__key__": f"s{i:06d}",
-            "__url__": f"shard-{i // 100:03d}.tar",
-            "x": torch.from_numpy(x[i]),
-            "y": int(i % 3),
-            "loss": float(losses[i]),
-        }
-        for i in range(n)
-    ]
+# (importing common sets torch to one intra-op thread, in this process and in the children
+# that tests start)
 
 
 @pytest.fixture

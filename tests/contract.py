@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
-from conftest import roundtrip
+from common import roundtrip
 from torchdata.nodes import Loader
 
 

@@ -21,7 +21,7 @@ import time
 import warnings
 
 import pytest
-from conftest import loss_field, make_samples
+from common import loss_field, make_samples
 from tally import tried
 
 import siftpipe as sp
@@ -43,7 +43,7 @@ WRITER = textwrap.dedent(
     import os, sys, time
     sys.path.insert(0, {tests!r})
     import siftpipe as sp
-    from conftest import loss_field, make_samples
+    from common import loss_field, make_samples
 
     root, endpoint, run_id, go, seed = sys.argv[1:6]
     options = {{"endpoint_url": endpoint}} if endpoint != "-" else None
@@ -180,7 +180,7 @@ TRAIN = textwrap.dedent(
     import os, sys, time, torch
     sys.path.insert(0, {tests!r})
     import siftpipe as sp
-    from conftest import loss_field, make_samples
+    from common import loss_field, make_samples
 
     root, endpoint, ckpt, writer = sys.argv[1:5]
     samples = make_samples({total}, seed=5)
@@ -422,7 +422,7 @@ RESUMER = textwrap.dedent(
     import os, sys, time, torch
     sys.path.insert(0, {tests!r})
     import siftpipe as sp
-    from conftest import loss_field, make_samples
+    from common import loss_field, make_samples
 
     root, ckpt, go = sys.argv[1:4]
     state = torch.load(ckpt, weights_only=True)
@@ -445,7 +445,7 @@ def test_two_processes_resuming_one_job_at_once_are_reported(tmp_path):
     crash; but the later one's records would hide the earlier one's, though both were handed
     on: verify reports the overlap. One resume after another (the crash case) stays OK."""
     import torch
-    from conftest import roundtrip
+    from common import roundtrip
 
     root = str(tmp_path / "log")
     log = sp.AuditLog(root, run_id="twice", flush_every=40)

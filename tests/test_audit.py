@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import loss_field, make_samples, roundtrip
+from common import loss_field, make_samples, roundtrip
 from contract import output_keys
 from torch.utils.data import default_collate
 
@@ -294,7 +294,7 @@ def test_a_normal_exit_flushes_what_was_never_closed(tmp_path):
     code = (
         "import sys; sys.path.insert(0, 'tests')\n"
         "import siftpipe as sp\n"
-        "from conftest import loss_field, make_samples\n"
+        "from common import loss_field, make_samples\n"
         f"log = sp.AuditLog({root!r}, run_id='exit', flush_every=100_000)\n"
         "s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, audit=log)\n"
         "kept = sum(1 for _ in s(make_samples(777)))\n"

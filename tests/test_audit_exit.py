@@ -15,7 +15,7 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import loss_field, make_samples
+from common import loss_field, make_samples
 
 import siftpipe as sp
 
@@ -36,7 +36,7 @@ READERS = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     import siftpipe as sp
     from siftpipe.logtools import summarize
-    from conftest import make_samples
+    from common import make_samples
 
     def native_threads():
         mine = {{t.native_id for t in threading.enumerate()}}

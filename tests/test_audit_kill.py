@@ -3,7 +3,7 @@
 import os
 import textwrap
 
-from conftest import loss_field, make_samples
+from common import loss_field, make_samples
 from faults import kill_after_checkpoints
 
 import siftpipe as sp
@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent(
     import sys, time, torch
     sys.path.insert(0, {tests!r})
     import siftpipe as sp
-    from conftest import loss_field, make_samples
+    from common import loss_field, make_samples
 
     root, endpoint, ckpt = sys.argv[1:4]
     samples = make_samples({total}, seed=5)

@@ -7,7 +7,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import loss_field, make_samples, roundtrip
+from common import loss_field, make_samples, roundtrip
 
 import siftpipe as sp
 
@@ -164,7 +164,7 @@ WRITER = textwrap.dedent(
     import os, sys, time
     sys.path.insert(0, {tests!r})
     import siftpipe as sp
-    from conftest import loss_field, make_samples
+    from common import loss_field, make_samples
 
     root, run_id, go, name = sys.argv[1:5]
     log = sp.AuditLog(root, run_id=None if run_id == "-" else run_id, flush_every=50)

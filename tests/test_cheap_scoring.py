@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import loss_field, make_samples, roundtrip
+from common import loss_field, make_samples, roundtrip
 
 import siftpipe as sp
 

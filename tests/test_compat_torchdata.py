@@ -11,7 +11,7 @@ import pickle
 
 import pytest
 import webdataset as wds
-from conftest import roundtrip
+from common import roundtrip
 from contract import output_keys, run_save_load_state, signature
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 from torchdata.nodes import Batcher, Loader, Mapper, ParallelMapper

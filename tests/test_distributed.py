@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import loss_field, make_samples
+from common import loss_field, make_samples
 
 import siftpipe as sp
 

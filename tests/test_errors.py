@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from conftest import loss_field, make_samples
+from common import loss_field, make_samples
 
 import siftpipe as sp
 

@@ -8,7 +8,7 @@ import threading
 import warnings
 
 import pytest
-from conftest import loss_field, make_samples
+from common import loss_field, make_samples
 from faults import FaultProxy
 
 import siftpipe as sp
@@ -234,7 +234,7 @@ def test_exit_after_a_refused_destination_does_not_wait(local_s3, tmp_path):
         "import sys\n"
         f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
         "import siftpipe as sp\n"
-        "from conftest import loss_field, make_samples\n"
+        "from common import loss_field, make_samples\n"
         "log = sp.AuditLog('s3://no-such-bucket-at-exit/log',\n"
         f"                  storage_options={local_s3.storage_options!r})\n"
         "s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, audit=log)\n"

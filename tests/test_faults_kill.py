@@ -9,7 +9,7 @@ import os
 import textwrap
 
 import torch
-from conftest import loss_field, make_samples
+from common import loss_field, make_samples
 from contract import output_keys, signature
 from faults import kill_after_checkpoints
 from torch.utils.data import default_collate
@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     from torch.utils.data import default_collate
     import siftpipe as sp
-    from conftest import loss_field, make_samples
+    from common import loss_field, make_samples
 
     root, endpoint, ckpt = sys.argv[1:4]
     samples = make_samples({total}, seed=8)

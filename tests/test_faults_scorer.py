@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import loss_field, make_samples
+from common import loss_field, make_samples
 from contract import output_keys, signature
 from hypothesis import given, settings
 from hypothesis import strategies as st

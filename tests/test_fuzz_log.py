@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import loss_field, make_samples
+from common import loss_field, make_samples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -5,7 +5,7 @@ import logging
 import numpy as np
 import pytest
 import torch
-from conftest import roundtrip
+from common import roundtrip
 
 import siftpipe as sp
 from siftpipe._state import digest as _digest

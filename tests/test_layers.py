@@ -38,6 +38,8 @@ LAYERS: dict[str, set[str]] = {
         "_scoring",
         "_ledger",
         "_account",
+        "_rows",
+        "_resume",
         "_source",
         "sifter",
         "recipe",

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import loss_field, make_samples
+from common import loss_field, make_samples
 
 import siftpipe as sp
 from siftpipe.cli import main, parse_storage_options

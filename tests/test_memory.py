@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from conftest import roundtrip
+from common import roundtrip
 
 import siftpipe as sp
 from siftpipe.memory import FEEDBACK, FORWARD, key_hashes
@@ -98,7 +98,7 @@ def test_key_cache_answers_what_key_hashes_would_and_stays_within_its_bound():
 
 
 def test_observe_stores_under_the_same_hashes_whether_the_stage_remembered_them_or_not():
-    from conftest import loss_field, make_samples
+    from common import loss_field, make_samples
 
     samples = make_samples(60)
     keys = [x["__key__"] for x in samples]

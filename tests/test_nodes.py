@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import roundtrip
+from common import roundtrip
 from contract import Adapter, check_save_load, output_keys, run_save_load_state
 from torch.utils.data import default_collate
 from torchdata.nodes import Batcher, IterableWrapper, Loader, Mapper, ParallelMapper

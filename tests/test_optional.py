@@ -35,7 +35,7 @@ def test_without_the_extras_shards_and_logs_work_and_plot_names_the_install(tmp_
         f"""
         import siftpipe as sp
         from siftpipe.cli import main
-        from conftest import loss_field, make_samples
+        from common import loss_field, make_samples
         samples = make_samples(200, seed=3)
         from siftpipe.shards import write_shards
         written = write_shards(({{"__key__": s["__key__"], "loss.json": float(s["loss"])}}

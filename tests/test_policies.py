@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import loss_field, make_samples
+from common import loss_field, make_samples
 from torch.utils.data import default_collate
 
 import siftpipe as sp

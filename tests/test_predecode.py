@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from conftest import make_samples
+from common import make_samples
 from torch.utils.data import DataLoader, IterableDataset
 
 import siftpipe as sp

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import loss_field, roundtrip
+from common import loss_field, roundtrip
 from contract import PlainList, check_save_load, output_keys
 from hypothesis import example, given, settings
 from hypothesis import strategies as st

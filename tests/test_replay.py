@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from conftest import loss_field, make_samples
+from common import loss_field, make_samples
 from contract import output_keys
 
 import siftpipe as sp

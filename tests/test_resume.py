@@ -1,6 +1,6 @@
 import pytest
 import torch
-from conftest import loss_field, make_samples, roundtrip
+from common import loss_field, make_samples, roundtrip
 from contract import PlainList, check_save_load, output_keys
 from torch.utils.data import default_collate
 

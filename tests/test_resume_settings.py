@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import loss_field, make_samples, roundtrip
+from common import loss_field, make_samples, roundtrip
 from contract import output_keys
 
 import siftpipe as sp

@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 import pytest
 import torch
-from conftest import loss_field, make_samples
+from common import loss_field, make_samples
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from s3util import CREDENTIALS

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import loss_field, make_samples
+from common import loss_field, make_samples
 
 import siftpipe as sp
 from siftpipe.sink import Decisions, DecisionSink, StageInfo, make_sink

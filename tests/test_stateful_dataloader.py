@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import roundtrip
+from common import roundtrip
 from contract import Adapter, check_save_load, output_keys
 from torch.utils.data import Dataset, default_collate
 from torchdata.stateful_dataloader import StatefulDataLoader

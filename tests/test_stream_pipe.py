@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from conftest import roundtrip
+from common import roundtrip
 from torchdata.nodes import Loader
 
 import siftpipe as sp

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import webdataset as wds
-from conftest import roundtrip
+from common import roundtrip
 from contract import output_keys, signature
 from torch.utils.data import DataLoader, default_collate
 

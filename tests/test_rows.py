@@ -1,0 +1,82 @@
+"""siftpipe._rows: a group's keys, fields, weights and upstream decisions, per-sample and batched."""
+
+import numpy as np
+import pytest
+import torch
+
+import siftpipe as sp
+from siftpipe._ledger import Group
+from siftpipe._rows import attach_weights, field_of, keys_of, upstream_of
+from siftpipe._vocab import PRE_KEPT, PRE_LOSS, PRE_PROB
+
+
+def per_sample(n=3):
+    return Group([{"__key__": f"k{i}", "__url__": "a.tar", "x": i} for i in range(n)], n, 10, None)
+
+
+def batched(n=3):
+    batch = {"__key__": [f"k{i}" for i in range(n)], "x": torch.arange(n), "id": torch.arange(n) * 7}
+    return Group([batch], n, 10, None)
+
+
+def test_keys_by_field_position_or_callable_in_both_modes():
+    assert keys_of(per_sample(), False, "__key__") == ["k0", "k1", "k2"]
+    assert keys_of(batched(), True, "__key__") == ["k0", "k1", "k2"]
+    assert keys_of(batched(), True, "id") == [0, 7, 14]  # a tensor column becomes plain ints
+    assert keys_of(per_sample(), False, lambda s: s["x"] * 2) == [0, 2, 4]
+    assert keys_of(batched(), True, lambda b: b["x"].tolist()) == [0, 1, 2]
+    tuples = Group([("a", 1), ("b", 2)], 2, 0, None)
+    assert keys_of(tuples, False, 0) == ["a", "b"]
+    assert keys_of(per_sample(), False, None) is None
+
+
+def test_a_missing_key_is_none_unless_required_then_it_names_the_sample_and_the_fix():
+    group = per_sample()
+    del group.items[1]["__key__"]
+    assert keys_of(group, False, "__key__") is None
+    with pytest.raises(
+        sp.MissingKeyError, match=r"sample seq 11 has no key field '__key__'.*the score memory"
+    ):
+        keys_of(group, False, "__key__", required=True, purpose="the score memory")
+    with pytest.raises(sp.MissingKeyError, match=r"input batch at sample seq 10 has no key field 'nope'"):
+        keys_of(batched(), True, "nope", required=True)
+
+
+def test_fields_are_read_where_present():
+    assert field_of(per_sample(), False, "__url__") == ["a.tar"] * 3
+    assert field_of(per_sample(), False, "__worker__") is None
+    assert field_of(batched(), True, "x") == [0, 1, 2]
+    assert field_of(batched(), True, "__url__") is None
+
+
+def test_weights_go_on_kept_rows_as_copies():
+    group = per_sample()
+    original = [dict(s) for s in group.items]
+    group.kept_index = np.array([0, 2])
+    group.weight = np.array([2.0, 1.0, 0.5])
+    before = list(group.items)
+    attach_weights(group, False, "w")
+    assert [s.get("w") for s in group.items] == [2.0, None, 0.5]
+    assert [dict(s) for s in before] == original  # the caller's samples are untouched
+    tuples = Group([("a", 1), ("b", 2)], 2, 0, None)
+    tuples.kept_index = np.array([1])
+    attach_weights(tuples, False, "w")
+    assert tuples.items == [("a", 1), ("b", 2, 1.0)]  # no weight decided: 1
+    group = batched()
+    group.weight = np.array([2.0, 1.0, 0.5])
+    attach_weights(group, True, "__sift_weight__")
+    assert group.items[0]["__sift_weight__"].tolist() == [2.0, 1.0, 0.5]
+    assert group.items[0]["__sift_weight__"].dtype == torch.float32
+
+
+def test_upstream_decisions_are_read_only_when_some_row_was_kept_before_decode():
+    assert upstream_of(per_sample(), False) is None
+    rows = [{PRE_KEPT: k, PRE_LOSS: float(i), PRE_PROB: 0.5} for i, k in enumerate([1, 0, 1])]
+    mask, loss, prob = upstream_of(Group(rows, 3, 0, None), False)
+    assert mask.tolist() == [True, False, True] and loss.tolist() == [0.0, 1.0, 2.0]
+    assert prob.tolist() == [0.5] * 3
+    none_kept = [{**r, PRE_KEPT: 0} for r in rows]
+    assert upstream_of(Group(none_kept, 3, 0, None), False) is None
+    batch = {PRE_KEPT: torch.tensor([0, 1]), PRE_LOSS: torch.tensor([1.0, 2.0]), PRE_PROB: torch.ones(2)}
+    mask, loss, _ = upstream_of(Group([batch], 2, 0, None), True)
+    assert mask.tolist() == [False, True] and loss.tolist() == [1.0, 2.0]
