@@ -80,22 +80,24 @@ class CostAccount:
         self._emitted = 0
         self._pass = self.dropped
 
-    def pass_ends(self, mark: float) -> None:
+    def pass_ends(self, mark: float, stopping: bool = False) -> bool:
         """A pass ended: charge its last stretch (since ``mark``, a ``time.perf_counter()``) to
-        the stage and judge the run so far (``judge``)."""
+        the stage and judge the run so far (``judge``); True if it found, for the first time,
+        that sifting is not paying. ``stopping``: the stage stops sifting if so (said in the log)."""
         self.inside += time.perf_counter() - mark
         if self.dropped > self._pass:
             self.dropping_passes += 1
-            self.judge()
+            return self.judge(stopping)
+        return False
 
     #: Passes that dropped samples before the stage judges whether it pays: a first pass that only
     #: learns losses (``siftpipe.recipe``'s) is a debt the next ones pay back.
     JUDGE_AFTER = 2
 
-    def judge(self) -> None:
+    def judge(self, stopping: bool = False) -> bool:
         """Log once when, over the run so far, the stage's own time exceeds the training time its
         dropped samples would have cost (with enough evidence: ``JUDGE_AFTER`` passes that
-        dropped samples, ``MIN_EVIDENCE_SECONDS`` of time)."""
+        dropped samples, ``MIN_EVIDENCE_SECONDS`` of time); True when it logs."""
         stage, step, handed, dropped = self.stage_seconds, self.step_seconds, self.handed, self.dropped
         if (
             self.warned
@@ -103,10 +105,10 @@ class CostAccount:
             or not handed
             or stage + step < self.MIN_EVIDENCE_SECONDS
         ):
-            return
+            return False
         saved = dropped * step / handed
         if saved >= stage:
-            return
+            return False
         self.warned = True
         seen = handed + dropped
         per_seen, per_step = stage / seen, step / handed
@@ -115,7 +117,7 @@ class CostAccount:
             "(%.1f us a sample it saw) and the %d samples it dropped (%.0f%% of those it saw) would "
             "have cost about %.2f s to train (%.1f us a sample trained); at this cost it pays only "
             "when it drops more than %.0f%%. Train on every sample, or sift where a step costs more "
-            "(a larger model or batch) or more can be dropped; stats.net_seconds follows the figure",
+            "(a larger model or batch) or more can be dropped; stats.net_seconds follows the figure.%s",
             stage,
             1e6 * per_seen,
             dropped,
@@ -123,4 +125,8 @@ class CostAccount:
             saved,
             1e6 * per_step,
             100.0 * per_seen / per_step if per_step > 0 else 100.0,
+            " Sifting stops here for the rest of the run (cost_guard): every sample is kept from now on"
+            if stopping
+            else "",
         )
+        return True

@@ -44,9 +44,10 @@ COUNTS = (
     "from_memory",
     "observed",
     "unknown",
+    "stopped_at",
 )
 # counters a state may lack (written before they existed): they load as 0
-LATER_COUNTS = ("unknown",)
+LATER_COUNTS = ("unknown", "stopped_at")
 # the settings a version 2 state's config names (see Sifter._config)
 CONFIG = (
     "micro_batch",

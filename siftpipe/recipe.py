@@ -29,6 +29,7 @@ def recipe(
     warmup: float = DEFAULTS["warmup"],
     anneal: float = DEFAULTS["anneal"],
     guard: float | None = DEFAULTS["guard"],
+    cost_guard: bool = True,
     **sifter_kwargs: Any,
 ) -> Sifter:
     """A ``Sifter`` set up as siftpipe's default recipe: no scoring forward, ever.
@@ -37,7 +38,8 @@ def recipe(
     each step and ``sifter.set_epoch(epoch)`` before each pass. A sample the stage has never seen
     trained is kept; below-mean samples are pruned with probability ``ratio`` and the kept ones
     reweighted (``InfoBatch``); after ``anneal`` of the budget every sample is trained; a guard
-    backs pruning off when the samples it dropped are being forgotten (``stats.sifting_scale``).
+    backs pruning off when the samples it dropped are being forgotten (``stats.sifting_scale``),
+    and another stops sifting when the stage costs more wall time than it saves (``cost_guard``).
 
     Args:
         model: The live model (passed to ``Sifter``; the recipe never runs a scoring forward).
@@ -51,6 +53,10 @@ def recipe(
         warmup: Fraction of the budget kept whole at the start, in [0, 1).
         anneal: Fraction of the budget after which nothing is pruned.
         guard: Forgetting tolerance of the guard, in mean losses (``InfoBatch``); None: off.
+        cost_guard: Stop sifting for the rest of the run once the stage's own time exceeds the
+            training time its dropped samples would have cost (``Sifter(cost_guard=...)``; judged
+            from the second pass that drops samples, logged, ``stats.stopped_at``). Its timing
+            depends on the machine; False keeps the run's decisions independent of timing.
         sifter_kwargs: Any other ``Sifter`` argument (``batched``, ``micro_batch``, ``audit``, ...).
     """
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
@@ -66,4 +72,5 @@ def recipe(
     memory = ScoreMemory(capacity=capacity if capacity is not None else budget, max_age=None)
     sifter_kwargs.setdefault("unknown", "keep")
     sifter_kwargs.setdefault("remember_forward", False)
+    sifter_kwargs.setdefault("cost_guard", cost_guard)
     return Sifter(model, scorer, policy, memory=memory, delay=int(warmup * budget), **sifter_kwargs)

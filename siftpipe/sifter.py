@@ -100,6 +100,8 @@ class SiftStats:
             its samples). ``net_seconds`` = ``saved_seconds - stage_seconds``; when it is
             negative at the end of the second (or a later) pass that dropped samples,
             ``siftpipe`` logs a warning once. These three are left out of ``==``.
+        stopped_at: The sample (``seen``) at which ``cost_guard`` stopped sifting, 0 if it has
+            not: from there every sample is kept and ``sifting_scale`` is 0.
     """
 
     seen: int
@@ -121,6 +123,7 @@ class SiftStats:
     stage_seconds: float = dataclasses.field(default=0.0, compare=False)
     step_seconds: float = dataclasses.field(default=0.0, compare=False)
     saved_seconds: float = dataclasses.field(default=0.0, compare=False)
+    stopped_at: int = 0
 
     @property
     def net_seconds(self) -> float:
@@ -200,6 +203,14 @@ class Sifter:
             (a scoring forward pass) or ``"keep"`` (kept with no forward, reason ``"unknown"``,
             source ``"none"``, counted in ``stats.unknown``; its loss arrives when the training
             step hands it back through ``observe``: InfoBatch's way, and ``siftpipe.recipe``'s).
+        cost_guard: Stop sifting for the rest of the run once it is not paying for itself: when
+            the stage's own time has exceeded the training time its dropped samples would have
+            cost (``stats.net_seconds`` < 0, judged at the end of the second and later passes
+            that dropped samples), every later sample is handed on with weight 1, no loss looked
+            up and ``observe()`` a no-op (``stats.sifting_scale`` 0, ``stats.stopped_at`` the
+            sample it stopped at, kept in the state; logged). When that happens depends on
+            measured time, so two runs may stop at different passes. ``siftpipe.recipe`` turns
+            it on. Not compared on resume: it is about this machine's speed.
     """
 
     STATE_VERSION = STATE_VERSION
@@ -245,6 +256,7 @@ class Sifter:
         memory: ScoreMemory | None = None,
         remember_forward: bool = True,
         unknown: Literal["score", "keep"] = "score",
+        cost_guard: bool = False,
     ) -> None:
         if model is not None and not isinstance(model, nn.Module):
             raise ConfigError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
@@ -319,6 +331,7 @@ class Sifter:
         self.memory = memory
         self.remember_forward = remember_forward
         self.unknown = unknown
+        self.cost_guard = bool(cost_guard)
         #: Where this scorer's losses come from, for the audit log (a proxy scorer says "proxy").
         self._loss_source = SOURCES.index(getattr(self.scorer, "loss_source", "forward"))
         #: A tag recorded with each decision (set it to the optimizer step, say).
@@ -407,10 +420,11 @@ class Sifter:
             shards["skipped"],
             shards["samples_skipped"],
             c["unknown"],
-            self.policy.sifting_scale(),
+            0.0 if c["stopped_at"] else self.policy.sifting_scale(),
             account.stage_seconds,
             account.step_seconds,
             account.saved_seconds(),
+            c["stopped_at"],
         )
 
     def watch_shards(self, *pipelines: Any) -> None:
@@ -505,6 +519,9 @@ class Sifter:
                 f"observe() got {len(keys)} keys but {values.size} losses; pass one loss per sample "
                 "(reduction='none')"
             )
+        if self._counts["stopped_at"]:  # the cost guard stopped sifting: nothing will read them
+            self._counts["observed"] += values.size
+            return
         self.memory.update(self.memory.hashes(keys), values, self.epoch, FEEDBACK)
         self._counts["observed"] += values.size
         self._account.observe += time.perf_counter() - t0
@@ -857,7 +874,9 @@ class Sifter:
                 inside = outside = 0.0
             self._ledger.trim()
             finished = True
-            account.pass_ends(mark)
+            stopping = self.cost_guard and not self._counts["stopped_at"]
+            if account.pass_ends(mark, stopping=stopping) and stopping:
+                self._counts["stopped_at"] = self._counts["seen"]
         finally:
             # ended, abandoned or failed: the next call starts a new pass, and so does a stage
             # loaded with a state taken from now on (unless a newer pass or a load came first: a
@@ -928,6 +947,9 @@ class Sifter:
     # ------------------------------------------------------------------ deciding
 
     def _decide(self, group: Group) -> None:
+        if self._counts["stopped_at"]:
+            self._hand_on_all(group)
+            return
         t0 = time.perf_counter()
         rows = group.rows
         losses, sources = self._score_group(group)
@@ -1001,6 +1023,40 @@ class Sifter:
             )
         self._seconds[0] += t1 - t0
         self._seconds[1] += time.perf_counter() - t1
+
+    def _hand_on_all(self, group: Group) -> None:
+        """Keep every row of ``group`` with weight 1 and look nothing up: the cost guard stopped
+        sifting (``cost_guard``). The audit log records them as kept by the policy, with no loss."""
+        t0 = time.perf_counter()
+        rows, counts = group.rows, self._counts
+        group.keep = np.ones(rows, dtype=bool)
+        group.kept_index = np.arange(rows)
+        group.weight = None
+        counts["seen"] += rows
+        counts["kept"] += rows
+        if self.attach_weight:
+            attach_weights(group, self.batched, self.weight_field)
+        if self.audit is not None:
+            self.audit.write(
+                Decisions(
+                    seq0=group.seq0,
+                    epoch=self.epoch,
+                    model_version=self.model_version,
+                    keys=self._keys_of_group(group, required=True),
+                    urls=self._field_of_group(group, "__url__"),
+                    workers=self._field_of_group(group, "__worker__"),
+                    loss=np.full(rows, np.nan),
+                    score=np.full(rows, np.nan),
+                    prob=np.ones(rows),
+                    kept=group.keep,
+                    weight=None,
+                    reason=None,
+                    micro_batch0=counts["micro_batches"],
+                    chunk=rows,
+                    source=NONE,
+                )
+            )
+        self._seconds[1] += time.perf_counter() - t0
 
     def _raise_non_finite(self, group: Group, losses: np.ndarray, finite: np.ndarray) -> None:
         bad = np.flatnonzero(~finite)

@@ -11,6 +11,7 @@ import torch
 
 import siftpipe as sp
 from siftpipe._account import CostAccount
+from siftpipe._state import digest
 
 N = 64
 
@@ -66,11 +67,7 @@ def test_a_run_that_costs_more_than_it_saves_is_logged_once_from_its_second_drop
 ):
     monkeypatch.setattr(CostAccount, "MIN_EVIDENCE_SECONDS", 0.1)
 
-    def slow(model, batch):  # the stage's own cost: 30 ms a micro-batch; the "step" is free
-        time.sleep(0.03)
-        return batch["loss"].double()
-
-    s = sp.Sifter(None, slow, sp.Uniform(0.5), micro_batch=8, seed=0)
+    s = sp.Sifter(None, slow_scorer, sp.Uniform(0.5), micro_batch=8, seed=0)
 
     def said():
         return [r.getMessage() for r in caplog.records if "not paying for itself" in r.getMessage()]
@@ -109,3 +106,85 @@ def test_the_account_is_not_part_of_the_state_a_resumed_stage_starts_a_fresh_one
     t = sp.Sifter(None, free, sp.Uniform(0.5), micro_batch=8, seed=0)
     t.load_state_dict(state)
     assert t.stats.stage_seconds == 0.0 and t.stats.dropped == s.stats.dropped
+
+
+def slow_scorer(model, batch):  # the stage's own cost: 30 ms a micro-batch; the "step" is free
+    time.sleep(0.03)
+    return batch["loss"].double()
+
+
+def test_cost_guard_stops_sifting_from_the_pass_after_it_judged_and_the_state_keeps_it(
+    caplog, monkeypatch, tmp_path
+):
+    monkeypatch.setattr(CostAccount, "MIN_EVIDENCE_SECONDS", 0.1)
+    memory = sp.ScoreMemory(1000, max_age=None)
+    s = sp.Sifter(
+        None,
+        slow_scorer,
+        sp.Uniform(0.5),
+        micro_batch=8,
+        seed=0,
+        cost_guard=True,
+        memory=memory,
+        audit=str(tmp_path / "log"),
+    )
+    with caplog.at_level(logging.WARNING, logger="siftpipe"):
+        for _ in range(2):
+            list(s(samples()))
+    assert s.stats.stopped_at == 2 * N and s.stats.sifting_scale == 0.0
+    said = [r.getMessage() for r in caplog.records if "not paying for itself" in r.getMessage()]
+    assert len(said) == 1 and "Sifting stops here for the rest of the run" in said[0]
+    dropped, scored = s.stats.dropped, s.stats.scored
+    third = list(s(samples()))
+    assert [x["__key__"] for x in third] == [x["__key__"] for x in samples()]  # every sample
+    assert s.stats.dropped == dropped and s.stats.scored == scored  # nothing scored or dropped
+    remembered = len(memory)
+    s.observe(["k0000", "new-key"], np.array([1.0, 2.0]))  # counted, not remembered
+    assert len(memory) == remembered and s.stats.observed == 2
+    state = s.state_dict()
+    s.close()
+    table = sp.read_log(str(tmp_path / "log"))
+    last = table.slice(2 * N)
+    assert last.num_rows == N and all(last.column("kept").to_pylist())
+    assert set(last.column("reason").to_pylist()) == {"policy"}
+    assert all(np.isnan(v) for v in last.column("loss").to_pylist())
+    assert set(last.column("source").to_pylist()) == {"none"}
+    # the stop is part of the state: a resumed stage goes on keeping everything
+    t = sp.Sifter(
+        None,
+        free,
+        sp.Uniform(0.5),
+        micro_batch=8,
+        seed=0,
+        cost_guard=True,
+        memory=sp.ScoreMemory(1000, max_age=None),
+    )
+    t.load_state_dict(state)
+    assert len(list(t(samples()))) == N and t.stats.stopped_at == 2 * N
+
+
+def test_without_cost_guard_a_stage_that_does_not_pay_only_says_so(caplog, monkeypatch):
+    monkeypatch.setattr(CostAccount, "MIN_EVIDENCE_SECONDS", 0.1)
+    s = sp.Sifter(None, slow_scorer, sp.Uniform(0.5), micro_batch=8, seed=0)
+    with caplog.at_level(logging.WARNING, logger="siftpipe"):
+        for _ in range(3):
+            list(s(samples()))
+    said = [r.getMessage() for r in caplog.records if "not paying for itself" in r.getMessage()]
+    assert len(said) == 1 and "Sifting stops here" not in said[0]
+    assert s.stats.stopped_at == 0 and 0 < s.stats.dropped < 3 * N
+
+
+def test_a_state_written_before_the_cost_guard_existed_loads_as_not_stopped():
+    s = sp.Sifter(None, free, sp.Uniform(0.5), micro_batch=8, seed=0)
+    list(s(samples()))
+    state = s.state_dict()
+    del state["counts"]["stopped_at"]
+    state["checks"]["counts"] = digest(state["counts"])  # as that version's state_dict wrote it
+    t = sp.Sifter(None, free, sp.Uniform(0.5), micro_batch=8, seed=0, cost_guard=True)
+    t.load_state_dict(state)
+    assert t.stats.stopped_at == 0 and t.stats.seen == N
+
+
+def test_the_recipe_turns_the_cost_guard_on_and_lets_it_be_turned_off():
+    assert sp.recipe(None, free, budget=100).cost_guard is True
+    assert sp.recipe(None, free, budget=100, cost_guard=False).cost_guard is False

@@ -432,7 +432,7 @@ class ArmSpec:
 
 ARM_KINDS = {
     "full": set(),
-    "recipe": {"ratio", "warmup", "anneal", "guard"},
+    "recipe": {"ratio", "warmup", "anneal", "guard", "cost_guard"},
     "infobatch_ref": {"ratio", "anneal"},
     "uniform": {"keep"},
 }
@@ -449,6 +449,8 @@ def parse_arm(text: str) -> ArmSpec:
         if not eq or key not in ARM_KINDS[kind]:
             raise ValueError(f"arm {text!r}: {item!r} is not key=value with key in {sorted(ARM_KINDS[kind])}")
         params[key] = None if value.lower() == "none" else float(value)
+        if key == "cost_guard":
+            params[key] = bool(params[key])
     return ArmSpec(text, kind, params)
 
 
