@@ -17,7 +17,7 @@ from torch.utils.data import default_collate, get_worker_info
 
 from . import _batch
 from ._account import CostAccount
-from ._decide import REASONS, decide_rows
+from ._decide import REASONS, UNKNOWN, decide_rows
 from ._ledger import Group, Ledger, Output
 from ._ranks import dist_info
 from ._resume import check_next, first_key, reread_groups
@@ -208,7 +208,8 @@ class Sifter:
             cost (``stats.net_seconds`` < 0, judged at the end of the second and later passes
             that dropped samples), every later sample is handed on with weight 1, no loss looked
             up and ``observe()`` a no-op (``stats.sifting_scale`` 0, ``stats.stopped_at`` the
-            sample it stopped at, kept in the state; logged). When that happens depends on
+            sample it stopped at, kept in the state; logged; in the audit log as kept, reason
+            ``unknown``, no loss). When that happens depends on
             measured time, so two runs may stop at different passes. ``siftpipe.recipe`` turns
             it on. Not compared on resume: it is about this machine's speed.
     """
@@ -1026,7 +1027,9 @@ class Sifter:
 
     def _hand_on_all(self, group: Group) -> None:
         """Keep every row of ``group`` with weight 1 and look nothing up: the cost guard stopped
-        sifting (``cost_guard``). The audit log records them as kept by the policy, with no loss."""
+        sifting (``cost_guard``). The audit log records them as it records samples a score memory
+        does not know: kept, reason ``unknown``, source ``none``, no loss (so what-if replays keep
+        them too, unseen by the policy)."""
         t0 = time.perf_counter()
         rows, counts = group.rows, self._counts
         group.keep = np.ones(rows, dtype=bool)
@@ -1050,7 +1053,7 @@ class Sifter:
                     prob=np.ones(rows),
                     kept=group.keep,
                     weight=None,
-                    reason=None,
+                    reason=np.full(rows, UNKNOWN, dtype=np.int8),
                     micro_batch0=counts["micro_batches"],
                     chunk=rows,
                     source=NONE,

@@ -146,7 +146,7 @@ def test_cost_guard_stops_sifting_from_the_pass_after_it_judged_and_the_state_ke
     table = sp.read_log(str(tmp_path / "log"))
     last = table.slice(2 * N)
     assert last.num_rows == N and all(last.column("kept").to_pylist())
-    assert set(last.column("reason").to_pylist()) == {"policy"}
+    assert set(last.column("reason").to_pylist()) == {"unknown"}  # kept unseen by the policy
     assert all(np.isnan(v) for v in last.column("loss").to_pylist())
     assert set(last.column("source").to_pylist()) == {"none"}
     # the stop is part of the state: a resumed stage goes on keeping everything
