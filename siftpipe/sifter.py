@@ -532,6 +532,8 @@ class Sifter:
 
         Call it at the end of each epoch; workers load the newest publication when they next
         start iterating and decide from it (see ``siftpipe.predecode``). Returns its version.
+        Once ``cost_guard`` has stopped sifting, the publication tells workers to keep every
+        sample (beta 0).
         """
         if self.memory is None:
             raise ConfigError(
@@ -543,6 +545,9 @@ class Sifter:
                 "sifting before decode uses the relative-probabilistic rule; give the Sifter a "
                 f"RelativeProbabilistic policy (it has {type(self.policy).__name__})"
             )
+        if self._counts["stopped_at"]:
+            # the cost guard stopped sifting: workers keep every sample too (percentile ** 0 = 1)
+            beta = 0.0
         return self.memory.publish(
             url,
             storage_options,

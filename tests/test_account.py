@@ -188,3 +188,15 @@ def test_a_state_written_before_the_cost_guard_existed_loads_as_not_stopped():
 def test_the_recipe_turns_the_cost_guard_on_and_lets_it_be_turned_off():
     assert sp.recipe(None, free, budget=100).cost_guard is True
     assert sp.recipe(None, free, budget=100, cost_guard=False).cost_guard is False
+
+
+def test_cost_guard_in_batched_mode_hands_every_row_on_re_batched(monkeypatch):
+    monkeypatch.setattr(CostAccount, "MIN_EVIDENCE_SECONDS", 0.1)
+    batches = [{"__key__": [f"b{j}-{i}" for i in range(16)], "loss": torch.rand(16)} for j in range(4)]
+    s = sp.Sifter(None, slow_scorer, sp.Uniform(0.5), batched=True, output_batch=5, seed=0, cost_guard=True)
+    for _ in range(2):
+        list(s(batches))
+    assert s.stats.stopped_at == 128
+    out = list(s(batches))
+    assert [len(b["__key__"]) for b in out] == [5] * 12 + [4]
+    assert [k for b in out for k in b["__key__"]] == [k for b in batches for k in b["__key__"]]

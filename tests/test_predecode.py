@@ -125,3 +125,17 @@ def test_before_decode_in_a_webdataset_chain_with_batching_workers(tmp_path):
     assert sifter.stats.seen == 600 + second  # in epoch 1 only the kept samples reached the stage
     assert 0 < second < 600 and first > 0
     assert sifter.stats.scored == 600
+
+
+def test_a_stage_whose_cost_guard_stopped_sifting_tells_the_workers_to_keep_everything(tmp_path):
+    published = str(tmp_path / "memory")
+    sifter = sp.Sifter(
+        None, scorer, sp.RelativeProbabilistic(2.0, 200), micro_batch=20, memory=sp.ScoreMemory(1000)
+    )
+    list(sifter(Shards()))
+    sifter.publish_memory(published)
+    assert len(list(sp.PreDecodeFilter(published)(iter(RAW)))) < len(RAW)  # it sifts
+    sifter._counts["stopped_at"] = sifter.stats.seen  # as cost_guard records a stop
+    sifter.publish_memory(published)
+    kept = list(sp.PreDecodeFilter(published)(iter(RAW)))
+    assert [s["__key__"] for s in kept] == [s["__key__"] for s in RAW]
