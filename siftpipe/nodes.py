@@ -28,39 +28,27 @@ from typing import Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
+from . import handlers
 from ._open import (
     MAX_MEMBER_BYTES,
     MAX_SAMPLE_BYTES,
     ShardOpener,
     ShardReader,
     ShardStats,
-    describe_error,
-    ignore_and_continue,
-    ignore_and_stop,
     redact_options,
     redact_url,
-    reraise_exception,
-    reset_shard_stats,
-    shard_stats,
-    warn_and_continue,
-    warn_and_stop,
 )
 from .errors import ConfigError, ResumeError, ShardError
+from .handlers import *  # noqa: F403  (the handler names, listed once in siftpipe.handlers)
+from .handlers import reraise_exception
 from .sifter import Sifter
 
 __all__ = [
     "ShardSource",
     "ShardStats",
     "SiftNode",
-    "describe_error",
-    "ignore_and_continue",
-    "ignore_and_stop",
-    "reraise_exception",
-    "reset_shard_stats",
-    "shard_stats",
-    "warn_and_continue",
-    "warn_and_stop",
 ]
+__all__ += handlers.__all__
 
 
 class _NodeSource:

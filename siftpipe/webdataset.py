@@ -39,6 +39,7 @@ import webdataset as wds
 from webdataset import autodecode, filters, shardlists
 from webdataset.compat import check_empty
 
+from . import handlers
 from ._open import (
     MAX_MEMBER_BYTES,
     MAX_SAMPLE_BYTES,
@@ -46,20 +47,14 @@ from ._open import (
     ShardReader,
     ShardStats,
     count_here,
-    describe_error,
     find_shard_counts,
-    ignore_and_continue,
-    ignore_and_stop,
     merge_shard_stats,
     redact_options,
     redact_url,
-    reraise_exception,
-    reset_shard_stats,
-    shard_stats,
-    warn_and_continue,
-    warn_and_stop,
 )
 from .errors import ConfigError, ResumeError, SampleError, ShardError, SiftInWorkerError
+from .handlers import *  # noqa: F403  (the handler names, listed once in siftpipe.handlers)
+from .handlers import reraise_exception
 from .replay import Replay
 from .sifter import Sifter
 
@@ -72,18 +67,11 @@ __all__ = [
     "SiftStage",
     "WebDataset",
     "WebLoader",
-    "describe_error",
-    "ignore_and_continue",
-    "ignore_and_stop",
     "install",
     "is_installed",
-    "reraise_exception",
-    "reset_shard_stats",
-    "shard_stats",
     "uninstall",
-    "warn_and_continue",
-    "warn_and_stop",
 ]
+__all__ += handlers.__all__
 
 
 class SiftStage:

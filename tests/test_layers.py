@@ -47,7 +47,7 @@ LAYERS: dict[str, set[str]] = {
     # the audit log (a sink), its wire format, reading, replay
     "audit": {"_audit_io", "audit", "reader", "replay"},
     # opening and reading shards; writing them
-    "streaming": {"_open", "shards"},
+    "streaming": {"_open", "shards", "handlers"},
     # the stage inside webdataset, torchdata, DataLoader workers and ranks
     "adapters": {"webdataset", "nodes", "predecode", "distributed"},
     # entry points: use the public API; nothing in the library imports them
