@@ -80,11 +80,13 @@ class CostAccount:
         self._emitted = 0
         self._pass = self.dropped
 
-    def pass_ends(self, mark: float, stopping: bool = False) -> bool:
-        """A pass ended: charge its last stretch (since ``mark``, a ``time.perf_counter()``) to
-        the stage and judge the run so far (``judge``); True if it found, for the first time,
-        that sifting is not paying. ``stopping``: the stage stops sifting if so (said in the log)."""
-        self.inside += time.perf_counter() - mark
+    def pass_ends(self, mark: float | None, stopping: bool = False) -> bool:
+        """A pass ended: charge its last stretch (since ``mark``, a ``time.perf_counter()``; None
+        for a pass left early) to the stage and judge the run so far (``judge``); True if it
+        found, for the first time, that sifting is not paying. ``stopping``: the stage stops
+        sifting if so (said in the log)."""
+        if mark is not None:
+            self.inside += time.perf_counter() - mark
         if self.dropped > self._pass:
             self.dropping_passes += 1
             return self.judge(stopping)
@@ -115,16 +117,18 @@ class CostAccount:
         _log.warning(
             "siftpipe: sifting is not paying for itself: so far the stage spent %.2f s of its own "
             "(%.1f us a sample it saw) and the %d samples it dropped (%.0f%% of those it saw) would "
-            "have cost about %.2f s to train (%.1f us a sample trained); at this cost it pays only "
-            "when it drops more than %.0f%%. Train on every sample, or sift where a step costs more "
-            "(a larger model or batch) or more can be dropped; stats.net_seconds follows the figure.%s",
+            "have cost about %.2f s to train (%.1f us a sample trained); %s. Train on every sample, "
+            "or sift where a step costs more (a larger model or batch) or more can be dropped; "
+            "stats.net_seconds follows the figure.%s",
             stage,
             1e6 * per_seen,
             dropped,
             100.0 * dropped / seen,
             saved,
             1e6 * per_step,
-            100.0 * per_seen / per_step if per_step > 0 else 100.0,
+            f"at this cost it pays only when it drops more than {100.0 * per_seen / per_step:.0f}%"
+            if per_step > 0 and per_seen < per_step
+            else "at this cost it cannot pay at any share dropped",
             " Sifting stops here for the rest of the run (cost_guard): every sample is kept from now on"
             if stopping
             else "",

@@ -4,6 +4,7 @@ on (emitted); and the output that hands kept rows on and moves the ledger forwar
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -90,6 +91,7 @@ class Output:
         self.buffer: list[Any] = []
         self.buffered = 0
         self.handed = 0  # samples handed on by this output (the ledger's emitted count is trimmed)
+        self.busy = 0.0  # seconds spent building output batches (the stage's work, for its account)
 
     def hand_on(self, group: Group) -> Iterator[Any]:
         s, ledger = self.scoring, self.ledger
@@ -127,6 +129,7 @@ class Output:
         size = self.output_batch
         assert size is not None
         while self.buffered >= size:
+            t0 = time.perf_counter()
             if s.batched:
                 whole = _batch.concat(self.buffer)
                 total = self.buffered
@@ -138,6 +141,7 @@ class Output:
                 out = s.collate_fn(self.buffer[:size])
                 del self.buffer[:size]
                 self.buffered = len(self.buffer)
+            self.busy += time.perf_counter() - t0
             ledger.emitted += size
             self.handed += size
             yield out

@@ -75,7 +75,7 @@ class ScoreMemory:
             trained again).
         key_cache: String keys whose hashes it remembers (``hashes``), at most: the first this many
             distinct keys seen, about 150 bytes each (the key, its hash, a dict entry); 0: none.
-            Hashing a key costs about 0.8 µs and a cached one 0.06 µs: over several epochs of the
+            Hashing a key costs about 0.7 µs and a cached one 0.1 µs: over several epochs of the
             same keys that is most of the stage's cost per sample on a cheap training step.
 
     Besides losses, the memory measures what dropping did (see ``forgetting``): when the training

@@ -37,7 +37,7 @@ import numpy as np
 from ._secrets import redact, redact_url, secret_values
 from ._vocab import PRE_KEPT, PRE_LOSS, PRE_PROB
 from .errors import MissingKeyError
-from .memory import ScoreMemory
+from .memory import ScoreMemory, key_hashes
 
 __all__ = ["PRE_KEPT", "PreDecodeFilter"]
 
@@ -136,7 +136,9 @@ class PreDecodeFilter:
                 yield {**s, PRE_KEPT: 0, PRE_LOSS: float("nan"), PRE_PROB: float("nan")}
             return
         epoch = int(self._meta["epoch"]) + 1
-        loss, _ = memory.lookup(memory.hashes(keys), epoch)
+        # key_hashes, not the memory's cache: a worker sees each key once per epoch, and the memory is
+        # reloaded with each publication, so a cache would only cost memory
+        loss, _ = memory.lookup(key_hashes(keys), epoch)
         known = ~np.isnan(loss)
         values = self._sorted
         pct = (np.searchsorted(values, loss, "left") + np.searchsorted(values, loss, "right")) / (

@@ -101,7 +101,10 @@ class SiftStats:
             negative at the end of the second (or a later) pass that dropped samples,
             ``siftpipe`` logs a warning once. These three are left out of ``==``.
         stopped_at: The sample (``seen``) at which ``cost_guard`` stopped sifting, 0 if it has
-            not: from there every sample is kept and ``sifting_scale`` is 0.
+            not: from there every sample is kept with weight 1 (counted in ``kept``, not in
+            ``unknown``, though the audit log gives them reason ``unknown``) and
+            ``sifting_scale`` is 0. It is in the state; a stage resumed from it with
+            ``cost_guard=False`` sifts again.
     """
 
     seen: int
@@ -211,7 +214,9 @@ class Sifter:
             sample it stopped at, kept in the state; logged; in the audit log as kept, reason
             ``unknown``, no loss). When that happens depends on
             measured time, so two runs may stop at different passes. ``siftpipe.recipe`` turns
-            it on. Not compared on resume: it is about this machine's speed.
+            it on. Not compared on resume: it is about this machine's speed. The account behind
+            it is this process's (not in the state): a job restarted from a checkpoint after
+            every pass is never judged. Each rank of a distributed job judges its own time.
     """
 
     STATE_VERSION = STATE_VERSION
@@ -421,7 +426,7 @@ class Sifter:
             shards["skipped"],
             shards["samples_skipped"],
             c["unknown"],
-            0.0 if c["stopped_at"] else self.policy.sifting_scale(),
+            0.0 if self._stopped else self.policy.sifting_scale(),
             account.stage_seconds,
             account.step_seconds,
             account.saved_seconds(),
@@ -520,7 +525,7 @@ class Sifter:
                 f"observe() got {len(keys)} keys but {values.size} losses; pass one loss per sample "
                 "(reduction='none')"
             )
-        if self._counts["stopped_at"]:  # the cost guard stopped sifting: nothing will read them
+        if self._stopped:  # the cost guard stopped sifting: nothing will read them
             self._counts["observed"] += values.size
             return
         self.memory.update(self.memory.hashes(keys), values, self.epoch, FEEDBACK)
@@ -545,7 +550,7 @@ class Sifter:
                 "sifting before decode uses the relative-probabilistic rule; give the Sifter a "
                 f"RelativeProbabilistic policy (it has {type(self.policy).__name__})"
             )
-        if self._counts["stopped_at"]:
+        if self._stopped:
             # the cost guard stopped sifting: workers keep every sample too (percentile ** 0 = 1)
             beta = 0.0
         return self.memory.publish(
@@ -790,8 +795,10 @@ class Sifter:
             self._rng = np.random.default_rng(self.rng_seed)
         else:
             self._rng.bit_generator.state = state["rng"]
-        self._counts = {**self._counts, **{k: int(v) for k, v in state["counts"].items()}}
+        # from zeros: counters a state written before they existed load as 0, not as this stage's
+        self._counts = {**dict.fromkeys(COUNTS, 0), **{k: int(v) for k, v in state["counts"].items()}}
         self._seconds = [float(v) for v in state["seconds"]]
+        self._account = CostAccount()  # wall time is this process's, from here
         self._ledger.drop_pending(consumed=int(state["consumed"]))
         self.epoch = int(state["epoch"])
         self.model_version = int(state["model_version"])
@@ -860,8 +867,8 @@ class Sifter:
         account.pass_begins()
         # the time before a group's first item is handed on is the stage's (reading past its
         # source, deciding, taking rows), the time from then to the group's end the consumer's
-        # (its steps; the stage's own work between items of a group is a few list operations,
-        # or re-batching, and is counted there too): two clock reads a group, none per item
+        # (its steps), less the output batches built in between (timed by the output); the
+        # stage's other work between items is a few list operations: no clock read per item
         clock = time.perf_counter
         mark = clock()
         inside = outside = 0.0
@@ -870,29 +877,42 @@ class Sifter:
                 first = next(items, END)
                 if first is END:
                     continue  # nothing kept: its time goes with the next group that hands on
-                handed_at = clock()
+                handed_at, busy = clock(), out.busy
                 inside += handed_at - mark
                 yield first
                 yield from items
                 mark = clock()
-                outside += mark - handed_at
+                # the output batches built after the first one (re-batching, collate_fn) are the
+                # stage's work too
+                busy = out.busy - busy
+                inside += busy
+                outside += mark - handed_at - busy
                 account.add(inside, outside, out.handed)
                 inside = outside = 0.0
             self._ledger.trim()
             finished = True
-            stopping = self.cost_guard and not self._counts["stopped_at"]
-            if account.pass_ends(mark, stopping=stopping) and stopping:
-                self._counts["stopped_at"] = self._counts["seen"]
+            self._pass_ended(mark)
         finally:
             # ended, abandoned or failed: the next call starts a new pass, and so does a stage
             # loaded with a state taken from now on (unless a newer pass or a load came first: a
             # pass left in a reference cycle is closed whenever the garbage collector gets to it)
             account.add(inside, outside, out.handed)
+            if not finished and self._pass_id == this_pass:
+                # left early (a break, EqualSteps): still evidence, but the time since the last
+                # group is not the stage's (the pass may be closed long after it was left)
+                self._pass_ended(None)
             if self._pass_id == this_pass:
                 self._pass_open = False
                 self._ledger.drop_pending()
                 # left before the source's end: a restored source must be moved past that pass
                 self._source_abandoned = not finished and self._source is not None and reader.ahead is not END
+
+    def _pass_ended(self, mark: float | None) -> None:
+        """Let the account judge the run so far (``mark``: when the stage last resumed, for a pass
+        that ran to its end); with ``cost_guard``, stop sifting if it is not paying."""
+        stopping = self.cost_guard and not self._counts["stopped_at"]
+        if self._account.pass_ends(mark, stopping=stopping) and stopping:
+            self._counts["stopped_at"] = self._counts["seen"]
 
     def _outputs(self, out: Output, reader: Reader, groups: list[Group]) -> Iterator[Iterator[Any]]:
         """The items to hand on, group by group: the re-read groups', then each fresh group's
@@ -952,8 +972,14 @@ class Sifter:
 
     # ------------------------------------------------------------------ deciding
 
+    @property
+    def _stopped(self) -> bool:
+        """The cost guard stopped sifting (in this run, or in the one the state came from) and
+        is on: a stage resumed with ``cost_guard=False`` sifts again."""
+        return self.cost_guard and self._counts["stopped_at"] > 0
+
     def _decide(self, group: Group) -> None:
-        if self._counts["stopped_at"]:
+        if self._stopped:
             self._hand_on_all(group)
             return
         t0 = time.perf_counter()
@@ -1039,7 +1065,10 @@ class Sifter:
         rows, counts = group.rows, self._counts
         group.keep = np.ones(rows, dtype=bool)
         group.kept_index = np.arange(rows)
-        group.weight = None
+        # ones, not None: a weighting policy's checkpoint must hold weights for pending groups
+        group.weight = np.ones(rows)
+        micro_batch0 = counts["micro_batches"]
+        counts["micro_batches"] += 1
         counts["seen"] += rows
         counts["kept"] += rows
         if self.attach_weight:
@@ -1057,9 +1086,9 @@ class Sifter:
                     score=np.full(rows, np.nan),
                     prob=np.ones(rows),
                     kept=group.keep,
-                    weight=None,
+                    weight=group.weight,
                     reason=np.full(rows, UNKNOWN, dtype=np.int8),
-                    micro_batch0=counts["micro_batches"],
+                    micro_batch0=micro_batch0,
                     chunk=rows,
                     source=NONE,
                 )

@@ -130,7 +130,12 @@ def test_before_decode_in_a_webdataset_chain_with_batching_workers(tmp_path):
 def test_a_stage_whose_cost_guard_stopped_sifting_tells_the_workers_to_keep_everything(tmp_path):
     published = str(tmp_path / "memory")
     sifter = sp.Sifter(
-        None, scorer, sp.RelativeProbabilistic(2.0, 200), micro_batch=20, memory=sp.ScoreMemory(1000)
+        None,
+        scorer,
+        sp.RelativeProbabilistic(2.0, 200),
+        micro_batch=20,
+        memory=sp.ScoreMemory(1000),
+        cost_guard=True,
     )
     list(sifter(Shards()))
     sifter.publish_memory(published)
