@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["CostAccount"]
 
@@ -18,7 +20,8 @@ _log = logging.getLogger("siftpipe")
 
 
 class CostAccount:
-    """Wall-clock counters of one stage in this process (not part of its state).
+    """Wall-clock counters of one stage over its run (kept in its state, so that a job restarted
+    from checkpoints is judged on its whole run).
 
     ``inside``: seconds inside the stage's passes; ``source``: the part of it spent waiting for the
     source; ``outside``: seconds between handing an item on and being asked for the next;
@@ -66,6 +69,25 @@ class CostAccount:
         """Estimated training seconds the dropped samples would have cost (step time per sample
         handed on, times samples dropped; 0 before anything was handed on)."""
         return self.dropped * self.step_seconds / self.handed if self.handed else 0.0
+
+    #: The counters a state holds: seconds (floats), samples and passes (ints), and the flag.
+    SECONDS = ("inside", "outside", "source", "observe")
+    COUNTS = ("handed", "dropped", "dropping_passes")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **{name: float(getattr(self, name)) for name in self.SECONDS},
+            **{name: int(getattr(self, name)) for name in self.COUNTS},
+            "warned": bool(self.warned),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state_dict()`` (checked by the stage's ``check_state``)."""
+        for name in self.SECONDS:
+            setattr(self, name, float(state[name]))
+        for name in self.COUNTS:
+            setattr(self, name, int(state[name]))
+        self.warned = bool(state["warned"])
 
     def add(self, inside: float, outside: float, handed: int) -> None:
         """Add seconds ``inside`` the stage and ``outside`` it; ``handed``: samples the pass's

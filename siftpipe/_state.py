@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._account import CostAccount
 from .errors import ConfigError, ResumeError
 from .policies import HistoryPolicy, Policy
 
@@ -31,6 +32,9 @@ RESUME_OVERRIDES = (
 )
 OVERRIDE_OF = {"policy_class": "policy", "policy_config": "policy", "world": "rank"}
 READ_VERSIONS = (1, 2)  # state versions load_state_dict reads
+# entries that hold wall time: not digested (nothing to check them against); "account" is optional
+# (states written before the cost account lack it)
+WALL_CLOCK = ("seconds", "account")
 
 
 COUNTS = (
@@ -186,6 +190,8 @@ def check_state(state: Any, batched: bool) -> None:
         and all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in seconds)
     ):
         raise bad("seconds", "a list of 2 numbers of seconds >= 0")
+    if "account" in state:
+        check_account(state["account"], bad)
     if not (state["source"] is None or isinstance(state["source"], Mapping)):
         raise bad("source", "None or the tracked source's state dict")
     for name in ("consumed", "emitted", "epoch", *(("read",) if "read" in state else ())):
@@ -263,7 +269,7 @@ def check_state(state: Any, batched: bool) -> None:
     check_memory_state(state["memory"], bad)
     if "checks" in state:  # last: the checks above name what is wrong more exactly
         checks = state["checks"]
-        entries = set(state) - {"seconds", "checks"}
+        entries = set(state) - {*WALL_CLOCK, "checks"}
         if not (isinstance(checks, Mapping) and set(checks) == entries):
             raise bad("checks", f"the digests of the entries {sorted(entries)}")
         for name in sorted(entries):
@@ -474,3 +480,20 @@ def carry_policy_state(policy: Policy, state: Mapping[str, Any]) -> None:
         policy.load_state_dict(dict(state))
     except Exception:
         policy.load_state_dict(fresh)
+
+
+def check_account(account: Any, bad: Callable[[str, str], ResumeError]) -> None:
+    """The cost account's entry: seconds >= 0, counts >= 0, a flag (``CostAccount.state_dict``)."""
+    want = "the cost account's counters: seconds and counts >= 0 and 'warned'"
+    if not (
+        isinstance(account, Mapping)
+        and set(account) == {*CostAccount.SECONDS, *CostAccount.COUNTS, "warned"}
+        and all(
+            isinstance(account[n], int | float) and not isinstance(account[n], bool) and account[n] >= 0
+            for n in CostAccount.SECONDS
+        )
+        and all(is_int(account[n]) for n in CostAccount.COUNTS)
+        and isinstance(account["warned"], bool)
+    ):
+        raise bad("account", want)
+

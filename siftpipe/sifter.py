@@ -29,6 +29,7 @@ from ._state import (
     COUNTS,
     RESUME_OVERRIDES,
     STATE_VERSION,
+    WALL_CLOCK,
     carry_policy_state,
     check_policy_entries,
     check_state,
@@ -89,7 +90,8 @@ class SiftStats:
             because sifting is not paying (also logged as a warning by ``siftpipe``).
         stage_seconds: Wall time of the stage's own work in this process: scoring, deciding,
             re-batching, handing decisions to the audit log, and ``observe()``; not the time its
-            source took to produce input (paid with or without sifting). Not part of the state.
+            source took to produce input (paid with or without sifting). Over the run, resumes
+            included (the account is in the state).
         step_seconds: Wall time between the stage handing an item on and being asked for the
             next, less ``observe()``: the training step, as the stage sees it. On an accelerator
             the device's time shows where the loop waits for it (``observe()``'s copy of the
@@ -215,8 +217,9 @@ class Sifter:
             ``unknown``, no loss). When that happens depends on
             measured time, so two runs may stop at different passes. ``siftpipe.recipe`` turns
             it on. Not compared on resume: it is about this machine's speed. The account behind
-            it is this process's (not in the state): a job restarted from a checkpoint after
-            every pass is never judged. Each rank of a distributed job judges its own time.
+            it is in the state, so a job restarted from checkpoints is judged on its whole run
+            (a checkpoint taken mid-pass carries the time up to the last group handed on). Each
+            rank of a distributed job judges its own time.
     """
 
     STATE_VERSION = STATE_VERSION
@@ -712,10 +715,12 @@ class Sifter:
             "source_abandoned": source_abandoned,
             "audit": None if self.audit is None else self.audit.state_dict(),
             "memory": None if self.memory is None else self.memory.state_dict(),
+            # wall time, like "seconds": not digested (it cannot be checked against anything)
+            "account": self._account.state_dict(),
         }
         # An entry damaged, or swapped in from another checkpoint (another rank's decisions, say),
         # can look as well formed as the right one: the digests tell them apart.
-        state["checks"] = {name: digest(value) for name, value in state.items() if name != "seconds"}
+        state["checks"] = {name: digest(value) for name, value in state.items() if name not in WALL_CLOCK}
         return state
 
     def load_state_dict(self, state: Mapping[str, Any], *, override: Iterable[str] = ()) -> None:
@@ -798,7 +803,9 @@ class Sifter:
         # from zeros: counters a state written before they existed load as 0, not as this stage's
         self._counts = {**dict.fromkeys(COUNTS, 0), **{k: int(v) for k, v in state["counts"].items()}}
         self._seconds = [float(v) for v in state["seconds"]]
-        self._account = CostAccount()  # wall time is this process's, from here
+        self._account = CostAccount()  # the checkpoint's (states written before it: afresh)
+        if "account" in state:
+            self._account.load_state_dict(state["account"])
         self._ledger.drop_pending(consumed=int(state["consumed"]))
         self.epoch = int(state["epoch"])
         self.model_version = int(state["model_version"])

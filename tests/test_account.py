@@ -100,14 +100,32 @@ def test_a_run_that_pays_is_not_logged_nor_is_one_that_dropped_nothing(caplog, m
     assert keeping.stats.dropped == 0 and keeping.stats.saved_seconds == 0.0
 
 
-def test_the_account_is_not_part_of_the_state_a_resumed_stage_starts_a_fresh_one():
-    s = sp.Sifter(None, free, sp.Uniform(0.5), micro_batch=8, seed=0)
-    list(s(samples()))
-    state = s.state_dict()
-    assert not any("account" in k or k in ("stage_seconds", "step_seconds", "saved_seconds") for k in state)
-    t = sp.Sifter(None, free, sp.Uniform(0.5), micro_batch=8, seed=0)
-    t.load_state_dict(state)
-    assert t.stats.stage_seconds == 0.0 and t.stats.dropped == s.stats.dropped
+def test_the_account_travels_in_the_state_so_a_job_restarted_every_pass_is_judged(caplog, monkeypatch):
+    monkeypatch.setattr(CostAccount, "MIN_EVIDENCE_SECONDS", 0.1)
+
+    def stage():
+        return sp.Sifter(None, slow_scorer, sp.Uniform(0.5), micro_batch=8, seed=0, cost_guard=True)
+
+    state = None
+    with caplog.at_level(logging.WARNING, logger="siftpipe"):
+        for _ in range(3):  # each pass in a new "process": a stage loaded from the last checkpoint
+            s = stage()
+            if state is not None:
+                s.load_state_dict(state)
+            list(s(samples()))
+            state = roundtrip(s.state_dict())
+    assert state["account"]["dropping_passes"] == 2 and state["account"]["warned"] is True
+    assert state["counts"]["stopped_at"] == 2 * N
+    assert len([r for r in caplog.records if "not paying for itself" in r.getMessage()]) == 1
+    assert "account" not in state["checks"]  # wall time: nothing to check it against
+    for bad in ({**state["account"], "inside": -1.0}, {**state["account"], "handed": 1.5}, {"inside": 0.0}):
+        t = stage()
+        with pytest.raises(sp.ResumeError, match="entry account"):
+            t.load_state_dict({**state, "account": bad})
+    older = {k: v for k, v in state.items() if k != "account"}  # written before the account existed
+    t = stage()
+    t.load_state_dict(older)
+    assert t.stats.stage_seconds == 0.0 and t.stats.stopped_at == 2 * N
 
 
 def slow_scorer(model, batch):  # the stage's own cost: 30 ms a micro-batch; the "step" is free
@@ -243,7 +261,7 @@ def test_passes_left_early_are_judged_too(caplog, monkeypatch):
     assert [r for r in caplog.records if "not paying for itself" in r.getMessage()]
 
 
-def test_loading_a_state_resets_the_account_and_the_stop_follows_the_state_and_the_setting(monkeypatch):
+def test_loading_a_state_restores_its_account_and_the_stop_follows_the_state_and_the_setting(monkeypatch):
     monkeypatch.setattr(CostAccount, "MIN_EVIDENCE_SECONDS", 0.1)
     fresh = sp.Sifter(None, free, sp.Uniform(0.5), micro_batch=8, seed=0)
     list(fresh(samples()))
@@ -251,7 +269,8 @@ def test_loading_a_state_resets_the_account_and_the_stop_follows_the_state_and_t
     s = stopped_stage()
     stopped = s.state_dict()
     s.load_state_dict(before)  # a rollback to before the stop, in the same process
-    assert s.stats.stopped_at == 0 and not s._account.warned and s._account.dropping_passes == 0
+    # the account is the checkpoint's (one pass that dropped samples, no verdict yet)
+    assert s.stats.stopped_at == 0 and not s._account.warned and s._account.dropping_passes == 1
     assert s.stats.dropped > 0 and len(list(s(samples()))) < N  # it sifts again, and may stop again
     old = dict(before, counts={k: v for k, v in before["counts"].items() if k != "stopped_at"})
     old["checks"] = {**before["checks"], "counts": digest(old["counts"])}
