@@ -496,4 +496,3 @@ def check_account(account: Any, bad: Callable[[str, str], ResumeError]) -> None:
         and isinstance(account["warned"], bool)
     ):
         raise bad("account", want)
-
