@@ -130,7 +130,7 @@ class CostAccount:
             or stage + step < self.MIN_EVIDENCE_SECONDS
         ):
             return False
-        saved = dropped * step / handed
+        saved = self.saved_seconds()
         if saved >= stage:
             return False
         self.warned = True

@@ -17,7 +17,7 @@ from torch.utils.data import default_collate, get_worker_info
 
 from . import _batch
 from ._account import CostAccount
-from ._decide import REASONS, UNKNOWN, decide_rows
+from ._decide import REASONS, UNKNOWN, Decided, decide_rows
 from ._ledger import Group, Ledger, Output
 from ._ranks import dist_info
 from ._resume import check_next, first_key, reread_groups
@@ -986,42 +986,28 @@ class Sifter:
         return self.cost_guard and self._counts["stopped_at"] > 0
 
     def _decide(self, group: Group) -> None:
-        if self._stopped:
-            self._hand_on_all(group)
-            return
         t0 = time.perf_counter()
         rows = group.rows
-        losses, sources = self._score_group(group)
-        t1 = time.perf_counter()
         seq0 = group.seq0
         counts = self._counts
         chunk = self.micro_batch or rows
         micro_batch0 = counts["micro_batches"]
-
-        finite = np.isfinite(losses)
-        # count_nonzero: one C call, where ndarray.all() goes through a ufunc reduction
-        all_finite = np.count_nonzero(finite) == rows
-        unknown = group.unknown
-        if (
-            not all_finite
-            and self.on_nan == "raise"
-            and (unknown is None or np.count_nonzero(finite | unknown) != rows)
-        ):
-            self._raise_non_finite(group, losses, finite if unknown is None else finite | unknown)
-        upstream = group.upstream
-        d = decide_rows(
-            self.policy,
-            self._rng,
-            losses,
-            seq0,
-            chunk,
-            self.delay,
-            self.on_nan == "keep",
-            finite,
-            None if upstream is None else (upstream[0], upstream[2]),
-            unknown,
-            all_finite=all_finite,
-        )
+        sources: np.ndarray | int
+        if self._stopped:
+            # the cost guard stopped sifting: nothing is looked up, every row is kept with weight
+            # 1, and the audit log records them as samples a score memory does not know (kept,
+            # reason unknown, source none, no loss: what-if replays keep them, unseen by the policy)
+            losses, sources, chunk = np.full(rows, np.nan), NONE, rows
+            t1 = time.perf_counter()
+            # weights are ones, not None: a weighting policy's checkpoint holds pending weights
+            d = Decided(
+                np.ones(rows, dtype=bool), np.ones(rows), losses, np.ones(rows),
+                np.full(rows, UNKNOWN, dtype=np.int8), 1, 0, 0,
+            )  # fmt: skip
+        else:
+            losses, sources = self._score_group(group)
+            t1 = time.perf_counter()
+            d = self._decide_losses(group, losses, chunk)
         keep, prob, score, weight, reason = d.keep, d.prob, d.score, d.weight, d.reason
         counts["micro_batches"] += d.micro_batches
         counts["nan"] += d.nan
@@ -1063,44 +1049,33 @@ class Sifter:
         self._seconds[0] += t1 - t0
         self._seconds[1] += time.perf_counter() - t1
 
-    def _hand_on_all(self, group: Group) -> None:
-        """Keep every row of ``group`` with weight 1 and look nothing up: the cost guard stopped
-        sifting (``cost_guard``). The audit log records them as it records samples a score memory
-        does not know: kept, reason ``unknown``, source ``none``, no loss (so what-if replays keep
-        them too, unseen by the policy)."""
-        t0 = time.perf_counter()
-        rows, counts = group.rows, self._counts
-        group.keep = np.ones(rows, dtype=bool)
-        group.kept_index = np.arange(rows)
-        # ones, not None: a weighting policy's checkpoint must hold weights for pending groups
-        group.weight = np.ones(rows)
-        micro_batch0 = counts["micro_batches"]
-        counts["micro_batches"] += 1
-        counts["seen"] += rows
-        counts["kept"] += rows
-        if self.attach_weight:
-            attach_weights(group, self.batched, self.weight_field)
-        if self.audit is not None:
-            self.audit.write(
-                Decisions(
-                    seq0=group.seq0,
-                    epoch=self.epoch,
-                    model_version=self.model_version,
-                    keys=self._keys_of_group(group, required=True),
-                    urls=self._field_of_group(group, "__url__"),
-                    workers=self._field_of_group(group, "__worker__"),
-                    loss=np.full(rows, np.nan),
-                    score=np.full(rows, np.nan),
-                    prob=np.ones(rows),
-                    kept=group.keep,
-                    weight=group.weight,
-                    reason=np.full(rows, UNKNOWN, dtype=np.int8),
-                    micro_batch0=micro_batch0,
-                    chunk=rows,
-                    source=NONE,
-                )
-            )
-        self._seconds[1] += time.perf_counter() - t0
+    def _decide_losses(self, group: Group, losses: np.ndarray, chunk: int) -> Decided:
+        """The policy's decisions for the group's losses (NaN handling, warm-up, upstream rows)."""
+        rows = group.rows
+        finite = np.isfinite(losses)
+        # count_nonzero: one C call, where ndarray.all() goes through a ufunc reduction
+        all_finite = np.count_nonzero(finite) == rows
+        unknown = group.unknown
+        if (
+            not all_finite
+            and self.on_nan == "raise"
+            and (unknown is None or np.count_nonzero(finite | unknown) != rows)
+        ):
+            self._raise_non_finite(group, losses, finite if unknown is None else finite | unknown)
+        upstream = group.upstream
+        return decide_rows(
+            self.policy,
+            self._rng,
+            losses,
+            group.seq0,
+            chunk,
+            self.delay,
+            self.on_nan == "keep",
+            finite,
+            None if upstream is None else (upstream[0], upstream[2]),
+            unknown,
+            all_finite=all_finite,
+        )
 
     def _raise_non_finite(self, group: Group, losses: np.ndarray, finite: np.ndarray) -> None:
         bad = np.flatnonzero(~finite)

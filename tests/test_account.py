@@ -26,6 +26,11 @@ def free(model, batch):
     return batch["loss"].double()
 
 
+def stage(scorer=free, policy=None, **kwargs):
+    """A per-sample stage of micro-batches of 8 (``Uniform(0.5)`` unless ``policy``)."""
+    return sp.Sifter(None, scorer, policy or sp.Uniform(0.5), micro_batch=8, seed=0, **kwargs)
+
+
 def slow_source(items, seconds):
     for item in items:
         time.sleep(seconds)
@@ -33,7 +38,7 @@ def slow_source(items, seconds):
 
 
 def test_step_time_is_what_the_consumer_spends_and_the_saving_is_dropped_times_step_per_sample():
-    s = sp.Sifter(None, free, sp.Uniform(0.5), micro_batch=8, seed=0)
+    s = stage()
     for _ in s(samples()):
         time.sleep(0.002)  # the training step
     st = s.stats
@@ -45,7 +50,7 @@ def test_step_time_is_what_the_consumer_spends_and_the_saving_is_dropped_times_s
 
 
 def test_the_sources_time_is_not_charged_to_the_stage_and_observe_is():
-    s = sp.Sifter(None, free, sp.Uniform(0.5), micro_batch=8, seed=0, memory=sp.ScoreMemory(1000))
+    s = stage(memory=sp.ScoreMemory(1000))
     account = s._account
     for sample in s(slow_source(samples(), 0.004)):
         s.observe([sample["__key__"]], np.array([1.0]))
@@ -68,7 +73,7 @@ def test_a_run_that_costs_more_than_it_saves_is_logged_once_from_its_second_drop
 ):
     monkeypatch.setattr(CostAccount, "MIN_EVIDENCE_SECONDS", 0.1)
 
-    s = sp.Sifter(None, slow_scorer, sp.Uniform(0.5), micro_batch=8, seed=0)
+    s = stage(slow_scorer)
 
     def said():
         return [r.getMessage() for r in caplog.records if "not paying for itself" in r.getMessage()]
@@ -87,11 +92,11 @@ def test_a_run_that_costs_more_than_it_saves_is_logged_once_from_its_second_drop
 def test_a_run_that_pays_is_not_logged_nor_is_one_that_dropped_nothing(caplog, monkeypatch):
     monkeypatch.setattr(CostAccount, "MIN_EVIDENCE_SECONDS", 0.1)
     with caplog.at_level(logging.WARNING, logger="siftpipe"):
-        paying = sp.Sifter(None, free, sp.Uniform(0.5), micro_batch=8, seed=0)
+        paying = stage()
         for _ in range(2):
             for _ in paying(samples()):
                 time.sleep(0.005)  # each dropped sample saves at least this
-        keeping = sp.Sifter(None, free, sp.Uniform(1.0), micro_batch=8, seed=0)
+        keeping = stage(policy=sp.Uniform(1.0))
         for _ in range(2):
             for _ in keeping(slow_source(samples(), 0.003)):
                 pass
@@ -103,13 +108,10 @@ def test_a_run_that_pays_is_not_logged_nor_is_one_that_dropped_nothing(caplog, m
 def test_the_account_travels_in_the_state_so_a_job_restarted_every_pass_is_judged(caplog, monkeypatch):
     monkeypatch.setattr(CostAccount, "MIN_EVIDENCE_SECONDS", 0.1)
 
-    def stage():
-        return sp.Sifter(None, slow_scorer, sp.Uniform(0.5), micro_batch=8, seed=0, cost_guard=True)
-
     state = None
     with caplog.at_level(logging.WARNING, logger="siftpipe"):
         for _ in range(3):  # each pass in a new "process": a stage loaded from the last checkpoint
-            s = stage()
+            s = stage(slow_scorer, cost_guard=True)
             if state is not None:
                 s.load_state_dict(state)
             list(s(samples()))
@@ -119,11 +121,11 @@ def test_the_account_travels_in_the_state_so_a_job_restarted_every_pass_is_judge
     assert len([r for r in caplog.records if "not paying for itself" in r.getMessage()]) == 1
     assert "account" not in state["checks"]  # wall time: nothing to check it against
     for bad in ({**state["account"], "inside": -1.0}, {**state["account"], "handed": 1.5}, {"inside": 0.0}):
-        t = stage()
+        t = stage(slow_scorer, cost_guard=True)
         with pytest.raises(sp.ResumeError, match="entry account"):
             t.load_state_dict({**state, "account": bad})
     older = {k: v for k, v in state.items() if k != "account"}  # written before the account existed
-    t = stage()
+    t = stage(slow_scorer, cost_guard=True)
     t.load_state_dict(older)
     assert t.stats.stage_seconds == 0.0 and t.stats.stopped_at == 2 * N
 
@@ -138,16 +140,7 @@ def test_cost_guard_stops_sifting_from_the_pass_after_it_judged_and_the_state_ke
 ):
     monkeypatch.setattr(CostAccount, "MIN_EVIDENCE_SECONDS", 0.1)
     memory = sp.ScoreMemory(1000, max_age=None)
-    s = sp.Sifter(
-        None,
-        slow_scorer,
-        sp.Uniform(0.5),
-        micro_batch=8,
-        seed=0,
-        cost_guard=True,
-        memory=memory,
-        audit=str(tmp_path / "log"),
-    )
+    s = stage(slow_scorer, cost_guard=True, memory=memory, audit=str(tmp_path / "log"))
     with caplog.at_level(logging.WARNING, logger="siftpipe"):
         for _ in range(2):
             list(s(samples()))
@@ -171,22 +164,14 @@ def test_cost_guard_stops_sifting_from_the_pass_after_it_judged_and_the_state_ke
     assert set(last.column("source").to_pylist()) == {"none"}
     assert len(set(last.column("micro_batch").to_pylist())) == N // 8  # one per group, as before
     # the stop is part of the state: a resumed stage goes on keeping everything
-    t = sp.Sifter(
-        None,
-        free,
-        sp.Uniform(0.5),
-        micro_batch=8,
-        seed=0,
-        cost_guard=True,
-        memory=sp.ScoreMemory(1000, max_age=None),
-    )
+    t = stage(cost_guard=True, memory=sp.ScoreMemory(1000, max_age=None))
     t.load_state_dict(state)
     assert len(list(t(samples()))) == N and t.stats.stopped_at == 2 * N
 
 
 def test_without_cost_guard_a_stage_that_does_not_pay_only_says_so(caplog, monkeypatch):
     monkeypatch.setattr(CostAccount, "MIN_EVIDENCE_SECONDS", 0.1)
-    s = sp.Sifter(None, slow_scorer, sp.Uniform(0.5), micro_batch=8, seed=0)
+    s = stage(slow_scorer)
     with caplog.at_level(logging.WARNING, logger="siftpipe"):
         for _ in range(3):
             list(s(samples()))
@@ -196,12 +181,12 @@ def test_without_cost_guard_a_stage_that_does_not_pay_only_says_so(caplog, monke
 
 
 def test_a_state_written_before_the_cost_guard_existed_loads_as_not_stopped():
-    s = sp.Sifter(None, free, sp.Uniform(0.5), micro_batch=8, seed=0)
+    s = stage()
     list(s(samples()))
     state = s.state_dict()
     del state["counts"]["stopped_at"]
     state["checks"]["counts"] = digest(state["counts"])  # as that version's state_dict wrote it
-    t = sp.Sifter(None, free, sp.Uniform(0.5), micro_batch=8, seed=0, cost_guard=True)
+    t = stage(cost_guard=True)
     t.load_state_dict(state)
     assert t.stats.stopped_at == 0 and t.stats.seen == N
 
@@ -225,9 +210,7 @@ def test_cost_guard_in_batched_mode_hands_every_row_on_re_batched(monkeypatch):
 
 def stopped_stage(policy=None, **kwargs):
     """A stage whose cost guard stopped sifting after two passes (its scorer costs 30 ms a call)."""
-    s = sp.Sifter(
-        None, slow_scorer, policy or sp.Uniform(0.5), micro_batch=8, seed=0, cost_guard=True, **kwargs
-    )
+    s = stage(slow_scorer, policy, cost_guard=True, **kwargs)
     for _ in range(2):
         list(s(samples()))
     assert s.stats.stopped_at == 2 * N
@@ -241,7 +224,7 @@ def test_a_checkpoint_taken_mid_pass_after_the_stop_resumes_with_a_weighting_pol
     first = [next(it) for _ in range(3)]
     state = roundtrip(s.state_dict())
     rest = list(it)
-    t = sp.Sifter(None, free, sp.PruneEasy(), micro_batch=8, seed=0, cost_guard=True)
+    t = stage(policy=sp.PruneEasy(), cost_guard=True)
     t.load_state_dict(state)
     resumed = list(t(samples()))
     assert [x["__key__"] for x in resumed] == [x["__key__"] for x in rest]
@@ -251,7 +234,7 @@ def test_a_checkpoint_taken_mid_pass_after_the_stop_resumes_with_a_weighting_pol
 
 def test_passes_left_early_are_judged_too(caplog, monkeypatch):
     monkeypatch.setattr(CostAccount, "MIN_EVIDENCE_SECONDS", 0.1)
-    s = sp.Sifter(None, slow_scorer, sp.Uniform(0.5), micro_batch=8, seed=0, cost_guard=True)
+    s = stage(slow_scorer, cost_guard=True)
     with caplog.at_level(logging.WARNING, logger="siftpipe"):
         for _ in range(2):
             for i, _ in enumerate(s(samples())):
@@ -263,7 +246,7 @@ def test_passes_left_early_are_judged_too(caplog, monkeypatch):
 
 def test_loading_a_state_restores_its_account_and_the_stop_follows_the_state_and_the_setting(monkeypatch):
     monkeypatch.setattr(CostAccount, "MIN_EVIDENCE_SECONDS", 0.1)
-    fresh = sp.Sifter(None, free, sp.Uniform(0.5), micro_batch=8, seed=0)
+    fresh = stage()
     list(fresh(samples()))
     before = fresh.state_dict()
     s = stopped_stage()
@@ -277,7 +260,7 @@ def test_loading_a_state_restores_its_account_and_the_stop_follows_the_state_and
     again = stopped_stage()
     again.load_state_dict(old)  # a state from before the counter existed: not stopped
     assert again.stats.stopped_at == 0 and again.stats.seen == N
-    off = sp.Sifter(None, free, sp.Uniform(0.5), micro_batch=8, seed=0, cost_guard=False)
+    off = stage(cost_guard=False)
     off.load_state_dict(stopped)  # the stop is recorded, but this stage does not guard: it sifts
     assert off.stats.stopped_at == 2 * N and off.stats.sifting_scale == 1.0
     assert len(list(off(samples()))) < N

@@ -35,17 +35,22 @@ def scorer(model, batch):
     return batch["loss"].double()
 
 
-def test_workers_drop_by_key_before_decode_and_every_sample_keeps_a_record(tmp_path):
-    published = str(tmp_path / "memory")
-    log_root = str(tmp_path / "audit")
-    sifter = sp.Sifter(
+def relative_stage(**kwargs):
+    """The stage whose memory the workers decide from: the relative rule, beta 2."""
+    return sp.Sifter(
         None,
         scorer,
         sp.RelativeProbabilistic(2.0, 200),
         micro_batch=20,
         memory=sp.ScoreMemory(1000),
-        audit=sp.AuditLog(log_root, run_id="pd", flush_every=10_000),
+        **kwargs,
     )
+
+
+def test_workers_drop_by_key_before_decode_and_every_sample_keeps_a_record(tmp_path):
+    published = str(tmp_path / "memory")
+    log_root = str(tmp_path / "audit")
+    sifter = relative_stage(audit=sp.AuditLog(log_root, run_id="pd", flush_every=10_000))
     prefilter = sp.PreDecodeFilter(published)
     loader = DataLoader(Shards(prefilter), batch_size=None, num_workers=2)
 
@@ -129,14 +134,7 @@ def test_before_decode_in_a_webdataset_chain_with_batching_workers(tmp_path):
 
 def test_a_stage_whose_cost_guard_stopped_sifting_tells_the_workers_to_keep_everything(tmp_path):
     published = str(tmp_path / "memory")
-    sifter = sp.Sifter(
-        None,
-        scorer,
-        sp.RelativeProbabilistic(2.0, 200),
-        micro_batch=20,
-        memory=sp.ScoreMemory(1000),
-        cost_guard=True,
-    )
+    sifter = relative_stage(cost_guard=True)
     list(sifter(Shards()))
     sifter.publish_memory(published)
     assert len(list(sp.PreDecodeFilter(published)(iter(RAW)))) < len(RAW)  # it sifts
