@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -17,12 +15,13 @@ from torch.utils.data import default_collate, get_worker_info
 
 from . import _batch
 from ._account import CostAccount
-from ._decide import REASONS, UNKNOWN, Decided, decide_rows
+from ._decide import REASONS
+from ._decider import Decider
 from ._ledger import Group, Ledger, Output
 from ._ranks import dist_info
 from ._resume import check_next, first_key, reread_groups
-from ._rows import attach_weights, field_of, keys_of, upstream_of
 from ._scoring import CPU, Scoring, Setting, scoring_device
+from ._settings import check_arguments, resolve_policy, resolve_scorer, stage_config
 from ._shardcounts import ShardStats, SharedShardCounts, find_shard_counts, merge_shard_stats
 from ._source import END, Raised, Reader
 from ._state import (
@@ -36,20 +35,17 @@ from ._state import (
     config_differences,
     digest,
     override_names,
-    plain_value,
 )
+from ._stats import SiftStats
 from .errors import (
     ConfigError,
-    NonFiniteLossError,
     ResumeError,
-    ScorerOutputError,
     SiftInWorkerError,
-    describe_keys,
 )
-from .memory import FEEDBACK, NONE, SOURCES, STALE, ScoreMemory, check_epoch
-from .policies import Policy, RelativeProbabilistic, get_policy
-from .scorers import Scorer, get_scorer
-from .sink import Decisions, DecisionSink, StageInfo, make_sink
+from .memory import SOURCES, ScoreMemory, check_epoch
+from .policies import Policy
+from .scorers import Scorer
+from .sink import StageInfo, make_sink
 
 __all__ = ["REASONS", "SiftStats", "Sifter"]
 
@@ -57,94 +53,6 @@ __all__ = ["REASONS", "SiftStats", "Sifter"]
 OnNan = Literal["raise", "keep", "drop"]
 OnOom = Literal["raise", "split"]
 KeySpec = str | int | Callable[[Any], Any] | None
-
-
-@dataclass(frozen=True, repr=False)
-class SiftStats:
-    """Counters of a stage, in samples unless the name says otherwise.
-
-    Attributes:
-        seen: Samples scored and decided (warm-up included).
-        kept: Samples decided "keep".
-        dropped: Samples decided "drop".
-        nan: Samples whose loss was NaN or infinite (handled by ``on_nan``).
-        warmup: Samples kept because they arrived during the ``delay`` warm-up.
-        micro_batches: Micro-batches decided (a split after out-of-memory counts once).
-        score_seconds: Wall time collating, moving and scoring micro-batches.
-        decide_seconds: Wall time in the policy and bookkeeping.
-        scored: Samples that needed a scoring forward pass.
-        from_memory: Samples decided from the score memory, with no forward pass.
-        observed: Losses handed back by the training step (``observe``).
-        shards_skipped: Shards the watched pipelines' handler skipped (``warn_and_continue``),
-            counted in every process that read them, DataLoader workers included (see
-            ``Sifter.watch_shards``; ``.sift()`` and the source of a pass are watched for you).
-            Their samples never reach the stage, so they have no audit records; the audit log's
-            manifests list them. Not part of the state: counted since the pipeline was built.
-        samples_skipped: Samples the watched pipelines' handler skipped because a field could
-            not be decoded or was missing.
-        unknown: Samples kept with no loss at all (``unknown="keep"``: the score memory did not
-            know them yet).
-        sifting_scale: How much of its configured dropping the policy is doing now, in [0, 1]:
-            1 for policies without a guard; a guarded policy (``siftpipe.recipe``) lowers it
-            when the samples it dropped are being forgotten, and 0 means it keeps everything
-            because sifting is not paying (also logged as a warning by ``siftpipe``).
-        stage_seconds: Wall time of the stage's own work in this process: scoring, deciding,
-            re-batching, handing decisions to the audit log, and ``observe()``; not the time its
-            source took to produce input (paid with or without sifting). Over the run, resumes
-            included (the account is in the state).
-        step_seconds: Wall time between the stage handing an item on and being asked for the
-            next, less ``observe()``: the training step, as the stage sees it. On an accelerator
-            the device's time shows where the loop waits for it (``observe()``'s copy of the
-            losses counts as step); a stage that scores waits for the step's queued kernels too,
-            and charges that wait to ``stage_seconds``.
-        saved_seconds: Estimated training time the dropped samples would have cost:
-            ``dropped x step_seconds / samples handed on`` (it assumes a step's time grows with
-            its samples). ``net_seconds`` = ``saved_seconds - stage_seconds``; when it is
-            negative at the end of the second (or a later) pass that dropped samples,
-            ``siftpipe`` logs a warning once. These three are left out of ``==``.
-        stopped_at: The sample (``seen``) at which ``cost_guard`` stopped sifting, 0 if it has
-            not: from there every sample is kept with weight 1 (counted in ``kept``, not in
-            ``unknown``, though the audit log gives them reason ``unknown``) and
-            ``sifting_scale`` is 0. It is in the state; a stage resumed from it with
-            ``cost_guard=False`` sifts again.
-    """
-
-    seen: int
-    kept: int
-    dropped: int
-    nan: int
-    warmup: int
-    micro_batches: int
-    score_seconds: float
-    decide_seconds: float
-    scored: int = 0
-    from_memory: int = 0
-    observed: int = 0
-    shards_skipped: int = 0
-    samples_skipped: int = 0
-    unknown: int = 0
-    sifting_scale: float = 1.0
-    # wall-clock estimates: left out of ==, so that two stages that decided alike compare equal
-    stage_seconds: float = dataclasses.field(default=0.0, compare=False)
-    step_seconds: float = dataclasses.field(default=0.0, compare=False)
-    saved_seconds: float = dataclasses.field(default=0.0, compare=False)
-    stopped_at: int = 0
-
-    @property
-    def net_seconds(self) -> float:
-        """saved_seconds - stage_seconds: what sifting has saved so far, net of its own cost
-        (negative: it is costing more wall time than it saves)."""
-        return self.saved_seconds - self.stage_seconds
-
-    @property
-    def keep_rate(self) -> float:
-        """kept / seen (1.0 before anything was seen)."""
-        return self.kept / self.seen if self.seen else 1.0
-
-    def __repr__(self) -> str:
-        # the dataclass repr leaves out properties: keep_rate is the figure people print stats for
-        fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
-        return f"SiftStats({fields}, keep_rate={self.keep_rate:.4f})"
 
 
 _REPORTED_URLS = 100  # skipped shard URLs written into each audit manifest, at most
@@ -237,6 +145,23 @@ class Sifter:
     pin_memory = Setting("_scoring", Scoring)
     eval_mode = Setting("_scoring", Scoring)
     on_oom = Setting("_scoring", Scoring)
+    # settings the deciding part keeps (see siftpipe._decider)
+    policy = Setting("_decider", Decider)
+    memory = Setting("_decider", Decider)
+    delay = Setting("_decider", Decider)
+    on_nan = Setting("_decider", Decider)
+    key = Setting("_decider", Decider)
+    weight_field = Setting("_decider", Decider)
+    attach_weight = Setting("_decider", Decider)
+    remember_forward = Setting("_decider", Decider)
+    unknown = Setting("_decider", Decider)
+    cost_guard = Setting("_decider", Decider)
+    #: A tag recorded with each decision (set it to the optimizer step, say).
+    model_version = Setting("_decider", Decider)
+    #: The pass (epoch) number recorded with each decision; see ``set_epoch``.
+    epoch = Setting("_decider", Decider)
+    #: Where decisions go (the audit log): a ``DecisionSink``; a URL given here became an ``AuditLog``.
+    audit = Setting("_decider", Decider)
 
     def __init__(
         self,
@@ -267,59 +192,21 @@ class Sifter:
         unknown: Literal["score", "keep"] = "score",
         cost_guard: bool = False,
     ) -> None:
-        if model is not None and not isinstance(model, nn.Module):
-            raise ConfigError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
-        if micro_batch is not None and (not isinstance(micro_batch, int) or micro_batch < 1):
-            raise ConfigError(
-                f"micro_batch must be a number of samples >= 1, got {micro_batch!r}"
-                + ("" if batched else " (None is allowed only with batched=True)")
-            )
-        if micro_batch is None and not batched:
-            raise ConfigError("micro_batch=None (score whole input batches) needs batched=True")
-        if not isinstance(delay, int) or delay < 0:
-            raise ConfigError(f"delay must be a number of samples >= 0, got {delay!r}")
-        if output_batch is not None and (not isinstance(output_batch, int) or output_batch < 1):
-            raise ConfigError(f"output_batch must be a number of samples >= 1 or None, got {output_batch!r}")
-        if on_nan not in ("raise", "keep", "drop"):
-            raise ConfigError(f"on_nan must be 'raise', 'keep' or 'drop', got {on_nan!r}")
-        if on_oom not in ("raise", "split"):
-            raise ConfigError(f"on_oom must be 'raise' or 'split', got {on_oom!r}")
-        if memory is not None and key is None:
-            raise ConfigError(
-                "a score memory finds samples by key: give key= a field, position or callable, not None"
-            )
-        if unknown not in ("score", "keep"):
-            raise ConfigError(f"unknown must be 'score' or 'keep', got {unknown!r}")
-        if unknown == "keep" and memory is None:
-            raise ConfigError(
-                "unknown='keep' keeps samples the score memory does not know: pass "
-                "memory=sp.ScoreMemory(capacity=...) and hand losses back with observe()"
-            )
-        if pad_micro_batch and micro_batch is None:
-            raise ConfigError("pad_micro_batch=True needs a fixed micro_batch size to pad to")
-        if not isinstance(seed, int | np.integer) or isinstance(seed, bool) or seed < 0:
-            raise ConfigError(f"seed must be an integer >= 0 (it seeds the stage's generator), got {seed!r}")
+        check_arguments(
+            model, micro_batch, batched, delay, output_batch, on_nan, on_oom, memory, key, unknown,
+            pad_micro_batch, seed,
+        )  # fmt: skip
         if device is not None:
             device = scoring_device(device)
 
         if "_scoring" not in self.__dict__:  # (a subclass may have set a setting already)
             self._scoring = Scoring()
+        if "_decider" not in self.__dict__:
+            self._decider = Decider()
+        self._decider.scoring = self._scoring
         self.model = model
-        self.scorer = get_scorer(scorer) if isinstance(scorer, str) else scorer
-        if not callable(self.scorer):
-            raise ConfigError(f"scorer must be callable (model, batch) -> Tensor[n], got {scorer!r}")
-        if policy is None:
-            policy = RelativeProbabilistic()
-        self.policy: Policy = get_policy(policy) if isinstance(policy, str) else policy
-        if not isinstance(self.policy, Policy):
-            raise ConfigError(f"policy must be a siftpipe.Policy or a registered name, got {policy!r}")
-        if self.policy.uses_memory:
-            if memory is None:
-                raise ConfigError(
-                    f"policy {self.policy!r} judges losses against the score memory: pass "
-                    "memory=sp.ScoreMemory(capacity=..., max_age=None) and hand losses back with observe()"
-                )
-            self.policy.bind_memory(memory)
+        self.scorer = resolve_scorer(scorer)
+        self.policy = resolve_policy(policy, memory)
         self.micro_batch = micro_batch
         self.delay = delay
         self.seed = int(seed)
@@ -341,24 +228,20 @@ class Sifter:
         self.remember_forward = remember_forward
         self.unknown = unknown
         self.cost_guard = bool(cost_guard)
-        #: Where this scorer's losses come from, for the audit log (a proxy scorer says "proxy").
-        self._loss_source = SOURCES.index(getattr(self.scorer, "loss_source", "forward"))
-        #: A tag recorded with each decision (set it to the optimizer step, say).
-        self.model_version: int = -1
-        #: The pass (epoch) number recorded with each decision; see ``set_epoch``.
+        # where this scorer's losses come from, for the audit log (a proxy scorer says "proxy")
+        self._decider.loss_source = SOURCES.index(getattr(self.scorer, "loss_source", "forward"))
+        self.model_version = -1
         self.epoch = 0
-
-        #: Where decisions go (the audit log): a ``DecisionSink``; a URL given here became an ``AuditLog``.
-        self.audit: DecisionSink | None = None if audit is None else make_sink(audit)
+        self.audit = None if audit is None else make_sink(audit)
         self._sink_bound = False
 
         rank, world = dist_info()
         #: The generator's seed: ``seed``, or ``[seed, rank]`` on a multi-process job so that ranks
         #: draw independently.
         self.rng_seed: int | list[int] = self.seed if world <= 1 else [self.seed, int(rank)]
-        self._rng = np.random.default_rng(self.rng_seed)
-        self._counts = dict.fromkeys(COUNTS, 0)
-        self._seconds = [0.0, 0.0]
+        self._decider.rng = np.random.default_rng(self.rng_seed)
+        self._decider.counts = dict.fromkeys(COUNTS, 0)
+        self._decider.seconds = [0.0, 0.0]  # scoring, deciding
         self._account = CostAccount()  # wall time the stage costs and saves (stats, a warning)
         self._ledger = Ledger()  # groups decided and not yet all handed on; positions in the pass
         # a mid-pass checkpoint loaded by load_state_dict, until its pending groups are re-read
@@ -391,6 +274,8 @@ class Sifter:
         new.__dict__.update(self.__dict__)
         new._scoring = copy.copy(self._scoring)  # a copy's settings are its own, as attributes were
         new._ledger = copy.copy(self._ledger)  # its positions too (the pending groups are shared)
+        new._decider = copy.copy(self._decider)  # (its counters are shared, as they were)
+        new._decider.scoring = new._scoring
         return new
 
     @property
@@ -408,7 +293,7 @@ class Sifter:
     @property
     def stats(self) -> SiftStats:
         """A snapshot of the counters (cheap: read it every step if you like)."""
-        c, account = self._counts, self._account
+        c, account = self._decider.counts, self._account
         shards = {"skipped": 0, "samples_skipped": 0}
         for counts in self._shard_counts:
             totals = counts.totals()
@@ -421,15 +306,15 @@ class Sifter:
             c["nan"],
             c["warmup"],
             c["micro_batches"],
-            self._seconds[0],
-            self._seconds[1],
+            self._decider.seconds[0],
+            self._decider.seconds[1],
             c["scored"],
             c["from_memory"],
             c["observed"],
             shards["skipped"],
             shards["samples_skipped"],
             c["unknown"],
-            0.0 if self._stopped else self.policy.sifting_scale(),
+            0.0 if self._decider.stopped else self.policy.sifting_scale(),
             account.stage_seconds,
             account.step_seconds,
             account.saved_seconds(),
@@ -521,18 +406,7 @@ class Sifter:
             # so the stage's own account starts after it
             losses = losses.detach().float().cpu().numpy()
         t0 = time.perf_counter()
-        values = np.asarray(losses, dtype=np.float64).reshape(-1)
-        keys = list(keys)
-        if len(keys) != values.size:
-            raise ScorerOutputError(
-                f"observe() got {len(keys)} keys but {values.size} losses; pass one loss per sample "
-                "(reduction='none')"
-            )
-        if self._stopped:  # the cost guard stopped sifting: nothing will read them
-            self._counts["observed"] += values.size
-            return
-        self.memory.update(self.memory.hashes(keys), values, self.epoch, FEEDBACK)
-        self._counts["observed"] += values.size
+        self._decider.observe(list(keys), np.asarray(losses, dtype=np.float64).reshape(-1))
         self._account.observe += time.perf_counter() - t0
 
     def publish_memory(self, url: str, storage_options: Mapping[str, Any] | None = None) -> str:
@@ -553,7 +427,7 @@ class Sifter:
                 "sifting before decode uses the relative-probabilistic rule; give the Sifter a "
                 f"RelativeProbabilistic policy (it has {type(self.policy).__name__})"
             )
-        if self._stopped:
+        if self._decider.stopped:
             # the cost guard stopped sifting: workers keep every sample too (percentile ** 0 = 1)
             beta = 0.0
         return self.memory.publish(
@@ -661,7 +535,7 @@ class Sifter:
                     "keep": torch.from_numpy(g.keep.copy()),
                     # float64, as handed on: a float32 copy made resumed weights differ in the last bits
                     "weight": None if g.weight is None else torch.from_numpy(g.weight.astype(np.float64)),
-                    "keys": self._keys_of_group(g),
+                    "keys": self._decider.keys(g),
                 }
                 for g in self._ledger.pending
             ]
@@ -694,11 +568,11 @@ class Sifter:
                 source_state = self._source.state_dict()
         state = {
             "version": self.STATE_VERSION,
-            "config": self._config(),
+            "config": stage_config(self),
             "policy": self.policy.state_dict(),
-            "rng": self._rng.bit_generator.state,
-            "counts": dict(self._counts),
-            "seconds": list(self._seconds),
+            "rng": self._decider.rng.bit_generator.state,
+            "counts": dict(self._decider.counts),
+            "seconds": list(self._decider.seconds),
             "consumed": consumed,
             "read": consumed + sum(int(d["n_items"]) for d in pending),
             "pending": pending,
@@ -756,7 +630,7 @@ class Sifter:
         if self.audit is not None:
             self.audit.check_state(state["audit"])
         allowed = override_names(override)
-        differ = config_differences(state, self._config(), self.memory is not None)
+        differ = config_differences(state, stage_config(self), self.memory is not None)
         refused = [d for d in differ if d[0] not in allowed]
         if refused:
             names = sorted({d[0] for d in refused if d[0] in RESUME_OVERRIDES})
@@ -797,12 +671,12 @@ class Sifter:
         if self.memory is not None and state["memory"] is not None:
             self.memory.load_state_dict(state["memory"], fit="memory" in allowed)
         if "seed" in allowed and any(d[0] == "seed" for d in differ):
-            self._rng = np.random.default_rng(self.rng_seed)
+            self._decider.rng = np.random.default_rng(self.rng_seed)
         else:
-            self._rng.bit_generator.state = state["rng"]
+            self._decider.rng.bit_generator.state = state["rng"]
         # from zeros: counters a state written before they existed load as 0, not as this stage's
-        self._counts = {**dict.fromkeys(COUNTS, 0), **{k: int(v) for k, v in state["counts"].items()}}
-        self._seconds = [float(v) for v in state["seconds"]]
+        self._decider.counts = {**dict.fromkeys(COUNTS, 0), **{k: int(v) for k, v in state["counts"].items()}}
+        self._decider.seconds = [float(v) for v in state["seconds"]]
         self._account = CostAccount()  # the checkpoint's (states written before it: afresh)
         if "account" in state:
             self._account.load_state_dict(state["account"])
@@ -917,9 +791,9 @@ class Sifter:
     def _pass_ended(self, mark: float | None) -> None:
         """Let the account judge the run so far (``mark``: when the stage last resumed, for a pass
         that ran to its end); with ``cost_guard``, stop sifting if it is not paying."""
-        stopping = self.cost_guard and not self._counts["stopped_at"]
+        stopping = self.cost_guard and not self._decider.counts["stopped_at"]
         if self._account.pass_ends(mark, stopping=stopping) and stopping:
-            self._counts["stopped_at"] = self._counts["seen"]
+            self._decider.counts["stopped_at"] = self._decider.counts["seen"]
 
     def _outputs(self, out: Output, reader: Reader, groups: list[Group]) -> Iterator[Iterator[Any]]:
         """The items to hand on, group by group: the re-read groups', then each fresh group's
@@ -930,7 +804,8 @@ class Sifter:
             fresh = self._read(reader)
             if fresh is None:
                 break
-            self._decide(fresh)
+            self._decider.decide(fresh)
+            self._account.dropped += fresh.rows - fresh.kept_index.size
             yield out.hand_on(fresh)
         yield out.finish()
 
@@ -948,13 +823,13 @@ class Sifter:
             self._account.source += time.perf_counter() - t0
             if batch is END:
                 return None
-            group = Group([batch], _batch.batch_size(batch), self._counts["seen"], snapshot)
+            group = Group([batch], _batch.batch_size(batch), self._decider.counts["seen"], snapshot)
         else:
             items = reader.take(self.micro_batch)  # type: ignore[arg-type]
             self._account.source += time.perf_counter() - t0
             if not items:
                 return None
-            group = Group(items, len(items), self._counts["seen"], snapshot)
+            group = Group(items, len(items), self._decider.counts["seen"], snapshot)
         self._ledger.pending.append(group)
         return group
 
@@ -977,206 +852,7 @@ class Sifter:
         """The pass iterated its source: whatever an earlier pass left mid-way is behind it."""
         self._source_abandoned = False
 
-    # ------------------------------------------------------------------ deciding
-
-    @property
-    def _stopped(self) -> bool:
-        """The cost guard stopped sifting (in this run, or in the one the state came from) and
-        is on: a stage resumed with ``cost_guard=False`` sifts again."""
-        return self.cost_guard and self._counts["stopped_at"] > 0
-
-    def _decide(self, group: Group) -> None:
-        t0 = time.perf_counter()
-        rows = group.rows
-        seq0 = group.seq0
-        counts = self._counts
-        chunk = self.micro_batch or rows
-        micro_batch0 = counts["micro_batches"]
-        sources: np.ndarray | int
-        if self._stopped:
-            # the cost guard stopped sifting: nothing is looked up, every row is kept with weight
-            # 1, and the audit log records them as samples a score memory does not know (kept,
-            # reason unknown, source none, no loss: what-if replays keep them, unseen by the policy)
-            losses, sources, chunk = np.full(rows, np.nan), NONE, rows
-            t1 = time.perf_counter()
-            # weights are ones, not None: a weighting policy's checkpoint holds pending weights
-            d = Decided(
-                np.ones(rows, dtype=bool), np.ones(rows), losses, np.ones(rows),
-                np.full(rows, UNKNOWN, dtype=np.int8), 1, 0, 0,
-            )  # fmt: skip
-        else:
-            losses, sources = self._score_group(group)
-            t1 = time.perf_counter()
-            d = self._decide_losses(group, losses, chunk)
-        keep, prob, score, weight, reason = d.keep, d.prob, d.score, d.weight, d.reason
-        counts["micro_batches"] += d.micro_batches
-        counts["nan"] += d.nan
-        counts["warmup"] += d.warmup
-        kept_index = keep.nonzero()[0]
-        n_kept = kept_index.size
-        counts["seen"] += rows
-        counts["kept"] += n_kept
-        counts["dropped"] += rows - n_kept
-        self._account.dropped += rows - n_kept
-
-        group.keep = keep
-        group.kept_index = kept_index
-        # kept even when not attached: the state holds it, so a resumed stage that attaches
-        # weights gets the decided ones
-        group.weight = weight
-        if self.attach_weight:
-            attach_weights(group, self.batched, self.weight_field)
-        if self.audit is not None:
-            self.audit.write(
-                Decisions(
-                    seq0=seq0,
-                    epoch=self.epoch,
-                    model_version=self.model_version,
-                    keys=self._keys_of_group(group, required=True),
-                    urls=self._field_of_group(group, "__url__"),
-                    workers=self._field_of_group(group, "__worker__"),
-                    loss=losses,
-                    score=score,
-                    prob=prob,
-                    kept=keep,
-                    weight=weight,
-                    reason=reason,
-                    micro_batch0=micro_batch0,
-                    chunk=chunk,
-                    source=sources,
-                )
-            )
-        self._seconds[0] += t1 - t0
-        self._seconds[1] += time.perf_counter() - t1
-
-    def _decide_losses(self, group: Group, losses: np.ndarray, chunk: int) -> Decided:
-        """The policy's decisions for the group's losses (NaN handling, warm-up, upstream rows)."""
-        rows = group.rows
-        finite = np.isfinite(losses)
-        # count_nonzero: one C call, where ndarray.all() goes through a ufunc reduction
-        all_finite = np.count_nonzero(finite) == rows
-        unknown = group.unknown
-        if (
-            not all_finite
-            and self.on_nan == "raise"
-            and (unknown is None or np.count_nonzero(finite | unknown) != rows)
-        ):
-            self._raise_non_finite(group, losses, finite if unknown is None else finite | unknown)
-        upstream = group.upstream
-        return decide_rows(
-            self.policy,
-            self._rng,
-            losses,
-            group.seq0,
-            chunk,
-            self.delay,
-            self.on_nan == "keep",
-            finite,
-            None if upstream is None else (upstream[0], upstream[2]),
-            unknown,
-            all_finite=all_finite,
-        )
-
-    def _raise_non_finite(self, group: Group, losses: np.ndarray, finite: np.ndarray) -> None:
-        bad = np.flatnonzero(~finite)
-        keys = self._keys_of_group(group)
-        names = [keys[i] for i in bad] if keys else None
-        raise NonFiniteLossError(
-            f"{bad.size} non-finite loss(es) (e.g. {losses[bad[0]]}) at sample seq "
-            f"{group.seq0 + int(bad[0])}, keys {describe_keys(names)}; check the data and the "
-            "scorer, or pass on_nan='keep' or 'drop' to count and skip them"
-        )
-
-    def _score_group(self, group: Group) -> tuple[np.ndarray, np.ndarray | int]:
-        """Losses for every row of ``group``, and where each came from (codes, or one code)."""
-        source = self._loss_source
-        memory = self.memory
-        upstream = group.upstream = upstream_of(group, self.batched)
-        if upstream is not None:
-            # kept before decode, from the published memory: no forward, no second decision
-            mask, pre_loss, _ = upstream
-            losses = pre_loss.copy()
-            sources = np.full(group.rows, FEEDBACK, dtype=np.int8)
-            rest = np.flatnonzero(~mask)
-            if rest.size:
-                losses[rest] = self._score_rows(group, rest)
-                sources[rest] = source
-            self._counts["from_memory"] += int(mask.sum())
-            return losses, sources
-        if memory is None:
-            return self._score_rows(group, None), source
-        keys = self._keys_of_group(group, required=True, purpose="the score memory")
-        assert keys is not None  # key=None with a memory is refused at construction
-        hashes = memory.hashes(keys)
-        losses, remembered = memory.lookup(hashes, self.epoch)
-        miss = np.flatnonzero(np.isnan(losses))
-        sources = np.where(remembered == FEEDBACK, FEEDBACK, STALE).astype(np.int8)
-        if miss.size and self.unknown == "keep":
-            sources[miss] = NONE
-            unknown = np.zeros(group.rows, dtype=bool)
-            unknown[miss] = True
-            group.unknown = unknown
-            self._counts["unknown"] += miss.size
-        elif miss.size:
-            fresh = self._score_rows(group, miss)
-            losses[miss] = fresh
-            sources[miss] = source
-            if self.remember_forward:
-                memory.update(hashes[miss], fresh, self.epoch, source)
-        self._counts["from_memory"] += group.rows - miss.size
-        return losses, sources
-
-    def _names(self, group: Group, at: np.ndarray) -> list[Any] | None:
-        keys = self._keys_of_group(group)
-        return [keys[i] for i in at.tolist()] if keys else None
-
-    def _score_rows(self, group: Group, index: np.ndarray | None) -> np.ndarray:
-        """Losses of rows ``index`` of ``group`` (all rows if None), in micro-batches."""
-        self._counts["scored"] += group.rows if index is None else index.size
-        return self._scoring.rows(group, index, lambda at: self._names(group, at))
-
-    # ------------------------------------------------------------------ samples
-
-    def _keys_of_group(
-        self, group: Group, required: bool = False, purpose: str = "the audit log"
-    ) -> list[Any] | None:
-        return keys_of(group, self.batched, self.key, required, purpose)
-
-    def _field_of_group(self, group: Group, name: str) -> list[Any] | None:
-        return field_of(group, self.batched, name)
-
     # ------------------------------------------------------------------ helpers
-
-    def _config(self) -> dict[str, Any]:
-        """The settings a checkpoint must share with the stage that resumes it (see
-        ``load_state_dict``), as plain values."""
-        policy = self.policy
-        memory = self.memory
-        rank, world = dist_info()
-        key = self.key
-        return {
-            "micro_batch": self.micro_batch,
-            "batched": self.batched,
-            "output_batch": self.output_batch,
-            "delay": self.delay,
-            "policy": policy.name or type(policy).__name__,
-            "policy_class": f"{type(policy).__module__}.{type(policy).__qualname__}",
-            "policy_config": {k: plain_value(v) for k, v in policy.config().items()},
-            "on_nan": self.on_nan,
-            "seed": self.seed,
-            # a callable cannot be compared across processes: only fields and positions are
-            "key": key if key is None or isinstance(key, str | int) else "<callable>",
-            "memory": None
-            if memory is None
-            else {
-                "capacity": memory.capacity,
-                "max_age": memory.max_age,
-                "remember_forward": self.remember_forward,
-            },
-            "unknown": self.unknown,
-            "rank": rank,
-            "world": world,
-        }
 
     def _tracks(self, source: Any) -> bool:
         able = hasattr(source, "state_dict") and hasattr(source, "load_state_dict")

@@ -261,7 +261,7 @@ class ResumeMachine(RuleBasedStateMachine):
         }
         assert (self.ref.epoch, self.ref.consumed) == (self.sub.epoch, self.sub.consumed)
         same_state(self.sub.policy.state_dict(), self.ref.policy.state_dict())
-        assert self.sub._rng.bit_generator.state == self.ref._rng.bit_generator.state
+        assert self.sub._decider.rng.bit_generator.state == self.ref._decider.rng.bit_generator.state
         assert memory_entries(self.sub) == memory_entries(self.ref)
         assert decisions(self.sub_log) == decisions(self.ref_log)
 

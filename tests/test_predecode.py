@@ -138,7 +138,7 @@ def test_a_stage_whose_cost_guard_stopped_sifting_tells_the_workers_to_keep_ever
     list(sifter(Shards()))
     sifter.publish_memory(published)
     assert len(list(sp.PreDecodeFilter(published)(iter(RAW)))) < len(RAW)  # it sifts
-    sifter._counts["stopped_at"] = sifter.stats.seen  # as cost_guard records a stop
+    sifter._decider.counts["stopped_at"] = sifter.stats.seen  # as cost_guard records a stop
     sifter.publish_memory(published)
     kept = list(sp.PreDecodeFilter(published)(iter(RAW)))
     assert [s["__key__"] for s in kept] == [s["__key__"] for s in RAW]

@@ -103,7 +103,8 @@ def test_override_seed_restarts_the_generator_from_this_stages_seed():
     b = stage(policy=sp.Uniform(0.5))
     b.load_state_dict(state)
     fresh = np.random.default_rng(9).random(8)
-    assert np.array_equal(a._rng.random(8), fresh) and not np.array_equal(b._rng.random(8), fresh)
+    assert np.array_equal(a._decider.rng.random(8), fresh)
+    assert not np.array_equal(b._decider.rng.random(8), fresh)
 
 
 def test_another_ranks_checkpoint_is_refused(monkeypatch, tmp_path):
