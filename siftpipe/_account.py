@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Generator, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._ledger import Output
 
 __all__ = ["CostAccount"]
 
 _log = logging.getLogger("siftpipe")
+_END = object()
 
 
 class CostAccount:
@@ -96,6 +100,36 @@ class CostAccount:
         self.outside += outside
         self.handed += handed - self._emitted
         self._emitted = handed
+
+    def timed(self, groups: Iterator[Iterator[Any]], out: Output) -> Generator[Any, None, float]:
+        """Hand on the items of ``groups`` (``out``'s, group by group), timing both sides: the time
+        before a group's first item is handed on is the stage's (reading past its source,
+        deciding, taking rows), the time from then to the group's end the consumer's (its steps),
+        less the output batches built in between (``out.busy``: re-batching, ``collate_fn``, the
+        stage's work too). The stage's other work between items is a few list operations: no
+        clock read per item. Returns the clock when the last group was handed on (for
+        ``pass_ends``); whatever stops it, the time so far is added."""
+        clock = time.perf_counter
+        mark = clock()
+        inside = outside = 0.0
+        try:
+            for items in groups:
+                first = next(items, _END)
+                if first is _END:
+                    continue  # nothing kept: its time goes with the next group that hands on
+                handed_at, busy = clock(), out.busy
+                inside += handed_at - mark
+                yield first
+                yield from items
+                mark = clock()
+                busy = out.busy - busy
+                inside += busy
+                outside += mark - handed_at - busy
+                self.add(inside, outside, out.handed)
+                inside = outside = 0.0
+            return mark
+        finally:
+            self.add(inside, outside, out.handed)
 
     def pass_begins(self) -> None:
         """A pass starts (or resumes)."""

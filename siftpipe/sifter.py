@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import time
-import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -18,12 +17,13 @@ from ._account import CostAccount
 from ._decide import REASONS
 from ._decider import Decider
 from ._ledger import Group, Ledger, Output
+from ._passes import Passes
 from ._ranks import dist_info
-from ._resume import check_next, first_key, reread_groups
+from ._resume import check_next, reread_groups
 from ._scoring import CPU, Scoring, Setting, scoring_device
 from ._settings import check_arguments, resolve_policy, resolve_scorer, stage_config
 from ._shardcounts import ShardStats, SharedShardCounts, find_shard_counts, merge_shard_stats
-from ._source import END, Raised, Reader
+from ._source import END, Reader
 from ._state import (
     COUNTS,
     RESUME_OVERRIDES,
@@ -244,22 +244,7 @@ class Sifter:
         self._decider.seconds = [0.0, 0.0]  # scoring, deciding
         self._account = CostAccount()  # wall time the stage costs and saves (stats, a warning)
         self._ledger = Ledger()  # groups decided and not yet all handed on; positions in the pass
-        # a mid-pass checkpoint loaded by load_state_dict, until its pending groups are re-read
-        self._restore: dict[str, Any] | None = None
-        self._pass_open = False
-        self._passes = 0
-        self._epoch_set = False
-        # the pass opened last has not read anything yet: calling again re-opens the same pass
-        self._unstarted = False
-        self._pass_id = 0  # which call (or load) the running pass belongs to
-        # a weak reference: a pass the caller abandons is freed at once (with what it holds:
-        # DataLoader iterators and their workers), not kept alive by this stage or left to the
-        # cyclic garbage collector
-        self._active: weakref.ReferenceType[Generator[Any, None, None]] | None = None
-        self._source: Any = None
-        self._reader: weakref.ReferenceType[Reader] | None = None  # the running pass's source
-        self._source_restore: Any = None  # a between-passes checkpoint's source state, for the next call
-        self._source_abandoned = False  # the tracked source's last pass was left before its end
+        self._passes = Passes(self._ledger)  # the pass open, its source; a loaded checkpoint's place
         self._shard_counts: list[SharedShardCounts] = []  # see watch_shards
 
     # ------------------------------------------------------------------ public
@@ -274,6 +259,8 @@ class Sifter:
         new.__dict__.update(self.__dict__)
         new._scoring = copy.copy(self._scoring)  # a copy's settings are its own, as attributes were
         new._ledger = copy.copy(self._ledger)  # its positions too (the pending groups are shared)
+        new._passes = copy.copy(self._passes)
+        new._passes.ledger = new._ledger
         new._decider = copy.copy(self._decider)  # (its counters are shared, as they were)
         new._decider.scoring = new._scoring
         return new
@@ -374,17 +361,14 @@ class Sifter:
         """After ``load_state_dict`` of a mid-pass checkpoint whose source was not tracked: the
         input item (``state["consumed"]``) the next call's source must start at. ``None`` when no
         resume is pending or the tracked source is repositioned by the stage itself."""
-        restore = self._restore
-        if restore is None or (restore.get("source") is not None and self.track_source is not False):
-            return None
-        return int(restore["consumed"])
+        return self._passes.resume_from(self.track_source)
 
     def set_epoch(self, epoch: int) -> None:
         """Record ``epoch`` with the decisions from now on (the next pass does not add one)."""
         if self.memory is not None:
             check_epoch(int(epoch))
         self.epoch = int(epoch)
-        self._epoch_set = True
+        self._passes.epoch_set = True
 
     def observe(self, keys: Sequence[Any], losses: Any) -> None:
         """Hand back per-sample losses the training step computed anyway, for later epochs.
@@ -454,46 +438,19 @@ class Sifter:
                 "score: materialise it first (model.to_empty(device=...) and load its weights)"
             )
         tracked = self._tracks(source)
-        resume = self._restore
-        # the tracked source's position: inside the checkpoint's pass, or where its last pass ended
-        source_state = resume.get("source") if resume is not None else self._source_restore
-        if source_state is not None and not tracked and self.track_source is not False:
-            raise ResumeError(
-                "the state holds the source's position (a stateful source was tracked), but "
-                f"this source ({type(source).__name__}) has no load_state_dict; pass the same "
-                "kind of source, or track_source=False and feed it from state['consumed']"
-            )
-        self._close_active()
+        resume, advance = self._passes.begin(source, tracked, self.track_source)
+        if advance:
+            self.epoch += 1
         self.watch_shards(source)
-        # `resume` stays until the pass has re-read the pending groups, so that a state taken
-        # before the first next() (or a call that is dropped unstarted) still holds them
-        if resume is None:
-            if self._passes > 0 and not self._epoch_set and not self._unstarted:
-                self.epoch += 1
-            self._ledger.drop_pending(consumed=0)  # positions count from the start of each pass
-        self._unstarted = resume is None
-        self._passes += 1
-        self._pass_id += 1
-        self._pass_open = True
-        if source_state is not None and tracked:
-            source.load_state_dict(source_state)  # type: ignore[attr-defined]
-            if self._source_abandoned:
-                # the checkpoint's source was left mid-way through a pass: in its process the
-                # next iteration started a new one, and so does iterating the restored one once
-                # (the flag stays until this pass reads: a state taken before then needs it too)
-                iter(source)
-        self._source_restore = None
-        self._source = source if tracked else None
         if self.audit is not None:
             if not self._sink_bound:  # once: what the log records about the stage is its first pass's
                 self.audit.bind(self.describe(), self._shard_report)
                 self._sink_bound = True
             self.audit.start()
         self._scoring.device = CPU if device.type == "cpu" else device
-        reader = Reader(source, self._began_reading)
+        reader = Reader(source, self._passes.began_reading)
         gen = self._run(reader, resume)
-        self._active = weakref.ref(gen)
-        self._reader = weakref.ref(reader)
+        self._passes.attach(gen, reader)
         return gen
 
     def state_dict(self) -> dict[str, Any]:
@@ -510,62 +467,7 @@ class Sifter:
         ended, or after it was abandoned (``break`` out of the loop, ``close()``, an exception),
         the next call starts a new pass, as it would in this process.
         """
-        self._ledger.trim()
-        restore = self._restore
-        if restore is not None:
-            # loaded and not re-read yet: the checkpoint's position is still the position
-            pending = [
-                {**desc, "keep": desc["keep"].clone(), "weight": _clone(desc["weight"])}
-                for desc in restore["pending"]
-            ]
-            consumed, emitted = int(restore["consumed"]), int(restore["emitted"])
-            source_state = restore["source"]
-            next_key, ended = restore.get("next_key"), bool(restore.get("ended", False))
-            source_abandoned = bool(restore.get("source_abandoned", False))
-            pass_read = bool(restore.get("pass_read", True))
-        else:
-            pass_read = not (self._pass_open and self._unstarted)  # False only for an open, unread pass
-            # set from a pass left mid-way until the next pass starts reading the source
-            source_abandoned = self._source_abandoned
-            pending = [
-                {
-                    "n_items": g.n_items,
-                    "rows": g.rows,
-                    "seq0": g.seq0,
-                    "keep": torch.from_numpy(g.keep.copy()),
-                    # float64, as handed on: a float32 copy made resumed weights differ in the last bits
-                    "weight": None if g.weight is None else torch.from_numpy(g.weight.astype(np.float64)),
-                    "keys": self._decider.keys(g),
-                }
-                for g in self._ledger.pending
-            ]
-            consumed, emitted = self._ledger.consumed, self._ledger.emitted
-            source_state = self._source_restore
-            next_key, ended = None, False
-            reader = self._reader() if self._reader is not None and self._pass_open else None
-            if reader is not None and reader.it is None:
-                reader = None  # not read yet: reading ahead would start the source's pass
-            if self._ledger.pending:
-                if self._source is not None:
-                    source_state = self._ledger.pending[0].snapshot
-            elif reader is not None:
-                # nothing pending: read the next item now, so that a resumed source fed from the
-                # wrong position is caught at once (its keys are checked against this one's)
-                snapshot = self._source.state_dict() if self._source is not None else None
-                ahead = reader.look_ahead(snapshot)
-                if ahead is END:
-                    # the source's state after its end: a resumed pass does not read it again
-                    # (that would start its next pass), and the next pass starts from there
-                    ended = True
-                    if self._source is not None:
-                        source_state = self._source.state_dict()
-                else:
-                    if self._source is not None:
-                        source_state = reader.ahead_snapshot
-                    if not isinstance(ahead, Raised):
-                        next_key = first_key(ahead, self.batched, self.key)
-            elif self._source is not None:
-                source_state = self._source.state_dict()
+        place = self._passes.position(self._decider.keys, self.batched, self.key)
         state = {
             "version": self.STATE_VERSION,
             "config": stage_config(self),
@@ -573,20 +475,20 @@ class Sifter:
             "rng": self._decider.rng.bit_generator.state,
             "counts": dict(self._decider.counts),
             "seconds": list(self._decider.seconds),
-            "consumed": consumed,
-            "read": consumed + sum(int(d["n_items"]) for d in pending),
-            "pending": pending,
-            "emitted": emitted,
+            "consumed": place["consumed"],
+            "read": place["read"],
+            "pending": place["pending"],
+            "emitted": place["emitted"],
             "epoch": self.epoch,
-            "epoch_set": self._epoch_set,
-            "opened": self._passes > 0,
-            "pass_read": pass_read,
-            "pass_open": self._pass_open,
+            "epoch_set": place["epoch_set"],
+            "opened": place["opened"],
+            "pass_read": place["pass_read"],
+            "pass_open": place["pass_open"],
             "model_version": self.model_version,
-            "source": source_state,
-            "next_key": next_key,
-            "ended": ended,
-            "source_abandoned": source_abandoned,
+            "source": place["source"],
+            "next_key": place["next_key"],
+            "ended": place["ended"],
+            "source_abandoned": place["source_abandoned"],
             "audit": None if self.audit is None else self.audit.state_dict(),
             "memory": None if self.memory is None else self.memory.state_dict(),
             # wall time, like "seconds": not digested (it cannot be checked against anything)
@@ -667,7 +569,7 @@ class Sifter:
                 else f"the stage's audit sink {type(self.audit).__name__} could not load the "
                 f"checkpoint's audit entry: {why}"
             ) from exc
-        self._close_active()
+        self._passes.close_active()
         if self.memory is not None and state["memory"] is not None:
             self.memory.load_state_dict(state["memory"], fit="memory" in allowed)
         if "seed" in allowed and any(d[0] == "seed" for d in differ):
@@ -680,43 +582,16 @@ class Sifter:
         self._account = CostAccount()  # the checkpoint's (states written before it: afresh)
         if "account" in state:
             self._account.load_state_dict(state["account"])
-        self._ledger.drop_pending(consumed=int(state["consumed"]))
         self.epoch = int(state["epoch"])
         self.model_version = int(state["model_version"])
-        self._epoch_set = bool(state.get("epoch_set", False))
-        self._unstarted = False
-        # a stage that never opened a pass starts its first in epoch 0 (version 1 did not say)
-        self._passes = int(bool(state.get("opened", True)))
-        self._pass_id += 1
-        self._source = None
-        if state["pass_open"]:
-            self._restore = dict(state)
-            self._source_abandoned = bool(state.get("source_abandoned", False))
-            if "key" in allowed and any(d[0] == "key" for d in differ):
-                # the checkpoint's keys were read with another key setting: nothing to compare
-                self._restore["pending"] = [{**desc, "keys": None} for desc in state["pending"]]
-                self._restore["next_key"] = None
-            self._source_restore = None
-            self._pass_open = True
-        else:
-            # the checkpoint fell between passes: the next call starts the next one, from where
-            # the tracked source's last pass left it (a StatefulDataLoader: its next epoch's order)
-            self._restore = None
-            self._source_restore = state["source"]
-            self._source_abandoned = bool(state.get("source_abandoned", False))
-            self._pass_open = False
+        # the checkpoint's keys were read with another key setting: nothing to compare
+        self._passes.load(state, forget_keys="key" in allowed and any(d[0] == "key" for d in differ))
 
     def close(self) -> None:
         """Stop the active pass and flush and close the audit log (if any)."""
-        self._close_active()
+        self._passes.close_active()
         if self.audit is not None:
             self.audit.close()
-
-    def _close_active(self) -> None:
-        gen = self._active() if self._active is not None else None
-        self._active = None
-        if gen is not None:
-            gen.close()
 
     def __enter__(self) -> Sifter:
         return self
@@ -736,40 +611,11 @@ class Sifter:
     def _run(self, reader: Reader, resume: dict[str, Any] | None) -> Generator[Any, None, None]:
         out = Output(self._ledger, self._scoring, self.output_batch)
         groups = self._reread(reader, resume) if resume is not None else []
-        self._restore = None
-        self._unstarted = False
-        if resume is None or not resume.get("pass_read", True):
-            # a set_epoch counts for the pass that reads next: this one, unless it is a pass
-            # resumed mid-way (then the set_epoch came during it, and counts for the next)
-            self._epoch_set = False
-        this_pass = self._pass_id
+        this_pass = self._passes.run_begins(resume)
         finished = False
-        account = self._account
-        account.pass_begins()
-        # the time before a group's first item is handed on is the stage's (reading past its
-        # source, deciding, taking rows), the time from then to the group's end the consumer's
-        # (its steps), less the output batches built in between (timed by the output); the
-        # stage's other work between items is a few list operations: no clock read per item
-        clock = time.perf_counter
-        mark = clock()
-        inside = outside = 0.0
+        self._account.pass_begins()
         try:
-            for items in self._outputs(out, reader, groups):
-                first = next(items, END)
-                if first is END:
-                    continue  # nothing kept: its time goes with the next group that hands on
-                handed_at, busy = clock(), out.busy
-                inside += handed_at - mark
-                yield first
-                yield from items
-                mark = clock()
-                # the output batches built after the first one (re-batching, collate_fn) are the
-                # stage's work too
-                busy = out.busy - busy
-                inside += busy
-                outside += mark - handed_at - busy
-                account.add(inside, outside, out.handed)
-                inside = outside = 0.0
+            mark = yield from self._account.timed(self._outputs(out, reader, groups), out)
             self._ledger.trim()
             finished = True
             self._pass_ended(mark)
@@ -777,16 +623,11 @@ class Sifter:
             # ended, abandoned or failed: the next call starts a new pass, and so does a stage
             # loaded with a state taken from now on (unless a newer pass or a load came first: a
             # pass left in a reference cycle is closed whenever the garbage collector gets to it)
-            account.add(inside, outside, out.handed)
-            if not finished and self._pass_id == this_pass:
+            if not finished and self._passes.is_current(this_pass):
                 # left early (a break, EqualSteps): still evidence, but the time since the last
                 # group is not the stage's (the pass may be closed long after it was left)
                 self._pass_ended(None)
-            if self._pass_id == this_pass:
-                self._pass_open = False
-                self._ledger.drop_pending()
-                # left before the source's end: a restored source must be moved past that pass
-                self._source_abandoned = not finished and self._source is not None and reader.ahead is not END
+            self._passes.run_ends(this_pass, finished, reader)
 
     def _pass_ended(self, mark: float | None) -> None:
         """Let the account judge the run so far (``mark``: when the stage last resumed, for a pass
@@ -816,7 +657,7 @@ class Sifter:
             # the tracked source's state is taken after iter() started this pass (before it, a
             # loader whose last pass was left mid-way would restore into that pass)
             reader.iterate()
-            snapshot = self._source.state_dict() if self._source is not None else None
+            snapshot = self._passes.snapshot()
         t0 = time.perf_counter()
         if self.batched:
             batch = reader.next()
@@ -842,15 +683,11 @@ class Sifter:
             weight_field = self.weight_field if self.attach_weight else None
             groups = reread_groups(reader, state, self._ledger, self.batched, self.key, weight_field)
             if not groups:
-                check_next(reader, state, self._source, self.batched, self.key)
+                check_next(reader, state, self._passes.source, self.batched, self.key)
             return groups
         except BaseException:
             self._ledger.drop_pending()
             raise
-
-    def _began_reading(self) -> None:
-        """The pass iterated its source: whatever an earlier pass left mid-way is behind it."""
-        self._source_abandoned = False
 
     # ------------------------------------------------------------------ helpers
 
@@ -870,10 +707,6 @@ def _directory_of(sink: Any) -> str | None:
     """The audit log's directory (where workers put their ``_predecode`` records), if the sink has one."""
     directory = getattr(sink, "directory", None)
     return directory if isinstance(directory, str) else None
-
-
-def _clone(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.clone()
 
 
 def _check_not_in_worker() -> None:

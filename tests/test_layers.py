@@ -42,6 +42,7 @@ LAYERS: dict[str, set[str]] = {
         "_resume",
         "_source",
         "_decider",
+        "_passes",
         "_settings",
         "_stats",
         "sifter",
