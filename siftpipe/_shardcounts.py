@@ -12,6 +12,7 @@ import numpy as np
 
 __all__ = [
     "ShardStats",
+    "ShardWatch",
     "SharedShardCounts",
     "find_shard_counts",
     "merge_shard_stats",
@@ -202,3 +203,42 @@ def merge_shard_stats(counters: Iterable[SharedShardCounts]) -> ShardStats:
     stats = [c.stats() for c in counters]
     totals: dict[str, Any] = {name: sum(getattr(st, name) for st in stats) for name in _FIELDS}
     return ShardStats(**totals, skipped_urls=tuple(u for st in stats for u in st.skipped_urls))
+
+
+class ShardWatch:
+    """The shard counters a stage watches (``Sifter.watch_shards``): what the shard readers of its
+    sources skipped, summed over every process that read them."""
+
+    #: Skipped shard URLs written into each audit manifest, at most.
+    REPORTED_URLS = 100
+
+    def __init__(self) -> None:
+        self.counters: list[SharedShardCounts] = []
+
+    def watch(self, *pipelines: Any) -> None:
+        """Watch the shard readers in ``pipelines`` too (each counter once)."""
+        for counts in find_shard_counts(*pipelines):
+            if all(counts is not c for c in self.counters):
+                self.counters.append(counts)
+
+    def skipped(self) -> tuple[int, int]:
+        """(shards skipped, samples skipped) over the watched readers (cheap: no URLs decoded)."""
+        shards = samples = 0
+        for counts in self.counters:
+            totals = counts.totals()
+            shards += totals["skipped"]
+            samples += totals["samples_skipped"]
+        return shards, samples
+
+    def stats(self) -> ShardStats | None:
+        """What the watched readers counted (``None`` if none is watched)."""
+        return merge_shard_stats(self.counters) if self.counters else None
+
+    def report(self) -> dict[str, Any] | None:
+        """The counters for the audit log's manifests (at most ``REPORTED_URLS`` skipped URLs)."""
+        stats = self.stats()
+        if stats is None:
+            return None
+        report = stats.as_dict()
+        report["skipped_urls"] = report["skipped_urls"][: self.REPORTED_URLS]
+        return report

@@ -22,7 +22,7 @@ from ._ranks import dist_info
 from ._resume import check_next, reread_groups
 from ._scoring import CPU, Scoring, Setting, scoring_device
 from ._settings import check_arguments, resolve_policy, resolve_scorer, stage_config
-from ._shardcounts import ShardStats, SharedShardCounts, find_shard_counts, merge_shard_stats
+from ._shardcounts import ShardStats, ShardWatch
 from ._source import END, Reader
 from ._state import (
     COUNTS,
@@ -53,9 +53,6 @@ __all__ = ["REASONS", "SiftStats", "Sifter"]
 OnNan = Literal["raise", "keep", "drop"]
 OnOom = Literal["raise", "split"]
 KeySpec = str | int | Callable[[Any], Any] | None
-
-
-_REPORTED_URLS = 100  # skipped shard URLs written into each audit manifest, at most
 
 
 class Sifter:
@@ -245,7 +242,7 @@ class Sifter:
         self._account = CostAccount()  # wall time the stage costs and saves (stats, a warning)
         self._ledger = Ledger()  # groups decided and not yet all handed on; positions in the pass
         self._passes = Passes(self._ledger)  # the pass open, its source; a loaded checkpoint's place
-        self._shard_counts: list[SharedShardCounts] = []  # see watch_shards
+        self._shards = ShardWatch()  # see watch_shards
 
     # ------------------------------------------------------------------ public
 
@@ -281,11 +278,7 @@ class Sifter:
     def stats(self) -> SiftStats:
         """A snapshot of the counters (cheap: read it every step if you like)."""
         c, account = self._decider.counts, self._account
-        shards = {"skipped": 0, "samples_skipped": 0}
-        for counts in self._shard_counts:
-            totals = counts.totals()
-            shards["skipped"] += totals["skipped"]
-            shards["samples_skipped"] += totals["samples_skipped"]
+        shards_skipped, samples_skipped = self._shards.skipped()
         return SiftStats(
             c["seen"],
             c["kept"],
@@ -298,8 +291,8 @@ class Sifter:
             c["scored"],
             c["from_memory"],
             c["observed"],
-            shards["skipped"],
-            shards["samples_skipped"],
+            shards_skipped,
+            samples_skipped,
             c["unknown"],
             0.0 if self._decider.stopped else self.policy.sifting_scale(),
             account.stage_seconds,
@@ -316,9 +309,7 @@ class Sifter:
         shared memory, so shards skipped inside DataLoader workers are counted too. ``.sift()``
         and ``SiftNode`` call this for you, and so does each pass for the source it is given.
         """
-        for counts in find_shard_counts(*pipelines):
-            if all(counts is not c for c in self._shard_counts):
-                self._shard_counts.append(counts)
+        self._shards.watch(*pipelines)
 
     def describe(self) -> StageInfo:
         """The settings that decide, as plain data (what a sink records about the stage)."""
@@ -338,16 +329,7 @@ class Sifter:
 
     def shard_stats(self) -> ShardStats | None:
         """What the watched shard readers counted, over every process (``None`` if none is watched)."""
-        return merge_shard_stats(self._shard_counts) if self._shard_counts else None
-
-    def _shard_report(self) -> dict[str, Any] | None:
-        """The watched shard counters for the audit log's manifests."""
-        stats = self.shard_stats()
-        if stats is None:
-            return None
-        report = stats.as_dict()
-        report["skipped_urls"] = report["skipped_urls"][:_REPORTED_URLS]
-        return report
+        return self._shards.stats()
 
     @property
     def consumed(self) -> int:
@@ -444,7 +426,7 @@ class Sifter:
         self.watch_shards(source)
         if self.audit is not None:
             if not self._sink_bound:  # once: what the log records about the stage is its first pass's
-                self.audit.bind(self.describe(), self._shard_report)
+                self.audit.bind(self.describe(), self._shards.report)
                 self._sink_bound = True
             self.audit.start()
         self._scoring.device = CPU if device.type == "cpu" else device
