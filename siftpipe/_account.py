@@ -14,13 +14,14 @@ import time
 from collections.abc import Generator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ._source import END
+
 if TYPE_CHECKING:
     from ._ledger import Output
 
 __all__ = ["CostAccount"]
 
 _log = logging.getLogger("siftpipe")
-_END = object()
 
 
 class CostAccount:
@@ -114,8 +115,8 @@ class CostAccount:
         inside = outside = 0.0
         try:
             for items in groups:
-                first = next(items, _END)
-                if first is _END:
+                first = next(items, END)
+                if first is END:
                     continue  # nothing kept: its time goes with the next group that hands on
                 handed_at, busy = clock(), out.busy
                 inside += handed_at - mark

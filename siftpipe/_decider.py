@@ -14,7 +14,7 @@ from ._ledger import Group
 from ._rows import attach_weights, field_of, keys_of, upstream_of
 from ._scoring import Scoring
 from ._state import COUNTS
-from .errors import NonFiniteLossError, ScorerOutputError, describe_keys
+from .errors import ConfigError, NonFiniteLossError, ScorerOutputError, describe_keys
 from .memory import FEEDBACK, NONE, SOURCES, STALE, ScoreMemory
 from .policies import Policy, RelativeProbabilistic
 from .sink import Decisions, DecisionSink
@@ -67,15 +67,20 @@ class Decider:
 
     def observe(self, keys: list[Any], values: np.ndarray) -> None:
         """Remember losses the training step handed back (for samples ``keys``, this epoch)."""
+        memory = self.memory
+        if memory is None:
+            raise ConfigError(
+                "observe() needs a score memory: Sifter(..., memory=sp.ScoreMemory(capacity=...))"
+            )
         if len(keys) != values.size:
             raise ScorerOutputError(
                 f"observe() got {len(keys)} keys but {values.size} losses; pass one loss per sample "
                 "(reduction='none')"
             )
         self.counts["observed"] += values.size
-        if self.stopped or self.memory is None:  # the cost guard stopped sifting: nothing will read them
+        if self.stopped:  # the cost guard stopped sifting: nothing will read them
             return
-        self.memory.update(self.memory.hashes(keys), values, self.epoch, FEEDBACK)
+        memory.update(memory.hashes(keys), values, self.epoch, FEEDBACK)
 
     def decide(self, group: Group) -> None:
         """Score (or look up) and decide every row of ``group``; count it and write it to the sink."""

@@ -363,10 +363,6 @@ class Sifter:
             keys: The samples' keys (``batch["__key__"]``).
             losses: One loss per key: a tensor (any device; detached here) or an array.
         """
-        if self.memory is None:
-            raise ConfigError(
-                "observe() needs a score memory: Sifter(..., memory=sp.ScoreMemory(capacity=...))"
-            )
         if isinstance(losses, torch.Tensor):
             # on an accelerator this copy waits for the training step's kernels: the step's time,
             # so the stage's own account starts after it

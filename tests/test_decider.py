@@ -63,7 +63,9 @@ def test_with_a_memory_known_samples_need_no_forward_and_unknown_ones_are_kept_w
     assert written.source.tolist() == [FEEDBACK, FEEDBACK, NONE, NONE]
 
 
-def test_observe_refuses_keys_and_losses_of_different_lengths():
+def test_observe_refuses_keys_and_losses_of_different_lengths_and_a_stage_with_no_memory():
+    with pytest.raises(sp.ConfigError, match="observe\\(\\) needs a score memory"):
+        decider().observe(["a"], np.zeros(1))
     d = decider(memory=sp.ScoreMemory(capacity=16))
     with pytest.raises(sp.ScorerOutputError, match="2 keys but 3 losses.*reduction='none'"):
         d.observe(["a", "b"], np.zeros(3))
