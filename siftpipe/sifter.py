@@ -236,9 +236,7 @@ class Sifter:
         #: The generator's seed: ``seed``, or ``[seed, rank]`` on a multi-process job so that ranks
         #: draw independently.
         self.rng_seed: int | list[int] = self.seed if world <= 1 else [self.seed, int(rank)]
-        self._decider.rng = np.random.default_rng(self.rng_seed)
-        self._decider.counts = dict.fromkeys(COUNTS, 0)
-        self._decider.seconds = [0.0, 0.0]  # scoring, deciding
+        self._decider.rng = np.random.default_rng(self.rng_seed)  # (its counters start at zero)
         self._account = CostAccount()  # wall time the stage costs and saves (stats, a warning)
         self._ledger = Ledger()  # groups decided and not yet all handed on; positions in the pass
         self._passes = Passes(self._ledger)  # the pass open, its source; a loaded checkpoint's place
@@ -445,7 +443,6 @@ class Sifter:
         ended, or after it was abandoned (``break`` out of the loop, ``close()``, an exception),
         the next call starts a new pass, as it would in this process.
         """
-        place = self._passes.position(self._decider.keys, self.batched, self.key)
         state = {
             "version": self.STATE_VERSION,
             "config": stage_config(self),
@@ -453,20 +450,9 @@ class Sifter:
             "rng": self._decider.rng.bit_generator.state,
             "counts": dict(self._decider.counts),
             "seconds": list(self._decider.seconds),
-            "consumed": place["consumed"],
-            "read": place["read"],
-            "pending": place["pending"],
-            "emitted": place["emitted"],
             "epoch": self.epoch,
-            "epoch_set": place["epoch_set"],
-            "opened": place["opened"],
-            "pass_read": place["pass_read"],
-            "pass_open": place["pass_open"],
             "model_version": self.model_version,
-            "source": place["source"],
-            "next_key": place["next_key"],
-            "ended": place["ended"],
-            "source_abandoned": place["source_abandoned"],
+            **self._passes.position(self._decider.keys, self.batched, self.key),  # _passes.POSITION
             "audit": None if self.audit is None else self.audit.state_dict(),
             "memory": None if self.memory is None else self.memory.state_dict(),
             # wall time, like "seconds": not digested (it cannot be checked against anything)
