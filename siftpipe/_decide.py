@@ -11,7 +11,7 @@ import numpy as np
 
 from ._vocab import REASONS
 from .errors import PolicyError
-from .policies import Decision, Policy, PruneEasy, RelativeProbabilistic, TopFraction, Uniform
+from .policies import Decision, InfoBatch, Policy, PruneEasy, RelativeProbabilistic, TopFraction, Uniform
 
 __all__ = [
     "NAN",
@@ -29,7 +29,7 @@ POLICY, WARMUP, NAN, PREDECODE, UNKNOWN = 0, 1, 2, 3, 4
 
 # siftpipe's own policies, exactly these classes (a subclass may override decide): their decisions
 # are well formed for any finite losses (tests/test_properties.py), so the hot path skips the check
-_CHECKED_BY_TESTS = frozenset({PruneEasy, RelativeProbabilistic, TopFraction, Uniform})
+_CHECKED_BY_TESTS = frozenset({InfoBatch, PruneEasy, RelativeProbabilistic, TopFraction, Uniform})
 
 
 @dataclass

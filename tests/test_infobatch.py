@@ -29,7 +29,12 @@ def _stage(n, budget, **kw):
     return sp.Sifter(
         None,
         _never,
-        sp.InfoBatch(ratio=kw.pop("ratio", 0.5), budget=budget, guard=kw.pop("guard", None)),
+        sp.InfoBatch(
+            ratio=kw.pop("ratio", 0.5),
+            budget=budget,
+            guard=kw.pop("guard", None),
+            graded=kw.pop("graded", False),
+        ),
         memory=sp.ScoreMemory(capacity=n, max_age=None),
         unknown="keep",
         remember_forward=False,
@@ -72,6 +77,36 @@ def test_first_epoch_is_kept_unscored_and_then_below_mean_samples_are_pruned():
         expect = torch.tensor([2.0 if k in easy else 1.0 for k in ks], dtype=w.dtype)
         assert torch.equal(w, expect)
     assert stage.stats.scored == 0 and stage.stats.from_memory == n
+
+
+def test_graded_pruning_scales_with_the_distance_below_the_mean_and_weights_each_kept_sample():
+    n = 10_000
+    keys = list(range(n))
+    stage = _stage(n, budget=10 * n, ratio=0.9, graded=True)
+    _epoch(stage, 0, keys, lambda k, e: float(k % 10))  # losses 0..9, mean 4.5
+    trained = []
+    kept1 = {int(k) for k in _epoch(stage, 1, keys, lambda k, e: float(k % 10), trained)}
+    for level in range(10):
+        prune = 0.9 * max(0.0, (4.5 - level) / 4.5)  # 0.9 at loss 0, 0.1 at loss 4, 0 from 5 on
+        kept = sum(k in kept1 for k in keys if k % 10 == level) / (n // 10)
+        assert kept == pytest.approx(1.0 - prune, abs=0.05), level
+        if level >= 5:
+            assert kept == 1.0
+    for _, ks, w in trained:
+        expect = [1.0 / (1.0 - 0.9 * max(0.0, (4.5 - int(k) % 10) / 4.5)) for k in ks]
+        assert torch.allclose(w, torch.tensor(expect, dtype=w.dtype))
+    # losses that sit close to their mean barely discriminate: the graded rule prunes little
+    close = _stage(n, budget=10 * n, ratio=0.9, graded=True)
+    _epoch(close, 0, keys, lambda k, e: 2.0 + 0.02 * (k % 10))
+    assert len(_epoch(close, 1, keys, lambda k, e: 2.0)) > 0.98 * n
+
+
+def test_the_step_rule_names_no_graded_setting_so_its_checkpoints_resume_as_before():
+    assert "graded" not in sp.InfoBatch(0.5).config()
+    assert sp.InfoBatch(0.5, graded=True).config()["graded"] is True
+    assert sp.InfoBatch(0.5, graded=True).fresh().graded
+    with pytest.raises(sp.ConfigError, match="graded"):
+        sp.InfoBatch(0.5, graded=1)
 
 
 def test_a_pruned_sample_keeps_its_last_loss_and_the_mean_counts_every_remembered_loss():

@@ -31,8 +31,11 @@ def losses(allow_non_finite: bool, max_size: int = 160):
 
 
 @st.composite
-def policies(draw):
-    kind = draw(st.sampled_from(["relative", "top", "prune", "uniform"]))
+def policies(draw, infobatch=False):
+    """A policy of any kind and setting (``infobatch``: also InfoBatch, bound to a memory of its
+    own: alone, not through a stage, which would need a score memory)."""
+    kinds = ["relative", "top", "prune", "uniform"] + (["infobatch"] if infobatch else [])
+    kind = draw(st.sampled_from(kinds))
     if kind == "relative":
         return sp.RelativeProbabilistic(draw(st.floats(0.05, 8.0)), draw(st.integers(1, 300)))
     if kind == "top":
@@ -40,6 +43,16 @@ def policies(draw):
     if kind == "prune":
         anneal = draw(st.one_of(st.none(), st.integers(0, 200)))
         return sp.PruneEasy(draw(st.floats(0.0, 0.95)), anneal, draw(st.integers(1, 300)))
+    if kind == "infobatch":
+        budget = draw(st.one_of(st.none(), st.integers(1, 400)))
+        guard = draw(st.one_of(st.none(), st.floats(0.01, 10.0)))
+        policy = sp.InfoBatch(draw(st.floats(0.0, 0.95)), budget, 0.875, guard, draw(st.booleans()))
+        memory = sp.ScoreMemory(64, max_age=None)
+        # a remembered mean of any sign, or none at all
+        known = draw(st.lists(st.one_of(finite, tied), max_size=20))
+        memory.update(key_hashes([f"m{i}" for i in range(len(known))]), np.array(known), 0, FEEDBACK)
+        policy.bind_memory(memory)
+        return policy
     return sp.Uniform(draw(st.floats(0.01, 1.0)))
 
 
@@ -55,7 +68,7 @@ def batches_of(samples, size):
 
 
 @SETTINGS
-@given(policy=policies(), values=losses(False), seed=st.integers(0, 2**32 - 1))
+@given(policy=policies(infobatch=True), values=losses(False), seed=st.integers(0, 2**32 - 1))
 def test_a_policy_decision_is_well_formed_for_any_finite_losses(policy, values, seed):
     x = np.asarray(values, dtype=np.float64)
     d = policy.decide(x, np.random.default_rng(seed), 0)

@@ -29,7 +29,8 @@ samples). Arms (``--arms``; ``name@key=value,key=value`` sets parameters, e.g.
 
   full            every sample trained, no selector
   recipe          ``sp.recipe(model, scorer, budget=epochs*N, batched=True, output_batch=batch)``
-                  with the library's defaults (keys: ratio, warmup, anneal, guard; ``guard=none``);
+                  with the library's defaults (keys: ratio, warmup, anneal, guard, cost_guard,
+                  graded; ``guard=none``, ``graded=0`` for InfoBatch's step rule);
                   losses of the training step handed back with ``sifter.observe``
   infobatch_ref   InfoBatch (Qin et al., ICLR 2024) written here, independent of the library
                   (``InfoBatchRef``): losses from the training step only; at each epoch start the
@@ -432,7 +433,7 @@ class ArmSpec:
 
 ARM_KINDS = {
     "full": set(),
-    "recipe": {"ratio", "warmup", "anneal", "guard", "cost_guard"},
+    "recipe": {"ratio", "warmup", "anneal", "guard", "cost_guard", "graded"},
     "infobatch_ref": {"ratio", "anneal"},
     "uniform": {"keep"},
 }
@@ -449,7 +450,7 @@ def parse_arm(text: str) -> ArmSpec:
         if not eq or key not in ARM_KINDS[kind]:
             raise ValueError(f"arm {text!r}: {item!r} is not key=value with key in {sorted(ARM_KINDS[kind])}")
         params[key] = None if value.lower() == "none" else float(value)
-        if key == "cost_guard":
+        if key in ("cost_guard", "graded"):
             params[key] = bool(params[key])
     return ArmSpec(text, kind, params)
 
