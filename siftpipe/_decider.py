@@ -80,7 +80,7 @@ class Decider:
         self.counts["observed"] += values.size
         if self.stopped:  # the cost guard stopped sifting: nothing will read them
             return
-        memory.update(memory.hashes(keys), values, self.epoch, FEEDBACK)
+        memory.update_keys(keys, values, self.epoch, FEEDBACK)
 
     def decide(self, group: Group) -> None:
         """Score (or look up) and decide every row of ``group``; count it and write it to the sink."""
@@ -205,8 +205,7 @@ class Decider:
             return self._score_rows(group, None), source
         keys = self.keys(group, required=True, purpose="the score memory")
         assert keys is not None  # key=None with a memory is refused at construction
-        hashes = memory.hashes(keys)
-        losses, remembered = memory.lookup(hashes, self.epoch)
+        losses, remembered = memory.lookup_keys(keys, self.epoch)
         miss = np.flatnonzero(np.isnan(losses))
         sources = np.where(remembered == FEEDBACK, FEEDBACK, STALE).astype(np.int8)
         if miss.size and self.unknown == "keep":
@@ -220,7 +219,7 @@ class Decider:
             losses[miss] = fresh
             sources[miss] = source
             if self.remember_forward:
-                memory.update(hashes[miss], fresh, self.epoch, source)
+                memory.update_keys([keys[i] for i in miss.tolist()], fresh, self.epoch, source)
         self.counts["from_memory"] += group.rows - miss.size
         return losses, sources
 

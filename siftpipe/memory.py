@@ -73,10 +73,13 @@ class ScoreMemory:
             (1: the next epoch only; k: Selective Backprop's stale mode). Older ones are re-scored.
             ``None``: it never expires (InfoBatch: a pruned sample keeps its last loss until it is
             trained again).
-        key_cache: String keys whose hashes it remembers (``hashes``), at most: the first this many
-            distinct keys seen, about 150 bytes each (the key, its hash, a dict entry); 0: none.
-            Hashing a key costs about 0.7 µs and a cached one 0.1 µs: over several epochs of the
-            same keys that is most of the stage's cost per sample on a cheap training step.
+        key_cache: String keys whose place in the table it remembers, at most: the first this
+            many distinct keys stored, about 150 bytes each (the key, its slot, a dict entry); 0:
+            none. Hashing a key and probing the table for it costs about 1 µs, a cached key about
+            0.15 µs: over several epochs of the same keys that is most of the stage's cost per
+            sample on a cheap training step. ``lookup_keys``, ``update_keys`` and ``hashes`` use
+            it; the cache is not part of the state (a key's slot never changes until the table
+            is refilled, which empties it).
 
     Besides losses, the memory measures what dropping did (see ``forgetting``): when the training
     step hands back the loss of a sample whose remembered loss is two or more epochs old (it was
@@ -97,8 +100,9 @@ class ScoreMemory:
         self.capacity = capacity
         self.max_age = max_age
         self.key_cache = key_cache
-        # str key -> its key_hashes value; not part of the state (it is a cache of a pure function)
-        self._hash_of: dict[str, int] = {}
+        # str key -> the slot holding its hash: keys never move (nothing is deleted) until _fill
+        # empties the table, and the cache with it
+        self._slot_of: dict[str, int] = {}
         slots = max(16, int(np.ceil(capacity / _MAX_LOAD)))
         fix = "size it to the samples of one epoch (or of this rank's shards)"
         check_fits(15 * slots, f"a score memory of capacity {capacity:,} (about 22 bytes a sample)", fix)
@@ -130,24 +134,36 @@ class ScoreMemory:
         """Bytes held by the table."""
         return self._keys.nbytes + self._loss.nbytes + self._epoch.nbytes + self._source.nbytes
 
-    def hashes(self, keys: Sequence[Any]) -> np.ndarray:
-        """``key_hashes(keys)``, answered from the key cache for string keys it has seen."""
-        cache = self._hash_of
+    def _cached_slots(self, keys: Sequence[Any]) -> np.ndarray | None:
+        """The cached slot of each key, -1 where there is none; None unless every key is a str
+        (or numpy str) and the cache is on."""
         # str (and numpy's str) only: 1, 1.0 and True are one dict key but three different strings,
         # and a str subclass may str() to something else
         if not self.key_cache or not len(keys) or not set(map(type, keys)) <= _CACHED_KEY_TYPES:
+            return None
+        return np.fromiter(map(self._slot_of.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
+
+    def _remember_slots(self, keys: Sequence[Any], index: np.ndarray, hashes: np.ndarray) -> None:
+        """Cache the slots of ``keys[index]`` (whose hashes are ``hashes``) that the table holds."""
+        room = self.key_cache - len(self._slot_of)
+        if room <= 0 or not index.size:
+            return
+        slot = self._slots(hashes)
+        held = np.flatnonzero(self._keys[slot] == hashes)[:room]
+        if held.size:
+            picked = index[held].tolist()
+            self._slot_of.update(zip([keys[i] for i in picked], slot[held].tolist()))
+
+    def hashes(self, keys: Sequence[Any]) -> np.ndarray:
+        """``key_hashes(keys)``, read from the table for string keys whose slot is cached."""
+        slots = self._cached_slots(keys)
+        if slots is None:
             return key_hashes(keys)
-        # 0 marks a key not cached (key_hashes never gives 0)
-        got = np.fromiter(map(cache.get, keys, repeat(0)), dtype=np.uint64, count=len(keys))
-        miss = np.flatnonzero(got == _EMPTY)
+        out = self._keys[slots]  # a copy; rows of -1 are replaced below
+        miss = np.flatnonzero(slots < 0)
         if miss.size:
-            missed = [keys[i] for i in miss.tolist()]
-            fresh = key_hashes(missed)
-            got[miss] = fresh
-            room = self.key_cache - len(cache)
-            if room > 0:
-                cache.update(zip(missed[:room], fresh[:room].tolist()))
-        return got
+            out[miss] = key_hashes([keys[i] for i in miss.tolist()])
+        return out
 
     def _slots(self, hashes: np.ndarray) -> np.ndarray:
         """For each hash: the slot holding it, or the empty slot where it would go."""
@@ -277,6 +293,61 @@ class ScoreMemory:
         loss = np.where(usable, self._loss[slot].astype(np.float64), np.nan)
         return loss, self._source[slot]
 
+    def lookup_keys(self, keys: Sequence[Any], epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """``lookup(key_hashes(keys), epoch)``, with no hashing or probing for cached keys."""
+        slots = self._cached_slots(keys)
+        if slots is None:
+            return self.lookup(key_hashes(keys), epoch)
+        miss = np.flatnonzero(slots < 0)
+        if miss.size:
+            missed = [keys[i] for i in miss.tolist()]
+            hashes = key_hashes(missed)
+            found = self._slots(hashes)
+            held = self._keys[found] == hashes
+            # a key not held reads the empty slot it would go to: a miss either way below
+            slots[miss] = found
+            self._remember_slots(keys, miss[held], hashes[held])
+            unknown = miss[~held]
+        else:
+            unknown = miss
+        age = epoch - self._epoch[slots].astype(np.int64)
+        usable = age >= 1
+        if self.max_age is not None:
+            usable &= age <= self.max_age
+        if unknown.size:
+            usable[unknown] = False
+        loss = np.where(usable, self._loss[slots].astype(np.float64), np.nan)
+        return loss, self._source[slots]
+
+    def update_keys(self, keys: Sequence[Any], losses: np.ndarray, epoch: int, source: int) -> None:
+        """``update(key_hashes(keys), losses, epoch, source)``, with no hashing or probing when
+        every key is cached, distinct and has a finite loss (the training step's usual batch)."""
+        slots = self._cached_slots(keys)
+        if slots is None:
+            self.update(key_hashes(keys), losses, epoch, source)
+            return
+        losses = np.asarray(losses, dtype=np.float32)
+        n = slots.size
+        if (
+            np.count_nonzero(slots >= 0) == n
+            and np.count_nonzero(np.isfinite(losses)) == n
+            and len(set(keys)) == n
+        ):
+            check_epoch(epoch)
+            if source == FEEDBACK:
+                self._note_drift(slots, losses, epoch)
+            self._sum += float(losses.astype(np.float64).sum()) - float(
+                self._loss[slots].astype(np.float64).sum()
+            )
+            self._loss[slots] = losses
+            self._epoch[slots] = epoch
+            self._source[slots] = source
+            return
+        hashes = self.hashes(keys)
+        self.update(hashes, losses, epoch, source)
+        miss = np.flatnonzero(slots < 0)
+        self._remember_slots(keys, miss, hashes[miss])
+
     # ------------------------------------------------------------------ state and files
 
     def _occupied(self) -> np.ndarray:
@@ -320,6 +391,7 @@ class ScoreMemory:
 
     def _fill(self, keys: np.ndarray, loss: np.ndarray, epoch: np.ndarray, source: np.ndarray) -> None:
         self._keys[:] = _EMPTY
+        self._slot_of.clear()  # the keys take new slots
         self._count = 0
         self._sum = 0.0
         self.refused = 0

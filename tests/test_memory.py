@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import torch
 from common import roundtrip
 
 import siftpipe as sp
@@ -82,19 +83,77 @@ def test_key_cache_answers_what_key_hashes_would_and_stays_within_its_bound():
     keys = [f"k{i}" for i in range(50)]
     memory = sp.ScoreMemory(100, key_cache=30)
     first = memory.hashes(keys[:20])
-    assert first.tolist() == key_hashes(keys[:20]).tolist() and len(memory._hash_of) == 20
-    mixed = memory.hashes(keys[10:50])  # 10 cached, 30 new of which 10 fit
-    assert mixed.tolist() == key_hashes(keys[10:50]).tolist()
-    assert len(memory._hash_of) == 30 and set(memory._hash_of) == set(keys[:30])
+    assert first.tolist() == key_hashes(keys[:20]).tolist() and not memory._slot_of  # none stored yet
+    memory.update_keys(keys[:20], np.ones(20), 0, FEEDBACK)
+    assert set(memory._slot_of) == set(keys[:20])
+    memory.update_keys(keys[10:50], np.ones(40), 0, FEEDBACK)  # 10 cached, 30 new of which 10 fit
+    assert len(memory._slot_of) == 30 and set(memory._slot_of) == set(keys[:30])
+    for at, key in ((memory._slot_of[k], k) for k in keys[:30]):
+        assert memory._keys[at] == key_hashes([key])[0]
     again = memory.hashes([*keys[::-1], keys[0]])  # repeats, cached and uncached together
-    assert again.tolist() == key_hashes([*keys[::-1], keys[0]]).tolist() and len(memory._hash_of) == 30
+    assert again.tolist() == key_hashes([*keys[::-1], keys[0]]).tolist() and len(memory._slot_of) == 30
     assert memory.hashes(np.array(keys[:3])).tolist() == first[:3].tolist()  # numpy strings
     assert memory.hashes([]).shape == (0,)
+    memory.load_state_dict(memory.state_dict())  # refilled: the keys may sit elsewhere now
+    assert not memory._slot_of
     off = sp.ScoreMemory(100, key_cache=0)
-    assert off.hashes(keys).tolist() == key_hashes(keys).tolist() and not off._hash_of
+    off.update_keys(keys, np.ones(50), 0, FEEDBACK)
+    assert off.hashes(keys).tolist() == key_hashes(keys).tolist() and not off._slot_of
     for bad in (-1, 1.5, True):
         with pytest.raises(sp.ConfigError, match="key_cache"):
             sp.ScoreMemory(100, key_cache=bad)
+
+
+@pytest.mark.parametrize(("capacity", "key_cache"), [(40, 500), (400, 60), (400, 500)])
+def test_keyed_lookups_and_updates_agree_with_the_hashed_ones_whatever_the_cache_holds(capacity, key_cache):
+    """A memory that answers from its slot cache and one that hashes every key (key_cache=0) go
+    through the same operations and must agree on every answer and on their states: repeated
+    keys, NaN losses, a full memory refusing keys, int keys, a refill from a state."""
+    rng = np.random.default_rng(7)
+    universe = [f"s{i}" for i in range(120)]
+    cached = sp.ScoreMemory(capacity, max_age=2, key_cache=key_cache)
+    hashed = sp.ScoreMemory(capacity, max_age=2, key_cache=0)
+    slow = []  # update_keys calls that went through hashing (the others took the cached slots)
+    update = cached.update
+    cached.update = lambda *a: (slow.append(1), update(*a))  # type: ignore[method-assign]
+    fast = 0
+    for step in range(300):
+        epoch = step // 40
+        n = int(rng.integers(1, 30))
+        keys = [universe[i] for i in rng.integers(0, len(universe), n)]
+        if step % 7 == 3:
+            keys = list(dict.fromkeys(keys))  # distinct: the fast path when all are cached
+        if step % 50 == 17:
+            keys = [np.str_(k) for k in keys]
+        losses = rng.exponential(size=len(keys))
+        if step % 11 == 5:
+            losses[0] = np.nan
+        source = FEEDBACK if step % 5 else 0
+        for memory in (cached, hashed):
+            memory.update_keys(keys, losses, epoch, source)
+        fast += not slow
+        slow.clear()
+        probe = [universe[i] for i in rng.integers(0, len(universe), 25)]
+        a, b = cached.lookup_keys(probe, epoch + 1), hashed.lookup_keys(probe, epoch + 1)
+        np.testing.assert_array_equal(a[0], b[0])
+        np.testing.assert_array_equal(a[1], b[1])
+        assert cached.refused == hashed.refused and len(cached) == len(hashed)
+        assert cached.mean() == pytest.approx(hashed.mean(), rel=1e-12, nan_ok=True)
+        assert cached.forgetting() == hashed.forgetting()
+        if step == 150:
+            cached.load_state_dict(cached.state_dict())
+            hashed.load_state_dict(hashed.state_dict())
+    # (the cache was in use, and so was its fast path, but where few keys fit in it)
+    assert cached._slot_of and (fast > 10 or min(capacity, key_cache) < len(universe))
+    a, b = cached.state_dict(), hashed.state_dict()
+    for name in ("keys", "loss", "epoch", "source"):
+        order_a, order_b = a["keys"].argsort(), b["keys"].argsort()
+        assert torch.equal(a[name][order_a], b[name][order_b]), name
+    for memory in (cached, hashed):  # not strings: hashed, never cached
+        memory.update_keys([1, 2, "s1"], np.full(3, 5.0), 9, FEEDBACK)
+    assert all(type(k) is str for k in cached._slot_of)
+    probe = key_hashes(["1", "2", "s1"])
+    np.testing.assert_array_equal(cached.lookup(probe, 10)[0], hashed.lookup(probe, 10)[0])
 
 
 def test_observe_stores_under_the_same_hashes_whether_the_stage_remembered_them_or_not():
@@ -105,8 +164,8 @@ def test_observe_stores_under_the_same_hashes_whether_the_stage_remembered_them_
     s = sp.Sifter(
         None, loss_field, sp.RelativeProbabilistic(1.0, 50), micro_batch=10, memory=sp.ScoreMemory(1000)
     )
-    list(s(samples))  # the lookups cache these keys' hashes
-    assert keys[0] in s.memory._hash_of  # (the cache is in use, so the checks below exercise it)
+    list(s(samples))  # the lookups and the scores remembered cache these keys' slots
+    assert keys[0] in s.memory._slot_of  # (the cache is in use, so the checks below exercise it)
     # some remembered, one never seen, then keys that are equal as dict keys but not as strings
     observed = [*keys[:5], "never-seen", *keys[5:8]]
     s.observe(observed, np.arange(len(observed), dtype=np.float64) + 0.5)
