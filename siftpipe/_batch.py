@@ -96,6 +96,25 @@ def _take(batch: Batch, index: np.ndarray, tindex: torch.Tensor | None) -> Batch
     return batch
 
 
+def split(batch: Batch, size: int) -> tuple[Batch, Batch]:
+    """The first ``size`` rows of ``batch`` and the rest, in the same structure, as slices:
+    tensors and arrays share ``batch``'s memory (no copy), lists are new lists."""
+    if type(batch) is dict or isinstance(batch, Mapping):
+        parts = {k: split(v, size) for k, v in batch.items()}
+        return {k: v[0] for k, v in parts.items()}, {k: v[1] for k, v in parts.items()}
+    if isinstance(batch, torch.Tensor | np.ndarray):
+        return (batch[:size], batch[size:]) if batch.ndim else (batch, batch)
+    if isinstance(batch, tuple) or (isinstance(batch, list) and _is_columns(batch)):
+        pairs = [split(v, size) for v in batch]
+        heads, tails = [p[0] for p in pairs], [p[1] for p in pairs]
+        if hasattr(batch, "_fields"):
+            return type(batch)(*heads), type(batch)(*tails)
+        return type(batch)(heads), type(batch)(tails)
+    if isinstance(batch, list):
+        return batch[:size], batch[size:]
+    return batch, batch
+
+
 def concat(batches: Sequence[Batch]) -> Batch:
     """Concatenate batches of the same structure along rows."""
     first = batches[0]

@@ -132,10 +132,13 @@ class Output:
             t0 = time.perf_counter()
             if s.batched:
                 whole = _batch.concat(self.buffer)
-                total = self.buffered
-                out = _batch.take(whole, np.arange(size))
-                rest = total - size
-                self.buffer = [_batch.take(whole, np.arange(size, total))] if rest else []
+                rest = self.buffered - size
+                if rest:
+                    # slices: the batch handed on and the rest share the concatenation's memory
+                    out, tail = _batch.split(whole, size)
+                    self.buffer = [tail]
+                else:
+                    out, self.buffer = whole, []
                 self.buffered = rest
             else:
                 out = s.collate_fn(self.buffer[:size])

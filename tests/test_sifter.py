@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 from common import loss_field, make_samples
@@ -80,6 +81,48 @@ def test_batched_mode_output_batch_rebatches(samples):
     out = list(s(tuples))
     assert [o[0].shape[0] for o in out] == [64] * 4 + [44]
     assert all(isinstance(o, tuple) and o[1].shape[0] == o[0].shape[0] for o in out)
+
+
+def test_rebatched_rows_are_the_kept_rows_in_order_in_every_structure_and_do_not_alias():
+    from collections import namedtuple
+
+    from siftpipe import _batch
+
+    Pair = namedtuple("Pair", "a b")
+    n = 300
+    batches = [
+        {
+            "__key__": [f"k{i}" for i in range(s, s + 50)],
+            "x": torch.arange(s, s + 50, dtype=torch.float64),
+            "np": np.arange(s, s + 50) * 10,
+            "pair": Pair(torch.arange(s, s + 50), [f"b{i}" for i in range(s, s + 50)]),
+            "scale": torch.tensor(3.0),  # 0-d: the same in every batch
+        }
+        for s in range(0, n, 50)
+    ]
+    s = sp.Sifter(
+        None, lambda m, b: b["x"] % 7, sp.TopFraction(0.5), micro_batch=None, batched=True, output_batch=40
+    )
+    out = []
+    for b in s(batches):
+        # a training step that scales its batch in place, before the rest is handed on
+        b["x"].mul_(-1)
+        out.append(b)
+    for b in out:
+        assert (b["x"] <= 0).all()  # scaled once: no batch shares rows with another
+        b["x"].mul_(-1)
+    kept = [int(v) for b in out for v in b["x"]]
+    sizes = [40] * (len(kept) // 40) + ([len(kept) % 40] if len(kept) % 40 else [])
+    assert [len(b["__key__"]) for b in out] == sizes
+    assert kept == sorted(kept) and len(kept) == s.stats.kept  # the kept rows, in order
+    for b in out:
+        rows = b["x"].long().tolist()
+        assert b["__key__"] == [f"k{i}" for i in rows] and b["np"].tolist() == [10 * i for i in rows]
+        assert isinstance(b["pair"], Pair) and b["pair"].a.tolist() == rows
+        assert b["pair"].b == [f"b{i}" for i in rows] and float(b["scale"]) == 3.0
+    head, tail = _batch.split({"t": torch.arange(5), "l": list("abcde"), "z": torch.tensor(1)}, 2)
+    assert head["t"].tolist() == [0, 1] and tail["t"].tolist() == [2, 3, 4]
+    assert head["l"] == ["a", "b"] and tail["l"] == ["c", "d", "e"] and head["z"] is tail["z"]
 
 
 def test_warmup_keeps_everything_and_fills_history(samples):
