@@ -15,15 +15,22 @@ Prints one JSON object:
   model_per_micro_batch_us    the stage's cost per micro-batch beyond that direct call
   rss_mib_after_tenth, rss_mib_at_end, rss_growth   peak RSS of a batched run of --rss-samples, after
                               its first tenth (1M of the default 10M) and at its end
+  recipe_us_per_sample        the recipe's stage (InfoBatch, graded, ratio 0.5, over a score memory;
+                              no scoring forward) per sample seen, in CPU microseconds: 8 epochs of
+                              32,000 string-keyed samples in batches of 128 (tools/bench_suite.py's
+                              tabular shape), re-batched to 128, observe() per output batch, minus a
+                              bare loop building the same batches and key lists (best of --repeats,
+                              alternating; CPU time, which other tenants of a VM disturb less)
 
 Usage: python tools/bench_overhead.py [--samples 2000000] [--repeats 3] [--only CASE ...]
-CASE: passthrough, per_sample, batched, batched_256, model, rss (default: all).
+CASE: passthrough, per_sample, batched, batched_256, model, rss, recipe (default: all).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import resource
 import time
 
@@ -34,7 +41,7 @@ import torch.nn.functional as F
 import siftpipe as sp
 from siftpipe.demo import build_model
 
-CASES = ("passthrough", "per_sample", "batched", "batched_256", "model", "rss")
+CASES = ("passthrough", "per_sample", "batched", "batched_256", "model", "rss", "recipe")
 
 
 def best_time(fn, repeats: int) -> float:
@@ -192,6 +199,9 @@ def main() -> None:
         result.update(marks)
         result["rss_growth"] = marks["rss_mib_at_end"] / marks["rss_mib_after_tenth"] - 1
 
+    if "recipe" in only:
+        result.update(recipe_cost(args.repeats))
+
     if {"per_sample", "passthrough"} <= only:
         result["per_sample_vs_passthrough"] = (
             result["per_sample_samples_per_s"] / result["passthrough_samples_per_s"]
@@ -199,6 +209,58 @@ def main() -> None:
     result["torch_threads"] = torch.get_num_threads()
     result["torch"] = torch.__version__
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}, indent=1))
+
+
+def recipe_cost(repeats: int) -> dict[str, float]:
+    """CPU µs per sample seen of the recipe's stage, beyond building its input (see the docstring)."""
+    n, rows, epochs = 32_000, 128, 8
+    # the stage's account warns that sifting does not pay here (nothing is trained): expected
+    logging.getLogger("siftpipe").setLevel(logging.ERROR)
+    keys = [f"{i:07d}" for i in range(n)]
+    x, y = torch.randn(n, 30), torch.randint(0, 6, (n,))
+    base = np.random.default_rng(0).exponential(size=n)
+
+    def batches(order: torch.Tensor):
+        for idx in order.split(rows):
+            yield {"__key__": [keys[i] for i in idx.tolist()], "i": idx, "x": x[idx], "y": y[idx]}
+
+    def staged() -> None:
+        sifter = sp.Sifter(
+            None,
+            "cross_entropy",
+            sp.InfoBatch(0.5, n * epochs, 0.875, 0.5, graded=True),
+            memory=sp.ScoreMemory(n, max_age=None),
+            unknown="keep",
+            remember_forward=False,
+            batched=True,
+            output_batch=rows,
+            seed=0,
+        )
+        gen, rng = torch.Generator().manual_seed(0), np.random.default_rng(1)
+        for epoch in range(epochs):
+            sifter.set_epoch(epoch)
+            for batch in sifter(batches(torch.randperm(n, generator=gen))):
+                idx = batch["i"]
+                # losses that shrink over epochs, with noise: some below the mean, some above
+                got = base[idx.numpy()] * 0.7**epoch * rng.uniform(0.5, 1.5, size=len(idx))
+                sifter.observe([keys[i] for i in idx.tolist()], torch.from_numpy(got))
+
+    def bare() -> None:
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(epochs):
+            for batch in batches(torch.randperm(n, generator=gen)):
+                [keys[i] for i in batch["i"].tolist()]
+
+    def cpu(fn) -> float:
+        t0 = time.process_time()
+        fn()
+        return time.process_time() - t0
+
+    bare_s = staged_s = float("inf")
+    for _ in range(repeats):
+        bare_s = min(bare_s, cpu(bare))
+        staged_s = min(staged_s, cpu(staged))
+    return {"recipe_us_per_sample": (staged_s - bare_s) / (n * epochs) * 1e6}
 
 
 if __name__ == "__main__":
