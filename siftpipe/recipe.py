@@ -16,7 +16,7 @@ __all__ = ["recipe"]
 
 #: The recipe's settings: the configuration that did best across tools/bench_suite.py's tasks
 #: (docs/suite.md, "Recipe variants"; docs/benchmarks.md has the reading).
-DEFAULTS: dict[str, float] = {"ratio": 0.3, "warmup": 0.0, "anneal": 0.875, "guard": 0.5}
+DEFAULTS: dict[str, float] = {"ratio": 0.5, "warmup": 0.0, "anneal": 0.875, "guard": 0.5}
 
 
 def recipe(
@@ -30,14 +30,16 @@ def recipe(
     anneal: float = DEFAULTS["anneal"],
     guard: float | None = DEFAULTS["guard"],
     cost_guard: bool = True,
+    graded: bool = True,
     **sifter_kwargs: Any,
 ) -> Sifter:
     """A ``Sifter`` set up as siftpipe's default recipe: no scoring forward, ever.
 
     Every loss comes from the training step: call ``sifter.observe(keys, per_sample_losses)`` after
     each step and ``sifter.set_epoch(epoch)`` before each pass. A sample the stage has never seen
-    trained is kept; below-mean samples are pruned with probability ``ratio`` and the kept ones
-    reweighted (``InfoBatch``); after ``anneal`` of the budget every sample is trained; a guard
+    trained is kept; a below-mean sample is pruned with a probability that grows with how far
+    below the mean its loss is (``ratio`` at loss 0) and the kept ones reweighted (``InfoBatch``
+    with ``graded=True``); after ``anneal`` of the budget every sample is trained; a guard
     backs pruning off when the samples it dropped are being forgotten (``stats.sifting_scale``),
     and another stops sifting when the stage costs more wall time than it saves (``cost_guard``).
 
@@ -49,7 +51,7 @@ def recipe(
             this rank).
         capacity: Samples the score memory can hold (one epoch of this rank's samples); default
             ``budget``.
-        ratio: Most probability of pruning a below-mean sample, in [0, 1).
+        ratio: Most probability of pruning a below-mean sample (one with loss 0), in [0, 1).
         warmup: Fraction of the budget kept whole at the start, in [0, 1).
         anneal: Fraction of the budget after which nothing is pruned.
         guard: Forgetting tolerance of the guard, in mean losses (``InfoBatch``); None: off.
@@ -57,6 +59,8 @@ def recipe(
             training time its dropped samples would have cost (``Sifter(cost_guard=...)``; judged
             from the second pass that drops samples, logged, ``stats.stopped_at``). Its timing
             depends on the machine; False keeps the run's decisions independent of timing.
+        graded: Prune each below-mean sample with probability ``ratio * (mean - loss) / mean``
+            (True) or ``ratio`` (False: InfoBatch's step rule, as in the paper).
         sifter_kwargs: Any other ``Sifter`` argument (``batched``, ``micro_batch``, ``audit``, ...).
     """
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
@@ -68,7 +72,7 @@ def recipe(
     for name in ("policy", "memory", "delay"):
         if name in sifter_kwargs:
             raise ConfigError(f"recipe() sets {name}= itself; build a Sifter directly to choose it")
-    policy = InfoBatch(ratio=ratio, budget=budget, anneal=anneal, guard=guard)
+    policy = InfoBatch(ratio=ratio, budget=budget, anneal=anneal, guard=guard, graded=graded)
     memory = ScoreMemory(capacity=capacity if capacity is not None else budget, max_age=None)
     sifter_kwargs.setdefault("unknown", "keep")
     sifter_kwargs.setdefault("remember_forward", False)
