@@ -5,13 +5,14 @@ each decided group written to the sink."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from ._decide import UNKNOWN, Decided, decide_rows
 from ._ledger import Group
-from ._rows import attach_weights, field_of, keys_of, upstream_of
+from ._rows import attach_weights, field_of, key_array, keys_of, upstream_of
 from ._scoring import Scoring
 from ._state import COUNTS
 from .errors import ConfigError, NonFiniteLossError, ScorerOutputError, describe_keys
@@ -65,7 +66,7 @@ class Decider:
         """The keys of the group's rows (``None``: the samples carry none)."""
         return keys_of(group, self.scoring.batched, self.key, required, purpose)
 
-    def observe(self, keys: list[Any], values: np.ndarray) -> None:
+    def observe(self, keys: Sequence[Any] | np.ndarray, values: np.ndarray) -> None:
         """Remember losses the training step handed back (for samples ``keys``, this epoch)."""
         memory = self.memory
         if memory is None:
@@ -203,7 +204,10 @@ class Decider:
             return losses, sources
         if memory is None:
             return self._score_rows(group, None), source
-        keys = self.keys(group, required=True, purpose="the score memory")
+        # integer keys stay one array (no Python object per key); anything else is a list
+        keys: Any = key_array(group, self.scoring.batched, self.key)
+        if keys is None:
+            keys = self.keys(group, required=True, purpose="the score memory")
         assert keys is not None  # key=None with a memory is refused at construction
         losses, remembered = memory.lookup_keys(keys, self.epoch)
         miss = np.flatnonzero(np.isnan(losses))
@@ -219,7 +223,8 @@ class Decider:
             losses[miss] = fresh
             sources[miss] = source
             if self.remember_forward:
-                memory.update_keys([keys[i] for i in miss.tolist()], fresh, self.epoch, source)
+                missed = keys[miss] if isinstance(keys, np.ndarray) else [keys[i] for i in miss.tolist()]
+                memory.update_keys(missed, fresh, self.epoch, source)
         self.counts["from_memory"] += group.rows - miss.size
         return losses, sources
 

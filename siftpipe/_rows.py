@@ -17,6 +17,29 @@ from .errors import MissingKeyError
 __all__ = ["attach_weights", "field_of", "keys_of", "upstream_of"]
 
 
+def key_array(group: Group, batched: bool, spec: Any) -> np.ndarray | None:
+    """A batched group's keys as one integer numpy array, when its key field is a 1-d integer
+    tensor or array (a map-style dataset's indices); None otherwise (``keys_of`` then)."""
+    if not batched or spec is None or callable(spec):
+        return None
+    try:
+        keys = group.items[0][spec]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return integer_keys(keys)
+
+
+def integer_keys(keys: Any) -> np.ndarray | None:
+    """``keys`` as a 1-d integer numpy array if they are an integer tensor or array, else None."""
+    if isinstance(keys, torch.Tensor):
+        if keys.ndim != 1 or keys.dtype == torch.bool or keys.is_floating_point() or keys.is_complex():
+            return None
+        keys = keys.cpu().numpy()
+    if isinstance(keys, np.ndarray) and keys.ndim == 1 and keys.dtype.kind in "iu":
+        return keys
+    return None
+
+
 def keys_of(
     group: Group, batched: bool, spec: Any, required: bool = False, purpose: str = "the audit log"
 ) -> list[Any] | None:

@@ -29,6 +29,9 @@ from .history import check_fits
 
 __all__ = ["SOURCES", "ScoreMemory", "key_hashes"]
 
+#: Sample keys: a sequence (of str, or anything whose str() names the sample), or an integer array.
+Keys = Sequence[Any] | np.ndarray
+
 FORWARD, FEEDBACK, STALE, PROXY, NONE = (
     SOURCES.index(s) for s in ("forward", "feedback", "stale", "proxy", "none")
 )
@@ -75,11 +78,14 @@ class ScoreMemory:
             trained again).
         key_cache: String keys whose place in the table it remembers, at most: the first this
             many distinct keys stored, about 150 bytes each (the key, its slot, a dict entry); 0:
-            none. Hashing a key and probing the table for it costs about 1 µs, a cached key about
-            0.15 µs: over several epochs of the same keys that is most of the stage's cost per
-            sample on a cheap training step. ``lookup_keys``, ``update_keys`` and ``hashes`` use
-            it; the cache is not part of the state (a key's slot never changes until the table
-            is refilled, which empties it).
+            none. Integer keys given as an array (``batch["__key__"]`` a tensor of dataset
+            indices) in [0, key_cache) are remembered in an array of 8 bytes per value instead,
+            allocated on first use, and found for a whole batch at once. Hashing a key and
+            probing the table for it costs about 1 µs, a cached string key about 0.15 µs: over
+            several epochs of the same keys that is most of the stage's cost per sample on a cheap
+            training step. ``lookup_keys``, ``update_keys`` and ``hashes`` use it; the cache is
+            not part of the state (a key's slot never changes until the table is refilled, which
+            empties it).
 
     Besides losses, the memory measures what dropping did (see ``forgetting``): when the training
     step hands back the loss of a sample whose remembered loss is two or more epochs old (it was
@@ -103,6 +109,7 @@ class ScoreMemory:
         # str key -> the slot holding its hash: keys never move (nothing is deleted) until _fill
         # empties the table, and the cache with it
         self._slot_of: dict[str, int] = {}
+        self._slot_of_int: np.ndarray | None = None  # the same for integer keys, by value
         slots = max(16, int(np.ceil(capacity / _MAX_LOAD)))
         fix = "size it to the samples of one epoch (or of this rank's shards)"
         check_fits(15 * slots, f"a score memory of capacity {capacity:,} (about 22 bytes a sample)", fix)
@@ -134,19 +141,45 @@ class ScoreMemory:
         """Bytes held by the table."""
         return self._keys.nbytes + self._loss.nbytes + self._epoch.nbytes + self._source.nbytes
 
-    def _cached_slots(self, keys: Sequence[Any]) -> np.ndarray | None:
-        """The cached slot of each key, -1 where there is none; None unless every key is a str
-        (or numpy str) and the cache is on."""
+    def _cached_slots(self, keys: Keys) -> np.ndarray | None:
+        """The cached slot of each key, -1 where there is none; None unless the cache is on and
+        the keys are all str (or numpy str), or an integer numpy array."""
+        if not self.key_cache or not len(keys):
+            return None
+        if isinstance(keys, np.ndarray) and keys.dtype.kind in "iu":
+            # integer keys (a map-style dataset's indices): one array read for the whole batch
+            table = self._int_table()
+            inside = (keys >= 0) & (keys < self.key_cache)
+            if np.count_nonzero(inside) == keys.size:
+                return table[keys]
+            slots = np.full(keys.size, -1, dtype=np.int64)
+            slots[inside] = table[keys[inside]]
+            return slots
         # str (and numpy's str) only: 1, 1.0 and True are one dict key but three different strings,
         # and a str subclass may str() to something else
-        if not self.key_cache or not len(keys) or not set(map(type, keys)) <= _CACHED_KEY_TYPES:
+        if not set(map(type, keys)) <= _CACHED_KEY_TYPES:
             return None
         return np.fromiter(map(self._slot_of.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
 
-    def _remember_slots(self, keys: Sequence[Any], index: np.ndarray, hashes: np.ndarray) -> None:
+    def _int_table(self) -> np.ndarray:
+        """Slot of each integer key in [0, key_cache) (-1: not known), allocated on first use."""
+        if self._slot_of_int is None:
+            self._slot_of_int = np.full(self.key_cache, -1, dtype=np.int64)
+        return self._slot_of_int
+
+    def _remember_slots(self, keys: Keys, index: np.ndarray, hashes: np.ndarray) -> None:
         """Cache the slots of ``keys[index]`` (whose hashes are ``hashes``) that the table holds."""
+        if not index.size:
+            return
+        if isinstance(keys, np.ndarray) and keys.dtype.kind in "iu":
+            slot = self._slots(hashes)
+            held = self._keys[slot] == hashes
+            picked = keys[index]
+            held &= (picked >= 0) & (picked < self.key_cache)
+            self._int_table()[picked[held]] = slot[held]
+            return
         room = self.key_cache - len(self._slot_of)
-        if room <= 0 or not index.size:
+        if room <= 0:
             return
         slot = self._slots(hashes)
         held = np.flatnonzero(self._keys[slot] == hashes)[:room]
@@ -154,7 +187,7 @@ class ScoreMemory:
             picked = index[held].tolist()
             self._slot_of.update(zip([keys[i] for i in picked], slot[held].tolist()))
 
-    def hashes(self, keys: Sequence[Any]) -> np.ndarray:
+    def hashes(self, keys: Keys) -> np.ndarray:
         """``key_hashes(keys)``, read from the table for string keys whose slot is cached."""
         slots = self._cached_slots(keys)
         if slots is None:
@@ -162,7 +195,7 @@ class ScoreMemory:
         out = self._keys[slots]  # a copy; rows of -1 are replaced below
         miss = np.flatnonzero(slots < 0)
         if miss.size:
-            out[miss] = key_hashes([keys[i] for i in miss.tolist()])
+            out[miss] = key_hashes(_pick(keys, miss))
         return out
 
     def _slots(self, hashes: np.ndarray) -> np.ndarray:
@@ -293,15 +326,14 @@ class ScoreMemory:
         loss = np.where(usable, self._loss[slot].astype(np.float64), np.nan)
         return loss, self._source[slot]
 
-    def lookup_keys(self, keys: Sequence[Any], epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    def lookup_keys(self, keys: Keys, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """``lookup(key_hashes(keys), epoch)``, with no hashing or probing for cached keys."""
         slots = self._cached_slots(keys)
         if slots is None:
             return self.lookup(key_hashes(keys), epoch)
         miss = np.flatnonzero(slots < 0)
         if miss.size:
-            missed = [keys[i] for i in miss.tolist()]
-            hashes = key_hashes(missed)
+            hashes = key_hashes(_pick(keys, miss))
             found = self._slots(hashes)
             held = self._keys[found] == hashes
             # a key not held reads the empty slot it would go to: a miss either way below
@@ -319,7 +351,7 @@ class ScoreMemory:
         loss = np.where(usable, self._loss[slots].astype(np.float64), np.nan)
         return loss, self._source[slots]
 
-    def update_keys(self, keys: Sequence[Any], losses: np.ndarray, epoch: int, source: int) -> None:
+    def update_keys(self, keys: Keys, losses: np.ndarray, epoch: int, source: int) -> None:
         """``update(key_hashes(keys), losses, epoch, source)``, with no hashing or probing when
         every key is cached, distinct and has a finite loss (the training step's usual batch)."""
         slots = self._cached_slots(keys)
@@ -331,7 +363,7 @@ class ScoreMemory:
         if (
             np.count_nonzero(slots >= 0) == n
             and np.count_nonzero(np.isfinite(losses)) == n
-            and len(set(keys)) == n
+            and (np.unique(slots).size if isinstance(keys, np.ndarray) else len(set(keys))) == n
         ):
             check_epoch(epoch)
             if source == FEEDBACK:
@@ -392,6 +424,8 @@ class ScoreMemory:
     def _fill(self, keys: np.ndarray, loss: np.ndarray, epoch: np.ndarray, source: np.ndarray) -> None:
         self._keys[:] = _EMPTY
         self._slot_of.clear()  # the keys take new slots
+        if self._slot_of_int is not None:
+            self._slot_of_int.fill(-1)
         self._count = 0
         self._sum = 0.0
         self.refused = 0
@@ -469,6 +503,13 @@ class ScoreMemory:
     def losses(self) -> np.ndarray:
         """Every remembered loss (any age), for summaries."""
         return self._loss[self._occupied()].astype(np.float64)
+
+
+def _pick(keys: Keys, index: np.ndarray) -> Keys:
+    """``keys[index]`` for a list or an array of keys."""
+    if isinstance(keys, np.ndarray):
+        return keys[index]
+    return [keys[i] for i in index.tolist()]
 
 
 def hashes_of(keys: Sequence[Any] | np.ndarray) -> np.ndarray:

@@ -109,6 +109,37 @@ def test_the_step_rule_names_no_graded_setting_so_its_checkpoints_resume_as_befo
         sp.InfoBatch(0.5, graded=1)
 
 
+def _keyed_run(form):
+    """Three epochs of the recipe with keys in ``form``; the kept rows of each batch, and stats."""
+    n = 400
+    make = {"tensor": torch.tensor, "array": np.array, "strings": lambda part: [str(k) for k in part]}[form]
+    stage = sp.recipe(None, _never, budget=3 * n, batched=True, micro_batch=None, seed=1, cost_guard=False)
+    kept = []
+    for epoch in range(3):
+        stage.set_epoch(epoch)
+        batches = [
+            {"__key__": make(list(range(i, i + 50))), "y": torch.arange(i, i + 50)} for i in range(0, n, 50)
+        ]
+        for batch in stage(batches):
+            stage.observe(batch["__key__"], (batch["y"] % 10).double())
+            kept.append(batch["y"].tolist())
+    return kept, stage.stats
+
+
+@pytest.mark.parametrize("form", ["tensor", "array", "strings"])
+def test_keys_observed_as_a_tensor_or_array_are_the_keys_the_stage_looks_up(form):
+    """``observe(batch["__key__"], ...)`` with the batch's own key column: an integer tensor (a
+    map-style dataset's indices) once went in as 0-d tensors named "tensor(5)", so no later epoch
+    found its losses and the recipe silently kept everything."""
+    _, s = _keyed_run(form)
+    assert s.unknown == 400 and s.from_memory == 800 and s.dropped > 0
+
+
+def test_the_same_keys_in_any_form_give_the_same_decisions():
+    runs = [_keyed_run(form)[0] for form in ("tensor", "array", "strings")]
+    assert runs[0] == runs[1] == runs[2]
+
+
 def test_a_pruned_sample_keeps_its_last_loss_and_the_mean_counts_every_remembered_loss():
     n = 1000
     keys = list(range(n))

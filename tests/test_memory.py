@@ -194,3 +194,34 @@ def test_observe_stores_under_the_same_hashes_whether_the_stage_remembered_them_
     s.observe([Tagged(keys[0])], np.array([4.0]))
     got, _ = s.memory.lookup(key_hashes([Tagged(keys[0]), keys[0]]), epoch=1)
     assert got[0] == 4.0 and got[1] != 4.0  # keys[0] keeps what the pass scored
+
+
+def test_integer_key_arrays_find_the_slots_their_strings_hash_to():
+    """Keys given as an integer array are cached by value; they must land where ``str(key)``
+    does in a memory that hashes every key: negatives, values past the cache, repeats, NaN."""
+    rng = np.random.default_rng(3)
+    by_value = sp.ScoreMemory(500, max_age=None, key_cache=64)
+    hashed = sp.ScoreMemory(500, max_age=None, key_cache=0)
+    for step in range(200):
+        n = int(rng.integers(1, 40))
+        keys = rng.integers(-5, 90, n)
+        if step % 3 == 0:
+            keys = np.unique(keys)  # distinct: the cached fast path once all are known
+        losses = rng.exponential(size=keys.size)
+        if step % 13 == 4:
+            losses[-1] = np.inf
+        by_value.update_keys(keys.astype(np.int32 if step % 2 else np.int64), losses, step // 20, FEEDBACK)
+        hashed.update_keys([str(k) for k in keys.tolist()], losses, step // 20, FEEDBACK)
+        probe = rng.integers(-5, 100, 30)
+        a = by_value.lookup_keys(probe, step // 20 + 1)
+        b = hashed.lookup_keys([str(k) for k in probe.tolist()], step // 20 + 1)
+        np.testing.assert_array_equal(a[0], b[0])
+        np.testing.assert_array_equal(a[1], b[1])
+        assert by_value.hashes(probe).tolist() == key_hashes(probe.tolist()).tolist()
+        assert by_value.mean() == pytest.approx(hashed.mean(), rel=1e-12, nan_ok=True)
+        if step == 100:
+            by_value.load_state_dict(by_value.state_dict())  # refilled: slots move, the cache empties
+            assert (by_value._slot_of_int == -1).all()
+    table = by_value._slot_of_int
+    assert table is not None and (table >= 0).sum() == 64  # every value in [0, 64) was seen
+    assert not by_value._slot_of  # no string keys were cached
