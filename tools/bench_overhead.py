@@ -21,6 +21,8 @@ Prints one JSON object:
                               tabular shape), re-batched to 128, observe() per output batch, minus a
                               bare loop building the same batches and key lists (best of --repeats,
                               alternating; CPU time, which other tenants of a VM disturb less)
+  recipe_index_keys_us_per_sample   the same with each sample's dataset index as its key (the
+                              batch's "__key__" an int64 tensor, as tools/bench_suite.py feeds it)
 
 Usage: python tools/bench_overhead.py [--samples 2000000] [--repeats 3] [--only CASE ...]
 CASE: passthrough, per_sample, batched, batched_256, model, rss, recipe (default: all).
@@ -212,7 +214,16 @@ def main() -> None:
 
 
 def recipe_cost(repeats: int) -> dict[str, float]:
-    """CPU µs per sample seen of the recipe's stage, beyond building its input (see the docstring)."""
+    """CPU µs per sample seen of the recipe's stage, beyond building its input (see the docstring),
+    with string keys and with the dataset index as the key."""
+    return {
+        "recipe_us_per_sample": recipe_cost_of(repeats, index_keys=False),
+        "recipe_index_keys_us_per_sample": recipe_cost_of(repeats, index_keys=True),
+    }
+
+
+def recipe_cost_of(repeats: int, index_keys: bool) -> float:
+    """CPU µs per sample seen, keys strings (``index_keys`` False) or the index tensor."""
     n, rows, epochs = 32_000, 128, 8
     # the stage's account warns that sifting does not pay here (nothing is trained): expected
     logging.getLogger("siftpipe").setLevel(logging.ERROR)
@@ -222,7 +233,8 @@ def recipe_cost(repeats: int) -> dict[str, float]:
 
     def batches(order: torch.Tensor):
         for idx in order.split(rows):
-            yield {"__key__": [keys[i] for i in idx.tolist()], "i": idx, "x": x[idx], "y": y[idx]}
+            key = idx if index_keys else [keys[i] for i in idx.tolist()]
+            yield {"__key__": key, "i": idx, "x": x[idx], "y": y[idx]}
 
     def staged() -> None:
         sifter = sp.Sifter(
@@ -243,13 +255,14 @@ def recipe_cost(repeats: int) -> dict[str, float]:
                 idx = batch["i"]
                 # losses that shrink over epochs, with noise: some below the mean, some above
                 got = base[idx.numpy()] * 0.7**epoch * rng.uniform(0.5, 1.5, size=len(idx))
-                sifter.observe([keys[i] for i in idx.tolist()], torch.from_numpy(got))
+                sifter.observe(idx if index_keys else [keys[i] for i in idx.tolist()], torch.from_numpy(got))
 
     def bare() -> None:
         gen = torch.Generator().manual_seed(0)
         for _ in range(epochs):
             for batch in batches(torch.randperm(n, generator=gen)):
-                [keys[i] for i in batch["i"].tolist()]
+                if not index_keys:
+                    [keys[i] for i in batch["i"].tolist()]
 
     def cpu(fn) -> float:
         t0 = time.process_time()
@@ -260,7 +273,7 @@ def recipe_cost(repeats: int) -> dict[str, float]:
     for _ in range(repeats):
         bare_s = min(bare_s, cpu(bare))
         staged_s = min(staged_s, cpu(staged))
-    return {"recipe_us_per_sample": (staged_s - bare_s) / (n * epochs) * 1e6}
+    return (staged_s - bare_s) / (n * epochs) * 1e6
 
 
 if __name__ == "__main__":

@@ -522,7 +522,6 @@ def run_arm(
     epochs = task.quick_epochs if quick else task.epochs
     batch = task.batch
     total = n * epochs
-    keys = [f"{i:07d}" for i in range(n)]
     order_gen = torch.Generator().manual_seed(seed)
     aug_gen = torch.Generator().manual_seed(seed + 1000)
 
@@ -593,15 +592,16 @@ def run_arm(
             def batches(order: torch.Tensor = order) -> Iterator[dict[str, Any]]:
                 for idx in order.split(batch):
                     yield {
-                        "__key__": [keys[i] for i in idx.tolist()],
-                        "i": idx,
+                        # the dataset index is the sample's key (what a map-style dataset has)
+                        "__key__": idx,
                         "x": data.x[idx],
                         "y": data.y[idx],
                     }
 
             if sifter is None:
                 steps = (
-                    (b["i"], None, seen_before + min((k + 1) * batch, n)) for k, b in enumerate(batches())
+                    (b["__key__"], None, seen_before + min((k + 1) * batch, n))
+                    for k, b in enumerate(batches())
                 )
             else:
                 sifter.set_epoch(epoch)
@@ -611,7 +611,7 @@ def run_arm(
                     s: sp.Sifter = sifter, at_start: int = at_start, base: int = seen_before
                 ) -> Iterator[Any]:
                     for b in s(batches()):
-                        yield b["i"], b.get("__sift_weight__"), base + min(s.stats.seen - at_start, n)
+                        yield b["__key__"], b.get("__sift_weight__"), base + min(s.stats.seen - at_start, n)
 
                 steps = sifted()
         for idx, weight, seen in _timed(steps, clock):
@@ -635,7 +635,7 @@ def run_arm(
             t_feedback = time.perf_counter()
             if arm.kind == "recipe":
                 assert sifter is not None
-                sifter.observe([keys[i] for i in idx.tolist()], detached)
+                sifter.observe(idx, detached)
             elif ref is not None:
                 ref.feedback(idx.numpy(), detached.numpy().astype(np.float64))
             clock["feedback"] += time.perf_counter() - t_feedback
