@@ -80,7 +80,7 @@ class ScoreMemory:
             many distinct keys stored, about 150 bytes each (the key, its slot, a dict entry); 0:
             none. Integer keys given as an array (``batch["__key__"]`` a tensor of dataset
             indices) in [0, key_cache) are remembered in an array of 8 bytes per value instead,
-            allocated on first use, and found for a whole batch at once. Hashing a key and
+            grown as larger keys are stored, and found for a whole batch at once. Hashing a key and
             probing the table for it costs about 1 µs, a cached string key about 0.15 µs: over
             several epochs of the same keys that is most of the stage's cost per sample on a cheap
             training step. ``lookup_keys``, ``update_keys`` and ``hashes`` use it; the cache is
@@ -148,8 +148,10 @@ class ScoreMemory:
             return None
         if isinstance(keys, np.ndarray) and keys.dtype.kind in "iu":
             # integer keys (a map-style dataset's indices): one array read for the whole batch
-            table = self._int_table()
-            inside = (keys >= 0) & (keys < self.key_cache)
+            table = self._slot_of_int
+            if table is None:
+                return np.full(keys.size, -1, dtype=np.int64)
+            inside = (keys >= 0) & (keys < table.size)
             if np.count_nonzero(inside) == keys.size:
                 return table[keys]
             slots = np.full(keys.size, -1, dtype=np.int64)
@@ -161,11 +163,17 @@ class ScoreMemory:
             return None
         return np.fromiter(map(self._slot_of.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
 
-    def _int_table(self) -> np.ndarray:
-        """Slot of each integer key in [0, key_cache) (-1: not known), allocated on first use."""
-        if self._slot_of_int is None:
-            self._slot_of_int = np.full(self.key_cache, -1, dtype=np.int64)
-        return self._slot_of_int
+    def _int_table(self, largest: int) -> np.ndarray:
+        """The slot of each integer key by value (-1: not known), grown to hold ``largest`` (at
+        most ``key_cache`` values: 8 bytes for each value up to the largest key cached)."""
+        table = self._slot_of_int
+        if table is None or table.size <= largest:
+            size = min(self.key_cache, max(1024, 2 * (largest + 1)))
+            grown = np.full(size, -1, dtype=np.int64)
+            if table is not None:
+                grown[: table.size] = table
+            self._slot_of_int = table = grown
+        return table
 
     def _remember_slots(self, keys: Keys, index: np.ndarray, hashes: np.ndarray) -> None:
         """Cache the slots of ``keys[index]`` (whose hashes are ``hashes``) that the table holds."""
@@ -176,7 +184,9 @@ class ScoreMemory:
             held = self._keys[slot] == hashes
             picked = keys[index]
             held &= (picked >= 0) & (picked < self.key_cache)
-            self._int_table()[picked[held]] = slot[held]
+            if held.any():
+                values = picked[held]
+                self._int_table(int(values.max()))[values] = slot[held]
             return
         room = self.key_cache - len(self._slot_of)
         if room <= 0:

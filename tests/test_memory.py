@@ -224,4 +224,11 @@ def test_integer_key_arrays_find_the_slots_their_strings_hash_to():
             assert (by_value._slot_of_int == -1).all()
     table = by_value._slot_of_int
     assert table is not None and (table >= 0).sum() == 64  # every value in [0, 64) was seen
+    assert table.size == 64  # grown to what was stored, never past key_cache
     assert not by_value._slot_of  # no string keys were cached
+    big = sp.ScoreMemory(100, key_cache=10**9)  # a cache of a billion values costs nothing unused
+    big.update_keys(np.array([3, 5]), np.ones(2), 0, FEEDBACK)
+    assert big._slot_of_int is not None and big._slot_of_int.size == 1024
+    big.update_keys(np.array([5000]), np.ones(1), 0, FEEDBACK)
+    assert big._slot_of_int.size == 10002 and (big._slot_of_int >= 0).sum() == 3
+    assert big.lookup_keys(np.array([3, 5, 5000, 7]), 1)[0].tolist()[:3] == [1.0, 1.0, 1.0]
