@@ -359,7 +359,8 @@ class Sifter:
         scoring forward (audit source ``feedback``). Non-finite losses are ignored.
 
         Args:
-            keys: The samples' keys (``batch["__key__"]``).
+            keys: The samples' keys (``batch["__key__"]``): a list, or an integer tensor or
+                array of the samples' indices (read as one array: the fastest form).
             losses: One loss per key: a tensor (any device; detached here) or an array.
         """
         if isinstance(losses, torch.Tensor):
