@@ -99,7 +99,7 @@ def _take(batch: Batch, index: np.ndarray, tindex: torch.Tensor | None) -> Batch
 def split(batch: Batch, size: int) -> tuple[Batch, Batch]:
     """The first ``size`` rows of ``batch`` and the rest, in the same structure, as slices:
     tensors and arrays share ``batch``'s memory (no copy), lists are new lists."""
-    if type(batch) is dict or isinstance(batch, Mapping):
+    if isinstance(batch, Mapping):
         parts = {k: split(v, size) for k, v in batch.items()}
         return {k: v[0] for k, v in parts.items()}, {k: v[1] for k, v in parts.items()}
     if isinstance(batch, torch.Tensor | np.ndarray):

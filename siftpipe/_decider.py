@@ -16,7 +16,7 @@ from ._rows import attach_weights, field_of, key_array, keys_of, upstream_of
 from ._scoring import Scoring
 from ._state import COUNTS
 from .errors import ConfigError, NonFiniteLossError, ScorerOutputError, describe_keys
-from .memory import FEEDBACK, NONE, SOURCES, STALE, ScoreMemory
+from .memory import FEEDBACK, NONE, SOURCES, STALE, ScoreMemory, pick_keys
 from .policies import Policy, RelativeProbabilistic
 from .sink import Decisions, DecisionSink
 
@@ -223,8 +223,7 @@ class Decider:
             losses[miss] = fresh
             sources[miss] = source
             if self.remember_forward:
-                missed = keys[miss] if isinstance(keys, np.ndarray) else [keys[i] for i in miss.tolist()]
-                memory.update_keys(missed, fresh, self.epoch, source)
+                memory.update_keys(pick_keys(keys, miss), fresh, self.epoch, source)
         self.counts["from_memory"] += group.rows - miss.size
         return losses, sources
 

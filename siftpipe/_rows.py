@@ -40,6 +40,18 @@ def integer_keys(keys: Any) -> np.ndarray | None:
     return None
 
 
+def key_list(keys: Any) -> list[Any]:
+    """A batch's key column as a list of its values (a tensor or array gives Python values)."""
+    return keys.tolist() if isinstance(keys, torch.Tensor | np.ndarray) else list(keys)
+
+
+def memory_keys(keys: Any) -> np.ndarray | list[Any]:
+    """Keys for the score memory, read as the stage reads a batch's: an integer tensor or array
+    stays one integer array, anything else is ``key_list``."""
+    as_array = integer_keys(keys)
+    return key_list(keys) if as_array is None else as_array
+
+
 def keys_of(
     group: Group, batched: bool, spec: Any, required: bool = False, purpose: str = "the audit log"
 ) -> list[Any] | None:
@@ -62,7 +74,7 @@ def keys_of(
                         "pass key=<field or callable>, or key=None to log without keys"
                     ) from None
                 return None
-            keys = keys.tolist() if isinstance(keys, torch.Tensor | np.ndarray) else list(keys)
+            keys = key_list(keys)
         return keys
     items = group.items
     if callable(spec):

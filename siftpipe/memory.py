@@ -27,7 +27,7 @@ from ._vocab import SOURCES
 from .errors import ConfigError, ResumeError
 from .history import check_fits
 
-__all__ = ["SOURCES", "ScoreMemory", "key_hashes"]
+__all__ = ["SOURCES", "Keys", "ScoreMemory", "key_hashes", "pick_keys"]
 
 #: Sample keys: a sequence (of str, or anything whose str() names the sample), or an integer array.
 Keys = Sequence[Any] | np.ndarray
@@ -200,12 +200,14 @@ class ScoreMemory:
     def hashes(self, keys: Keys) -> np.ndarray:
         """``key_hashes(keys)``, read from the table for string keys whose slot is cached."""
         slots = self._cached_slots(keys)
-        if slots is None:
-            return key_hashes(keys)
+        return key_hashes(keys) if slots is None else self._hashes_at(keys, slots)
+
+    def _hashes_at(self, keys: Keys, slots: np.ndarray) -> np.ndarray:
+        """The keys' hashes: read from the table at their cached ``slots``, computed where -1."""
         out = self._keys[slots]  # a copy; rows of -1 are replaced below
         miss = np.flatnonzero(slots < 0)
         if miss.size:
-            out[miss] = key_hashes(_pick(keys, miss))
+            out[miss] = key_hashes(pick_keys(keys, miss))
         return out
 
     def _slots(self, hashes: np.ndarray) -> np.ndarray:
@@ -328,11 +330,19 @@ class ScoreMemory:
         """(loss, source) per hash: NaN loss where unknown or older than ``max_age`` epochs."""
         hashes = np.asarray(hashes, np.uint64)
         slot = self._slots(hashes)
-        hit = self._keys[slot] == hashes
+        return self._read(slot, self._keys[slot] != hashes, epoch)
+
+    def _read(
+        self, slot: np.ndarray, unknown: np.ndarray | None, epoch: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(loss, source) at ``slot``: NaN loss where ``unknown`` (a mask, or None: all known) or
+        older than ``max_age`` epochs."""
         age = epoch - self._epoch[slot].astype(np.int64)
-        usable = hit & (age >= 1)
+        usable = age >= 1
         if self.max_age is not None:
             usable &= age <= self.max_age
+        if unknown is not None:
+            usable &= ~unknown
         loss = np.where(usable, self._loss[slot].astype(np.float64), np.nan)
         return loss, self._source[slot]
 
@@ -342,24 +352,17 @@ class ScoreMemory:
         if slots is None:
             return self.lookup(key_hashes(keys), epoch)
         miss = np.flatnonzero(slots < 0)
-        if miss.size:
-            hashes = key_hashes(_pick(keys, miss))
-            found = self._slots(hashes)
-            held = self._keys[found] == hashes
-            # a key not held reads the empty slot it would go to: a miss either way below
-            slots[miss] = found
-            self._remember_slots(keys, miss[held], hashes[held])
-            unknown = miss[~held]
-        else:
-            unknown = miss
-        age = epoch - self._epoch[slots].astype(np.int64)
-        usable = age >= 1
-        if self.max_age is not None:
-            usable &= age <= self.max_age
-        if unknown.size:
-            usable[unknown] = False
-        loss = np.where(usable, self._loss[slots].astype(np.float64), np.nan)
-        return loss, self._source[slots]
+        if not miss.size:
+            return self._read(slots, None, epoch)
+        hashes = key_hashes(pick_keys(keys, miss))
+        found = self._slots(hashes)
+        held = self._keys[found] == hashes
+        # a key not held reads the empty slot it would go to, marked unknown
+        slots[miss] = found
+        self._remember_slots(keys, miss[held], hashes[held])
+        unknown = np.zeros(slots.size, dtype=bool)
+        unknown[miss[~held]] = True
+        return self._read(slots, unknown, epoch)
 
     def update_keys(self, keys: Keys, losses: np.ndarray, epoch: int, source: int) -> None:
         """``update(key_hashes(keys), losses, epoch, source)``, with no hashing or probing when
@@ -378,14 +381,9 @@ class ScoreMemory:
             check_epoch(epoch)
             if source == FEEDBACK:
                 self._note_drift(slots, losses, epoch)
-            self._sum += float(losses.astype(np.float64).sum()) - float(
-                self._loss[slots].astype(np.float64).sum()
-            )
-            self._loss[slots] = losses
-            self._epoch[slots] = epoch
-            self._source[slots] = source
+            self._set(slots, self._keys[slots], losses, epoch, source)
             return
-        hashes = self.hashes(keys)
+        hashes = self._hashes_at(keys, slots)
         self.update(hashes, losses, epoch, source)
         miss = np.flatnonzero(slots < 0)
         self._remember_slots(keys, miss, hashes[miss])
@@ -521,7 +519,7 @@ def _distinct(values: np.ndarray) -> bool:
     return not np.count_nonzero(ordered[1:] == ordered[:-1])
 
 
-def _pick(keys: Keys, index: np.ndarray) -> Keys:
+def pick_keys(keys: Keys, index: np.ndarray) -> Keys:
     """``keys[index]`` for a list or an array of keys."""
     if isinstance(keys, np.ndarray):
         return keys[index]

@@ -20,7 +20,7 @@ from ._ledger import Group, Ledger, Output
 from ._passes import Passes
 from ._ranks import dist_info
 from ._resume import check_next, reread_groups
-from ._rows import integer_keys
+from ._rows import memory_keys
 from ._scoring import CPU, Scoring, Setting, scoring_device
 from ._settings import check_arguments, resolve_policy, resolve_scorer, stage_config
 from ._shardcounts import ShardStats, ShardWatch
@@ -368,12 +368,8 @@ class Sifter:
             # so the stage's own account starts after it
             losses = losses.detach().float().cpu().numpy()
         t0 = time.perf_counter()
-        # keys as the stage reads them from a batch: an integer tensor or array stays one array
-        # (its values are the keys), any other tensor or array becomes a list of its values
-        given: Sequence[Any] | np.ndarray | None = integer_keys(keys)
-        if given is None:
-            given = keys.tolist() if isinstance(keys, torch.Tensor | np.ndarray) else list(keys)
-        self._decider.observe(given, np.asarray(losses, dtype=np.float64).reshape(-1))
+        # read as the stage reads a batch's keys, so both name each sample alike
+        self._decider.observe(memory_keys(keys), np.asarray(losses, dtype=np.float64).reshape(-1))
         self._account.observe += time.perf_counter() - t0
 
     def publish_memory(self, url: str, storage_options: Mapping[str, Any] | None = None) -> str:
