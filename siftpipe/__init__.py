@@ -1,7 +1,51 @@
 """siftpipe: a streaming data-pipeline stage that drops samples the live model has already learned."""
 
-from .audit import COLUMNS, AuditLog, AuditStats
-from .distributed import EqualSteps, dist_info, fixed_steps, sync_history
+import sys as _sys
+
+from .adapters.distributed import (
+    EqualSteps,
+    dist_info,
+    fixed_steps,
+    sync_history,
+)
+from .adapters.predecode import PreDecodeFilter
+from .audit.log import COLUMNS, AuditLog, AuditStats
+from .audit.reader import LogReport, read_log, verify_log
+from .audit.replay import (
+    Replay,
+    WhatIf,
+    replay,
+    whatif,
+)
+from .core.history import LossHistory
+from .core.memory import SOURCES, ScoreMemory
+from .core.policies import (
+    Decision,
+    HistoryPolicy,
+    InfoBatch,
+    Policy,
+    PruneEasy,
+    RelativeProbabilistic,
+    TopFraction,
+    Uniform,
+    get_policy,
+    policy_names,
+    register_policy,
+)
+from .core.recipe import recipe
+from .core.scorers import (
+    CrossEntropy,
+    MeanSquaredError,
+    Proxy,
+    ReducibleLoss,
+    Scorer,
+    TokenCrossEntropy,
+    get_scorer,
+    register_scorer,
+    scorer_names,
+)
+from .core.sink import Decisions, DecisionSink, StageInfo
+from .core.stage import REASONS, Sifter, SiftStats
 from .errors import (
     AuditError,
     ConfigError,
@@ -19,40 +63,30 @@ from .errors import (
     SiftError,
     SiftInWorkerError,
 )
-from .history import LossHistory
-from .memory import SOURCES, ScoreMemory
-from .policies import (
-    Decision,
-    HistoryPolicy,
-    InfoBatch,
-    Policy,
-    PruneEasy,
-    RelativeProbabilistic,
-    TopFraction,
-    Uniform,
-    get_policy,
-    policy_names,
-    register_policy,
-)
-from .predecode import PreDecodeFilter
-from .reader import LogReport, read_log, verify_log
-from .recipe import recipe
-from .replay import Replay, WhatIf, replay, whatif
-from .scorers import (
-    CrossEntropy,
-    MeanSquaredError,
-    Proxy,
-    ReducibleLoss,
-    Scorer,
-    TokenCrossEntropy,
-    get_scorer,
-    register_scorer,
-    scorer_names,
-)
-from .sifter import REASONS, Sifter, SiftStats
-from .sink import Decisions, DecisionSink, StageInfo
 
 __version__ = "0.1.0"
+
+# Before the package was layered (docs/design.md) these modules sat at its top level: their old
+# names stay the same module objects, so ``from siftpipe.policies import Policy`` keeps working.
+# (``siftpipe.webdataset``, ``.nodes``, ``.shards``, ``.handlers`` and ``.logtools`` are files.)
+_MOVED = {
+    "distributed": "adapters.distributed",
+    "history": "core.history",
+    "memory": "core.memory",
+    "policies": "core.policies",
+    "predecode": "adapters.predecode",
+    "reader": "audit.reader",
+    "recipe": "core.recipe",
+    "replay": "audit.replay",
+    "scorers": "core.scorers",
+    "sifter": "core.stage",
+    "sink": "core.sink",
+}
+for _old, _new in _MOVED.items():
+    _sys.modules.setdefault(f"{__name__}.{_old}", _sys.modules[f"{__name__}.{_new}"])
+    if _old != "recipe":  # ``siftpipe.recipe`` is the function
+        globals().setdefault(_old, _sys.modules[f"{__name__}.{_new}"])
+del _old, _new
 
 __all__ = [
     "AuditError",

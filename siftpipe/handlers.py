@@ -1,26 +1,9 @@
-"""Shard and sample error handlers (webdataset's convention) and the counters of what they skipped:
-the one list of these names, which ``siftpipe.webdataset`` and ``siftpipe.nodes`` also offer."""
+"""``siftpipe.handlers``, the documented import path of the shard and sample error handlers: the
+module itself, :mod:`siftpipe.streaming.handlers` (``siftpipe.handlers is siftpipe.streaming.handlers``)."""
 
-from __future__ import annotations
+import sys
 
-from ._open import (
-    describe_error,
-    ignore_and_continue,
-    ignore_and_stop,
-    reraise_exception,
-    reset_shard_stats,
-    shard_stats,
-    warn_and_continue,
-    warn_and_stop,
-)
+from .streaming import handlers as _module
+from .streaming.handlers import *  # noqa: F403  (the names, for type checkers)
 
-__all__ = [
-    "describe_error",
-    "ignore_and_continue",
-    "ignore_and_stop",
-    "reraise_exception",
-    "reset_shard_stats",
-    "shard_stats",
-    "warn_and_continue",
-    "warn_and_stop",
-]
+sys.modules[__name__] = _module

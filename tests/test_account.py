@@ -11,8 +11,8 @@ import torch
 from common import roundtrip
 
 import siftpipe as sp
-from siftpipe._account import CostAccount
-from siftpipe._state import digest
+from siftpipe.core.account import CostAccount
+from siftpipe.core.state import digest
 
 N = 64
 

@@ -15,9 +15,9 @@ from torch.utils.data import default_collate
 from torchdata.nodes import Batcher, Loader, Mapper, ParallelMapper, Unbatcher
 
 import siftpipe as sp
-from siftpipe.nodes import ShardSource, SiftNode
-from siftpipe.shards import decode_sample, synthetic_classification, write_shards
-from siftpipe.webdataset import WebDataset, WebLoader
+from siftpipe.adapters.nodes import ShardSource, SiftNode
+from siftpipe.adapters.webdataset import WebDataset, WebLoader
+from siftpipe.streaming.shards import decode_sample, synthetic_classification, write_shards
 
 N, PER_SHARD = 320, 40
 ALL_KEYS = [f"{i:09d}" for i in range(N)]

@@ -314,10 +314,10 @@ def test_the_writer_process_loads_neither_torch_nor_webdataset():
     import subprocess
     import sys
 
-    from siftpipe import _audit_io
-    from siftpipe.audit import _BOOT
+    from siftpipe.audit import wire
+    from siftpipe.audit.log import _BOOT
 
-    here = os.path.dirname(os.path.abspath(_audit_io.__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(wire.__file__)))  # the package's root
     boot = _BOOT.split("replies = ")[0] + (
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'webdataset', 'siftpipe'}))\n"
     )
@@ -344,7 +344,7 @@ def test_a_storage_option_the_writer_process_cannot_receive_is_refused_by_name(t
 
 
 def test_a_message_the_writer_process_cannot_receive_is_reported_not_lost():
-    from siftpipe.audit import _framed
+    from siftpipe.audit.log import _framed
 
     pieces, why = _framed({"op": "write", "bad": object()})
     assert pieces is None and "could not be encoded" in why

@@ -35,7 +35,7 @@ READERS = textwrap.dedent(
     import os, sys, threading, time
     sys.path.insert(0, {tests!r})
     import siftpipe as sp
-    from siftpipe.logtools import summarize
+    from siftpipe.audit.summary import summarize
     from common import make_samples
 
     def native_threads():

@@ -18,8 +18,8 @@ from torchdata.nodes import Batcher, Loader, Mapper, ParallelMapper
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import siftpipe as sp
-from siftpipe.nodes import ShardSource, SiftNode
-from siftpipe.shards import decode_sample, synthetic_classification, write_shards
+from siftpipe.adapters.nodes import ShardSource, SiftNode
+from siftpipe.streaming.shards import decode_sample, synthetic_classification, write_shards
 
 N, PER_SHARD = 60, 10
 ALL_KEYS = [f"{i:09d}" for i in range(N)]

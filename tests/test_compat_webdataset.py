@@ -19,8 +19,8 @@ import webdataset as wds
 from torch.utils.data import DataLoader
 
 import siftpipe as sp
-from siftpipe.shards import synthetic_classification, write_shards
-from siftpipe.webdataset import WebDataset
+from siftpipe.adapters.webdataset import WebDataset
+from siftpipe.streaming.shards import synthetic_classification, write_shards
 
 N, PER_SHARD = 60, 10
 ALL_KEYS = [f"{i:09d}" for i in range(N)]
@@ -178,7 +178,7 @@ def test_local_samples_carry_webdatasets_metadata_fields(shards, tmp_path, monke
 def test_shard_source_samples_carry_the_same_metadata_fields(shards):
     from torchdata.nodes import Loader
 
-    from siftpipe.nodes import ShardSource
+    from siftpipe.adapters.nodes import ShardSource
 
     theirs = list(wds.WebDataset(shards.urls, shardshuffle=False))
     assert list(Loader(ShardSource(shards.urls))) == theirs

@@ -1,14 +1,14 @@
-"""siftpipe._decider: the stage's deciding part, on its own (no Sifter, no pass)."""
+"""siftpipe.core.decider: the stage's deciding part, on its own (no Sifter, no pass)."""
 
 import numpy as np
 import pytest
 import torch
 
 import siftpipe as sp
-from siftpipe._decider import Decider
-from siftpipe._ledger import Group
-from siftpipe.memory import FEEDBACK, NONE
-from siftpipe.sink import DecisionSink
+from siftpipe.core.decider import Decider
+from siftpipe.core.ledger import Group
+from siftpipe.core.memory import FEEDBACK, NONE
+from siftpipe.core.sink import DecisionSink
 
 
 class Collect(DecisionSink):

@@ -13,7 +13,12 @@ import pytest
 import torch
 
 import siftpipe as sp
-from siftpipe.demo import Point, redundant_task, time_to_target, verdict
+from siftpipe.demo import (
+    Point,
+    redundant_task,
+    time_to_target,
+    verdict,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,10 +24,10 @@ from tally import tried
 from torchdata.nodes import Loader
 
 import siftpipe as sp
-from siftpipe._open import ShardOpener, ShardReader, iter_tar_samples
+from siftpipe.adapters.nodes import ShardSource
+from siftpipe.adapters.webdataset import WebDataset, warn_and_continue
 from siftpipe.errors import ShardWarning
-from siftpipe.nodes import ShardSource
-from siftpipe.webdataset import WebDataset, warn_and_continue
+from siftpipe.streaming.opener import ShardOpener, ShardReader, iter_tar_samples
 
 pytestmark = pytest.mark.adversarial
 ROOT = Path(__file__).resolve().parents[1]

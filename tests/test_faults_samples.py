@@ -15,10 +15,15 @@ import webdataset as wds
 from torchdata.nodes import Loader
 
 import siftpipe as sp
+from siftpipe.adapters.nodes import ShardSource, SiftNode
+from siftpipe.adapters.webdataset import (
+    WebDataset,
+    describe_error,
+    reraise_exception,
+    warn_and_continue,
+)
 from siftpipe.errors import ShardWarning
-from siftpipe.nodes import ShardSource, SiftNode
-from siftpipe.shards import decode_sample, write_shards
-from siftpipe.webdataset import WebDataset, describe_error, reraise_exception, warn_and_continue
+from siftpipe.streaming.shards import decode_sample, write_shards
 
 
 def npy(array):

@@ -15,9 +15,20 @@ from faults import FaultProxy
 from torch.utils.data import DataLoader, default_collate
 
 import siftpipe as sp
-from siftpipe._open import ShardOpener, ShardReader, ignore_and_continue, reset_shard_stats, shard_stats
-from siftpipe.shards import synthetic_classification, write_shards
-from siftpipe.webdataset import WebDataset, WebLoader, reraise_exception, warn_and_continue
+from siftpipe.adapters.webdataset import (
+    WebDataset,
+    WebLoader,
+    reraise_exception,
+    warn_and_continue,
+)
+from siftpipe.streaming.opener import (
+    ShardOpener,
+    ShardReader,
+    ignore_and_continue,
+    reset_shard_stats,
+    shard_stats,
+)
+from siftpipe.streaming.shards import synthetic_classification, write_shards
 
 FAST = {"retries": 1, "backoff": 0.01, "max_backoff": 0.05, "timeout": 5}
 

@@ -18,9 +18,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import siftpipe as sp
-from siftpipe._open import ShardOpener, ShardReader, reset_shard_stats, shard_stats, warn_and_continue
 from siftpipe.errors import ShardWarning
-from siftpipe.shards import synthetic_classification, write_shards
+from siftpipe.streaming.opener import (
+    ShardOpener,
+    ShardReader,
+    reset_shard_stats,
+    shard_stats,
+    warn_and_continue,
+)
+from siftpipe.streaming.shards import synthetic_classification, write_shards
 
 N = 12  # samples in the shard: small, so that hypothesis can afford many reads
 

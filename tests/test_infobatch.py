@@ -8,8 +8,8 @@ import torch
 from common import roundtrip
 
 import siftpipe as sp
-from siftpipe._state import digest as _digest
-from siftpipe.memory import FEEDBACK, key_hashes
+from siftpipe.core.memory import FEEDBACK, key_hashes
+from siftpipe.core.state import digest as _digest
 
 
 def _never(model, batch):

@@ -26,10 +26,10 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, 
 from transformers.utils import logging
 
 import siftpipe as sp
+from siftpipe.adapters.webdataset import WebDataset
 from siftpipe.integrations import MissingExtraError
 from siftpipe.integrations.hf import STATE_FILE, ModelLoss, SiftTrainer
-from siftpipe.shards import write_shards
-from siftpipe.webdataset import WebDataset
+from siftpipe.streaming.shards import write_shards
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 24

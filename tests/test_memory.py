@@ -4,7 +4,7 @@ import torch
 from common import roundtrip
 
 import siftpipe as sp
-from siftpipe.memory import FEEDBACK, FORWARD, key_hashes
+from siftpipe.core.memory import FEEDBACK, FORWARD, key_hashes
 
 
 def test_hashes_are_stable_and_never_zero():

@@ -15,10 +15,10 @@ from torch.utils.data import default_collate
 from torchdata.nodes import Batcher, IterableWrapper, Loader, Mapper, ParallelMapper
 
 import siftpipe as sp
-from siftpipe._open import reset_shard_stats, shard_stats, warn_and_continue
+from siftpipe.adapters.nodes import ShardSource, SiftNode
 from siftpipe.errors import ShardWarning
-from siftpipe.nodes import ShardSource, SiftNode
-from siftpipe.shards import decode_sample, synthetic_classification, write_shards
+from siftpipe.streaming.opener import reset_shard_stats, shard_stats, warn_and_continue
+from siftpipe.streaming.shards import decode_sample, synthetic_classification, write_shards
 
 N, PER_SHARD = 240, 40
 ALL_KEYS = [f"{i:09d}" for i in range(N)]

@@ -1,13 +1,13 @@
-"""siftpipe._passes: the stage's passes part, on its own (no Sifter)."""
+"""siftpipe.core.passes: the stage's passes part, on its own (no Sifter)."""
 
 import numpy as np
 import pytest
 import torch
 
 import siftpipe as sp
-from siftpipe._ledger import Group
-from siftpipe._passes import POSITION, Passes
-from siftpipe._source import Reader
+from siftpipe.core.ledger import Group
+from siftpipe.core.passes import POSITION, Passes
+from siftpipe.core.source import Reader
 
 
 class Stateful:

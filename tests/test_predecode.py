@@ -92,8 +92,8 @@ def test_filter_passes_everything_before_a_publication_and_needs_keys(tmp_path):
 def test_before_decode_in_a_webdataset_chain_with_batching_workers(tmp_path):
     from torch.utils.data import default_collate
 
-    from siftpipe.shards import synthetic_classification, write_shards
-    from siftpipe.webdataset import WebDataset, WebLoader
+    from siftpipe.adapters.webdataset import WebDataset, WebLoader
+    from siftpipe.streaming.shards import synthetic_classification, write_shards
 
     shards = write_shards(
         synthetic_classification(600, dim=4), str(tmp_path / "train"), samples_per_shard=100, progress=False

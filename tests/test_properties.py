@@ -14,8 +14,13 @@ from hypothesis import strategies as st
 from torch.utils.data import default_collate
 
 import siftpipe as sp
-from siftpipe._decide import check_decision
-from siftpipe.memory import FEEDBACK, FORWARD, STALE, key_hashes
+from siftpipe.core.decide import check_decision
+from siftpipe.core.memory import (
+    FEEDBACK,
+    FORWARD,
+    STALE,
+    key_hashes,
+)
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=False)
 

@@ -12,7 +12,7 @@ from test_resume import same_state
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import siftpipe as sp
-from siftpipe.nodes import SiftNode
+from siftpipe.adapters.nodes import SiftNode
 
 SAMPLES = make_samples(200, seed=5)
 

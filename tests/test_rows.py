@@ -1,13 +1,18 @@
-"""siftpipe._rows: a group's keys, fields, weights and upstream decisions, per-sample and batched."""
+"""siftpipe.core.rows: a group's keys, fields, weights and upstream decisions, per-sample and batched."""
 
 import numpy as np
 import pytest
 import torch
 
 import siftpipe as sp
-from siftpipe._ledger import Group
-from siftpipe._rows import attach_weights, field_of, keys_of, upstream_of
-from siftpipe._vocab import PRE_KEPT, PRE_LOSS, PRE_PROB
+from siftpipe.core.ledger import Group
+from siftpipe.core.rows import (
+    attach_weights,
+    field_of,
+    keys_of,
+    upstream_of,
+)
+from siftpipe.core.vocab import PRE_KEPT, PRE_LOSS, PRE_PROB
 
 
 def per_sample(n=3):

@@ -105,9 +105,9 @@ def test_no_credentials_on_the_streaming_side(local_s3, bucket, caplog, monkeypa
     from torch.utils.data import default_collate
     from torchdata.nodes import Loader
 
-    from siftpipe.nodes import ShardSource, SiftNode
-    from siftpipe.shards import synthetic_classification, write_shards
-    from siftpipe.webdataset import WebDataset, WebLoader, warn_and_continue
+    from siftpipe.adapters.nodes import ShardSource, SiftNode
+    from siftpipe.adapters.webdataset import WebDataset, WebLoader, warn_and_continue
+    from siftpipe.streaming.shards import synthetic_classification, write_shards
 
     monkeypatch.setenv("AWS_SESSION_TOKEN", TOKEN)
     caplog.set_level(logging.DEBUG, logger="siftpipe")
@@ -391,7 +391,7 @@ def http_shards(tmp_path):
     import http.server
     import threading
 
-    from siftpipe.shards import synthetic_classification, write_shards
+    from siftpipe.streaming.shards import synthetic_classification, write_shards
 
     shards = write_shards(
         synthetic_classification(60, dim=4),
@@ -480,7 +480,7 @@ def test_plain_webdataset_pipe_commands_with_credentials_never_reach_the_log(tmp
     import webdataset as wds
 
     from siftpipe.cli import main
-    from siftpipe.shards import synthetic_classification, write_shards
+    from siftpipe.streaming.shards import synthetic_classification, write_shards
 
     shards = write_shards(
         synthetic_classification(40, dim=4), str(tmp_path / "train"), samples_per_shard=20, progress=False

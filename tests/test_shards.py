@@ -14,9 +14,9 @@ import torch
 import webdataset as wds
 
 import siftpipe as sp
-from siftpipe._open import ShardOpener, ShardReader
 from siftpipe.cli import main
-from siftpipe.shards import (
+from siftpipe.streaming.opener import ShardOpener, ShardReader
+from siftpipe.streaming.shards import (
     decode_sample,
     encode_sample,
     synthetic_arrays,

@@ -86,7 +86,7 @@ def test_batched_mode_output_batch_rebatches(samples):
 def test_rebatched_rows_are_the_kept_rows_in_order_in_every_structure_and_do_not_alias():
     from collections import namedtuple
 
-    from siftpipe import _batch
+    from siftpipe.core import batch as _batch
 
     Pair = namedtuple("Pair", "a b")
     n = 300

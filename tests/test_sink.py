@@ -5,7 +5,12 @@ import pytest
 from common import loss_field, make_samples
 
 import siftpipe as sp
-from siftpipe.sink import Decisions, DecisionSink, StageInfo, make_sink
+from siftpipe.core.sink import (
+    Decisions,
+    DecisionSink,
+    StageInfo,
+    make_sink,
+)
 
 
 class Recorder:

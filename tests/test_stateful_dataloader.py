@@ -14,8 +14,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler as StatefulRandomSampler
 
 import siftpipe as sp
-from siftpipe.shards import decode_sample, synthetic_classification, write_shards
-from siftpipe.webdataset import WebDataset
+from siftpipe.adapters.webdataset import WebDataset
+from siftpipe.streaming.shards import decode_sample, synthetic_classification, write_shards
 
 N = 360
 ALL_KEYS = [f"{i:09d}" for i in range(N)]

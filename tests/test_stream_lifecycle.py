@@ -11,8 +11,8 @@ import torch
 from torch.utils.data import default_collate
 
 import siftpipe as sp
-from siftpipe.shards import synthetic_classification, write_shards
-from siftpipe.webdataset import WebDataset, WebLoader
+from siftpipe.adapters.webdataset import WebDataset, WebLoader
+from siftpipe.streaming.shards import synthetic_classification, write_shards
 
 
 @pytest.fixture

@@ -16,7 +16,8 @@ import pytest
 from faults import AuthS3, FaultProxy
 
 import siftpipe as sp
-from siftpipe._open import (
+from siftpipe.errors import ShardWarning
+from siftpipe.streaming.opener import (
     ShardOpener,
     ShardReader,
     classify_error,
@@ -27,8 +28,7 @@ from siftpipe._open import (
     warn_and_continue,
     warn_and_stop,
 )
-from siftpipe.errors import ShardWarning
-from siftpipe.shards import decode_sample, synthetic_classification, write_shards
+from siftpipe.streaming.shards import decode_sample, synthetic_classification, write_shards
 
 FAST = {"backoff": 0.02, "max_backoff": 0.2}
 
@@ -196,7 +196,7 @@ def test_no_secret_from_options_env_or_url_reaches_messages_warnings_logs_or_rep
 
 
 def test_only_credential_like_environment_variables_are_treated_as_secrets(monkeypatch):
-    from siftpipe._open import Redactor
+    from siftpipe.streaming.opener import Redactor
 
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # not a secret: TOKENIZERS is no TOKEN
     monkeypatch.setenv("HF_TOKEN", "hf_abcdefghijklmnop")
@@ -359,7 +359,7 @@ def test_gzipped_shards_are_read_too(local_shards, tmp_path):
 
 
 def test_iter_tar_offsets_point_at_the_next_sample(local_shards):
-    from siftpipe._open import iter_tar_samples
+    from siftpipe.streaming.opener import iter_tar_samples
 
     opener = ShardOpener()
     url = local_shards.urls[0]

@@ -13,11 +13,16 @@ from common import roundtrip
 from torchdata.nodes import Loader
 
 import siftpipe as sp
-from siftpipe._open import ShardOpener, ShardReader, redact_command, warn_and_continue
+from siftpipe.adapters.nodes import ShardSource
+from siftpipe.adapters.webdataset import WebDataset
 from siftpipe.errors import ShardWarning
-from siftpipe.nodes import ShardSource
-from siftpipe.shards import synthetic_classification, write_shards
-from siftpipe.webdataset import WebDataset
+from siftpipe.streaming.opener import (
+    ShardOpener,
+    ShardReader,
+    redact_command,
+    warn_and_continue,
+)
+from siftpipe.streaming.shards import synthetic_classification, write_shards
 
 N, PER_SHARD = 40, 10
 ALL_KEYS = [f"{i:09d}" for i in range(N)]

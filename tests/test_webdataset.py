@@ -16,8 +16,7 @@ from contract import output_keys, signature
 from torch.utils.data import DataLoader, default_collate
 
 import siftpipe as sp
-from siftpipe.shards import synthetic_classification, write_shards
-from siftpipe.webdataset import (
+from siftpipe.adapters.webdataset import (
     FLUID_METHODS,
     SiftStage,
     WebDataset,
@@ -26,6 +25,7 @@ from siftpipe.webdataset import (
     is_installed,
     uninstall,
 )
+from siftpipe.streaming.shards import synthetic_classification, write_shards
 
 N, PER_SHARD, BATCH = 240, 40, 40
 

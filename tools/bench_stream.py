@@ -42,8 +42,8 @@ import torch
 from torch.utils.data import default_collate
 
 import siftpipe as sp
-from siftpipe.shards import write_shards
-from siftpipe.webdataset import WebDataset, WebLoader
+from siftpipe.adapters.webdataset import WebDataset, WebLoader
+from siftpipe.streaming.shards import write_shards
 
 
 def start_moto() -> tuple[subprocess.Popen, str]:

@@ -71,7 +71,7 @@ from siftpipe.demo import (
     train_run,
     write_task_shards,
 )
-from siftpipe.shards import write_shards
+from siftpipe.streaming.shards import write_shards
 
 MARGIN = 0.005  # the target: the full run's final accuracy minus half a point
 

@@ -36,7 +36,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 import siftpipe as sp
-from siftpipe.distributed import EqualSteps
+from siftpipe.adapters.distributed import EqualSteps
 
 __all__ = [
     "DataRng",

@@ -29,7 +29,13 @@ from torch.utils.data import IterableDataset, default_collate
 import siftpipe as sp
 
 from . import MissingExtraError
-from ._common import MetaCollate, SiftedStream, as_list, split_meta, with_index_keys
+from ._common import (
+    MetaCollate,
+    SiftedStream,
+    as_list,
+    split_meta,
+    with_index_keys,
+)
 
 try:
     from accelerate import skip_first_batches

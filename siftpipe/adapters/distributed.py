@@ -1,0 +1,166 @@
+"""Sifting on every rank of a torch.distributed job: equal steps, and an opt-in global loss history.
+
+Each rank sifts its own stream with its own history by default. Two problems follow, and this
+module solves them:
+
+* **Unequal steps.** Ranks keep different numbers of samples, so a naive epoch ends at different
+  steps on different ranks and DistributedDataParallel deadlocks in the next all-reduce.
+  ``EqualSteps`` makes every rank take the same number of steps: before each step, one all-reduce
+  of a single integer agrees whether *every* rank still has a batch; the epoch ends for all at
+  the first step some rank cannot take. (Or, over resampled shards, take a fixed number of steps
+  per epoch: ``fixed_steps``.)
+* **Local percentiles.** With ``sync_every=k``, every k steps the ranks all-gather a sketch of
+  their loss windows (``quantiles`` numbers each) and every rank's policy then takes percentiles
+  against the merged, global distribution. The exchange rides on the same lockstep as the step
+  agreement, so ranks whose micro-batch counts differ can never meet mismatched collectives.
+
+Collective-call contract: ``EqualSteps`` makes exactly one collective call per step it yields
+plus one at the end of the epoch, on every rank, and a sync step makes one more (an all-gather of
+``quantiles + 1`` float64 per rank). Nothing else in siftpipe calls a collective after
+construction (an ``AuditLog`` built without a run id broadcasts rank 0's id once, in its
+constructor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..core.policies import HistoryPolicy
+from ..core.ranks import dist_info
+from ..errors import ConfigError, SiftError
+
+__all__ = ["EqualSteps", "dist_info", "fixed_steps", "sync_history"]
+
+T = TypeVar("T")
+
+
+def _device_for(group: Any) -> torch.device:
+    """Where collective tensors must live for the group's backend (CUDA for NCCL)."""
+
+    backend = dist.get_backend(group)
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def sync_history(sifter: Any, group: Any = None, quantiles: int = 256) -> np.ndarray:
+    """All-gather every rank's loss-window sketch and make the merged one this rank's reference.
+
+    A collective: every rank of ``group`` must call it at the same point (``EqualSteps`` does).
+    Each rank contributes ``quantiles`` evenly spaced quantiles of its window and the window's
+    length; in the merged reference each quantile weighs ``length / quantiles``, so a rank with
+    more history weighs more. ``RelativeProbabilistic`` then takes percentiles against the
+    reference and ``PruneEasy`` compares losses to its mean, until the next sync. The reference is
+    part of the policy's state, so a resumed run decides exactly as before.
+
+    Returns:
+        The merged reference's loss values, sorted.
+    """
+
+    policy = sifter.policy
+    if not isinstance(policy, HistoryPolicy):
+        raise ConfigError(
+            "a global loss history needs a policy with a loss window (a HistoryPolicy such as "
+            f"RelativeProbabilistic or PruneEasy), not {type(policy).__name__}"
+        )
+    history = policy.history
+    sketch = np.full(quantiles + 1, np.nan)
+    if len(history):
+        sketch[:quantiles] = history.quantiles(np.linspace(0.0, 1.0, quantiles))
+    sketch[quantiles] = len(history)
+    device = _device_for(group)
+    mine = torch.from_numpy(sketch).to(device)
+    world = dist.get_world_size(group)
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine, group=group)
+    rows = [g.cpu().numpy() for g in gathered]
+    values = np.concatenate([r[:quantiles] for r in rows])
+    # each of a rank's quantiles stands for an equal share of that rank's window
+    weights = np.concatenate([np.full(quantiles, r[quantiles] / quantiles) for r in rows])
+    policy.set_reference(values, weights)
+    return np.sort(values[np.isfinite(values)])
+
+
+class EqualSteps(Iterable[T]):
+    """Iterate ``source`` so that every rank of ``group`` takes the same number of steps.
+
+    Before each item it hands out, all ranks agree (one all-reduce of one integer, MIN) whether
+    every rank has an item; the first step where some rank has none ends the epoch on all ranks.
+    Items that other ranks had fetched for that last step are not trained on: ``discarded``
+    counts them (at most one item per rank per epoch).
+
+    Args:
+        source: What each rank iterates (a sifted loader, typically yielding batches).
+        group: The process group (default: the world).
+        sifter: With ``sync_every``, the stage whose history is synchronised.
+        sync_every: Every this many steps, synchronise loss histories across ranks
+            (``sync_history``); ``None`` keeps each rank's history local.
+        quantiles: Sketch size for ``sync_history``.
+    """
+
+    def __init__(
+        self,
+        source: Iterable[T],
+        group: Any = None,
+        *,
+        sifter: Any = None,
+        sync_every: int | None = None,
+        quantiles: int = 256,
+    ) -> None:
+        if sync_every is not None and (sifter is None or sync_every < 1):
+            raise ConfigError("sync_every needs the sifter whose history to share, and a step count >= 1")
+        self.source = source
+        self.group = group
+        self.sifter = sifter
+        self.sync_every = sync_every
+        self.quantiles = quantiles
+        #: Steps taken in the last epoch, the same on every rank.
+        self.steps = 0
+        #: Items fetched for the final, untaken step of an epoch (this rank, all epochs).
+        self.discarded = 0
+
+    def __iter__(self) -> Iterator[T]:
+
+        if not (dist.is_available() and dist.is_initialized()):
+            yield from self.source
+            return
+        device = _device_for(self.group)
+        flag = torch.zeros(1, dtype=torch.int64, device=device)
+        it = iter(self.source)
+        self.steps = 0
+        while True:
+            try:
+                item = next(it)
+                have = 1
+            except StopIteration:
+                have = 0
+            flag.fill_(have)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+            if int(flag.item()) == 0:
+                self.discarded += have
+                return
+            self.steps += 1
+            if self.sync_every and self.steps % self.sync_every == 0:
+                sync_history(self.sifter, self.group, self.quantiles)
+            yield item
+
+
+def fixed_steps(source: Iterable[T], steps: int) -> Iterator[T]:
+    """Exactly ``steps`` items of ``source`` (an endless, resampled stream): equal on every rank.
+
+    Raises ``SiftError`` if the stream ends first, instead of letting ranks fall out of step.
+    """
+    it = iter(source)
+    for taken in range(steps):
+        try:
+            yield next(it)
+        except StopIteration:
+            raise SiftError(
+                f"the stream ended after {taken} of {steps} steps; fixed_steps needs an endless stream "
+                "(resampled=True shards) or a step count it can always reach"
+            ) from None

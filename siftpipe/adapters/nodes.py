@@ -1,0 +1,462 @@
+"""torchdata.nodes integration: a sift node and a stateful shard source.
+
+A pipeline that decodes in worker processes, sifts with the live model in the training process
+and resumes exactly from ``loader.state_dict()``::
+
+    from torchdata.nodes import Batcher, Loader, Mapper, ParallelMapper
+    from siftpipe.nodes import ShardSource, SiftNode
+    from siftpipe.shards import decode_sample
+
+    source = ShardSource("s3://bucket/train-{000000..000099}.tar", storage_options={...})
+    decoded = ParallelMapper(source, decode_sample, num_workers=4, method="process")
+    batches = Mapper(Batcher(decoded, batch_size=256), default_collate)
+    loader = Loader(SiftNode(batches, sp.Sifter(model, "cross_entropy", batched=True)))
+
+    for batch in loader: ...
+    torch.save({"model": model.state_dict(), "loader": loader.state_dict()}, path)
+    ...
+    loader.load_state_dict(torch.load(path, weights_only=True)["loader"])  # continues exactly
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+from collections.abc import Callable, Generator, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+from torchdata.nodes import BaseNode
+
+from ..core.stage import Sifter
+from ..errors import ConfigError, ResumeError, ShardError
+from ..streaming import handlers
+from ..streaming.handlers import *  # noqa: F403  (the handler names, listed once in siftpipe.handlers)
+from ..streaming.handlers import reraise_exception
+from ..streaming.opener import (
+    MAX_MEMBER_BYTES,
+    MAX_SAMPLE_BYTES,
+    ShardOpener,
+    ShardReader,
+    ShardStats,
+    redact_options,
+    redact_url,
+)
+
+__all__ = [
+    "ShardSource",
+    "ShardStats",
+    "SiftNode",
+]
+__all__ += handlers.__all__
+
+
+class _NodeSource:
+    """A BaseNode seen as the stateful iterable the Sifter tracks (``state_dict`` /
+    ``load_state_dict``): its state is snapshotted at micro-batch boundaries and restored with
+    ``reset(state)``."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: BaseNode[Any]) -> None:
+        self.node = node
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.node
+
+    def state_dict(self) -> dict[str, Any]:
+        # a copy: the sifter keeps this snapshot while the node moves on, and a node may hand
+        # out (and later change) its own internal dicts
+        return copy.deepcopy(self.node.state_dict())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.node.reset(state)
+
+
+class SiftNode(BaseNode[Any]):
+    """A ``torchdata.nodes`` node that sifts its source's items with a ``Sifter``.
+
+    Put it after the nodes that decode and batch (``ParallelMapper`` with
+    ``method="process"``, ``Batcher``): it runs where it is iterated, in the training process,
+    scoring with the live model. Its state is the sifter's state, which holds the source node's
+    state snapshotted at the sifter's ``consumed`` boundary: ``reset(state)`` (and a ``Loader``'s
+    ``load_state_dict``) repositions the source there, replays the decisions made but not yet
+    handed on, and continues exactly as the uninterrupted run.
+
+    Args:
+        source: The node whose items (samples, or collated batches with ``batched=True``) are
+            sifted.
+        sifter: The stage. It tracks the source itself (``track_source`` must not be False).
+
+    Each ``reset(None)`` starts a new pass (the sifter's ``epoch`` + 1 after the first) and
+    resets the source; the sifter's loss history and counters carry over between passes.
+    """
+
+    STATE_VERSION = 1
+
+    def __init__(self, source: BaseNode[Any], sifter: Sifter) -> None:
+        super().__init__()
+        if not isinstance(source, BaseNode):
+            raise ConfigError(
+                f"SiftNode's source must be a torchdata.nodes.BaseNode, got {type(source).__name__}; "
+                "wrap an iterable with torchdata.nodes.IterableWrapper"
+            )
+        if not isinstance(sifter, Sifter):
+            raise ConfigError(f"SiftNode needs a siftpipe.Sifter, got {type(sifter).__name__}")
+        if sifter.track_source is False:
+            raise ConfigError(
+                "SiftNode keeps the source node's position inside the sifter's state, so the sifter "
+                "must track its source: construct it with track_source=None (the default) or True"
+            )
+        self.source = source
+        self.sifter = sifter
+        sifter.watch_shards(source)  # shards a ShardSource below skips count in sifter.stats
+        self._wrapped = _NodeSource(source)
+        self._it: Iterator[Any] | None = None
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        # Resetting the source may fork worker processes (ParallelMapper, method="process").
+        # Collect the previous pass's mapper iterators first: left as cyclic garbage they are
+        # copied into the new workers, whose garbage collector then runs their __del__ there
+        # (AssertionError "can only test a child process", and on CPython 3.11.7 an occasional
+        # "SystemError: AST constructor recursion depth mismatch" inside np.load).
+        gc.collect()
+        if initial_state is None:
+            # the call first hands the source a between-passes checkpoint's state (if one was
+            # loaded); resetting it then starts the epoch after that one
+            self._it = self.sifter(self._wrapped)
+            self.source.reset(None)
+            return
+        if not isinstance(initial_state, Mapping) or initial_state.get("version") != self.STATE_VERSION:
+            raise ResumeError(
+                "not a SiftNode state (no matching 'version'); pass the state that this node's "
+                "state_dict() (or the Loader's) returned"
+            )
+        state = initial_state["sifter"]
+        self.sifter.load_state_dict(state)
+        if state["pass_open"]:
+            self._it = self.sifter(self._wrapped)  # repositions the source, replays pending groups
+        else:  # the checkpoint fell at the end of a pass: nothing left until the next reset(None)
+            self._it = None
+
+    def next(self) -> Any:
+        if self._it is None:
+            raise StopIteration
+        return next(self._it)
+
+    def get_state(self) -> dict[str, Any]:
+        return {"version": self.STATE_VERSION, "sifter": self.sifter.state_dict()}
+
+    def __repr__(self) -> str:
+        return f"SiftNode({type(self.source).__name__}, {self.sifter!r})"
+
+
+def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is None or world_size is None:
+        from webdataset.utils import pytorch_worker_info
+
+        env_rank, env_world, _, _ = pytorch_worker_info()
+        rank = env_rank if rank is None else rank
+        world_size = env_world if world_size is None else world_size
+    if not (isinstance(rank, int) and isinstance(world_size, int) and 0 <= rank < world_size):
+        raise ConfigError(f"need 0 <= rank < world_size, got rank={rank!r}, world_size={world_size!r}")
+    return rank, world_size
+
+
+def _worker() -> tuple[int, int]:
+    """``(worker id, number of workers)`` of this process's DataLoader worker, ``(0, 1)`` outside
+    one: webdataset's ``pytorch_worker_info`` (torch's ``get_worker_info``, or the ``WORKER`` and
+    ``NUM_WORKERS`` environment variables)."""
+    from webdataset.utils import pytorch_worker_info
+
+    _, _, worker, num_workers = pytorch_worker_info()
+    return int(worker), int(num_workers)
+
+
+class ShardSource(BaseNode[dict[str, Any]]):
+    """A stateful ``torchdata.nodes`` source of WebDataset samples from tar shards at any fsspec
+    URL, read through the same opener as ``siftpipe.webdataset.WebDataset`` (storage options,
+    retries with backoff, mid-stream reconnects, handlers, ``shard_stats()``).
+
+    Yields raw samples: dicts with ``__key__``, ``__url__`` (``__local_path__`` too for a local
+    shard, as in webdataset) and one ``bytes`` value per field
+    (decode them with ``siftpipe.shards.decode_sample``, e.g. in a ``ParallelMapper``).
+
+    Its state is ``(epoch, shard index, samples read from that shard, byte offset of the next
+    sample, its key, DataLoader worker and number of workers)``: resuming seeks straight to the
+    next sample of an uncompressed shard (a compressed one is re-read from its start and the
+    samples before skipped), never re-reading the epoch from its beginning. The shard URL, the
+    next sample's key and the worker are checked on resume
+    (``ResumeError`` if the shards changed since the checkpoint).
+
+    Args:
+        urls: A brace pattern (``s3://bucket/train-{000000..000099}.tar``) or a list of URLs
+            (any fsspec URL, a local path, or webdataset's ``pipe:COMMAND``).
+        storage_options: fsspec options (see ``ShardOpener``); ``None``: the environment.
+        handler: ``reraise_exception`` (default), ``warn_and_continue`` (skip a shard that cannot
+            be read, counted in ``shard_stats().skipped``), or any webdataset handler.
+        shuffle: Shuffle the shard order each epoch (from ``seed`` and the epoch number, so
+            every rank agrees and a resumed run sees the same order).
+        seed: Seed of the shard shuffle.
+        rank, world_size: This process's share: shards ``rank::world_size`` of each epoch's
+            order. Default: from ``torch.distributed`` or the ``RANK``/``WORLD_SIZE`` environment.
+            Inside a DataLoader worker (a source wrapped in an ``IterableDataset``, which every
+            worker iterates), the worker then takes every ``num_workers``-th of those, from its
+            id on: webdataset's ``split_by_node`` then ``split_by_worker``, so that no sample is
+            read twice. A rank or a worker left without shards is a ``ConfigError``.
+        retries, backoff, max_backoff, timeout, block_size: see ``ShardOpener``.
+        select_files, rename_files: as in webdataset: filter and rename tar members.
+        max_member_bytes: The largest tar member read, in bytes (default 256 MiB; ``None``: no
+            limit); a larger one fails its shard (``ShardError``, kind ``too_large``, naming the
+            shard and the member, handled by ``handler``) before any of it is read.
+        max_sample_bytes: The most one sample's members may hold together, in bytes, each counted
+            with its 512-byte header (default 1 GiB; ``None``: no limit).
+    """
+
+    STATE_VERSION = 1
+
+    def __init__(
+        self,
+        urls: str | list[str],
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        handler: Callable[[BaseException], bool] = reraise_exception,
+        shuffle: bool = False,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        retries: int = 5,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        timeout: float | None = 120.0,
+        block_size: int | None = None,
+        select_files: Callable[[str], bool] | None = None,
+        rename_files: Callable[[str], str] | None = None,
+        max_member_bytes: int | None = MAX_MEMBER_BYTES,
+        max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
+    ) -> None:
+        super().__init__()
+        from .webdataset import expand_urls
+
+        self.urls = expand_urls(urls)
+        self.opener = ShardOpener(
+            storage_options,
+            retries=retries,
+            backoff=backoff,
+            max_backoff=max_backoff,
+            timeout=timeout,
+            block_size=block_size,
+        )
+        self.reader = ShardReader(
+            self.opener,
+            handler,
+            select_files=select_files,
+            rename_files=rename_files,
+            max_member_bytes=max_member_bytes,
+            max_sample_bytes=max_sample_bytes,
+        )
+        self.shuffle = shuffle
+        self.seed = seed
+        self.rank, self.world_size = _rank_and_world(rank, world_size)
+        if not self.urls[self.rank :: self.world_size]:
+            raise ConfigError(
+                f"rank {self.rank} of {self.world_size} gets none of the {len(self.urls)} shard(s): "
+                "write at least as many shards as ranks"
+            )
+        self.epoch = 0
+        self._started = False
+        self._order: list[str] = []
+        self._shard = 0
+        self._sample = 0
+        self._offset: int | None = 0
+        self._next_key: str | None = None
+        self._worker = (0, 1)  # (DataLoader worker, workers) the current order was made for
+        self._gen: Generator[dict[str, Any], None, None] | None = None
+
+    def __repr__(self) -> str:
+        first = self.opener.redact(redact_url(self.urls[0]))
+        return (
+            f"ShardSource({len(self.urls)} shard(s): {first}{', ...' if len(self.urls) > 1 else ''}; "
+            f"storage_options={redact_options(self.opener.storage_options)}, rank {self.rank} of "
+            f"{self.world_size}, shuffle={self.shuffle})"
+        )
+
+    def shard_stats(self) -> ShardStats:
+        """This source's shard counters (opened, skipped, retries, ...), in every process."""
+        return self.opener.stats()
+
+    def order(self, epoch: int) -> list[str]:
+        """This rank's (and, in a DataLoader worker, this worker's) shard URLs for ``epoch``, in
+        reading order. Raises ``ConfigError`` if a worker gets none."""
+        urls = list(self.urls)
+        if self.shuffle:
+            perm = np.random.default_rng([self.seed, epoch]).permutation(len(urls))
+            urls = [urls[i] for i in perm]
+        ranks = urls[self.rank :: self.world_size]
+        worker, workers = _worker()
+        mine = ranks[worker::workers]
+        if not mine:
+            raise ConfigError(
+                f"DataLoader worker {worker} of {workers} (rank {self.rank} of {self.world_size}) gets "
+                f"none of this rank's {len(ranks)} shard(s): use at most {len(ranks)} worker(s), or write "
+                f"at least ranks x workers = {self.world_size * workers} shards"
+            )
+        return mine
+
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        if self._gen is not None:
+            self._gen.close()
+            self._gen = None
+        if initial_state is None:
+            if self._started:
+                self.epoch += 1
+            self._started = False
+            self._order = self.order(self.epoch)
+            self._worker = _worker()
+            self._shard, self._sample, self._offset, self._next_key = 0, 0, 0, None
+        else:
+            self._restore(initial_state)
+        self._gen = self._samples()
+
+    # a running pass (a generator) stays in its process: a copy pickled into a DataLoader worker
+    # starts a pass there with that worker's share (the position travels in get_state(), checked)
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_gen"] = None
+        return state
+
+    def _restore(self, state: Mapping[str, Any]) -> None:
+        if not isinstance(state, Mapping) or state.get("version") != self.STATE_VERSION:
+            raise ResumeError(
+                "not a ShardSource state (no matching 'version'); pass what state_dict() returned"
+            )
+        worker, workers = _worker()
+        saved = (int(state.get("worker", 0)), int(state.get("num_workers", 1)))
+        if saved != (worker, workers):
+            raise ResumeError(
+                f"the checkpoint was taken in DataLoader worker {saved[0]} of {saved[1]}, this source "
+                f"runs in worker {worker} of {workers}: each worker reads its own shards, so resume "
+                "with the same number of workers (a StatefulDataLoader restores each worker's state "
+                "in that worker)"
+            )
+        order = self.order(int(state["epoch"]))
+        if len(order) != state["num_shards"]:
+            raise ResumeError(
+                f"the checkpoint's epoch had {state['num_shards']} shard(s) for this rank, this source has "
+                f"{len(order)}: resume with the same shard list, seed, rank and world_size"
+            )
+        shard = int(state["shard"])
+        expected = state.get("url")
+        if shard < len(order) and expected is not None and redact_url(order[shard]) != expected:
+            raise ResumeError(
+                f"the checkpoint was reading shard {expected} at position {shard}, this source has "
+                f"{redact_url(order[shard])} there: resume with the same shard list, seed, rank and "
+                "world_size"
+            )
+        self.epoch = int(state["epoch"])
+        self._order = order
+        self._worker = (worker, workers)
+        self._shard = shard
+        self._sample = int(state["sample"])
+        self._offset = None if state["offset"] is None else int(state["offset"])
+        self._next_key = state["next_key"]
+        self._started = bool(state["started"])
+
+    def next(self) -> dict[str, Any]:
+        if self._gen is None:  # a copy pickled into this process
+            self.reset(None)
+        assert self._gen is not None
+        self._started = True
+        return next(self._gen)
+
+    def get_state(self) -> dict[str, Any]:
+        shard = self._shard
+        return {
+            "version": self.STATE_VERSION,
+            "epoch": self.epoch,
+            "num_shards": len(self._order),
+            "shard": shard,
+            "url": redact_url(self._order[shard]) if shard < len(self._order) else None,
+            "sample": self._sample,
+            "offset": self._offset,
+            "next_key": self._next_key,
+            "started": self._started,
+            "worker": self._worker[0],
+            "num_workers": self._worker[1],
+        }
+
+    # ------------------------------------------------------------------ reading
+
+    def _advance(self) -> None:
+        self._shard += 1
+        self._sample, self._offset, self._next_key = 0, 0, None
+
+    def _samples(self) -> Generator[dict[str, Any], None, None]:
+        while self._shard < len(self._order):
+            index = self._shard
+            url = self._order[index]
+            err: ShardError | None = None
+            key: str | None = None
+            try:
+                for sample in self._shard_samples(url):
+                    key = sample["__key__"]
+                    yield sample
+            except (ResumeError, ConfigError):
+                raise
+            except Exception as exc:  # handed to the handler below
+                err = self.opener.error(exc, url, key)
+                del exc
+            if err is None:
+                self.opener.count("completed")
+            else:
+                state: dict[str, Any] = {}
+                self.reader.handle(err, state)  # raises with reraise_exception
+                if state.get("stop"):
+                    self._shard = len(self._order)
+                    self._sample, self._offset, self._next_key = 0, 0, None
+                    return
+            if self._shard == index:  # an empty or failed shard: move on
+                self._advance()
+
+    def _shard_samples(self, url: str) -> Iterator[dict[str, Any]]:
+        """The rest of one shard from the current position; advances the position as it yields."""
+        skip = 0
+        offset = 0
+        if self._sample > 0:
+            if self._offset is not None:
+                offset = self._offset
+            else:  # compressed: no seekable offsets, re-read and skip
+                skip = self._sample
+        expected = self._next_key
+        stream = self.opener.open(url, offset)
+        try:
+            samples = self.reader.tar_samples(stream, url, start=offset)
+            for n, (sample, next_offset, next_key) in enumerate(samples):
+                if n < skip:
+                    continue
+                if expected is not None:
+                    if sample["__key__"] != expected:
+                        raise ResumeError(
+                            f"shard {redact_url(url)} changed since the checkpoint: the sample after "
+                            f"{self._sample} sample(s) is {sample['__key__']!r}, the checkpoint expected "
+                            f"{expected!r}; resume with the shards the checkpoint was made with"
+                        )
+                    expected = None
+                self.opener.count("samples")
+                if next_key is None:  # the shard's last sample: the position moves to the next shard
+                    self._advance()
+                else:
+                    self._sample += 1
+                    self._offset = next_offset
+                    self._next_key = next_key
+                yield sample
+            if expected is not None:
+                raise ResumeError(
+                    f"shard {redact_url(url)} ends before the sample {expected!r} the checkpoint "
+                    f"expected after {self._sample} sample(s); resume with the shards the checkpoint "
+                    "was made with"
+                )
+        finally:
+            stream.close()

@@ -1,0 +1,208 @@
+"""Sifting before decode: DataLoader workers drop samples by key using a published score memory.
+
+A sample dropped before decoding costs no read of its payload into an image, no decode and no
+augmentation. The main process publishes its score memory (``Sifter.publish_memory(url)``, at the
+end of each epoch, say); each worker's ``PreDecodeFilter`` loads the newest publication when it
+starts iterating (every epoch: DataLoader workers restart, persistent ones call ``iter`` again) and
+decides every sample it has a remembered loss for:
+
+* the keep probability comes from the loss's percentile among all remembered losses
+  (``percentile ** beta``, as ``RelativeProbabilistic``), and
+* the draw is a hash of (seed, epoch, key), so the decision is the same in every process and in a
+  resumed run, without sharing a random generator with the main process.
+
+Samples it keeps carry ``__sift_prekept__ = 1`` (and their loss and probability), and the main
+process's ``Sifter`` hands them on without deciding twice, recording them with reason
+``predecode``. Samples it knows nothing about carry ``__sift_prekept__ = 0`` and are scored as
+usual. Samples it drops never reach the main process: each worker writes their records into the
+audit log's ``_predecode`` folder (``read_log(..., include_predecode=True)`` adds them).
+
+Freshness: decisions use the memory as of the last publication, so a sample's loss is at most one
+epoch older than the live stage's (plus ``max_age`` epochs if the memory reuses stale losses).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import secrets as _random
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import islice
+from typing import Any
+
+import numpy as np
+
+from .._secrets import redact, redact_url, secret_values
+from ..core.memory import ScoreMemory, key_hashes
+from ..core.vocab import PRE_KEPT, PRE_LOSS, PRE_PROB
+from ..errors import MissingKeyError
+
+__all__ = ["PRE_KEPT", "PreDecodeFilter"]
+
+
+def hash_uniform(seed: int, epoch: int, keys: Iterable[Any]) -> np.ndarray:
+    """A uniform [0, 1) number per key, the same in every process: BLAKE2b of (seed, epoch, key)."""
+    return (
+        np.fromiter(
+            (
+                int.from_bytes(
+                    hashlib.blake2b(f"{seed}:{epoch}:{k}".encode(), digest_size=8).digest(), "little"
+                )
+                for k in keys
+            ),
+            dtype=np.uint64,
+        ).astype(np.float64)
+        / 2.0**64
+    )
+
+
+class PreDecodeFilter:
+    """A stage for DataLoader workers, before decode: drops samples by key from a published memory.
+
+    Args:
+        url: Where the main process publishes its memory (``Sifter.publish_memory(url)``).
+        storage_options: fsspec options for ``url`` and for the audit records.
+        key: Field holding the sample key.
+        chunk: Samples looked up together (one vectorised lookup per chunk).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        key: str = "__key__",
+        chunk: int = 64,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.storage_options = dict(storage_options or {})
+        self.key = key
+        self.chunk = chunk
+        self._loaded: str | None = None  # version of the publication in memory
+        self._memory: ScoreMemory | None = None
+        self._sorted: np.ndarray = np.zeros(0)
+        self._meta: dict[str, Any] = {}
+        #: Samples this process saw, dropped, and passed on (kept or unknown), all epochs.
+        self.stats = {"seen": 0, "dropped": 0, "kept": 0, "unknown": 0}
+
+    def __repr__(self) -> str:
+        shown = redact(redact_url(self.url), secret_values(self.storage_options))
+        return f"PreDecodeFilter({shown!r}, version={self._loaded!r})"
+
+    def _refresh(self) -> None:
+        import fsspec
+
+        try:
+            with fsspec.open(f"{self.url}/latest.json", "rb", **self.storage_options) as f:
+                meta = json.loads(f.read())
+        except FileNotFoundError:
+            self._memory, self._meta = None, {}  # nothing published yet: pass everything on
+            return
+        if meta["version"] == self._loaded:
+            return
+        self._memory = ScoreMemory.load(f"{self.url}/{meta['file']}", self.storage_options)
+        self._sorted = np.sort(self._memory.losses())
+        self._meta = meta
+        self._loaded = meta["version"]
+
+    def __call__(self, samples: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        self._refresh()
+        it = iter(samples)
+        dropped: list[dict[str, Any]] = []
+        worker = _worker_id()
+        try:
+            while batch := list(islice(it, self.chunk)):
+                yield from self._decide(batch, dropped, worker)
+        finally:
+            self._write_dropped(dropped, worker)
+
+    def _decide(
+        self, batch: list[dict[str, Any]], dropped: list[dict[str, Any]], worker: int
+    ) -> Iterator[dict[str, Any]]:
+        try:
+            keys = [s[self.key] for s in batch]
+        except (KeyError, TypeError):
+            raise MissingKeyError(
+                f"PreDecodeFilter finds samples by key but a sample has no field {self.key!r}; place it "
+                "right after the tar reader, where '__key__' is present"
+            ) from None
+        self.stats["seen"] += len(batch)
+        memory = self._memory
+        if memory is None or not self._sorted.size:
+            self.stats["unknown"] += len(batch)
+            for s in batch:
+                yield {**s, PRE_KEPT: 0, PRE_LOSS: float("nan"), PRE_PROB: float("nan")}
+            return
+        epoch = int(self._meta["epoch"]) + 1
+        # key_hashes, not the memory's cache: a worker sees each key once per epoch, and the memory is
+        # reloaded with each publication, so a cache would only cost memory
+        loss, _ = memory.lookup(key_hashes(keys), epoch)
+        known = ~np.isnan(loss)
+        values = self._sorted
+        pct = (np.searchsorted(values, loss, "left") + np.searchsorted(values, loss, "right")) / (
+            2.0 * values.size
+        )
+        prob = np.where(known, pct ** float(self._meta["beta"]), 1.0)
+        keep = hash_uniform(int(self._meta["seed"]), epoch, keys) < prob
+        for s, k, kn, kp, lo, pr in zip(batch, keys, known, keep, loss, prob):
+            if not kn:
+                self.stats["unknown"] += 1
+                yield {**s, PRE_KEPT: 0, PRE_LOSS: float("nan"), PRE_PROB: float("nan")}
+            elif kp:
+                self.stats["kept"] += 1
+                yield {**s, PRE_KEPT: 1, PRE_LOSS: float(lo), PRE_PROB: float(pr)}
+            else:
+                self.stats["dropped"] += 1
+                dropped.append(
+                    {
+                        "key": str(k),
+                        "url": None if s.get("__url__") is None else redact_url(str(s["__url__"])),
+                        "loss": float(lo),
+                        "prob": float(pr),
+                        "epoch": epoch,
+                    }
+                )
+
+    def _write_dropped(self, dropped: list[dict[str, Any]], worker: int) -> None:
+        """Record the samples dropped here in the audit log's ``_predecode`` folder (one Parquet file)."""
+        audit = self._meta.get("audit")
+        if not dropped or not audit:
+            return
+        import fsspec
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.table(
+            {
+                "worker": pa.array(np.full(len(dropped), worker, np.int32)),
+                "seq": pa.array(np.full(len(dropped), -1, np.int64)),
+                "epoch": pa.array([d["epoch"] for d in dropped], pa.int32()),
+                "key": pa.array([d["key"] for d in dropped], pa.string()),
+                "url": pa.array([d["url"] for d in dropped], pa.string()),
+                "loss": pa.array([d["loss"] for d in dropped], pa.float64()),
+                "score": pa.nulls(len(dropped), pa.float32()),
+                "prob": pa.array([d["prob"] for d in dropped], pa.float32()),
+                "kept": pa.array(np.zeros(len(dropped), bool)),
+                "weight": pa.array(np.ones(len(dropped), np.float32)),
+                "reason": pa.array(["predecode"] * len(dropped), pa.string()),
+                "source": pa.array(["feedback"] * len(dropped), pa.string()),
+                "micro_batch": pa.array(np.full(len(dropped), -1, np.int64)),
+                "model_version": pa.array(np.full(len(dropped), -1, np.int64)),
+                "time": pa.array(np.full(len(dropped), time.time())),
+            }
+        )
+        sink = io.BytesIO()
+        pq.write_table(table, sink, compression="zstd")
+        name = f"epoch={dropped[0]['epoch']}-worker={worker}-{_random.token_hex(4)}.parquet"
+        path = f"{audit['directory']}/_predecode/{name}"
+        with fsspec.open(path, "wb", **self.storage_options) as f:
+            f.write(sink.getvalue())
+
+
+def _worker_id() -> int:
+    import torch.utils.data
+
+    info = torch.utils.data.get_worker_info()
+    return -1 if info is None else int(info.id)

@@ -1,0 +1,516 @@
+"""WebDataset integration: ``.sift()`` in fluid chains, and shards streamed from any fsspec URL.
+
+The pattern (sifting needs the live model, which only the training process has)::
+
+    import siftpipe as sp
+    from siftpipe.webdataset import WebDataset, WebLoader
+
+    dataset = (
+        WebDataset("s3://bucket/train-{000000..000099}.tar", shardshuffle=100,
+                   storage_options={"endpoint_url": "https://..."})   # or the AWS environment
+        .decode()                       # in the DataLoader workers
+        .map(augment)
+        .batched(256, collation_fn=default_collate)
+    )
+    loader = (
+        WebLoader(dataset, batch_size=None, num_workers=8)   # batches -> the training process
+        .sift(sp.Sifter(model, "cross_entropy", batched=True, micro_batch=None))
+        .unbatched().shuffle(1000).batched(128)   # as needed
+    )
+
+``WebDataset`` and ``WebLoader`` are webdataset's classes with a ``.sift()`` method that survives
+every fluid call (``decode``, ``map``, ``batched``, ``to_tuple``, ...: each returns a copy of the
+same class). ``install()`` adds ``.sift`` to webdataset's own ``FluidInterface`` instead (opt-in;
+importing this module changes nothing in webdataset). The ``Sifter`` itself is also a plain
+pipeline stage: ``wds.DataPipeline(..., sifter)`` or ``pipeline.compose(sifter)``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from itertools import islice
+from typing import Any
+from urllib.parse import urlparse
+
+import webdataset as wds
+from webdataset import autodecode, filters, shardlists
+from webdataset.compat import check_empty
+
+from ..audit.replay import Replay
+from ..core.stage import Sifter
+from ..errors import (
+    ConfigError,
+    ResumeError,
+    SampleError,
+    ShardError,
+    SiftInWorkerError,
+)
+from ..streaming import handlers
+from ..streaming.handlers import *  # noqa: F403  (the handler names, listed once in siftpipe.handlers)
+from ..streaming.handlers import reraise_exception
+from ..streaming.opener import (
+    MAX_MEMBER_BYTES,
+    MAX_SAMPLE_BYTES,
+    ShardOpener,
+    ShardReader,
+    ShardStats,
+    count_here,
+    find_shard_counts,
+    merge_shard_stats,
+    redact_options,
+    redact_url,
+)
+
+__all__ = [
+    "FLUID_METHODS",
+    "ShardOpener",
+    "ShardReader",
+    "ShardStats",
+    "SiftFluid",
+    "SiftStage",
+    "WebDataset",
+    "WebLoader",
+    "install",
+    "is_installed",
+    "uninstall",
+]
+__all__ += handlers.__all__
+
+
+class SiftStage:
+    """A pipeline stage that runs a ``Sifter`` over its input.
+
+    After ``sifter.load_state_dict(state)`` of a checkpoint whose source was not tracked, the
+    next pass first skips the ``state["consumed"]`` input items the checkpoint had finished
+    (they are read again and dropped: the pipeline up to here must give the same items in the
+    same order as before, e.g. ``shardshuffle=False`` or a fixed ``seed``), so resuming a
+    WebDataset chain is ``chain.sifter.load_state_dict(state)`` and iterating it again.
+    """
+
+    def __init__(self, sifter: Sifter) -> None:
+        if not isinstance(sifter, Sifter):
+            raise ConfigError(f"SiftStage needs a siftpipe.Sifter, got {type(sifter).__name__}")
+        self.sifter = sifter
+
+    def __call__(self, source: Iterable[Any]) -> Iterator[Any]:
+        skip = self.sifter.resume_from
+        if skip:
+            source = _skip(iter(source), skip)
+        return self.sifter(source)
+
+    def __repr__(self) -> str:
+        return f"SiftStage({self.sifter!r})"
+
+
+def _skip(it: Iterator[Any], n: int) -> Iterator[Any]:
+    got = sum(1 for _ in islice(it, n))
+    if got < n:
+        raise ResumeError(
+            f"resuming needs to skip the {n} input items the checkpoint had finished "
+            f"(state['consumed']), but the pipeline ended after {got}: it must give the same items "
+            "in the same order as before the checkpoint (shardshuffle=False or a fixed seed, same "
+            "shards, same workers and batch sizes)"
+        )
+    yield from it
+
+
+def _make_sifter(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Sifter:
+    if len(args) == 1 and not kwargs and isinstance(args[0], Sifter):
+        return args[0]
+    if any(isinstance(a, Sifter) for a in (*args, *kwargs.values())):
+        raise ConfigError(
+            ".sift() takes either one Sifter, or the Sifter's constructor arguments "
+            "(model, scorer, policy, micro_batch=..., ...), not both"
+        )
+    if not args and not kwargs:
+        raise ConfigError(".sift() needs a Sifter, or the Sifter's arguments: .sift(model, scorer, ...)")
+    return Sifter(*args, **kwargs)
+
+
+class SiftFluid:
+    """Fluid-interface methods that siftpipe adds to webdataset pipelines.
+
+    Mixed into ``WebDataset`` and ``WebLoader`` here, or added to webdataset's own
+    ``FluidInterface`` by ``install()`` (every method named in ``FLUID_METHODS``).
+    """
+
+    def sift(self, *args: Any, **kwargs: Any) -> Any:
+        """Append a sift stage: ``.sift(sifter)`` or ``.sift(model, scorer, policy, ...)``.
+
+        Returns a copy of this pipeline (same class) with the stage at its end; the copy's
+        ``.sifter`` attribute is the ``Sifter`` (for ``state_dict()``, ``stats``, resuming).
+        The stage must run in the training process: after the ``WebLoader``, never inside a
+        dataset that DataLoader workers iterate (that raises ``SiftInWorkerError``).
+        """
+        sifter = _make_sifter(args, kwargs)
+        sifter.watch_shards(self)
+        result = self.compose(SiftStage(sifter))  # type: ignore[attr-defined]
+        result.sifter = sifter
+        return result
+
+    def shard_stats(self) -> ShardStats:
+        """Shard counters of this pipeline's shard readers, summed over every process that read
+        through them: the training process and every DataLoader worker (``ShardStats``, with the
+        URLs of the skipped shards in ``skipped_urls``)."""
+        return merge_shard_stats(find_shard_counts(self))
+
+    def replay(
+        self, url: str | Replay, storage_options: Mapping[str, Any] | None = None, **kwargs: Any
+    ) -> Any:
+        """Append a replay stage: hand on exactly the samples a logged run kept, with no model.
+
+        ``url`` is the audit log's root (or a ``siftpipe.Replay``); the other arguments are
+        ``Replay``'s (``run=``, ``on_missing=``, ...). Replay matches single samples by key: put it
+        where the stream holds samples (before ``.batched()``, or after ``.unbatched()``). The
+        copy's ``.replayer`` attribute is the ``Replay`` (for ``stats``, ``set_epoch``).
+        """
+        replayer = url if isinstance(url, Replay) else Replay(url, storage_options, **kwargs)
+        result = self.compose(replayer)  # type: ignore[attr-defined]
+        result.replayer = replayer
+        return result
+
+
+_SKIP_HINT = (
+    "or pass handler=warn_and_continue (to the WebDataset, or to this call) to skip such samples, "
+    "counted in shard_stats().samples_skipped"
+)
+
+
+def _where(sample: Any) -> tuple[Any, Any, str]:
+    if not isinstance(sample, Mapping):
+        return None, None, "a sample that is not a dict"
+    key, url = sample.get("__key__"), sample.get("__url__")
+    return key, url, f"sample {key!r} of shard {redact_url(str(url))}"
+
+
+class _Decode:
+    """webdataset's Decoder, with errors that name the shard, the sample and the field."""
+
+    def __init__(self, decoder: Callable[[Any], Any]) -> None:
+        self.decoder = decoder
+
+    def __call__(self, sample: Any) -> Any:
+        try:
+            return self.decoder(sample)
+        except ShardError:
+            raise
+        except Exception as exc:
+            key, url, where = _where(sample)
+            field = getattr(exc, "k", None)
+            cause = exc.__cause__ if isinstance(exc, autodecode.DecodingError) and exc.__cause__ else exc
+            raise SampleError(
+                f"decoding field {field!r} of {where} failed: {type(cause).__name__}: {cause}; the "
+                f"shard holds bad data for it: rewrite the shard, give .decode() a decoder for it, "
+                + _SKIP_HINT,
+                url=None if url is None else redact_url(str(url)),
+                key=key,
+                kind="corrupt",
+                field=field,
+            ) from cause
+
+
+class _ToTuple:
+    """webdataset's ``to_tuple``, with errors that name the shard, the sample and the missing field."""
+
+    def __init__(self, fields: tuple[Any, ...], missing_is_error: bool, none_is_error: bool | None) -> None:
+        if len(fields) == 1 and isinstance(fields[0], str) and " " in fields[0]:
+            fields = tuple(fields[0].split())
+        self.fields = fields
+        self.missing_is_error = missing_is_error
+        self.none_is_error = missing_is_error if none_is_error is None else none_is_error
+
+    def __call__(self, sample: Any) -> tuple[Any, ...]:
+        out = []
+        for spec in self.fields:
+            names = spec.split(";") if isinstance(spec, str) else list(spec)
+            value = next((sample[n] for n in names if n in sample), None)
+            missing = not any(n in sample for n in names)
+            if (missing and self.missing_is_error) or (value is None and self.none_is_error):
+                key, url, where = _where(sample)
+                have = sorted(k for k in sample if not (k.startswith("__") and k.endswith("__")))
+                raise SampleError(
+                    f"{where} has no field {spec!r} (it has {have}); check the names given to "
+                    f".to_tuple() against the shard's members (alternatives: 'jpg;png'), " + _SKIP_HINT,
+                    url=None if url is None else redact_url(str(url)),
+                    key=key,
+                    kind="missing_field",
+                    field=str(spec),
+                )
+            out.append(value)
+        return tuple(out)
+
+
+class _SampleHandler:
+    """The pipeline's handler for a bad sample: counts it as skipped when the handler goes on."""
+
+    def __init__(self, handler: Callable[[BaseException], bool], counts: list[Any]) -> None:
+        self.handler = handler
+        self.counts = counts
+
+    def __call__(self, exn: BaseException) -> bool:
+        go_on = self.handler(exn)  # reraise_exception raises here
+        count_here("samples_skipped")
+        for counts in self.counts:
+            counts.add("samples_skipped")
+        return go_on
+
+
+#: Methods of ``SiftFluid`` that ``install()`` adds to webdataset's ``FluidInterface``.
+FLUID_METHODS: tuple[str, ...] = ("sift", "replay")
+
+
+def install() -> None:
+    """Add ``.sift`` (every method of ``FLUID_METHODS``) to webdataset's ``FluidInterface``,
+    so that ``wds.WebDataset(...)...sift(sifter)`` works on webdataset's own classes.
+
+    Opt-in and idempotent; ``uninstall()`` undoes it. Raises ``ConfigError`` rather than
+    replacing a method of that name that is not siftpipe's.
+    """
+    for name in FLUID_METHODS:
+        ours = SiftFluid.__dict__[name]
+        current = wds.FluidInterface.__dict__.get(name)
+        if current is ours:
+            continue
+        if current is not None or hasattr(wds.FluidInterface, name):
+            raise ConfigError(
+                f"webdataset's FluidInterface already has a .{name} that is not siftpipe's; not "
+                f"replacing it: use siftpipe.webdataset.WebDataset/WebLoader instead"
+            )
+        setattr(wds.FluidInterface, name, ours)
+
+
+def uninstall() -> None:
+    """Remove what ``install()`` added (and nothing else); a no-op if it was not installed."""
+    for name in FLUID_METHODS:
+        if wds.FluidInterface.__dict__.get(name) is SiftFluid.__dict__[name]:
+            delattr(wds.FluidInterface, name)
+
+
+def is_installed() -> bool:
+    """Whether ``install()`` is in effect."""
+    return all(wds.FluidInterface.__dict__.get(n) is SiftFluid.__dict__[n] for n in FLUID_METHODS)
+
+
+def expand_urls(urls: Any) -> list[str]:
+    if isinstance(urls, str):
+        expanded = shardlists.expand_urls(urls)
+    else:
+        expanded = list(urls)
+    if not expanded:
+        raise ConfigError(
+            f"no shard URLs in {urls!r}: pass a brace pattern such as 'prefix-{{000000..000009}}.tar'"
+        )
+    for url in expanded:
+        if not isinstance(url, str):
+            raise ConfigError(f"shard URLs must be strings, got a {type(url).__name__}")
+    return expanded
+
+
+class WebDataset(SiftFluid, wds.WebDataset):
+    """webdataset's ``WebDataset`` reading shards through fsspec, with ``.sift()``.
+
+    Takes webdataset's arguments (``shardshuffle``, ``resampled``, ``nodesplitter``,
+    ``workersplitter``, ``select_files``, ``rename_files``, ``empty_check``, ``seed``, ...)
+    with the same meaning, plus:
+
+    Args:
+        storage_options: fsspec options for the shards' filesystem: for S3 ``endpoint_url``,
+            ``key``/``secret``/``token``, ``profile``, ``anon``, ``client_kwargs``,
+            ``config_kwargs``; ``None``: the standard AWS environment and config files.
+            Filesystems are created lazily in each DataLoader worker, never shipped to it.
+        handler: What to do with a shard that cannot be opened or read after retries (and,
+            as in webdataset, the default handler of the chain): ``reraise_exception``
+            (default), ``warn_and_continue`` (skip it with a ``ShardWarning``), ...
+        retries: Retries of a failed open or read (transient errors: connection errors,
+            timeouts, 5xx and throttling answers) with exponential backoff; a read that fails
+            mid-shard reopens the object at the same byte offset.
+        backoff: Seconds before the first retry (doubled each time, with jitter, up to
+            ``max_backoff`` seconds).
+        timeout: Total seconds one open or read may spend failing and backing off.
+        block_size: Bytes per read request for remote shards (``None``: the filesystem's).
+        max_member_bytes: The largest tar member read, in bytes (default 256 MiB; ``None``: no
+            limit): a larger one (a hostile shard, a gzip bomb) fails its shard with a
+            ``ShardError`` of kind ``too_large`` naming the shard and the member, before any of
+            it is read, and goes to ``handler`` like any other bad shard.
+        max_sample_bytes: The most one sample's members may hold together, in bytes, each
+            counted with its 512-byte header (default 1 GiB; ``None``: no limit).
+
+    ``urls`` is a brace pattern (``s3://bucket/train-{000000..000099}.tar``), a list of URLs,
+    or any webdataset shard-list specification; local paths, ``file://`` URLs and webdataset's
+    ``pipe:COMMAND`` URLs (the command's standard output is the shard; see ``PipeStream``) work too.
+    """
+
+    def __init__(
+        self,
+        urls: Any,
+        handler: Callable[[BaseException], bool] = reraise_exception,
+        mode: str | None = None,
+        resampled: bool = False,
+        repeat: bool = False,
+        shardshuffle: int | bool | None = None,
+        cache_size: int = -1,
+        cache_dir: str | None = None,
+        url_to_name: Any = None,
+        detshuffle: bool = False,
+        nodesplitter: Callable[..., Any] | None = shardlists.single_node_only,
+        workersplitter: Callable[..., Any] | None = shardlists.split_by_worker,
+        select_files: Callable[[str], bool] | None = None,
+        rename_files: Callable[[str], str] | None = None,
+        empty_check: bool = True,
+        verbose: bool = False,
+        seed: int | None = None,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        retries: int = 5,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        timeout: float | None = 120.0,
+        block_size: int | None = None,
+        max_member_bytes: int | None = MAX_MEMBER_BYTES,
+        max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
+    ) -> None:
+        wds.DataPipeline.__init__(self)
+        if cache_dir is not None:
+            raise ConfigError(
+                "cache_dir is not supported when shards are read through fsspec; cache with fsspec "
+                "instead: urls=['filecache::s3://bucket/train-000000.tar', ...] (a list: in a string "
+                "webdataset reads '::' as a separator), storage_options={'s3': {...}, 'filecache': "
+                "{'cache_storage': '/local/cache'}}"
+            )
+        if resampled:
+            mode = "resampled"
+        if mode == "resampled" and shardshuffle not in (False, None):
+            warnings.warn("WebDataset(shardshuffle=...) is ignored for resampled datasets", stacklevel=2)
+        elif shardshuffle is None:
+            warnings.warn(
+                "WebDataset(shardshuffle=...) is None; set explicitly to False or a number", stacklevel=2
+            )
+        if shardshuffle is True:
+            warnings.warn(
+                "set WebDataset(shardshuffle=...) to a positive integer or 0 or False", stacklevel=2
+            )
+            shardshuffle = 100
+        # as webdataset: WDS_SEED, else a random seed. WDS_SEED stays a string, as webdataset keeps
+        # it: random.Random("13") and random.Random(13) shuffle differently, and the order must be
+        # webdataset's
+        self.seed: int | str = (
+            seed if seed is not None else os.environ.get("WDS_SEED", random.randint(0, 1000000))
+        )
+        self.opener = ShardOpener(
+            storage_options,
+            retries=retries,
+            backoff=backoff,
+            max_backoff=max_backoff,
+            timeout=timeout,
+            block_size=block_size,
+        )
+        self.urls: list[str] | None = None
+        self.verbose = verbose
+
+        if isinstance(urls, dict) or (isinstance(urls, str) and urls.endswith((".yaml", ".yml"))):
+            self.append(shardlists.MultiShardSample(urls))
+        elif isinstance(urls, str) and urlparse(urls).path.endswith("/"):
+            self.append(shardlists.DirectoryShardList(urls, mode=mode))
+        else:
+            self.urls = expand_urls(urls)
+            if mode == "resampled":
+                self.append(shardlists.ResampledShardList(self.urls))
+            else:
+                self.append(shardlists.SimpleShardList(self.urls))
+        if nodesplitter is not None:
+            self.append(nodesplitter)
+        if workersplitter:
+            self.append(workersplitter)
+        if shardshuffle is not None and shardshuffle is not False and mode != "resampled":
+            if detshuffle:
+                self.append(filters.detshuffle(shardshuffle, seed=self.seed))
+            else:
+                self.append(filters.shuffle(shardshuffle, seed=self.seed))
+        self.reader = ShardReader(
+            self.opener,
+            handler,
+            select_files=select_files,
+            rename_files=rename_files,
+            max_member_bytes=max_member_bytes,
+            max_sample_bytes=max_sample_bytes,
+        )
+        self.append(self.reader)
+        if empty_check:
+            self.append(check_empty)
+        if repeat:
+            self.repeat()
+
+    def _sample_handler(self, handler: Callable[[BaseException], bool] | None) -> _SampleHandler:
+        return _SampleHandler(handler or self.reader.handler, [self.opener.counts])
+
+    def decode(
+        self,
+        *args: Any,
+        pre: Any = None,
+        post: Any = None,
+        only: Any = None,
+        partial: bool = False,
+        handler: Callable[[BaseException], bool] | None = None,
+    ) -> Any:
+        """webdataset's ``.decode()``. A field that cannot be decoded raises ``SampleError`` naming
+        the shard, the sample and the field, or goes to ``handler`` (default: the dataset's
+        ``handler``): ``warn_and_continue`` skips the sample with a ``ShardWarning``, counted in
+        ``shard_stats().samples_skipped``."""
+        handlers = [autodecode.ImageHandler(x) if isinstance(x, str) else x for x in args]
+        decoder = autodecode.Decoder(handlers, pre=pre, post=post, only=only, partial=partial)
+        return self.compose(filters.map(_Decode(decoder), handler=self._sample_handler(handler)))
+
+    def to_tuple(
+        self,
+        *args: Any,
+        handler: Callable[[BaseException], bool] | None = None,
+        missing_is_error: bool = True,
+        none_is_error: bool | None = None,
+    ) -> Any:
+        """webdataset's ``.to_tuple()``. A sample missing a field raises ``SampleError`` naming the
+        shard, the sample, the field and the fields it has, or goes to ``handler`` (default: the
+        dataset's ``handler``), counted in ``shard_stats().samples_skipped`` when skipped."""
+        step = _ToTuple(args, missing_is_error, none_is_error)
+        return self.compose(filters.map(step, handler=self._sample_handler(handler)))
+
+    def __repr__(self) -> str:
+        if self.urls:
+            where = f"{len(self.urls)} shard(s): {redact_url(self.opener.redact(self.urls[0]))}"
+            where += ", ..." if len(self.urls) > 1 else ""
+        else:
+            where = "shard list spec"
+        options = redact_options(self.opener.storage_options)
+        return f"{type(self).__name__}({where}; storage_options={options}, {len(self.pipeline)} stages)"
+
+
+def _contains_sift(dataset: Any) -> bool:
+    pipeline = getattr(dataset, "pipeline", None)
+    if not isinstance(pipeline, list):
+        return False
+    return any(isinstance(stage, SiftStage | Sifter) or _contains_sift(stage) for stage in pipeline)
+
+
+class WebLoader(SiftFluid, wds.WebLoader):
+    """webdataset's ``WebLoader`` (a DataLoader with a fluid interface), with ``.sift()``.
+
+    ``WebLoader(dataset, batch_size=None, num_workers=N)`` hands the batches the workers made
+    to the training process, where ``.sift(...)`` scores them with the live model. It refuses
+    (``SiftInWorkerError``) a dataset that already holds a sift stage when ``num_workers > 0``:
+    the stage would run in the workers, on stale copies of the model.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        dataset = args[0] if args else kwargs.get("dataset")
+        workers = kwargs.get("num_workers", args[5] if len(args) > 5 else 0)
+        if workers and _contains_sift(dataset):
+            raise SiftInWorkerError(
+                f"the dataset given to WebLoader(num_workers={workers}) holds a sift stage, which "
+                "would run inside the DataLoader workers, where the model is a copy made when each "
+                "worker started: its scores would come from stale weights. Decode and batch in the "
+                "workers, and sift in the training process after the loader: "
+                "WebLoader(dataset, batch_size=None, num_workers=...).sift(sifter)"
+            )
+        super().__init__(*args, **kwargs)

@@ -1,0 +1,872 @@
+"""The audit log: one record per sample the stage decided, written as Parquet parts in the background.
+
+Layout under the log's root URL (any fsspec URL: ``s3://``, ``gs://``, ``file://``, a local path)::
+
+    <root>/run=<run id>/rank=<rank>/part-<part:08d>-<attempt>.parquet
+    <root>/run=<run id>/rank=<rank>/_manifest-<part:08d>-<attempt>.json
+    <root>/run=<run id>/rank=<rank>/_end-<attempt>.json          (written when an attempt closes)
+
+Hive-style: pyarrow, pandas, DuckDB and Athena read ``run`` and ``rank`` from the path. Each part
+is an immutable object (S3 has no append), written once; its manifest (written after it) gives the
+part's record count and first and last sequence number, so a reader can tell a missing part from an
+empty one. An *attempt* is one process's stretch of a run: a resumed run starts a new attempt whose
+records supersede, from its resume point on, those of attempts of the same job that started before
+it. Before its first record an attempt writes ``_claim-<attempt>.json`` (its job, its resume point)
+and lists its directory: a fresh job refuses a directory holding another job's files, a resumed
+one a directory holding files of a job other than its own, so a job never supersedes another's
+records.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime as _dt
+import json
+import os
+import queue
+import re
+import secrets as _random
+import subprocess
+import sys
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import numpy as np
+
+from .._secrets import (
+    redact,
+    refuse_credentials_in_url,
+    safe_options,
+    secret_values,
+)
+from ..core.sink import Decisions, StageInfo, set_url_sink
+from ..core.state import is_int
+from ..errors import AuditError, ResumeError
+from . import wire
+from .wire import COLUMNS
+
+__all__ = ["COLUMNS", "AuditLog", "AuditStats"]
+
+FORMAT_VERSION = 1
+
+OnFull = Literal["block", "drop"]
+Writer = Literal["process", "thread"]
+
+
+def _new_run_id() -> str:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{_random.token_hex(4)}"
+
+
+class AuditStats:
+    """Counters of an audit log, in records unless named otherwise."""
+
+    __slots__ = (
+        "bytes_written",
+        "dropped_records",
+        "parts_written",
+        "records",
+        "retries",
+        "unwritten_records",
+    )
+
+    def __init__(self) -> None:
+        self.records = 0  # handed to the log by the stage
+        self.parts_written = 0
+        self.bytes_written = 0
+        self.retries = 0  # failed writes that were retried
+        self.dropped_records = 0  # lost on purpose (on_full="drop"), never silently
+        self.unwritten_records = 0  # not written because the destination failed (AuditError raised)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)}" for name in self.__slots__)
+        return f"AuditStats({fields})"
+
+
+_open_logs: weakref.WeakSet[AuditLog] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    for log in list(_open_logs):
+        try:
+            log.close(timeout=120.0)
+        except Exception as exc:
+            warnings.warn(f"siftpipe: could not flush the audit log at exit: {exc}", stacklevel=1)
+
+
+class AuditLog:
+    """Where a stage writes its decisions.
+
+    Records are collected per micro-batch as arrays on the training thread. Every ``flush_every``
+    records they are sealed into a part and handed to a writer that encodes Parquet and writes it
+    through fsspec with retries, so no I/O or encoding happens on the training thread.
+    ``Sifter.state_dict()`` also seals a part, so checkpoints fall on part boundaries.
+
+    The default writer is a separate process: Parquet encoding and the upload never compete with
+    training for the GIL, and a training process killed with SIGKILL loses only records not yet
+    sealed (at most ``flush_every``) and parts not yet handed over: the writer finishes what it
+    received. ``writer="thread"`` writes from a thread of this process instead.
+
+    Args:
+        url: Root of the log: an fsspec URL (``s3://bucket/prefix``) or a local path.
+        storage_options: fsspec options (``endpoint_url``, ``profile``, ``anon``, ...); S3
+            credentials otherwise come from the standard AWS environment.
+        run_id: Names this run (``run=<id>``): 1 to 128 ASCII letters, digits, ``.``, ``_`` or
+            ``-``, starting with a letter or digit, and not a number or a date; default ``$SIFTPIPE_RUN_ID``,
+            ``$TORCHELASTIC_RUN_ID`` (not ``none``, which ``torchrun`` sets for every job started
+            without ``--rdzv-id``; ``<id>-restart<n>`` after an elastic restart), or a new
+            time-stamped id (shared from rank 0 when torch.distributed is initialised: construct
+            the log on every rank). A resumed stage keeps its checkpoint's run id. One run id
+            belongs to one job: a fresh job whose run id another job already wrote is refused
+            with ``AuditError`` when its first pass starts.
+        rank: This process's rank; default from torch.distributed, else ``$RANK``, else 0.
+        flush_every: Records per part.
+        max_queue_bytes: Bound on sealed-but-unwritten parts, in bytes.
+        on_full: When the queue is full or a part cannot be written within ``retry_timeout``:
+            ``"block"`` waits, then raises ``AuditError``; ``"drop"`` drops the part, counts its
+            records in ``stats.dropped_records`` and warns.
+        retry_timeout: Seconds to keep retrying one write that failed for a reason that may pass
+            (a connection refused or reset, a timeout, a 5xx answer). A failure that cannot pass
+            (no such bucket, access denied, invalid or missing credentials, an unknown protocol,
+            an invalid storage option) is not retried: ``AuditError`` naming the destination and
+            the cause, when the first pass starts.
+        compression: Parquet codec.
+        writer: ``"process"`` (default) or ``"thread"``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
+        rank: int | None = None,
+        flush_every: int = 65536,
+        max_queue_bytes: int = 256 << 20,
+        on_full: OnFull = "block",
+        retry_timeout: float = 600.0,
+        compression: str = "zstd",
+        writer: Writer = "process",
+    ) -> None:
+        if not isinstance(url, str) or not url:
+            raise AuditError(f"the audit log needs a root URL or path, got {url!r}")
+        refuse_credentials_in_url(url)
+        _check_protocol(url)
+        if not isinstance(flush_every, int) or flush_every < 1:
+            raise AuditError(f"flush_every must be a number of records >= 1, got {flush_every!r}")
+        if on_full not in ("block", "drop"):
+            raise AuditError(f"on_full must be 'block' or 'drop', got {on_full!r}")
+        if writer not in ("process", "thread"):
+            raise AuditError(f"writer must be 'process' or 'thread', got {writer!r}")
+        if writer == "process":
+            _check_sendable(storage_options or {})
+        self.url = url.rstrip("/")
+        self._storage_options = dict(storage_options or {})
+        self._secrets = secret_values(self._storage_options, url)
+        self._clean_urls: dict[str, str] = {}  # a sample's __url__ -> as recorded
+        self.flush_every = flush_every
+        self.max_queue_bytes = max_queue_bytes
+        self.on_full = on_full
+        self.retry_timeout = retry_timeout
+        self.compression = compression
+        self.writer = writer
+        self._explicit_run_id = run_id
+        # resolved now: every rank constructs its stage at the same point, so a collective that
+        # shares rank 0's id cannot meet another rank's unrelated collective
+        self.run_id, self._run_id_from = _resolve_run_id(run_id)
+        self._rank = None if rank is None else _checked_rank(rank, "rank")
+        self.stats = AuditStats()
+        self.attempt = _random.token_hex(4)
+        self._attempt_started = time.time_ns()
+        self._resumed_from = 0
+        #: The job this attempt belongs to: the attempt id of the job's fresh start (a resumed
+        #: attempt inherits it from its state; None for states written before jobs were recorded).
+        self._origin: str | None = self.attempt
+        self._resumed = False
+        self._claim: str | None = None  # None: not claimed; "pending", "ok" or the refusal
+        self._next_part = 0
+        self._first_part = 0  # this attempt's first part number (a resumed one continues the run's)
+        self._buffer: list[dict[str, Any]] = []
+        self._buffer_rows = 0
+        self._decided_until: float | None = None  # unix time of the last decision handed over
+        self._metadata: dict[str, Any] = {}
+        self._shard_report: Callable[[], dict[str, Any] | None] | None = None
+        self._transport: _Transport | None = None
+        self._space = threading.Condition()  # guards the counters below
+        self._queued_bytes = 0
+        self._queued = 0  # frames handed to the writer and not answered yet
+        self._error: str | None = None  # to raise on the training thread (once)
+        self._failed: str | None = None  # the destination gave up: write nothing more
+        self._closed = False
+
+    # ------------------------------------------------------------------ identity
+
+    @property
+    def rank(self) -> int:
+        if self._rank is None:
+            self._rank = _checked_rank(_current_rank(), "this process's rank (torch.distributed or $RANK)")
+        return self._rank
+
+    @property
+    def directory(self) -> str:
+        """This rank's directory in the log: ``<root>/run=<id>/rank=<rank>``."""
+        return f"{self.url}/run={self.run_id}/rank={self.rank}"
+
+    def __repr__(self) -> str:
+        return (
+            f"AuditLog({redact(self.url, self._secrets)!r}, run_id={self.run_id!r}, rank={self._rank!r}, "
+            f"storage_options={safe_options(self._storage_options)!r}, flush_every={self.flush_every}, "
+            f"writer={self.writer!r})"
+        )
+
+    # ------------------------------------------------------------------ writing
+
+    def bind(self, info: StageInfo, shard_report: Callable[[], dict[str, Any] | None]) -> None:
+        """Take the stage's settings (recorded in every manifest) and where to read the shard
+        counters from (the stage calls this once, before its first decisions)."""
+        self._metadata = info.as_dict()
+        self._shard_report = shard_report
+
+    def write(self, decisions: Decisions) -> None:
+        """Record one decided group (called by the stage on the training thread)."""
+        self._raise_if_failed()
+        if self._closed:
+            raise AuditError(f"the audit log at {self._safe_url()} is closed; create a new AuditLog")
+        d = decisions
+        urls: Any = d.urls
+        n = d.n
+        if urls is not None and urls and urls.count(urls[0]) == n:
+            urls = (urls[0], n)  # one shard: no per-row strings
+        self._buffer.append(
+            {
+                "n": n,
+                "seq0": d.seq0,
+                "epoch": d.epoch,
+                "model_version": d.model_version,
+                "time": time.time(),
+                "keys": d.keys,
+                "urls": urls,
+                "workers": d.workers,
+                "loss": d.loss,
+                "score": d.score,
+                "prob": d.prob,
+                "kept": d.kept,
+                "weight": d.weight,
+                "reason": d.reason,
+                "micro_batch0": d.micro_batch0,
+                "chunk": d.chunk,
+                "source": d.source,
+            }
+        )
+        self._buffer_rows += n
+        self._decided_until = self._buffer[-1]["time"]
+        self.stats.records += n
+        if self._buffer_rows >= self.flush_every:
+            self.seal()
+
+    def seal(self) -> None:
+        """Close the records collected so far into a part and hand it to the writer."""
+        if not self._buffer:
+            return
+        number = self._next_part
+        self._next_part += 1
+        chunks, rows = self._buffer, self._buffer_rows
+        self._buffer, self._buffer_rows = [], 0
+        if self._failed is not None:
+            self.stats.unwritten_records += rows
+            self._raise_if_failed()
+        header, buffers = wire.encode_part(
+            chunks,
+            {"part": number, "directory": self.directory, "identity": self._identity()},
+            self._clean_url,
+        )
+        self._send(header, buffers, rows)
+
+    def start(self) -> None:
+        """Start the writer and claim this rank's directory (the stage does, when a pass begins).
+
+        Raises ``AuditError`` when the directory holds another job's records (the same run id
+        used twice: see ``run_id``) or when the destination refuses the claim for good (no such
+        bucket, access denied, unknown protocol): before any record is decided."""
+        self._writer()
+        with self._space:
+            self._space.wait_for(lambda: self._claim != "pending")
+        self._raise_if_failed()
+
+    def _send(self, header: dict[str, Any], buffers: list[Any], rows: int) -> None:
+        transport = self._writer()
+        size = sum(wire.nbytes(b) for b in buffers)
+        with self._space:
+            while self._queued_bytes and self._queued_bytes + size > self.max_queue_bytes:
+                if self.on_full == "drop":
+                    self._drop(header, rows, "the queue of unwritten parts is full")
+                    return
+                self._space.wait(timeout=1.0)
+                self._raise_if_failed()
+            self._queued_bytes += size
+            self._queued += 1
+        transport.send(header, buffers, size, rows)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Seal what is collected and wait until every part handed over is written (or ``timeout`` s)."""
+        self.seal()
+        with self._space:
+            done = self._space.wait_for(lambda: self._queued == 0, timeout)
+        if not done:
+            raise AuditError(
+                f"the audit log at {self._safe_url()} did not finish writing within {timeout} s "
+                f"({self._queued} part(s) queued)"
+            )
+        self._raise_if_failed()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush, write this attempt's end marker and stop the writer. Idempotent."""
+        if self._closed:
+            return
+        # a refused claim was raised already and nothing was written under it: nothing to report
+        refused = self._failed is not None and self._failed == self._claim and self._error is None
+        try:
+            if not (refused and not self._buffer):
+                self.flush(timeout)
+            if self._transport is not None and self._failed is None:
+                marker = {
+                    **self._identity(),
+                    "first_part": self._first_part,
+                    "parts": self._next_part,
+                    "records": self.stats.records,
+                    # parts dropped on purpose (on_full="drop") are not in storage: say so here, so
+                    # that a reader tells them from parts lost by accident
+                    "dropped_records": self.stats.dropped_records,
+                    "decided_until": self._decided_until,
+                }
+                self._send(
+                    {"op": "json", "path": f"{self.directory}/_end-{self.attempt}.json", "body": marker},
+                    [],
+                    0,
+                )
+                self.flush(timeout)
+        finally:
+            self._closed = True
+            _open_logs.discard(self)
+            if self._transport is not None:
+                self._transport.close(timeout)
+
+    def __enter__(self) -> AuditLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Run id, rank, job and the next part number; seals the collected records first, so a
+        checkpoint falls on a part boundary and the resumed run continues the numbering."""
+        self.seal()
+        return {
+            "run_id": self.run_id,
+            "rank": self.rank,
+            "next_part": self._next_part,
+            "origin": self._origin,
+            "attempt": self.attempt,
+        }
+
+    def check_state(self, state: Mapping[str, Any] | None) -> None:
+        """``ResumeError`` unless this log can continue ``state`` (the stage asks before it changes
+        anything): a checkpoint made without a log, or another rank's stream, cannot."""
+        if state is None:
+            raise ResumeError(
+                "the checkpoint was made without an audit log, so this stage's log cannot continue "
+                "it; resume without audit=, or start a new run"
+            )
+        if not (
+            isinstance(state, Mapping)
+            and isinstance(state.get("run_id"), str)
+            and is_int(state.get("rank"))
+            and is_int(state.get("next_part"))
+        ):
+            raise ResumeError(
+                "the Sifter state's entry audit must be None or a dict with run_id (str), rank and "
+                f"next_part (integers), got {type(state).__name__} {str(state)[:80]}; the state is "
+                "damaged, or not one an AuditLog's state_dict() wrote"
+            )
+        if int(state["rank"]) != self.rank:
+            raise ResumeError(
+                f"the checkpoint belongs to rank {int(state['rank'])}'s audit stream but this "
+                f"stage's audit log writes rank {self.rank}'s: resuming would write into "
+                "another rank's records. Load each rank's own checkpoint (the same world size), "
+                "or resume without audit= (override=('rank',) then loads it)"
+            )
+
+    def load_state_dict(self, state: Mapping[str, Any] | None, resumed_from: int = 0) -> None:
+        """Continue a checkpointed log; ``resumed_from`` is the first sequence number to come."""
+        if state is None:
+            raise ResumeError(
+                "the checkpoint was made without an audit log, so this log cannot continue it; "
+                "resume without audit=, or start a new run"
+            )
+        if self._explicit_run_id is not None and self._explicit_run_id != state["run_id"]:
+            raise ResumeError(
+                f"the checkpoint belongs to audit run {state['run_id']!r} but this AuditLog was given "
+                f"run_id={self._explicit_run_id!r}; drop run_id= to continue the checkpoint's run"
+            )
+        if self._next_part or self._buffer:
+            raise ResumeError("load the checkpoint into a new AuditLog, before anything is written to it")
+        run_id = _checked_run_id(state["run_id"], "the checkpoint's audit run id", ResumeError)
+        rank = _checked_rank(state["rank"], "the checkpoint's audit rank", ResumeError)
+        self._release_claim()  # a fresh claim made before the checkpoint was loaded no longer holds
+        self.run_id = run_id
+        self._run_id_from = "the checkpoint"
+        self._rank = rank if self._rank is None else self._rank
+        self._next_part = self._first_part = int(state["next_part"])
+        self._resumed_from = int(resumed_from)
+        self.attempt = _random.token_hex(4)
+        self._attempt_started = time.time_ns()
+        origin = state.get("origin")
+        self._origin = str(origin) if origin is not None else None
+        self._resumed = True
+
+    # ------------------------------------------------------------------ the writer
+
+    def _writer(self) -> _Transport:
+        if self._transport is None:
+            config = {
+                "url": self.url,
+                "storage_options": self._storage_options,
+                "compression": self.compression,
+                "retry_timeout": self.retry_timeout,
+                "secrets": self._secrets,
+                "give_up_after_failure": self.on_full == "block",
+            }
+            cls = _ProcessTransport if self.writer == "process" else _ThreadTransport
+            self._transport = cls(config, self._on_reply, self._safe_url())
+            _open_logs.add(self)
+        if self._claim is None and self._failed is None:
+            self._claim = "pending"
+            body = {**self._identity(), "resumed": self._resumed, "run_id_from": self._run_id_from}
+            with self._space:
+                self._queued += 1
+            self._transport.send(
+                {"op": "claim", "directory": self.directory, "attempt": self.attempt, "body": body},
+                [],
+                0,
+                0,
+            )
+        return self._transport
+
+    def _release_claim(self) -> None:
+        """Withdraw this attempt's claim (nothing was written under it): it is about to become another."""
+        if self._claim is None:
+            return
+        with self._space:
+            self._space.wait_for(lambda: self._claim != "pending")
+        if self._claim == "ok" and self._transport is not None:
+            self.flush()
+            with self._space:
+                self._queued += 1
+            self._transport.send(
+                {"op": "release", "path": f"{self.directory}/_claim-{self.attempt}.json"}, [], 0, 0
+            )
+            self.flush()
+        self._claim = None
+
+    def _on_reply(self, header: Mapping[str, Any], size: int, rows: int, reply: Mapping[str, Any]) -> None:
+        """A frame was handled (runs on the writer's reply thread)."""
+        self.stats.retries += int(reply.get("retries", 0))
+        if header["op"] == "claim" and not reply.get("ok") and not reply.get("fatal"):
+            # on_full="drop": the run goes on; the writer claims again before its next write
+            self._claim = "deferred"
+            warnings.warn(
+                f"siftpipe: {reply.get('error')}; records are dropped and counted until it can be "
+                "written (on_full='drop')",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        elif header["op"] == "claim" and reply.get("ok"):
+            self._claim = "ok"
+        elif reply.get("ok"):
+            if header["op"] == "part":
+                self.stats.parts_written += 1
+                self.stats.bytes_written += int(reply.get("bytes", 0))
+        elif header["op"] == "part" and self.on_full == "drop" and not reply.get("fatal"):
+            self._drop(header, rows, f"writing failed: {reply.get('error')}")
+        elif header["op"] == "json" and self.on_full == "drop" and not reply.get("fatal"):
+            warnings.warn(f"siftpipe: {reply.get('error')}", RuntimeWarning, stacklevel=2)
+        else:
+            # a refused claim ends the log whatever on_full says: its records would mix with
+            # another job's
+            self.stats.unwritten_records += rows
+            if self._failed is None:
+                self._failed = self._error = str(reply.get("error"))
+            if header["op"] == "claim":
+                self._claim = self._failed
+        with self._space:
+            self._queued_bytes -= size
+            self._queued -= 1
+            self._space.notify_all()
+
+    def _identity(self) -> dict[str, Any]:
+        identity = {
+            "format": FORMAT_VERSION,
+            "run": self.run_id,
+            "rank": self.rank,
+            "attempt": self.attempt,
+            "attempt_started": self._attempt_started,
+            "resumed_from": self._resumed_from,
+            "origin": self._origin,
+            "flush_every": self.flush_every,
+            "stage": self._metadata,
+        }
+        shards = self._shard_report() if self._shard_report is not None else None
+        if shards is not None:
+            # shards (and samples) the pipeline's handler skipped so far: they never reached the
+            # stage, so no record stands for them; here they are counted and named
+            identity["shards"] = shards
+        return identity
+
+    def _drop(self, header: Mapping[str, Any], rows: int, why: str) -> None:
+        self.stats.dropped_records += rows
+        warnings.warn(
+            f"siftpipe: dropped audit part {header.get('part')} ({rows} records) of {self._safe_url()}: "
+            f"{why} (on_full='drop'; {self.stats.dropped_records} records dropped so far)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            if error == self._claim:  # refused before any record was written
+                raise AuditError(error)
+            raise AuditError(
+                f"{error} ({self.stats.unwritten_records} records of this attempt are not in the log; "
+                "nothing more is written to it)"
+            )
+        if self._failed is not None:
+            raise AuditError(
+                f"the audit log at {self._safe_url()} failed earlier ({self._failed}); "
+                "nothing more is written to it"
+            )
+
+    def _clean_url(self, url: str) -> str:
+        """``url`` as the log records it: without credentials (remembered: shard URLs repeat)."""
+        clean = self._clean_urls.get(url)
+        if clean is None:
+            if len(self._clean_urls) > 100_000:
+                self._clean_urls.clear()
+            clean = self._clean_urls[url] = redact(url, self._secrets)
+        return clean
+
+    def _safe_url(self) -> str:
+        return redact(self.url, self._secrets)
+
+
+Reply = Callable[[Mapping[str, Any], int, int, Mapping[str, Any]], None]
+
+
+class _Transport:
+    """Hands frames to a ``PartWriter`` and reports each one's reply, in order."""
+
+    def send(self, header: dict[str, Any], buffers: list[Any], size: int, rows: int) -> None:
+        raise NotImplementedError
+
+    def close(self, timeout: float | None) -> None:
+        raise NotImplementedError
+
+
+class _ThreadTransport(_Transport):
+    def __init__(self, config: Mapping[str, Any], on_reply: Reply, where: str) -> None:
+        self.writer = wire.PartWriter(**config)
+        self.on_reply = on_reply
+        self.queue: queue.Queue[tuple[dict[str, Any], list[Any], int, int] | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="siftpipe-audit", daemon=True)
+        self.thread.start()
+
+    def send(self, header: dict[str, Any], buffers: list[Any], size: int, rows: int) -> None:
+        self.queue.put((header, buffers, size, rows))
+
+    def _run(self) -> None:
+        while (item := self.queue.get()) is not None:
+            header, buffers, size, rows = item
+            payload = b"".join(memoryview(b).cast("B") for b in buffers)
+            self.on_reply(header, size, rows, self.writer.handle(header, payload))
+
+    def close(self, timeout: float | None) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout)
+
+
+_BOOT = (
+    "import importlib, os, sys, types\n"
+    "root = sys.argv[1]\n"
+    "for name, path in (('', root), ('.core', 'core'), ('.audit', 'audit')):\n"
+    "    pkg = types.ModuleType('siftpipe_audit_writer' + name)\n"
+    "    pkg.__path__ = [os.path.join(root, path)]\n"
+    "    sys.modules[pkg.__name__] = pkg\n"
+    "io_ = importlib.import_module('siftpipe_audit_writer.audit.wire')\n"
+    "replies = os.fdopen(os.dup(sys.stdout.fileno()), 'wb'); sys.stdout = sys.stderr\n"
+    "sys.exit(io_.serve(sys.stdin.buffer, replies))\n"
+)
+
+
+class _ProcessTransport(_Transport):
+    """A writer process fed through a pipe; a sender thread writes frames, a reader thread reads replies.
+
+    The process loads ``audit/wire.py`` and what it imports (``_secrets``, ``core/vocab``) under
+    stand-in packages whose ``__init__`` never runs, so it imports no torch; configuration,
+    credentials included, travels on the pipe, never on the command line. Every frame handed to
+    ``send`` gets exactly one reply, also when the process dies.
+    """
+
+    def __init__(self, config: Mapping[str, Any], on_reply: Reply, where: str) -> None:
+        self.on_reply = on_reply
+        self.where = where
+        root = os.path.dirname(os.path.dirname(os.path.abspath(wire.__file__)))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _BOOT, root],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,  # Ctrl-C in the terminal is the trainer's to handle
+        )
+        self.outbox: queue.Queue[tuple[dict[str, Any], list[Any], int, int] | None] = queue.Queue()
+        self.pending: queue.Queue[tuple[dict[str, Any], int, int]] = queue.Queue()
+        self.lock = threading.Lock()  # orders "sent, await a reply" against "the process is gone"
+        self.gone = False
+        self.unsent: str | None = None  # why the configuration could not be sent, if it could not
+        self.sender = threading.Thread(
+            target=self._send_loop, args=(dict(config),), daemon=True, name="siftpipe-audit-send"
+        )
+        self.reader = threading.Thread(target=self._read_loop, name="siftpipe-audit-read", daemon=True)
+        self.sender.start()
+        self.reader.start()
+
+    def send(self, header: dict[str, Any], buffers: list[Any], size: int, rows: int) -> None:
+        self.outbox.put((header, buffers, size, rows))
+
+    def _lost(self, header: Mapping[str, Any], size: int, rows: int) -> None:
+        code = self.proc.poll()
+        self.on_reply(
+            header,
+            size,
+            rows,
+            {
+                "ok": False,
+                "error": self.unsent
+                or f"the audit writer process for {self.where} exited (code {code}) before writing this",
+            },
+        )
+
+    def _write(self, pieces: list[Any]) -> bool:
+        stdin = self.proc.stdin
+        assert stdin is not None
+        try:
+            for piece in pieces:
+                stdin.write(piece)
+            stdin.flush()
+            return True
+        except (BrokenPipeError, ValueError, OSError):
+            return False
+
+    def _send_loop(self, config: dict[str, Any]) -> None:
+        pieces, self.unsent = _framed(config)
+        alive = pieces is not None and self._write(pieces)
+        while (item := self.outbox.get()) is not None:
+            header, buffers, size, rows = item
+            pieces, unsent = _framed(header, buffers)
+            if pieces is None:  # reported, never a silent death of this thread (and a hung stage)
+                self.on_reply(header, size, rows, {"ok": False, "error": unsent})
+                continue
+            alive = alive and self._write(pieces)
+            with self.lock:
+                if alive and not self.gone:
+                    self.pending.put((header, size, rows))
+                    continue
+            self._lost(header, size, rows)
+        if alive:
+            self._write(wire.frame({"op": "close"}))
+        with contextlib.suppress(OSError, ValueError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+
+    def _read_loop(self) -> None:
+        stdout = self.proc.stdout
+        assert stdout is not None
+        for line in stdout:
+            header, size, rows = self.pending.get()
+            self.on_reply(header, size, rows, json.loads(line))
+        self.proc.wait()
+        with self.lock:
+            self.gone = True
+        while True:
+            try:
+                header, size, rows = self.pending.get_nowait()
+            except queue.Empty:
+                return
+            self._lost(header, size, rows)
+
+    def close(self, timeout: float | None) -> None:
+        self.outbox.put(None)
+        self.sender.join(timeout)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.reader.join(timeout)
+
+
+def _framed(header: Mapping[str, Any], buffers: Any = ()) -> tuple[list[Any] | None, str | None]:
+    """(the frame's pieces, None), or (None, why it cannot be encoded)."""
+    try:
+        return wire.frame(header, buffers), None
+    except (TypeError, ValueError) as exc:
+        return None, f"a message to the audit writer process could not be encoded: {exc}"
+
+
+def _check_sendable(options: Mapping[str, Any], where: str = "") -> None:
+    """``AuditError`` naming the storage option the writer process cannot receive: options travel
+    to it as JSON (its value is not shown: it may be a credential)."""
+    for key, value in options.items():
+        name = f"{where}{key}"
+        if isinstance(value, Mapping):
+            _check_sendable(value, f"{name}.")
+        elif isinstance(value, list | tuple):
+            for item in value:
+                if not isinstance(item, str | int | float | bool | type(None)):
+                    _refuse_option(name, item)
+        elif not isinstance(value, str | int | float | bool | type(None)):
+            _refuse_option(name, value)
+
+
+def _refuse_option(name: str, value: Any) -> None:
+    raise AuditError(
+        f"storage option {name!r} is a {type(value).__name__}, which the audit writer process cannot "
+        "receive (options travel to it as JSON); give it as a plain value (a string, number or "
+        "dict of them), or pass writer='thread' to write from this process with the object as is"
+    )
+
+
+def _current_rank() -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except ImportError:
+        pass
+    value = os.environ.get("RANK", "0")
+    try:
+        return int(value)
+    except ValueError:
+        raise AuditError(f"$RANK must be a process rank, an int >= 0, got {value!r}") from None
+
+
+def _resolve_run_id(explicit: str | None) -> tuple[str, str]:
+    """This job's run id and where it came from (named in errors).
+
+    An id is unique per job unless the user names it: ``run_id=``, then ``$SIFTPIPE_RUN_ID``.
+    torchelastic's ``$TORCHELASTIC_RUN_ID`` is shared by the ranks of one job, but ``torchrun``
+    sets it to ``none`` for every job started without ``--rdzv-id``/``--standalone``, and an
+    elastic restart of the workers keeps it: ``none`` is ignored and a restart gets
+    ``<id>-restart<n>`` (a restart that resumes from a checkpoint continues the checkpoint's run
+    instead). Otherwise rank 0 makes a new id and, when torch.distributed is initialised, shares
+    it with every rank."""
+    if explicit is not None:
+        return _checked_run_id(explicit, "run_id="), "run_id="
+    if os.environ.get("SIFTPIPE_RUN_ID"):
+        return _checked_run_id(os.environ["SIFTPIPE_RUN_ID"], "$SIFTPIPE_RUN_ID"), "$SIFTPIPE_RUN_ID"
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if elastic and elastic.lower() != "none":
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        run_id = elastic if restart in ("", "0") else f"{elastic}-restart{restart}"
+        return _checked_run_id(run_id, "$TORCHELASTIC_RUN_ID"), "$TORCHELASTIC_RUN_ID"
+    return _shared_run_id()
+
+
+def _shared_run_id() -> tuple[str, str]:
+    """A new run id, the same on every rank of an initialised torch.distributed job."""
+    run_id = _new_run_id()
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            box = [run_id]
+            dist.broadcast_object_list(box, src=0)
+            return str(box[0]), "rank 0"
+    except ImportError:
+        pass
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        warnings.warn(
+            f"siftpipe: the AuditLog was made before torch.distributed was initialised and no run id "
+            f"was set, so this rank writes to a run of its own ({run_id}); construct it after "
+            "init_process_group, or set run_id= or $SIFTPIPE_RUN_ID to the same value on every rank",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    return run_id, "a new id"
+
+
+def _check_protocol(url: str) -> None:
+    """``AuditError`` now, naming the URL and the cause, when no filesystem can write ``url``
+    (an unknown protocol, or one whose package is not installed), rather than at the first part."""
+    import fsspec
+
+    *chained, last = url.split("::")  # "simplecache::s3://bucket/x": each piece names a filesystem
+    for piece in [*chained, last]:
+        protocol = piece if piece in chained and "://" not in piece else fsspec.core.split_protocol(piece)[0]
+        if protocol is None:
+            continue
+        try:
+            fsspec.get_filesystem_class(protocol)
+        except (ValueError, ImportError) as exc:
+            raise AuditError(
+                f"cannot write an audit log to {redact(url)}: no filesystem for {protocol}:// URLs "
+                f"({redact(f'{type(exc).__name__}: {exc}')}); check the URL, or install the fsspec "
+                "package for it"
+            ) from None
+
+
+#: A run id: what can name the folder ``run=<id>`` and read back unchanged.
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_DATE_LIKE = re.compile(r"\d+-\d+-\d+(T[\d.]*)?")
+RUN_ID_RULE = (
+    "1 to 128 ASCII letters, digits, '.', '_' or '-', starting with a letter or digit, and not a "
+    "number or a date (Hive readers such as pyarrow and DuckDB would read run=<id> back as one)"
+)
+
+
+def _read_as_another_type(run_id: str) -> bool:
+    """Whether a Hive reader would read ``run=<run_id>`` back as a number or a date."""
+    for parse in (lambda v: int(v, 0), float):
+        try:
+            parse(run_id)
+            return True
+        except ValueError:
+            pass
+    return bool(_DATE_LIKE.fullmatch(run_id)) or run_id.lower() == "epoch"
+
+
+def _checked_run_id(run_id: Any, what: str, error: type[Exception] = AuditError) -> str:
+    """``run_id`` if it can name a run, else ``error`` naming ``what`` gave it and the rule.
+
+    A ``/`` or ``..`` would put parts outside the run's folder or the log's root, a ``=`` or
+    ``%`` would be parsed by Hive readers into another value, and the reader would then find
+    nothing."""
+    if isinstance(run_id, str) and _RUN_ID.fullmatch(run_id) and not _read_as_another_type(run_id):
+        return run_id
+    raise error(f"{what} {run_id!r} cannot name an audit run: a run id is {RUN_ID_RULE}")
+
+
+def _checked_rank(rank: Any, what: str, error: type[Exception] = AuditError) -> int:
+    """``rank`` if it is a rank (an int >= 0: it names the folder ``rank=<rank>``)."""
+    if isinstance(rank, int | np.integer) and not isinstance(rank, bool) and rank >= 0:
+        return int(rank)
+    raise error(f"{what} must be a process rank, an int >= 0, got {rank!r}")
+
+
+set_url_sink(AuditLog)

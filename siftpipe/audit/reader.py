@@ -1,0 +1,799 @@
+"""Reading audit logs back: tables, the canonical timeline across resumed attempts, verification."""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any, Literal
+
+import numpy as np
+
+from .._secrets import redact, refuse_credentials_in_url, secret_values
+from ..errors import AuditError
+
+__all__ = ["LogReport", "PartInfo", "list_parts", "read_log", "verify_log"]
+
+_PART = re.compile(
+    r"run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/part-(?P<part>\d+)-(?P<attempt>[0-9a-f]+)\.parquet$"
+)
+_MANIFEST = re.compile(
+    r"run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/_manifest-(?P<part>\d+)-(?P<attempt>[0-9a-f]+)\.json$"
+)
+_END = re.compile(r"run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/_end-(?P<attempt>[0-9a-f]+)\.json$")
+_CLAIM = re.compile(r"run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/_claim-(?P<attempt>[0-9a-f]+)\.json$")
+
+
+@dataclass
+class PartInfo:
+    """One part of a log as found in storage."""
+
+    run: str
+    rank: int
+    part: int
+    attempt: str
+    path: str | None  # the Parquet object (None if only its manifest exists)
+    manifest: dict[str, Any] | None
+    #: Records of this part at or after this sequence number were redone by a later attempt.
+    cutoff: float = float("inf")
+
+
+@dataclass
+class _Attempt:
+    run: str
+    rank: int
+    attempt: str
+    started: float
+    resumed_from: int
+    ended: bool = False
+    parts: list[PartInfo] = field(default_factory=list)
+    #: What the pipeline's handler skipped (end marker, else the last manifest), if recorded.
+    shards: dict[str, Any] | None = None
+    #: The attempt's end marker (written when it closed), if it is readable.
+    end: dict[str, Any] | None = None
+    #: The job the attempt belongs to (the attempt id of the job's fresh start), per its claim,
+    #: manifests or end marker; None in logs written before jobs were recorded.
+    origin: str | None = None
+    #: Unix time of the attempt's last decision found (manifests, end marker); None if unknown.
+    decided_until: float | None = None
+
+
+def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
+    import fsspec
+
+    refuse_credentials_in_url(url)
+    fs, root = fsspec.core.url_to_fs(url.rstrip("/"), skip_instance_cache=True, **(storage_options or {}))
+    return fs, root.rstrip("/")
+
+
+def list_parts(
+    url: str,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    run: str | Sequence[str] | None = None,
+    rank: int | Sequence[int] | None = None,
+) -> tuple[Any, list[PartInfo], list[_Attempt]]:
+    """The filesystem, every part under ``url`` (with manifests and supersession cut-offs), and
+    the attempts they belong to; optionally only some runs and ranks."""
+    secrets = secret_values(storage_options, url)
+    try:
+        fs, root = _filesystem(url, storage_options)
+        files = fs.find(root)
+    except FileNotFoundError:
+        files = []
+    except Exception as exc:
+        raise AuditError(
+            f"cannot list the audit log at {redact(url, secrets)}: "
+            f"{redact(f'{type(exc).__name__}: {exc}', secrets)}; "
+            "check the URL, storage options and credentials"
+        ) from None
+    runs = {run} if isinstance(run, str) else (set(run) if run is not None else None)
+    ranks = {rank} if isinstance(rank, int) else (set(rank) if rank is not None else None)
+
+    def wanted(m: re.Match[str]) -> bool:
+        return (runs is None or m["run"] in runs) and (ranks is None or int(m["rank"]) in ranks)
+
+    parts: dict[tuple[str, int, str, int], PartInfo] = {}
+    manifests: list[tuple[re.Match[str], str]] = []
+    ended: set[tuple[str, int, str]] = set()
+    end_paths: dict[tuple[str, int, str], str] = {}
+    claim_paths: dict[tuple[str, int, str], str] = {}
+    for path in files:
+        relative = path[len(root) + 1 :] if path.startswith(root + "/") else path
+        if m := _PART.fullmatch(relative):
+            if wanted(m):
+                key = (m["run"], int(m["rank"]), m["attempt"], int(m["part"]))
+                parts[key] = PartInfo(m["run"], int(m["rank"]), int(m["part"]), m["attempt"], path, None)
+        elif m := _MANIFEST.fullmatch(relative):
+            if wanted(m):
+                manifests.append((m, path))
+        elif (m := _END.fullmatch(relative)) and wanted(m):
+            ended.add((m["run"], int(m["rank"]), m["attempt"]))
+            end_paths[(m["run"], int(m["rank"]), m["attempt"])] = path
+        elif (m := _CLAIM.fullmatch(relative)) and wanted(m):
+            claim_paths[(m["run"], int(m["rank"]), m["attempt"])] = path
+    secrets_ = secrets
+    ends: dict[tuple[str, int, str], dict[str, Any]] = {}
+    origins: dict[tuple[str, int, str], str | None] = {}
+    if manifests or end_paths or claim_paths:
+        paths = [p for _, p in manifests] + list(end_paths.values()) + list(claim_paths.values())
+        texts = read_many(fs, paths, _parse_json)
+        for (stream_key, path), claim in zip(claim_paths.items(), texts[len(manifests) + len(end_paths) :]):
+            claim = _checked_manifest(claim, path, secrets_, what="claim")
+            if claim is not None:
+                origins[stream_key] = claim.get("origin")
+        for (m, path), manifest in zip(manifests, texts):
+            key = (m["run"], int(m["rank"]), m["attempt"], int(m["part"]))
+            info = parts.setdefault(key, PartInfo(key[0], key[1], key[3], key[2], None, None))
+            info.manifest = _checked_manifest(manifest, path, secrets_)
+        for (stream_key, path), marker in zip(end_paths.items(), texts[len(manifests) :]):
+            marker = _checked_manifest(marker, path, secrets_, what="end marker")
+            if marker is not None:
+                ends[stream_key] = marker
+            else:
+                ended.discard(stream_key)
+
+    attempts: dict[tuple[str, int, str], _Attempt] = {}
+    for info in parts.values():
+        stream_key = (info.run, info.rank, info.attempt)
+        attempt = attempts.get(stream_key)
+        if attempt is None:
+            attempt = attempts[stream_key] = _Attempt(info.run, info.rank, info.attempt, float("inf"), 0)
+            attempt.resumed_from = -1
+        attempt.parts.append(info)
+        if info.manifest is not None:
+            attempt.started = min(attempt.started, float(info.manifest.get("attempt_started", np.inf)))
+            attempt.resumed_from = int(info.manifest.get("resumed_from", 0))
+            if isinstance(info.manifest.get("origin"), str):
+                origins.setdefault(stream_key, info.manifest["origin"])
+    for stream_key, marker in ends.items():
+        if stream_key not in attempts:  # it closed without a part in storage (all dropped?)
+            attempts[stream_key] = _Attempt(
+                *stream_key,
+                _number(marker.get("attempt_started"), float("inf")),
+                _number(marker.get("resumed_from"), 0),
+            )
+    for stream_key, attempt in attempts.items():
+        attempt.ended = stream_key in ended
+        attempt.end = ends.get(stream_key)
+        origin = (attempt.end or {}).get("origin")
+        attempt.origin = origin if isinstance(origin, str) else origins.get(stream_key)
+        times = [_number((p.manifest or {}).get("decided_until"), None) for p in attempt.parts]
+        times.append(_number((attempt.end or {}).get("decided_until"), None))
+        attempt.decided_until = max((t for t in times if t is not None), default=None)
+        attempt.parts.sort(key=lambda p: p.part)
+        shards = (ends.get(stream_key) or {}).get("shards")
+        for info in reversed(attempt.parts):
+            if shards is not None:
+                break
+            shards = (info.manifest or {}).get("shards")
+        attempt.shards = shards if isinstance(shards, dict) else None
+        if attempt.resumed_from < 0:
+            # no manifest survived (killed before its first one): it began at its first part
+            attempt.resumed_from = min(
+                (int((p.manifest or {}).get("first_seq") or 0) for p in attempt.parts), default=0
+            )
+    # a later attempt of the same job redid everything from its resume point on: that job's
+    # earlier attempts' records from there are superseded. Another job's never are (two jobs
+    # under one run id are a collision, which verify_log reports).
+    by_stream: dict[tuple[str, int], list[_Attempt]] = {}
+    for attempt in attempts.values():
+        by_stream.setdefault((attempt.run, attempt.rank), []).append(attempt)
+    ordered: list[_Attempt] = []
+    for stream in sorted(by_stream):
+        chain = sorted(by_stream[stream], key=lambda a: (a.started, a.attempt))
+        cutoffs: dict[str | None, float] = {}
+        for attempt in reversed(chain):
+            cutoff = cutoffs.get(attempt.origin, float("inf"))
+            for info in attempt.parts:
+                info.cutoff = cutoff
+            cutoffs[attempt.origin] = min(cutoff, attempt.resumed_from)
+        ordered.extend(chain)
+    infos = sorted(
+        parts.values(),
+        key=lambda p: (p.run, p.rank, p.part, attempts[(p.run, p.rank, p.attempt)].started),
+    )
+    return fs, infos, ordered
+
+
+def _number(value: Any, default: Any) -> Any:
+    """``value`` if it is a number (not a bool), else ``default``: markers may be damaged."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else default
+
+
+def _parse_json(data: bytes) -> Any:
+    return json.loads(data.decode())
+
+
+_BIG = 2**62  # beyond any real count, sequence or part number: a damaged value
+
+
+def _count_like(value: Any, optional: bool = False) -> bool:
+    if value is None:
+        return optional
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _BIG
+
+
+def _problem(body: Any, checks: Mapping[str, Callable[[Any], bool]]) -> str | None:
+    if isinstance(body, Exception):
+        return f"{type(body).__name__}: {body}"
+    if not isinstance(body, dict):
+        return f"it holds a {type(body).__name__}, not a JSON object"
+    for name, ok in checks.items():
+        if name in body and not ok(body[name]):
+            return f"its {name!r} is {type(body[name]).__name__} {body[name]!r:.60}"
+    return None
+
+
+def _stage_ok(stage: Any) -> bool:
+    if not isinstance(stage, dict):
+        return False
+    seed = stage.get("rng_seed", 0)
+    seeds = seed if isinstance(seed, list) else [seed]
+    config = stage.get("policy_config", {})
+    return (
+        all(_count_like(v) for v in seeds)
+        and _count_like(stage.get("seed", 0))
+        and _count_like(stage.get("delay", 0))
+        and isinstance(config, dict)
+        and _count_like(config.get("history", 1))
+        and stage.get("on_nan", "raise") in ("raise", "keep", "drop")
+    )
+
+
+_NUMBER = (int, float)
+_MANIFEST_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "count": _count_like,
+    "first_seq": lambda v: _count_like(v, optional=True),
+    "last_seq": lambda v: _count_like(v, optional=True),
+    "resumed_from": _count_like,
+    "attempt_started": lambda v: isinstance(v, _NUMBER) and not isinstance(v, bool),
+    "urls": lambda v: isinstance(v, list) and all(isinstance(u, str | None) for u in v),
+    "stage": _stage_ok,
+    "shards": lambda v: isinstance(v, dict),
+    "origin": lambda v: isinstance(v, str | None),
+    "decided_until": lambda v: v is None or (isinstance(v, _NUMBER) and not isinstance(v, bool)),
+}
+_CLAIM_CHECKS: dict[str, Callable[[Any], bool]] = {
+    **_MANIFEST_CHECKS,
+    "origin": lambda v: isinstance(v, str | None),
+    "resumed": lambda v: isinstance(v, bool),
+}
+_END_CHECKS: dict[str, Callable[[Any], bool]] = {
+    **_MANIFEST_CHECKS,
+    "parts": _count_like,
+    "first_part": _count_like,
+    "records": _count_like,
+    "dropped_records": _count_like,
+}
+
+
+def _checked_manifest(manifest: Any, path: str, secrets: Sequence[str], what: str = "manifest") -> Any:
+    """``manifest`` if it is a manifest (or end marker) siftpipe could have written; else None,
+    with a warning naming the object (a reader then goes on without it)."""
+    checks = {"manifest": _MANIFEST_CHECKS, "claim": _CLAIM_CHECKS}.get(what, _END_CHECKS)
+    problem = _problem(manifest, checks)
+    if problem is None:
+        return manifest
+    consequence = {
+        "manifest": "its part is read without it (siftpipe log verify reports it)",
+        "claim": "the attempt's job is read from its manifests",
+    }.get(what, "the attempt is read as one that did not close")
+    warnings.warn(
+        f"audit {what} {redact(path, secrets)} is unreadable or malformed ({redact(problem, secrets)}); "
+        + consequence,
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return None
+
+
+def read_many(fs: Any, paths: Sequence[str], parse: Callable[[bytes], Any], workers: int = 8) -> list[Any]:
+    """``parse(bytes)`` of every path, read in parallel; an exception object where one failed."""
+
+    def one(path: str) -> Any:
+        try:
+            return parse(fs.cat_file(path))
+        except Exception as exc:
+            return exc
+
+    if len(paths) <= 1:
+        return [one(p) for p in paths]
+    with ThreadPoolExecutor(max_workers=min(workers, len(paths))) as pool:
+        return list(pool.map(one, paths))
+
+
+def read_part(payload: bytes, columns: Sequence[str] | None) -> Any:
+    """The part's table with ``columns`` (default: every column of the format, in order).
+
+    First the part's schema is checked against the format (every column there, each holding
+    the kind of values it should): a part of another shape raises ``ValueError`` naming the
+    column, so that every reader, ``verify_log`` included, reports it as a bad part instead of
+    failing later on a stray type. Only the footer is read for that.
+
+    Read on the calling thread from an Arrow-owned copy, with no pre-buffering and no thread
+    pool: Arrow's worker threads holding a Python object (a ``BytesIO``, a buffer over Python
+    bytes) may release it after the read returned, and if the interpreter is exiting by then, the
+    GIL they ask for ends their thread inside a C++ destructor: ``terminate called without an
+    active exception`` and SIGABRT, after the work was done (issue 11, item 16)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from .wire import COLUMNS
+
+    owned = pa.allocate_buffer(len(payload))
+    memoryview(owned).cast("B")[:] = payload
+    part = pq.ParquetFile(pa.BufferReader(owned), pre_buffer=False)
+    schema = part.schema_arrow
+    missing = [c for c in COLUMNS if c not in schema.names]
+    if missing:
+        raise ValueError(
+            f"it has no column(s) {missing} (it has {schema.names}): not an audit part of this format"
+        )
+    for name in COLUMNS:
+        kind = _KINDS[name]
+        if not _is_kind(schema.field(name).type, kind):
+            raise ValueError(f"its column {name!r} holds {schema.field(name).type}, not {kind} values")
+    want = list(columns) if columns is not None else list(COLUMNS)
+    return part.read(columns=want, use_threads=False)
+
+
+_KINDS = {
+    **dict.fromkeys(("worker", "seq", "epoch", "micro_batch", "model_version"), "integer"),
+    **dict.fromkeys(("loss", "score", "prob", "weight", "time"), "floating-point"),
+    "kept": "boolean",
+    **dict.fromkeys(("key", "url", "reason", "source"), "string"),
+}
+
+
+def _is_kind(t: Any, kind: str) -> bool:
+    import pyarrow as pa
+
+    if kind == "integer":
+        return bool(pa.types.is_integer(t))
+    if kind == "floating-point":
+        return bool(pa.types.is_floating(t))
+    if kind == "boolean":
+        return bool(pa.types.is_boolean(t))
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t))
+
+
+def read_log(
+    url: str,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    run: str | Sequence[str] | None = None,
+    rank: int | Sequence[int] | None = None,
+    kept: bool | None = None,
+    columns: Sequence[str] | None = None,
+    include_superseded: bool = False,
+    include_predecode: bool = False,
+    on_bad_part: Literal["warn", "raise"] = "warn",
+    progress: bool = False,
+) -> Any:
+    """The audit log under ``url`` as one ``pyarrow.Table``, rows in (run, rank, seq) order.
+
+    Records that a resumed attempt redid are left out unless ``include_superseded``. A part
+    that cannot be read (truncated, corrupt) is reported with a warning naming it and the rest is
+    read (``on_bad_part="raise"`` makes it an ``AuditError``).
+
+    Args:
+        url: The log's root (as given to ``AuditLog``).
+        storage_options: fsspec options for ``url``.
+        run: Only these run ids.
+        rank: Only these ranks.
+        kept: Only kept (True) or only dropped (False) records.
+        columns: Only these columns (``run`` and ``rank`` are always added).
+        include_superseded: Keep records that a later attempt redid.
+        include_predecode: Add the records of samples that DataLoader workers dropped before
+            decode (``PreDecodeFilter``); they have ``seq`` -1 and come after each stream's rows.
+        on_bad_part: What an unreadable part does.
+        progress: Show a progress bar over parts.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    fs, infos, _ = list_parts(url, storage_options, run=run, rank=rank)
+    readable = [p for p in infos if p.path is not None]
+    need = list(columns) if columns is not None else None
+    if need is not None:
+        for extra in ("seq",) if not include_superseded else ():
+            if extra not in need:
+                need.append(extra)
+        if kept is not None and "kept" not in need:
+            need.append("kept")
+    tables = _read_many_with_progress(fs, [p.path for p in readable], need, progress)  # type: ignore[misc]
+    out = []
+    secrets = secret_values(storage_options, url)
+    for info, table in zip(readable, tables):
+        if isinstance(table, Exception):
+            message = (
+                f"audit part {redact(str(info.path), secrets)} is unreadable (truncated or corrupt?): "
+                f"{redact(f'{type(table).__name__}: {table}', secrets)}; the rest of the log was read"
+            )
+            if on_bad_part == "raise":
+                raise AuditError(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            continue
+        if not include_superseded and info.cutoff != float("inf"):
+            table = table.filter(pc.less(table.column("seq"), pa.scalar(int(info.cutoff), pa.int64())))
+        if kept is not None:
+            table = table.filter(table.column("kept") if kept else pc.invert(table.column("kept")))
+        if columns is not None:
+            table = table.select([c for c in columns if c in table.column_names])
+        n = table.num_rows
+        table = table.append_column(
+            "run", pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), [info.run])
+        )
+        table = table.append_column("rank", pa.array(np.full(n, info.rank, np.int32)))
+        out.append(table)
+    if include_predecode:
+        out.extend(_predecode_tables(fs, url, storage_options, run, rank, columns, kept))
+        out = [_plain(t) for t in out]
+    if not out:
+        return _empty_table(columns)
+    return pa.concat_tables(out, promote_options="permissive")
+
+
+_PREDECODE = re.compile(r"run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/_predecode/[^/]+\.parquet")
+
+
+def _predecode_tables(
+    fs: Any,
+    url: str,
+    storage_options: Mapping[str, Any] | None,
+    run: str | Sequence[str] | None,
+    rank: int | Sequence[int] | None,
+    columns: Sequence[str] | None,
+    kept: bool | None,
+) -> list[Any]:
+    """The records that DataLoader workers wrote for samples they dropped before decode."""
+    import pyarrow as pa
+
+    if kept:
+        return []  # workers only record what they drop
+    root = _filesystem(url, storage_options)[1]
+    runs = {run} if isinstance(run, str) else (set(run) if run is not None else None)
+    ranks = {rank} if isinstance(rank, int) else (set(rank) if rank is not None else None)
+    found = []
+    for path in fs.find(root):
+        relative = path[len(root) + 1 :] if path.startswith(root + "/") else path
+        m = _PREDECODE.fullmatch(relative)
+        if m and (runs is None or m["run"] in runs) and (ranks is None or int(m["rank"]) in ranks):
+            found.append((m["run"], int(m["rank"]), path))
+    tables = read_many(fs, [p for _, _, p in found], lambda b: read_part(b, columns))
+    out = []
+    secrets = secret_values(storage_options, url)
+    for (run_id, rank_id, path), table in zip(found, tables):
+        if isinstance(table, Exception):
+            warnings.warn(
+                f"audit part {redact(path, secrets)} (records of samples dropped before decode) is "
+                f"unreadable: {redact(f'{type(table).__name__}: {table}', secrets)}; the rest of the log "
+                "was read",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            continue
+        n = table.num_rows
+        table = table.append_column("run", pa.array([run_id] * n, pa.string()))
+        out.append(table.append_column("rank", pa.array(np.full(n, rank_id, np.int32))))
+    return out
+
+
+def _plain(table: Any) -> Any:
+    """``table`` with dictionary columns decoded to their values (so tables of both kinds concat)."""
+    import pyarrow as pa
+
+    return pa.table(
+        {
+            name: column.cast(column.type.value_type)
+            if isinstance(column.type, pa.DictionaryType)
+            else column
+            for name, column in zip(table.column_names, table.columns)
+        }
+    )
+
+
+def _read_many_with_progress(
+    fs: Any, paths: list[str], columns: Sequence[str] | None, progress: bool
+) -> list[Any]:
+    if not progress or len(paths) < 2:
+        return read_many(fs, paths, lambda b: read_part(b, columns))
+    from .._optional import progress_bar
+
+    results: list[Any] = []
+    batch = 32
+    with progress_bar(auto=False, total=len(paths), unit="part", desc="reading log") as bar:
+        for start in range(0, len(paths), batch):
+            chunk = paths[start : start + batch]
+            results.extend(read_many(fs, chunk, lambda b: read_part(b, columns)))
+            bar.update(len(chunk))
+    return results
+
+
+def _empty_table(columns: Sequence[str] | None) -> Any:
+    import pyarrow as pa
+
+    from .wire import COLUMNS
+
+    names = [c for c in (columns or COLUMNS)] + ["run", "rank"]
+    return pa.table({name: pa.array([], pa.null()) for name in names})
+
+
+@dataclass
+class StreamReport:
+    """Verification of one (run, rank) stream."""
+
+    run: str
+    rank: int
+    records: int = 0
+    superseded: int = 0
+    first_seq: int | None = None
+    last_seq: int | None = None
+    gaps: list[tuple[int, int]] = field(default_factory=list)  # missing seq ranges, inclusive
+    duplicates: int = 0
+    #: Attempts of different jobs under this run id and rank (the same run id used by two jobs):
+    #: their records overlap and none supersedes another's.
+    collisions: list[str] = field(default_factory=list)
+    missing_parts: list[str] = field(default_factory=list)
+    unreadable_parts: list[str] = field(default_factory=list)
+    count_mismatches: list[str] = field(default_factory=list)
+    #: Findings that are expected after a kill and lose nothing (e.g. the last part of a killed
+    #: attempt, readable, whose manifest was never written): reported, not problems.
+    notes: list[str] = field(default_factory=list)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    #: Shards the pipeline's handler skipped (``warn_and_continue``), as ``"<url> (<kind>)"``:
+    #: their samples never reached the stage, so no record stands for them. A chosen policy, not
+    #: a fault of the log: ``ok`` does not depend on it.
+    skipped_shards: list[str] = field(default_factory=list)
+    #: Samples the pipeline's handler skipped (undecodable or missing a field), per the attempts.
+    samples_skipped: int = 0
+    #: Records the writer dropped on purpose (``on_full="drop"``), per the attempts' end markers.
+    dropped_records: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not (
+            self.gaps
+            or self.duplicates
+            or self.collisions
+            or self.missing_parts
+            or self.unreadable_parts
+            or self.count_mismatches
+        )
+
+
+@dataclass
+class LogReport:
+    """What ``verify_log`` found."""
+
+    url: str
+    streams: list[StreamReport]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.streams) and all(s.ok for s in self.streams)
+
+    @property
+    def records(self) -> int:
+        return sum(s.records for s in self.streams)
+
+    def lines(self) -> list[str]:
+        """A human-readable report (without credentials, also in a log written before they were
+        kept out of its manifests)."""
+        return [redact(line) for line in self._lines()]
+
+    def _lines(self) -> list[str]:
+        out = [f"audit log {self.url}: {len(self.streams)} stream(s), {self.records} records"]
+        if not self.streams:
+            out.append("  no parts found")
+        for s in self.streams:
+            status = "OK" if s.ok else "PROBLEMS"
+            out.append(
+                f"run={s.run} rank={s.rank}: {status}: {s.records} records, seq {s.first_seq}..{s.last_seq}, "
+                f"{len(s.attempts)} attempt(s), {s.superseded} superseded by a resume"
+            )
+            for a in s.attempts:
+                end = (
+                    "closed cleanly"
+                    if a["ended"]
+                    else "did not close (killed?): its unflushed records are lost"
+                )
+                job = a.get("origin")
+                if job is None:
+                    how = f"resumed from seq {a['resumed_from']}"
+                elif job == a["attempt"]:
+                    how = f"a fresh start (job {job})"
+                else:
+                    how = f"resumed from seq {a['resumed_from']} (job {job})"
+                out.append(
+                    f"  attempt {a['attempt']}: {how}, {a['parts']} part(s), {a['records']} records, {end}"
+                )
+            out.extend(f"  collision: {c}" for c in s.collisions)
+            if s.skipped_shards:
+                out.append(
+                    f"  {len(s.skipped_shards)} shard(s) skipped by the pipeline's handler (their samples "
+                    "never reached the stage; no records): " + ", ".join(s.skipped_shards)
+                )
+            if s.dropped_records:
+                out.append(
+                    f"  {s.dropped_records} records dropped on purpose by the writer (on_full='drop'): "
+                    "not in the log"
+                )
+            if s.samples_skipped:
+                out.append(
+                    f"  {s.samples_skipped} sample(s) skipped by the pipeline's handler (a field could not "
+                    "be decoded or was missing)"
+                )
+            for lo, hi in s.gaps:
+                out.append(f"  gap: seq {lo}..{hi} ({hi - lo + 1} records) missing")
+            if s.duplicates:
+                out.append(f"  duplicates: {s.duplicates} sequence numbers appear more than once")
+            out.extend(f"  missing part: {m}" for m in s.missing_parts)
+            out.extend(f"  unreadable part: {m}" for m in s.unreadable_parts)
+            out.extend(f"  count mismatch: {m}" for m in s.count_mismatches)
+            out.extend(f"  note: {m}" for m in s.notes)
+        return out
+
+
+def _died_writing(attempt: _Attempt, info: PartInfo) -> bool:
+    """Whether ``info`` is the last part of an attempt that never closed: the one part whose
+    manifest a kill can leave unwritten (parts are written in order, each before its manifest)."""
+    return not attempt.ended and info.part == max(p.part for p in attempt.parts)
+
+
+def verify_log(
+    url: str,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    run: str | Sequence[str] | None = None,
+    rank: int | Sequence[int] | None = None,
+) -> LogReport:
+    """Check a log for gaps, duplicates, missing and unreadable parts, per (run, rank) stream."""
+    fs, infos, attempts = list_parts(url, storage_options, run=run, rank=rank)
+    secrets = secret_values(storage_options, url)
+    seqs = read_many(fs, [p.path for p in infos if p.path is not None], lambda b: read_part(b, ["seq"]))
+    seq_of: dict[int, Any] = {}
+    readable = [p for p in infos if p.path is not None]
+    for info, table in zip(readable, seqs):
+        seq_of[id(info)] = table
+    streams: dict[tuple[str, int], StreamReport] = {}
+    canonical: dict[tuple[str, int], list[np.ndarray]] = {}
+    owners = {(a.run, a.rank, a.attempt): a for a in attempts}
+    for info in infos:
+        key = (info.run, info.rank)
+        report = streams.setdefault(key, StreamReport(info.run, info.rank))
+        name = f"part {info.part} of attempt {info.attempt}"
+        if info.path is None:
+            report.missing_parts.append(f"{name}: manifest found, Parquet object missing")
+            continue
+        table = seq_of[id(info)]
+        if isinstance(table, Exception):
+            report.unreadable_parts.append(f"{redact(info.path, secrets)}: {type(table).__name__}")
+            continue
+        seq = table.column("seq").to_numpy()
+        owner = owners.get((info.run, info.rank, info.attempt))
+        if info.manifest is None and owner is not None and _died_writing(owner, info):
+            # S3 puts are atomic and the part is readable Parquet: its records are all there
+            report.notes.append(
+                f"{name}: no manifest; the attempt was killed between writing its last part and "
+                f"that part's manifest; the part is readable and its {seq.size} records count"
+            )
+        elif info.manifest is None:
+            report.count_mismatches.append(f"{name}: no manifest (written when the process died?)")
+        elif int(info.manifest.get("count", -1)) != seq.size:
+            report.count_mismatches.append(
+                f"{name}: manifest says {info.manifest.get('count')}, part has {seq.size}"
+            )
+        live = seq[seq < info.cutoff] if info.cutoff != float("inf") else seq
+        report.superseded += int(seq.size - live.size)
+        canonical.setdefault(key, []).append(live)
+    for attempt in attempts:
+        report = streams.setdefault((attempt.run, attempt.rank), StreamReport(attempt.run, attempt.rank))
+        numbers = sorted({p.part for p in attempt.parts})
+        end = attempt.end or {}
+        closed_at = _number(end.get("parts"), None)
+        bounds = list(numbers)
+        if isinstance(closed_at, int):  # the end marker says which parts the attempt made
+            start = _number(end.get("first_part"), numbers[0] if numbers else closed_at)
+            bounds = sorted({*numbers, int(start) - 1, closed_at})
+        dropped = int(_number(end.get("dropped_records"), 0))
+        why = " (the attempt dropped parts on purpose: on_full='drop')" if dropped else ""
+        for lo, hi in pairwise(bounds):  # runs of missing part numbers, however long
+            if hi - lo == 2:
+                report.missing_parts.append(
+                    f"part {lo + 1} of attempt {attempt.attempt}: neither part nor manifest{why}"
+                )
+            elif hi - lo > 2:
+                report.missing_parts.append(
+                    f"parts {lo + 1}..{hi - 1} of attempt {attempt.attempt} ({hi - lo - 1} parts): "
+                    f"neither part nor manifest{why}"
+                )
+        report.dropped_records += dropped
+        shards = attempt.shards or {}
+        urls = [str(u) for u in shards.get("skipped_urls") or [] if isinstance(u, str)]
+        skipped = int(_number(shards.get("skipped"), 0))
+        urls += [f"({skipped - len(urls)} more, not named)"] if skipped > len(urls) else []
+        report.skipped_shards.extend(u for u in urls if u not in report.skipped_shards)
+        report.samples_skipped += int(_number(shards.get("samples_skipped"), 0))
+        report.attempts.append(
+            {
+                "attempt": attempt.attempt,
+                "resumed_from": attempt.resumed_from,
+                "parts": len(attempt.parts),
+                "records": sum(int((p.manifest or {}).get("count", 0)) for p in attempt.parts),
+                "ended": attempt.ended,
+                "origin": attempt.origin,
+                "shards_skipped": skipped,
+                "samples_skipped": int(_number(shards.get("samples_skipped"), 0)),
+            }
+        )
+    jobs: dict[tuple[str, int], dict[str | None, list[str]]] = {}
+    for attempt in attempts:
+        jobs.setdefault((attempt.run, attempt.rank), {}).setdefault(attempt.origin, []).append(
+            attempt.attempt
+        )
+    by_stream: dict[tuple[str, int], list[_Attempt]] = {}
+    for attempt in attempts:  # in start order
+        by_stream.setdefault((attempt.run, attempt.rank), []).append(attempt)
+    for key, chain in by_stream.items():
+        for i, later in enumerate(chain):
+            for earlier in chain[:i]:
+                until = earlier.decided_until
+                if (
+                    earlier.origin is not None
+                    and earlier.origin == later.origin
+                    and until is not None
+                    and until * 1e9 > later.started
+                ):
+                    streams[key].collisions.append(
+                        f"attempts {earlier.attempt} and {later.attempt} of job {later.origin} ran at "
+                        f"the same time ({earlier.attempt} decided samples until after {later.attempt} "
+                        f"started, by their hosts' clocks): two processes continued one job, and the "
+                        f"records of {earlier.attempt} from seq {later.resumed_from} on, though handed "
+                        "on too, are read as superseded"
+                    )
+    for key, by_job in jobs.items():
+        if len(by_job) > 1:
+            described = "; ".join(
+                f"job {'(not recorded)' if job is None else job}: attempt(s) {', '.join(names)}"
+                for job, names in by_job.items()
+            )
+            streams[key].collisions.append(
+                f"{len(by_job)} jobs wrote under this run id and rank ({described}); none supersedes "
+                "another, so their records overlap: give each job its own run id"
+            )
+    for key, chunks in canonical.items():
+        report = streams[key]
+        seq = np.sort(np.concatenate(chunks)) if chunks else np.zeros(0, np.int64)
+        report.records = int(seq.size)
+        if seq.size:
+            report.first_seq, report.last_seq = int(seq[0]), int(seq[-1])
+            step = np.diff(seq)
+            report.duplicates = int((step == 0).sum())
+            if seq[0] > 0:
+                report.gaps.append((0, int(seq[0]) - 1))
+            for at in np.flatnonzero(step > 1):
+                report.gaps.append((int(seq[at]) + 1, int(seq[at + 1]) - 1))
+    # records lost after the last one found: the latest attempt's end marker says where it ended
+    latest: dict[tuple[str, int], _Attempt] = {(a.run, a.rank): a for a in attempts}  # in start order
+    for key, attempt in latest.items():
+        records = _number((attempt.end or {}).get("records"), None)
+        report = streams[key]
+        if isinstance(records, int):
+            stop = attempt.resumed_from + records  # one past the last sequence number it decided
+            after = -1 if report.last_seq is None else report.last_seq
+            if stop - 1 > after:
+                report.gaps.append((after + 1, stop - 1))
+    return LogReport(redact(url, secrets), [streams[k] for k in sorted(streams)])
+
+
+def iter_tables(tables: Iterable[Any]) -> Iterable[Any]:
+    """Non-empty tables of ``tables`` (helper for callers combining reads)."""
+    return (t for t in tables if t.num_rows)

@@ -1,0 +1,434 @@
+"""Offline use of an audit log: replay a run's data without the model, and what-if re-sifting."""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from .._secrets import redact, secret_values
+from ..core.decide import (
+    REASONS,
+    UNKNOWN,
+    WARMUP,
+    decide_rows,
+)
+from ..core.policies import Policy
+from ..errors import AuditError, ConfigError, MissingKeyError
+from .reader import (
+    PartInfo,
+    list_parts,
+    read_log,
+    read_many,
+    read_part,
+)
+
+__all__ = ["Replay", "WhatIf", "replay", "whatif"]
+
+OnMissing = Literal["raise", "keep", "drop"]
+_DECISION_COLUMNS = ["seq", "epoch", "key", "url", "kept", "weight"]
+
+
+class _ShardDecisions:
+    """The logged decisions for one shard: (key, epoch) -> kept flags and weights in seq order."""
+
+    __slots__ = ("by_key", "nbytes", "seen")
+
+    def __init__(self, keys: list[str], epochs: np.ndarray, kept: np.ndarray, weight: np.ndarray) -> None:
+        self.by_key: dict[tuple[str, int], list[tuple[bool, float]]] = {}
+        for k, e, kp, w in zip(keys, epochs.tolist(), kept.tolist(), weight.tolist()):
+            self.by_key.setdefault((k, e), []).append((kp, w))
+        # occurrences of (key, epoch) handed to the replay stage so far
+        self.seen: dict[tuple[str, int], int] = {}
+        self.nbytes = sum(len(k) for k in keys) + 120 * len(keys)
+
+
+class Replay:
+    """A stage that yields exactly the samples a logged run kept, matched by sample key.
+
+    Feed it the same data stream the logged run saw (same shards, same order within each shard):
+    each sample is matched to the logged decision for its (shard URL, key, epoch, occurrence),
+    where the occurrence counts repeats of the key within the epoch (resampled shards), and is
+    handed on if that run kept it, with its logged weight attached if the run attached weights.
+    No model is needed.
+
+    Decisions are loaded per shard, lazily, from the parts whose manifests list that shard, and
+    at most ``cache_shards`` shards are held (least recently used go first), so memory stays
+    bounded for logs of any size: about 200 bytes per held decision plus the key's length.
+
+    Args:
+        url: Root of the audit log.
+        storage_options: fsspec options for ``url``.
+        run: The run to replay (required when the log holds several).
+        rank: Only this rank's decisions (default: all ranks; shards are matched by URL).
+        key: Dict field holding the sample key.
+        on_missing: A sample with no logged decision: ``"raise"`` (``AuditError``), or
+            ``"keep"``/``"drop"`` it (counted in ``stats["missing"]``).
+        attach_weight: Attach logged weights as ``weight_field``; default: if the logged stage did.
+        weight_field: Dict field for the weight.
+        cache_shards: Shards whose decisions are held at once.
+    """
+
+    def __repr__(self) -> str:
+        return (
+            f"Replay({redact(self.url, self._secrets)!r}, run={self.run!r}, on_missing={self.on_missing!r}, "
+            f"parts={len(self._parts)}, held_shards={len(self._shards)})"
+        )
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        run: str | None = None,
+        rank: int | Sequence[int] | None = None,
+        key: str = "__key__",
+        on_missing: OnMissing = "raise",
+        attach_weight: bool | None = None,
+        weight_field: str = "__sift_weight__",
+        cache_shards: int = 64,
+    ) -> None:
+        if on_missing not in ("raise", "keep", "drop"):
+            raise ConfigError(f"on_missing must be 'raise', 'keep' or 'drop', got {on_missing!r}")
+        self.url = url
+        self.storage_options = dict(storage_options or {})
+        self.key = key
+        self.on_missing = on_missing
+        self.weight_field = weight_field
+        self.cache_shards = cache_shards
+        self._fs, infos, _ = list_parts(url, storage_options, run=run, rank=rank)
+        self._secrets = secret_values(storage_options, url)
+        shown = redact(url, self._secrets)
+        runs = sorted({p.run for p in infos})
+        if not runs:
+            raise AuditError(
+                f"no audit parts found under {shown} (run={run!r}, rank={rank!r}); check the URL"
+            )
+        if len(runs) > 1:
+            raise ConfigError(f"the log at {shown} holds runs {runs}; pass run=<one of them> to replay one")
+        self.run = runs[0]
+        self._parts = [p for p in infos if p.path is not None]
+        self._by_url: dict[Any, list[PartInfo]] = {}
+        self._unindexed: list[PartInfo] = []
+        for info in self._parts:
+            urls = (info.manifest or {}).get("urls")
+            if urls is None:
+                self._unindexed.append(info)  # no manifest: may hold any shard
+                continue
+            for u in urls or [None]:
+                self._by_url.setdefault(u, []).append(info)
+        if attach_weight is None:
+            attach_weight = any(bool(((p.manifest or {}).get("stage") or {}).get("weighted")) for p in infos)
+        self.attach_weight = attach_weight
+        self._shards: OrderedDict[Any, _ShardDecisions] = OrderedDict()
+        self._urls: dict[Any, str] = {}
+        self._part_cache: OrderedDict[str, Any] = OrderedDict()
+        self.epoch = 0
+        self._passes = 0
+        self._epoch_set = False
+        self.stats = {"seen": 0, "kept": 0, "dropped": 0, "missing": 0}
+
+    def set_epoch(self, epoch: int) -> None:
+        """Match decisions of logged epoch ``epoch`` from now on (the next pass does not add one)."""
+        self.epoch = int(epoch)
+        self._epoch_set = True
+        for shard in self._shards.values():
+            shard.seen.clear()
+
+    @property
+    def held_bytes(self) -> int:
+        """Approximate memory held by cached decisions, in bytes."""
+        return sum(s.nbytes for s in self._shards.values())
+
+    def __call__(self, source: Iterable[Any]) -> Iterator[Any]:
+        """Replay over ``source``; a new call is a new pass (epoch + 1 unless ``set_epoch``)."""
+        if self._passes > 0 and not self._epoch_set:
+            self.epoch += 1
+            for shard in self._shards.values():
+                shard.seen.clear()
+        self._epoch_set = False
+        self._passes += 1
+        return self._run(source)
+
+    def _run(self, source: Iterable[Any]) -> Iterator[Any]:
+        stats = self.stats
+        for sample in source:
+            try:
+                k = sample[self.key]
+            except (KeyError, TypeError, IndexError):
+                raise MissingKeyError(
+                    f"replay needs a key in every sample, but a sample has no field {self.key!r}; "
+                    "pass key=<field> or keep '__key__' in the pipeline up to the replay stage"
+                ) from None
+            url = sample.get("__url__") if isinstance(sample, dict) else None
+            if url is not None:
+                url = self._recorded_url(url)
+            shard = self._shard(url)
+            slot = (k, self.epoch)
+            occurrence = shard.seen.get(slot, 0)
+            shard.seen[slot] = occurrence + 1
+            logged = shard.by_key.get(slot)
+            stats["seen"] += 1
+            if logged is None or occurrence >= len(logged):
+                stats["missing"] += 1
+                if self.on_missing == "raise":
+                    raise AuditError(
+                        f"sample {k!r} (shard {url!r}, epoch {self.epoch}, occurrence {occurrence}) has no "
+                        f"decision in run {self.run!r} of the log at {redact(self.url, self._secrets)}: the "
+                        "stream differs from the "
+                        "logged run's, or the log lost it (siftpipe log verify); pass on_missing='keep' or "
+                        "'drop' to go on"
+                    )
+                if self.on_missing == "drop":
+                    stats["dropped"] += 1
+                    continue
+                stats["kept"] += 1
+                yield sample
+                continue
+            kept, weight = logged[occurrence]
+            if not kept:
+                stats["dropped"] += 1
+                continue
+            stats["kept"] += 1
+            if self.attach_weight and isinstance(sample, dict):
+                sample = {**sample, self.weight_field: weight}
+            yield sample
+
+    def _recorded_url(self, url: Any) -> str:
+        """``url`` as the log recorded it: without credentials (a presigned URL, say)."""
+        recorded = self._urls.get(url)
+        if recorded is None:
+            if len(self._urls) > 100_000:
+                self._urls.clear()
+            recorded = self._urls[url] = redact(str(url), self._secrets)
+        return recorded
+
+    def _shard(self, url: Any) -> _ShardDecisions:
+        shard = self._shards.get(url)
+        if shard is not None:
+            self._shards.move_to_end(url)
+            return shard
+        import pyarrow.compute as pc
+
+        parts = self._by_url.get(url, []) + self._unindexed
+        keys: list[str] = []
+        epochs, kept, weight, seqs = [], [], [], []
+        for info in parts:
+            table = self._part(info)
+            column = table.column("url")
+            mask = pc.is_null(column) if url is None else pc.equal(column, url)
+            mask = pc.fill_null(mask, False)
+            if info.cutoff != float("inf"):
+                mask = pc.and_(mask, pc.less(table.column("seq"), int(info.cutoff)))
+            rows = table.filter(mask)
+            if not rows.num_rows:
+                continue
+            keys.extend(str(k) for k in rows.column("key").to_pylist())
+            epochs.append(rows.column("epoch").to_numpy())
+            kept.append(rows.column("kept").to_numpy(zero_copy_only=False))
+            weight.append(rows.column("weight").to_numpy())
+            seqs.append(rows.column("seq").to_numpy())
+        if seqs:
+            order = np.argsort(np.concatenate(seqs), kind="stable")
+            keys = [keys[i] for i in order]
+            shard = _ShardDecisions(
+                keys,
+                np.concatenate(epochs)[order],
+                np.concatenate(kept)[order],
+                np.concatenate(weight)[order],
+            )
+        else:
+            shard = _ShardDecisions([], np.zeros(0, int), np.zeros(0, bool), np.zeros(0))
+        self._shards[url] = shard
+        while len(self._shards) > self.cache_shards:
+            self._shards.popitem(last=False)
+        return shard
+
+    def _part(self, info: PartInfo) -> Any:
+        path = str(info.path)
+        table = self._part_cache.get(path)
+        if table is None:
+            (table,) = read_many(self._fs, [path], lambda b: read_part(b, _DECISION_COLUMNS))
+            if isinstance(table, Exception):
+                raise AuditError(
+                    f"cannot read audit part {redact(path, self._secrets)} (truncated, corrupt or not an "
+                    f"audit part): {redact(f'{type(table).__name__}: {table}', self._secrets)}; the "
+                    "decisions it holds cannot be replayed (siftpipe log verify lists what is damaged)"
+                )
+            self._part_cache[path] = table
+            while len(self._part_cache) > 8:
+                self._part_cache.popitem(last=False)
+        else:
+            self._part_cache.move_to_end(path)
+        return table
+
+
+def replay(url: str, storage_options: Mapping[str, Any] | None = None, **kwargs: Any) -> Replay:
+    """A ``Replay`` stage for the log at ``url`` (see ``Replay`` for the arguments)."""
+    return Replay(url, storage_options, **kwargs)
+
+
+@dataclass
+class WhatIf:
+    """What one policy would have decided over a log's losses.
+
+    Attributes:
+        policy: The policy's repr.
+        samples: Decided samples replayed (losses in the log).
+        kept: Samples it would keep.
+        to_kept: Samples the logged run dropped that it would keep.
+        to_dropped: Samples the logged run kept that it would drop.
+        logged_kept: Samples the logged run kept.
+        keep: Per-sample decisions, in the log's row order.
+    """
+
+    policy: str
+    samples: int
+    kept: int
+    logged_kept: int
+    to_kept: int
+    to_dropped: int
+    keep: np.ndarray
+
+    @property
+    def keep_rate(self) -> float:
+        return self.kept / self.samples if self.samples else float("nan")
+
+    @property
+    def flips(self) -> int:
+        return self.to_kept + self.to_dropped
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "samples": self.samples,
+            "kept": self.kept,
+            "keep_rate": round(self.keep_rate, 6),
+            "to_kept": self.to_kept,
+            "to_dropped": self.to_dropped,
+            "flips": self.flips,
+        }
+
+
+def whatif(
+    log: Any,
+    policies: Sequence[Policy],
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    seed: int | None = None,
+    delay: int | None = None,
+    micro_batch: int | None = None,
+    run: str | Sequence[str] | None = None,
+    rank: int | Sequence[int] | None = None,
+) -> list[WhatIf]:
+    """Re-run ``policies`` over the logged losses, in order, and compare with the logged decisions.
+
+    Each (run, rank) stream is replayed in sequence order with the logged micro-batch boundaries,
+    warm-up and NaN handling, from a fresh copy of each policy and a generator seeded like the
+    logged stage's, so re-running the logged policy reproduces the logged decisions exactly.
+
+    Args:
+        log: A log URL, or a table from ``read_log`` (then ``seed``/``delay`` default to the
+            values found in the log's manifests only if a URL is given; else 0 and inferred).
+        policies: Policies to try (copied; yours are not changed).
+        storage_options: fsspec options when ``log`` is a URL.
+        seed: Generator seed; default: the logged stage's.
+        delay: Warm-up in samples; default: the logged stage's.
+        micro_batch: Re-chunk into micro-batches of this many samples instead of the logged ones.
+        run: With a URL, only these runs.
+        rank: With a URL, only these ranks.
+    """
+    stages: dict[tuple[str, int], dict[str, Any]] = {}
+    if isinstance(log, str):
+        _, infos, _ = list_parts(log, storage_options, run=run, rank=rank)
+        for info in infos:
+            if info.manifest and info.manifest.get("stage"):
+                stages.setdefault((info.run, info.rank), info.manifest["stage"])
+        table = read_log(
+            log, storage_options, run=run, rank=rank, columns=["seq", "loss", "kept", "reason", "micro_batch"]
+        )
+    else:
+        table = log
+    if table.num_rows == 0:
+        raise AuditError("the log holds no decisions to replay")
+    for policy in policies:
+        if policy.uses_memory:
+            raise ConfigError(
+                f"what-if cannot replay {policy!r}: it judges losses against the stage's score memory, "
+                "which the log does not hold; try a policy that decides from the logged losses alone"
+            )
+    reason = np.asarray(table.column("reason").to_pylist(), dtype=object)
+    unknown = reason == REASONS[UNKNOWN]
+    warm_rows = table.column("seq").to_numpy()[reason == REASONS[WARMUP]]
+    inferred_delay = int(warm_rows.max()) + 1 if warm_rows.size else 0
+    runs = table.column("run").to_pylist() if "run" in table.column_names else ["?"] * table.num_rows
+    ranks = table.column("rank").to_numpy() if "rank" in table.column_names else np.zeros(table.num_rows, int)
+    losses = table.column("loss").to_numpy()
+    logged = table.column("kept").to_numpy(zero_copy_only=False)
+    seqs = table.column("seq").to_numpy()
+    micro = table.column("micro_batch").to_numpy() if micro_batch is None else None
+    streams: dict[tuple[str, int], list[int]] = {}
+    for i, stream in enumerate(zip(runs, ranks.tolist())):
+        streams.setdefault(stream, []).append(i)
+
+    def settings(stream: tuple[str, int]) -> tuple[Any, int, bool]:
+        stage = stages.get(stream, {})
+        rng_seed = seed if seed is not None else stage.get("rng_seed", stage.get("seed", 0))
+        stream_delay = delay if delay is not None else int(stage.get("delay", inferred_delay))
+        return rng_seed, stream_delay, stage.get("on_nan", "keep") == "keep"
+
+    results = []
+    for policy in policies:
+        keep = np.zeros(table.num_rows, dtype=bool)
+        for stream, rows in streams.items():
+            rng_seed, stream_delay, nan_kept = settings(stream)
+            idx = np.asarray(rows)
+            idx = idx[np.argsort(seqs[idx], kind="stable")]
+            rng = np.random.default_rng(rng_seed)
+            fresh = policy.fresh()
+            if micro is not None:
+                cuts = np.flatnonzero(np.diff(micro[idx])) + 1
+            else:
+                assert micro_batch is not None
+                cuts = np.arange(micro_batch, idx.size, micro_batch)
+            for group in np.split(idx, cuts):
+                first = int(seqs[group[0]])
+                d = decide_rows(
+                    fresh,
+                    rng,
+                    losses[group],
+                    first,
+                    group.size,
+                    stream_delay,
+                    nan_kept,
+                    unknown=unknown[group],
+                )
+                keep[group] = d.keep
+        results.append(
+            WhatIf(
+                policy=repr(policy),
+                samples=int(keep.size),
+                kept=int(keep.sum()),
+                logged_kept=int(logged.sum()),
+                to_kept=int((keep & ~logged).sum()),
+                to_dropped=int((~keep & logged).sum()),
+                keep=keep,
+            )
+        )
+    return results
+
+
+def format_whatif(results: Sequence[WhatIf], logged_keep_rate: float) -> str:
+    """A small table of what-if results."""
+    lines = [f"logged keep rate: {logged_keep_rate:.4f}", f"{'policy':<48} {'keep rate':>9} {'flips':>9}"]
+    for r in results:
+        lines.append(f"{r.policy:<48} {r.keep_rate:>9.4f} {r.flips:>9}")
+    return "\n".join(lines)
+
+
+def dump_json(results: Sequence[WhatIf]) -> str:
+    return json.dumps([r.as_dict() for r in results], indent=1)

@@ -1,0 +1,86 @@
+"""The ``siftpipe`` command line: one module per command group (``demo``, ``log``, ``shards``), each
+defining ``add_cli(subparsers)``; this module parses, runs and reports errors without credentials."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from .._secrets import redact, secret_values
+from .options import add_storage_option_flag, parse_storage_options
+
+__all__ = ["COMMAND_MODULES", "add_storage_option_flag", "main", "parse_storage_options"]
+
+#: Modules of ``siftpipe.cli`` that each define ``add_cli(subparsers)`` for one command group.
+COMMAND_MODULES: tuple[str, ...] = ("demo", "log", "shards")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="siftpipe", description="Sift training data with the live model's loss; inspect the audit log."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"siftpipe.cli.{name}").add_cli(commands)
+    return parser
+
+
+def argv_secrets(argv: Sequence[str]) -> list[str]:
+    """Credentials on a command line: in its URLs, and the values of credential-like
+    ``--storage-option`` names (with those of the environment)."""
+    options: dict[str, Any] = {}
+    for before, arg in zip(["", *argv], argv):
+        if before == "--storage-option" or arg.startswith("--storage-option="):
+            key, _, value = arg.removeprefix("--storage-option=").partition("=")
+            options[key.rsplit(".", 1)[-1]] = value
+    return secret_values(options, *argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a command; a siftpipe error is printed as one line naming the problem (exit status 2),
+    any other error as its traceback (exit status 1), both without credentials.
+
+    Called without ``argv`` it is the program (the ``siftpipe`` script, ``python -m siftpipe``):
+    a ``log`` command, which only reads, then ends the process with ``os._exit`` once its output
+    is flushed, so that no native thread of the libraries it used (Arrow's, the S3 client's) can
+    abort the process while the interpreter is being torn down."""
+    program = argv is None
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    code = _run(args, argv)
+    if program and args.command == "log":
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+    return code
+
+
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    from ..errors import SiftError
+
+    try:
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, where a closed pipe can still be told apart from an error
+        return code
+    except BrokenPipeError:
+        # the reader went away (`siftpipe log keys ... | head`): stop quietly, as Unix tools do;
+        # stdout goes to /dev/null so the interpreter's final flush does not complain again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141  # 128 + SIGPIPE: what a shell reports for a tool that a closed pipe ended
+    except SiftError as exc:
+        print(f"siftpipe: error: {redact(str(exc), argv_secrets(argv))}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        secrets = argv_secrets(argv)
+        text = "".join(traceback.format_exception(exc))
+        print(redact(text, secrets), file=sys.stderr, end="")
+        return 1

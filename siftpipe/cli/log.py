@@ -1,0 +1,168 @@
+"""``siftpipe log ...``: summaries, plots, what-if, keys and verification of an audit log."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+from .._secrets import redact, secret_values
+from ..audit.reader import (
+    list_parts,
+    read_log,
+    read_many,
+    read_part,
+    verify_log,
+)
+from ..audit.replay import format_whatif, whatif
+from ..audit.summary import SUMMARY_COLUMNS, plot_log, print_summary, summarize
+from ..core.policies import (
+    Policy,
+    PruneEasy,
+    RelativeProbabilistic,
+    TopFraction,
+    Uniform,
+)
+from .options import add_storage_option_flag, parse_storage_options
+
+__all__ = ["add_cli"]
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", help="root of the audit log (s3://bucket/prefix, a path, any fsspec URL)")
+    add_storage_option_flag(parser)
+    parser.add_argument("--run", action="append", help="only this run id (repeatable)")
+    parser.add_argument("--rank", type=int, action="append", help="only this rank (repeatable)")
+
+
+def _read(args: argparse.Namespace, columns: list[str] | None) -> Any:
+    return read_log(
+        args.url,
+        parse_storage_options(args.storage_option),
+        run=args.run,
+        rank=args.rank,
+        columns=columns,
+        progress=sys.stderr.isatty(),
+    )
+
+
+def _no_log(args: argparse.Namespace, what: str = "no audit log") -> int:
+    """Say on stderr that ``args.url`` holds nothing to work on; the exit status (1, as verify)."""
+    shown = redact(args.url, secret_values(parse_storage_options(args.storage_option), args.url))
+    where = "".join(f" --run {r}" for r in args.run or ()) + "".join(f" --rank {r}" for r in args.rank or ())
+    print(
+        f"siftpipe: {what} at {shown}{where}: check the URL, the storage options and --run/--rank",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _cmd_summary(args: argparse.Namespace) -> int:
+    s = summarize(_read(args, SUMMARY_COLUMNS))
+    if args.json:
+        print(json.dumps(s, indent=1))
+    elif s.get("records"):
+        print_summary(s, sys.stdout)
+    return 0 if s.get("records") else _no_log(args, "no records")
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    table = _read(args, ["seq", "kept", "loss", "score", "prob"])
+    if table.num_rows == 0:
+        return _no_log(args, "no records to plot")
+    plot_log(table, args.output)
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _cmd_keys(args: argparse.Namespace) -> int:
+    options = parse_storage_options(args.storage_option)
+    fs, infos, _ = list_parts(args.url, options, run=args.run, rank=args.rank)
+    if not infos:
+        return _no_log(args)
+    want_kept = not args.dropped
+    out = sys.stdout
+    for info in infos:
+        if info.path is None:
+            continue
+        (table,) = read_many(fs, [info.path], lambda b: read_part(b, ["seq", "key", "kept"]))
+        if isinstance(table, Exception):
+            shown = redact(str(info.path), secret_values(options, args.url))
+            print(f"skipping unreadable part {shown}: {type(table).__name__}", file=sys.stderr)
+            continue
+        seq = table.column("seq").to_numpy()
+        kept = table.column("kept").to_numpy(zero_copy_only=False)
+        mask = (kept == want_kept) & (seq < info.cutoff)
+        keys = table.column("key").to_pylist()
+        out.writelines(f"{keys[i]}\n" for i in np.flatnonzero(mask))
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    report = verify_log(args.url, parse_storage_options(args.storage_option), run=args.run, rank=args.rank)
+    print("\n".join(report.lines()))
+    return 0 if report.ok else 1
+
+
+def _cmd_whatif(args: argparse.Namespace) -> int:
+    options = parse_storage_options(args.storage_option)
+    _, infos, _ = list_parts(args.url, options, run=args.run, rank=args.rank)
+    if not infos:
+        return _no_log(args)
+    stage: dict[str, Any] = next(
+        (i.manifest["stage"] for i in infos if i.manifest and i.manifest.get("stage")), {}
+    )
+    history = int((stage.get("policy_config") or {}).get("history", 500))
+    policies: list[Policy] = [RelativeProbabilistic(beta=b, history=history) for b in args.beta or ()]
+    policies += [TopFraction(k) for k in args.top or ()]
+    policies += [Uniform(k) for k in args.uniform or ()]
+    policies += [PruneEasy(r) for r in args.prune or ()]
+    if not policies:
+        policies = [RelativeProbabilistic(beta=b, history=history) for b in (0.5, 1.0, 3.0)]
+    results = whatif(args.url, policies, storage_options=options, run=args.run, rank=args.rank)
+    logged = results[0].logged_kept / results[0].samples
+    if args.json:
+        print(json.dumps({"logged_keep_rate": logged, "results": [r.as_dict() for r in results]}, indent=1))
+    else:
+        print(format_whatif(results, logged))
+    return 0
+
+
+def add_cli(commands: Any) -> None:
+    log = commands.add_parser("log", help="inspect an audit log: summary, plot, whatif, keys, verify")
+    sub = log.add_subparsers(dest="log_command", required=True, metavar="LOG_COMMAND")
+
+    p = sub.add_parser("summary", help="totals, keep rate over time, loss quantiles, most-dropped shards")
+    _common(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_summary)
+
+    p = sub.add_parser(
+        "plot", help="keep rate over sequence, loss histograms, keep probability vs percentile"
+    )
+    _common(p)
+    p.add_argument("-o", "--output", default="sift.png", help="PNG to write")
+    p.set_defaults(func=_cmd_plot)
+
+    p = sub.add_parser("whatif", help="re-run policies over the logged losses: keep rates and flips")
+    _common(p)
+    p.add_argument("--beta", type=float, nargs="+", help="RelativeProbabilistic betas")
+    p.add_argument("--top", type=float, nargs="+", help="TopFraction keep fractions")
+    p.add_argument("--uniform", type=float, nargs="+", help="Uniform keep fractions")
+    p.add_argument("--prune", type=float, nargs="+", help="PruneEasy ratios")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_whatif)
+
+    p = sub.add_parser("keys", help="print sample keys, one per line")
+    _common(p)
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--dropped", action="store_true", help="keys of dropped samples")
+    group.add_argument("--kept", action="store_true", help="keys of kept samples (the default)")
+    p.set_defaults(func=_cmd_keys)
+
+    p = sub.add_parser("verify", help="gaps, duplicates, missing or unreadable parts; exit 1 on problems")
+    _common(p)
+    p.set_defaults(func=_cmd_verify)

@@ -1,0 +1,193 @@
+"""What sifting costs and what it saves, in wall seconds: the stage's own evidence of whether it pays.
+
+The stage is a generator, so it can see both sides of the bargain: the time it spends between being
+asked for an item and handing one on (its own work, less the time its source took to produce
+input, which is paid with or without sifting), and the time between handing an item on and being
+asked for the next (the consumer's training step). The training time the dropped samples would have
+cost is estimated from the second: samples dropped x step time per sample handed on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Generator, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from .source import END
+
+if TYPE_CHECKING:
+    from .ledger import Output
+
+__all__ = ["CostAccount"]
+
+_log = logging.getLogger("siftpipe")
+
+
+class CostAccount:
+    """Wall-clock counters of one stage over its run (kept in its state, so that a job restarted
+    from checkpoints is judged on its whole run).
+
+    ``inside``: seconds inside the stage's passes; ``source``: the part of it spent waiting for the
+    source; ``outside``: seconds between handing an item on and being asked for the next;
+    ``observe``: seconds in ``observe()`` (the consumer calls it, but it is the stage's cost);
+    ``handed``: samples handed on; ``dropped``: samples dropped.
+    """
+
+    #: Seconds of evidence (the stage's and the steps' together) a pass needs before the stage
+    #: judges from it whether sifting paid.
+    MIN_EVIDENCE_SECONDS = 1.0
+
+    __slots__ = (
+        "_emitted",
+        "_pass",
+        "dropped",
+        "dropping_passes",
+        "handed",
+        "inside",
+        "observe",
+        "outside",
+        "source",
+        "warned",
+    )
+
+    def __init__(self) -> None:
+        self.inside = self.outside = self.source = self.observe = 0.0
+        self.handed = self.dropped = 0
+        self._emitted = 0  # the pass output's count of samples handed on, when last added
+        self._pass = 0  # samples dropped before the running pass
+        self.dropping_passes = 0
+        self.warned = False
+
+    @property
+    def stage_seconds(self) -> float:
+        """Seconds of the stage's own work: scoring, deciding, re-batching, the audit hand-off and
+        ``observe()``; not reading its source."""
+        return max(0.0, self.inside - self.source) + self.observe
+
+    @property
+    def step_seconds(self) -> float:
+        """Seconds the consumer spent between items, less ``observe()``: the training step."""
+        return max(0.0, self.outside - self.observe)
+
+    def saved_seconds(self) -> float:
+        """Estimated training seconds the dropped samples would have cost (step time per sample
+        handed on, times samples dropped; 0 before anything was handed on)."""
+        return self.dropped * self.step_seconds / self.handed if self.handed else 0.0
+
+    #: The counters a state holds: seconds (floats), samples and passes (ints), and the flag.
+    SECONDS = ("inside", "outside", "source", "observe")
+    COUNTS = ("handed", "dropped", "dropping_passes")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **{name: float(getattr(self, name)) for name in self.SECONDS},
+            **{name: int(getattr(self, name)) for name in self.COUNTS},
+            "warned": bool(self.warned),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state_dict()`` (checked by the stage's ``check_state``)."""
+        for name in self.SECONDS:
+            setattr(self, name, float(state[name]))
+        for name in self.COUNTS:
+            setattr(self, name, int(state[name]))
+        self.warned = bool(state["warned"])
+
+    def add(self, inside: float, outside: float, handed: int) -> None:
+        """Add seconds ``inside`` the stage and ``outside`` it; ``handed``: samples the pass's
+        output has handed on so far."""
+        self.inside += inside
+        self.outside += outside
+        self.handed += handed - self._emitted
+        self._emitted = handed
+
+    def timed(self, groups: Iterator[Iterator[Any]], out: Output) -> Generator[Any, None, float]:
+        """Hand on the items of ``groups`` (``out``'s, group by group), timing both sides: the time
+        before a group's first item is handed on is the stage's (reading past its source,
+        deciding, taking rows), the time from then to the group's end the consumer's (its steps),
+        less the output batches built in between (``out.busy``: re-batching, ``collate_fn``, the
+        stage's work too). The stage's other work between items is a few list operations: no
+        clock read per item. Returns the clock when the last group was handed on (for
+        ``pass_ends``); whatever stops it, the time so far is added."""
+        clock = time.perf_counter
+        mark = clock()
+        inside = outside = 0.0
+        try:
+            for items in groups:
+                first = next(items, END)
+                if first is END:
+                    continue  # nothing kept: its time goes with the next group that hands on
+                handed_at, busy = clock(), out.busy
+                inside += handed_at - mark
+                yield first
+                yield from items
+                mark = clock()
+                busy = out.busy - busy
+                inside += busy
+                outside += mark - handed_at - busy
+                self.add(inside, outside, out.handed)
+                inside = outside = 0.0
+            return mark
+        finally:
+            self.add(inside, outside, out.handed)
+
+    def pass_begins(self) -> None:
+        """A pass starts (or resumes)."""
+        self._emitted = 0
+        self._pass = self.dropped
+
+    def pass_ends(self, mark: float | None, stopping: bool = False) -> bool:
+        """A pass ended: charge its last stretch (since ``mark``, a ``time.perf_counter()``; None
+        for a pass left early) to the stage and judge the run so far (``judge``); True if it
+        found, for the first time, that sifting is not paying. ``stopping``: the stage stops
+        sifting if so (said in the log)."""
+        if mark is not None:
+            self.inside += time.perf_counter() - mark
+        if self.dropped > self._pass:
+            self.dropping_passes += 1
+            return self.judge(stopping)
+        return False
+
+    #: Passes that dropped samples before the stage judges whether it pays: a first pass that only
+    #: learns losses (``siftpipe.recipe``'s) is a debt the next ones pay back.
+    JUDGE_AFTER = 2
+
+    def judge(self, stopping: bool = False) -> bool:
+        """Log once when, over the run so far, the stage's own time exceeds the training time its
+        dropped samples would have cost (with enough evidence: ``JUDGE_AFTER`` passes that
+        dropped samples, ``MIN_EVIDENCE_SECONDS`` of time); True when it logs."""
+        stage, step, handed, dropped = self.stage_seconds, self.step_seconds, self.handed, self.dropped
+        if (
+            self.warned
+            or self.dropping_passes < self.JUDGE_AFTER
+            or not handed
+            or stage + step < self.MIN_EVIDENCE_SECONDS
+        ):
+            return False
+        saved = self.saved_seconds()
+        if saved >= stage:
+            return False
+        self.warned = True
+        seen = handed + dropped
+        per_seen, per_step = stage / seen, step / handed
+        _log.warning(
+            "siftpipe: sifting is not paying for itself: so far the stage spent %.2f s of its own "
+            "(%.1f us a sample it saw) and the %d samples it dropped (%.0f%% of those it saw) would "
+            "have cost about %.2f s to train (%.1f us a sample trained); %s. Train on every sample, "
+            "or sift where a step costs more (a larger model or batch) or more can be dropped; "
+            "stats.net_seconds follows the figure.%s",
+            stage,
+            1e6 * per_seen,
+            dropped,
+            100.0 * dropped / seen,
+            saved,
+            1e6 * per_step,
+            f"at this cost it pays only when it drops more than {100.0 * per_seen / per_step:.0f}%"
+            if per_step > 0 and per_seen < per_step
+            else "at this cost it cannot pay at any share dropped",
+            " Sifting stops here for the rest of the run (cost_guard): every sample is kept from now on"
+            if stopping
+            else "",
+        )
+        return True

@@ -1,0 +1,256 @@
+"""Deciding, the stage's part: a group's losses (score memory, upstream decisions, scoring
+forwards), the policy's decisions on them (NaN, warm-up, the cost guard's stop), the counters, and
+each decided group written to the sink."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import (
+    ConfigError,
+    NonFiniteLossError,
+    ScorerOutputError,
+    describe_keys,
+)
+from .decide import UNKNOWN, Decided, decide_rows
+from .ledger import Group
+from .memory import (
+    FEEDBACK,
+    NONE,
+    SOURCES,
+    STALE,
+    ScoreMemory,
+    pick_keys,
+)
+from .policies import Policy, RelativeProbabilistic
+from .rows import (
+    attach_weights,
+    field_of,
+    key_array,
+    keys_of,
+    upstream_of,
+)
+from .scoring import Scoring
+from .sink import Decisions, DecisionSink
+from .state import COUNTS
+
+__all__ = ["Decider"]
+
+
+class Decider:
+    """The deciding part of the stage: it owns the settings below (the ``Sifter`` exposes them as
+    its own attributes; ``Sifter`` documents them), the generator and the counters.
+
+    ``decide(group)`` fills the group's ``keep``, ``kept_index`` and ``weight`` (and the weight
+    column, when weights are attached), counts it, and writes it to ``audit``.
+    """
+
+    def __init__(self, scoring: Scoring | None = None) -> None:
+        #: The scoring part the losses of samples nothing remembers come from.
+        self.scoring = scoring if scoring is not None else Scoring()
+        self.policy: Policy = RelativeProbabilistic()
+        self.memory: ScoreMemory | None = None
+        self.delay = 0
+        self.on_nan = "raise"
+        self.key: Any = "__key__"
+        self.weight_field = "__sift_weight__"
+        self.attach_weight = False
+        self.remember_forward = True
+        self.unknown = "score"
+        self.cost_guard = False
+        #: A tag recorded with each decision (set it to the optimizer step, say).
+        self.model_version = -1
+        #: The pass (epoch) number recorded with each decision; see ``Sifter.set_epoch``.
+        self.epoch = 0
+        #: Where decisions go (the audit log).
+        self.audit: DecisionSink | None = None
+        #: Where the scorer's losses come from, a ``memory.SOURCES`` code (a proxy says "proxy").
+        self.loss_source = SOURCES.index("forward")
+        self.rng = np.random.default_rng(0)
+        self.counts: dict[str, int] = dict.fromkeys(COUNTS, 0)
+        self.seconds = [0.0, 0.0]  # scoring, deciding
+
+    @property
+    def stopped(self) -> bool:
+        """The cost guard stopped sifting (in this run, or in the one the state came from) and is
+        on: a stage resumed with ``cost_guard=False`` sifts again."""
+        return self.cost_guard and self.counts["stopped_at"] > 0
+
+    def keys(self, group: Group, required: bool = False, purpose: str = "the audit log") -> list[Any] | None:
+        """The keys of the group's rows (``None``: the samples carry none)."""
+        return keys_of(group, self.scoring.batched, self.key, required, purpose)
+
+    def observe(self, keys: Sequence[Any] | np.ndarray, values: np.ndarray) -> None:
+        """Remember losses the training step handed back (for samples ``keys``, this epoch)."""
+        memory = self.memory
+        if memory is None:
+            raise ConfigError(
+                "observe() needs a score memory: Sifter(..., memory=sp.ScoreMemory(capacity=...))"
+            )
+        if len(keys) != values.size:
+            raise ScorerOutputError(
+                f"observe() got {len(keys)} keys but {values.size} losses; pass one loss per sample "
+                "(reduction='none')"
+            )
+        self.counts["observed"] += values.size
+        if self.stopped:  # the cost guard stopped sifting: nothing will read them
+            return
+        memory.update_keys(keys, values, self.epoch, FEEDBACK)
+
+    def decide(self, group: Group) -> None:
+        """Score (or look up) and decide every row of ``group``; count it and write it to the sink."""
+        t0 = time.perf_counter()
+        rows = group.rows
+        seq0 = group.seq0
+        counts = self.counts
+        chunk = self.scoring.micro_batch or rows
+        micro_batch0 = counts["micro_batches"]
+        sources: np.ndarray | int
+        if self.stopped:
+            # the cost guard stopped sifting: nothing is looked up, every row is kept with weight
+            # 1, and the audit log records them as samples a score memory does not know (kept,
+            # reason unknown, source none, no loss: what-if replays keep them, unseen by the policy)
+            losses, sources, chunk = np.full(rows, np.nan), NONE, rows
+            t1 = time.perf_counter()
+            # weights are ones, not None: a weighting policy's checkpoint holds pending weights
+            d = Decided(
+                np.ones(rows, dtype=bool), np.ones(rows), losses, np.ones(rows),
+                np.full(rows, UNKNOWN, dtype=np.int8), 1, 0, 0,
+            )  # fmt: skip
+        else:
+            losses, sources = self._losses(group)
+            t1 = time.perf_counter()
+            d = self._decide_losses(group, losses, chunk)
+        keep, weight = d.keep, d.weight
+        counts["micro_batches"] += d.micro_batches
+        counts["nan"] += d.nan
+        counts["warmup"] += d.warmup
+        kept_index = keep.nonzero()[0]
+        n_kept = kept_index.size
+        counts["seen"] += rows
+        counts["kept"] += n_kept
+        counts["dropped"] += rows - n_kept
+
+        group.keep = keep
+        group.kept_index = kept_index
+        # kept even when not attached: the state holds it, so a resumed stage that attaches
+        # weights gets the decided ones
+        group.weight = weight
+        batched = self.scoring.batched
+        if self.attach_weight:
+            attach_weights(group, batched, self.weight_field)
+        if self.audit is not None:
+            self.audit.write(
+                Decisions(
+                    seq0=seq0,
+                    epoch=self.epoch,
+                    model_version=self.model_version,
+                    keys=self.keys(group, required=True),
+                    urls=field_of(group, batched, "__url__"),
+                    workers=field_of(group, batched, "__worker__"),
+                    loss=losses,
+                    score=d.score,
+                    prob=d.prob,
+                    kept=keep,
+                    weight=weight,
+                    reason=d.reason,
+                    micro_batch0=micro_batch0,
+                    chunk=chunk,
+                    source=sources,
+                )
+            )
+        self.seconds[0] += t1 - t0
+        self.seconds[1] += time.perf_counter() - t1
+
+    def _decide_losses(self, group: Group, losses: np.ndarray, chunk: int) -> Decided:
+        """The policy's decisions for the group's losses (NaN handling, warm-up, upstream rows)."""
+        rows = group.rows
+        finite = np.isfinite(losses)
+        # count_nonzero: one C call, where ndarray.all() goes through a ufunc reduction
+        all_finite = np.count_nonzero(finite) == rows
+        unknown = group.unknown
+        if (
+            not all_finite
+            and self.on_nan == "raise"
+            and (unknown is None or np.count_nonzero(finite | unknown) != rows)
+        ):
+            self._raise_non_finite(group, losses, finite if unknown is None else finite | unknown)
+        upstream = group.upstream
+        return decide_rows(
+            self.policy,
+            self.rng,
+            losses,
+            group.seq0,
+            chunk,
+            self.delay,
+            self.on_nan == "keep",
+            finite,
+            None if upstream is None else (upstream[0], upstream[2]),
+            unknown,
+            all_finite=all_finite,
+        )
+
+    def _raise_non_finite(self, group: Group, losses: np.ndarray, finite: np.ndarray) -> None:
+        bad = np.flatnonzero(~finite)
+        keys = self.keys(group)
+        names = [keys[i] for i in bad] if keys else None
+        raise NonFiniteLossError(
+            f"{bad.size} non-finite loss(es) (e.g. {losses[bad[0]]}) at sample seq "
+            f"{group.seq0 + int(bad[0])}, keys {describe_keys(names)}; check the data and the "
+            "scorer, or pass on_nan='keep' or 'drop' to count and skip them"
+        )
+
+    def _losses(self, group: Group) -> tuple[np.ndarray, np.ndarray | int]:
+        """Losses for every row of ``group``, and where each came from (codes, or one code)."""
+        source = self.loss_source
+        memory = self.memory
+        upstream = group.upstream = upstream_of(group, self.scoring.batched)
+        if upstream is not None:
+            # kept before decode, from the published memory: no forward, no second decision
+            mask, pre_loss, _ = upstream
+            losses = pre_loss.copy()
+            sources = np.full(group.rows, FEEDBACK, dtype=np.int8)
+            rest = np.flatnonzero(~mask)
+            if rest.size:
+                losses[rest] = self._score_rows(group, rest)
+                sources[rest] = source
+            self.counts["from_memory"] += int(mask.sum())
+            return losses, sources
+        if memory is None:
+            return self._score_rows(group, None), source
+        # integer keys stay one array (no Python object per key); anything else is a list
+        keys: Any = key_array(group, self.scoring.batched, self.key)
+        if keys is None:
+            keys = self.keys(group, required=True, purpose="the score memory")
+        assert keys is not None  # key=None with a memory is refused at construction
+        losses, remembered = memory.lookup_keys(keys, self.epoch)
+        miss = np.flatnonzero(np.isnan(losses))
+        sources = np.where(remembered == FEEDBACK, FEEDBACK, STALE).astype(np.int8)
+        if miss.size and self.unknown == "keep":
+            sources[miss] = NONE
+            unknown = np.zeros(group.rows, dtype=bool)
+            unknown[miss] = True
+            group.unknown = unknown
+            self.counts["unknown"] += miss.size
+        elif miss.size:
+            fresh = self._score_rows(group, miss)
+            losses[miss] = fresh
+            sources[miss] = source
+            if self.remember_forward:
+                memory.update_keys(pick_keys(keys, miss), fresh, self.epoch, source)
+        self.counts["from_memory"] += group.rows - miss.size
+        return losses, sources
+
+    def _score_rows(self, group: Group, index: np.ndarray | None) -> np.ndarray:
+        """Losses of rows ``index`` of ``group`` (all rows if None), in micro-batches."""
+        self.counts["scored"] += group.rows if index is None else index.size
+
+        def names(at: np.ndarray) -> list[Any] | None:
+            keys = self.keys(group)
+            return [keys[i] for i in at.tolist()] if keys else None
+
+        return self.scoring.rows(group, index, names)

@@ -1,0 +1,199 @@
+"""A bounded window of recent losses with fast percentile and mean queries."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError, ResumeError
+
+
+def physical_memory() -> int | None:
+    """Bytes of physical memory on this machine, or None where the OS does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_fits(nbytes: int, what: str, fix: str) -> None:
+    """Raise ``ConfigError`` if ``nbytes`` for ``what`` exceed this machine's physical memory."""
+    total = physical_memory()
+    if total is not None and nbytes > total:
+        raise ConfigError(
+            f"{what} needs {_gib(nbytes)} of memory, more than this machine's {_gib(total)}; {fix}"
+        )
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:,.1f} GiB"
+
+
+# windows up to this many losses are re-sorted on each update (cheaper than inserting there)
+_RESORT_BELOW = 2048
+
+
+class LossHistory:
+    """The last ``size`` finite losses, kept both in arrival order and sorted.
+
+    Adding a micro-batch of ``m`` losses costs ``O(size)`` memory moves (no re-sort), and a
+    percentile query for ``m`` losses costs ``O(m log size)``; memory is ``16 * size`` bytes.
+
+    Args:
+        size: Window length, in losses (samples).
+    """
+
+    def __init__(self, size: int) -> None:
+        if not isinstance(size, int | np.integer) or isinstance(size, bool) or size < 1:
+            raise ConfigError(f"history size must be a positive number of samples, got {size!r}")
+        fix = "a window of 500 to 100,000 losses is typical (percentiles settle long before)"
+        check_fits(16 * int(size), f"a loss history of {int(size):,} losses (16 bytes each)", fix)
+        self.size = int(size)
+        try:
+            self._ring = np.zeros(self.size, dtype=np.float64)
+        except MemoryError:
+            raise ConfigError(
+                f"a loss history of {self.size:,} losses (16 bytes each) does not fit in memory; {fix}"
+            ) from None
+        self._pos = 0  # next slot of the ring to write
+        self._count = 0  # losses in the window, <= size
+        self._sorted = np.zeros(0, dtype=np.float64)
+        self._sum: float | None = 0.0
+        self._total = 0  # losses ever added: the state says how many of them the window holds
+
+    def __len__(self) -> int:
+        return self._count
+
+    def extend(self, losses: np.ndarray) -> None:
+        """Add finite ``losses`` (oldest first), evicting the oldest beyond ``size``."""
+        new = np.asarray(losses, dtype=np.float64).ravel()
+        if new.size == 0:
+            return
+        self._total += new.size
+        if new.size >= self.size:
+            self._ring[:] = new[-self.size :]
+            self._pos = 0
+            self._count = self.size
+            self._sorted = np.sort(self._ring)
+            self._sum = float(self._ring.sum())
+            return
+        k = new.size
+        if self.size <= _RESORT_BELOW:
+            # small windows: writing the ring and re-sorting it beats moving entries around
+            end = self._pos + k
+            if end <= self.size:
+                self._ring[self._pos : end] = new
+            else:
+                cut = self.size - self._pos
+                self._ring[self._pos :] = new[:cut]
+                self._ring[: end - self.size] = new[cut:]
+            self._pos = end % self.size
+            self._count = min(self.size, self._count + k)
+            self._sorted = np.sort(self._ring[: self._count])
+            self._sum = None  # summed when asked: most policies never ask
+            return
+        slots = (self._pos + np.arange(k)) % self.size
+        evict = self._count + k - self.size
+        if evict > 0:
+            # the oldest `evict` entries are the ones the new losses overwrite first
+            oldest = (self._pos - self._count + np.arange(evict)) % self.size
+            gone = np.sort(self._ring[oldest])
+            at = np.searchsorted(self._sorted, gone, side="left")
+            # equal values removed more than once sit side by side in the sorted array
+            at += np.arange(evict) - np.searchsorted(gone, gone, side="left")
+            self._sorted = np.delete(self._sorted, at)
+            if self._sum is not None:
+                self._sum -= float(gone.sum())
+        self._ring[slots] = new
+        wrapped = self._pos + k >= self.size
+        self._pos = int((self._pos + k) % self.size)
+        self._count = min(self.size, self._count + k)
+        new_sorted = np.sort(new)
+        self._sorted = np.insert(self._sorted, np.searchsorted(self._sorted, new_sorted), new_sorted)
+        # a running sum drifts over billions of updates; re-add it exactly once per lap of the ring
+        if wrapped or self._sum is None:
+            self._sum = float(self._sorted.sum())
+        else:
+            self._sum += float(new.sum())
+
+    def percentile(self, losses: np.ndarray) -> np.ndarray:
+        """Mid-rank percentile in [0, 1] of each loss among the window (0.5 if it is empty)."""
+        values = np.asarray(losses, dtype=np.float64)
+        n = self._count
+        if n == 0:
+            return np.full(values.shape, 0.5)
+        window = self._sorted
+        # binary searches for keys in random order mispredict nearly every branch; sorted keys
+        # let each search start where the last ended, which more than pays for the sort
+        flat = values.ravel()
+        order = np.argsort(flat)
+        keys = flat[order]
+        ranks = np.searchsorted(window, keys, side="left")
+        ranks += np.searchsorted(window, keys, side="right")
+        out = np.empty(keys.size)
+        out[order] = ranks
+        out /= 2.0 * n
+        return out.reshape(values.shape)
+
+    def mean(self) -> float:
+        """Mean of the window (NaN if empty)."""
+        if not self._count:
+            return float("nan")
+        if self._sum is None:
+            self._sum = float(self._sorted.sum())
+        return self._sum / self._count
+
+    def values(self) -> np.ndarray:
+        """The window's losses, oldest first."""
+        start = (self._pos - self._count) % self.size
+        return np.roll(self._ring, -start)[: self._count].copy()
+
+    def quantiles(self, q: np.ndarray) -> np.ndarray:
+        """Quantiles ``q`` (in [0, 1]) of the window."""
+        if self._count == 0:
+            return np.full(np.shape(q), np.nan)
+        return np.quantile(self._sorted, q)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"size": self.size, "values": torch.from_numpy(self.values()), "total": self._total}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``; raises ``ResumeError`` (and changes nothing) if it does not fit."""
+        size, values = state.get("size"), state.get("values")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ResumeError(f"the loss history's state has no window size (got {size!r}); it is damaged")
+        if not (
+            isinstance(values, torch.Tensor)
+            and values.is_floating_point()
+            and values.ndim == 1
+            and values.shape[0] <= size
+            and bool(torch.isfinite(values).all())
+        ):
+            raise ResumeError(
+                f"the loss history's state must hold at most {size} finite losses in a 1-d float "
+                f"tensor, got {type(values).__name__} {getattr(values, 'shape', '')}; it is damaged"
+            )
+        total = state.get("total", values.shape[0])
+        if not (
+            isinstance(total, int) and not isinstance(total, bool) and values.shape[0] == min(size, total)
+        ):
+            raise ResumeError(
+                f"the loss history's state holds {values.shape[0]} losses, but {total!r} were added to a "
+                f"window of {size}: it is damaged (truncated?)"
+            )
+        if int(state["size"]) != self.size:
+            raise ResumeError(
+                f"the checkpoint's loss history holds {int(state['size'])} losses but this policy's "
+                f"holds {self.size}; construct the policy with history={int(state['size'])} to resume"
+            )
+        values = state["values"].numpy().astype(np.float64)
+        self._ring[:] = 0.0
+        self._count = 0
+        self._pos = 0
+        self._sorted = np.zeros(0, dtype=np.float64)
+        self._sum = 0.0
+        self.extend(values)
+        self._total = int(total)

@@ -1,0 +1,162 @@
+"""The ledger of the stage's position in a pass: groups decided and not yet all handed on
+(pending), input items finished (consumed), kept rows of the first pending group already handed
+on (emitted); and the output that hands kept rows on and moves the ledger forward."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from . import batch as _batch
+from .scoring import Scoring
+
+__all__ = ["Group", "Ledger", "Output"]
+
+_NO_ROWS = np.zeros(0, dtype=bool)
+_NO_INDEX = np.zeros(0, dtype=np.int64)
+
+
+class Group:
+    """The input items of one decided micro-batch (per-sample mode) or one input batch."""
+
+    __slots__ = (
+        "items",
+        "keep",
+        "kept_index",
+        "n_items",
+        "rows",
+        "seq0",
+        "skip",
+        "snapshot",
+        "unknown",
+        "upstream",
+        "weight",
+    )
+
+    def __init__(self, items: list[Any], rows: int, seq0: int, snapshot: Any) -> None:
+        self.items = items
+        self.n_items = len(items)
+        self.rows = rows
+        self.seq0 = seq0
+        self.snapshot = snapshot
+        self.keep: np.ndarray = _NO_ROWS
+        self.weight: np.ndarray | None = None
+        self.kept_index: np.ndarray = _NO_INDEX
+        self.skip = 0  # kept rows handed on before the checkpoint this group was re-read from
+        self.upstream: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.unknown: np.ndarray | None = None  # rows with no loss (unknown="keep")
+
+    @property
+    def n_kept(self) -> int:
+        return int(self.kept_index.size)
+
+
+class Ledger:
+    """Where the stage stands in a pass. ``consumed`` is always a group boundary: a resumed stage
+    feeds its source from there and re-reads the pending groups (docs/design.md)."""
+
+    def __init__(self) -> None:
+        self.pending: deque[Group] = deque()
+        self.consumed = 0
+        self.emitted = 0
+
+    def drop_pending(self, consumed: int | None = None) -> None:
+        """Forget the pending groups (a pass ended or failed, or a state is loaded); ``consumed``:
+        the position to stand at, if it moves too."""
+        self.pending.clear()
+        self.emitted = 0
+        if consumed is not None:
+            self.consumed = consumed
+
+    def trim(self) -> None:
+        """Forget leading groups whose kept samples have all been handed on."""
+        pending = self.pending
+        while pending and pending[0].n_kept <= self.emitted:
+            group = pending.popleft()
+            self.emitted -= group.n_kept
+            self.consumed += group.n_items
+
+
+class Output:
+    """Hands kept samples on: one by one, as filtered batches, or as fixed-size batches."""
+
+    def __init__(self, ledger: Ledger, scoring: Scoring, output_batch: int | None) -> None:
+        self.ledger = ledger
+        self.scoring = scoring  # its batched and collate_fn (which a trainer integration may swap)
+        self.output_batch = output_batch
+        self.buffer: list[Any] = []
+        self.buffered = 0
+        self.handed = 0  # samples handed on by this output (the ledger's emitted count is trimmed)
+        self.busy = 0.0  # seconds spent building output batches (the stage's work, for its account)
+
+    def hand_on(self, group: Group) -> Iterator[Any]:
+        s, ledger = self.scoring, self.ledger
+        index = group.kept_index[group.skip :] if group.skip else group.kept_index
+        if s.batched:
+            if index.size == 0:
+                ledger.trim()
+                return
+            batch = group.items[0]
+            kept = _batch.take(batch, index) if index.size < group.rows else batch
+            if self.output_batch is None:
+                ledger.emitted += index.size
+                self.handed += index.size
+                yield kept
+                ledger.trim()
+                return
+            self.buffer.append(kept)
+            self.buffered += index.size
+            yield from self._full_batches()
+            return
+        items = group.items
+        if self.output_batch is None:
+            for i in index.tolist():
+                ledger.emitted += 1
+                self.handed += 1
+                yield items[i]
+            ledger.trim()
+            return
+        self.buffer.extend(items[i] for i in index.tolist())
+        self.buffered = len(self.buffer)
+        yield from self._full_batches()
+
+    def _full_batches(self) -> Iterator[Any]:
+        s, ledger = self.scoring, self.ledger
+        size = self.output_batch
+        assert size is not None
+        while self.buffered >= size:
+            t0 = time.perf_counter()
+            if s.batched:
+                whole = _batch.concat(self.buffer)
+                rest = self.buffered - size
+                if rest:
+                    # slices: the batch handed on and the rest share the concatenation's memory
+                    out, tail = _batch.split(whole, size)
+                    self.buffer = [tail]
+                else:
+                    out, self.buffer = whole, []
+                self.buffered = rest
+            else:
+                out = s.collate_fn(self.buffer[:size])
+                del self.buffer[:size]
+                self.buffered = len(self.buffer)
+            self.busy += time.perf_counter() - t0
+            ledger.emitted += size
+            self.handed += size
+            yield out
+            ledger.trim()
+        ledger.trim()
+
+    def finish(self) -> Iterator[Any]:
+        if not self.buffered:
+            return
+        s, ledger = self.scoring, self.ledger
+        out = _batch.concat(self.buffer) if s.batched else s.collate_fn(self.buffer)
+        ledger.emitted += self.buffered
+        self.handed += self.buffered
+        self.buffer, self.buffered = [], 0
+        yield out

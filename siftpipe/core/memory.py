@@ -1,0 +1,533 @@
+"""A compact memory of each sample's last known loss, so later epochs can sift without a forward pass.
+
+InfoBatch's trick in a streaming pipeline: the training step computes every kept sample's loss
+anyway; handed back with ``Sifter.observe(keys, losses)``, those losses decide the sample's fate
+next epoch with no scoring forward. The memory is an open-addressing hash table in numpy, keyed by
+a stable 64-bit hash of the sample key: 15 bytes a slot, at most 70% full, so about 22 bytes per
+sample it can hold. It is bounded (``capacity`` samples; further new keys are refused and counted),
+part of the stage's state, and can be saved next to the audit log and published to DataLoader
+workers for sifting before decode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import secrets as _random
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import repeat
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError, ResumeError
+from .history import check_fits
+from .vocab import SOURCES
+
+__all__ = ["SOURCES", "Keys", "ScoreMemory", "key_hashes", "pick_keys"]
+
+#: Sample keys: a sequence (of str, or anything whose str() names the sample), or an integer array.
+Keys = Sequence[Any] | np.ndarray
+
+FORWARD, FEEDBACK, STALE, PROXY, NONE = (
+    SOURCES.index(s) for s in ("forward", "feedback", "stale", "proxy", "none")
+)
+
+_EMPTY = np.uint64(0)
+_MAX_LOAD = 0.7
+_MAX_PROBES = 4096
+
+
+_MAX_EPOCH = int(np.iinfo(np.int16).max)
+_CACHED_KEY_TYPES = {str, np.str_}  # key types whose dict equality is equality of str(key)
+
+
+def check_epoch(epoch: int) -> None:
+    """``ConfigError`` unless ``epoch`` fits the memory's 16-bit epoch column."""
+    if not -_MAX_EPOCH <= epoch <= _MAX_EPOCH:
+        raise ConfigError(
+            f"the score memory records epochs as 16-bit numbers, so epoch {epoch} is out of its range "
+            f"(|epoch| <= {_MAX_EPOCH}); number epochs from 0 (set_epoch)"
+        )
+
+
+def key_hashes(keys: Iterable[Any]) -> np.ndarray:
+    """Stable 64-bit hashes (BLAKE2b) of sample keys, the same in every process and run; never 0."""
+    blake = hashlib.blake2b
+    # one bytes object of 8-byte digests read as little-endian integers: the same values as
+    # int.from_bytes(digest, "little") per key, without a Python int per key
+    digests = b"".join(
+        [blake((k if type(k) is str else str(k)).encode(), digest_size=8).digest() for k in keys]
+    )
+    out = np.frombuffer(digests, dtype="<u8").astype(np.uint64)  # a writable copy, native order
+    out[out == _EMPTY] = 1  # 0 marks an empty slot
+    return out
+
+
+class ScoreMemory:
+    """The last known loss of up to ``capacity`` samples, by key.
+
+    Args:
+        capacity: Samples it can hold (about 22 bytes each, allocated up front).
+        max_age: A remembered loss decides a sample for this many epochs after it was recorded
+            (1: the next epoch only; k: Selective Backprop's stale mode). Older ones are re-scored.
+            ``None``: it never expires (InfoBatch: a pruned sample keeps its last loss until it is
+            trained again).
+        key_cache: String keys whose place in the table it remembers, at most: the first this
+            many distinct keys stored, about 150 bytes each (the key, its slot, a dict entry); 0:
+            none. Integer keys given as an array (``batch["__key__"]`` a tensor of dataset
+            indices) in [0, key_cache) are remembered in an array of 8 bytes per value instead,
+            grown as larger keys are stored, and found for a whole batch at once. Hashing a key and
+            probing the table for it costs about 1 µs, a cached string key about 0.15 µs: over
+            several epochs of the same keys that is most of the stage's cost per sample on a cheap
+            training step. ``lookup_keys``, ``update_keys`` and ``hashes`` use it; the cache is
+            not part of the state (a key's slot never changes until the table is refilled, which
+            empties it).
+
+    Besides losses, the memory measures what dropping did (see ``forgetting``): when the training
+    step hands back the loss of a sample whose remembered loss is two or more epochs old (it was
+    not trained in between), the change is compared with that of easy samples that were trained.
+    """
+
+    def __init__(
+        self, capacity: int = 1_000_000, max_age: int | None = 1, *, key_cache: int = 1 << 17
+    ) -> None:
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+            raise ConfigError(f"capacity must be a number of samples >= 1, got {capacity!r}")
+        if max_age is not None and (not isinstance(max_age, int) or isinstance(max_age, bool) or max_age < 1):
+            raise ConfigError(
+                f"max_age must be a number of epochs >= 1 or None (never expires), got {max_age!r}"
+            )
+        if not isinstance(key_cache, int) or isinstance(key_cache, bool) or key_cache < 0:
+            raise ConfigError(f"key_cache must be a number of keys >= 0, got {key_cache!r}")
+        self.capacity = capacity
+        self.max_age = max_age
+        self.key_cache = key_cache
+        # str key -> the slot holding its hash: keys never move (nothing is deleted) until _fill
+        # empties the table, and the cache with it
+        self._slot_of: dict[str, int] = {}
+        self._slot_of_int: np.ndarray | None = None  # the same for integer keys, by value
+        slots = max(16, int(np.ceil(capacity / _MAX_LOAD)))
+        fix = "size it to the samples of one epoch (or of this rank's shards)"
+        check_fits(15 * slots, f"a score memory of capacity {capacity:,} (about 22 bytes a sample)", fix)
+        self._slots_n = np.uint64(slots)
+        try:
+            self._keys = np.zeros(slots, dtype=np.uint64)
+            self._loss = np.zeros(slots, dtype=np.float32)
+            self._epoch = np.zeros(slots, dtype=np.int16)
+            self._source = np.zeros(slots, dtype=np.int8)
+        except MemoryError:
+            raise ConfigError(
+                f"a score memory of capacity {capacity:,} does not fit in memory; {fix}"
+            ) from None
+        self._count = 0
+        self._sum = 0.0  # of every remembered loss, for ``mean``
+        #: New keys turned away because the memory was full.
+        self.refused = 0
+        # forgetting evidence: rows (skipped, trained easy) x (sum of loss change, count), for the
+        # epoch being observed (_drift[0]) and the one before it (_drift[1])
+        self._drift = np.zeros((2, 2, 2))
+        self._drift_epoch = 0
+        self._verdict = float("nan")  # the last forgetting measured over a whole epoch
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the table."""
+        return self._keys.nbytes + self._loss.nbytes + self._epoch.nbytes + self._source.nbytes
+
+    def _cached_slots(self, keys: Keys) -> np.ndarray | None:
+        """The cached slot of each key, -1 where there is none; None unless the cache is on and
+        the keys are all str (or numpy str), or an integer numpy array."""
+        if not self.key_cache or not len(keys):
+            return None
+        if isinstance(keys, np.ndarray) and keys.dtype.kind in "iu":
+            # integer keys (a map-style dataset's indices): one array read for the whole batch
+            table = self._slot_of_int
+            if table is None:
+                return np.full(keys.size, -1, dtype=np.int64)
+            inside = (keys >= 0) & (keys < table.size)
+            if np.count_nonzero(inside) == keys.size:
+                return table[keys]
+            slots = np.full(keys.size, -1, dtype=np.int64)
+            slots[inside] = table[keys[inside]]
+            return slots
+        # str (and numpy's str) only: 1, 1.0 and True are one dict key but three different strings,
+        # and a str subclass may str() to something else
+        if not set(map(type, keys)) <= _CACHED_KEY_TYPES:
+            return None
+        return np.fromiter(map(self._slot_of.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
+
+    def _int_table(self, largest: int) -> np.ndarray:
+        """The slot of each integer key by value (-1: not known), grown to hold ``largest`` (at
+        most ``key_cache`` values: 8 bytes for each value up to the largest key cached)."""
+        table = self._slot_of_int
+        if table is None or table.size <= largest:
+            size = min(self.key_cache, max(1024, 2 * (largest + 1)))
+            grown = np.full(size, -1, dtype=np.int64)
+            if table is not None:
+                grown[: table.size] = table
+            self._slot_of_int = table = grown
+        return table
+
+    def _remember_slots(self, keys: Keys, index: np.ndarray, hashes: np.ndarray) -> None:
+        """Cache the slots of ``keys[index]`` (whose hashes are ``hashes``) that the table holds."""
+        if not index.size:
+            return
+        if isinstance(keys, np.ndarray) and keys.dtype.kind in "iu":
+            slot = self._slots(hashes)
+            held = self._keys[slot] == hashes
+            picked = keys[index]
+            held &= (picked >= 0) & (picked < self.key_cache)
+            if held.any():
+                values = picked[held]
+                self._int_table(int(values.max()))[values] = slot[held]
+            return
+        room = self.key_cache - len(self._slot_of)
+        if room <= 0:
+            return
+        slot = self._slots(hashes)
+        held = np.flatnonzero(self._keys[slot] == hashes)[:room]
+        if held.size:
+            picked = index[held].tolist()
+            self._slot_of.update(zip([keys[i] for i in picked], slot[held].tolist()))
+
+    def hashes(self, keys: Keys) -> np.ndarray:
+        """``key_hashes(keys)``, read from the table for string keys whose slot is cached."""
+        slots = self._cached_slots(keys)
+        return key_hashes(keys) if slots is None else self._hashes_at(keys, slots)
+
+    def _hashes_at(self, keys: Keys, slots: np.ndarray) -> np.ndarray:
+        """The keys' hashes: read from the table at their cached ``slots``, computed where -1."""
+        out = self._keys[slots]  # a copy; rows of -1 are replaced below
+        miss = np.flatnonzero(slots < 0)
+        if miss.size:
+            out[miss] = key_hashes(pick_keys(keys, miss))
+        return out
+
+    def _slots(self, hashes: np.ndarray) -> np.ndarray:
+        """For each hash: the slot holding it, or the empty slot where it would go."""
+        mixed = hashes ^ (hashes >> np.uint64(29))
+        slot = (mixed % self._slots_n).astype(np.int64)
+        here = self._keys[slot]
+        done = (here == hashes) | (here == _EMPTY)
+        if np.count_nonzero(done) == hashes.size:  # the common case: every first probe answers
+            return slot
+        found = np.where(done, slot, -1)
+        pending = np.flatnonzero(~done)
+        slot[pending] = (slot[pending] + 1) % int(self._slots_n)
+        for _ in range(_MAX_PROBES):
+            here = self._keys[slot[pending]]
+            done = (here == hashes[pending]) | (here == _EMPTY)
+            found[pending[done]] = slot[pending[done]]
+            pending = pending[~done]
+            if not pending.size:
+                return found
+            slot[pending] = (slot[pending] + 1) % int(self._slots_n)
+        raise RuntimeError("score memory probe limit reached; the table is corrupt")
+
+    def update(self, hashes: np.ndarray, losses: np.ndarray, epoch: int, source: int) -> None:
+        """Remember ``losses`` for ``hashes`` (the last value wins for a repeated key)."""
+        check_epoch(epoch)
+        losses = np.asarray(losses, dtype=np.float32)
+        finite = np.isfinite(losses)
+        hashes, losses = np.asarray(hashes, np.uint64)[finite], losses[finite]
+        if not hashes.size:
+            return
+        # the last occurrence of each key in this batch wins
+        _, last = np.unique(hashes[::-1], return_index=True)
+        keep = hashes.size - 1 - last
+        hashes, losses = hashes[keep], losses[keep]
+        while hashes.size:
+            slot = self._slots(hashes)
+            present = self._keys[slot] == hashes
+            if source == FEEDBACK and present.any():
+                self._note_drift(slot[present], losses[present], epoch)
+            self._set(slot[present], hashes[present], losses[present], epoch, source)
+            hashes, losses, slot = hashes[~present], losses[~present], slot[~present]
+            if not hashes.size:
+                return
+            room = self.capacity - self._count
+            # new keys claim empty slots; two racing for one slot: the first takes it, the rest
+            # probe on in the next round
+            _, first = np.unique(slot, return_index=True)
+            first = np.sort(first)
+            if first.size >= room:
+                first = first[:room]
+                self._set(slot[first], hashes[first], losses[first], epoch, source)
+                self._count += first.size
+                self.refused += hashes.size - first.size
+                return
+            self._set(slot[first], hashes[first], losses[first], epoch, source)
+            self._count += first.size
+            rest = np.ones(hashes.size, dtype=bool)
+            rest[first] = False
+            hashes, losses = hashes[rest], losses[rest]
+
+    def _note_drift(self, slot: np.ndarray, losses: np.ndarray, epoch: int) -> None:
+        """Record how the training losses of known samples moved since they were remembered."""
+        if epoch != self._drift_epoch:
+            if epoch > self._drift_epoch:
+                verdict = self._forgetting_of(self._drift[0])
+                if verdict is not None:
+                    self._verdict = verdict
+                self._drift[1] = self._drift[0] if epoch == self._drift_epoch + 1 else 0.0
+                self._drift[0] = 0.0
+            self._drift_epoch = epoch
+        old = self._loss[slot].astype(np.float64)
+        age = epoch - self._epoch[slot].astype(np.int64)
+        change = losses.astype(np.float64) - old
+        mean = self.mean()
+        skipped = age >= 2
+        trained_easy = (age == 1) & (old < mean)
+        for row, pick in ((0, skipped), (1, trained_easy)):
+            if pick.any():
+                self._drift[0, row, 0] += float(change[pick].sum())
+                self._drift[0, row, 1] += int(pick.sum())
+
+    def forgetting(self) -> float | None:
+        """How much more the loss of samples that were not trained rose than that of easy samples
+        that were, in units of the mean remembered loss (0: dropping cost nothing; 0.5: dropped
+        samples came back half a mean loss worse). Measured over the epoch before the one being
+        observed, else over this one so far (each needs ``MIN_EVIDENCE`` samples of both kinds),
+        else the last whole epoch's figure; None before any evidence."""
+        for window in (self._drift[1], self._drift[0]):
+            value = self._forgetting_of(window)
+            if value is not None:
+                return value
+        return None if np.isnan(self._verdict) else self._verdict
+
+    #: Samples of each kind (skipped, trained easy) a forgetting figure needs.
+    MIN_EVIDENCE = 16
+
+    def _forgetting_of(self, window: np.ndarray) -> float | None:
+        mean = self.mean()
+        (s_sum, s_n), (t_sum, t_n) = window
+        if not mean > 0 or s_n < self.MIN_EVIDENCE or t_n < self.MIN_EVIDENCE:
+            return None
+        return float((s_sum / s_n - t_sum / t_n) / mean)
+
+    def mean(self) -> float:
+        """The mean of every remembered loss (any age); NaN when empty."""
+        return self._sum / self._count if self._count else float("nan")
+
+    def _set(self, slot: np.ndarray, hashes: np.ndarray, losses: np.ndarray, epoch: int, source: int) -> None:
+        fresh = self._keys[slot] == _EMPTY
+        self._sum += float(losses.astype(np.float64).sum()) - float(
+            self._loss[slot][~fresh].astype(np.float64).sum()
+        )
+        self._keys[slot] = hashes
+        self._loss[slot] = losses
+        self._epoch[slot] = epoch
+        self._source[slot] = source
+
+    def lookup(self, hashes: np.ndarray, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(loss, source) per hash: NaN loss where unknown or older than ``max_age`` epochs."""
+        hashes = np.asarray(hashes, np.uint64)
+        slot = self._slots(hashes)
+        return self._read(slot, self._keys[slot] != hashes, epoch)
+
+    def _read(
+        self, slot: np.ndarray, unknown: np.ndarray | None, epoch: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(loss, source) at ``slot``: NaN loss where ``unknown`` (a mask, or None: all known) or
+        older than ``max_age`` epochs."""
+        age = epoch - self._epoch[slot].astype(np.int64)
+        usable = age >= 1
+        if self.max_age is not None:
+            usable &= age <= self.max_age
+        if unknown is not None:
+            usable &= ~unknown
+        loss = np.where(usable, self._loss[slot].astype(np.float64), np.nan)
+        return loss, self._source[slot]
+
+    def lookup_keys(self, keys: Keys, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """``lookup(key_hashes(keys), epoch)``, with no hashing or probing for cached keys."""
+        slots = self._cached_slots(keys)
+        if slots is None:
+            return self.lookup(key_hashes(keys), epoch)
+        miss = np.flatnonzero(slots < 0)
+        if not miss.size:
+            return self._read(slots, None, epoch)
+        hashes = key_hashes(pick_keys(keys, miss))
+        found = self._slots(hashes)
+        held = self._keys[found] == hashes
+        # a key not held reads the empty slot it would go to, marked unknown
+        slots[miss] = found
+        self._remember_slots(keys, miss[held], hashes[held])
+        unknown = np.zeros(slots.size, dtype=bool)
+        unknown[miss[~held]] = True
+        return self._read(slots, unknown, epoch)
+
+    def update_keys(self, keys: Keys, losses: np.ndarray, epoch: int, source: int) -> None:
+        """``update(key_hashes(keys), losses, epoch, source)``, with no hashing or probing when
+        every key is cached, distinct and has a finite loss (the training step's usual batch)."""
+        slots = self._cached_slots(keys)
+        if slots is None:
+            self.update(key_hashes(keys), losses, epoch, source)
+            return
+        losses = np.asarray(losses, dtype=np.float32)
+        n = slots.size
+        if (
+            np.count_nonzero(slots >= 0) == n
+            and np.count_nonzero(np.isfinite(losses)) == n
+            and (_distinct(slots) if isinstance(keys, np.ndarray) else len(set(keys)) == n)
+        ):
+            check_epoch(epoch)
+            if source == FEEDBACK:
+                self._note_drift(slots, losses, epoch)
+            self._set(slots, self._keys[slots], losses, epoch, source)
+            return
+        hashes = self._hashes_at(keys, slots)
+        self.update(hashes, losses, epoch, source)
+        miss = np.flatnonzero(slots < 0)
+        self._remember_slots(keys, miss, hashes[miss])
+
+    # ------------------------------------------------------------------ state and files
+
+    def _occupied(self) -> np.ndarray:
+        return np.flatnonzero(self._keys != _EMPTY)
+
+    def state_dict(self) -> dict[str, Any]:
+        at = self._occupied()
+        return {
+            "capacity": self.capacity,
+            "max_age": self.max_age,
+            "keys": torch.from_numpy(self._keys[at].view(np.int64).copy()),
+            "loss": torch.from_numpy(self._loss[at].copy()),
+            "epoch": torch.from_numpy(self._epoch[at].copy()),
+            "source": torch.from_numpy(self._source[at].copy()),
+            "refused": self.refused,
+            "drift": torch.from_numpy(self._drift.copy()),
+            "drift_epoch": self._drift_epoch,
+            "drift_verdict": None if np.isnan(self._verdict) else self._verdict,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], *, fit: bool = False) -> None:
+        """Restore ``state_dict()``. ``fit``: load what fits into a smaller memory (the rest is
+        refused and counted) instead of raising ``ResumeError``."""
+        if not fit and int(state["capacity"]) > self.capacity:
+            raise ResumeError(
+                f"the checkpoint's score memory holds up to {state['capacity']} samples; this one "
+                f"{self.capacity}: construct ScoreMemory(capacity={state['capacity']}) to resume"
+            )
+        self._fill(
+            state["keys"].numpy().view(np.uint64),
+            state["loss"].numpy(),
+            state["epoch"].numpy(),
+            state["source"].numpy(),
+        )
+        self.refused += int(state["refused"])
+        if "drift" in state:  # states written before the forgetting measure lack it
+            self._drift = state["drift"].numpy().astype(np.float64).reshape(2, 2, 2).copy()
+            self._drift_epoch = int(state["drift_epoch"])
+            verdict = state.get("drift_verdict")
+            self._verdict = float("nan") if verdict is None else float(verdict)
+
+    def _fill(self, keys: np.ndarray, loss: np.ndarray, epoch: np.ndarray, source: np.ndarray) -> None:
+        self._keys[:] = _EMPTY
+        self._slot_of.clear()  # the keys take new slots
+        if self._slot_of_int is not None:
+            self._slot_of_int.fill(-1)
+        self._count = 0
+        self._sum = 0.0
+        self.refused = 0
+        self._drift = np.zeros((2, 2, 2))
+        self._drift_epoch = 0
+        self._verdict = float("nan")  # the last forgetting measured over a whole epoch
+        for e in np.unique(epoch):
+            for s in np.unique(source[epoch == e]):
+                pick = (epoch == e) & (source == s)
+                self.update(keys[pick], loss[pick], int(e), int(s))
+
+    def save(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        """Write the memory to ``url`` (any fsspec URL) as an ``.npz`` of plain arrays (no pickle)."""
+        import fsspec
+
+        at = self._occupied()
+        buffer = io.BytesIO()
+        np.savez(
+            buffer,
+            keys=self._keys[at],
+            loss=self._loss[at],
+            epoch=self._epoch[at],
+            source=self._source[at],
+            # max_age 0 stands for None (never expires)
+            config=np.array([self.capacity, self.max_age or 0, self.refused], dtype=np.int64),
+        )
+        with fsspec.open(url, "wb", **(storage_options or {})) as f:
+            f.write(buffer.getvalue())
+
+    def publish(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        epoch: int,
+        seed: int | None,
+        beta: float,
+        audit_directory: str | None = None,
+    ) -> str:
+        """Publish this memory for ``PreDecodeFilter`` stages (``siftpipe.predecode``) under ``url``:
+        ``memory-<version>.npz`` and then ``latest.json`` naming it, with the ``epoch``, ``seed``
+        and ``beta`` workers decide with and the audit log ``audit_directory`` their records go
+        next to. Returns the version (``<epoch>-<random>``)."""
+        import fsspec
+
+        version = f"{epoch:06d}-{_random.token_hex(4)}"
+        url = url.rstrip("/")
+        self.save(f"{url}/memory-{version}.npz", storage_options)
+        meta = {
+            "version": version,
+            "file": f"memory-{version}.npz",
+            "epoch": epoch,
+            "seed": seed,
+            "beta": float(beta),
+            "audit": None if audit_directory is None else {"directory": audit_directory},
+            "published": time.time(),
+        }
+        with fsspec.open(f"{url}/latest.json", "wb", **(storage_options or {})) as f:
+            f.write(json.dumps(meta).encode())
+        return version
+
+    @classmethod
+    def load(cls, url: str, storage_options: Mapping[str, Any] | None = None) -> ScoreMemory:
+        """A memory read from ``save``'s file."""
+        import fsspec
+
+        with fsspec.open(url, "rb", **(storage_options or {})) as f:
+            data = np.load(io.BytesIO(f.read()), allow_pickle=False)
+        capacity, max_age, refused = (int(v) for v in data["config"])
+        memory = cls(capacity, max_age or None)
+        memory._fill(data["keys"], data["loss"], data["epoch"], data["source"])
+        memory.refused = refused
+        return memory
+
+    def losses(self) -> np.ndarray:
+        """Every remembered loss (any age), for summaries."""
+        return self._loss[self._occupied()].astype(np.float64)
+
+
+def _distinct(values: np.ndarray) -> bool:
+    """No value of ``values`` is repeated (a sort and a compare: cheaper than ``np.unique``)."""
+    ordered = np.sort(values)
+    return not np.count_nonzero(ordered[1:] == ordered[:-1])
+
+
+def pick_keys(keys: Keys, index: np.ndarray) -> Keys:
+    """``keys[index]`` for a list or an array of keys."""
+    if isinstance(keys, np.ndarray):
+        return keys[index]
+    return [keys[i] for i in index.tolist()]
+
+
+def hashes_of(keys: Sequence[Any] | np.ndarray) -> np.ndarray:
+    """``key_hashes`` unless the keys are already hashes (uint64)."""
+    if isinstance(keys, np.ndarray) and keys.dtype == np.uint64:
+        return keys
+    return key_hashes(keys)

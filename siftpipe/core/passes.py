@@ -1,0 +1,252 @@
+"""Passes, the stage's part: which pass is open, its source and reader, a loaded checkpoint waiting
+to be re-read, and the stage's position in its passes as a checkpoint records it."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Generator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ResumeError
+from .ledger import Group, Ledger
+from .resume import first_key
+from .source import END, Raised, Reader
+
+__all__ = ["POSITION", "Passes"]
+
+#: The state entries ``Passes.position`` gives and ``Passes.load`` reads.
+POSITION = (
+    "consumed",
+    "read",
+    "pending",
+    "emitted",
+    "epoch_set",
+    "opened",
+    "pass_read",
+    "pass_open",
+    "source",
+    "next_key",
+    "ended",
+    "source_abandoned",
+)
+
+
+class Passes:
+    """Where the stage is between and inside passes. The ``Sifter`` opens a pass with ``begin``,
+    runs it between ``run_begins`` and ``run_ends``, and saves and loads its place with
+    ``position`` and ``load``; ``ledger`` holds the pass's groups and positions."""
+
+    def __init__(self, ledger: Ledger | None = None) -> None:
+        self.ledger = ledger if ledger is not None else Ledger()
+        # a mid-pass checkpoint loaded by load_state_dict, until its pending groups are re-read
+        self.restore: dict[str, Any] | None = None
+        self.open = False
+        self.count = 0  # passes opened (a loaded checkpoint whose stage had opened one: 1)
+        self.epoch_set = False  # set_epoch was called for the pass that reads next
+        # the pass opened last has not read anything yet: calling again re-opens the same pass
+        self.unstarted = False
+        self.id = 0  # which call (or load) the running pass belongs to
+        # a weak reference: a pass the caller abandons is freed at once (with what it holds:
+        # DataLoader iterators and their workers), not kept alive by this stage or left to the
+        # cyclic garbage collector
+        self.active: weakref.ReferenceType[Generator[Any, None, None]] | None = None
+        self.source: Any = None  # the running pass's source, when the stage tracks its state
+        self.reader: weakref.ReferenceType[Reader] | None = None  # the running pass's reader
+        self.source_restore: Any = None  # a between-passes checkpoint's source state, for the next call
+        self.source_abandoned = False  # the tracked source's last pass was left before its end
+
+    def close_active(self) -> None:
+        """Close the running pass's iterator, if it is alive."""
+        gen = self.active() if self.active is not None else None
+        self.active = None
+        if gen is not None:
+            gen.close()
+
+    def began_reading(self) -> None:
+        """The pass iterated its source: whatever an earlier pass left mid-way is behind it."""
+        self.source_abandoned = False
+
+    def snapshot(self) -> Any:
+        """The tracked source's state now (``None`` when it is not tracked)."""
+        return self.source.state_dict() if self.source is not None else None
+
+    def resume_from(self, track_source: bool | None) -> int | None:
+        """The input item a resumed pass's untracked source must start at (``Sifter.resume_from``)."""
+        restore = self.restore
+        if restore is None or (restore.get("source") is not None and track_source is not False):
+            return None
+        return int(restore["consumed"])
+
+    def begin(
+        self, source: Any, tracked: bool, track_source: bool | None
+    ) -> tuple[dict[str, Any] | None, bool]:
+        """Open a pass over ``source`` (``tracked``: the stage saves its state), repositioning a
+        tracked source from the checkpoint. Returns the mid-pass checkpoint it resumes (or
+        ``None``), and whether the epoch advances (a new pass after one that read, with no
+        ``set_epoch`` in between)."""
+        resume = self.restore
+        # the tracked source's position: inside the checkpoint's pass, or where its last pass ended
+        source_state = resume.get("source") if resume is not None else self.source_restore
+        if source_state is not None and not tracked and track_source is not False:
+            raise ResumeError(
+                "the state holds the source's position (a stateful source was tracked), but "
+                f"this source ({type(source).__name__}) has no load_state_dict; pass the same "
+                "kind of source, or track_source=False and feed it from state['consumed']"
+            )
+        self.close_active()
+        # `resume` stays until the pass has re-read the pending groups, so that a state taken
+        # before the first next() (or a call that is dropped unstarted) still holds them
+        advance = False
+        if resume is None:
+            advance = self.count > 0 and not self.epoch_set and not self.unstarted
+            self.ledger.drop_pending(consumed=0)  # positions count from the start of each pass
+        self.unstarted = resume is None
+        self.count += 1
+        self.id += 1
+        self.open = True
+        if source_state is not None and tracked:
+            source.load_state_dict(source_state)
+            if self.source_abandoned:
+                # the checkpoint's source was left mid-way through a pass: in its process the
+                # next iteration started a new one, and so does iterating the restored one once
+                # (the flag stays until this pass reads: a state taken before then needs it too)
+                iter(source)
+        self.source_restore = None
+        self.source = source if tracked else None
+        return resume, advance
+
+    def attach(self, gen: Generator[Any, None, None], reader: Reader) -> None:
+        """The opened pass's iterator and reader (weakly held)."""
+        self.active = weakref.ref(gen)
+        self.reader = weakref.ref(reader)
+
+    def run_begins(self, resume: Mapping[str, Any] | None) -> int:
+        """The pass starts running (its pending groups re-read): returns its id for ``run_ends``."""
+        self.restore = None
+        self.unstarted = False
+        if resume is None or not resume.get("pass_read", True):
+            # a set_epoch counts for the pass that reads next: this one, unless it is a pass
+            # resumed mid-way (then the set_epoch came during it, and counts for the next)
+            self.epoch_set = False
+        return self.id
+
+    def is_current(self, pass_id: int) -> bool:
+        """No newer pass was opened, nor a checkpoint loaded, since pass ``pass_id`` began."""
+        return self.id == pass_id
+
+    def run_ends(self, pass_id: int, finished: bool, reader: Reader) -> None:
+        """Pass ``pass_id`` ended (``finished``), or was abandoned or failed: the next call starts a
+        new pass, unless a newer pass or a load came first (a pass left in a reference cycle is
+        closed whenever the garbage collector gets to it)."""
+        if self.id != pass_id:
+            return
+        self.open = False
+        self.ledger.drop_pending()
+        # left before the source's end: a restored source must be moved past that pass
+        self.source_abandoned = not finished and self.source is not None and reader.ahead is not END
+
+    def position(self, keys: Callable[[Group], list[Any] | None], batched: bool, key: Any) -> dict[str, Any]:
+        """The ``POSITION`` entries of the stage's state (``keys``: a group's sample keys; ``batched``
+        and ``key`` find the key of the item read ahead)."""
+        ledger = self.ledger
+        ledger.trim()
+        restore = self.restore
+        if restore is not None:
+            # loaded and not re-read yet: the checkpoint's position is still the position
+            pending = [
+                {**desc, "keep": desc["keep"].clone(), "weight": _clone(desc["weight"])}
+                for desc in restore["pending"]
+            ]
+            consumed, emitted = int(restore["consumed"]), int(restore["emitted"])
+            source_state = restore["source"]
+            next_key, ended = restore.get("next_key"), bool(restore.get("ended", False))
+            source_abandoned = bool(restore.get("source_abandoned", False))
+            pass_read = bool(restore.get("pass_read", True))
+        else:
+            pass_read = not (self.open and self.unstarted)  # False only for an open, unread pass
+            # set from a pass left mid-way until the next pass starts reading the source
+            source_abandoned = self.source_abandoned
+            pending = [
+                {
+                    "n_items": g.n_items,
+                    "rows": g.rows,
+                    "seq0": g.seq0,
+                    "keep": torch.from_numpy(g.keep.copy()),
+                    # float64, as handed on: a float32 copy made resumed weights differ in the last bits
+                    "weight": None if g.weight is None else torch.from_numpy(g.weight.astype(np.float64)),
+                    "keys": keys(g),
+                }
+                for g in ledger.pending
+            ]
+            consumed, emitted = ledger.consumed, ledger.emitted
+            source_state = self.source_restore
+            next_key, ended = None, False
+            reader = self.reader() if self.reader is not None and self.open else None
+            if reader is not None and reader.it is None:
+                reader = None  # not read yet: reading ahead would start the source's pass
+            if ledger.pending:
+                if self.source is not None:
+                    source_state = ledger.pending[0].snapshot
+            elif reader is not None:
+                # nothing pending: read the next item now, so that a resumed source fed from the
+                # wrong position is caught at once (its keys are checked against this one's)
+                ahead = reader.look_ahead(self.snapshot())
+                if ahead is END:
+                    # the source's state after its end: a resumed pass does not read it again
+                    # (that would start its next pass), and the next pass starts from there
+                    ended = True
+                    source_state = self.snapshot() if self.source is not None else source_state
+                else:
+                    if self.source is not None:
+                        source_state = reader.ahead_snapshot
+                    if not isinstance(ahead, Raised):
+                        next_key = first_key(ahead, batched, key)
+            elif self.source is not None:
+                source_state = self.snapshot()
+        return {
+            "consumed": consumed,
+            "read": consumed + sum(int(d["n_items"]) for d in pending),
+            "pending": pending,
+            "emitted": emitted,
+            "epoch_set": self.epoch_set,
+            "opened": self.count > 0,
+            "pass_read": pass_read,
+            "pass_open": self.open,
+            "source": source_state,
+            "next_key": next_key,
+            "ended": ended,
+            "source_abandoned": source_abandoned,
+        }
+
+    def load(self, state: Mapping[str, Any], forget_keys: bool) -> None:
+        """Take the checkpoint's position (checked already). ``forget_keys``: its keys were read
+        with another ``key`` setting, so re-read samples are not compared by key. The stage
+        closed the running pass first."""
+        self.ledger.drop_pending(consumed=int(state["consumed"]))
+        self.epoch_set = bool(state.get("epoch_set", False))
+        self.unstarted = False
+        # a stage that never opened a pass starts its first in epoch 0 (version 1 did not say)
+        self.count = int(bool(state.get("opened", True)))
+        self.id += 1
+        self.source = None
+        self.source_abandoned = bool(state.get("source_abandoned", False))
+        if state["pass_open"]:
+            self.restore = dict(state)
+            if forget_keys:
+                self.restore["pending"] = [{**desc, "keys": None} for desc in state["pending"]]
+                self.restore["next_key"] = None
+            self.source_restore = None
+            self.open = True
+        else:
+            # the checkpoint fell between passes: the next call starts the next one, from where
+            # the tracked source's last pass left it (a StatefulDataLoader: its next epoch's order)
+            self.restore = None
+            self.source_restore = state["source"]
+            self.open = False
+
+
+def _clone(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.clone()

@@ -1,0 +1,457 @@
+"""Keep rules: pure, vectorised functions of (losses, policy state, rng state)."""
+
+from __future__ import annotations
+
+import abc
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError, ResumeError
+from .history import LossHistory
+from .registry import Registry
+
+if TYPE_CHECKING:
+    from .memory import ScoreMemory
+
+__all__ = [
+    "Decision",
+    "HistoryPolicy",
+    "InfoBatch",
+    "Policy",
+    "PruneEasy",
+    "RelativeProbabilistic",
+    "TopFraction",
+    "Uniform",
+    "get_policy",
+    "policy_names",
+    "register_policy",
+]
+
+_policies: Registry[Policy] = Registry("policy")
+
+
+def register_policy(name: str, *, overwrite: bool = False) -> Callable[[Any], Any]:
+    """Register a policy class (or factory) under ``name`` for ``get_policy`` and ``Sifter(policy=name)``.
+
+    Args:
+        name: The name users pass as ``policy=``.
+        overwrite: Replace an existing registration instead of raising ``RegistryError``.
+    """
+    return _policies.register(name, overwrite=overwrite)
+
+
+def get_policy(name: str, **kwargs: Any) -> Policy:
+    """A new policy: the factory registered as ``name`` called with ``kwargs``."""
+    return _policies.get(name, **kwargs)
+
+
+def policy_names() -> list[str]:
+    """Registered policy names."""
+    return _policies.names()
+
+
+@dataclass
+class Decision:
+    """Per-sample outcome of one micro-batch (all arrays of length n).
+
+    Attributes:
+        keep: Whether each sample is handed on.
+        prob: Its keep probability under the policy.
+        score: The policy's score (percentile for the relative rule, rank for top fraction).
+        weight: Loss weight a kept sample should carry; ``None`` means 1 for every sample.
+    """
+
+    keep: np.ndarray
+    prob: np.ndarray
+    score: np.ndarray
+    weight: np.ndarray | None = None
+
+
+class Policy(abc.ABC):
+    """A keep rule. Subclasses implement ``decide``; state lives in plain attributes.
+
+    ``decide`` must be a pure function of (losses, the policy's state, rng) and draw from ``rng``
+    the same amount for the same ``len(losses)``, so that a resumed run decides exactly as an
+    uninterrupted one.
+    """
+
+    name: ClassVar[str] = ""
+    #: True if kept samples can carry weights other than 1 (the stage then attaches them).
+    weighted: ClassVar[bool] = False
+    #: True if the policy judges losses against the stage's score memory (``bind_memory``).
+    uses_memory: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
+        """Decide for ``losses`` (finite float64, length n >= 1).
+
+        Args:
+            losses: One loss per sample of the micro-batch.
+            rng: The stage's generator; draw from it, never from a global one.
+            seen: Samples the stage saw before this micro-batch (for schedules).
+        """
+
+    def config(self) -> dict[str, Any]:
+        """Constructor arguments, enough for ``get_policy(self.name, **config())`` to rebuild it."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state
+
+    def bind_memory(self, memory: ScoreMemory) -> None:
+        """Called by the stage with its score memory when ``uses_memory`` is True."""
+        del memory
+
+    def sifting_scale(self) -> float:
+        """How much of its configured dropping the policy does now, in [0, 1] (1 without a guard)."""
+        return 1.0
+
+    def fresh(self) -> Policy:
+        """A new policy with the same configuration and empty state."""
+        return type(self)(**self.config())
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
+        return f"{type(self).__name__}({args})"
+
+
+class _KeepFraction(Policy):
+    """A policy configured by one fraction ``keep`` in (0, 1]."""
+
+    def __init__(self, keep: float = 0.5) -> None:
+        if not isinstance(keep, int | float) or not (0.0 < float(keep) <= 1.0):
+            raise ConfigError(f"keep must be a fraction in (0, 1], got {keep!r}")
+        self.keep = float(keep)
+
+    def config(self) -> dict[str, Any]:
+        return {"keep": self.keep}
+
+
+class HistoryPolicy(Policy):
+    """The base of policies that judge losses against a window of recent ones (``self.history``,
+    a ``LossHistory`` of ``history`` samples), or against a reference distribution merged from
+    every rank's window (``siftpipe.distributed.sync_history`` works with any subclass).
+
+    A subclass implements ``decide`` (see ``Policy``), adds each micro-batch's losses to
+    ``self.history``, and asks ``_reference_percentile(losses)`` / ``_reference_mean()`` first:
+    they answer from the merged reference after a sync and return ``None`` before one. Its state
+    (the window and the reference) is saved and checked by this base class.
+    """
+
+    def __init__(self, history: int) -> None:
+        self.history = LossHistory(history)
+        self._reference: tuple[np.ndarray, np.ndarray] | None = None  # sorted values, cumulative weights
+
+    def set_reference(self, values: np.ndarray, weights: np.ndarray) -> None:
+        """Judge against a weighted sample of losses (each value standing for ``weight`` losses)."""
+        finite = np.isfinite(values) & (weights > 0)
+        order = np.argsort(values[finite], kind="stable")
+        self._reference = (values[finite][order], np.cumsum(weights[finite][order]))
+
+    def _reference_percentile(self, losses: np.ndarray) -> np.ndarray | None:
+        if self._reference is None or not self._reference[0].size:
+            return None
+        values, cumulative = self._reference
+        total = cumulative[-1]
+        below = np.searchsorted(values, losses, side="left")
+        upto = np.searchsorted(values, losses, side="right")
+        weight_below = np.where(below > 0, cumulative[np.maximum(below - 1, 0)], 0.0)
+        weight_upto = np.where(upto > 0, cumulative[np.maximum(upto - 1, 0)], 0.0)
+        return (weight_below + weight_upto) / (2.0 * total)
+
+    def _reference_mean(self) -> float | None:
+        if self._reference is None or not self._reference[0].size:
+            return None
+        values, cumulative = self._reference
+        weights = np.diff(cumulative, prepend=0.0)
+        return float((values * weights).sum() / cumulative[-1])
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"history": self.history.state_dict()}
+        if self._reference is not None:
+            values, cumulative = self._reference
+            state["reference"] = torch.from_numpy(values.copy())
+            state["reference_cumulative"] = torch.from_numpy(cumulative.copy())
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state.get("history"), Mapping):
+            raise ResumeError(f"the checkpoint holds no loss history for policy {self!r}")
+        reference = None
+        if "reference" in state:
+            values, cumulative = state["reference"], state.get("reference_cumulative")
+            if not (
+                isinstance(values, torch.Tensor)
+                and isinstance(cumulative, torch.Tensor)
+                and values.ndim == 1
+                and values.shape == cumulative.shape
+            ):
+                raise ResumeError(
+                    f"the checkpoint's cross-rank reference for policy {self!r} is damaged: it needs "
+                    "two 1-d tensors of one length (reference, reference_cumulative)"
+                )
+            reference = (values.numpy(), cumulative.numpy())
+        self.history.load_state_dict(state["history"])
+        self._reference = reference
+
+
+@register_policy("relative_probabilistic")
+class RelativeProbabilistic(HistoryPolicy):
+    """Smart sifting / Selective Backprop: keep with probability ``percentile ** beta``.
+
+    The percentile of a loss is its mid-rank among the last ``history`` losses (the current
+    micro-batch included), so for i.i.d. losses the expected keep fraction is ``1 / (1 + beta)``:
+    beta 0.5 keeps 2/3, 1 keeps 1/2, 3 keeps 1/4.
+
+    Args:
+        beta: Selectivity, > 0; larger keeps fewer.
+        history: Window of recent losses the percentile is taken over, in samples.
+    """
+
+    name = "relative_probabilistic"
+
+    def __init__(self, beta: float = 1.0, history: int = 500) -> None:
+        if not isinstance(beta, int | float) or not math.isfinite(beta) or beta <= 0:
+            raise ConfigError(f"beta must be a finite number > 0 (keep fraction is 1/(1+beta)), got {beta!r}")
+        super().__init__(history)
+        self.beta = float(beta)
+
+    def config(self) -> dict[str, Any]:
+        return {"beta": self.beta, "history": self.history.size}
+
+    @property
+    def expected_keep(self) -> float:
+        return 1.0 / (1.0 + self.beta)
+
+    def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
+        self.history.extend(losses)
+        pct = self._reference_percentile(losses)
+        if pct is None:
+            pct = self.history.percentile(losses)
+        prob = pct**self.beta
+        keep = rng.random(losses.size) < prob
+        return Decision(keep, prob, pct)
+
+
+@register_policy("top_fraction")
+class TopFraction(_KeepFraction):
+    """Composer-style selective backprop: keep exactly ``round(keep * n)`` highest-loss samples.
+
+    ``n`` is the micro-batch size; rounding is half up; ties go to the earlier sample.
+
+    Args:
+        keep: Fraction of each micro-batch to keep, in (0, 1].
+    """
+
+    name = "top_fraction"
+
+    def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
+        n = losses.size
+        k = math.floor(self.keep * n + 0.5)
+        order = np.argsort(-losses, kind="stable")
+        keep = np.zeros(n, dtype=bool)
+        keep[order[:k]] = True
+        rank = np.empty(n)
+        rank[order] = np.arange(n, 0, -1) / n  # highest loss scores 1
+        return Decision(keep, keep.astype(np.float64), rank)
+
+
+@register_policy("prune_easy")
+class PruneEasy(HistoryPolicy):
+    """InfoBatch: drop below-mean-loss samples with probability ``ratio``; reweight survivors.
+
+    A sample is *easy* if its loss is below the mean of the last ``history`` losses. Easy samples
+    are dropped with probability ``ratio``; the easy ones kept carry weight ``1 / (1 - ratio)`` so
+    the expected gradient is unchanged. From ``anneal`` samples seen on, nothing is pruned
+    (InfoBatch trains on the full data for its last epochs).
+
+    Args:
+        ratio: Probability of dropping an easy sample, in [0, 1).
+        anneal: Samples seen after which pruning stops; ``None`` never stops.
+        history: Window the mean loss is taken over, in samples.
+    """
+
+    name = "prune_easy"
+    weighted = True
+
+    def __init__(self, ratio: float = 0.5, anneal: int | None = None, history: int = 10000) -> None:
+        if not isinstance(ratio, int | float) or not (0.0 <= float(ratio) < 1.0):
+            raise ConfigError(f"ratio must be in [0, 1) (easy samples kept weigh 1/(1-ratio)), got {ratio!r}")
+        if anneal is not None and (not isinstance(anneal, int) or anneal < 0):
+            raise ConfigError(f"anneal must be a number of samples >= 0 or None, got {anneal!r}")
+        super().__init__(history)
+        self.ratio = float(ratio)
+        self.anneal = anneal
+
+    def config(self) -> dict[str, Any]:
+        return {"ratio": self.ratio, "anneal": self.anneal, "history": self.history.size}
+
+    def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
+        n = losses.size
+        self.history.extend(losses)
+        draw = rng.random(n)
+        mean = self._reference_mean()
+        easy = losses < (self.history.mean() if mean is None else mean)
+        if self.anneal is not None:
+            easy &= (seen + np.arange(n)) < self.anneal
+        prob = np.where(easy, 1.0 - self.ratio, 1.0)
+        keep = draw < prob
+        weight = np.where(easy, 1.0 / (1.0 - self.ratio), 1.0)
+        return Decision(keep, prob, easy.astype(np.float64), weight)
+
+
+@register_policy("uniform")
+class Uniform(_KeepFraction):
+    """Random dropping at a fixed rate: the control every sifting claim must beat.
+
+    Args:
+        keep: Probability of keeping each sample, in (0, 1].
+    """
+
+    name = "uniform"
+
+    def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
+        n = losses.size
+        prob = np.full(n, self.keep)
+        return Decision(rng.random(n) < prob, prob, np.full(n, np.nan))
+
+
+_log = logging.getLogger("siftpipe")
+
+
+@register_policy("infobatch")
+class InfoBatch(Policy):
+    """InfoBatch (Qin et al., ICLR 2024), faithful to the paper, for a stage with a score memory.
+
+    Every loss comes from the training step (``Sifter.observe``); nothing is re-scored. A sample
+    whose remembered loss is below the mean of *every* remembered loss is pruned with probability
+    ``ratio``; a pruned sample keeps its last loss (use ``ScoreMemory(max_age=None)``) until it is
+    trained again; the below-mean samples kept carry weight ``1 / (1 - ratio)`` so the expected
+    gradient is unchanged; samples the memory does not know are kept (``Sifter(unknown="keep")``);
+    after ``anneal`` of the ``budget`` nothing is pruned (the paper's full-data last epochs). One
+    departure, forced by streaming: the mean is that of the memory when the micro-batch is
+    decided, not a snapshot taken at the start of the epoch.
+
+    ``guard`` (off in the paper's rule, on in ``siftpipe.recipe``) backs pruning off when it is
+    not paying: the memory measures how much more the loss of samples that were not trained
+    rose than that of easy samples that were (``ScoreMemory.forgetting``, in units of the mean
+    loss); the pruning ratio is scaled by ``1 - forgetting / guard``, clipped to
+    [``EXPLORE``, 1]: at a forgetting of ``guard`` mean losses the stage prunes only a tenth of
+    its ratio, which keeps nearly everything and still measures whether pruning pays again.
+
+    ``graded`` (off in the paper's rule) prunes a below-mean sample with probability
+    ``ratio * (mean - loss) / mean`` instead of ``ratio``: a sample the model has learned (loss
+    near 0) is pruned at nearly the full ratio, one just below the mean almost never, and each kept
+    one weighs ``1 / (1 - its probability)``. When the losses no longer discriminate (they sit
+    close to their mean, as an underfit model's do) the rule prunes little by itself.
+
+    Args:
+        ratio: Probability of pruning a below-mean sample (graded: one with loss 0), in [0, 1).
+        budget: Samples this stage will see over the whole run (epochs x samples per epoch on
+            this rank), for ``anneal``; ``None``: never anneal.
+        anneal: Fraction of ``budget`` after which nothing is pruned, in (0, 1].
+        guard: Forgetting, in mean losses, at which pruning stops; ``None``: no guard.
+        graded: Scale each below-mean sample's pruning probability by how far below the mean
+            its loss is (see above); False: the paper's step rule.
+    """
+
+    name = "infobatch"
+    weighted = True
+    uses_memory = True
+    #: The least share of ``ratio`` a guarded policy keeps pruning with, to go on measuring.
+    EXPLORE = 0.1
+
+    def __init__(
+        self,
+        ratio: float = 0.5,
+        budget: int | None = None,
+        anneal: float = 0.875,
+        guard: float | None = None,
+        graded: bool = False,
+    ) -> None:
+        if not isinstance(ratio, int | float) or not (0.0 <= float(ratio) < 1.0):
+            raise ConfigError(f"ratio must be in [0, 1) (easy samples kept weigh 1/(1-ratio)), got {ratio!r}")
+        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
+            raise ConfigError(
+                f"budget must be the samples the stage will see in the run (>= 1) or None, got {budget!r}"
+            )
+        if not isinstance(anneal, int | float) or not (0.0 < float(anneal) <= 1.0):
+            raise ConfigError(f"anneal must be a fraction of the budget in (0, 1], got {anneal!r}")
+        if guard is not None and (not isinstance(guard, int | float) or not (0.0 < float(guard) < math.inf)):
+            raise ConfigError(
+                f"guard must be a forgetting tolerance > 0 in mean losses, or None, got {guard!r}"
+            )
+        self.ratio = float(ratio)
+        self.budget = budget
+        self.anneal = float(anneal)
+        self.guard = None if guard is None else float(guard)
+        if not isinstance(graded, bool):
+            raise ConfigError(f"graded must be True or False, got {graded!r}")
+        self.graded = graded
+        self._anneal_at = None if budget is None else int(self.anneal * budget)
+        self._memory: ScoreMemory | None = None
+        self._warned = False
+
+    def config(self) -> dict[str, Any]:
+        config: dict[str, Any] = {
+            "ratio": self.ratio,
+            "budget": self.budget,
+            "anneal": self.anneal,
+            "guard": self.guard,
+        }
+        if self.graded:  # named only when on: checkpoints and logs of the step rule read as before
+            config["graded"] = True
+        return config
+
+    def bind_memory(self, memory: ScoreMemory) -> None:
+        self._memory = memory
+
+    def sifting_scale(self) -> float:
+        if self.guard is None or self._memory is None:
+            return 1.0
+        forgetting = self._memory.forgetting()
+        if forgetting is None:
+            return 1.0
+        scale = min(1.0, max(self.EXPLORE, 1.0 - forgetting / self.guard))
+        if scale < 0.5 and not self._warned:
+            self._warned = True
+            _log.warning(
+                "siftpipe: sifting is not paying: samples it dropped came back %.2f mean losses worse "
+                "than easy samples it trained; pruning is backed off to %.0f%% of ratio %.2f "
+                "(stats.sifting_scale)",
+                forgetting,
+                100 * scale,
+                self.ratio,
+            )
+        return scale
+
+    def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
+        n = losses.size
+        draw = rng.random(n)
+        if self._memory is None:
+            raise ConfigError(
+                "InfoBatch needs the stage's score memory: use it through sp.Sifter(memory=...)"
+            )
+        mean = self._memory.mean()
+        easy = losses < mean if math.isfinite(mean) else np.zeros(n, dtype=bool)
+        if self._anneal_at is not None:
+            easy &= (seen + np.arange(n)) < self._anneal_at
+        ratio = self.ratio * self.sifting_scale()
+        if self.graded and mean != 0.0 and math.isfinite(mean):
+            # how far below the mean, as a share of it: 1 at loss 0 (or below), 0 at the mean
+            scale = abs(mean)
+            share = np.where(easy, np.minimum(mean - losses, scale) / scale, 0.0)
+            prob = 1.0 - ratio * share
+            return Decision(draw < prob, prob, share, 1.0 / prob)
+        prob = np.where(easy, 1.0 - ratio, 1.0)
+        weight = np.where(easy, 1.0 / (1.0 - ratio), 1.0)
+        return Decision(draw < prob, prob, easy.astype(np.float64), weight)

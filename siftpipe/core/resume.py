@@ -1,0 +1,116 @@
+"""Resuming inside a pass: re-reading the groups a checkpoint decided and had not handed on (never
+re-scored), and checking that the source is where the checkpoint left it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import ResumeError
+from . import batch as _batch
+from .ledger import Group, Ledger
+from .rows import attach_weights, keys_of
+from .source import END, Raised, Reader
+
+__all__ = ["check_next", "first_key", "reread_groups"]
+
+
+def reread_groups(
+    reader: Reader,
+    state: Mapping[str, Any],
+    ledger: Ledger,
+    batched: bool,
+    key: Any,
+    weight_field: str | None,
+) -> list[Group]:
+    """Re-read from ``reader`` the groups the checkpoint ``state`` decided and had not handed on,
+    with their decisions, into ``ledger``; ``ResumeError`` if the source does not give them.
+    ``weight_field``: put the decided weights on kept rows there (None: do not attach them)."""
+    groups = []
+    emitted = int(state["emitted"])
+    for desc in state["pending"]:
+        items = reader.take(desc["n_items"])
+        group = Group(items, desc["rows"], desc["seq0"], None)
+        if len(items) < desc["n_items"] or (batched and _batch.batch_size(items[0]) != desc["rows"]):
+            raise ResumeError(
+                f"resuming needs the {desc['n_items']} input item(s) decided before the "
+                f"checkpoint (sample seq {desc['seq0']}..), but the source gave "
+                f"{len(items)} item(s) of another size; feed it from item {state['consumed']}"
+            )
+        if desc["keys"] is not None and key is not None:
+            got = keys_of(group, batched, key)
+            if got is None:
+                raise ResumeError(
+                    f"the checkpoint names the samples to re-read by key, but the source's "
+                    f"item(s) at item {state['consumed']} have no key {key!r}; feed the "
+                    "source the checkpoint was taken from, from item state['consumed']"
+                )
+            if got != desc["keys"]:
+                first = next(
+                    (i for i, (a, b) in enumerate(zip(got, desc["keys"], strict=False)) if a != b),
+                    min(len(got), len(desc["keys"])) - 1,
+                )
+                raise ResumeError(
+                    f"the source is not where the checkpoint left it: sample {first} of the "
+                    f"in-flight micro-batch has key {got[first]!r}, the checkpoint "
+                    f"expected {desc['keys'][first]!r}; feed the source from item "
+                    f"{state['consumed']} (state['consumed']) with the same order"
+                )
+        group.keep = desc["keep"].numpy().astype(bool)
+        group.weight = None if desc["weight"] is None else desc["weight"].numpy().astype(np.float64)
+        group.kept_index = np.flatnonzero(group.keep)
+        if weight_field is not None:
+            attach_weights(group, batched, weight_field)
+        group.skip = min(emitted, group.n_kept)
+        emitted -= group.skip
+        ledger.pending.append(group)
+        groups.append(group)
+    ledger.emitted = int(state["emitted"])
+    return groups
+
+
+def check_next(reader: Reader, state: Mapping[str, Any], source: Any, batched: bool, key: Any) -> None:
+    """``ResumeError`` unless the resumed source starts with the item the checkpoint ``state``
+    saw next (or has ended, if the checkpoint's had). ``source``: the tracked source, or None."""
+    want, ended = state.get("next_key"), bool(state.get("ended", False))
+    if want is None and not ended:
+        return  # the checkpoint did not see the next item (no keys, or nothing pending)
+    if ended and source is not None:
+        # a tracked source restored at its end: reading it now would start its next pass
+        reader.ahead = END
+        return
+    reader.iterate()  # first: the snapshot below is the source's state inside this pass
+    ahead = reader.look_ahead(source.state_dict() if source is not None else None)
+    if isinstance(ahead, Raised):
+        return  # raised where the pass reads it
+    where = f"feed the source from item {state['consumed']} (state['consumed']) in the same order"
+    if ended and ahead is not END:
+        raise ResumeError(
+            f"the source is not where the checkpoint left it: the checkpoint's source had ended "
+            f"after item {state['consumed']}, but this one gives more (key "
+            f"{first_key(ahead, batched, key)!r}); {where}"
+        )
+    if want is None or key is None:
+        return
+    if ahead is END:
+        raise ResumeError(
+            f"the source is not where the checkpoint left it: the checkpoint expected the item "
+            f"with key {want!r} next, but the source gave nothing; {where}"
+        )
+    got = first_key(ahead, batched, key)
+    if got != want:
+        raise ResumeError(
+            f"the source is not where the checkpoint left it: its next item has key {got!r}, "
+            f"the checkpoint expected {want!r}; {where}"
+        )
+
+
+def first_key(item: Any, batched: bool, key: Any) -> Any:
+    """The key of an input item (the first row's, for a batch), or None."""
+    try:
+        keys = keys_of(Group([item], 1, 0, None), batched, key)
+    except Exception:  # a key callable that fails: recorded as unknown, not raised here
+        return None
+    return keys[0] if keys else None

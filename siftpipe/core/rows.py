@@ -1,0 +1,153 @@
+"""A group's rows, per-sample or batched, in one place: keys, metadata fields, the weights put on
+kept rows, and what a ``PreDecodeFilter`` decided upstream."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import MissingKeyError
+from . import batch as _batch
+from .ledger import Group
+from .vocab import PRE_KEPT, PRE_LOSS, PRE_PROB
+
+__all__ = ["attach_weights", "field_of", "keys_of", "upstream_of"]
+
+
+def key_array(group: Group, batched: bool, spec: Any) -> np.ndarray | None:
+    """A batched group's keys as one integer numpy array, when its key field is a 1-d integer
+    tensor or array (a map-style dataset's indices); None otherwise (``keys_of`` then)."""
+    if not batched or spec is None or callable(spec):
+        return None
+    try:
+        keys = group.items[0][spec]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return integer_keys(keys)
+
+
+def integer_keys(keys: Any) -> np.ndarray | None:
+    """``keys`` as a 1-d integer numpy array if they are an integer tensor or array, else None."""
+    if isinstance(keys, torch.Tensor):
+        if keys.ndim != 1 or keys.dtype == torch.bool or keys.is_floating_point() or keys.is_complex():
+            return None
+        keys = keys.cpu().numpy()
+    if isinstance(keys, np.ndarray) and keys.ndim == 1 and keys.dtype.kind in "iu":
+        return keys
+    return None
+
+
+def key_list(keys: Any) -> list[Any]:
+    """A batch's key column as a list of its values (a tensor or array gives Python values)."""
+    return keys.tolist() if isinstance(keys, torch.Tensor | np.ndarray) else list(keys)
+
+
+def memory_keys(keys: Any) -> np.ndarray | list[Any]:
+    """Keys for the score memory, read as the stage reads a batch's: an integer tensor or array
+    stays one integer array, anything else is ``key_list``."""
+    as_array = integer_keys(keys)
+    return key_list(keys) if as_array is None else as_array
+
+
+def keys_of(
+    group: Group, batched: bool, spec: Any, required: bool = False, purpose: str = "the audit log"
+) -> list[Any] | None:
+    """The group's keys by ``spec`` (a field, a position or a callable; None: no keys), or None
+    when they are missing and not ``required`` (then ``MissingKeyError`` names the fix)."""
+    if spec is None:
+        return None
+    if batched:
+        batch = group.items[0]
+        if callable(spec):
+            keys = list(spec(batch))
+        else:
+            try:
+                keys = batch[spec]
+            except (KeyError, IndexError, TypeError):
+                if required:
+                    raise MissingKeyError(
+                        f"the input batch at sample seq {group.seq0} has no key field {spec!r}; "
+                        f"{purpose} needs one key per sample: keep '__key__' in the batch, "
+                        "pass key=<field or callable>, or key=None to log without keys"
+                    ) from None
+                return None
+            keys = key_list(keys)
+        return keys
+    items = group.items
+    if callable(spec):
+        return [spec(s) for s in items]
+    try:
+        return [s[spec] for s in items]
+    except (KeyError, IndexError, TypeError):
+        if not required:
+            return None
+        for i, sample in enumerate(items):
+            try:
+                sample[spec]
+            except (KeyError, IndexError, TypeError):
+                have = list(sample) if isinstance(sample, dict) else type(sample).__name__
+                raise MissingKeyError(
+                    f"sample seq {group.seq0 + i} has no key field {spec!r} (it has {have}); "
+                    f"{purpose} needs one key per sample: keep '__key__' in the sample, "
+                    "pass key=<field, position or callable>, or key=None to log without keys"
+                ) from None
+        raise
+
+
+def field_of(group: Group, batched: bool, name: str) -> list[Any] | None:
+    """Per-sample values of an optional metadata field (``__url__``, ``__worker__``), or None."""
+    if batched:
+        batch = group.items[0]
+        if isinstance(batch, Mapping) and name in batch:
+            values = batch[name]
+            return values.tolist() if isinstance(values, torch.Tensor) else list(values)
+        return None
+    items = group.items
+    if isinstance(items[0], Mapping) and name in items[0]:
+        return [s.get(name) for s in items]
+    return None
+
+
+def attach_weights(group: Group, batched: bool, field: str | None) -> None:
+    """Put each kept row's weight on it: a column of a batch, a field of a dict sample, a last
+    element of a tuple (copies: the caller's samples stay as they were)."""
+    weight = np.ones(group.rows) if group.weight is None else group.weight
+    if batched:
+        column = torch.from_numpy(weight.astype(np.float32))
+        group.items[0] = _batch.with_column(group.items[0], field, column)
+        return
+    items = group.items
+    for i in group.kept_index.tolist():
+        sample = items[i]
+        w = float(weight[i])
+        if isinstance(sample, dict):
+            # a copy: the caller's sample (perhaps reused next epoch) stays as it was
+            items[i] = {**sample, field: w}
+        elif isinstance(sample, tuple | list):
+            items[i] = (*sample, w)
+        else:
+            items[i] = (sample, w)
+
+
+def upstream_of(group: Group, batched: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Rows a ``PreDecodeFilter`` already kept: (mask, their losses, their keep probabilities)."""
+    if batched:
+        batch = group.items[0]
+        # (type() first: isinstance against the Mapping ABC is slow for everything else)
+        if not (type(batch) is dict or isinstance(batch, Mapping)) or PRE_KEPT not in batch:
+            return None
+        columns = [np.asarray(batch[name], dtype=np.float64) for name in (PRE_KEPT, PRE_LOSS, PRE_PROB)]
+    else:
+        items = group.items
+        first = items[0]
+        if not (type(first) is dict or isinstance(first, Mapping)) or PRE_KEPT not in first:
+            return None
+        columns = [
+            np.fromiter((s[name] for s in items), np.float64, len(items))
+            for name in (PRE_KEPT, PRE_LOSS, PRE_PROB)
+        ]
+    mask = columns[0] == 1
+    return (mask, columns[1], columns[2]) if mask.any() else None

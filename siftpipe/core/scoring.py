@@ -1,0 +1,273 @@
+"""Scoring: forward passes of the live model over micro-batches on its device (eval and inference
+mode, optional autocast and pinned memory, halving on out-of-memory), and the checks on what the
+scorer returns."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import default_collate
+
+from ..errors import (
+    ConfigError,
+    ScorerError,
+    ScorerOutputError,
+    describe_keys,
+)
+from . import batch as _batch
+from .scorers import Scorer
+
+__all__ = ["CPU", "Scoring", "Setting", "is_oom", "scoring_device"]
+
+CPU = torch.device("cpu")
+
+#: Keys of a group's rows ``at``, for messages (``None``: the samples carry none).
+Names = Callable[[np.ndarray], "list[Any] | None"]
+
+
+class Setting:
+    """An attribute of the stage that one of its parts keeps: ``Sifter.model`` reads and writes
+    ``Sifter._scoring.model`` (the integrations swap the model and collate_fn after construction)."""
+
+    def __init__(self, part: str, make: Callable[[], Any]) -> None:
+        self.part = part
+        self.make = make  # builds the part when a setting is touched before the stage made it
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def _part(self, obj: Any) -> Any:
+        part = obj.__dict__.get(self.part)
+        if part is None:
+            part = obj.__dict__[self.part] = self.make()
+        return part
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return getattr(self._part(obj), self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(self._part(obj), self.name, value)
+
+
+class Scoring:
+    """The scoring part of the stage: it owns the settings below (the ``Sifter`` exposes them as
+    its own attributes) and turns a group's rows into one float64 loss per row.
+
+    ``device`` is where the current pass scores (the stage sets it when a pass starts)."""
+
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        scorer: Any = None,
+        *,
+        micro_batch: int | None = None,
+        batched: bool = False,
+        collate_fn: Callable[[list[Any]], Any] = default_collate,
+        pad_micro_batch: bool = False,
+        autocast: torch.dtype | None = None,
+        pin_memory: bool = False,
+        eval_mode: bool = True,
+        on_oom: str = "raise",
+    ) -> None:
+        self.model = model
+        self.scorer: Scorer = scorer  # (the stage sets it before any pass)
+        self.micro_batch = micro_batch
+        self.batched = batched
+        self.collate_fn = collate_fn
+        self.pad_micro_batch = pad_micro_batch
+        self.autocast = autocast
+        self.pin_memory = pin_memory
+        self.eval_mode = eval_mode
+        self.on_oom = on_oom
+        self.device: torch.device = CPU
+
+    def rows(self, group: Any, index: np.ndarray | None, names: Names) -> np.ndarray:
+        """Losses of rows ``index`` of ``group`` (all rows if None), in micro-batches.
+
+        ``group`` has ``items`` (samples, or one batch in batched mode), ``rows`` and ``seq0``;
+        ``names(at)`` gives the keys of its rows ``at`` for error messages."""
+        if self.batched:
+            batch = group.items[0]
+            rows = group.rows
+            if index is not None:
+                batch = _batch.take(batch, index)
+                rows = index.size
+            chunk = self.micro_batch or rows
+            if rows <= chunk:
+                return self._score(batch, rows, group, index, names)
+            at = np.arange(rows) if index is None else index
+            parts = [
+                self._score(
+                    _batch.take(batch, np.arange(s, min(rows, s + chunk))),
+                    min(chunk, rows - s),
+                    group,
+                    at[s : s + chunk],
+                    names,
+                )
+                for s in range(0, rows, chunk)
+            ]
+            return np.concatenate(parts)
+        items = group.items if index is None else [group.items[i] for i in index.tolist()]
+        n = len(items)
+        size = self.micro_batch
+        if self.pad_micro_batch and size is not None and n < size:
+            items = items + [items[-1]] * (size - n)
+        try:
+            batch = self.collate_fn(items)
+        except Exception as exc:
+            at = np.arange(n) if index is None else index
+            raise ScorerError(
+                f"collating micro-batch at sample seq {group.seq0 + int(at[0])} (keys "
+                f"{describe_keys(names(at))}) failed: {type(exc).__name__}: {exc}; "
+                "give the Sifter a collate_fn that builds the batch your scorer expects"
+            ) from exc
+        return self._score(batch, n, group, index, names, rows=len(items))
+
+    def _score(
+        self,
+        batch: Any,
+        n: int,
+        group: Any,
+        at: np.ndarray | None,
+        names: Names,
+        rows: int | None = None,
+    ) -> np.ndarray:
+        """Losses of the first ``n`` rows of ``batch``: rows ``at`` of ``group`` (for messages;
+        ``None``: all of the group's rows, in order).
+
+        ``rows`` is the batch's row count when the caller knows it (padding included)."""
+        if rows is None:
+            size = self.micro_batch
+            if self.pad_micro_batch and size is not None and n < size:
+                batch = _batch.pad_rows(batch, size)
+                rows = size
+            else:
+                rows = n
+        device = self.device
+        try:
+            out = self._forward(batch, device)
+        except Exception as exc:
+            if at is None:
+                at = np.arange(group.rows)
+            if self.on_oom == "split" and is_oom(exc) and rows > 1:
+                if n == 1:  # one sample and its padding: shed the padding, score the sample alone
+                    return self._score(_batch.take(batch, np.arange(1)), 1, group, at[:1], names, rows=1)
+                half = n // 2
+                lo = _batch.take(batch, np.arange(half))
+                hi = _batch.take(batch, np.arange(half, rows))
+                return np.concatenate(
+                    [
+                        self._score(lo, half, group, at[:half], names, rows=half),
+                        self._score(hi, n - half, group, at[half:], names, rows=rows - half),
+                    ]
+                )
+            hint = "; pass on_oom='split' to retry it in halves, or lower micro_batch" if is_oom(exc) else ""
+            raise ScorerError(
+                f"scorer {self.scorer!r} raised {type(exc).__name__}: {exc} on the micro-batch of "
+                f"{n} samples at seq {group.seq0 + int(at[0])} "
+                f"(keys {describe_keys(names(at[:n]))}){hint}"
+            ) from exc
+        return self._check_losses(out, n, rows, device, group, 0 if at is None else int(at[0]))
+
+    def _forward(self, batch: Any, device: torch.device) -> Any:
+        if device is not CPU and device.type != "cpu":
+            if self.pin_memory:
+                batch = _batch.pin(batch)
+            batch = _batch.to_device(batch, device, non_blocking=True)
+        model = self.model
+        was_training = model is not None and model.training
+        if was_training and self.eval_mode:
+            model.eval()  # type: ignore[union-attr]
+        try:
+            with torch.inference_mode():
+                if self.autocast is None:
+                    return self.scorer(model, batch)  # type: ignore[arg-type]
+                with torch.autocast(device_type=device.type, dtype=self.autocast):
+                    return self.scorer(model, batch)  # type: ignore[arg-type]
+        finally:
+            if was_training and self.eval_mode:
+                model.train()  # type: ignore[union-attr]
+
+    def _check_losses(
+        self, out: Any, n: int, rows: int, device: torch.device, group: Any, offset: int
+    ) -> np.ndarray:
+        if (
+            type(out) is torch.Tensor
+            and out.ndim == 1
+            and out.shape[0] == rows
+            and out.is_floating_point()
+            and (device is CPU and not out.is_cuda and out.device.type == "cpu")
+        ):
+            # the common case, checked with the cheapest attribute reads: a CPU stage, a plain
+            # 1-d float tensor of the right length on the CPU
+            losses = out[:n] if n < rows else out
+            if losses.requires_grad:
+                losses = losses.detach()
+            if losses.dtype != torch.float64:
+                losses = losses.double()
+            return losses.numpy()
+        where = f"micro-batch at sample seq {group.seq0 + offset}"
+        if not isinstance(out, torch.Tensor):
+            raise ScorerOutputError(
+                f"scorer {self.scorer!r} returned a {type(out).__name__} for the {where}; it must "
+                f"return a torch.Tensor of shape [{rows}] (one loss per sample)"
+            )
+        if out.ndim != 1 or out.shape[0] != rows:
+            fix = (
+                "use reduction='none' and reduce every dimension but the first"
+                if out.ndim != 1
+                else "return exactly one loss per sample of the micro-batch"
+            )
+            raise ScorerOutputError(
+                f"scorer {self.scorer!r} returned shape {list(out.shape)} for the {where}; "
+                f"expected [{rows}] (one loss per sample): {fix}"
+            )
+        if not out.is_floating_point():
+            raise ScorerOutputError(
+                f"scorer {self.scorer!r} returned dtype {out.dtype} for the {where}; losses must "
+                "be floating point (return loss.float())"
+            )
+        od = out.device
+        if od != device and (od.type != device.type or (od.index is not None and device.index is not None)):
+            raise ScorerOutputError(
+                f"scorer {self.scorer!r} returned losses on {out.device} for the {where}, but the "
+                f"model scores on {device}; compute the loss on the model's device (a silent copy "
+                "here would hide a scorer that moved work off the accelerator)"
+            )
+        losses = out[:n] if n < rows else out
+        if losses.requires_grad:
+            losses = losses.detach()
+        if losses.dtype != torch.float64:
+            losses = losses.double()
+        if device is not CPU:
+            losses = losses.cpu()
+        return losses.numpy()
+
+
+def scoring_device(device: Any) -> torch.device:
+    """``device`` as a torch.device the stage can score on, or ``ConfigError`` naming the fix."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"device={device!r} is not a torch device ({exc}); pass 'cpu', 'cuda', 'cuda:1', a "
+            "torch.device, or None for the model's own device"
+        ) from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"device={device!r} but this torch sees no CUDA device; pass device='cpu' or None (the "
+            "model's own device)"
+        )
+    return dev
+
+
+def is_oom(exc: BaseException) -> bool:
+    oom = getattr(torch, "OutOfMemoryError", None)
+    return (oom is not None and isinstance(exc, oom)) or "out of memory" in str(exc).lower()

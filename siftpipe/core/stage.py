@@ -1,0 +1,693 @@
+"""The sift stage: micro-batch, score with the live model, decide, hand kept samples on."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import default_collate, get_worker_info
+
+from ..errors import ConfigError, ResumeError, SiftInWorkerError
+from . import batch as _batch
+from .account import CostAccount
+from .decide import REASONS
+from .decider import Decider
+from .ledger import Group, Ledger, Output
+from .memory import SOURCES, ScoreMemory, check_epoch
+from .passes import Passes
+from .policies import Policy
+from .ranks import dist_info
+from .resume import check_next, reread_groups
+from .rows import memory_keys
+from .scorers import Scorer
+from .scoring import (
+    CPU,
+    Scoring,
+    Setting,
+    scoring_device,
+)
+from .settings import (
+    check_arguments,
+    resolve_policy,
+    resolve_scorer,
+    stage_config,
+)
+from .shardcounts import ShardStats, ShardWatch
+from .sink import StageInfo, make_sink
+from .source import END, Reader
+from .state import (
+    COUNTS,
+    RESUME_OVERRIDES,
+    STATE_VERSION,
+    WALL_CLOCK,
+    carry_policy_state,
+    check_policy_entries,
+    check_state,
+    config_differences,
+    digest,
+    override_names,
+)
+from .stats import SiftStats
+
+__all__ = ["REASONS", "SiftStats", "Sifter"]
+
+
+OnNan = Literal["raise", "keep", "drop"]
+OnOom = Literal["raise", "split"]
+KeySpec = str | int | Callable[[Any], Any] | None
+
+
+class Sifter:
+    """Drop the samples the live model has already learned; hand the rest on.
+
+    Iterating ``sifter(source)`` reads ``source`` in micro-batches, scores each with
+    ``scorer(model, batch)`` on the model's device (eval mode, ``torch.inference_mode``), lets
+    ``policy`` decide per sample, and yields the kept samples in input order and format.
+
+    Args:
+        model: The live ``nn.Module`` being trained (``None`` for scorers that need no model).
+        scorer: ``(model, batch) -> Tensor[n]`` losses, or a registered scorer name.
+        policy: A ``Policy`` or registered policy name. Default: ``RelativeProbabilistic(1.0, 500)``.
+        micro_batch: Samples per scoring forward pass. In ``batched`` mode an input batch larger
+            than this is scored in chunks of ``micro_batch``; ``None`` scores each whole batch.
+        delay: Warm-up, in samples seen by this stage: the first ``delay`` samples are all kept
+            (reason ``"warmup"``) while the policy's loss history fills.
+        seed: Seed of the stage's random generator (the only randomness in decisions). On a
+            multi-process job each rank's generator is seeded with ``[seed, rank]``.
+        batched: Input items are collated batches (dict of tensors/lists, tuple of tensors)
+            from DataLoader workers rather than single samples.
+        output_batch: Hand on collated batches of exactly this many kept samples (the last one
+            of a pass may be short). ``None``: single samples, or in ``batched`` mode one
+            filtered batch per input batch (input batches with nothing kept are skipped).
+        collate_fn: Collates a list of samples into a batch (default ``default_collate``).
+        pad_micro_batch: Pad a short micro-batch to ``micro_batch`` rows by repeating its last
+            row, so XLA/Neuron and ``torch.compile`` see one shape. Padding is never counted,
+            logged or handed on.
+        device: Where to score; default the device of the model's first parameter (else CPU).
+        autocast: dtype for ``torch.autocast`` while scoring (e.g. ``torch.bfloat16``), or None.
+        pin_memory: Page-lock micro-batches before moving them to an accelerator
+            (``non_blocking`` copies are used whenever the batch is pinned).
+        eval_mode: Score in eval mode (dropout off, batch-norm frozen), restoring the mode after.
+        on_nan: What to do with a NaN or infinite loss: ``"raise"`` (``NonFiniteLossError``),
+            ``"keep"`` or ``"drop"`` the sample (counted in ``stats.nan``, reason ``"nan"``,
+            never added to the loss history).
+        on_oom: ``"split"`` re-scores a micro-batch in halves when the scorer runs out of
+            memory, down to single samples; ``"raise"`` reports it as ``ScorerError``.
+        key: Where a sample's key is: a dict field (default ``"__key__"``), a tuple position, a
+            callable ``sample -> key``, or ``None`` for no keys. Keys name samples in errors and
+            are required by the audit log.
+        weight_field: Dict field that carries a kept sample's weight.
+        attach_weight: Attach weights to kept samples (dict samples: ``weight_field``; tuples:
+            an extra last element; tensors: a ``(tensor, weight)`` tuple; dict batches: a
+            ``weight_field`` column; tuple batches: a last tensor). Default: if the policy
+            reweights (``PruneEasy``).
+        audit: An ``AuditLog`` or a URL to write one record per decided sample to.
+        track_source: Save the source's own state (``state_dict``/``load_state_dict``, e.g. a
+            ``StatefulDataLoader``) inside this stage's state, taken at micro-batch boundaries,
+            so that one state dict resumes both. Default: when the source supports it.
+        memory: A ``ScoreMemory``: samples whose key it remembers a recent loss for (handed back
+            by ``observe``, or from an earlier scoring forward) are decided from it without a
+            forward pass. Part of this stage's state.
+        remember_forward: Also remember the losses of scoring forward passes (then a sample is
+            re-scored once its remembered loss is older than ``memory.max_age`` epochs:
+            Selective Backprop's stale mode).
+        unknown: What happens to a sample the score memory has no usable loss for: ``"score"``
+            (a scoring forward pass) or ``"keep"`` (kept with no forward, reason ``"unknown"``,
+            source ``"none"``, counted in ``stats.unknown``; its loss arrives when the training
+            step hands it back through ``observe``: InfoBatch's way, and ``siftpipe.recipe``'s).
+        cost_guard: Stop sifting for the rest of the run once it is not paying for itself: when
+            the stage's own time has exceeded the training time its dropped samples would have
+            cost (``stats.net_seconds`` < 0, judged at the end of the second and later passes
+            that dropped samples), every later sample is handed on with weight 1, no loss looked
+            up and ``observe()`` a no-op (``stats.sifting_scale`` 0, ``stats.stopped_at`` the
+            sample it stopped at, kept in the state; logged; in the audit log as kept, reason
+            ``unknown``, no loss). When that happens depends on
+            measured time, so two runs may stop at different passes. ``siftpipe.recipe`` turns
+            it on. Not compared on resume: it is about this machine's speed. The account behind
+            it is in the state, so a job restarted from checkpoints is judged on its whole run
+            (a checkpoint taken mid-pass carries the time up to the last group handed on). Each
+            rank of a distributed job judges its own time.
+    """
+
+    STATE_VERSION = STATE_VERSION
+    #: Settings ``load_state_dict(state, override=...)`` accepts: this stage's then wins over the
+    #: checkpoint's.
+    RESUME_OVERRIDES: ClassVar[tuple[str, ...]] = RESUME_OVERRIDES
+
+    # settings the scoring part keeps (see siftpipe.core.scoring): read and set them here as usual
+    model = Setting("_scoring", Scoring)
+    scorer = Setting("_scoring", Scoring)
+    micro_batch = Setting("_scoring", Scoring)
+    collate_fn = Setting("_scoring", Scoring)
+    pad_micro_batch = Setting("_scoring", Scoring)
+    autocast = Setting("_scoring", Scoring)
+    pin_memory = Setting("_scoring", Scoring)
+    eval_mode = Setting("_scoring", Scoring)
+    on_oom = Setting("_scoring", Scoring)
+    # settings the deciding part keeps (see siftpipe.core.decider)
+    policy = Setting("_decider", Decider)
+    memory = Setting("_decider", Decider)
+    delay = Setting("_decider", Decider)
+    on_nan = Setting("_decider", Decider)
+    key = Setting("_decider", Decider)
+    weight_field = Setting("_decider", Decider)
+    attach_weight = Setting("_decider", Decider)
+    remember_forward = Setting("_decider", Decider)
+    unknown = Setting("_decider", Decider)
+    cost_guard = Setting("_decider", Decider)
+    #: A tag recorded with each decision (set it to the optimizer step, say).
+    model_version = Setting("_decider", Decider)
+    #: The pass (epoch) number recorded with each decision; see ``set_epoch``.
+    epoch = Setting("_decider", Decider)
+    #: Where decisions go (the audit log): a ``DecisionSink``; a URL given here became an ``AuditLog``.
+    audit = Setting("_decider", Decider)
+
+    def __init__(
+        self,
+        model: nn.Module | None,
+        scorer: Scorer | str,
+        policy: Policy | str | None = None,
+        *,
+        micro_batch: int | None = 64,
+        delay: int = 0,
+        seed: int = 0,
+        batched: bool = False,
+        output_batch: int | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pad_micro_batch: bool = False,
+        device: torch.device | str | None = None,
+        autocast: torch.dtype | None = None,
+        pin_memory: bool = False,
+        eval_mode: bool = True,
+        on_nan: OnNan = "raise",
+        on_oom: OnOom = "raise",
+        key: KeySpec = "__key__",
+        weight_field: str = "__sift_weight__",
+        attach_weight: bool | None = None,
+        audit: Any = None,
+        track_source: bool | None = None,
+        memory: ScoreMemory | None = None,
+        remember_forward: bool = True,
+        unknown: Literal["score", "keep"] = "score",
+        cost_guard: bool = False,
+    ) -> None:
+        check_arguments(
+            model, micro_batch, batched, delay, output_batch, on_nan, on_oom, memory, key, unknown,
+            pad_micro_batch, seed,
+        )  # fmt: skip
+        if device is not None:
+            device = scoring_device(device)
+
+        if "_scoring" not in self.__dict__:  # (a subclass may have set a setting already)
+            self._scoring = Scoring()
+        if "_decider" not in self.__dict__:
+            self._decider = Decider()
+        self._decider.scoring = self._scoring
+        self.model = model
+        self.scorer = resolve_scorer(scorer)
+        self.policy = resolve_policy(policy, memory)
+        self.micro_batch = micro_batch
+        self.delay = delay
+        self.seed = int(seed)
+        self._scoring.batched = batched  # fixed for the stage's life: positions count it
+        self.output_batch = output_batch
+        self.collate_fn = collate_fn or default_collate
+        self.pad_micro_batch = pad_micro_batch
+        self._device = torch.device(device) if device is not None else None
+        self.autocast = autocast
+        self.pin_memory = pin_memory
+        self.eval_mode = eval_mode
+        self.on_nan = on_nan
+        self.on_oom = on_oom
+        self.key = key
+        self.weight_field = weight_field
+        self.attach_weight = self.policy.weighted if attach_weight is None else attach_weight
+        self.track_source = track_source
+        self.memory = memory
+        self.remember_forward = remember_forward
+        self.unknown = unknown
+        self.cost_guard = bool(cost_guard)
+        # where this scorer's losses come from, for the audit log (a proxy scorer says "proxy")
+        self._decider.loss_source = SOURCES.index(getattr(self.scorer, "loss_source", "forward"))
+        self.model_version = -1
+        self.epoch = 0
+        self.audit = None if audit is None else make_sink(audit)
+        self._sink_bound = False
+
+        rank, world = dist_info()
+        #: The generator's seed: ``seed``, or ``[seed, rank]`` on a multi-process job so that ranks
+        #: draw independently.
+        self.rng_seed: int | list[int] = self.seed if world <= 1 else [self.seed, int(rank)]
+        self._decider.rng = np.random.default_rng(self.rng_seed)  # (its counters start at zero)
+        self._account = CostAccount()  # wall time the stage costs and saves (stats, a warning)
+        self._ledger = Ledger()  # groups decided and not yet all handed on; positions in the pass
+        self._passes = Passes(self._ledger)  # the pass open, its source; a loaded checkpoint's place
+        self._shards = ShardWatch()  # see watch_shards
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def batched(self) -> bool:
+        """Whether input items are collated batches (fixed at construction)."""
+        return self._scoring.batched
+
+    def __copy__(self) -> Sifter:
+        new = self.__class__.__new__(self.__class__)
+        new.__dict__.update(self.__dict__)
+        new._scoring = copy.copy(self._scoring)  # a copy's settings are its own, as attributes were
+        new._ledger = copy.copy(self._ledger)  # its positions too (the pending groups are shared)
+        new._passes = copy.copy(self._passes)
+        new._passes.ledger = new._ledger
+        new._decider = copy.copy(self._decider)  # (its counters are shared, as they were)
+        new._decider.scoring = new._scoring
+        return new
+
+    @property
+    def device(self) -> torch.device:
+        """The device micro-batches are scored on."""
+        if self._device is not None:
+            return self._device
+        if self.model is not None:
+            for param in self.model.parameters():
+                return param.device
+            for buffer in self.model.buffers():
+                return buffer.device
+        return torch.device("cpu")
+
+    @property
+    def stats(self) -> SiftStats:
+        """A snapshot of the counters (cheap: read it every step if you like)."""
+        c, account = self._decider.counts, self._account
+        shards_skipped, samples_skipped = self._shards.skipped()
+        return SiftStats(
+            c["seen"],
+            c["kept"],
+            c["dropped"],
+            c["nan"],
+            c["warmup"],
+            c["micro_batches"],
+            self._decider.seconds[0],
+            self._decider.seconds[1],
+            c["scored"],
+            c["from_memory"],
+            c["observed"],
+            shards_skipped,
+            samples_skipped,
+            c["unknown"],
+            0.0 if self._decider.stopped else self.policy.sifting_scale(),
+            account.stage_seconds,
+            account.step_seconds,
+            account.saved_seconds(),
+            c["stopped_at"],
+        )
+
+    def watch_shards(self, *pipelines: Any) -> None:
+        """Count what the shard readers in ``pipelines`` skip in ``stats`` and the audit log.
+
+        ``pipelines``: a ``WebDataset`` or ``WebLoader`` (or any webdataset pipeline or DataLoader
+        holding one), a ``ShardSource`` or the torchdata nodes above it. Their counters live in
+        shared memory, so shards skipped inside DataLoader workers are counted too. ``.sift()``
+        and ``SiftNode`` call this for you, and so does each pass for the source it is given.
+        """
+        self._shards.watch(*pipelines)
+
+    def describe(self) -> StageInfo:
+        """The settings that decide, as plain data (what a sink records about the stage)."""
+        policy = self.policy
+        return StageInfo(
+            policy=policy.name or type(policy).__name__,
+            policy_config=policy.config(),
+            weighted=bool(self.attach_weight),
+            micro_batch=self.micro_batch,
+            batched=self.batched,
+            delay=self.delay,
+            seed=self.seed,
+            rng_seed=self.rng_seed,
+            on_nan=self.on_nan,
+            scorer=repr(self.scorer)[:200],
+        )
+
+    def shard_stats(self) -> ShardStats | None:
+        """What the watched shard readers counted, over every process (``None`` if none is watched)."""
+        return self._shards.stats()
+
+    @property
+    def consumed(self) -> int:
+        """Input items (samples, or batches in ``batched`` mode) of the current pass fully handed
+        on or dropped: where to restart the source from when resuming from ``state_dict()``."""
+        self._ledger.trim()
+        return self._ledger.consumed
+
+    @property
+    def resume_from(self) -> int | None:
+        """After ``load_state_dict`` of a mid-pass checkpoint whose source was not tracked: the
+        input item (``state["consumed"]``) the next call's source must start at. ``None`` when no
+        resume is pending or the tracked source is repositioned by the stage itself."""
+        return self._passes.resume_from(self.track_source)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Record ``epoch`` with the decisions from now on (the next pass does not add one)."""
+        if self.memory is not None:
+            check_epoch(int(epoch))
+        self.epoch = int(epoch)
+        self._passes.epoch_set = True
+
+    def observe(self, keys: Sequence[Any], losses: Any) -> None:
+        """Hand back per-sample losses the training step computed anyway, for later epochs.
+
+        They go into the score memory (``memory=``), tagged with the current epoch; from the next
+        epoch until ``memory.max_age`` epochs later, these samples are decided from them with no
+        scoring forward (audit source ``feedback``). Non-finite losses are ignored.
+
+        Args:
+            keys: The samples' keys (``batch["__key__"]``): a list, or an integer tensor or
+                array of the samples' indices (read as one array: the fastest form).
+            losses: One loss per key: a tensor (any device; detached here) or an array.
+        """
+        if isinstance(losses, torch.Tensor):
+            # on an accelerator this copy waits for the training step's kernels: the step's time,
+            # so the stage's own account starts after it
+            losses = losses.detach().float().cpu().numpy()
+        t0 = time.perf_counter()
+        # read as the stage reads a batch's keys, so both name each sample alike
+        self._decider.observe(memory_keys(keys), np.asarray(losses, dtype=np.float64).reshape(-1))
+        self._account.observe += time.perf_counter() - t0
+
+    def publish_memory(self, url: str, storage_options: Mapping[str, Any] | None = None) -> str:
+        """Publish the score memory for ``PreDecodeFilter`` stages in DataLoader workers.
+
+        Call it at the end of each epoch; workers load the newest publication when they next
+        start iterating and decide from it (see ``siftpipe.predecode``). Returns its version.
+        Once ``cost_guard`` has stopped sifting, the publication tells workers to keep every
+        sample (beta 0).
+        """
+        if self.memory is None:
+            raise ConfigError(
+                "publish_memory() needs a score memory: Sifter(..., memory=sp.ScoreMemory(...))"
+            )
+        beta = getattr(self.policy, "beta", None)
+        if beta is None:
+            raise ConfigError(
+                "sifting before decode uses the relative-probabilistic rule; give the Sifter a "
+                f"RelativeProbabilistic policy (it has {type(self.policy).__name__})"
+            )
+        if self._decider.stopped:
+            # the cost guard stopped sifting: workers keep every sample too (percentile ** 0 = 1)
+            beta = 0.0
+        return self.memory.publish(
+            url,
+            storage_options,
+            epoch=self.epoch,
+            seed=self.seed,
+            beta=float(beta),
+            audit_directory=_directory_of(self.audit),
+        )
+
+    def __call__(self, source: Iterable[Any]) -> Iterator[Any]:
+        """Sift ``source``: an iterator over the kept samples (or batches), in input order.
+
+        A fresh call starts a new pass (``epoch`` + 1 after the first, unless ``set_epoch`` was
+        called). After ``load_state_dict`` the call resumes: feed ``source`` from item
+        ``state["consumed"]`` on (a tracked stateful source is repositioned for you).
+        """
+        _check_not_in_worker()
+        device = self.device
+        if device.type == "meta" and self._device is None:
+            raise ConfigError(
+                "the model's parameters are on the meta device (shapes without data), so it cannot "
+                "score: materialise it first (model.to_empty(device=...) and load its weights)"
+            )
+        tracked = self._tracks(source)
+        resume, advance = self._passes.begin(source, tracked, self.track_source)
+        if advance:
+            self.epoch += 1
+        self.watch_shards(source)
+        if self.audit is not None:
+            if not self._sink_bound:  # once: what the log records about the stage is its first pass's
+                self.audit.bind(self.describe(), self._shards.report)
+                self._sink_bound = True
+            self.audit.start()
+        self._scoring.device = CPU if device.type == "cpu" else device
+        reader = Reader(source, self._passes.began_reading)
+        gen = self._run(reader, resume)
+        self._passes.attach(gen, reader)
+        return gen
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly: plain tensors, lists, strings and numbers.
+
+        It holds no sample data; samples decided but not yet handed on are described by their
+        keep mask, weights and keys, and are re-read from the source on resume (never
+        re-scored). Safe for ``torch.load(..., weights_only=True)``.
+
+        Taken inside a pass (while its iterator is alive, before its first item or after any
+        item), a stage loaded with it continues that pass. When no decided sample is waiting to
+        be handed on, it reads the next input item ahead (the pass takes it first) to record its
+        key, so that a resumed source fed from the wrong position is caught. Taken after the pass
+        ended, or after it was abandoned (``break`` out of the loop, ``close()``, an exception),
+        the next call starts a new pass, as it would in this process.
+        """
+        state = {
+            "version": self.STATE_VERSION,
+            "config": stage_config(self),
+            "policy": self.policy.state_dict(),
+            "rng": self._decider.rng.bit_generator.state,
+            "counts": dict(self._decider.counts),
+            "seconds": list(self._decider.seconds),
+            "epoch": self.epoch,
+            "model_version": self.model_version,
+            **self._passes.position(self._decider.keys, self.batched, self.key),  # _passes.POSITION
+            "audit": None if self.audit is None else self.audit.state_dict(),
+            "memory": None if self.memory is None else self.memory.state_dict(),
+            # wall time, like "seconds": not digested (it cannot be checked against anything)
+            "account": self._account.state_dict(),
+        }
+        # An entry damaged, or swapped in from another checkpoint (another rank's decisions, say),
+        # can look as well formed as the right one: the digests tell them apart.
+        state["checks"] = {name: digest(value) for name, value in state.items() if name not in WALL_CLOCK}
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any], *, override: Iterable[str] = ()) -> None:
+        """Restore a ``state_dict()``; the next ``sifter(source)`` call continues from it.
+
+        The checkpoint must come from a stage set up alike: every setting that changes decisions
+        or positions is compared, and a difference raises ``ResumeError`` naming it (``batched``,
+        ``micro_batch``, ``output_batch``, ``delay``, ``on_nan``, ``seed``, ``key``, the policy's
+        type and configuration, the score memory's presence, ``capacity``, ``max_age`` and
+        ``remember_forward``, and the rank and world size). Settings that only change how losses
+        are computed or what is handed on (``scorer``, ``device``, ``autocast``, ``pin_memory``,
+        ``eval_mode``, ``on_oom``, ``pad_micro_batch``, ``collate_fn``, ``attach_weight``,
+        ``weight_field``) are not compared: moving a job to other hardware must stay possible.
+        The whole state is checked before anything is loaded: a partial or damaged one raises
+        ``ResumeError`` naming the entry and leaves the stage (its running pass included) as it was.
+
+        Args:
+            state: What ``state_dict()`` returned (through ``torch.save``/``torch.load``).
+            override: Names of settings (``Sifter.RESUME_OVERRIDES``) in which this stage may
+                differ from the checkpoint on purpose; this stage's setting then wins, and the
+                resumed run no longer decides as the uninterrupted one would. ``"policy"``: the
+                checkpoint's loss history is carried over when both policies keep one (resized
+                to this policy's window), else the policy starts empty. ``"seed"``: the generator
+                restarts from this stage's seed. ``"memory"``: the checkpoint's remembered losses
+                are loaded into this memory as far as they fit (none if either stage has none).
+                ``"rank"``: a checkpoint of another rank or world size is loaded as it is (not
+                with an audit log, which would write into the other rank's stream). ``"key"``:
+                re-read samples are not checked by key. ``batched`` cannot be overridden.
+        """
+        check_state(state, self.batched)
+        if state["version"] >= 2:
+            check_policy_entries(self.policy, state)
+        if self.audit is not None:
+            self.audit.check_state(state["audit"])
+        allowed = override_names(override)
+        differ = config_differences(state, stage_config(self), self.memory is not None)
+        refused = [d for d in differ if d[0] not in allowed]
+        if refused:
+            names = sorted({d[0] for d in refused if d[0] in RESUME_OVERRIDES})
+            fix = "construct the Sifter with the checkpoint's setting to resume exactly"
+            if names:
+                fix += f", or pass override={tuple(names)!r} to resume with this stage's on purpose"
+            raise ResumeError(
+                "the checkpoint was made with other settings, so decisions would differ: "
+                + "; ".join(d[1] for d in refused)
+                + f"; {fix}"
+            )
+        # Everything else was checked above; what can still fail (the policy's own loading, the
+        # audit log's own checks) goes first, and is undone, so that a refused state leaves the
+        # stage exactly as it was (its running pass included).
+        before = self.policy.state_dict()
+        loading = "policy"
+        try:
+            if "policy" in allowed and any(d[0] == "policy" for d in differ):
+                carry_policy_state(self.policy, state["policy"])
+            else:
+                self.policy.load_state_dict(state["policy"])
+            loading = "audit"
+            if self.audit is not None:
+                self.audit.load_state_dict(state["audit"], resumed_from=int(state["counts"]["seen"]))
+        except Exception as exc:
+            self.policy.load_state_dict(before)
+            if isinstance(exc, ResumeError):
+                raise
+            why = f"{type(exc).__name__}: {exc}"
+            raise ResumeError(
+                f"the checkpoint's policy state does not fit policy {self.policy!r}: {why}; load a "
+                "state this policy's state_dict() wrote"
+                if loading == "policy"
+                else f"the stage's audit sink {type(self.audit).__name__} could not load the "
+                f"checkpoint's audit entry: {why}"
+            ) from exc
+        self._passes.close_active()
+        if self.memory is not None and state["memory"] is not None:
+            self.memory.load_state_dict(state["memory"], fit="memory" in allowed)
+        if "seed" in allowed and any(d[0] == "seed" for d in differ):
+            self._decider.rng = np.random.default_rng(self.rng_seed)
+        else:
+            self._decider.rng.bit_generator.state = state["rng"]
+        # from zeros: counters a state written before they existed load as 0, not as this stage's
+        self._decider.counts = {**dict.fromkeys(COUNTS, 0), **{k: int(v) for k, v in state["counts"].items()}}
+        self._decider.seconds = [float(v) for v in state["seconds"]]
+        self._account = CostAccount()  # the checkpoint's (states written before it: afresh)
+        if "account" in state:
+            self._account.load_state_dict(state["account"])
+        self.epoch = int(state["epoch"])
+        self.model_version = int(state["model_version"])
+        # the checkpoint's keys were read with another key setting: nothing to compare
+        self._passes.load(state, forget_keys="key" in allowed and any(d[0] == "key" for d in differ))
+
+    def close(self) -> None:
+        """Stop the active pass and flush and close the audit log (if any)."""
+        self._passes.close_active()
+        if self.audit is not None:
+            self.audit.close()
+
+    def __enter__(self) -> Sifter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"Sifter(scorer={self.scorer!r}, policy={self.policy!r}, micro_batch={self.micro_batch}, "
+            f"delay={self.delay}, batched={self.batched}, output_batch={self.output_batch}, "
+            f"device={self.device})"
+        )
+
+    # ------------------------------------------------------------------ the pass
+
+    def _run(self, reader: Reader, resume: dict[str, Any] | None) -> Generator[Any, None, None]:
+        out = Output(self._ledger, self._scoring, self.output_batch)
+        groups = self._reread(reader, resume) if resume is not None else []
+        this_pass = self._passes.run_begins(resume)
+        finished = False
+        self._account.pass_begins()
+        try:
+            mark = yield from self._account.timed(self._outputs(out, reader, groups), out)
+            self._ledger.trim()
+            finished = True
+            self._pass_ended(mark)
+        finally:
+            # ended, abandoned or failed: the next call starts a new pass, and so does a stage
+            # loaded with a state taken from now on (unless a newer pass or a load came first: a
+            # pass left in a reference cycle is closed whenever the garbage collector gets to it)
+            if not finished and self._passes.is_current(this_pass):
+                # left early (a break, EqualSteps): still evidence, but the time since the last
+                # group is not the stage's (the pass may be closed long after it was left)
+                self._pass_ended(None)
+            self._passes.run_ends(this_pass, finished, reader)
+
+    def _pass_ended(self, mark: float | None) -> None:
+        """Let the account judge the run so far (``mark``: when the stage last resumed, for a pass
+        that ran to its end); with ``cost_guard``, stop sifting if it is not paying."""
+        stopping = self.cost_guard and not self._decider.counts["stopped_at"]
+        if self._account.pass_ends(mark, stopping=stopping) and stopping:
+            self._decider.counts["stopped_at"] = self._decider.counts["seen"]
+
+    def _outputs(self, out: Output, reader: Reader, groups: list[Group]) -> Iterator[Iterator[Any]]:
+        """The items to hand on, group by group: the re-read groups', then each fresh group's
+        once decided, then what the output still holds."""
+        for group in groups:
+            yield out.hand_on(group)
+        while True:
+            fresh = self._read(reader)
+            if fresh is None:
+                break
+            self._decider.decide(fresh)
+            self._account.dropped += fresh.rows - fresh.kept_index.size
+            yield out.hand_on(fresh)
+        yield out.finish()
+
+    def _read(self, reader: Reader) -> Group | None:
+        if reader.has_ahead:
+            snapshot = reader.ahead_snapshot
+        else:
+            # the tracked source's state is taken after iter() started this pass (before it, a
+            # loader whose last pass was left mid-way would restore into that pass)
+            reader.iterate()
+            snapshot = self._passes.snapshot()
+        t0 = time.perf_counter()
+        if self.batched:
+            batch = reader.next()
+            self._account.source += time.perf_counter() - t0
+            if batch is END:
+                return None
+            group = Group([batch], _batch.batch_size(batch), self._decider.counts["seen"], snapshot)
+        else:
+            items = reader.take(self.micro_batch)  # type: ignore[arg-type]
+            self._account.source += time.perf_counter() - t0
+            if not items:
+                return None
+            group = Group(items, len(items), self._decider.counts["seen"], snapshot)
+        self._ledger.pending.append(group)
+        return group
+
+    def _reread(self, reader: Reader, state: Mapping[str, Any]) -> list[Group]:
+        """Re-read the samples decided before the checkpoint but not yet handed on.
+
+        Raises ``ResumeError`` with the stage as it was (the checkpoint still to be resumed) if the
+        source does not give them."""
+        try:
+            weight_field = self.weight_field if self.attach_weight else None
+            groups = reread_groups(reader, state, self._ledger, self.batched, self.key, weight_field)
+            if not groups:
+                check_next(reader, state, self._passes.source, self.batched, self.key)
+            return groups
+        except BaseException:
+            self._ledger.drop_pending()
+            raise
+
+    # ------------------------------------------------------------------ helpers
+
+    def _tracks(self, source: Any) -> bool:
+        able = hasattr(source, "state_dict") and hasattr(source, "load_state_dict")
+        if self.track_source is None:
+            return able
+        if self.track_source and not able:
+            raise ConfigError(
+                f"track_source=True but the source ({type(source).__name__}) has no "
+                "state_dict/load_state_dict"
+            )
+        return self.track_source
+
+
+def _directory_of(sink: Any) -> str | None:
+    """The audit log's directory (where workers put their ``_predecode`` records), if the sink has one."""
+    directory = getattr(sink, "directory", None)
+    return directory if isinstance(directory, str) else None
+
+
+def _check_not_in_worker() -> None:
+    info = get_worker_info()
+    if info is not None:
+        raise SiftInWorkerError(
+            f"siftpipe.Sifter is running inside DataLoader worker {info.id}, where the model is "
+            "a copy made when the worker started: its scores would come from stale weights. "
+            "Decode and batch in the workers, and sift in the training process after the "
+            "loader: WebLoader(dataset, ...).sift(sifter), or `for x in sifter(loader)`."
+        )

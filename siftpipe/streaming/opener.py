@@ -1,0 +1,999 @@
+"""Open shards at any fsspec URL (S3, GCS, HTTP, local) and read tar shards into samples.
+
+The pieces, in the order data flows:
+
+* ``ShardOpener`` opens one URL through fsspec with explicit storage options (or the standard
+  environment). Filesystems are created lazily, once per process and protocol, never shared
+  across ``fork`` (an s3fs instance made in the parent is unusable in a DataLoader worker).
+  Transient failures (connection errors, timeouts, 5xx and throttling answers, truncated reads)
+  are retried with exponential backoff, both while opening and while reading: a read that fails
+  mid-stream reopens the object and continues at the same byte offset.
+* ``iter_tar_samples`` groups the members of one tar stream into WebDataset samples and reports,
+  after each sample, the byte offset where the next one starts (for exact, seek-based resume).
+* ``ShardReader`` is a pipeline stage: shard URLs in, samples out, with a webdataset-style
+  ``handler`` deciding whether a shard that cannot be read stops the pipeline or is skipped.
+
+Every error is a ``ShardError`` that names the shard URL (and the last sample key when known) and
+the likely fix; no message, warning, log record or repr ever contains a credential.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import logging
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import tarfile
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from .._secrets import (
+    Redactor,
+    redact,
+    redact_command,
+    redact_options,
+    redact_url,
+    secret_values,
+)
+from ..core.shardcounts import (
+    ShardStats,
+    SharedShardCounts,
+    count_here,
+    find_shard_counts,
+    merge_shard_stats,
+    reset_shard_stats,
+    shard_stats,
+)
+from ..errors import ConfigError, ShardError, ShardWarning
+
+__all__ = [
+    "ShardOpener",
+    "ShardReader",
+    "MAX_EXTENDED_HEADER_BYTES",
+    "MAX_MEMBER_BYTES",
+    "MAX_SAMPLE_BYTES",
+    "ShardStats",
+    "SharedShardCounts",
+    "TarLimitError",
+    "classify_error",
+    "describe_error",
+    "find_shard_counts",
+    "ignore_and_continue",
+    "merge_shard_stats",
+    "ignore_and_stop",
+    "iter_tar_samples",
+    "local_path",
+    "PipeStream",
+    "redact_url",
+    "reraise_exception",
+    "reset_shard_stats",
+    "shard_stats",
+    "warn_and_continue",
+    "warn_and_stop",
+]
+
+log = logging.getLogger("siftpipe.shards")
+
+Handler = Callable[[BaseException], bool]
+
+PIPE = "pipe:"
+
+
+# ---------------------------------------------------------------------------------- handlers
+
+
+def reraise_exception(exn: BaseException) -> bool:
+    """Handler: raise the error (the default): a shard that cannot be read stops the pipeline."""
+    raise exn
+
+
+def describe_error(exn: BaseException) -> str:
+    """What a handler shows for ``exn``: a siftpipe error's message, or for any other error (one
+    that webdataset raised, say) its type and message, with the shard, sample and field it
+    carries, and its cause. Never empty (webdataset's ``DecodingError`` has no message)."""
+    if isinstance(exn, ShardError):
+        return str(exn)
+    text = f"{type(exn).__name__}: {exn}" if str(exn) else type(exn).__name__
+    where = [
+        f"{label} {redact_url(value) if label == 'shard' else value!r}"
+        for attr, label in (("url", "shard"), ("key", "sample"), ("k", "field"))
+        if isinstance(value := getattr(exn, attr, None), str)
+    ]
+    if where:
+        text += f" ({', '.join(where)})"
+    cause = exn.__cause__
+    if cause is not None:
+        text += f": {type(cause).__name__}: {cause}"
+    return redact(text, secret_values())
+
+
+def warn_and_continue(exn: BaseException) -> bool:
+    """Handler: warn (``ShardWarning``, naming the shard and why) and skip to the next shard."""
+    warnings.warn(describe_error(exn), ShardWarning, stacklevel=2)
+    return True
+
+
+def ignore_and_continue(exn: BaseException) -> bool:
+    """Handler: skip the shard silently (it is still counted in ``shard_stats().skipped``)."""
+    return True
+
+
+def warn_and_stop(exn: BaseException) -> bool:
+    """Handler: warn and end the pass quietly at this shard."""
+    warnings.warn(describe_error(exn), ShardWarning, stacklevel=2)
+    return False
+
+
+def ignore_and_stop(exn: BaseException) -> bool:
+    """Handler: end the pass quietly at this shard."""
+    return False
+
+
+# ---------------------------------------------------------------------------------- classifying
+
+_TRANSIENT_ERRNO = {
+    errno.EIO,
+    errno.EBUSY,
+    errno.EAGAIN,
+    errno.ETIMEDOUT,
+    errno.ECONNRESET,
+    errno.ECONNREFUSED,
+    errno.ECONNABORTED,
+    errno.EPIPE,
+    errno.ENETDOWN,
+    errno.ENETUNREACH,
+    errno.EHOSTUNREACH,
+    getattr(errno, "EREMOTEIO", errno.EIO),
+}
+_TRANSIENT_CODES = {
+    "SlowDown",
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestTimeout",
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "TooManyRequests",
+}
+_DENIED_CODES = {
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "AllAccessDisabled",
+    "AccountProblem",
+}
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen and len(seen) < 8:
+        seen.add(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__
+
+
+def _response(exc: BaseException) -> tuple[str | None, int | None]:
+    """(error code, HTTP status) of a botocore ClientError or an aiohttp response error."""
+    response = getattr(exc, "response", None)
+    if isinstance(response, Mapping):
+        code = response.get("Error", {}).get("Code")
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return (str(code) if code is not None else None), (int(status) if status else None)
+    status = getattr(exc, "status", None)
+    if isinstance(status, int) and type(exc).__module__.startswith("aiohttp"):
+        return None, status
+    return None, None
+
+
+def _transient_type(exc: BaseException) -> bool:
+    if isinstance(exc, ConnectionError | TimeoutError | socket.timeout):
+        return True
+    name = type(exc).__name__
+    module = type(exc).__module__
+    if module.startswith("botocore"):
+        return any(
+            c.__name__ in ("ConnectionError", "HTTPClientError", "ReadTimeoutError", "ConnectTimeoutError")
+            for c in type(exc).__mro__
+        )
+    if module.startswith("aiohttp"):
+        return any(
+            c.__name__ in ("ClientConnectionError", "ClientPayloadError", "ServerTimeoutError")
+            for c in type(exc).__mro__
+        )
+    if module.startswith(("urllib3", "http.client", "requests")):
+        return name in (
+            "IncompleteRead",
+            "RemoteDisconnected",
+            "ProtocolError",
+            "ReadTimeoutError",
+            "ConnectTimeoutError",
+            "NewConnectionError",
+            "ConnectionError",
+            "ChunkedEncodingError",
+            "ReadTimeout",
+            "ConnectTimeout",
+        )
+    return name == "FSTimeoutError"
+
+
+def classify_error(exc: BaseException) -> str:
+    """What went wrong, from an error raised by fsspec (or its backend) or by tarfile.
+
+    Returns one of ``"missing_bucket"``, ``"missing"``, ``"denied"``, ``"no_credentials"``,
+    ``"transient"`` (worth retrying), ``"corrupt"``, ``"too_large"`` (``TarLimitError``) or
+    ``"other"``.
+    """
+    if isinstance(exc, ShardError) and exc.kind:
+        return exc.kind
+    chain = list(_chain(exc))
+    for e in chain:
+        name = type(e).__name__
+        if name in ("NoCredentialsError", "PartialCredentialsError", "ProfileNotFound", "NoAuthTokenError"):
+            return "no_credentials"
+        code, status = _response(e)
+        if code == "NoSuchBucket":
+            return "missing_bucket"
+        if code in ("NoSuchKey", "404") or status == 404:
+            return "missing"
+        if code in _DENIED_CODES or status in (401, 403):
+            return "denied"
+        if code in _TRANSIENT_CODES or (status is not None and (status >= 500 or status == 429)):
+            return "transient"
+    first = chain[0]
+    if isinstance(first, TarLimitError):
+        return "too_large"
+    if isinstance(first, FileNotFoundError):
+        return "missing_bucket" if "bucket" in str(first).lower() else "missing"
+    if isinstance(first, PermissionError):
+        return "denied"
+    if any(_transient_type(e) for e in chain):
+        return "transient"
+    if isinstance(first, tarfile.TarError | EOFError) or type(first).__name__ in ("BadGzipFile", "error"):
+        return "corrupt"
+    if isinstance(first, OSError) and first.errno in _TRANSIENT_ERRNO:
+        return "transient"
+    return "other"
+
+
+_FIX = {
+    "missing_bucket": "the bucket {bucket} does not exist at this endpoint: check the bucket name in the URL "
+    "and storage_options['endpoint_url'] (or AWS_ENDPOINT_URL)",
+    "missing": "there is no such object: check the shard pattern (prefix, brace range such as "
+    "{{000000..000009}}, extension) against the shards that were written",
+    "denied": "access was denied: check the credentials (storage_options key/secret/token or profile, "
+    "or the AWS_* environment variables), the bucket policy, or pass anon=True for a public bucket",
+    "no_credentials": "no usable credentials were found: check that the profile (storage_options "
+    "['profile'] or AWS_PROFILE) exists in the AWS config files, or set AWS_ACCESS_KEY_ID and "
+    "AWS_SECRET_ACCESS_KEY, pass storage_options key/secret, or anon=True for a public bucket",
+    "transient": "the storage did not answer: check the endpoint and the network, raise retries= or "
+    "timeout=, or pass handler=warn_and_continue to skip shards that cannot be read",
+    "corrupt": "it is not a readable tar archive (truncated or corrupt): rewrite the shard, or pass "
+    "handler=warn_and_continue to skip it",
+    "too_large": "the reader takes one sample into memory at a time and refuses more: raise "
+    "max_member_bytes= or max_sample_bytes= (WebDataset, ShardSource; None: no limit) if the shard is "
+    "trusted and such members are expected, or pass handler=warn_and_continue to skip it",
+    "other": "pass handler=warn_and_continue to skip shards that cannot be read",
+}
+
+
+# ---------------------------------------------------------------------------------- opening
+
+
+class ShardOpener:
+    """Opens shard URLs through fsspec, lazily in each process, retrying transient failures.
+
+    Args:
+        storage_options: fsspec options for the URL's filesystem, e.g. ``{"endpoint_url": ...,
+            "key": ..., "secret": ...}``, ``{"profile": "research"}`` or ``{"anon": True}`` for S3.
+            ``None``: the filesystem's defaults (for S3 the standard AWS environment and config).
+        retries: Retries of one failed open or read (transient errors only) before giving up.
+        backoff: Seconds to wait before the first retry; doubled after each (with jitter).
+        max_backoff: Longest wait between two attempts, in seconds.
+        timeout: Total seconds one open or read may spend failing and backing off before the
+            shard is given up (``None``: only ``retries`` limits it). Per-request timeouts are the
+            filesystem's own (for S3: ``config_kwargs={"connect_timeout": s, "read_timeout": s}``).
+        block_size: Bytes fetched per request when reading a remote object (``None``: the
+            filesystem's default, 5 MiB for S3). Smaller blocks lose less on a dropped connection.
+    """
+
+    def __init__(
+        self,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        retries: int = 5,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        timeout: float | None = 120.0,
+        block_size: int | None = None,
+    ) -> None:
+        if storage_options is not None and not isinstance(storage_options, Mapping):
+            raise ConfigError(
+                f"storage_options must be a dict of fsspec options, got {type(storage_options).__name__}"
+            )
+        if not isinstance(retries, int) or retries < 0:
+            raise ConfigError(f"retries must be a number of retries >= 0, got {retries!r}")
+        if backoff < 0 or max_backoff < 0:
+            raise ConfigError(
+                f"backoff and max_backoff must be seconds >= 0, got {backoff!r}, {max_backoff!r}"
+            )
+        if timeout is not None and timeout <= 0:
+            raise ConfigError(f"timeout must be seconds > 0 or None, got {timeout!r}")
+        if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
+            raise ConfigError(f"block_size must be a number of bytes >= 1 or None, got {block_size!r}")
+        self.storage_options: dict[str, Any] = dict(storage_options or {})
+        self.retries = retries
+        self.backoff = float(backoff)
+        self.max_backoff = float(max_backoff)
+        self.timeout = timeout
+        self.block_size = block_size
+        self.redact = Redactor(self.storage_options)
+        self._filesystems: dict[tuple[int, str], Any] = {}
+        #: Counters of everything read through this opener, in every process (see ``stats``).
+        self.counts = SharedShardCounts()
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Count an event in this process's ``shard_stats()`` and in this opener's shared counters."""
+        count_here(name, n)
+        self.counts.add(name, n)
+
+    def stats(self) -> ShardStats:
+        """What was read through this opener, summed over every process (DataLoader workers too)."""
+        return self.counts.stats()
+
+    # the filesystems are per process: never pickle them into a worker
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_filesystems"] = {}
+        return state
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardOpener(storage_options={redact_options(self.storage_options)!r}, retries={self.retries}, "
+            f"backoff={self.backoff}, timeout={self.timeout}, block_size={self.block_size})"
+        )
+
+    def filesystem(self, url: str) -> tuple[Any, str]:
+        """(fsspec filesystem, path) for ``url``; the filesystem is made once per process."""
+        import fsspec
+        from fsspec.core import split_protocol
+
+        protocol, _ = split_protocol(url)
+        protocol = protocol or "file"
+        if "::" in url:  # chained URLs (simplecache::s3://...) carry per-layer options
+            fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True, **self.storage_options)
+            return fs, path
+        slot = (os.getpid(), protocol)
+        fs = self._filesystems.get(slot)
+        if fs is None:
+            if protocol not in fsspec.available_protocols():
+                raise ConfigError(
+                    f"no fsspec filesystem for {protocol}:// URLs (in {self.redact(redact_url(url))}): "
+                    "check the URL's scheme (s3://, gs://, az://, https://, file://)"
+                )
+            try:
+                fs = fsspec.filesystem(protocol, skip_instance_cache=True, **self.storage_options)
+            except ImportError as exc:
+                raise ConfigError(
+                    f"no fsspec filesystem for {protocol}:// URLs ({self.redact(str(exc))}); install the "
+                    f"package that provides it (s3fs for s3://, gcsfs for gs://, adlfs for az://)"
+                ) from None
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(
+                    f"the storage options were rejected by the {protocol}:// filesystem: "
+                    f"{type(exc).__name__}: {self.redact(str(exc))}; storage options were "
+                    f"{redact_options(self.storage_options)}"
+                ) from None
+            self._filesystems[slot] = fs
+        return fs, fs._strip_protocol(url)
+
+    def open(self, url: str, offset: int = 0) -> RetryingFile:
+        """A read-only binary stream of ``url`` from byte ``offset``, retried as configured.
+
+        Raises ``ShardError`` (naming the URL and the likely fix) when it cannot be opened."""
+        stream = RetryingFile(self, url, offset)
+        stream.connect()
+        return stream
+
+    def _raw_open(self, url: str, offset: int) -> Any:
+        if url.startswith(PIPE):
+            f: Any = PipeStream(url[len(PIPE) :], self.redact(redact_url(url)), self.timeout)
+            if offset:
+                _skip_bytes(f, offset)
+            return f
+        fs, path = self.filesystem(url)
+        kwargs: dict[str, Any] = {}
+        protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
+        if self.block_size is not None and "file" not in protocols:
+            kwargs["block_size"] = self.block_size
+        f = fs.open(path, "rb", **kwargs)
+        if offset:
+            try:
+                f.seek(offset)
+            except (OSError, ValueError, io.UnsupportedOperation):
+                _skip_bytes(f, offset)
+        return f
+
+    def retrying(self, what: str, url: str, fn: Callable[[], Any], key: str | None = None) -> Any:
+        """``fn()``, retrying transient failures with exponential backoff; else a ShardError."""
+        attempt = 0
+        started: float | None = None
+        while True:
+            try:
+                return fn()
+            except (ShardError, ConfigError):
+                raise
+            except Exception as exc:  # classified below; never swallowed
+                kind = classify_error(exc)
+                now = time.monotonic()
+                if started is None:
+                    started = now
+                spent = now - started
+                if kind != "transient" or attempt >= self.retries:
+                    err = self.error(exc, url, key, what=what, attempts=attempt + 1, seconds=spent)
+                    del exc
+                    break
+                wait = min(self.max_backoff, self.backoff * 2**attempt) * (0.5 + random.random() / 2)
+                if self.timeout is not None and spent + wait > self.timeout:
+                    err = self.error(
+                        exc, url, key, what=what, attempts=attempt + 1, seconds=spent, timed_out=True
+                    )
+                    del exc
+                    break
+                attempt += 1
+                self.count("retries")
+                log.info(
+                    "retrying %s of shard %s in %.2f s (attempt %d of %d): %s",
+                    what,
+                    self.redact(redact_url(url)),
+                    wait,
+                    attempt + 1,
+                    self.retries + 1,
+                    self.redact(f"{type(exc).__name__}: {exc}"),
+                )
+                del exc
+                time.sleep(wait)
+        raise err  # outside the except block: no chained error can carry a credential
+
+    def error(
+        self,
+        exc: BaseException,
+        url: str,
+        key: str | None = None,
+        *,
+        what: str = "reading",
+        attempts: int = 1,
+        seconds: float = 0.0,
+        timed_out: bool = False,
+    ) -> ShardError:
+        """A ``ShardError`` for ``exc`` that names the shard, the sample and the fix; no secrets."""
+        if isinstance(exc, ShardError):
+            return exc
+        kind = classify_error(exc)
+        shown = self.redact(redact_url(url))
+        where = f"shard {shown}" + (f" (after sample {key!r})" if key is not None else "")
+        cause = self.redact(f"{type(exc).__name__}: {exc}")
+        tries = ""
+        if kind == "transient":
+            limit = f"the {self.timeout:g} s timeout" if timed_out else f"{self.retries} retries"
+            tries = f" after {attempts} attempt(s) over {seconds:.1f} s ({limit})"
+        bucket = urlsplit(url).netloc or "(none)"
+        fix = _FIX[kind].format(bucket=repr(bucket))
+        return ShardError(f"{what} {where} failed{tries}: {cause}; {fix}", url=shown, key=key, kind=kind)
+
+
+def _skip_bytes(f: Any, n: int) -> None:
+    while n > 0:
+        chunk = f.read(min(n, 1 << 20))
+        if not chunk:
+            raise EOFError(f"the object ended {n} bytes before the offset to resume at")
+        n -= len(chunk)
+
+
+class PipeStream(io.RawIOBase):
+    """The standard output of a shell command, read as a shard: webdataset's ``pipe:`` URLs
+    (``pipe:aws s3 cp s3://bucket/x.tar -``, ``pipe:curl -s https://host/x.tar``).
+
+    The command runs in its own session (so that closing the stream early ends every process of
+    a shell pipeline), with its standard error kept in a temporary file. When its output ends,
+    or ``finish()`` is called after the archive's end, a non-zero exit status raises a
+    ``ShardError`` (kind ``command``, also an ``OSError`` as webdataset's) naming the command
+    (credentials redacted), the status and the end of its standard error. Exit status 141 (a
+    shell whose command was ended by SIGPIPE, when the reader stopped reading) counts as success,
+    as in webdataset.
+
+    Args:
+        command: The shell command (the URL after ``pipe:``).
+        shown: The URL to name in errors, credentials already redacted.
+        timeout: Seconds ``finish()`` waits for the command to exit after its shard was read
+            (``None``: as long as it takes).
+    """
+
+    #: Exit statuses that mean success: 0, and a shell's child ended by SIGPIPE (128 + 13).
+    OK_STATUS = (0, 128 + signal.SIGPIPE, -signal.SIGPIPE)
+    #: Bytes of standard error shown in an error message (the end of it).
+    STDERR_SHOWN = 800
+
+    def __init__(self, command: str, shown: str, timeout: float | None = None) -> None:
+        super().__init__()
+        if os.environ.get("WDS_SECURE", "0") not in ("", "0"):
+            raise ConfigError(
+                f"{shown}: pipe: URLs run shell commands, and WDS_SECURE is set (as in webdataset, "
+                "this refuses them); unset WDS_SECURE or read the shards through a storage URL"
+            )
+        self.command = command
+        self.shown = shown
+        self.timeout = timeout
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
+        self.proc = subprocess.Popen(
+            command,
+            shell=True,  # the URL is a shell command by definition (webdataset's pipe:)
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            start_new_session=True,
+        )
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int | None = -1) -> bytes:
+        assert self.proc.stdout is not None
+        data = self.proc.stdout.read(-1 if n is None or n < 0 else n)
+        if not data and n != 0:
+            self._check(self._wait(None))
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def finish(self) -> None:
+        """The shard was read to its end: stop reading, wait for the command, check its status."""
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+        status = self._wait(self.timeout)
+        if status is None:
+            self._kill()
+            raise ShardError(
+                f"the command of shard {self.shown} did not exit within {self.timeout:g} s after its "
+                "archive was read; check the command, or raise timeout=",
+                url=self.shown,
+                kind="command",
+            )
+        self._check(status)
+
+    def _wait(self, timeout: float | None) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def _check(self, status: int | None) -> None:
+        if status is None or status in self.OK_STATUS:
+            return
+        self._stderr.seek(0, io.SEEK_END)
+        size = self._stderr.tell()
+        self._stderr.seek(max(0, size - self.STDERR_SHOWN))
+        tail = self._stderr.read().decode(errors="replace").strip()
+        said = f"; it said: {redact_command(tail)!r}" if tail else " (and wrote nothing to standard error)"
+        how = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
+        raise ShardError(
+            f"the command of shard {self.shown} {how}{said}; run it in a shell to check it: its "
+            "standard output must be the tar archive",
+            url=self.shown,
+            kind="command",
+        )
+
+    def _kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def close(self) -> None:
+        """Stop reading; a command still running is ended (with its whole process group)."""
+        if self.closed:
+            return
+        try:
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+            if self.proc.poll() is None:
+                self._kill()
+        finally:
+            self._stderr.close()
+            super().close()
+
+    def __repr__(self) -> str:
+        return f"<siftpipe pipe stream {self.shown}>"
+
+
+class RetryingFile(io.RawIOBase):
+    """A read-only stream over one shard that survives dropped connections.
+
+    A read that fails with a transient error (or ends before the object's known size) closes the
+    underlying file, waits, reopens the object and continues at the same byte offset."""
+
+    def __init__(self, opener: ShardOpener, url: str, offset: int = 0) -> None:
+        super().__init__()
+        self.opener = opener
+        self.url = url
+        self.pos = offset
+        self.size: int | None = None
+        self._f: Any = None
+
+    def _connect(self) -> None:
+        self._f = self.opener._raw_open(self.url, self.pos)
+        size = getattr(self._f, "size", None)
+        self.size = size if isinstance(size, int) else None
+
+    def _drop(self) -> None:
+        f, self._f = self._f, None
+        if f is not None:
+            with contextlib.suppress(Exception):  # the old connection is broken anyway
+                f.close()
+
+    def connect(self) -> None:
+        """Open the object (with retries); raises ``ShardError`` if it cannot be opened."""
+
+        def attempt() -> None:
+            try:
+                self._connect()
+            except BaseException:
+                self._drop()
+                raise
+
+        self.opener.retrying("opening", self.url, attempt)
+        self.opener.count("opened")
+
+    def readable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, n: int | None = -1) -> bytes:
+        if self.closed:
+            raise ValueError(f"read from a closed shard stream ({self.opener.redact(redact_url(self.url))})")
+        want = -1 if n is None else n
+
+        def attempt() -> bytes:
+            if self._f is None:
+                self._connect()
+                self.opener.count("reopened")
+            try:
+                data = self._f.read(want)
+                if not data and want != 0 and self.size is not None and self.pos < self.size:
+                    raise ConnectionResetError(
+                        f"the stream ended at byte {self.pos} of {self.size} (connection closed early)"
+                    )
+            except BaseException:
+                self._drop()
+                raise
+            return bytes(data)
+
+        data: bytes = self.opener.retrying("reading", self.url, attempt)
+        self.pos += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def finish(self) -> None:
+        """The archive was read to its end: for a ``pipe:`` shard, check the command's exit
+        status (``PipeStream.finish``); nothing for other shards."""
+        if isinstance(self._f, PipeStream):
+            self._f.finish()
+
+    def close(self) -> None:
+        self._drop()
+        super().close()
+
+    def __repr__(self) -> str:
+        return f"<siftpipe shard stream {self.opener.redact(redact_url(self.url))} at byte {self.pos}>"
+
+
+# ---------------------------------------------------------------------------------- tar -> samples
+
+_META = re.compile(r"__[^/]*__($|/)")
+
+
+#: Default of ``max_member_bytes``: the largest tar member read into memory (256 MiB).
+MAX_MEMBER_BYTES = 256 * 2**20
+#: Default of ``max_sample_bytes``: the most one sample's members may hold together (1 GiB).
+MAX_SAMPLE_BYTES = 2**30
+#: The largest pax or GNU long-name header read (1 MiB): tarfile reads one whole into memory.
+MAX_EXTENDED_HEADER_BYTES = 2**20
+
+_EXTENDED_TYPES = (
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+)
+
+
+class TarLimitError(tarfile.ReadError):
+    """A tar member (or one sample's members, or an extended header) holds more bytes than the
+    reader takes into memory at once; classified as kind ``too_large``."""
+
+
+class _CheckedTarInfo(tarfile.TarInfo):
+    """Notes on its TarFile when the archive ends without its end-of-archive marker, or a member
+    header in the middle is corrupt (its checksum fails, a number field is garbage or its size is
+    negative): stream-mode tarfile otherwise ends such an archive quietly at that point, as if it
+    were complete, and the rest of the shard is lost without a word. Refuses an extended header
+    (pax, GNU long name) larger than ``MAX_EXTENDED_HEADER_BYTES`` before tarfile reads it whole."""
+
+    @classmethod
+    def fromtarfile(cls, tarfile_: tarfile.TarFile) -> _CheckedTarInfo:
+        # tarfile.TarInfo.fromtarfile, with checks between reading a header and acting on it
+        fileobj: Any = tarfile_.fileobj
+        buf = fileobj.read(tarfile.BLOCKSIZE)
+        try:
+            obj = cls.frombuf(buf, tarfile_.encoding, tarfile_.errors)
+        except (tarfile.EmptyHeaderError, tarfile.TruncatedHeaderError):  # type: ignore[attr-defined]
+            tarfile_._siftpipe_truncated = True  # type: ignore[attr-defined]
+            raise
+        except tarfile.InvalidHeaderError as exc:  # type: ignore[attr-defined]
+            tarfile_._siftpipe_corrupt = str(exc)  # type: ignore[attr-defined]
+            raise
+        obj.offset = fileobj.tell() - tarfile.BLOCKSIZE
+        if obj.size < 0:  # tarfile would move backwards in the stream, or end it quietly
+            tarfile_._siftpipe_corrupt = f"member {obj.name!r} has a negative size"  # type: ignore[attr-defined]
+            raise tarfile.InvalidHeaderError("negative size")  # type: ignore[attr-defined]
+        if obj.type in _EXTENDED_TYPES and obj.size > MAX_EXTENDED_HEADER_BYTES:
+            raise TarLimitError(
+                f"an extended header (pax or GNU long name) before member {obj.name!r} holds "
+                f"{obj.size} bytes, more than the {MAX_EXTENDED_HEADER_BYTES} a tar writer ever needs"
+            )
+        return obj._proc_member(tarfile_)  # type: ignore[attr-defined]
+
+
+_BASE_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+# tarfile's words for a header it cannot parse, said plainly
+_HEADER_FAULTS = {
+    "bad checksum": "its checksum does not match",
+    "invalid header": "a number field holds garbage",
+}
+
+
+def _is_text(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # tarfile decodes undecodable bytes to lone surrogates
+        return False
+    return True
+
+
+def local_path(url: str) -> str | None:
+    """The file a local shard names, the ``__local_path__`` of its samples: a path as given, a
+    ``file:`` URL's path; ``None`` for any other URL. (webdataset gives ``urlparse(url).path``:
+    the same for every name without ``?``, ``#`` or ``;``, which it cuts off.)"""
+    parsed = urlsplit(url)
+    if parsed.scheme == "":
+        return url
+    if parsed.scheme == "file":
+        return parsed.path
+    return None
+
+
+def iter_tar_samples(
+    stream: Any,
+    url: str,
+    *,
+    start: int = 0,
+    select_files: Callable[[str], bool] | None = None,
+    rename_files: Callable[[str], str] | None = None,
+    max_member_bytes: int | None = MAX_MEMBER_BYTES,
+    max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
+) -> Iterator[tuple[dict[str, Any], int | None, str | None]]:
+    """The samples of one tar stream, WebDataset style, each with where the next one starts.
+
+    Members are grouped into samples by their name up to the first dot of the base name
+    (``dir/00012.x.npy`` -> key ``dir/00012``, field ``x.npy``); each sample is a dict with
+    ``__key__``, ``__url__`` and one ``bytes`` value per field. Yields ``(sample, next_offset,
+    next_key)``: the byte offset (counting from the start of the object; ``start`` is where
+    ``stream`` begins) of the tar header that starts the next sample, and that sample's key, or
+    ``None`` after the last sample or when the archive is compressed (offsets are not seekable).
+    ``__url__`` is ``url`` with any credential in it redacted (it ends up in logs and audits); a
+    local shard's samples also carry ``__local_path__``, as webdataset's do (see ``local_path``).
+
+    Hostile archives are bounded, checked before a member is read: a member larger than
+    ``max_member_bytes`` bytes, or one that takes a sample's members past ``max_sample_bytes``
+    bytes (each member counted with its 512-byte header, so that thousands of empty members of
+    one key are bounded too), raises ``TarLimitError`` naming the member (``None``: no limit). A
+    negative size, a corrupt header and a name that is not valid UTF-8 (a key no log can record)
+    raise ``tarfile.ReadError``. Member names are only ever keys, never paths written to (``../x``
+    and ``/x`` are keys like any other); links, devices, directories and members whose base name
+    has no extension are skipped, as webdataset skips them.
+    """
+    path = local_path(url)
+    url = redact_url(url)
+    tf = tarfile.open(fileobj=stream, mode="r|*", tarinfo=_CheckedTarInfo)  # noqa: SIM115 - caller closes
+    seekable = getattr(tf.fileobj, "comptype", None) == "tar"
+    current: dict[str, Any] | None = None
+    held = 0  # bytes of the current sample's members, headers included
+    for info in tf:
+        tf.members = []  # type: ignore[attr-defined]  # stream mode keeps every TarInfo otherwise
+        if not info.isreg():
+            continue
+        name = info.name
+        if _META.match(name):
+            continue
+        if rename_files is not None:
+            name = rename_files(name)
+        if select_files is not None and not select_files(name):
+            continue
+        match = _BASE_EXT.match(name)
+        if match is None:
+            continue
+        prefix, suffix = match.group(1), match.group(2).lower()
+        if current is not None and prefix != current["__key__"]:
+            yield current, (start + info.offset if seekable else None), prefix
+            current = None
+        if not _is_text(name):
+            raise tarfile.ReadError(
+                f"member {name.encode('utf-8', 'surrogateescape')!r} has a name that is not valid "
+                "UTF-8: its key could not be recorded in logs; rename the member"
+            )
+        if current is None:
+            held = 0
+        if max_member_bytes is not None and info.size > max_member_bytes:
+            raise TarLimitError(
+                f"member {name!r} holds {info.size} bytes, more than max_member_bytes={max_member_bytes}"
+            )
+        held += tarfile.BLOCKSIZE + info.size
+        if max_sample_bytes is not None and held > max_sample_bytes:
+            raise TarLimitError(
+                f"sample {prefix!r} holds more than max_sample_bytes={max_sample_bytes} bytes at member "
+                f"{name!r} (its members with their 512-byte headers)"
+            )
+        member = tf.extractfile(info)
+        data = member.read() if member is not None else b""
+        if current is None:
+            current = {"__key__": prefix, "__url__": url}
+            if path is not None:
+                current["__local_path__"] = path
+        if suffix in current:
+            raise tarfile.ReadError(
+                f"sample {prefix!r} has two members with field {suffix!r}: the shard's members must "
+                "be grouped by sample, one file per field"
+            )
+        current[suffix] = data
+    if getattr(tf, "_siftpipe_truncated", False):
+        raise tarfile.ReadError(
+            f"the archive ends at byte {start + tf.offset} without its end-of-archive marker (truncated)"
+        )
+    corrupt = getattr(tf, "_siftpipe_corrupt", None)
+    if corrupt is not None:
+        raise tarfile.ReadError(
+            f"the tar header at byte {start + tf.offset} is corrupt "
+            f"({_HEADER_FAULTS.get(corrupt, corrupt)}); the rest of the shard cannot be read"
+        )
+    if isinstance(stream, RetryingFile | PipeStream):
+        stream.finish()  # a pipe: command that failed fails its shard, even after a whole archive
+    if current is not None:
+        yield current, None, None
+
+
+class ShardReader:
+    """Pipeline stage: shard URLs (or webdataset's ``{"url": ...}`` dicts) in, samples out.
+
+    Args:
+        opener: Opens the URLs (storage options, retries).
+        handler: What to do with a shard that cannot be opened or read (after retries):
+            ``reraise_exception`` (default) raises its ``ShardError``; ``warn_and_continue``
+            warns and skips it; ``ignore_and_continue``; ``warn_and_stop``; any webdataset
+            handler. Samples already handed on from a failed shard stay handed on. Every
+            skipped shard is counted in ``shard_stats().skipped``.
+        select_files: Keep only tar members whose name passes this predicate.
+        rename_files: Rename tar members before grouping.
+        max_member_bytes: The largest tar member read, in bytes (default ``MAX_MEMBER_BYTES``,
+            256 MiB; ``None``: no limit). A larger one fails its shard (kind ``too_large``,
+            naming the shard and the member) before any of it is read.
+        max_sample_bytes: The most one sample's members may hold together, in bytes, each
+            member counted with its 512-byte tar header (default ``MAX_SAMPLE_BYTES``, 1 GiB;
+            ``None``: no limit); bounds a sample of thousands of members as well.
+    """
+
+    def __init__(
+        self,
+        opener: ShardOpener,
+        handler: Handler = reraise_exception,
+        select_files: Callable[[str], bool] | None = None,
+        rename_files: Callable[[str], str] | None = None,
+        *,
+        max_member_bytes: int | None = MAX_MEMBER_BYTES,
+        max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
+    ) -> None:
+        for name, value in (("max_member_bytes", max_member_bytes), ("max_sample_bytes", max_sample_bytes)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(
+                    f"{name} must be a number of bytes >= 1, or None for no limit; got {value!r}"
+                )
+        self.opener = opener
+        self.handler = handler
+        self.select_files = select_files
+        self.rename_files = rename_files
+        self.max_member_bytes = max_member_bytes
+        self.max_sample_bytes = max_sample_bytes
+
+    def tar_samples(
+        self, stream: Any, url: str, start: int = 0
+    ) -> Iterator[tuple[dict[str, Any], int | None, str | None]]:
+        """``iter_tar_samples`` of ``stream`` with this reader's member selection and limits."""
+        return iter_tar_samples(
+            stream,
+            url,
+            start=start,
+            select_files=self.select_files,
+            rename_files=self.rename_files,
+            max_member_bytes=self.max_member_bytes,
+            max_sample_bytes=self.max_sample_bytes,
+        )
+
+    def __repr__(self) -> str:
+        return f"ShardReader({self.opener!r}, handler={getattr(self.handler, '__name__', self.handler)})"
+
+    def __call__(self, src: Iterable[Any]) -> Iterator[dict[str, Any]]:
+        for item in src:
+            url = item["url"] if isinstance(item, Mapping) else item
+            if not isinstance(url, str):
+                raise ConfigError(f"a shard list must hold URL strings, got {type(url).__name__}")
+            state: dict[str, Any] = {}
+            yield from self.samples(url, state=state)
+            if state.get("stop"):
+                return
+
+    def samples(self, url: str, *, state: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+        """The samples of one shard; a failure goes to the handler (``state['stop']`` if it stops)."""
+        key: str | None = None
+        err: ShardError | None = None
+        try:
+            stream = self.opener.open(url)
+            try:
+                for sample, _, _ in self.tar_samples(stream, url):
+                    key = sample["__key__"]
+                    self.opener.count("samples")
+                    yield sample
+            finally:
+                stream.close()
+            self.opener.count("completed")
+            return
+        except ConfigError:  # a setting, not a shard, is wrong: skipping shards would hide it
+            raise
+        except Exception as exc:  # handed to the handler below
+            err = self.opener.error(exc, url, key)
+            if err.key is None and key is not None:
+                err = ShardError(f"{err} (last sample read: {key!r})", url=err.url, key=key, kind=err.kind)
+            del exc
+        self.handle(err, state)
+
+    def handle(self, err: ShardError, state: dict[str, Any] | None = None) -> None:
+        """Apply the handler to ``err``: count the shard as skipped or failed, or stop."""
+        try:
+            go_on = self.handler(err)
+        except BaseException:
+            self.opener.count("failed")
+            raise
+        count_here("skipped")
+        self.opener.counts.note_skip(err.url, err.kind)
+        log.info("skipped %s", err)
+        if not go_on and state is not None:
+            state["stop"] = True

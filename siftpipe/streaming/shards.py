@@ -1,0 +1,407 @@
+"""Write datasets to WebDataset tar shards at any fsspec URL; a synthetic dataset for demos.
+
+Shards hold no pickle: each field is stored in a plain format chosen by its extension
+(``.npy`` arrays, ``.cls`` integer labels, ``.txt`` text, ``.json``), which webdataset's
+``.decode()`` and ``decode_sample`` here read back without executing anything.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError, SampleError
+from .opener import ShardOpener, redact_url
+
+__all__ = [
+    "ShardSet",
+    "decode_sample",
+    "encode_sample",
+    "synthetic_arrays",
+    "synthetic_classification",
+    "write_shards",
+]
+
+#: Extensions read back as ints, text and JSON (webdataset's names).
+INT_EXTENSIONS = ("cls", "cls2", "index", "inx", "id")
+TEXT_EXTENSIONS = ("txt", "text")
+JSON_EXTENSIONS = ("json", "jsn")
+KNOWN_EXTENSIONS = frozenset(("npy", *INT_EXTENSIONS, *TEXT_EXTENSIONS, *JSON_EXTENSIONS))
+DIGITS = 6
+
+
+@dataclass(frozen=True)
+class ShardSet:
+    """Shards written by ``write_shards``.
+
+    Attributes:
+        urls: Every shard's URL, in order.
+        counts: Samples in each shard.
+        pattern: The brace pattern naming all of them (``prefix-{000000..000009}.tar``), which
+            ``WebDataset``/``ShardSource`` expand.
+    """
+
+    urls: list[str]
+    counts: list[int]
+    pattern: str
+
+    @property
+    def samples(self) -> int:
+        """Samples written, in all shards."""
+        return sum(self.counts)
+
+
+# ---------------------------------------------------------------------------------- encoding
+
+
+def _field_name(name: str, value: Any) -> str:
+    """The field name with an extension: names without one get it from the value's type.
+
+    A name that is itself an extension (``cls``, ``npy``, ``txt``, ``json``, ...) is kept, as
+    are the names of bytes values (already encoded: the caller knows their format)."""
+    if "." in name or name.lower() in KNOWN_EXTENSIONS or isinstance(value, bytes | bytearray | memoryview):
+        return name
+    if isinstance(value, bool | np.bool_):
+        return f"{name}.cls"
+    if isinstance(value, int | np.integer):
+        return f"{name}.cls"
+    if isinstance(value, str):
+        return f"{name}.txt"
+    if isinstance(value, dict | list):
+        return f"{name}.json"
+    return f"{name}.npy"
+
+
+def _encode_value(key: str, field: str, value: Any) -> bytes:
+    ext = field.rsplit(".", 1)[-1].lower()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    try:
+        if ext == "npy":
+            if isinstance(value, torch.Tensor):
+                value = value.detach().cpu().numpy()
+            buf = io.BytesIO()
+            np.save(buf, np.asarray(value), allow_pickle=False)
+            return buf.getvalue()
+        if ext in INT_EXTENSIONS:
+            if isinstance(value, torch.Tensor | np.ndarray):
+                value = value.item()
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(f"{value!r} is not an integer")
+            return str(int(value)).encode()
+        if ext in TEXT_EXTENSIONS:
+            return str(value).encode("utf-8")
+        if ext in JSON_EXTENSIONS:
+            return json.dumps(value).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"sample {key!r}, field {field!r}: cannot store a {type(value).__name__} as .{ext} "
+            f"({exc}); shards hold no pickle: use numeric arrays for .npy, integers for .cls, text "
+            "for .txt, JSON-able values for .json, or pass bytes"
+        ) from None
+    raise ConfigError(
+        f"sample {key!r}, field {field!r}: no encoder for .{ext} values of type "
+        f"{type(value).__name__}; shards hold no pickle: name the field .npy (arrays, tensors, "
+        "numbers), .cls (integer labels), .txt (text) or .json, or pass the encoded bytes"
+    )
+
+
+def encode_sample(sample: Mapping[str, Any], key: str | None = None) -> tuple[str, dict[str, bytes]]:
+    """``(key, {field: bytes})`` of one sample dict, without pickle.
+
+    The key is ``sample["__key__"]`` (or ``key``); other ``__dunder__`` fields are not stored.
+    A field's extension chooses its format: ``.npy`` (``np.save``, no pickle; tensors and
+    numbers too), ``.cls``/``.index``/``.id`` (an integer as text), ``.txt``, ``.json``; bytes
+    are stored as they are. Fields without an extension get one from the value's type
+    (int -> ``.cls``, str -> ``.txt``, dict/list -> ``.json``, arrays,
+    tensors and floats -> ``.npy``); bytes are stored under their name as given.
+    """
+    k = sample.get("__key__", key)
+    if k is None:
+        raise ConfigError("a sample needs a '__key__' (or write_shards numbers the samples for you)")
+    k = str(k)
+    base = k.rsplit("/", 1)[-1]
+    if not base or "." in base:
+        raise ConfigError(
+            f"sample key {k!r} cannot name tar members: WebDataset splits member names at the first "
+            "dot of the base name, so keys must be non-empty and dot-free (use '-' or '_')"
+        )
+    fields: dict[str, bytes] = {}
+    for name, value in sample.items():
+        if name.startswith("__") and name.endswith("__"):
+            continue
+        field = _field_name(name, value)
+        if field in fields:
+            raise ConfigError(f"sample {k!r}: two fields are stored as {field!r}; rename one")
+        fields[field] = _encode_value(k, field, value)
+    if not fields:
+        raise ConfigError(f"sample {k!r} has no fields to store")
+    return k, fields
+
+
+def decode_sample(sample: Mapping[str, Any], *, to_torch: bool = False) -> dict[str, Any]:
+    """Decode a raw shard sample (``bytes`` per field) by extension, never unpickling.
+
+    ``.npy`` -> ``np.ndarray`` (``allow_pickle=False``; a torch tensor with ``to_torch``),
+    ``.cls``/``.index``/``.id`` -> int, ``.txt`` -> str, ``.json`` -> its value; other fields
+    and ``__key__``/``__url__`` are returned as they are. Matches webdataset's ``.decode()`` for
+    these formats, so the same samples decode the same in every adapter. A field that is not valid
+    data for its extension raises ``SampleError`` (kind ``corrupt``, ``field`` set; also
+    webdataset's ``DecodingError``) naming the sample, the shard and the field.
+    """
+    out: dict[str, Any] = {}
+    for field, value in sample.items():
+        if not isinstance(value, bytes | bytearray) or (field.startswith("__") and field.endswith("__")):
+            out[field] = value
+            continue
+        ext = field.rsplit(".", 1)[-1].lower()
+        try:
+            if ext == "npy":
+                array = np.load(io.BytesIO(value), allow_pickle=False)
+                out[field] = torch.from_numpy(array) if to_torch else array
+            elif ext in INT_EXTENSIONS:
+                out[field] = int(value)
+            elif ext in TEXT_EXTENSIONS:
+                out[field] = bytes(value).decode("utf-8")
+            elif ext in JSON_EXTENSIONS:
+                out[field] = json.loads(value)
+            else:
+                out[field] = value
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise SampleError(
+                f"sample {sample.get('__key__')!r} from {redact_url(str(sample.get('__url__')))}: field "
+                f"{field!r} is not valid .{ext} data ({exc}); rewrite the shard or decode it yourself",
+                url=redact_url(str(sample.get("__url__"))),
+                key=sample.get("__key__"),
+                kind="corrupt",
+                field=field,
+            ) from None
+    return out
+
+
+# ---------------------------------------------------------------------------------- writing
+
+
+def _as_samples(data: Any) -> tuple[Iterable[Mapping[str, Any]], int | None]:
+    """Samples and their number (if known) from sample dicts or (x, y) arrays/tensors."""
+    if isinstance(data, tuple) and data and all(isinstance(a, np.ndarray | torch.Tensor) for a in data):
+        arrays = [a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else a for a in data]
+        n = len(arrays[0])
+        if any(len(a) != n for a in arrays):
+            raise ConfigError(f"arrays have different lengths {[len(a) for a in arrays]}; one row per sample")
+        names = ["x", "y", *[f"a{i}" for i in range(2, len(arrays))]]
+        fields = []
+        for name, a in zip(names, arrays):
+            integer_labels = a.ndim == 1 and np.issubdtype(a.dtype, np.integer)
+            fields.append((f"{name}.cls" if integer_labels else f"{name}.npy", a, integer_labels))
+
+        def rows() -> Iterator[dict[str, Any]]:
+            for i in range(n):
+                yield {f: (int(a[i]) if lab else a[i]) for f, a, lab in fields}
+
+        return rows(), n
+    if isinstance(data, Mapping):
+        raise ConfigError("write_shards takes an iterable of sample dicts (or an (x, y) tuple), not one dict")
+    try:
+        return data, len(data)
+    except TypeError:
+        return data, None
+
+
+def _shard_url(prefix: str, index: int) -> str:
+    return f"{prefix}-{index:0{DIGITS}d}.tar"
+
+
+def _tar_bytes(tar: tarfile.TarFile, name: str, data: bytes, mtime: float) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = mtime
+    info.mode = 0o444
+    info.uname = info.gname = ""
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_shards(
+    samples: Iterable[Mapping[str, Any]] | tuple[Any, ...],
+    prefix: str,
+    *,
+    samples_per_shard: int = 1000,
+    storage_options: Mapping[str, Any] | None = None,
+    progress: bool = True,
+    total: int | None = None,
+    mtime: float = 0.0,
+    retries: int = 5,
+) -> ShardSet:
+    """Write samples to WebDataset tar shards ``{prefix}-000000.tar``, ``-000001.tar``, ...
+
+    Args:
+        samples: Sample dicts (see ``encode_sample``; samples without ``__key__`` are numbered
+            ``000000000``, ...), or a tuple of arrays/tensors ``(x, y, ...)`` with one row per
+            sample (stored as ``x.npy`` and ``y.cls`` for integer labels, else ``y.npy``).
+        prefix: Any fsspec URL or local path, without the ``-NNNNNN.tar`` suffix:
+            ``s3://bucket/data/train`` writes ``s3://bucket/data/train-000000.tar`` and on.
+        samples_per_shard: Samples per shard (the last one may hold fewer).
+        storage_options: fsspec options for the URL's filesystem (endpoint_url, key/secret,
+            profile, ...); ``None`` uses the standard environment.
+        progress: Show a progress bar (samples) on stderr (when tqdm, ``siftpipe[progress]``, is installed).
+        total: Number of samples, for the progress bar, when ``samples`` has no ``len``.
+        mtime: Modification time stored in the tar headers (seconds since the epoch); the
+            default 0 makes the same samples give byte-identical shards.
+        retries: Retries of a failed upload (transient errors only), with exponential backoff.
+
+    Each shard is written to a local temporary file and then uploaded (or moved) in one piece,
+    so a failure never leaves a truncated shard behind. Raises ``ShardError`` naming the shard
+    and the fix (missing bucket, no permission, ...) and ``ConfigError`` for a sample that
+    cannot be stored without pickle.
+    """
+    from .._optional import progress_bar
+
+    if not isinstance(samples_per_shard, int) or samples_per_shard < 1:
+        raise ConfigError(f"samples_per_shard must be a number of samples >= 1, got {samples_per_shard!r}")
+    if not isinstance(prefix, str) or not prefix or prefix.endswith(("/", ".tar")):
+        raise ConfigError(
+            f"prefix must name the shards without their suffix, e.g. 's3://bucket/data/train' for "
+            f"train-000000.tar, ..., got {prefix!r}"
+        )
+    rows, n = _as_samples(samples)
+    opener = ShardOpener(storage_options, retries=retries)
+    fs, _ = opener.filesystem(prefix)
+    protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
+    local = "file" in protocols
+    urls: list[str] = []
+    counts: list[int] = []
+    shown = opener.redact(redact_url(prefix))
+    bar = progress_bar(
+        total=n if n is not None else total, unit="sample", desc=f"writing {shown}", disable=not progress
+    )
+    tmpdir = tempfile.mkdtemp(prefix="siftpipe-shard-")
+    it = iter(rows)
+    try:
+        while True:
+            url = _shard_url(prefix, len(urls))
+            if local:  # next to the shard, so that the final rename is atomic
+                path = fs._strip_protocol(url)
+                if os.path.dirname(path):
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                tmp = f"{path}.partial-{os.getpid()}"
+            else:
+                tmp = os.path.join(tmpdir, "shard.tar")
+            try:
+                count = _write_tar(tmp, it, samples_per_shard, sum(counts), mtime, bar)
+                if count:
+                    _upload(opener, fs, tmp, url, local)
+            finally:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+            if not count:
+                break
+            urls.append(url)
+            counts.append(count)
+            if count < samples_per_shard:
+                break
+    finally:
+        bar.close()
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    if not urls:
+        raise ConfigError(f"no samples to write to {shown}: the dataset is empty")
+    last = len(urls) - 1
+    pattern = _shard_url(prefix, 0) if last == 0 else f"{prefix}-{{{0:0{DIGITS}d}..{last:0{DIGITS}d}}}.tar"
+    return ShardSet(urls=urls, counts=counts, pattern=pattern)
+
+
+def _write_tar(tmp: str, it: Iterator[Any], limit: int, index: int, mtime: float, bar: Any) -> int:
+    """Write up to ``limit`` samples from ``it`` into the tar file ``tmp``; how many it wrote."""
+    count = 0
+    with open(tmp, "wb") as f, tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for sample in it:
+            if not isinstance(sample, Mapping):
+                raise ConfigError(
+                    f"sample {index} is a {type(sample).__name__}; write_shards takes sample dicts "
+                    "(or an (x, y) tuple of arrays)"
+                )
+            key, fields = encode_sample(sample, key=f"{index:09d}")
+            for field, data in fields.items():
+                _tar_bytes(tar, f"{key}.{field}", data, mtime)
+            count += 1
+            index += 1
+            bar.update(1)
+            if count == limit:
+                break
+    return count
+
+
+def _upload(opener: ShardOpener, fs: Any, tmp: str, url: str, local: bool) -> None:
+    """Move (local) or upload (remote) a finished shard in one piece."""
+    path = fs._strip_protocol(url)
+    if local:
+        opener.retrying("writing", url, lambda: os.replace(tmp, path))
+    else:
+        opener.retrying("writing", url, lambda: fs.put_file(tmp, path))
+
+
+# ---------------------------------------------------------------------------------- synthetic data
+
+
+def synthetic_arrays(
+    n: int,
+    *,
+    dim: int = 16,
+    classes: int = 4,
+    hard_fraction: float = 0.1,
+    seed: int = 0,
+    draw: int = 0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(x float32 [n, dim], y int64 [n], hard bool [n])`` of a classification task with many
+    easy, redundant samples and a hard tail.
+
+    Easy samples sit close to their class centre (a model learns them in a few steps and then
+    has nothing left to learn from them); hard samples lie between two class centres with more
+    noise, so their loss stays high for long. ``hard_fraction`` of the samples are hard.
+    ``seed`` fixes the task (the class centres) and ``draw`` picks independent samples of it:
+    draw 0 for training, 1 for a test set, and so on. The same arguments give the same arrays.
+    """
+    if n < 0 or dim < 2 or classes < 2 or not 0.0 <= hard_fraction <= 1.0:
+        raise ConfigError(
+            f"need n >= 0, dim >= 2, classes >= 2 and 0 <= hard_fraction <= 1, got n={n}, dim={dim}, "
+            f"classes={classes}, hard_fraction={hard_fraction}"
+        )
+    centres = np.random.default_rng([seed, 0]).normal(size=(classes, dim))
+    centres *= 3.0 / np.linalg.norm(centres, axis=1, keepdims=True)
+    rng = np.random.default_rng([seed, 1, draw])
+    y = rng.integers(0, classes, size=n)
+    hard = rng.random(n) < hard_fraction
+    x = centres[y] + rng.normal(scale=0.35, size=(n, dim))
+    m = int(hard.sum())
+    if m:
+        other = (y[hard] + rng.integers(1, classes, size=m)) % classes
+        t = rng.uniform(0.35, 0.5, size=(m, 1))
+        x[hard] = (1 - t) * centres[y[hard]] + t * centres[other] + rng.normal(scale=0.9, size=(m, dim))
+    return x.astype(np.float32), y.astype(np.int64), hard
+
+
+def synthetic_classification(
+    n: int,
+    *,
+    dim: int = 16,
+    classes: int = 4,
+    hard_fraction: float = 0.1,
+    seed: int = 0,
+    draw: int = 0,
+) -> Iterator[dict[str, Any]]:
+    """Sample dicts of ``synthetic_arrays``: ``__key__`` (``000000000``, ...), ``x.npy``
+    (float32 [dim]), ``cls`` (label) and ``hard.cls`` (1 for the hard tail, for diagnostics)."""
+    x, y, hard = synthetic_arrays(
+        n, dim=dim, classes=classes, hard_fraction=hard_fraction, seed=seed, draw=draw
+    )
+    for i in range(n):
+        yield {"__key__": f"{i:09d}", "x.npy": x[i], "cls": int(y[i]), "hard.cls": int(hard[i])}
