@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 
 import numpy as np
 import torch
@@ -12,6 +13,9 @@ import torch
 # call by an order of magnitude. Tests assert behaviour, never speed. Set here, so that it holds
 # in the processes tests start too (they import this module).
 torch.set_num_threads(1)
+
+#: The repository's root: what a script a test starts puts on ``sys.path`` to import ``tests.common``.
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def loss_field(model, batch):
@@ -42,3 +46,20 @@ def make_samples(n: int, seed: int = 0, dim: int = 4):
         }
         for i in range(n)
     ]
+
+
+def same_state(a, b, path="state"):
+    """Two state dicts hold the same values (tensors compared exactly; timings ignored)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), f"{path}: {sorted(a)} != {sorted(b)}"
+        for k in a:
+            if k not in ("seconds", "account"):  # wall time
+                same_state(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, list | tuple):
+        assert isinstance(b, list | tuple) and len(a) == len(b), f"{path}: {a!r} != {b!r}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            same_state(x, y, f"{path}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), path
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from common import make_samples
+
+from tests.common import make_samples
 
 # (importing common sets torch to one intra-op thread, in this process and in the children
 # that tests start)
@@ -26,7 +27,7 @@ def linear_model():
 @pytest.fixture(scope="session")
 def local_s3():
     """One loopback S3 server for the session; tests that stop it use ``own_s3`` instead."""
-    from s3util import LocalS3
+    from tests.s3util import LocalS3
 
     server = LocalS3()
     yield server
@@ -36,7 +37,7 @@ def local_s3():
 @pytest.fixture
 def own_s3():
     """A loopback S3 server of this test's own, free to be stopped and restarted."""
-    from s3util import LocalS3
+    from tests.s3util import LocalS3
 
     server = LocalS3()
     yield server
@@ -58,7 +59,7 @@ def pytest_configure(config):
 
 class _TallyFromWorkers:
     def pytest_testnodedown(self, node, error):
-        from tally import tried
+        from tests.tally import tried
 
         for category, n in getattr(node, "workeroutput", {}).get("siftpipe_tally", {}).items():
             tried(category, n)
@@ -66,7 +67,7 @@ class _TallyFromWorkers:
 
 def pytest_sessionfinish(session, exitstatus):
     if hasattr(session.config, "workeroutput"):  # an xdist worker: hand its counts to the controller
-        from tally import totals
+        from tests.tally import totals
 
         session.config.workeroutput["siftpipe_tally"] = totals()
 
@@ -76,7 +77,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     import json
     import os
 
-    from tally import totals
+    from tests.tally import totals
 
     counts = totals()
     if not counts:

@@ -12,8 +12,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
-from common import roundtrip
 from torchdata.nodes import Loader
+
+from tests.common import roundtrip
 
 
 def signature(item: Any) -> Any:

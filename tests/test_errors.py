@@ -2,9 +2,9 @@ import math
 
 import pytest
 import torch
-from common import loss_field, make_samples
 
 import siftpipe as sp
+from tests.common import loss_field, make_samples
 
 SAMPLES = make_samples(100)
 

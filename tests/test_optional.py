@@ -11,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from test_demo import TINY
+from tests.demo.test_demo import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
 _HIDDEN = ("matplotlib", "matplotlib.pyplot", "tqdm", "tqdm.auto")
@@ -35,7 +35,7 @@ def test_without_the_extras_shards_and_logs_work_and_plot_names_the_install(tmp_
         f"""
         import siftpipe as sp
         from siftpipe.cli import main
-        from common import loss_field, make_samples
+        from tests.common import loss_field, make_samples
         samples = make_samples(200, seed=3)
         from siftpipe.shards import write_shards
         written = write_shards(({{"__key__": s["__key__"], "loss.json": float(s["loss"])}}

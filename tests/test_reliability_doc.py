@@ -120,7 +120,7 @@ def test_the_checker_finds_what_would_rot():
             "| bare | `test_tried_adds_up_by_category` |",
             "| odd | `tests/test_tally.py::test_tried_adds_up_by_category[1]` |",
             "",
-            "A paragraph naming `tests/test_adversarial_resume.py` and, on its next line,",
+            "A paragraph naming `tests/core/test_adversarial_resume.py` and, on its next line,",
             "`::test_checkpoint_restore_and_passes_at_random_equal_the_uninterrupted_run` (a state machine).",
             "```text",
             "python -m pytest tests/test_tally.py tests/test_*.py  # a command, not a reference",
@@ -137,7 +137,7 @@ def test_the_checker_finds_what_would_rot():
         "line 2: tests/test_nowhere.py does not exist",
         "line 3: tests/test_tally.py has no test test_no_such_*",
     ]
-    assert (7, "tests/test_adversarial_resume.py", None) in named
+    assert (7, "tests/core/test_adversarial_resume.py", None) in named
     assert len(named) == 8
 
 
@@ -165,7 +165,7 @@ def test_every_item_of_issue_11_has_a_row_naming_its_tests():
 def counted_categories() -> set[str]:
     """The categories that tests pass to ``tally.tried`` (the tally's own tests count made-up ones)."""
     found: set[str] = set()
-    for path in (ROOT / "tests").glob("test_*.py"):
+    for path in (ROOT / "tests").rglob("test_*.py"):
         if path.name == "test_tally.py":
             continue
         found.update(re.findall(r"\btried\(\s*\"([^\"]+)\"", path.read_text()))

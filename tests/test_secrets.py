@@ -10,14 +10,14 @@ from urllib.parse import quote
 
 import pytest
 import torch
-from common import loss_field, make_samples
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from s3util import CREDENTIALS
-from tally import tried
 
 import siftpipe as sp
 from siftpipe._secrets import redact, redact_options, secret_values
+from tests.common import loss_field, make_samples
+from tests.s3util import CREDENTIALS
+from tests.tally import tried
 
 SECRET = "sIfTpIpE-sToRaGe-OpTiOn-SeCrEt-42"
 TOKEN = "tOkEn-FoR-tHe-SeSsIoN-0123456789"
@@ -106,7 +106,7 @@ def test_no_credentials_on_the_streaming_side(local_s3, bucket, caplog, monkeypa
     from torchdata.nodes import Loader
 
     from siftpipe.adapters.nodes import ShardSource, SiftNode
-    from siftpipe.adapters.webdataset import WebDataset, WebLoader, warn_and_continue
+    from siftpipe.adapters.webdataset import WebDataset, WebLoader, reraise_exception, warn_and_continue
     from siftpipe.streaming.shards import synthetic_classification, write_shards
 
     monkeypatch.setenv("AWS_SESSION_TOKEN", TOKEN)
@@ -169,7 +169,7 @@ def test_no_credentials_on_the_streaming_side(local_s3, bucket, caplog, monkeypa
     texts["warnings"] = "\n".join(str(w.message) for w in caught)
     assert "s-000077.tar" in texts["warnings"]
     try:
-        list(dataset(sp.webdataset.reraise_exception))
+        list(dataset(reraise_exception))
     except sp.ShardError as exc:
         texts["error"] = "".join(traceback.format_exception(exc)) + repr(pickle.loads(pickle.dumps(exc)))
     assert "s-000077.tar" in texts["error"]

@@ -4,8 +4,9 @@ session's figures alone (they count inside ``tally.isolated()``)."""
 import json
 
 import pytest
-from conftest import pytest_terminal_summary
-from tally import isolated, totals, tried
+
+from tests.conftest import pytest_terminal_summary
+from tests.tally import isolated, totals, tried
 
 
 def test_tried_adds_up_by_category():

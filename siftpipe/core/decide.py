@@ -36,7 +36,7 @@ __all__ = [
 POLICY, WARMUP, NAN, PREDECODE, UNKNOWN = 0, 1, 2, 3, 4
 
 # siftpipe's own policies, exactly these classes (a subclass may override decide): their decisions
-# are well formed for any finite losses (tests/test_properties.py), so the hot path skips the check
+# are well formed for any finite losses (tests/core/test_properties.py), so the hot path skips the check
 _CHECKED_BY_TESTS = frozenset({InfoBatch, PruneEasy, RelativeProbabilistic, TopFraction, Uniform})
 
 

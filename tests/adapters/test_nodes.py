@@ -1,0 +1,234 @@
+"""siftpipe.nodes: SiftNode and ShardSource under torchdata's save/load-state contract, behind
+ParallelMapper worker processes and at the root of a Loader; ShardSource resumes by seeking."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import default_collate
+from torchdata.nodes import Batcher, IterableWrapper, Loader, Mapper, ParallelMapper
+
+import siftpipe as sp
+from siftpipe.adapters.nodes import ShardSource, SiftNode
+from siftpipe.errors import ShardWarning
+from siftpipe.streaming.opener import reset_shard_stats, shard_stats, warn_and_continue
+from siftpipe.streaming.shards import decode_sample, synthetic_classification, write_shards
+from tests.common import roundtrip
+from tests.contract import Adapter, check_save_load, output_keys, run_save_load_state
+
+N, PER_SHARD = 240, 40
+ALL_KEYS = [f"{i:09d}" for i in range(N)]
+decode = functools.partial(decode_sample, to_torch=True)
+
+
+def norm_loss(model, batch):
+    return batch["x.npy"].pow(2).sum(1).double()
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("nodes")
+    return write_shards(
+        synthetic_classification(N, dim=6), str(root / "train"), samples_per_shard=PER_SHARD, progress=False
+    )
+
+
+def sift_pipeline(urls, *, batched, workers=2, policy=None, output_batch=None, **source_kw):
+    source = ShardSource(urls, **source_kw)
+    node = (
+        ParallelMapper(source, decode, num_workers=workers, method="process")
+        if workers
+        else Mapper(source, decode)
+    )
+    if batched:
+        node = Mapper(Batcher(node, batch_size=PER_SHARD // 2, drop_last=False), default_collate)
+    sifter = sp.Sifter(
+        None,
+        norm_loss,
+        policy or sp.RelativeProbabilistic(1.0, 60),
+        micro_batch=None if batched else 16,
+        batched=batched,
+        seed=7,
+        output_batch=output_batch,
+    )
+    return SiftNode(node, sifter)
+
+
+@pytest.mark.parametrize("midpoint", [1, 4, 9])
+def test_sift_node_behind_process_workers_passes_torchdatas_contract(shards, midpoint):
+    epoch0, epoch1 = run_save_load_state(lambda: sift_pipeline(shards.pattern, batched=True), midpoint)
+    kept0, kept1 = output_keys(epoch0), output_keys(epoch1)
+    assert kept0 == sorted(kept0) and set(kept0) < set(ALL_KEYS)
+    assert kept1 != kept0, "the second pass continues with the sifter's loss history, not from scratch"
+
+
+@pytest.mark.parametrize("midpoint", [2, 17, 60])
+def test_per_sample_sift_node_passes_torchdatas_contract(shards, midpoint):
+    run_save_load_state(lambda: sift_pipeline(shards.pattern, batched=False, workers=0), midpoint)
+
+
+@pytest.mark.parametrize("midpoint", [1, 39, 40, 41, 150])
+def test_shard_source_passes_torchdatas_contract(shards, midpoint):
+    epoch0, epoch1 = run_save_load_state(lambda: ShardSource(shards.pattern, shuffle=True, seed=5), midpoint)
+    assert sorted(s["__key__"] for s in epoch0) == ALL_KEYS
+    assert [s["__key__"] for s in epoch0] != [s["__key__"] for s in epoch1], "shards reshuffle each epoch"
+
+
+class NodeAdapter(Adapter):
+    def __init__(self, make):
+        # one epoch: a restarting Loader answers an end-of-epoch checkpoint with the next epoch
+        self.loader = Loader(make(), restart_on_stop_iteration=False)
+
+    def start(self):
+        return iter(self.loader)
+
+    def state(self):
+        return self.loader.state_dict()
+
+    def resume(self, state):
+        self.loader.load_state_dict(state)
+        return iter(self.loader)
+
+
+@pytest.mark.parametrize("output_batch", [None, 24])
+def test_loader_state_resumes_sifting_exactly(shards, output_batch):
+    def make():
+        return NodeAdapter(
+            lambda: sift_pipeline(
+                shards.pattern, batched=True, output_batch=output_batch, policy=sp.TopFraction(0.4)
+            )
+        )
+
+    reference = check_save_load(make, [0, 1, 3, 4, 5, 8, 12], input_keys=ALL_KEYS)
+    assert len(output_keys(reference)) == sum(round(0.4 * 20) for _ in range(N // 20))
+
+
+def test_resuming_the_source_does_not_reread_the_epoch(shards):
+    source = ShardSource(shards.pattern)
+    loader = Loader(source)
+    it = iter(loader)
+    for _ in range(3 * PER_SHARD + 7):
+        next(it)
+    state = roundtrip(loader.state_dict())
+    assert state["root"]["shard"] == 3 and state["root"]["sample"] == 7 and state["root"]["offset"] > 0
+    reset_shard_stats()
+    fresh = Loader(ShardSource(shards.pattern))
+    fresh.load_state_dict(state)
+    rest = [s["__key__"] for s in fresh]
+    assert rest == ALL_KEYS[3 * PER_SHARD + 7 :]
+    stats = shard_stats()
+    # only what was left: 33 samples of shard 3 (entered at the byte offset) and shards 4 and 5
+    assert stats.samples == len(rest) == N - 3 * PER_SHARD - 7 and stats.opened == 3
+
+
+def test_compressed_shards_resume_by_skipping_within_the_shard(shards, tmp_path):
+    urls = []
+    for i, url in enumerate(shards.urls[:2]):
+        gz = tmp_path / f"train-{i:06d}.tar.gz"
+        gz.write_bytes(gzip.compress(Path(url).read_bytes()))
+        urls.append(str(gz))
+    loader = Loader(ShardSource(urls))
+    it = iter(loader)
+    head = [next(it)["__key__"] for _ in range(13)]
+    state = roundtrip(loader.state_dict())
+    assert state["root"]["offset"] is None and state["root"]["next_key"] == ALL_KEYS[13]
+    again = Loader(ShardSource(urls))
+    again.load_state_dict(state)
+    assert head + [s["__key__"] for s in again] == ALL_KEYS[: 2 * PER_SHARD]
+
+
+def test_resuming_on_other_shards_is_refused(shards, tmp_path):
+    loader = Loader(ShardSource(shards.pattern))
+    it = iter(loader)
+    for _ in range(PER_SHARD + 5):
+        next(it)
+    state = roundtrip(loader.state_dict())
+    other = Loader(ShardSource(list(reversed(shards.urls))))
+    other.load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match=r"was reading shard .*train-000001\.tar at position 1"):
+        list(other)
+    # same names, other contents: the next sample's key does not match
+    copies = []
+    for i in range(len(shards.urls)):
+        samples = synthetic_classification(PER_SHARD, dim=6, seed=i + 100)
+        renamed = ({**s, "__key__": f"z{s['__key__']}"} for s in samples)
+        copies.append(write_shards(renamed, str(tmp_path / f"c{i}" / "train"), progress=False).urls[0])
+    moved = [str(tmp_path / f"train-{i:06d}.tar") for i in range(len(copies))]
+    for src, dst in zip(copies, moved):
+        Path(src).rename(dst)
+    state["root"]["url"] = moved[1]
+    changed = Loader(ShardSource(moved))
+    changed.load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match=r"changed since the checkpoint.*expected '000000045'"):
+        list(changed)
+
+
+def test_ranks_share_the_shards_and_shuffling_is_per_epoch(shards):
+    per_rank = []
+    for rank in range(3):
+        source = ShardSource(shards.pattern, shuffle=True, seed=1, rank=rank, world_size=3)
+        loader = Loader(source)
+        per_rank.append([s["__key__"] for s in loader])
+        assert len(per_rank[-1]) == 2 * PER_SHARD
+    assert sorted(k for keys in per_rank for k in keys) == ALL_KEYS
+    with pytest.raises(sp.ConfigError, match="rank 7 of 8 gets none of the 6 shard"):
+        ShardSource(shards.pattern, rank=7, world_size=8)
+    with pytest.raises(sp.ConfigError, match="0 <= rank < world_size"):
+        ShardSource(shards.pattern, rank=2, world_size=2)
+
+
+def test_the_source_skips_unreadable_shards_with_a_handler(shards, tmp_path):
+    urls = [shards.urls[0], str(tmp_path / "missing-000000.tar"), shards.urls[1]]
+    reset_shard_stats()
+    with pytest.warns(ShardWarning, match=r"missing-000000\.tar"):
+        keys = [s["__key__"] for s in Loader(ShardSource(urls, handler=warn_and_continue))]
+    assert keys == ALL_KEYS[: 2 * PER_SHARD] and shard_stats().skipped == 1
+    with pytest.raises(sp.ShardError, match=r"missing-000000\.tar"):
+        list(Loader(ShardSource(urls)))
+
+
+def test_shard_source_reads_s3(local_s3, shards):
+    bucket = local_s3.new_bucket()
+    options = {"endpoint_url": local_s3.endpoint}
+    remote = write_shards(
+        synthetic_classification(N, dim=6),
+        f"s3://{bucket}/t",
+        samples_per_shard=PER_SHARD,
+        storage_options=options,
+        progress=False,
+    )
+    source = ShardSource(remote.pattern, storage_options=options, block_size=32 * 1024)
+    loader = Loader(source)
+    it = iter(loader)
+    head = [next(it) for _ in range(50)]
+    state = roundtrip(loader.state_dict())
+    again = Loader(ShardSource(remote.pattern, storage_options=options))
+    again.load_state_dict(state)
+    local = list(Loader(ShardSource(shards.pattern)))
+    got = head + list(again)
+    assert [s["__key__"] for s in got] == ALL_KEYS
+    assert all(a["x.npy"] == b["x.npy"] for a, b in zip(got, local))
+    assert "endpoint_url" in repr(source) and "6 shard(s)" in repr(source)
+
+
+def test_sift_node_refuses_what_cannot_work(shards):
+    sifter = sp.Sifter(None, norm_loss, micro_batch=4)
+    with pytest.raises(sp.ConfigError, match="must be a torchdata.nodes.BaseNode.*IterableWrapper"):
+        SiftNode([1, 2, 3], sifter)  # type: ignore[arg-type]
+    untracked = sp.Sifter(None, norm_loss, micro_batch=4, track_source=False)
+    with pytest.raises(sp.ConfigError, match="track_source=None"):
+        SiftNode(IterableWrapper([]), untracked)
+    node = SiftNode(Mapper(ShardSource(shards.pattern), decode), sifter)
+    with pytest.raises(sp.ResumeError, match="not a SiftNode state"):
+        node.reset({"foo": 1})
+
+
+def test_sift_node_over_a_plain_iterable_wrapper():
+    samples = [{"__key__": f"k{i:03d}", "x.npy": torch.full((3,), float(i % 7))} for i in range(100)]
+    sifter = sp.Sifter(None, norm_loss, sp.TopFraction(0.5), micro_batch=10)
+    kept = [s["__key__"] for s in Loader(SiftNode(IterableWrapper(samples), sifter))]
+    assert len(kept) == 50 and kept == sorted(kept)

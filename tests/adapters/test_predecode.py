@@ -1,0 +1,144 @@
+"""Sifting before decode: workers drop samples by key from the published memory; nothing is lost."""
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+import siftpipe as sp
+from tests.common import make_samples
+
+RAW = [
+    {"__key__": s["__key__"], "__url__": s["__url__"], "loss.txt": str(s["loss"]).encode()}
+    for s in make_samples(400, seed=12)
+]
+
+
+class Shards(IterableDataset):
+    """Raw samples split over DataLoader workers, filtered before a (counted) decode step."""
+
+    def __init__(self, prefilter=None):
+        self.prefilter = prefilter
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        raw = RAW[info.id :: info.num_workers] if info else RAW
+        stream = self.prefilter(iter(raw)) if self.prefilter is not None else iter(raw)
+        for sample in stream:
+            decoded = {**sample, "loss": float(sample["loss.txt"].decode())}  # the decode we want to skip
+            decoded["decoded_by"] = info.id if info else -1
+            del decoded["loss.txt"]
+            yield decoded
+
+
+def scorer(model, batch):
+    return batch["loss"].double()
+
+
+def relative_stage(**kwargs):
+    """The stage whose memory the workers decide from: the relative rule, beta 2."""
+    return sp.Sifter(
+        None,
+        scorer,
+        sp.RelativeProbabilistic(2.0, 200),
+        micro_batch=20,
+        memory=sp.ScoreMemory(1000),
+        **kwargs,
+    )
+
+
+def test_workers_drop_by_key_before_decode_and_every_sample_keeps_a_record(tmp_path):
+    published = str(tmp_path / "memory")
+    log_root = str(tmp_path / "audit")
+    sifter = relative_stage(audit=sp.AuditLog(log_root, run_id="pd", flush_every=10_000))
+    prefilter = sp.PreDecodeFilter(published)
+    loader = DataLoader(Shards(prefilter), batch_size=None, num_workers=2)
+
+    # epoch 0: nothing published yet; every sample is decoded and scored in the main process
+    list(sifter(loader))
+    assert sifter.stats.seen == 400
+    sifter.publish_memory(published)
+
+    # epoch 1: workers decide from the memory; dropped samples are never decoded
+    decoded_before = sifter.stats.seen
+    epoch1 = list(sifter(loader))
+    reached = sifter.stats.seen - decoded_before
+    assert reached < 400 * 0.6  # beta 2 keeps about a third; the rest never left the workers
+    assert all(s["__sift_prekept__"] == 1 for s in epoch1)
+    assert sifter.stats.scored == 400  # nothing needed a forward in epoch 1
+    sifter.close()
+
+    table = sp.read_log(log_root, include_predecode=True)
+    e1 = table.filter(np.asarray(table.column("epoch").to_pylist()) == 1)
+    assert sorted(e1.column("key").to_pylist()) == sorted(s["__key__"] for s in RAW)  # one record each
+    reasons = e1.column("reason").to_pylist()
+    assert reasons.count("predecode") == 400 and sum(e1.column("kept").to_pylist()) == len(epoch1)
+    assert set(e1.column("source").to_pylist()) == {"feedback"}
+    # decisions are a pure function of (seed, epoch, key, memory): a second worker set agrees
+    again = [s["__key__"] for s in sp.PreDecodeFilter(published)(iter(RAW))]
+    assert sorted(again) == sorted(s["__key__"] for s in epoch1)
+
+
+def test_filter_passes_everything_before_a_publication_and_needs_keys(tmp_path):
+    f = sp.PreDecodeFilter(str(tmp_path / "nothing"))
+    out = list(f(iter(RAW[:10])))
+    assert [s["__sift_prekept__"] for s in out] == [0] * 10
+    with pytest.raises(sp.MissingKeyError, match="no field '__key__'"):
+        list(f(iter([{"x": 1}])))
+    with pytest.raises(sp.ConfigError, match="needs a score memory"):
+        sp.Sifter(None, scorer).publish_memory(str(tmp_path / "m"))
+
+
+def test_before_decode_in_a_webdataset_chain_with_batching_workers(tmp_path):
+    from torch.utils.data import default_collate
+
+    from siftpipe.adapters.webdataset import WebDataset, WebLoader
+    from siftpipe.streaming.shards import synthetic_classification, write_shards
+
+    shards = write_shards(
+        synthetic_classification(600, dim=4), str(tmp_path / "train"), samples_per_shard=100, progress=False
+    )
+    published = str(tmp_path / "memory")
+
+    def to_xy(s):
+        return {k: v for k, v in s.items() if k.startswith("__")} | {
+            "x": torch.from_numpy(s["x.npy"]),
+            "y": int(s["cls"]),
+        }
+
+    dataset = (
+        WebDataset(shards.pattern, shardshuffle=False)
+        .compose(sp.PreDecodeFilter(published))
+        .decode()
+        .map(to_xy)
+        .batched(50, collation_fn=default_collate)
+    )
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    sifter = sp.Sifter(
+        model,
+        sp.CrossEntropy("x", "y"),
+        sp.RelativeProbabilistic(1.0, 300),
+        batched=True,
+        micro_batch=None,
+        memory=sp.ScoreMemory(5000),
+    )
+    loader = WebLoader(dataset, batch_size=None, num_workers=2).sift(sifter)
+    first = sum(len(b["__key__"]) for b in loader)
+    sifter.publish_memory(published)
+    second = sum(len(b["__key__"]) for b in loader)
+    assert sifter.stats.seen == 600 + second  # in epoch 1 only the kept samples reached the stage
+    assert 0 < second < 600 and first > 0
+    assert sifter.stats.scored == 600
+
+
+def test_a_stage_whose_cost_guard_stopped_sifting_tells_the_workers_to_keep_everything(tmp_path):
+    published = str(tmp_path / "memory")
+    sifter = relative_stage(cost_guard=True)
+    list(sifter(Shards()))
+    sifter.publish_memory(published)
+    assert len(list(sp.PreDecodeFilter(published)(iter(RAW)))) < len(RAW)  # it sifts
+    sifter._decider.counts["stopped_at"] = sifter.stats.seen  # as cost_guard records a stop
+    sifter.publish_memory(published)
+    kept = list(sp.PreDecodeFilter(published)(iter(RAW)))
+    assert [s["__key__"] for s in kept] == [s["__key__"] for s in RAW]

@@ -1,0 +1,399 @@
+"""siftpipe.webdataset: .sift() through every fluid call, install(), the worker pattern, S3 shards,
+node and worker splitting, resampling, and the Sifter as a plain webdataset stage."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import webdataset as wds
+from torch.utils.data import DataLoader, default_collate
+
+import siftpipe as sp
+from siftpipe.adapters.webdataset import (
+    FLUID_METHODS,
+    SiftStage,
+    WebDataset,
+    WebLoader,
+    install,
+    is_installed,
+    uninstall,
+)
+from siftpipe.streaming.shards import synthetic_classification, write_shards
+from tests.common import roundtrip
+from tests.contract import output_keys, signature
+
+N, PER_SHARD, BATCH = 240, 40, 40
+
+
+def norm_loss(model, batch):
+    """A scorer that needs no model: the squared norm of the features."""
+    x = batch["x.npy"] if isinstance(batch, dict) else batch[0]
+    return torch.as_tensor(np.asarray(x)).pow(2).sum(1).double()
+
+
+def make_sifter(batched=False, **kw):
+    return sp.Sifter(
+        None,
+        norm_loss,
+        sp.RelativeProbabilistic(1.0, 50),
+        micro_batch=None if batched else 16,
+        batched=batched,
+        seed=3,
+        **kw,
+    )
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("wds")
+    return write_shards(
+        synthetic_classification(N, dim=6), str(root / "train"), samples_per_shard=PER_SHARD, progress=False
+    )
+
+
+@pytest.fixture(scope="module")
+def s3_shards(local_s3):
+    bucket = local_s3.new_bucket()
+    return write_shards(
+        synthetic_classification(N, dim=6),
+        f"s3://{bucket}/train",
+        samples_per_shard=PER_SHARD,
+        storage_options={"endpoint_url": local_s3.endpoint},
+        progress=False,
+    )
+
+
+ALL_KEYS = [f"{i:09d}" for i in range(N)]
+
+
+def decoded(urls, **kw):
+    return WebDataset(urls, shardshuffle=False, **kw).decode()
+
+
+# every fluid method: how to call it on a decoded dataset (None: a reason it is not called)
+CHAINS = {
+    "batched": lambda d: d.batched(4),
+    "unbatched": lambda d: d.batched(4).unbatched(),
+    "listed": lambda d: d.listed(4),
+    "unlisted": lambda d: d.listed(4).unlisted(),
+    "log_keys": lambda d: d.log_keys(None),
+    "shuffle": lambda d: d.shuffle(10),
+    "map": lambda d: d.map(lambda s: s),
+    "decode": lambda d: d.decode(partial=True),
+    "map_dict": lambda d: d.map_dict(cls=lambda c: c + 1),
+    "select": lambda d: d.select(lambda s: s["cls"] >= 0),
+    "to_tuple": lambda d: d.to_tuple("x.npy", "cls"),
+    "map_tuple": lambda d: d.to_tuple("x.npy", "cls").map_tuple(lambda x: x, lambda c: c),
+    "slice": lambda d: d.slice(10),
+    "rename": lambda d: d.rename(x="x.npy", y="cls"),
+    "rsample": lambda d: d.rsample(1.0),
+    "rename_keys": lambda d: d.rename_keys(x="x.npy", y="cls"),
+    "extract_keys": lambda d: d.extract_keys("*.npy", "cls"),
+    "xdecode": lambda d: d.map(lambda s: {k: v for k, v in s.items()}).xdecode(must_decode=False),
+    "mcached": lambda d: d.mcached(),
+    "lmdb_cached": None,  # needs the lmdb package; it goes through compose() like every other call
+    "compose": lambda d: d.compose(iter),
+    "with_epoch": lambda d: d.with_epoch(7),
+    "repeat": lambda d: d.repeat(2),
+    "with_length": lambda d: d.with_length(N, silent=True),
+}
+
+
+def test_the_chain_table_covers_every_fluid_method():
+    fluid = {n for n, f in vars(wds.FluidInterface).items() if callable(f) and not n.startswith("_")}
+    missing = fluid - set(CHAINS)
+    assert not missing, f"new webdataset fluid methods to check: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("name", sorted(n for n, f in CHAINS.items() if f is not None))
+def test_sift_survives_every_chain_method(shards, name):
+    chain = CHAINS[name](decoded(shards.pattern))
+    assert isinstance(chain, WebDataset), type(chain)
+    sifted = chain.sift(make_sifter())
+    assert isinstance(sifted, WebDataset) and isinstance(sifted.sifter, sp.Sifter)
+    assert isinstance(sifted.pipeline[-1], SiftStage)
+    # and the chain still runs (sifting needs per-sample dicts/tuples: check the chain itself)
+    items = list(chain.slice(8) if name not in ("with_epoch", "repeat") else chain)
+    assert items, f"{name}: the chain produced nothing"
+
+
+@pytest.mark.parametrize("name", ["batched", "unbatched", "map", "to_tuple", "shuffle", "select", "slice"])
+def test_webloader_keeps_sift_through_chain_methods(shards, name):
+    loader = WebLoader(decoded(shards.pattern), batch_size=None, num_workers=0)
+    chain = CHAINS[name](loader)
+    assert isinstance(chain, WebLoader) and isinstance(chain.sift(make_sifter()), WebLoader)
+
+
+def test_sift_chains_give_the_same_decisions_as_the_bare_stage(shards):
+    samples = list(decoded(shards.pattern))
+    plain = make_sifter()
+    expected = [s["__key__"] for s in plain(samples)]
+    chain = decoded(shards.pattern).sift(make_sifter())
+    got = [s["__key__"] for s in chain]
+    assert got == expected and 0 < len(got) < N
+    assert chain.sifter.stats.seen == N and chain.sifter.stats.kept == len(got)
+    # tuples: the key is a position, the scorer reads position 0
+    tup = decoded(shards.pattern).to_tuple("__key__", "x.npy", "cls").map_tuple(str, torch.from_numpy, int)
+    sifter = sp.Sifter(
+        None,
+        lambda m, b: b[1].pow(2).sum(1).double(),
+        sp.RelativeProbabilistic(1.0, 50),
+        micro_batch=16,
+        seed=3,
+        key=0,
+    )
+    assert [t[0] for t in tup.sift(sifter)] == expected
+
+
+def test_sift_takes_the_sifters_arguments_or_a_sifter_not_both(shards):
+    chain = decoded(shards.pattern).sift(None, norm_loss, sp.TopFraction(0.5), micro_batch=20)
+    assert chain.sifter.micro_batch == 20 and len(list(chain)) == N // 2
+    with pytest.raises(sp.ConfigError, match="either one Sifter, or the Sifter's constructor arguments"):
+        decoded(shards.pattern).sift(make_sifter(), micro_batch=3)
+    with pytest.raises(sp.ConfigError, match="needs a Sifter"):
+        decoded(shards.pattern).sift()
+
+
+def test_the_sifter_is_a_plain_stage_in_data_pipeline_and_compose(shards):
+    expected = [s["__key__"] for s in make_sifter()(list(decoded(shards.pattern)))]
+    pipeline = wds.DataPipeline(
+        wds.SimpleShardList(shards.urls),
+        wds.tarfile_to_samples(),
+        wds.decode(),
+        make_sifter(),
+    )
+    assert [s["__key__"] for s in pipeline] == expected
+    composed = wds.WebDataset(shards.urls, shardshuffle=False).decode().compose(make_sifter())
+    assert [s["__key__"] for s in composed] == expected
+
+
+def test_install_is_opt_in_idempotent_and_undone_by_uninstall(shards):
+    code = "import siftpipe.webdataset, webdataset as w; print(hasattr(w.FluidInterface, 'sift'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", "importing siftpipe.webdataset must not change webdataset"
+    assert not is_installed()
+    try:
+        install()
+        install()
+        assert is_installed() and FLUID_METHODS == ("sift", "replay")
+        assert callable(wds.WebDataset(shards.urls, shardshuffle=False).replay)
+        chain = wds.WebDataset(shards.urls, shardshuffle=False).decode().map(lambda s: s).sift(make_sifter())
+        assert type(chain) is wds.WebDataset and isinstance(chain.sifter, sp.Sifter)
+        assert len(list(chain)) == chain.sifter.stats.kept > 0
+    finally:
+        uninstall()
+    uninstall()
+    assert not is_installed() and not hasattr(wds.FluidInterface, "sift")
+    assert not hasattr(wds.FluidInterface, "replay")
+    assert hasattr(WebDataset, "sift")  # siftpipe's own classes keep it
+
+
+def test_install_refuses_to_replace_someone_elses_sift():
+    def foreign(self):
+        return self
+
+    wds.FluidInterface.sift = foreign
+    try:
+        with pytest.raises(sp.ConfigError, match="already has a .sift that is not siftpipe's"):
+            install()
+        uninstall()
+        assert wds.FluidInterface.sift is foreign
+    finally:
+        del wds.FluidInterface.sift
+
+
+def test_the_worker_pattern_decode_in_workers_sift_in_the_training_process(shards):
+    def pipeline():
+        dataset = decoded(shards.pattern).batched(BATCH, collation_fn=default_collate)
+        return WebLoader(dataset, batch_size=None, num_workers=2).sift(make_sifter(batched=True))
+
+    loader = pipeline().unbatched().batched(32, collation_fn=default_collate, partial=True)
+    batches = list(loader)
+    kept = output_keys(batches)
+    # one shard per worker batch: the loader alternates workers, so batches arrive in shard order
+    assert kept == sorted(kept) and set(kept) <= set(ALL_KEYS)
+    stats = loader.sifter.stats
+    assert stats.seen == N and stats.kept == len(kept) and stats.kept + stats.dropped == stats.seen
+    plain = make_sifter(batched=True)
+    reference = output_keys(plain(list(decoded(shards.pattern).batched(BATCH, collation_fn=default_collate))))
+    assert kept == reference
+
+
+def worker_error(loader):
+    """The error iterating ``loader`` raises, with the loader's workers shut down at once (when
+    the garbage collector frees an iterator that ended in a worker's error, torch waits 5 s per
+    worker for it to exit)."""
+    it = iter(loader)
+    try:
+        for _ in it:
+            pass
+    except Exception as exc:  # returned to the test
+        it._shutdown_workers()
+        return exc
+    return None
+
+
+def test_sifting_inside_the_workers_raises_sift_in_worker_error(shards):
+    dataset = (
+        decoded(shards.pattern).batched(BATCH, collation_fn=default_collate).sift(make_sifter(batched=True))
+    )
+    error = worker_error(DataLoader(dataset, batch_size=None, num_workers=2))
+    assert isinstance(error, sp.SiftInWorkerError)
+    assert re.search(r"inside DataLoader worker \d.*stale weights.*after the loader", str(error), re.S)
+    with pytest.raises(sp.SiftInWorkerError, match=r"num_workers=2\) holds a sift stage.*\.sift\(sifter\)"):
+        WebLoader(dataset, batch_size=None, num_workers=2)
+    # in the main process (no workers) the same dataset is fine
+    assert len(output_keys(WebLoader(dataset, batch_size=None, num_workers=0))) > 0
+
+
+def test_s3_shards_stream_through_two_workers_with_storage_options(local_s3, s3_shards, shards):
+    options = {"endpoint_url": local_s3.endpoint}
+    dataset = decoded(s3_shards.pattern, storage_options=options).batched(BATCH, collation_fn=default_collate)
+    # the parent reads first (making its own s3fs instance); workers must make theirs after fork
+    assert len(next(iter(dataset))["__key__"]) == BATCH
+    loader = WebLoader(dataset, batch_size=None, num_workers=2).sift(make_sifter(batched=True))
+    from_s3 = list(loader)
+    local = WebLoader(
+        decoded(shards.pattern).batched(BATCH, collation_fn=default_collate), batch_size=None, num_workers=2
+    ).sift(make_sifter(batched=True))
+    assert [signature(b) for b in from_s3] == [signature(b) for b in local]
+    assert "'endpoint_url'" in repr(dataset) and "6 shard(s)" in repr(dataset)
+
+
+def test_shards_stream_over_plain_http(shards):
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+    from pathlib import Path
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    root = str(Path(shards.urls[0]).parent)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=root))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        assert [s["__key__"] for s in decoded(f"{base}/train-{{000000..000005}}.tar")] == ALL_KEYS
+        with pytest.raises(sp.ShardError, match=r"nope-000000\.tar failed.*no such object"):
+            list(decoded(f"{base}/nope-000000.tar"))
+        # a password in the URL is sent (the server ignores it) but never handed on
+        port = server.server_address[1]
+        first = next(iter(decoded(f"http://reader:pa55word@127.0.0.1:{port}/train-000000.tar")))
+        assert first["__url__"] == f"http://reader:***@127.0.0.1:{port}/train-000000.tar"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_select_and_rename_tar_members_as_webdataset_does(shards):
+    raw = WebDataset(
+        shards.urls[:1],
+        shardshuffle=False,
+        select_files=lambda name: not name.endswith(".hard.cls"),
+        rename_files=lambda name: name.replace(".x.npy", ".features.npy"),
+    )
+    first = next(iter(raw))
+    assert sorted(first) == ["__key__", "__local_path__", "__url__", "cls", "features.npy"]
+
+
+def test_file_urls_and_lists_work_like_paths(shards):
+    by_url = [s["__key__"] for s in decoded([f"file://{u}" for u in shards.urls])]
+    assert by_url == ALL_KEYS
+
+
+def test_split_by_node_and_by_worker(shards, monkeypatch):
+    seen = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        dataset = WebDataset(shards.pattern, shardshuffle=False, nodesplitter=wds.split_by_node).decode()
+        keys = output_keys(
+            DataLoader(dataset.batched(8, collation_fn=default_collate), batch_size=None, num_workers=2)
+        )
+        shard_ids = sorted({int(k) // PER_SHARD for k in keys})
+        assert shard_ids == list(range(rank, N // PER_SHARD, 2))
+        seen += keys
+    assert sorted(seen) == ALL_KEYS
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ValueError, match="nodesplitter"):
+        list(WebDataset(shards.pattern, shardshuffle=False))
+
+
+def test_resampled_draws_shards_with_replacement(shards):
+    dataset = WebDataset(shards.pattern, resampled=True).decode().with_epoch(100)
+    keys = [s["__key__"] for s in dataset]
+    assert len(keys) == 100 and set(keys) <= set(ALL_KEYS)
+
+
+def test_shard_shuffle_with_a_seed_is_repeatable(shards):
+    a = [s["__key__"] for s in WebDataset(shards.pattern, shardshuffle=6, seed=11).decode()]
+    b = [s["__key__"] for s in WebDataset(shards.pattern, shardshuffle=6, seed=11).decode()]
+    assert a == b and sorted(a) == ALL_KEYS and a != ALL_KEYS
+
+
+def test_resuming_a_chain_skips_what_the_checkpoint_had_finished(shards):
+    def make():
+        return WebLoader(
+            decoded(shards.pattern).batched(BATCH, collation_fn=default_collate),
+            batch_size=None,
+            num_workers=2,
+        ).sift(make_sifter(batched=True, output_batch=25))
+
+    reference = [signature(b) for b in make()]
+    first = make()
+    it = iter(first)
+    head = [next(it) for _ in range(3)]
+    state = roundtrip(first.sifter.state_dict())
+    assert state["consumed"] > 0 and first.sifter.resume_from is None
+    second = make()
+    second.sifter.load_state_dict(state)
+    assert second.sifter.resume_from == state["consumed"]
+    tail = list(second)
+    assert [signature(b) for b in head + tail] == reference
+    # a pipeline that cannot give back what the checkpoint had consumed is refused
+    short = WebLoader(
+        decoded(shards.urls[:1]).batched(BATCH, collation_fn=default_collate), batch_size=None, num_workers=0
+    ).sift(make_sifter(batched=True, output_batch=25))
+    assert state["consumed"] >= 2  # one shard is one batch
+    short.sifter.load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match=rf"skip the {state['consumed']} input items.*ended after 1"):
+        list(short)
+
+
+def test_fsspec_url_chaining_caches_shards_locally(local_s3, s3_shards, tmp_path):
+    cache = tmp_path / "cache"
+    options = {"s3": {"endpoint_url": local_s3.endpoint}, "filecache": {"cache_storage": str(cache)}}
+    urls = ["filecache::" + u for u in s3_shards.urls]
+    assert [s["__key__"] for s in WebDataset(urls, shardshuffle=False, storage_options=options)] == ALL_KEYS
+    cached = [p for p in cache.iterdir() if p.name != "cache"]
+    assert len(cached) == len(urls)
+    assert [s["__key__"] for s in WebDataset(urls, shardshuffle=False, storage_options=options)] == ALL_KEYS
+
+
+def test_webdataset_arguments_that_cannot_work_are_config_errors(shards):
+    with pytest.raises(sp.ConfigError, match=r"cache_dir is not supported.*filecache::.*a list"):
+        WebDataset(shards.pattern, shardshuffle=False, cache_dir="/tmp")
+    with pytest.raises(sp.ConfigError, match="no shard URLs"):
+        WebDataset([], shardshuffle=False)
+
+
+def test_replay_on_the_chain_hands_on_what_the_logged_run_kept(shards, tmp_path):
+    log = sp.AuditLog(str(tmp_path / "log"), run_id="replayed", writer="thread")
+    sifted = decoded(shards.pattern).sift(make_sifter(audit=log))
+    kept = [s["__key__"] for s in sifted]
+    sifted.sifter.close()
+    replayed = decoded(shards.pattern).replay(str(tmp_path / "log"))
+    assert [s["__key__"] for s in replayed] == kept
+    assert replayed.replayer.stats["kept"] == len(kept) and replayed.replayer.stats["missing"] == 0
+    # through a batching loader: replay per sample in the workers is fine (it needs no model)
+    loader = WebLoader(
+        decoded(shards.pattern).replay(str(tmp_path / "log")).batched(16), batch_size=None, num_workers=2
+    )
+    assert sorted(k for b in loader for k in b["__key__"]) == sorted(kept)

@@ -1,0 +1,325 @@
+"""Run ids: a job never supersedes another job's records, and verify tells a resume from a collision."""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import siftpipe as sp
+from tests.common import REPO, loss_field, make_samples, roundtrip
+
+SAMPLES = make_samples(300, seed=8)
+
+
+def sift(log, samples=SAMPLES, state=None):
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, audit=log, seed=2)
+    if state is not None:
+        s.load_state_dict(state)
+    out = [x["__key__"] for x in s(samples)]
+    s.close()
+    return s, out
+
+
+@pytest.fixture
+def no_run_id_env(monkeypatch):
+    for name in ("SIFTPIPE_RUN_ID", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_two_jobs_under_torchrun_without_rdzv_id_never_supersede_each_other(tmp_path, no_run_id_env):
+    no_run_id_env.setenv("TORCHELASTIC_RUN_ID", "none")  # what torchrun sets without --rdzv-id
+    root = str(tmp_path)
+    first = sp.AuditLog(root, flush_every=100)
+    sift(first)
+    second = sp.AuditLog(root, flush_every=100)
+    sift(second)
+    assert first.run_id != second.run_id and "none" not in (first.run_id, second.run_id)
+    table = sp.read_log(root)
+    assert table.num_rows == 2 * len(SAMPLES)
+    assert sorted(set(table.column("run").to_pylist())) == sorted([first.run_id, second.run_id])
+    report = sp.verify_log(root)
+    assert report.ok and [s.superseded for s in report.streams] == [0, 0]
+    assert "superseded" not in " ".join(report.lines()).replace("0 superseded", "")
+
+
+def test_an_elastic_restart_without_a_checkpoint_starts_a_run_of_its_own(tmp_path, no_run_id_env):
+    no_run_id_env.setenv("TORCHELASTIC_RUN_ID", "job7")
+    root = str(tmp_path)
+    no_run_id_env.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    first = sp.AuditLog(root, flush_every=100)
+    sift(first)
+    no_run_id_env.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    restarted = sp.AuditLog(root, flush_every=100)
+    sift(restarted)
+    assert (first.run_id, restarted.run_id) == ("job7", "job7-restart1")
+    assert sp.read_log(root).num_rows == 2 * len(SAMPLES) and sp.verify_log(root).ok
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+def test_a_fresh_job_is_refused_a_run_id_another_job_wrote(tmp_path, no_run_id_env, how):
+    root = str(tmp_path)
+    if how == "environment":
+        no_run_id_env.setenv("SIFTPIPE_RUN_ID", "shared")
+    run_id = "shared" if how == "argument" else None
+    _, kept = sift(sp.AuditLog(root, run_id=run_id, flush_every=100))
+    again = sp.AuditLog(root, run_id=run_id, flush_every=100)
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, audit=again, seed=5)
+    with pytest.raises(sp.AuditError) as err:
+        s(SAMPLES)
+    text = str(err.value)
+    source = "run_id=" if how == "argument" else "$SIFTPIPE_RUN_ID"
+    assert "'shared'" in text and f"from {source}" in text and "another job" in text
+    assert "resume it from its checkpoint" in text and root in text
+    s.close()  # the refusal was raised already: closing says nothing more
+    table = sp.read_log(root)
+    keys, flags = table.column("key").to_pylist(), table.column("kept").to_pylist()
+    kept_logged = [k for k, kp in zip(keys, flags) if kp]
+    assert table.num_rows == len(SAMPLES) and kept_logged == kept
+    report = sp.verify_log(root)
+    assert report.ok and len(report.streams[0].attempts) == 1
+    assert not [p for p in os.listdir(tmp_path / "run=shared" / "rank=0") if again.attempt in p]
+
+
+def test_a_resumed_job_continues_its_run_id_and_verify_says_so(tmp_path, no_run_id_env):
+    root = str(tmp_path)
+    log = sp.AuditLog(root, run_id="mine", flush_every=100)
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, audit=log, seed=2)
+    it = s(SAMPLES)
+    for _ in range(60):
+        next(it)
+    state = roundtrip(s.state_dict())
+    log.flush()
+    for _ in range(30):  # decided after the checkpoint, then the process dies
+        next(it)
+    log.flush()
+    resumed = sp.AuditLog(root, flush_every=100)
+    s2 = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, audit=resumed, seed=2)
+    resumed.start()  # a claim made before the checkpoint is loaded is withdrawn and made again
+    s2.load_state_dict(state)
+    list(s2(SAMPLES[state["consumed"] :]))
+    s2.close()
+    report = sp.verify_log(root)
+    (stream,) = report.streams
+    assert report.ok and not stream.collisions and stream.superseded > 0
+    assert stream.records == len(SAMPLES)
+    text = "\n".join(report.lines())
+    assert f"attempt {log.attempt}: a fresh start (job {log.attempt})" in text
+    assert f"attempt {resumed.attempt}: resumed from seq" in text and f"(job {log.attempt})" in text
+    claims = [p for p in os.listdir(tmp_path / "run=mine" / "rank=0") if p.startswith("_claim-")]
+    assert sorted(claims) == sorted(f"_claim-{a}.json" for a in (log.attempt, resumed.attempt))
+
+
+def _merge(src, dst):
+    for dirpath, _, names in os.walk(src):
+        for name in names:
+            target = os.path.join(dst, os.path.relpath(dirpath, src), name)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copy(os.path.join(dirpath, name), target)
+
+
+def test_verify_reports_two_jobs_under_one_run_id_as_a_collision_and_hides_neither(tmp_path):
+    # two jobs that wrote the same run id where neither could see the other (two roots merged
+    # later, or siftpipe before run ids were claimed): read_log shows both, verify fails
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    log_a = sp.AuditLog(a, run_id="same", flush_every=100)
+    sift(log_a)
+    log_b = sp.AuditLog(b, run_id="same", flush_every=100)
+    sift(log_b, SAMPLES[:200])
+    _merge(b, a)
+    table = sp.read_log(a)
+    assert table.num_rows == len(SAMPLES) + 200  # nothing superseded across jobs
+    report = sp.verify_log(a)
+    (stream,) = report.streams
+    assert not report.ok and stream.superseded == 0 and stream.duplicates == 200
+    (collision,) = stream.collisions
+    assert log_a.attempt in collision and log_b.attempt in collision and "2 jobs" in collision
+    assert "collision: 2 jobs wrote under this run id" in "\n".join(report.lines())
+
+
+def test_a_resume_is_refused_when_another_job_wrote_its_run_id(tmp_path):
+    root, other = str(tmp_path / "log"), str(tmp_path / "other")
+    log = sp.AuditLog(root, run_id="taken", flush_every=100)
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, audit=log, seed=2)
+    it = s(SAMPLES)
+    for _ in range(60):
+        next(it)
+    state = roundtrip(s.state_dict())
+    s.close()
+    sift(sp.AuditLog(other, run_id="taken", flush_every=100))
+    _merge(other, root)
+    resumed = sp.Sifter(
+        None, loss_field, sp.Uniform(0.5), micro_batch=25, seed=2, audit=sp.AuditLog(root, flush_every=100)
+    )
+    resumed.load_state_dict(state)
+    with pytest.raises(sp.AuditError, match=rf"it resumes job {log.attempt}, but .* of another job"):
+        resumed(SAMPLES[state["consumed"] :])
+
+
+WRITER = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, {repo!r})
+    import siftpipe as sp
+    from tests.common import loss_field, make_samples
+
+    root, run_id, go, name = sys.argv[1:5]
+    log = sp.AuditLog(root, run_id=None if run_id == "-" else run_id, flush_every=50)
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, audit=log)
+    while not os.path.exists(go):
+        time.sleep(0.001)
+    try:
+        for x in s(make_samples(200)):
+            time.sleep(0.001)
+        s.close()
+    except sp.AuditError as exc:
+        print("refused", exc, flush=True)
+        sys.exit(3)
+    print("wrote", log.run_id, flush=True)
+    """
+)
+
+
+def concurrent_writers(tmp_path, root, run_id, n=2, env=None):
+    """Start ``n`` writer processes released at the same moment; their exit codes and outputs."""
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER.format(repo=REPO))
+    go = tmp_path / f"go-{os.urandom(3).hex()}"
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    environment = {**os.environ, "PYTHONPATH": repo, **(env or {})}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), root, run_id, str(go), str(i)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment,
+        )
+        for i in range(n)
+    ]
+    go.write_text("go")
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        results.append((p.returncode, out + err))
+    return results
+
+
+def test_two_writers_with_one_run_id_at_once_never_mix(tmp_path):
+    root = str(tmp_path / "log")
+    results = concurrent_writers(tmp_path, root, "race")
+    codes = [c for c, _ in results]
+    assert all(c in (0, 3) for c in codes), results
+    refused = codes.count(3)
+    assert refused >= 1, results  # at most one job writes under a run id
+    assert all("collides" in out for c, out in results if c == 3)
+    table = sp.read_log(root)
+    assert table.num_rows == 200 * (2 - refused)
+    if refused == 1:
+        report = sp.verify_log(root)
+        assert report.ok and report.streams[0].superseded == 0 and not report.streams[0].collisions
+
+
+BAD_RUN_IDS = [
+    "a/b",
+    "..",
+    "../escape",
+    "../../outside",
+    "x/../../y",
+    "a=b",
+    "run=x",
+    "a%2Fb",
+    "",
+    " x",
+    "x y",
+    ".hidden",
+    "_x",
+    "-x",
+    "a\\b",
+    "a\x00b",
+    "é",
+    "x" * 129,
+    "123",
+    "007",
+    "0x1F",
+    "1e5",
+    "inf",
+    "NaN",
+    "2024-01-01",
+    "epoch",
+]
+
+
+@pytest.mark.parametrize("run_id", BAD_RUN_IDS)
+def test_a_run_id_that_would_escape_or_be_mangled_is_refused_at_construction(tmp_path, run_id):
+    root = tmp_path / "root" / "log"
+    with pytest.raises(sp.AuditError, match=r"cannot name an audit run: a run id is 1 to 128 ASCII letters"):
+        sp.AuditLog(str(root), run_id=run_id)
+    assert not (tmp_path / "root").exists()
+
+
+def test_a_bad_run_id_or_rank_from_the_environment_or_a_state_is_refused(tmp_path, no_run_id_env):
+    no_run_id_env.setenv("SIFTPIPE_RUN_ID", "../../x")
+    with pytest.raises(sp.AuditError, match=r"\$SIFTPIPE_RUN_ID '\.\./\.\./x' cannot name"):
+        sp.AuditLog(str(tmp_path))
+    no_run_id_env.delenv("SIFTPIPE_RUN_ID")
+    no_run_id_env.setenv("TORCHELASTIC_RUN_ID", "a/b")
+    with pytest.raises(sp.AuditError, match=r"\$TORCHELASTIC_RUN_ID 'a/b' cannot name"):
+        sp.AuditLog(str(tmp_path))
+    no_run_id_env.delenv("TORCHELASTIC_RUN_ID")
+    for rank in ("../0", -1, True, 1.5):
+        with pytest.raises(sp.AuditError, match="rank must be a process rank"):
+            sp.AuditLog(str(tmp_path), rank=rank)
+    no_run_id_env.setenv("RANK", "0/..")
+    with pytest.raises(sp.AuditError, match=r"\$RANK must be a process rank"):
+        _ = sp.AuditLog(str(tmp_path)).directory
+    no_run_id_env.delenv("RANK")
+    for bad in (
+        {"run_id": "../up", "rank": 0, "next_part": 0},
+        {"run_id": "ok", "rank": "0/x", "next_part": 0},
+    ):
+        with pytest.raises(sp.ResumeError, match="the checkpoint's audit (run id|rank)"):
+            sp.AuditLog(str(tmp_path)).load_state_dict(bad)
+    assert not list(tmp_path.iterdir())
+
+
+ALPHABET = "abcXYZ0123456789._-"
+
+
+def test_every_accepted_run_id_reads_back_unchanged(tmp_path):
+    """A run id the log accepts names its folder and comes back unchanged from pyarrow (and DuckDB)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    try:
+        import duckdb
+    except ImportError:
+        duckdb = None
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.text(ALPHABET, min_size=1, max_size=12))
+    def check(run_id):
+        try:
+            log = sp.AuditLog(str(tmp_path / "x"), run_id=run_id, rank=0)
+        except sp.AuditError as exc:
+            assert "cannot name an audit run" in str(exc)
+            return
+        root = tmp_path / f"r{os.urandom(4).hex()}"
+        directory = log.directory.replace(str(tmp_path / "x"), str(root))
+        assert directory == f"{root}/run={run_id}/rank=0"
+        os.makedirs(directory)
+        pq.write_table(pa.table({"seq": [1]}), f"{directory}/part.parquet")
+        assert pq.read_table(str(root)).column("run").to_pylist() == [run_id]
+        if duckdb is not None:
+            rows = duckdb.sql(
+                f"select run, typeof(run) from read_parquet('{root}/**/*.parquet', hive_partitioning=true)"
+            ).fetchall()
+            assert rows == [(run_id, "VARCHAR")]
+        shutil.rmtree(root)
+
+    check()

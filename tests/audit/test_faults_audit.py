@@ -1,0 +1,260 @@
+"""A full or failing audit destination, against the real S3 server behind a fault-injecting proxy:
+retries first, then a clear error; with on_full="drop" the run goes on and every record is either
+in the log or counted as dropped (never silently missing)."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import pytest
+
+import siftpipe as sp
+from tests.common import REPO, loss_field, make_samples
+from tests.faults import FaultProxy
+
+SAMPLES = make_samples(640, seed=11)
+
+
+@pytest.fixture
+def proxy(local_s3):
+    p = FaultProxy(local_s3.port)
+    yield p
+    p.stop()
+
+
+def options(proxy, **config):
+    return {
+        "endpoint_url": proxy.endpoint,
+        "config_kwargs": {
+            "retries": {"total_max_attempts": 1},
+            "connect_timeout": 5,
+            "read_timeout": 60,
+            **config,
+        },
+    }
+
+
+def run(log, samples=SAMPLES):
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32, audit=log, seed=1)
+    out = list(s(samples))
+    return s, out
+
+
+def accounted(log):
+    """Every record handed to the log is written, dropped on purpose or reported unwritten."""
+    st = log.stats
+    return st.records, st.dropped_records, st.unwritten_records
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_a_destination_failing_for_a_while_is_retried_and_loses_nothing(local_s3, bucket, proxy, writer):
+    root = f"s3://{bucket}/flaky-{writer}"
+    proxy.fail("status", 503, times=1, method="PUT")
+    proxy.fail("status", 500, times=1, method="PUT")
+    log = sp.AuditLog(root, storage_options=options(proxy), flush_every=128, writer=writer, retry_timeout=60)
+    s, _ = run(log)
+    s.close()
+    assert log.stats.retries == 2 and log.stats.dropped_records == log.stats.unwritten_records == 0
+    table = sp.read_log(root, local_s3.storage_options)
+    assert table.column("seq").to_pylist() == list(range(len(SAMPLES)))
+    assert sp.verify_log(root, local_s3.storage_options).ok
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_a_destination_that_stays_broken_raises_naming_url_records_retries_and_fix(bucket, proxy, writer):
+    root = f"s3://{bucket}/broken-{writer}"
+    proxy.fail("status", 503, times=10_000, method="PUT", path="/part-")  # the claim goes through
+    log = sp.AuditLog(root, storage_options=options(proxy), flush_every=128, writer=writer, retry_timeout=0.6)
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32, audit=log)
+    with pytest.raises(sp.AuditError) as err:
+        for _ in s(SAMPLES):
+            pass
+        s.close()
+    text = str(err.value)
+    assert (
+        root in text
+        and "records seq 0..127" in text
+        and "0.6 s" in text
+        and "retries" in text
+        and "Service is unable to handle request" in text
+    )
+    assert "on_full='drop'" in text and "not in the log" in text
+    log.close()
+    records, dropped, unwritten = accounted(log)
+    assert dropped == 0 and unwritten >= 128 and log.stats.parts_written == 0
+    # every record handed to the log is accounted for: none written, all reported unwritten
+    assert records == unwritten + log._buffer_rows
+
+
+def test_drop_mode_counts_every_record_it_could_not_write(bucket, proxy, local_s3):
+    root = f"s3://{bucket}/dropping"
+    proxy.fail("status", 503, times=10_000, method="PUT")
+    log = sp.AuditLog(
+        root,
+        storage_options=options(proxy),
+        flush_every=100,
+        writer="thread",
+        retry_timeout=0.3,
+        on_full="drop",
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        s, out = run(log)
+        s.close()
+    assert len(out) == s.stats.kept > 0  # the run went on
+    assert log.stats.dropped_records == len(SAMPLES) and log.stats.unwritten_records == 0
+    dropped = [str(w.message) for w in caught if "dropped audit part" in str(w.message)]
+    assert len(dropped) == 5 and "640 records dropped so far" in dropped[-1]  # parts of 128
+    assert sp.read_log(root, local_s3.storage_options).num_rows == 0
+
+
+def test_a_full_queue_in_front_of_a_hung_destination_drops_whole_parts_and_counts_them(
+    bucket, proxy, local_s3
+):
+    root = f"s3://{bucket}/queue-drop"
+    proxy.fail("hold", 0, times=1, method="PUT", path="/part-")  # the first part's upload hangs
+    log = sp.AuditLog(
+        root,
+        storage_options=options(proxy),
+        flush_every=64,
+        max_queue_bytes=1,
+        on_full="drop",
+        writer="process",
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        s, _ = run(log)
+        assert proxy.holding.wait(60)
+        proxy.release()
+        s.close()
+    # one part was in the queue (the hung one); every other part met a full queue and was dropped
+    assert log.stats.dropped_records == len(SAMPLES) - 64 and log.stats.parts_written == 1
+    assert sum("the queue of unwritten parts is full" in str(w.message) for w in caught) == 9
+    table = sp.read_log(root, local_s3.storage_options)
+    assert table.column("seq").to_pylist() == list(range(64))
+    report = sp.verify_log(root, local_s3.storage_options)
+    (stream,) = report.streams
+    # verify shows the loss: the dropped records as a gap, the dropped parts as missing, and why
+    assert not report.ok and stream.gaps == [(64, len(SAMPLES) - 1)]
+    assert [m.split(":")[0] for m in stream.missing_parts] == [
+        f"parts 1..9 of attempt {log.attempt} (9 parts)"
+    ]
+    assert stream.dropped_records == log.stats.dropped_records
+    assert "576 records dropped on purpose by the writer (on_full='drop')" in "\n".join(report.lines())
+
+
+def test_a_full_queue_in_front_of_a_hung_destination_blocks_and_loses_nothing(bucket, proxy, local_s3):
+    root = f"s3://{bucket}/queue-block"
+    proxy.fail("hold", 0, times=1, method="PUT", path="/part-")
+    log = sp.AuditLog(
+        root, storage_options=options(proxy), flush_every=64, max_queue_bytes=1, writer="thread"
+    )
+    progress = []
+
+    def release_when_blocked():
+        proxy.holding.wait(60)
+        seen = -1
+        while s.stats.seen != seen:  # the training thread has stopped moving: it is blocked
+            seen = s.stats.seen
+            threading.Event().wait(0.2)
+        progress.append(seen)
+        proxy.release()
+
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32, audit=log, seed=1)
+    releaser = threading.Thread(target=release_when_blocked)
+    releaser.start()
+    out = list(s(SAMPLES))
+    s.close()
+    releaser.join()
+    assert progress and progress[0] < len(SAMPLES)  # it did block while the destination hung
+    assert log.stats.dropped_records == 0 and len(out) == s.stats.kept
+    table = sp.read_log(root, local_s3.storage_options)
+    assert table.column("seq").to_pylist() == list(range(len(SAMPLES)))
+
+
+# ------------------------------------------------- destinations that can never work: at once
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_a_bucket_that_does_not_exist_fails_at_once_naming_it_and_the_cause(local_s3, writer):
+    root = "s3://no-such-bucket-for-the-log/audit"
+    log = sp.AuditLog(root, storage_options=local_s3.storage_options, flush_every=64, writer=writer)
+    assert log.retry_timeout == 600  # the default: a permanent error must not wait for it
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32, audit=log)
+    with pytest.raises(sp.AuditError) as err:
+        s(SAMPLES)  # refused when the pass starts, before any sample is decided
+    text = str(err.value)
+    assert root in text and "does not exist" in text and "not retried" in text, text
+    assert log.stats.retries == 0 and log.stats.records == 0
+    s.close()  # nothing to flush, nothing to wait for
+    with pytest.raises(sp.AuditError, match="no-such-bucket-for-the-log"):
+        s(SAMPLES)
+
+
+def test_invalid_credentials_fail_at_once_naming_the_cause(monkeypatch):
+    from tests.faults import AuthS3
+
+    server = AuthS3()  # checks credentials: the dummy test keys are not in its records
+    try:
+        fs = sp.AuditLog(
+            "s3://some-bucket/audit",
+            storage_options={
+                "endpoint_url": server.endpoint,
+                "key": "AKIANOTKNOWN0000",
+                "secret": "nOpE-sEcReT-1",
+            },
+            flush_every=64,
+        )
+        s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32, audit=fs)
+        with pytest.raises(sp.AuditError) as err:
+            s(SAMPLES)
+    finally:
+        server.stop()
+    text = str(err.value)
+    assert "s3://some-bucket/audit" in text and "access denied or invalid credentials" in text, text
+    assert "not retried" in text and "nOpE-sEcReT-1" not in text and fs.stats.retries == 0
+
+
+@pytest.mark.parametrize("url", ["foo://bucket/audit", "nosuchfs::s3://bucket/audit"])
+def test_an_unknown_protocol_is_refused_when_the_log_is_made(url):
+    with pytest.raises(sp.AuditError, match=r"no filesystem for (foo|nosuchfs):// URLs .*Protocol not known"):
+        sp.AuditLog(url)
+
+
+def test_exit_after_a_refused_destination_does_not_wait(local_s3, tmp_path):
+    """The training loop is told at once, and the interpreter's exit flushes nothing and waits
+    for nothing (the script never closes its log)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {REPO!r})\n"
+        "import siftpipe as sp\n"
+        "from tests.common import loss_field, make_samples\n"
+        "log = sp.AuditLog('s3://no-such-bucket-at-exit/log',\n"
+        f"                  storage_options={local_s3.storage_options!r})\n"
+        "s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, audit=log)\n"
+        "try:\n"
+        "    list(s(make_samples(100)))\n"
+        "except sp.AuditError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": repo},
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        "refused:" in done.stdout
+        and "no-such-bucket-at-exit" in done.stdout
+        and "does not exist" in done.stdout
+    )
+    assert "could not flush" not in done.stderr

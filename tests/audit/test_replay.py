@@ -1,0 +1,149 @@
+"""Replaying a logged run without the model, and what-if re-sifting of logged losses."""
+
+import numpy as np
+import pytest
+import torch
+
+import siftpipe as sp
+from tests.common import loss_field, make_samples
+from tests.contract import output_keys
+
+SAMPLES = make_samples(800, seed=8)
+
+
+def logged_run(root, policy=None, epochs=1, samples=SAMPLES, **kwargs):
+    log = sp.AuditLog(root, run_id="run1", flush_every=100, **kwargs.pop("log", {}))
+    s = sp.Sifter(
+        None,
+        loss_field,
+        policy or sp.RelativeProbabilistic(2.0, 100),
+        micro_batch=32,
+        audit=log,
+        delay=64,
+        seed=11,
+        **kwargs,
+    )
+    outs = [output_keys(s(samples)) for _ in range(epochs)]
+    s.close()
+    return s, outs
+
+
+def test_replay_yields_exactly_what_the_run_kept_over_epochs(tmp_path):
+    _, outs = logged_run(str(tmp_path), epochs=2)
+    assert outs[0] != outs[1]  # the model-free scorer is the same, the random draws are not
+    r = sp.replay(str(tmp_path))
+    assert output_keys(r(SAMPLES)) == outs[0]
+    assert output_keys(r(SAMPLES)) == outs[1]
+    assert r.stats["missing"] == 0 and r.stats["kept"] == len(outs[0]) + len(outs[1])
+
+
+def test_replay_matches_repeated_keys_by_occurrence(tmp_path):
+    repeated = SAMPLES[:200] + SAMPLES[:200]  # resampled shards give a key twice in an epoch
+    _, (out,) = logged_run(str(tmp_path), samples=repeated)
+    assert output_keys(sp.replay(str(tmp_path))(repeated)) == out
+
+
+def test_replay_attaches_logged_weights(tmp_path):
+    log = sp.AuditLog(str(tmp_path), run_id="w", flush_every=100)
+    s = sp.Sifter(None, loss_field, sp.PruneEasy(0.5, history=100), micro_batch=32, audit=log)
+    out = list(s(SAMPLES))
+    s.close()
+    replayed = list(sp.replay(str(tmp_path))(SAMPLES))
+    assert [(o["__key__"], o["__sift_weight__"]) for o in replayed] == [
+        (o["__key__"], o["__sift_weight__"]) for o in out
+    ]
+
+
+def test_replay_on_missing_samples(tmp_path):
+    logged_run(str(tmp_path), samples=SAMPLES[:300])
+    stranger = make_samples(310, seed=8)[300:]
+    for x in stranger:
+        x["__key__"] = "new-" + x["__key__"]
+    with pytest.raises(sp.AuditError, match=r"'new-s000300'.*no decision in run 'run1'.*on_missing"):
+        list(sp.replay(str(tmp_path))(SAMPLES[:300] + stranger))
+    r = sp.replay(str(tmp_path), on_missing="keep")
+    out = list(r(SAMPLES[:300] + stranger))
+    assert r.stats["missing"] == 10 and out[-10:] == stranger
+    r = sp.replay(str(tmp_path), on_missing="drop")
+    assert all(not o["__key__"].startswith("new-") for o in r(SAMPLES[:300] + stranger))
+    with pytest.raises(sp.MissingKeyError, match="no field '__key__'"):
+        list(sp.replay(str(tmp_path))([{"x": 1}]))
+
+
+def test_replay_holds_a_bounded_number_of_shards(tmp_path):
+    logged_run(str(tmp_path))
+    r = sp.replay(str(tmp_path), cache_shards=2)
+    list(r(SAMPLES))
+    assert len(r._shards) == 2 and r.held_bytes < 2 * 100 * 200
+
+
+def test_replay_refuses_an_ambiguous_log(tmp_path):
+    for run in ("a", "b"):
+        log = sp.AuditLog(str(tmp_path), run_id=run)
+        s = sp.Sifter(None, loss_field, sp.Uniform(0.5), audit=log)
+        list(s(SAMPLES[:50]))
+        s.close()
+    with pytest.raises(sp.ConfigError, match=r"holds runs \['a', 'b'\]"):
+        sp.replay(str(tmp_path))
+    assert len(output_keys(sp.replay(str(tmp_path), run="b")(SAMPLES[:50]))) > 0
+    with pytest.raises(sp.AuditError, match="no audit parts"):
+        sp.replay(str(tmp_path / "empty"))
+
+
+def test_replay_through_a_resumed_run(tmp_path):
+    log = sp.AuditLog(str(tmp_path), run_id="r", flush_every=64)
+    first = sp.Sifter(None, loss_field, sp.TopFraction(0.4), micro_batch=32, audit=log)
+    it = first(SAMPLES)
+    head = [next(it)["__key__"] for _ in range(100)]
+    state = first.state_dict()
+    for _ in range(50):
+        next(it)
+    log.close()
+    second = sp.Sifter(
+        None, loss_field, sp.TopFraction(0.4), micro_batch=32, audit=sp.AuditLog(str(tmp_path))
+    )
+    second.load_state_dict(state)
+    tail = output_keys(second(SAMPLES[state["consumed"] :]))
+    second.close()
+    assert output_keys(sp.replay(str(tmp_path))(SAMPLES)) == head + tail
+
+
+def test_whatif_with_the_logged_policy_reproduces_the_log(tmp_path):
+    logged_run(str(tmp_path), epochs=2, on_nan="drop")
+    results = sp.whatif(str(tmp_path), [sp.RelativeProbabilistic(2.0, 100)])
+    assert results[0].flips == 0 and results[0].samples == 1600
+    # the reproduction is not trivial: another seed flips many decisions
+    assert sp.whatif(str(tmp_path), [sp.RelativeProbabilistic(2.0, 100)], seed=12)[0].flips > 100
+
+
+def test_whatif_reports_keep_rates_and_flips(tmp_path):
+    rng = np.random.default_rng(0)
+    samples = make_samples(4000, seed=1)
+    for x in samples:
+        x["loss"] = float(rng.lognormal())
+    logged_run(str(tmp_path), samples=samples, policy=sp.RelativeProbabilistic(1.0, 500))
+    results = sp.whatif(
+        str(tmp_path), [sp.RelativeProbabilistic(b, 500) for b in (0.5, 1.0, 3.0)] + [sp.Uniform(1.0)]
+    )
+    rates = [r.keep_rate for r in results]
+    # warm-up keeps the first 64 of 4000; the rest keep about 1/(1+beta)
+    for rate, beta in zip(rates, (0.5, 1.0, 3.0)):
+        assert rate == pytest.approx(64 / 4000 + (1 - 64 / 4000) / (1 + beta), abs=0.03)
+    assert results[1].flips == 0
+    assert results[0].to_kept > 0 and results[0].to_dropped < results[0].to_kept
+    assert results[3].keep_rate == 1.0 and results[3].to_dropped == 0
+    table = sp.read_log(str(tmp_path))
+    rechunked = sp.whatif(table, [sp.TopFraction(0.5)], micro_batch=100, delay=0)[0]
+    assert rechunked.kept == 2000
+
+
+def test_whatif_on_a_real_model_log(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    log = sp.AuditLog(str(tmp_path), run_id="m")
+    s = sp.Sifter(
+        model, sp.CrossEntropy("x", "y"), sp.RelativeProbabilistic(1.0, 200), micro_batch=50, audit=log
+    )
+    list(s(SAMPLES))
+    s.close()
+    assert sp.whatif(str(tmp_path), [sp.RelativeProbabilistic(1.0, 200)])[0].flips == 0

@@ -1,0 +1,160 @@
+"""The `siftpipe log` commands, against a log on the loopback S3 server."""
+
+import json
+
+import pytest
+import torch
+
+import siftpipe as sp
+from siftpipe.cli import main, parse_storage_options
+from tests.common import loss_field, make_samples
+
+SAMPLES = make_samples(2000, seed=2)
+
+
+@pytest.fixture(scope="module")
+def s3_log(local_s3):
+    bucket = local_s3.new_bucket()
+    root = f"s3://{bucket}/sift"
+    log = sp.AuditLog(root, storage_options=local_s3.storage_options, run_id="cli", flush_every=500)
+    s = sp.Sifter(None, loss_field, sp.RelativeProbabilistic(1.0, 200), micro_batch=50, delay=100, audit=log)
+    kept = [x["__key__"] for x in s(SAMPLES)]
+    s.close()
+    return root, ["--storage-option", f"endpoint_url={local_s3.endpoint}"], kept
+
+
+def test_summary_text_and_json(s3_log, capsys):
+    root, opts, kept = s3_log
+    assert main(["log", "summary", root, *opts]) == 0
+    text = capsys.readouterr().out
+    assert (
+        f"records 2000  kept {len(kept)}" in text and "most-dropped shards" in text and "warmup 100" in text
+    )
+    assert main(["log", "summary", root, *opts, "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["records"] == 2000 and s["kept"] == len(kept) and s["runs"] == ["cli"]
+    assert s["loss_kept"]["p50"] > s["loss_dropped"]["p50"]
+    assert sum(b["records"] for b in s["keep_rate_over_seq"]) == 2000
+    assert s["most_dropped_shards"][0]["dropped"] >= s["most_dropped_shards"][-1]["dropped"]
+
+
+def test_plot_writes_a_png(s3_log, tmp_path, capsys):
+    root, opts, _ = s3_log
+    out = tmp_path / "sift.png"
+    assert main(["log", "plot", root, *opts, "-o", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+
+
+def test_keys_kept_and_dropped(s3_log, capsys):
+    root, opts, kept = s3_log
+    assert main(["log", "keys", root, *opts]) == 0
+    assert capsys.readouterr().out.split() == kept
+    assert main(["log", "keys", root, *opts, "--dropped"]) == 0
+    dropped = capsys.readouterr().out.split()
+    assert sorted(dropped + kept) == [x["__key__"] for x in SAMPLES]
+
+
+def test_whatif_over_betas(s3_log, capsys):
+    root, opts, kept = s3_log
+    assert main(["log", "whatif", root, *opts, "--beta", "0.5", "1", "3", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    rates = [r["keep_rate"] for r in result["results"]]
+    assert rates[0] > rates[1] > rates[2]
+    assert result["results"][1]["flips"] == 0  # beta 1 and history 200 is the logged policy
+    assert main(["log", "whatif", root, *opts, "--top", "0.25"]) == 0
+    assert "TopFraction(keep=0.25)" in capsys.readouterr().out
+
+
+def test_verify_exit_codes(s3_log, local_s3, capsys):
+    root, opts, _ = s3_log
+    assert main(["log", "verify", root, *opts]) == 0
+    assert "OK: 2000 records, seq 0..1999" in capsys.readouterr().out
+    fs = local_s3.fs()
+    bucket = root.split("/")[2]
+    scratch = f"s3://{bucket}/broken"
+    for path in fs.find(root):
+        fs.copy(path, path.replace("/sift/", "/broken/"))
+    victim = sorted(p for p in fs.find(scratch) if p.endswith(".parquet"))[1]
+    fs.rm(victim)
+    assert main(["log", "verify", scratch, *opts]) == 1
+    out = capsys.readouterr().out
+    assert "PROBLEMS" in out and "gap: seq 500..999 (500 records) missing" in out
+
+
+def test_storage_option_parsing():
+    assert parse_storage_options(
+        ["endpoint_url=http://x:1", "anon=true", "client_kwargs.region_name=eu", "n=3"]
+    ) == {"endpoint_url": "http://x:1", "anon": True, "client_kwargs": {"region_name": "eu"}, "n": 3}
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        parse_storage_options(["novalue"])
+
+
+def losses_only(items):
+    return {"loss": torch.tensor([x["loss"] for x in items])}
+
+
+def test_summary_of_samples_without_shard_urls(tmp_path, capsys):
+    samples = [{k: v for k, v in x.items() if k != "__url__"} for x in SAMPLES[:300]]
+    log = sp.AuditLog(str(tmp_path), run_id="nourl", flush_every=100)
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=20, audit=log)
+    kept = len(list(s(samples)))
+    s.close()
+    assert main(["log", "summary", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert f"records 300  kept {kept}" in text and "none recorded (the samples carried no __url__)" in text
+    assert main(["log", "summary", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["most_dropped_shards"] == []
+    # some samples with a URL, some without: only the URLs are listed
+    mixed = sp.AuditLog(str(tmp_path / "mixed"), run_id="mixed", flush_every=100)
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=20, audit=mixed, collate_fn=losses_only)
+    list(s([x if i % 2 else {**x, "__url__": None} for i, x in enumerate(SAMPLES[:300])]))
+    s.close()
+    assert main(["log", "summary", str(tmp_path / "mixed"), "--json"]) == 0
+    shards = json.loads(capsys.readouterr().out)["most_dropped_shards"]
+    assert sum(r["records"] for r in shards) == 150 and None not in [r["url"] for r in shards]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["summary"], ["summary", "--json"], ["keys"], ["keys", "--dropped"], ["whatif"], ["plot"], ["verify"]],
+)
+def test_a_place_without_a_log_exits_non_zero(tmp_path, local_s3, bucket, capsys, command):
+    opts = ["--storage-option", f"endpoint_url={local_s3.endpoint}"]
+    for where in (str(tmp_path / "nothing"), f"s3://{bucket}/nothing", "s3://no-such-bucket-for-cli/x"):
+        extra = ["-o", str(tmp_path / "x.png")] if command == ["plot"] else []
+        assert main(["log", *command, where, *opts, *extra]) != 0, (command, where)
+        out = capsys.readouterr()
+        assert (
+            "no parts found" in out.out
+            or "no audit log" in out.err
+            or "no records" in out.err
+            or ("siftpipe: error:" in out.err)
+        ), out
+
+
+LOG_COMMANDS = [["summary"], ["summary", "--json"], ["keys"], ["keys", "--dropped"], ["verify"], ["whatif"]]
+
+
+@pytest.mark.parametrize("command", LOG_COMMANDS)
+def test_a_closed_pipe_ends_any_log_command_quietly(s3_log, tmp_path, command):
+    """`siftpipe log ... | head`: the reader is gone before the first write, or after one line."""
+    import os
+    import subprocess
+    import sys
+
+    root, opts, _ = s3_log
+    argv = [sys.executable, "-m", "siftpipe", "log", *command[:1], root, *opts, *command[1:]]
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": repo}
+    # a reader that closes its end at once: the first write meets a broken pipe
+    read, write = os.pipe()
+    os.close(read)
+    done = subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, text=True, env=env, check=False)
+    os.close(write)
+    assert done.returncode == 141 and done.stderr == "", done.stderr
+    # `head -1`: reads a line, then goes (keys writes far more than a pipe holds)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout.readline()
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait() in (0, 141) and "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr

@@ -1,0 +1,182 @@
+"""Cheaper scoring: losses fed back by the training step, stale scores, proxies."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import siftpipe as sp
+from tests.common import loss_field, make_samples, roundtrip
+
+SAMPLES = make_samples(600, seed=6)
+
+
+class CountingScorer:
+    """Precomputed losses, counting how many samples needed a forward."""
+
+    def __init__(self):
+        self.scored = 0
+
+    def __call__(self, model, batch):
+        self.scored += len(batch["__key__"])
+        return batch["loss"].double()
+
+
+def train_epochs(sifter, epochs, feedback=True):
+    """A training loop that hands back the loss of every sample it trained on."""
+    kept = []
+    for _ in range(epochs):
+        epoch = []
+        for batch in sifter(SAMPLES):
+            if feedback:
+                sifter.observe(batch["__key__"], batch["loss"] * 0.5)  # the model learned them
+            epoch.extend(batch["__key__"])
+        kept.append(epoch)
+    return kept
+
+
+def test_feedback_decides_later_epochs_without_a_forward(tmp_path):
+    scorer = CountingScorer()
+    log = sp.AuditLog(str(tmp_path), run_id="fb", flush_every=10_000)
+    sifter = sp.Sifter(
+        None,
+        scorer,
+        sp.RelativeProbabilistic(1.0, 300),
+        micro_batch=50,
+        output_batch=20,
+        memory=sp.ScoreMemory(10_000),
+        remember_forward=False,
+        audit=log,
+    )
+    kept = train_epochs(sifter, 2)
+    sifter.close()
+    first_kept = len(kept[0])
+    # epoch 0 scores everything; epoch 1 scores only what epoch 0 dropped (never trained, never observed)
+    assert scorer.scored == 600 + (600 - first_kept)
+    assert sifter.stats.from_memory == first_kept and sifter.stats.observed == first_kept + len(kept[1])
+    table = sp.read_log(str(tmp_path))
+    epoch1 = table.filter(table.column("epoch").to_numpy() == 1)
+    sources = epoch1.column("source").to_pylist()
+    assert sources.count("feedback") == first_kept and sources.count("forward") == 600 - first_kept
+    # the fed-back loss is what decided
+    fed = {x["__key__"]: x["loss"] * 0.5 for x in SAMPLES}
+    for key, loss, source in zip(
+        epoch1.column("key").to_pylist(), epoch1.column("loss").to_pylist(), sources
+    ):
+        if source == "feedback":
+            assert loss == pytest.approx(fed[key], rel=1e-6)
+
+
+def test_feedback_and_remembered_forward_losses_together_need_no_forward_in_epoch_two():
+    scorer = CountingScorer()
+    sifter = sp.Sifter(
+        None,
+        scorer,
+        sp.RelativeProbabilistic(1.0, 300),
+        micro_batch=50,
+        output_batch=20,
+        memory=sp.ScoreMemory(10_000),
+    )
+    kept = train_epochs(sifter, 2)
+    assert scorer.scored == 600 and sifter.stats.from_memory == 600
+    assert 0 < len(kept[1]) < 600
+
+
+def test_stale_mode_reuses_forward_losses_for_max_age_epochs():
+    scorer = CountingScorer()
+    sifter = sp.Sifter(
+        None, scorer, sp.Uniform(0.5), micro_batch=50, memory=sp.ScoreMemory(10_000, max_age=2)
+    )
+    for _ in range(4):
+        list(sifter(SAMPLES))
+    # scored in epochs 0 and 3 only: epochs 1 and 2 reuse the epoch-0 losses (age 1 and 2)
+    assert scorer.scored == 1200 and sifter.stats.from_memory == 1200
+    no_reuse = sp.Sifter(
+        None,
+        CountingScorer(),
+        sp.Uniform(0.5),
+        micro_batch=50,
+        memory=sp.ScoreMemory(10_000),
+        remember_forward=False,
+    )
+    for _ in range(3):
+        list(no_reuse(SAMPLES))
+    assert no_reuse.stats.scored == 1800
+
+
+def test_memory_is_part_of_the_state_and_resume_is_exact():
+    def make():
+        return sp.Sifter(
+            None,
+            loss_field,
+            sp.RelativeProbabilistic(1.0, 100),
+            micro_batch=40,
+            output_batch=16,
+            memory=sp.ScoreMemory(5000),
+        )
+
+    reference = make()
+    ref_keys = train_epochs(reference, 3)
+    first = make()
+    train_epochs(first, 1)
+    it = first(SAMPLES)
+    head = []
+    for batch in it:
+        first.observe(batch["__key__"], batch["loss"] * 0.5)
+        head.extend(batch["__key__"])
+        if len(head) >= 100:
+            break
+    state = roundtrip(first.state_dict())
+    second = make()
+    second.load_state_dict(state)
+    tail = []
+    for batch in second(SAMPLES[state["consumed"] :]):
+        second.observe(batch["__key__"], batch["loss"] * 0.5)
+        tail.extend(batch["__key__"])
+    assert head + tail == ref_keys[1]
+
+
+def test_memory_needs_keys_and_observe_needs_memory():
+    tuples = [(torch.tensor([x["loss"]]), 0) for x in SAMPLES[:10]]
+    with pytest.raises(sp.ConfigError, match="finds samples by key"):
+        sp.Sifter(None, loss_field, memory=sp.ScoreMemory(100), key=None)
+    s = sp.Sifter(None, lambda m, b: b[0][:, 0].double(), micro_batch=5, memory=sp.ScoreMemory(100))
+    with pytest.raises(sp.MissingKeyError, match="score memory needs one key per sample"):
+        list(s(tuples))
+    with pytest.raises(sp.ConfigError, match="observe\\(\\) needs a score memory"):
+        sp.Sifter(None, loss_field).observe(["a"], [1.0])
+    s = sp.Sifter(None, loss_field, memory=sp.ScoreMemory(10))
+    with pytest.raises(sp.ScorerOutputError, match="2 keys but 3 losses"):
+        s.observe(["a", "b"], torch.ones(3))
+
+
+class TinyCNN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.head = torch.nn.Linear(8, 4)
+        self.sizes = []
+
+    def forward(self, x):
+        self.sizes.append(tuple(x.shape[-2:]))
+        return self.head(F.adaptive_avg_pool2d(F.relu(self.conv(x)), 1).flatten(1))
+
+
+def test_proxy_scores_a_downscaled_input_or_a_small_model(tmp_path):
+    torch.manual_seed(0)
+    data = [{"__key__": f"k{i}", "x": torch.randn(3, 32, 32), "y": i % 4} for i in range(64)]
+    model = TinyCNN()
+    proxy = sp.Proxy("cross_entropy", scale_factor=0.5, input="x", target="y")
+    log = sp.AuditLog(str(tmp_path), run_id="p")
+    s = sp.Sifter(model, proxy, sp.TopFraction(0.5), micro_batch=32, audit=log)
+    assert len(list(s(data))) == 32
+    s.close()
+    assert set(model.sizes) == {(16, 16)}
+    assert set(sp.read_log(str(tmp_path)).column("source").to_pylist()) == {"proxy"}
+    small = TinyCNN()
+    s = sp.Sifter(
+        model, sp.Proxy(sp.CrossEntropy("x", "y"), model=small), sp.TopFraction(0.5), micro_batch=32
+    )
+    list(s(data))
+    assert small.sizes == [(32, 32), (32, 32)] and len(model.sizes) == 2
+    with pytest.raises(sp.ConfigError, match="scale_factor=, model="):
+        sp.Proxy("cross_entropy")

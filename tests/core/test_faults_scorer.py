@@ -1,0 +1,98 @@
+"""A scorer that raises: the error names the micro-batch and its keys, in every mode; out of
+memory with on_oom="split" re-scores in halves and decides exactly as if memory had sufficed,
+with padding and in batched mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import default_collate
+
+import siftpipe as sp
+from tests.common import loss_field, make_samples
+from tests.contract import output_keys, signature
+
+SAMPLES = make_samples(100, seed=2)
+
+
+def rows(batch):
+    return len(batch["__key__"])
+
+
+def test_a_scorer_error_in_batched_mode_names_the_chunk_and_its_keys():
+    batches = [default_collate(SAMPLES[i : i + 40]) for i in range(0, 100, 40)]
+    calls = []
+
+    def scorer(model, batch):
+        calls.append(rows(batch))
+        if len(calls) == 2:
+            raise ValueError("shape mismatch in layer 3")
+        return batch["loss"].double()
+
+    s = sp.Sifter(None, scorer, sp.Uniform(0.5), batched=True, micro_batch=16)
+    with pytest.raises(
+        sp.ScorerError,
+        match=r"ValueError: shape mismatch in layer 3 on the micro-batch of 16 samples at seq 16 "
+        r"\(keys \['s000016', 's000017', 's000018', 's000019', \.\.\. 12 more\]\)",
+    ):
+        list(s(batches))
+    assert s.stats.seen == 0  # nothing of the failed batch was decided
+
+
+def test_out_of_memory_on_a_single_sample_names_it_and_the_ways_out():
+    def scorer(model, batch):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+
+    s = sp.Sifter(None, scorer, sp.Uniform(0.5), micro_batch=8, on_oom="split")
+    with pytest.raises(sp.ScorerError) as err:
+        list(s(SAMPLES))
+    text = str(err.value)
+    assert "OutOfMemoryError" in text and "micro-batch of 1 samples at seq 0" in text and "'s000000'" in text
+    assert "on_oom='split'" in text and "lower micro_batch" in text
+    assert isinstance(err.value.__cause__, torch.OutOfMemoryError)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    n=st.integers(1, 90),
+    micro_batch=st.integers(1, 40),
+    limit=st.integers(1, 40),
+    batched=st.booleans(),
+    pad=st.booleans(),
+    whole=st.booleans(),
+)
+def test_split_on_out_of_memory_decides_exactly_as_without_it(n, micro_batch, limit, batched, pad, whole):
+    data = SAMPLES[:n]
+    source = (
+        [default_collate(data[i : i + micro_batch]) for i in range(0, n, micro_batch)] if batched else data
+    )
+    chunk = None if (batched and whole) else micro_batch
+    seen_rows = []
+
+    def tight(model, batch):
+        seen_rows.append(rows(batch))
+        if rows(batch) > limit:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return batch["loss"].double()
+
+    def make(scorer, **kw):
+        return sp.Sifter(
+            None,
+            scorer,
+            sp.RelativeProbabilistic(1.0, 50),
+            batched=batched,
+            micro_batch=chunk,
+            pad_micro_batch=pad and chunk is not None,
+            output_batch=7,
+            seed=3,
+            **kw,
+        )
+
+    expected = list(make(loss_field)(source))
+    s = make(tight, on_oom="split")
+    got = list(s(source))
+    assert [signature(b) for b in got] == [signature(b) for b in expected]
+    assert s.stats.seen == n and s.stats.kept == len(output_keys(got))
+    assert min(seen_rows) >= 1 and max(r for r in seen_rows if r <= limit) <= limit

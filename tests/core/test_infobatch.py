@@ -1,0 +1,333 @@
+"""InfoBatch through the stage, unknown="keep", the forgetting guard and the default recipe."""
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+import siftpipe as sp
+from siftpipe.core.memory import FEEDBACK, key_hashes
+from siftpipe.core.state import digest as _digest
+from tests.common import roundtrip
+
+
+def _never(model, batch):
+    raise AssertionError("the scorer must not be called: losses come from the training step")
+
+
+def _batches(keys, losses=None, size=50):
+    """Dict batches of ``keys`` (a column ``y`` carries each key's index, for checking)."""
+    out = []
+    for i in range(0, len(keys), size):
+        part = keys[i : i + size]
+        out.append({"y": torch.tensor([int(k) for k in part]), "__key__": [str(k) for k in part]})
+    return out
+
+
+def _stage(n, budget, **kw):
+    return sp.Sifter(
+        None,
+        _never,
+        sp.InfoBatch(
+            ratio=kw.pop("ratio", 0.5),
+            budget=budget,
+            guard=kw.pop("guard", None),
+            graded=kw.pop("graded", False),
+        ),
+        memory=sp.ScoreMemory(capacity=n, max_age=None),
+        unknown="keep",
+        remember_forward=False,
+        batched=True,
+        micro_batch=None,
+        **kw,
+    )
+
+
+def _epoch(stage, epoch, keys, loss_of, trained=None):
+    """One pass: feed ``keys``, hand back ``loss_of(key, epoch)`` for each kept sample."""
+    stage.set_epoch(epoch)
+    kept = []
+    for batch in stage(_batches(keys)):
+        ks = batch["__key__"]
+        kept.extend(ks)
+        stage.observe(ks, np.array([loss_of(int(k), epoch) for k in ks]))
+        if trained is not None:
+            trained.append((epoch, ks, batch["__sift_weight__"].clone()))
+    return kept
+
+
+def test_first_epoch_is_kept_unscored_and_then_below_mean_samples_are_pruned():
+    n = 2000
+    keys = list(range(n))
+    stage = _stage(n, budget=10 * n)
+    kept0 = _epoch(stage, 0, keys, lambda k, e: float(k % 10))  # losses 0..9, mean 4.5
+    assert len(kept0) == n
+    s = stage.stats
+    assert s.unknown == n and s.scored == 0 and s.kept == n and s.from_memory == 0
+
+    trained = []
+    kept1 = _epoch(stage, 1, keys, lambda k, e: float(k % 10), trained)
+    easy = {str(k) for k in keys if k % 10 < 4.5}
+    kept_easy = sum(k in easy for k in kept1)
+    # every hard sample is kept; easy ones with probability 1 - ratio
+    assert all(k in set(kept1) for k in map(str, keys) if k not in easy)
+    assert abs(kept_easy / len(easy) - 0.5) < 0.05
+    for _, ks, w in trained:
+        expect = torch.tensor([2.0 if k in easy else 1.0 for k in ks], dtype=w.dtype)
+        assert torch.equal(w, expect)
+    assert stage.stats.scored == 0 and stage.stats.from_memory == n
+
+
+def test_graded_pruning_scales_with_the_distance_below_the_mean_and_weights_each_kept_sample():
+    n = 10_000
+    keys = list(range(n))
+    stage = _stage(n, budget=10 * n, ratio=0.9, graded=True)
+    _epoch(stage, 0, keys, lambda k, e: float(k % 10))  # losses 0..9, mean 4.5
+    trained = []
+    kept1 = {int(k) for k in _epoch(stage, 1, keys, lambda k, e: float(k % 10), trained)}
+    for level in range(10):
+        prune = 0.9 * max(0.0, (4.5 - level) / 4.5)  # 0.9 at loss 0, 0.1 at loss 4, 0 from 5 on
+        kept = sum(k in kept1 for k in keys if k % 10 == level) / (n // 10)
+        assert kept == pytest.approx(1.0 - prune, abs=0.05), level
+        if level >= 5:
+            assert kept == 1.0
+    for _, ks, w in trained:
+        expect = [1.0 / (1.0 - 0.9 * max(0.0, (4.5 - int(k) % 10) / 4.5)) for k in ks]
+        assert torch.allclose(w, torch.tensor(expect, dtype=w.dtype))
+    # losses that sit close to their mean barely discriminate: the graded rule prunes little
+    close = _stage(n, budget=10 * n, ratio=0.9, graded=True)
+    _epoch(close, 0, keys, lambda k, e: 2.0 + 0.02 * (k % 10))
+    assert len(_epoch(close, 1, keys, lambda k, e: 2.0)) > 0.98 * n
+
+
+def test_the_step_rule_names_no_graded_setting_so_its_checkpoints_resume_as_before():
+    assert "graded" not in sp.InfoBatch(0.5).config()
+    assert sp.InfoBatch(0.5, graded=True).config()["graded"] is True
+    assert sp.InfoBatch(0.5, graded=True).fresh().graded
+    with pytest.raises(sp.ConfigError, match="graded"):
+        sp.InfoBatch(0.5, graded=1)
+
+
+def _keyed_run(form):
+    """Three epochs of the recipe with keys in ``form``; the kept rows of each batch, and stats."""
+    n = 400
+    make = {"tensor": torch.tensor, "array": np.array, "strings": lambda part: [str(k) for k in part]}[form]
+    stage = sp.recipe(None, _never, budget=3 * n, batched=True, micro_batch=None, seed=1, cost_guard=False)
+    kept = []
+    for epoch in range(3):
+        stage.set_epoch(epoch)
+        batches = [
+            {"__key__": make(list(range(i, i + 50))), "y": torch.arange(i, i + 50)} for i in range(0, n, 50)
+        ]
+        for batch in stage(batches):
+            stage.observe(batch["__key__"], (batch["y"] % 10).double())
+            kept.append(batch["y"].tolist())
+    return kept, stage.stats
+
+
+@pytest.mark.parametrize("form", ["tensor", "array", "strings"])
+def test_keys_observed_as_a_tensor_or_array_are_the_keys_the_stage_looks_up(form):
+    """``observe(batch["__key__"], ...)`` with the batch's own key column: an integer tensor (a
+    map-style dataset's indices) once went in as 0-d tensors named "tensor(5)", so no later epoch
+    found its losses and the recipe silently kept everything."""
+    _, s = _keyed_run(form)
+    assert s.unknown == 400 and s.from_memory == 800 and s.dropped > 0
+
+
+def test_the_same_keys_in_any_form_give_the_same_decisions():
+    runs = [_keyed_run(form)[0] for form in ("tensor", "array", "strings")]
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_a_pruned_sample_keeps_its_last_loss_and_the_mean_counts_every_remembered_loss():
+    n = 1000
+    keys = list(range(n))
+    stage = _stage(n, budget=100 * n, ratio=0.9)
+    _epoch(stage, 0, keys, lambda k, e: 1.0 if k < 500 else 3.0)
+    kept1 = set(_epoch(stage, 1, keys, lambda k, e: 1.0 if k < 500 else 3.0))
+    pruned = [k for k in range(500) if str(k) not in kept1]
+    assert len(pruned) > 350
+    # the memory still holds every sample, the pruned ones at their epoch-0 loss: the mean is 2.0
+    assert len(stage.memory) == n and stage.memory.mean() == pytest.approx(2.0)
+    loss, _ = stage.memory.lookup(key_hashes([str(k) for k in pruned]), epoch=5)
+    assert (loss == 1.0).all()  # never expired, never re-scored
+
+
+def test_nothing_is_pruned_after_the_anneal_point_of_the_budget(tmp_path):
+    n = 400
+    keys = list(range(n))
+    url = str(tmp_path / "log")
+    stage = _stage(n, budget=4 * n, audit=sp.AuditLog(url))  # anneal at 87.5%: seq 1400 on
+    for epoch in range(4):
+        _epoch(stage, epoch, keys, lambda k, e: float(k % 7))
+    stage.close()
+    table = sp.read_log(url)
+    seq = table.column("seq").to_numpy()
+    kept = table.column("kept").to_numpy(zero_copy_only=False)
+    assert (~kept[(seq >= 1200) & (seq < 1400)]).sum() > 20  # still pruning just before
+    assert kept[seq >= 1400].all() and (seq >= 1400).sum() == 200
+
+
+def test_unknown_keep_is_logged_as_reason_unknown_source_none_and_verifies(tmp_path):
+    n = 300
+    keys = list(range(n))
+    url = str(tmp_path / "log")
+    stage = _stage(n, budget=3 * n, audit=sp.AuditLog(url))
+    for epoch in range(2):
+        _epoch(stage, epoch, keys, lambda k, e: float(k % 5))
+    stage.close()
+    table = sp.read_log(url)
+    reasons = table.column("reason").to_pylist()
+    sources = table.column("source").to_pylist()
+    assert reasons[:n] == ["unknown"] * n and sources[:n] == ["none"] * n
+    assert all(np.isnan(table.column("loss").to_numpy()[:n]))
+    assert set(sources[n:]) == {"feedback"} and set(reasons[n:]) == {"policy"}
+    report = sp.verify_log(url)
+    assert report.ok, report
+    # what-if keeps logged unknown rows unknown, and refuses a policy that needs the memory
+    (result,) = sp.whatif(url, [sp.Uniform(0.5)])
+    assert result.keep[:n].all()
+    with pytest.raises(sp.ConfigError, match="score memory"):
+        sp.whatif(url, [sp.InfoBatch()])
+
+
+def test_exact_resume_of_the_recipe_at_any_cut():
+    n = 240
+    keys = list(range(n))
+
+    def loss_of(k, e):
+        return float((k * 7919 + e * 31) % 13) / (1 + e)
+
+    def run(cut=None):
+        stage = sp.recipe(None, _never, budget=4 * n, capacity=n, batched=True, micro_batch=None, seed=3)
+        decided = []
+        step = 0
+        for epoch in range(4):
+            stage.set_epoch(epoch)
+            for batch in stage(_batches(keys, size=40)):
+                decided.append((epoch, tuple(batch["__key__"]), tuple(batch["__sift_weight__"].tolist())))
+                stage.observe(batch["__key__"], np.array([loss_of(int(k), epoch) for k in batch["__key__"]]))
+                step += 1
+                if step == cut:
+                    state = roundtrip(stage.state_dict())
+                    return decided, state, epoch
+        return decided, None, None
+
+    full, _, _ = run()
+    for cut in (1, 6, 7, 13, 20):
+        head, state, epoch = run(cut)
+        stage = sp.recipe(None, _never, budget=4 * n, capacity=n, batched=True, micro_batch=None, seed=3)
+        stage.load_state_dict(state)
+        rest = []
+        consumed = stage.consumed
+        for e in range(epoch, 4):
+            if e > epoch:
+                stage.set_epoch(e)
+            source = _batches(keys, size=40)
+            if e == epoch:
+                source = source[consumed:]
+            for batch in stage(source):
+                rest.append((e, tuple(batch["__key__"]), tuple(batch["__sift_weight__"].tolist())))
+                stage.observe(batch["__key__"], np.array([loss_of(int(k), e) for k in batch["__key__"]]))
+        assert head + rest == full, f"cut {cut}"
+
+
+def test_guard_backs_off_to_keeping_everything_when_dropped_samples_are_forgotten(caplog):
+    n = 1000
+    keys = list(range(n))
+
+    def run(forget):
+        stage = _stage(n, budget=100 * n, guard=0.5)
+        last: dict[int, int] = {}
+
+        def loss_of(k, e):
+            base = 1.0 if k < 600 else 3.0
+            # a sample not trained last epoch comes back worse by `forget` per epoch away
+            away = e - last.get(k, e) - 1
+            last[k] = e
+            return base * (1.0 + forget * max(0, away))
+
+        scales = []
+        for epoch in range(6):
+            _epoch(stage, epoch, keys, loss_of)
+            scales.append(stage.stats.sifting_scale)
+        return stage, scales
+
+    with caplog.at_level(logging.WARNING, logger="siftpipe"):
+        stage, scales = run(forget=2.0)
+    assert scales[0] == 1.0 and scales[-3:] == [sp.InfoBatch.EXPLORE] * 3, scales
+    assert any("not paying" in r.message for r in caplog.records)
+    before = stage.stats
+    _epoch(stage, 6, keys, lambda k, e: 1.0 if k < 600 else 3.0)
+    # nearly everything kept: a tenth of the ratio, on the easy 60%
+    assert (stage.stats.dropped - before.dropped) / n < 0.06
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="siftpipe"):
+        stage, scales = run(forget=0.0)
+    assert min(scales) == 1.0 and stage.stats.dropped > 0
+    assert not any("not paying" in r.message for r in caplog.records)
+
+
+def test_forgetting_compares_skipped_with_trained_easy_samples():
+    memory = sp.ScoreMemory(capacity=100, max_age=None)
+    h = key_hashes(range(100))
+    memory.update(h, np.r_[np.full(50, 0.5), np.full(50, 1.5)], 0, FEEDBACK)
+    assert memory.forgetting() is None  # nothing came back yet
+    memory.update(h[:50], np.full(50, 0.5), 1, FEEDBACK)  # easy, trained at epoch 1, unchanged
+    memory.update(h[:50], np.full(50, 0.25), 2, FEEDBACK)  # trained again: down by 0.25
+    memory.update(h[50:], np.full(50, 2.0), 2, FEEDBACK)  # not trained at epoch 1: up by 0.5
+    # (0.5 - -0.25) in units of the mean remembered loss now, (50 * 0.25 + 50 * 2) / 100
+    f = memory.forgetting()
+    assert f == pytest.approx(0.75 / 1.125)
+    state = roundtrip(memory.state_dict())
+    again = sp.ScoreMemory(capacity=100, max_age=None)
+    again.load_state_dict(state)
+    assert again.forgetting() == pytest.approx(f) and again.mean() == pytest.approx(memory.mean())
+
+
+def test_mean_tracks_updates_and_a_max_age_of_none_round_trips_through_files(tmp_path):
+    memory = sp.ScoreMemory(capacity=50, max_age=None)
+    memory.update(key_hashes(range(10)), np.arange(10.0), 0, FEEDBACK)
+    memory.update(key_hashes(range(5)), np.zeros(5), 1, FEEDBACK)
+    assert memory.mean() == pytest.approx(np.r_[np.zeros(5), np.arange(5, 10.0)].mean())
+    memory.save(str(tmp_path / "m.npz"))
+    loaded = sp.ScoreMemory.load(str(tmp_path / "m.npz"))
+    assert loaded.max_age is None and loaded.mean() == pytest.approx(memory.mean())
+    assert loaded.lookup(key_hashes([7]), epoch=30000)[0][0] == 7.0
+
+
+def test_configuration_errors_name_the_fix():
+    with pytest.raises(sp.ConfigError, match="memory=sp.ScoreMemory"):
+        sp.Sifter(None, _never, unknown="keep")
+    with pytest.raises(sp.ConfigError, match="score memory"):
+        sp.Sifter(None, _never, sp.InfoBatch())
+    with pytest.raises(sp.ConfigError, match="unknown must be"):
+        sp.Sifter(None, _never, memory=sp.ScoreMemory(10), unknown="skip")
+    with pytest.raises(sp.ConfigError, match="sets policy"):
+        sp.recipe(None, _never, budget=10, policy="uniform")
+    with pytest.raises(sp.ConfigError, match="budget"):
+        sp.recipe(None, _never, budget=0)
+    for bad in ({"ratio": 1.0}, {"anneal": 0.0}, {"guard": -1.0}, {"budget": 2.5}):
+        with pytest.raises(sp.ConfigError):
+            sp.InfoBatch(**bad)
+    with pytest.raises(sp.ConfigError, match="max_age"):
+        sp.ScoreMemory(10, max_age=0)
+
+
+def test_a_state_from_before_these_counters_still_loads():
+    n = 100
+    stage = _stage(n, budget=10 * n)
+    _epoch(stage, 0, list(range(n)), lambda k, e: 1.0)
+    state = roundtrip(stage.state_dict())
+    del state["counts"]["unknown"]
+    del state["memory"]["drift"], state["memory"]["drift_epoch"], state["memory"]["drift_verdict"]
+    del state["account"]
+    # as the code before them wrote it: digests over the entries as they were
+    state["checks"] = {
+        name: _digest(value) for name, value in state.items() if name not in ("seconds", "checks")
+    }
+    again = _stage(n, budget=10 * n)
+    again.load_state_dict(state)
+    assert again.stats.unknown == 0 and again.memory.forgetting() is None

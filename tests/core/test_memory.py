@@ -1,0 +1,234 @@
+import numpy as np
+import pytest
+import torch
+
+import siftpipe as sp
+from siftpipe.core.memory import FEEDBACK, FORWARD, key_hashes
+from tests.common import roundtrip
+
+
+def test_hashes_are_stable_and_never_zero():
+    h = key_hashes(["a", "b", "a", 17])
+    assert h[0] == h[2] and h[0] != h[1] and h.dtype == np.uint64 and (h != 0).all()
+    # BLAKE2b-64 of the UTF-8 key, little-endian: the same in every process and Python version
+    assert int(key_hashes(["x"])[0]) == int.from_bytes(
+        __import__("hashlib").blake2b(b"x", digest_size=8).digest(), "little"
+    )
+    # any key is hashed as str(key); numpy strings and a generator give the same values
+    assert int(h[3]) == int.from_bytes(__import__("hashlib").blake2b(b"17", digest_size=8).digest(), "little")
+    assert key_hashes(np.array(["a", "b"])).tolist() == h[:2].tolist()
+    assert key_hashes(k for k in ["a", "b"]).tolist() == h[:2].tolist()
+    assert key_hashes([]).shape == (0,) and key_hashes([]).dtype == np.uint64
+
+
+def test_remembers_the_last_loss_per_key_against_a_dict():
+    rng = np.random.default_rng(0)
+    memory = sp.ScoreMemory(capacity=5000, max_age=2)
+    truth: dict[int, tuple[float, int]] = {}
+    for epoch in range(5):
+        for _ in range(20):
+            keys = rng.integers(0, 3000, size=200)
+            losses = rng.random(200).astype(np.float32)
+            memory.update(key_hashes(keys), losses, epoch, FEEDBACK)
+            for k, v in zip(keys, losses):
+                truth[int(k)] = (float(v), epoch)
+    assert len(memory) == len(truth)
+    probe = np.arange(3500)
+    loss, source = memory.lookup(key_hashes(probe), epoch=5)
+    for k in probe:
+        if k in truth and 1 <= 5 - truth[k][1] <= 2:
+            assert loss[k] == pytest.approx(truth[k][0])
+            assert source[k] == FEEDBACK
+        else:
+            assert np.isnan(loss[k])
+
+
+def test_current_epoch_losses_are_not_used_and_age_limits():
+    memory = sp.ScoreMemory(100, max_age=1)
+    memory.update(key_hashes(["a"]), np.array([2.0]), epoch=3, source=FORWARD)
+    assert np.isnan(memory.lookup(key_hashes(["a"]), 3)[0][0])  # not this epoch's own
+    assert memory.lookup(key_hashes(["a"]), 4)[0][0] == 2.0
+    assert np.isnan(memory.lookup(key_hashes(["a"]), 5)[0][0])  # too old
+
+
+def test_bounded_refuses_and_counts_beyond_capacity():
+    memory = sp.ScoreMemory(capacity=1000)
+    memory.update(key_hashes(range(1500)), np.ones(1500), 0, FEEDBACK)
+    assert len(memory) == 1000 and memory.refused == 500
+    held = key_hashes(range(1500))[~np.isnan(memory.lookup(key_hashes(range(1500)), 1)[0])][:10]
+    memory.update(held, np.zeros(10), 0, FEEDBACK)  # keys it holds are still updated when full
+    assert (memory.lookup(held, 1)[0] == 0).all() and len(memory) == 1000
+    assert memory.nbytes / memory.capacity < 25
+
+
+def test_state_and_file_roundtrip(tmp_path):
+    memory = sp.ScoreMemory(capacity=2000, max_age=3)
+    memory.update(key_hashes(range(1200)), np.arange(1200.0), 1, FEEDBACK)
+    memory.update(key_hashes(range(600, 900)), np.full(300, -1.0), 2, FORWARD)
+    copy = sp.ScoreMemory(capacity=2000, max_age=3)
+    copy.load_state_dict(roundtrip(memory.state_dict()))
+    memory.save(str(tmp_path / "m.npz"))
+    loaded = sp.ScoreMemory.load(str(tmp_path / "m.npz"))
+    assert loaded.capacity == 2000 and loaded.max_age == 3 and len(loaded) == len(memory)
+    probe = key_hashes(range(1300))
+    for other in (copy, loaded):
+        a, b = memory.lookup(probe, 3), other.lookup(probe, 3)
+        np.testing.assert_array_equal(a[0], b[0])
+        np.testing.assert_array_equal(a[1], b[1])
+    with pytest.raises(sp.ResumeError, match="capacity=2000"):
+        sp.ScoreMemory(capacity=10).load_state_dict(memory.state_dict())
+
+
+def test_key_cache_answers_what_key_hashes_would_and_stays_within_its_bound():
+    keys = [f"k{i}" for i in range(50)]
+    memory = sp.ScoreMemory(100, key_cache=30)
+    first = memory.hashes(keys[:20])
+    assert first.tolist() == key_hashes(keys[:20]).tolist() and not memory._slot_of  # none stored yet
+    memory.update_keys(keys[:20], np.ones(20), 0, FEEDBACK)
+    assert set(memory._slot_of) == set(keys[:20])
+    memory.update_keys(keys[10:50], np.ones(40), 0, FEEDBACK)  # 10 cached, 30 new of which 10 fit
+    assert len(memory._slot_of) == 30 and set(memory._slot_of) == set(keys[:30])
+    for at, key in ((memory._slot_of[k], k) for k in keys[:30]):
+        assert memory._keys[at] == key_hashes([key])[0]
+    again = memory.hashes([*keys[::-1], keys[0]])  # repeats, cached and uncached together
+    assert again.tolist() == key_hashes([*keys[::-1], keys[0]]).tolist() and len(memory._slot_of) == 30
+    assert memory.hashes(np.array(keys[:3])).tolist() == first[:3].tolist()  # numpy strings
+    assert memory.hashes([]).shape == (0,)
+    memory.load_state_dict(memory.state_dict())  # refilled: the keys may sit elsewhere now
+    assert not memory._slot_of
+    off = sp.ScoreMemory(100, key_cache=0)
+    off.update_keys(keys, np.ones(50), 0, FEEDBACK)
+    assert off.hashes(keys).tolist() == key_hashes(keys).tolist() and not off._slot_of
+    for bad in (-1, 1.5, True):
+        with pytest.raises(sp.ConfigError, match="key_cache"):
+            sp.ScoreMemory(100, key_cache=bad)
+
+
+@pytest.mark.parametrize(("capacity", "key_cache"), [(40, 500), (400, 60), (400, 500)])
+def test_keyed_lookups_and_updates_agree_with_the_hashed_ones_whatever_the_cache_holds(capacity, key_cache):
+    """A memory that answers from its slot cache and one that hashes every key (key_cache=0) go
+    through the same operations and must agree on every answer and on their states: repeated
+    keys, NaN losses, a full memory refusing keys, int keys, a refill from a state."""
+    rng = np.random.default_rng(7)
+    universe = [f"s{i}" for i in range(120)]
+    cached = sp.ScoreMemory(capacity, max_age=2, key_cache=key_cache)
+    hashed = sp.ScoreMemory(capacity, max_age=2, key_cache=0)
+    slow = []  # update_keys calls that went through hashing (the others took the cached slots)
+    update = cached.update
+    cached.update = lambda *a: (slow.append(1), update(*a))  # type: ignore[method-assign]
+    fast = 0
+    for step in range(300):
+        epoch = step // 40
+        n = int(rng.integers(1, 30))
+        keys = [universe[i] for i in rng.integers(0, len(universe), n)]
+        if step % 7 == 3:
+            keys = list(dict.fromkeys(keys))  # distinct: the fast path when all are cached
+        if step % 50 == 17:
+            keys = [np.str_(k) for k in keys]
+        losses = rng.exponential(size=len(keys))
+        if step % 11 == 5:
+            losses[0] = np.nan
+        source = FEEDBACK if step % 5 else 0
+        for memory in (cached, hashed):
+            memory.update_keys(keys, losses, epoch, source)
+        fast += not slow
+        slow.clear()
+        probe = [universe[i] for i in rng.integers(0, len(universe), 25)]
+        a, b = cached.lookup_keys(probe, epoch + 1), hashed.lookup_keys(probe, epoch + 1)
+        np.testing.assert_array_equal(a[0], b[0])
+        np.testing.assert_array_equal(a[1], b[1])
+        assert cached.refused == hashed.refused and len(cached) == len(hashed)
+        assert cached.mean() == pytest.approx(hashed.mean(), rel=1e-12, nan_ok=True)
+        assert cached.forgetting() == hashed.forgetting()
+        if step == 150:
+            cached.load_state_dict(cached.state_dict())
+            hashed.load_state_dict(hashed.state_dict())
+    # (the cache was in use, and so was its fast path, but where few keys fit in it)
+    assert cached._slot_of and (fast > 10 or min(capacity, key_cache) < len(universe))
+    a, b = cached.state_dict(), hashed.state_dict()
+    for name in ("keys", "loss", "epoch", "source"):
+        order_a, order_b = a["keys"].argsort(), b["keys"].argsort()
+        assert torch.equal(a[name][order_a], b[name][order_b]), name
+    for memory in (cached, hashed):  # not strings: hashed, never cached
+        memory.update_keys([1, 2, "s1"], np.full(3, 5.0), 9, FEEDBACK)
+    assert all(type(k) is str for k in cached._slot_of)
+    probe = key_hashes(["1", "2", "s1"])
+    np.testing.assert_array_equal(cached.lookup(probe, 10)[0], hashed.lookup(probe, 10)[0])
+
+
+def test_observe_stores_under_the_same_hashes_whether_the_stage_remembered_them_or_not():
+    from tests.common import loss_field, make_samples
+
+    samples = make_samples(60)
+    keys = [x["__key__"] for x in samples]
+    s = sp.Sifter(
+        None, loss_field, sp.RelativeProbabilistic(1.0, 50), micro_batch=10, memory=sp.ScoreMemory(1000)
+    )
+    list(s(samples))  # the lookups and the scores remembered cache these keys' slots
+    assert keys[0] in s.memory._slot_of  # (the cache is in use, so the checks below exercise it)
+    # some remembered, one never seen, then keys that are equal as dict keys but not as strings
+    observed = [*keys[:5], "never-seen", *keys[5:8]]
+    s.observe(observed, np.arange(len(observed), dtype=np.float64) + 0.5)
+    s.observe([1, 1.0, True], np.array([7.0, 8.0, 9.0]))
+    s.observe(keys[:5], np.full(5, 3.0))  # the second time: from the cache again, same slots
+    got, _ = s.memory.lookup(key_hashes([*observed, 1, 1.0, True]), epoch=1)
+    assert got.tolist() == [3.0] * 5 + [5.5, 6.5, 7.5, 8.5, 7.0, 8.0, 9.0]
+    # a stage whose keys are ints: True and 1.0 must not pick up the hash remembered for 1
+    ints = [{**x, "__key__": i} for i, x in enumerate(samples)]
+    s = sp.Sifter(
+        None, loss_field, sp.RelativeProbabilistic(1.0, 50), micro_batch=10, memory=sp.ScoreMemory(1000)
+    )
+    list(s(ints))
+    s.observe([True, 1.0, 1], np.array([1.0, 2.0, 3.0]))
+    got, _ = s.memory.lookup(key_hashes(["True", "1.0", "1"]), epoch=1)
+    assert got.tolist() == [1.0, 2.0, 3.0]
+
+    class Tagged(str):  # a str subclass whose str() differs: the cache must not answer for it
+        def __str__(self):
+            return "tag:" + str.__str__(self)
+
+    s = sp.Sifter(
+        None, loss_field, sp.RelativeProbabilistic(1.0, 50), micro_batch=10, memory=sp.ScoreMemory(1000)
+    )
+    list(s(samples))
+    s.observe([Tagged(keys[0])], np.array([4.0]))
+    got, _ = s.memory.lookup(key_hashes([Tagged(keys[0]), keys[0]]), epoch=1)
+    assert got[0] == 4.0 and got[1] != 4.0  # keys[0] keeps what the pass scored
+
+
+def test_integer_key_arrays_find_the_slots_their_strings_hash_to():
+    """Keys given as an integer array are cached by value; they must land where ``str(key)``
+    does in a memory that hashes every key: negatives, values past the cache, repeats, NaN."""
+    rng = np.random.default_rng(3)
+    by_value = sp.ScoreMemory(500, max_age=None, key_cache=64)
+    hashed = sp.ScoreMemory(500, max_age=None, key_cache=0)
+    for step in range(200):
+        n = int(rng.integers(1, 40))
+        keys = rng.integers(-5, 90, n)
+        if step % 3 == 0:
+            keys = np.unique(keys)  # distinct: the cached fast path once all are known
+        losses = rng.exponential(size=keys.size)
+        if step % 13 == 4:
+            losses[-1] = np.inf
+        by_value.update_keys(keys.astype(np.int32 if step % 2 else np.int64), losses, step // 20, FEEDBACK)
+        hashed.update_keys([str(k) for k in keys.tolist()], losses, step // 20, FEEDBACK)
+        probe = rng.integers(-5, 100, 30)
+        a = by_value.lookup_keys(probe, step // 20 + 1)
+        b = hashed.lookup_keys([str(k) for k in probe.tolist()], step // 20 + 1)
+        np.testing.assert_array_equal(a[0], b[0])
+        np.testing.assert_array_equal(a[1], b[1])
+        assert by_value.hashes(probe).tolist() == key_hashes(probe.tolist()).tolist()
+        assert by_value.mean() == pytest.approx(hashed.mean(), rel=1e-12, nan_ok=True)
+        if step == 100:
+            by_value.load_state_dict(by_value.state_dict())  # refilled: slots move, the cache empties
+            assert (by_value._slot_of_int == -1).all()
+    table = by_value._slot_of_int
+    assert table is not None and (table >= 0).sum() == 64  # every value in [0, 64) was seen
+    assert table.size == 64  # grown to what was stored, never past key_cache
+    assert not by_value._slot_of  # no string keys were cached
+    big = sp.ScoreMemory(100, key_cache=10**9)  # a cache of a billion values costs nothing unused
+    big.update_keys(np.array([3, 5]), np.ones(2), 0, FEEDBACK)
+    assert big._slot_of_int is not None and big._slot_of_int.size == 1024
+    big.update_keys(np.array([5000]), np.ones(1), 0, FEEDBACK)
+    assert big._slot_of_int.size == 10002 and (big._slot_of_int >= 0).sum() == 3
+    assert big.lookup_keys(np.array([3, 5, 5000, 7]), 1)[0].tolist()[:3] == [1.0, 1.0, 1.0]

@@ -1,0 +1,377 @@
+import pytest
+import torch
+from torch.utils.data import default_collate
+
+import siftpipe as sp
+from tests.common import loss_field, make_samples, roundtrip, same_state
+from tests.contract import PlainList, check_save_load, output_keys
+
+SAMPLES = make_samples(700, seed=3)
+BATCHES = [default_collate(SAMPLES[i : i + 48]) for i in range(0, len(SAMPLES), 48)]
+
+
+POLICIES = {
+    "relative": lambda: sp.RelativeProbabilistic(beta=1.0, history=100),
+    "top": lambda: sp.TopFraction(0.3),
+    "prune": lambda: sp.PruneEasy(ratio=0.5, history=50),
+    "uniform": lambda: sp.Uniform(0.4),
+}
+CUTS = [0, 1, 2, 5, 17, 31, 32, 33, 60, 100, 151, 200, 260, 299, 300]
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("output_batch", [None, 7, 40])
+def test_per_sample_resume_equals_uninterrupted(policy, output_batch):
+    def make():
+        return PlainList(
+            SAMPLES,
+            model=None,
+            scorer=loss_field,
+            policy=POLICIES[policy](),
+            micro_batch=32,
+            delay=40,
+            seed=5,
+            output_batch=output_batch,
+        )
+
+    check_save_load(make, CUTS, input_keys=[s["__key__"] for s in SAMPLES])
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("output_batch,micro_batch", [(None, None), (30, None), (100, 16)])
+def test_batched_resume_equals_uninterrupted(policy, output_batch, micro_batch):
+    def make():
+        return PlainList(
+            BATCHES,
+            model=None,
+            scorer=loss_field,
+            policy=POLICIES[policy](),
+            micro_batch=micro_batch,
+            batched=True,
+            seed=9,
+            output_batch=output_batch,
+        )
+
+    check_save_load(make, CUTS[:10], input_keys=[s["__key__"] for s in SAMPLES])
+
+
+def test_resume_with_a_real_model_does_not_rescore_in_flight_samples():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    scorer = sp.CrossEntropy("x", "y")
+
+    def make():
+        return PlainList(
+            SAMPLES,
+            model=model,
+            scorer=scorer,
+            policy=sp.RelativeProbabilistic(2.0, 64),
+            micro_batch=64,
+            seed=1,
+        )
+
+    reference = check_save_load(make, [3, 20, 41])
+    # the in-flight decisions are replayed, not re-scored: change the weights at the cut and the
+    # samples of the checkpoint's micro-batch are still handed on as decided
+    first = make()
+    it = first.start()
+    head = [next(it) for _ in range(3)]
+    state = roundtrip(first.state())
+    with torch.no_grad():
+        model.weight.mul_(-1)
+    second = make()
+    tail = list(second.resume(state))
+    in_flight = [k for k in output_keys(reference) if k < "s000064"]
+    assert output_keys(head + tail)[: len(in_flight)] == in_flight
+
+
+def test_state_survives_weights_only_load_and_holds_no_sample_data():
+    s = sp.Sifter(None, loss_field, sp.RelativeProbabilistic(1.0, 100), micro_batch=32)
+    it = s(SAMPLES)
+    for _ in range(5):
+        next(it)
+    state = roundtrip(s.state_dict())
+
+    def leaves(x):
+        if isinstance(x, dict):
+            for v in x.values():
+                yield from leaves(v)
+        elif isinstance(x, list | tuple):
+            for v in x:
+                yield from leaves(v)
+        else:
+            yield x
+
+    kinds = {type(v) for v in leaves(state)}
+    assert kinds <= {int, float, str, bool, type(None), torch.Tensor}
+    tensors = [v for v in leaves(state) if isinstance(v, torch.Tensor)]
+    assert all(t.dtype in (torch.bool, torch.float32, torch.float64) for t in tensors)
+    assert state["consumed"] == 0 and len(state["pending"]) == 1
+    assert state["pending"][0]["keys"][:2] == ["s000000", "s000001"]
+
+
+def test_resume_from_a_misaligned_source_names_the_fix():
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32)
+    it = s(SAMPLES)
+    next(it)
+    state = roundtrip(s.state_dict())
+    t = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32)
+    t.load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match=r"key 's000001'.*expected 's000000'.*from item 0"):
+        list(t(SAMPLES[1:]))
+    t.load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match="feed it from item 0"):
+        list(t(SAMPLES[:10]))
+
+
+def test_resume_into_another_configuration_is_refused():
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32)
+    list(s(SAMPLES[:40]))
+    state = s.state_dict()
+    with pytest.raises(sp.ResumeError, match="micro_batch=32"):
+        sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=16).load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match="policy='uniform'"):
+        sp.Sifter(None, loss_field, sp.TopFraction(0.5), micro_batch=32).load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match="not a siftpipe"):
+        sp.Sifter(None, loss_field).load_state_dict({"foo": 1})
+
+
+def test_checkpoint_between_passes_starts_the_next_pass():
+    s = sp.Sifter(None, loss_field, sp.RelativeProbabilistic(1.0, 100), micro_batch=32, seed=2)
+    list(s(SAMPLES))
+    state = roundtrip(s.state_dict())
+    second_pass = output_keys(s(SAMPLES))
+    t = sp.Sifter(None, loss_field, sp.RelativeProbabilistic(1.0, 100), micro_batch=32, seed=2)
+    t.load_state_dict(state)
+    assert output_keys(t(SAMPLES)) == second_pass
+    assert t.epoch == s.epoch == 1
+    assert t.stats == s.stats.__class__(
+        **{
+            **s.stats.__dict__,
+            "score_seconds": t.stats.score_seconds,
+            "decide_seconds": t.stats.decide_seconds,
+        }
+    )
+
+
+def test_resume_in_a_later_pass_counts_consumed_from_that_pass():
+    def make():
+        return PlainList(
+            SAMPLES,
+            model=None,
+            scorer=loss_field,
+            policy=sp.RelativeProbabilistic(1.0, 100),
+            micro_batch=32,
+            seed=5,
+        )
+
+    class SecondPass(PlainList):
+        def start(self):
+            list(self.sifter(self.data))
+            return self.sifter(self.data)
+
+    def make_second():
+        return SecondPass(
+            SAMPLES,
+            model=None,
+            scorer=loss_field,
+            policy=sp.RelativeProbabilistic(1.0, 100),
+            micro_batch=32,
+            seed=5,
+        )
+
+    check_save_load(make_second, [0, 7, 150])
+    first = make_second()
+    it = first.start()
+    for _ in range(40):
+        next(it)
+    assert 0 < first.sifter.consumed < len(SAMPLES) and first.sifter.epoch == 1
+
+
+LIFE = [
+    "fresh call, before the first next",
+    "resumed call, before the first next",
+    "mid micro-batch",
+    "after exhaustion",
+    "after an abandoned pass",
+    "after a closed pass",
+    "loaded between passes",
+    "second pass, before the first next",
+    "set_epoch between passes",
+    "a stage that never ran",
+    "set_epoch while a pass is open and unread",
+    "a second pass called and dropped unstarted",
+]
+
+
+@pytest.mark.parametrize("point", LIFE)
+@pytest.mark.parametrize("output_batch", [None, 12])
+def test_a_state_taken_at_any_point_of_the_iterators_life_round_trips(point, output_batch):
+    def make():
+        return sp.Sifter(
+            None,
+            loss_field,
+            sp.RelativeProbabilistic(1.0, 64),
+            micro_batch=16,
+            output_batch=output_batch,
+            seed=3,
+        )
+
+    data = SAMPLES[:100]
+    a = make()
+    live = None  # an iterator of `a` still to be finished
+    if point == "fresh call, before the first next":
+        live = a(data)
+    elif point == "resumed call, before the first next":
+        it = a(data)
+        next(it)
+        state = roundtrip(a.state_dict())
+        a = make()
+        a.load_state_dict(state)
+        live = a(data[state["consumed"] :])
+    elif point == "mid micro-batch":
+        live = a(data)
+        next(live)
+    elif point == "after exhaustion":
+        list(a(data))
+    elif point == "after an abandoned pass":
+        for _ in a(data):
+            break
+    elif point == "after a closed pass":
+        it = a(data)
+        next(it)
+        a.close()
+    elif point == "loaded between passes":
+        list(a(data))
+        state = roundtrip(a.state_dict())
+        a = make()
+        a.load_state_dict(state)
+    elif point == "second pass, before the first next":
+        list(a(data))
+        live = a(data)
+    elif point == "set_epoch between passes":
+        list(a(data))
+        a.set_epoch(7)
+    elif point == "a stage that never ran":
+        pass
+    elif point == "set_epoch while a pass is open and unread":
+        list(a(data))
+        live = a(data)
+        a.set_epoch(4)
+    elif point == "a second pass called and dropped unstarted":
+        list(a(data))
+        a(data)
+    first = roundtrip(a.state_dict())
+    same_state(roundtrip(a.state_dict()), first)  # twice in a row: the same
+
+    b = make()
+    b.load_state_dict(first)
+    same_state(roundtrip(b.state_dict()), first)  # loaded, it says the same again
+    if first["pass_open"]:
+        b_rest = output_keys(b(data[first["consumed"] :]))
+    else:
+        b_rest = []
+    if live is None and first["pass_open"]:
+        live = a(data[first["consumed"] :])  # a pass opened and dropped unstarted: opened again
+    a_rest = output_keys(live) if live is not None else []
+    assert b_rest == a_rest
+    # and the next pass decides alike
+    assert output_keys(b(data)) == output_keys(a(data))
+    same_state(roundtrip(b.state_dict()), roundtrip(a.state_dict()))
+    assert b.epoch == a.epoch
+
+
+def test_a_checkpoint_after_resuming_but_before_the_first_next_keeps_the_pending_decisions(tmp_path):
+    """The issue's case: load, call, checkpoint before next(), resume from that checkpoint: every
+    sample is handed on once, as in the uninterrupted run, and the log has one record a sample."""
+    data = SAMPLES[:64]
+
+    def make(audit=None):
+        return sp.Sifter(
+            None, loss_field, sp.Uniform(0.5), micro_batch=16, output_batch=4, seed=1, audit=audit
+        )
+
+    reference = output_keys(make()(data))
+    log = str(tmp_path / "log")
+    a = make(sp.AuditLog(log, run_id="r", writer="thread"))
+    it = a(data)
+    head = output_keys([next(it)])
+    first = roundtrip(a.state_dict())
+    a.audit.close()
+    b = make(sp.AuditLog(log, writer="thread"))
+    b.load_state_dict(first)
+    b(data[first["consumed"] :])  # called, never iterated: the job dies here
+    second = roundtrip(b.state_dict())
+    b.audit.close()
+    c = make(sp.AuditLog(log, writer="thread"))
+    c.load_state_dict(second)
+    tail = output_keys(c(data[second["consumed"] :]))
+    c.close()
+    assert head + tail == reference
+    report = sp.verify_log(log)
+    (stream,) = report.streams
+    assert report.ok and stream.records == len(data)
+
+
+def test_an_abandoned_pass_is_not_resumed_by_a_stage_loaded_after_it():
+    """After ``break`` the pass is over in this process (the next call starts a new one), so a
+    stage loaded with a state taken then starts a new pass too, in the next epoch."""
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=16, seed=1)
+    for _ in s(SAMPLES):
+        break
+    state = roundtrip(s.state_dict())
+    assert not state["pass_open"] and state["pending"] == []
+    t = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=16, seed=1)
+    t.load_state_dict(state)
+    assert output_keys(t(SAMPLES)) == output_keys(s(SAMPLES))
+    assert t.epoch == s.epoch == 1
+
+
+@pytest.mark.parametrize("mode", ["micro_batch=1", "batched"])
+def test_a_source_fed_from_the_wrong_position_is_caught_at_every_cut(mode):
+    """With nothing pending at the cut (every cut with micro_batch=1, every output in batched
+    mode without output_batch) the state still names the next item's key, so a source fed from
+    one item too early or too late is refused at once."""
+    if mode == "batched":
+        data = BATCHES[:6]
+        kw = dict(batched=True, micro_batch=None)
+    else:
+        data = SAMPLES[:30]
+        kw = dict(micro_batch=1)
+
+    def make():
+        return sp.Sifter(None, loss_field, sp.Uniform(0.6), seed=4, **kw)
+
+    n_out = len(list(make()(data)))
+    caught = 0
+    for cut in range(1, n_out + 1):
+        a = make()
+        it = a(data)
+        for _ in range(cut):
+            next(it)
+        state = roundtrip(a.state_dict())
+        consumed = state["consumed"]
+        for wrong in (consumed - 1, consumed + 1):
+            if wrong < 0 or wrong > len(data):
+                continue
+            b = make()
+            b.load_state_dict(state)
+            with pytest.raises(sp.ResumeError, match="not where the checkpoint left it"):
+                list(b(data[wrong:]))
+            caught += 1
+        b = make()
+        b.load_state_dict(state)
+        assert len(list(b(data[consumed:]))) == n_out - cut
+    assert caught >= 2 * n_out - 1
+
+
+def test_a_resumed_source_without_keys_is_refused_with_the_fix():
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32)
+    it = s(SAMPLES)
+    next(it)
+    state = roundtrip(s.state_dict())
+    t = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32)
+    t.load_state_dict(state)
+    keyless = [{k: v for k, v in x.items() if k != "__key__"} for x in SAMPLES]
+    with pytest.raises(sp.ResumeError, match="have no key '__key__'"):
+        list(t(keyless))

@@ -1,0 +1,287 @@
+import numpy as np
+import pytest
+import torch
+
+import siftpipe as sp
+from tests.common import loss_field, make_samples
+from tests.contract import output_keys
+
+
+def test_per_sample_output_is_an_ordered_subset_in_input_format(samples):
+    s = sp.Sifter(None, loss_field, sp.RelativeProbabilistic(1.0, 200), micro_batch=32, seed=1)
+    out = list(s(samples))
+    keys = output_keys(out)
+    all_keys = [x["__key__"] for x in samples]
+    assert set(keys) < set(all_keys)
+    assert keys == sorted(keys)
+    assert all(o is x for o, x in zip(out, (x for x in samples if x["__key__"] in set(keys))))
+    st = s.stats
+    assert st.seen == 600 and st.kept == len(out) and st.kept + st.dropped == st.seen
+    assert st.micro_batches == 19  # 18 full micro-batches of 32 and one of 24
+    assert 0.35 < st.keep_rate < 0.65
+
+
+def test_tuple_and_tensor_samples(linear_model):
+    data = [(torch.randn(4), i % 3) for i in range(100)]
+    s = sp.Sifter(linear_model, "cross_entropy", sp.TopFraction(0.5), micro_batch=10, key=None)
+    out = list(s(data))
+    assert len(out) == 50 and all(isinstance(o, tuple) and len(o) == 2 for o in out)
+    tensors = [torch.tensor([float(i)]) for i in range(40)]
+    s = sp.Sifter(None, lambda m, b: b[:, 0].double(), sp.TopFraction(0.25), micro_batch=8, key=None)
+    out = list(s(tensors))
+    assert [int(t) for t in out] == [i for i in range(40) if i % 8 >= 6]
+
+
+def test_output_batch_gives_full_batches_and_a_short_last_one(samples):
+    s = sp.Sifter(None, loss_field, sp.TopFraction(0.5), micro_batch=64, output_batch=50)
+    out = list(s(samples))
+    sizes = [len(b["__key__"]) for b in out]
+    assert sizes == [50] * 6
+    s = sp.Sifter(None, loss_field, sp.TopFraction(0.25), micro_batch=64, output_batch=40)
+    sizes = [len(b["__key__"]) for b in s(samples)]
+    # 9 micro-batches of 64 keep 16 each, the last of 24 keeps 6: 150 kept
+    assert sizes == [40, 40, 40, 30]
+    assert isinstance(out[0]["x"], torch.Tensor) and out[0]["x"].shape == (50, 4)
+
+
+def collated(samples, size):
+    from torch.utils.data import default_collate
+
+    return [default_collate(samples[i : i + size]) for i in range(0, len(samples), size)]
+
+
+def test_batched_mode_filters_each_batch_and_matches_per_sample_mode(samples):
+    batches = collated(samples, 64)
+    per_sample = sp.Sifter(None, loss_field, sp.TopFraction(0.25), micro_batch=64)
+    batched = sp.Sifter(None, loss_field, sp.TopFraction(0.25), micro_batch=None, batched=True)
+    a = output_keys(per_sample(samples))
+    out = list(batched(batches))
+    assert output_keys(out) == a
+    assert all(isinstance(b["x"], torch.Tensor) and b["x"].shape[0] == len(b["__key__"]) for b in out)
+    # a large worker batch is scored in micro-batches: the same decisions as per-sample mode
+    chunked = sp.Sifter(None, loss_field, sp.TopFraction(0.25), micro_batch=64, batched=True)
+    assert output_keys(chunked(collated(samples, 192))) == a
+
+
+def test_batched_mode_output_batch_rebatches(samples):
+    s = sp.Sifter(None, loss_field, sp.TopFraction(0.5), micro_batch=None, batched=True, output_batch=100)
+    out = list(s(collated(samples, 64)))
+    assert [len(b["__key__"]) for b in out] == [100, 100, 100]
+    assert [b["x"].shape[0] for b in out] == [100, 100, 100]
+    tuples = [(b["x"], b["y"]) for b in collated(samples, 50)]
+    s = sp.Sifter(
+        None,
+        lambda m, b: b[0][:, 0].double(),
+        sp.TopFraction(0.5),
+        micro_batch=None,
+        batched=True,
+        output_batch=64,
+        key=None,
+    )
+    out = list(s(tuples))
+    assert [o[0].shape[0] for o in out] == [64] * 4 + [44]
+    assert all(isinstance(o, tuple) and o[1].shape[0] == o[0].shape[0] for o in out)
+
+
+def test_rebatched_rows_are_the_kept_rows_in_order_in_every_structure_and_do_not_alias():
+    from collections import namedtuple
+
+    from siftpipe.core import batch as _batch
+
+    Pair = namedtuple("Pair", "a b")
+    n = 300
+    batches = [
+        {
+            "__key__": [f"k{i}" for i in range(s, s + 50)],
+            "x": torch.arange(s, s + 50, dtype=torch.float64),
+            "np": np.arange(s, s + 50) * 10,
+            "pair": Pair(torch.arange(s, s + 50), [f"b{i}" for i in range(s, s + 50)]),
+            "scale": torch.tensor(3.0),  # 0-d: the same in every batch
+        }
+        for s in range(0, n, 50)
+    ]
+    s = sp.Sifter(
+        None, lambda m, b: b["x"] % 7, sp.TopFraction(0.5), micro_batch=None, batched=True, output_batch=40
+    )
+    out = []
+    for b in s(batches):
+        # a training step that scales its batch in place, before the rest is handed on
+        b["x"].mul_(-1)
+        out.append(b)
+    for b in out:
+        assert (b["x"] <= 0).all()  # scaled once: no batch shares rows with another
+        b["x"].mul_(-1)
+    kept = [int(v) for b in out for v in b["x"]]
+    sizes = [40] * (len(kept) // 40) + ([len(kept) % 40] if len(kept) % 40 else [])
+    assert [len(b["__key__"]) for b in out] == sizes
+    assert kept == sorted(kept) and len(kept) == s.stats.kept  # the kept rows, in order
+    for b in out:
+        rows = b["x"].long().tolist()
+        assert b["__key__"] == [f"k{i}" for i in rows] and b["np"].tolist() == [10 * i for i in rows]
+        assert isinstance(b["pair"], Pair) and b["pair"].a.tolist() == rows
+        assert b["pair"].b == [f"b{i}" for i in rows] and float(b["scale"]) == 3.0
+    head, tail = _batch.split({"t": torch.arange(5), "l": list("abcde"), "z": torch.tensor(1)}, 2)
+    assert head["t"].tolist() == [0, 1] and tail["t"].tolist() == [2, 3, 4]
+    assert head["l"] == ["a", "b"] and tail["l"] == ["c", "d", "e"] and head["z"] is tail["z"]
+
+
+def test_warmup_keeps_everything_and_fills_history(samples):
+    policy = sp.RelativeProbabilistic(3.0, history=1000)
+    s = sp.Sifter(None, loss_field, policy, micro_batch=64, delay=100)
+    out = output_keys(s(samples))
+    assert out[:100] == [x["__key__"] for x in samples[:100]]
+    assert s.stats.warmup == 100
+    assert len(policy.history) == 600
+    assert s.stats.kept < 100 + 0.5 * 500
+
+
+def test_weights_attach_to_every_format(samples):
+    policy = sp.PruneEasy(ratio=0.5, history=100)
+    out = list(sp.Sifter(None, loss_field, policy, micro_batch=50)(samples))
+    weights = {o["__sift_weight__"] for o in out}
+    assert weights == {1.0, 2.0}
+    tuples = [(torch.tensor([x["loss"]]), 0) for x in samples]
+    out = list(
+        sp.Sifter(None, lambda m, b: b[0][:, 0].double(), sp.PruneEasy(0.5), micro_batch=50, key=None)(tuples)
+    )
+    assert all(len(o) == 3 and o[2] in (1.0, 2.0) for o in out)
+    batches = collated(samples, 64)
+    out = list(sp.Sifter(None, loss_field, sp.PruneEasy(0.5), micro_batch=None, batched=True)(batches))
+    assert all(b["__sift_weight__"].shape[0] == len(b["__key__"]) for b in out)
+    # a policy that does not reweight attaches nothing unless asked
+    out = list(sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50)(make_samples(100)))
+    assert all("__sift_weight__" not in o for o in out)
+    out = list(
+        sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, attach_weight=True)(make_samples(100))
+    )
+    assert all(o["__sift_weight__"] == 1.0 for o in out)
+
+
+class Recorder(torch.nn.Module):
+    """Records the mode, grad mode and batch sizes it is called with."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+        self.drop = torch.nn.Dropout(0.5)
+        self.calls = []
+
+    def forward(self, x):
+        self.calls.append((self.training, torch.is_inference_mode_enabled(), x.shape[0]))
+        return self.drop(self.lin(x))
+
+
+def test_scoring_uses_eval_and_inference_mode_and_restores_training(samples):
+    model = Recorder().train()
+    s = sp.Sifter(model, sp.CrossEntropy("x", "y"), sp.Uniform(1.0), micro_batch=64)
+    for _ in s(samples[:100]):
+        assert model.training
+    assert model.calls == [(False, True, 64), (False, True, 36)]
+    model.eval()
+    list(sp.Sifter(model, sp.CrossEntropy("x", "y"), sp.Uniform(1.0), micro_batch=64)(samples[:10]))
+    assert not model.training
+
+
+def test_padding_keeps_shapes_static_and_is_never_counted(samples):
+    model = Recorder()
+    s = sp.Sifter(model, sp.CrossEntropy("x", "y"), sp.Uniform(1.0), micro_batch=64, pad_micro_batch=True)
+    out = list(s(samples[:100]))
+    assert [c[2] for c in model.calls] == [64, 64]
+    assert len(out) == 100 and s.stats.seen == 100
+    batches = collated(samples[:100], 30)
+    model.calls.clear()
+    s = sp.Sifter(
+        model, sp.CrossEntropy("x", "y"), sp.Uniform(1.0), micro_batch=32, batched=True, pad_micro_batch=True
+    )
+    assert sum(len(b["__key__"]) for b in s(batches)) == 100
+    assert {c[2] for c in model.calls} == {32}
+
+
+def test_autocast_dtype_reaches_the_scorer(samples):
+    seen = []
+
+    def scorer(model, batch):
+        seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        return batch["loss"].double()
+
+    list(sp.Sifter(None, scorer, sp.Uniform(1.0), autocast=torch.bfloat16)(samples[:10]))
+    assert seen == [torch.bfloat16]
+
+
+def test_oom_split_retries_in_halves(samples):
+    calls = []
+
+    def scorer(model, batch):
+        n = len(batch["__key__"])
+        calls.append(n)
+        if n > 16:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return batch["loss"].double()
+
+    a = output_keys(
+        sp.Sifter(None, scorer, sp.TopFraction(0.5), micro_batch=64, on_oom="split")(samples[:64])
+    )
+    assert calls == [64, 32, 16, 16, 32, 16, 16]
+    b = output_keys(sp.Sifter(None, loss_field, sp.TopFraction(0.5), micro_batch=64)(samples[:64]))
+    assert a == b
+    with pytest.raises(sp.ScorerError, match=r"out of memory.*seq 0.*'s000000'.*on_oom='split'"):
+        list(sp.Sifter(None, scorer, sp.TopFraction(0.5), micro_batch=64)(samples[:64]))
+
+
+def test_stats_track_time_and_counts(samples):
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=100)
+    it = s(samples)
+    next(it)
+    assert s.stats.seen == 100 and s.stats.micro_batches == 1
+    list(it)
+    st = s.stats
+    assert st.seen == 600 and st.score_seconds > 0 and st.decide_seconds > 0
+    assert st.keep_rate == st.kept / 600
+
+
+def test_epochs_count_passes_unless_set(samples):
+    s = sp.Sifter(None, loss_field, sp.Uniform(1.0), micro_batch=100)
+    list(s(samples[:10]))
+    assert s.epoch == 0
+    list(s(samples[:10]))
+    assert s.epoch == 1
+    s.set_epoch(7)
+    list(s(samples[:10]))
+    assert s.epoch == 7
+    list(s(samples[:10]))
+    assert s.epoch == 8
+
+
+def test_a_new_pass_closes_the_previous_iterator(samples):
+    s = sp.Sifter(None, loss_field, sp.Uniform(1.0), micro_batch=10)
+    first = s(samples)
+    next(first)
+    second = s(samples)
+    assert next(second)["__key__"] == "s000000"
+    with pytest.raises(StopIteration):
+        next(first)
+
+
+def test_refuses_to_run_in_a_dataloader_worker(samples):
+    class Sifted(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return sp.Sifter(None, loss_field, sp.Uniform(1.0))(samples)
+
+    loader = torch.utils.data.DataLoader(Sifted(), batch_size=None, num_workers=1)
+    with pytest.raises(Exception, match="inside DataLoader worker 0.*stale weights"):
+        list(loader)
+
+
+def test_device_is_the_models_and_a_moved_scorer_output_is_refused(samples):
+    s = sp.Sifter(torch.nn.Linear(2, 2), loss_field)
+    assert s.device == torch.device("cpu")
+    s = sp.Sifter(None, lambda m, b: torch.zeros(len(b["__key__"])), device="meta")
+    with pytest.raises(sp.ScorerOutputError, match="losses on cpu.*scores on meta"):
+        list(s(samples[:4]))
+
+
+def test_printed_stats_show_the_keep_rate(samples):
+    s = sp.Sifter(None, loss_field, sp.TopFraction(0.5), micro_batch=64)
+    list(s(samples[:128]))
+    text = repr(s.stats)
+    assert "keep_rate=0.5000" in text and "seen=128" in text and "kept=64" in text

@@ -1,0 +1,324 @@
+"""The Lightning integration: real Lightning Trainers on CPU, resumed from their own checkpoints,
+with weights and accumulation checked, and DDP on two gloo processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import lightning.pytorch as L
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+import siftpipe as sp
+from siftpipe.integrations import MissingExtraError
+from siftpipe.integrations._common import MetaCollate
+from siftpipe.integrations.lightning import SiftCallback
+from tests.tally import tried
+
+ROOT = Path(__file__).resolve().parents[2]
+warnings.filterwarnings("ignore", module="lightning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:The dirpath has changed",
+    "ignore:.*does not have many workers",
+    "ignore:.*litlogger",
+    "ignore:.*LeafSpec",
+)
+
+
+class Points(Dataset):
+    """Three classes of 8-d points; dict samples, or (x, y) tuples."""
+
+    def __init__(self, n: int = 240, tuples: bool = False) -> None:
+        g = torch.Generator().manual_seed(1)
+        self.x = torch.randn(n, 8, generator=g)
+        self.y = (self.x[:, 0] > 0).long() + (self.x[:, 1] > 1).long()
+        self.tuples = tuples
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return (self.x[i], self.y[i]) if self.tuples else {"x": self.x[i], "y": self.y[i]}
+
+
+class Net(L.LightningModule):
+    def __init__(self, sift: SiftCallback, data: Dataset, dropout: float = 0.2) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(dropout), torch.nn.Linear(16, 3)
+        )
+        self.sift = sift
+        self.data = data
+        self.trained: list[list[str]] = []
+        self.losses: list[tuple[float, float, list[float]]] = []
+
+    def forward(self, x):
+        return self.net(x)
+
+    def train_dataloader(self):
+        return self.sift.loader(DataLoader(self.data, batch_size=12, shuffle=True))
+
+    def training_step(self, batch, batch_idx):
+        if isinstance(batch, dict):
+            x, y, weight = batch["x"], batch["y"], batch.get("__sift_weight__")
+            self.trained.append(list(batch["__key__"]))
+        else:
+            x, y, weight = batch[0], batch[1], batch[2] if len(batch) == 3 else None
+        per_sample = F.cross_entropy(self(x), y, reduction="none")
+        loss = self.sift.loss(per_sample, batch)
+        expected = per_sample.mean() if weight is None else (per_sample * weight).mean()
+        self.losses.append(
+            (float(loss.detach()), float(expected.detach()), [] if weight is None else weight.tolist())
+        )
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def sifter(policy=None, memory=True, key="__key__") -> sp.Sifter:
+    return sp.Sifter(
+        None,
+        sp.CrossEntropy("x", "y") if key else sp.CrossEntropy(0, 1),
+        policy or sp.RelativeProbabilistic(1.0, history=64),
+        micro_batch=32,
+        delay=24,
+        key=key,
+        memory=sp.ScoreMemory(1000) if memory else None,
+    )
+
+
+def fit(
+    tmp: Path,
+    *,
+    steps: int = 30,
+    ckpt: str | None = None,
+    data=None,
+    make=sifter,
+    every: int = 1,
+    accumulate: int = 1,
+    **kw,
+):
+    torch.manual_seed(0)
+    sift = SiftCallback(make, **kw)
+    model = Net(sift, data if data is not None else Points())
+    checkpoints = L.callbacks.ModelCheckpoint(
+        dirpath=tmp, every_n_train_steps=every, save_top_k=-1, filename="{step}", enable_version_counter=False
+    )
+    trainer = L.Trainer(
+        max_steps=steps,
+        default_root_dir=tmp,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[sift, checkpoints],
+        accumulate_grad_batches=accumulate,
+    )
+    trainer.fit(model, ckpt_path=ckpt)
+    return trainer, model, sift
+
+
+def weights(model: L.LightningModule) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def counters(sift: SiftCallback) -> tuple:
+    s = sift.sifter.stats
+    return (s.seen, s.kept, s.scored, s.from_memory, s.observed)
+
+
+def test_resume_from_any_checkpoint_equals_the_uninterrupted_run(tmp_path):
+    trainer, full, sift = fit(tmp_path / "full")
+    assert trainer.current_epoch >= 3  # the cuts below fall in different epochs (passes)
+    state = torch.load(tmp_path / "full" / "step=5.ckpt", weights_only=False)["callbacks"]["SiftCallback"]
+    assert len(state["ranks"][0]["stream"]["unacked"]) == 1  # the batch Lightning fetched ahead
+    for cut in (3, 10, 22):
+        _, part, resumed = fit(tmp_path / f"cut{cut}", ckpt=str(tmp_path / "full" / f"step={cut}.ckpt"))
+        assert part.trained == full.trained[cut:], cut
+        assert torch.equal(weights(part), weights(full)), cut  # dropout too: the random states
+        assert counters(resumed) == counters(sift)
+    metrics = trainer.callback_metrics
+    assert 0 < float(metrics["sift/keep_rate"]) < 1 and float(metrics["sift/from_memory"]) > 0
+
+
+def test_without_restoring_the_random_states_dropout_diverges(tmp_path):
+    """Why the callback saves the random states: Lightning does not, and dropout then draws other
+    masks after a resume. (The data order and the decisions are the stage's and still resume.)"""
+    _, full, _ = fit(tmp_path / "full", steps=12)
+    cut = str(tmp_path / "full" / "step=4.ckpt")
+    _, part, _ = fit(tmp_path / "cut", steps=12, ckpt=cut, restore_rng=False)
+    assert part.trained[:1] == full.trained[4:5]
+    assert not torch.equal(weights(part), weights(full))
+
+
+@pytest.mark.parametrize("tuples", [False, True], ids=["dict", "tuple"])
+def test_the_optimised_loss_is_the_weighted_mean_of_the_kept_samples(tmp_path, tuples):
+    """InfoBatch's weights reach the loss Lightning optimises, for dict and tuple batches."""
+    make = lambda: sifter(sp.PruneEasy(0.5, history=64), memory=False, key=None if tuples else "__key__")  # noqa: E731
+    trainer, model, sift = fit(tmp_path, steps=16, data=Points(tuples=tuples), make=make, every=100)
+    assert len(model.losses) == 16
+    for got, want, _ in model.losses:
+        assert got == pytest.approx(want, rel=1e-6)
+    used = {w for *_, ws in model.losses for w in ws}
+    assert used == {1.0, 2.0}  # hard samples, and easy ones kept with probability 1/2
+    assert sift.sifter.stats.dropped > 0
+
+
+def test_accumulation_counts_kept_samples(tmp_path):
+    """accumulate_grad_batches batches of batch_size kept samples make an optimizer step; each
+    epoch's last batch may be short and closes the last step."""
+    trainer, model, sift = fit(tmp_path, steps=12, accumulate=3, every=100)
+    sizes = [len(k) for k in model.trained]
+    assert trainer.global_step == 12
+    assert sum(n != 12 for n in sizes) <= trainer.current_epoch + 1  # only an epoch's last batch
+    stats = sift.sifter.stats
+    assert stats.seen > sum(sizes) and stats.observed == sum(sizes)  # trained: kept, not seen
+    assert len(sizes) <= 3 * trainer.global_step
+
+
+@pytest.mark.adversarial
+def test_misuse_and_bad_checkpoints_get_errors_that_name_the_fix(tmp_path):
+    with pytest.raises(sp.ConfigError, match="batched=False"):
+        SiftCallback(sp.Sifter(None, sp.CrossEntropy(), batched=True))
+    with pytest.raises(sp.ConfigError, match="not a siftpipe.Sifter"):
+        SiftCallback(lambda: "not a sifter").sifter  # noqa: B018
+    with pytest.raises(sp.ConfigError, match="DataLoader"):
+        SiftCallback(sifter()).loader([1, 2, 3])
+    with pytest.raises(sp.ConfigError, match="not both or neither"):
+        SiftCallback(sifter(), scorer="cross_entropy")
+    with pytest.raises(sp.ConfigError, match="go with scorer="):
+        SiftCallback(sifter(), delay=3)
+    sift = SiftCallback(sifter())
+    with pytest.raises(sp.ScorerOutputError, match=r"shape \[n\]"):
+        sift.loss(torch.zeros(3, 2), {})
+    with pytest.raises(sp.ConfigError, match="without its SiftCallback"):
+        iter(sift.loader(DataLoader(Points(), batch_size=4)))
+    tupled = MetaCollate(lambda samples: (1, 2), "__sift_weight__")
+    with pytest.raises(sp.ConfigError, match="return a dict"):
+        tupled([{"__key__": "a", "x": 1}])
+    tried("bad inputs tried", 8)
+    with pytest.raises(sp.ResumeError, match="version"):
+        sift.load_state_dict({"version": 7})
+    with pytest.raises(sp.ResumeError, match="2 process"):
+        sift.load_state_dict({"version": 1, "world_size": 2, "ranks": [{}, {}]})
+    tried("malformed states tried", 2)
+
+
+class Forgetful(Net):
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self(batch["x"]), batch["y"])
+
+
+@pytest.mark.adversarial
+def test_a_training_step_that_does_not_hand_back_its_losses_is_warned_about(tmp_path):
+    """With InfoBatch's rule, a step that ignores the weights trains a biased loss: say so."""
+    sift = SiftCallback(scorer=sp.CrossEntropy("x", "y"), policy=sp.PruneEasy(0.5))
+    trainer = L.Trainer(
+        max_steps=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+        callbacks=[sift],
+    )
+    with pytest.warns(UserWarning, match="did not call SiftCallback.loss"):
+        trainer.fit(Forgetful(sift, Points()))
+    tried("bad inputs tried")
+
+
+@pytest.mark.adversarial
+def test_a_missing_extra_names_the_pip_install(tmp_path):
+    """Without lightning installed, the import fails with one line naming the extra; the Hugging
+    Face integration does not need lightning."""
+    site = Path(torch.__file__).resolve().parents[1]
+    view = tmp_path / "site-packages"
+    view.mkdir()
+    for entry in site.iterdir():
+        if entry.name.lower().split("-")[0].split(".")[0] != "lightning":
+            (view / entry.name).symlink_to(entry)
+    code = (
+        "import siftpipe as sp\n"
+        "import siftpipe.integrations.hf\n"
+        "try:\n"
+        "    import siftpipe.integrations.lightning\n"
+        "except ImportError as exc:\n"
+        "    assert isinstance(exc, sp.SiftError)\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": f"{view}{os.pathsep}{ROOT}", "HF_HUB_OFFLINE": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].endswith('pip install "siftpipe[lightning]"'), lines
+    assert issubclass(MissingExtraError, sp.SiftError)
+    tried("bad inputs tried")
+
+
+# ---------------------------------------------------------------------- the examples, DDP
+
+
+def run(cmd: list[str], timeout: float = 240) -> dict:
+    """Run ``cmd`` in its own process group (a hang is ended with every rank); its last stdout
+    line as JSON."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{cmd} hung for {timeout} s:\n{stderr[-3000:]}")
+    assert proc.returncode == 0, stderr[-4000:]
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def test_vision_example_on_two_ddp_processes_keeps_ranks_in_step(tmp_path):
+    """DDP over gloo: ranks keep different numbers of samples, yet end each epoch at the same step
+    (EqualSteps) and share loss histories; InfoBatch's weights reach the loss; the model learns;
+    the checkpoint holds both ranks' stage states."""
+    example = str(ROOT / "examples" / "lightning_vision.py")
+    small = ["--samples", "1200", "--epochs", "3", "--sync-every", "5"]
+    result = run([sys.executable, example, "--devices", "2", *small, "--output", str(tmp_path)])
+    assert result["world_size"] == 2 and result["epochs"] == 3
+    first, second = result["ranks"]
+    assert first["seen"] == second["seen"] == 1800  # each rank read its half, three times
+    assert first["trained"] > 0 and second["trained"] > 0
+    assert 0 < result["weighted_share_of_trained"] < 1
+    assert result["accuracy_clear"] > 0.6
+    state = torch.load(tmp_path / "last.ckpt", weights_only=False)["callbacks"]["SiftCallback"]
+    assert state["world_size"] == 2
+    assert [r["stream"]["sifter"]["counts"]["seen"] for r in state["ranks"]] == [1800, 1800]
+
+
+def test_language_model_example(tmp_path):
+    example = str(ROOT / "examples" / "lightning_lm.py")
+    result = run([sys.executable, example, "--samples", "800", "--epochs", "3", "--output", str(tmp_path)])
+    assert result["epochs"] == 3 and 0 < result["kept"] < result["seen"] == 2400
+    assert result["hard_share_in_trained"] > 1.5 * result["hard_share_in_data"]
+    assert result["eval_loss_easy"] < result["eval_loss_hard"]

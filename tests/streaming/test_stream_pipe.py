@@ -1,0 +1,220 @@
+"""webdataset's ``pipe:`` URLs: a shell command whose standard output is the shard. Real
+subprocesses (cat, head, sh); errors name the command with its credentials redacted."""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+from torchdata.nodes import Loader
+
+import siftpipe as sp
+from siftpipe.adapters.nodes import ShardSource
+from siftpipe.adapters.webdataset import WebDataset
+from siftpipe.errors import ShardWarning
+from siftpipe.streaming.opener import (
+    ShardOpener,
+    ShardReader,
+    redact_command,
+    warn_and_continue,
+)
+from siftpipe.streaming.shards import synthetic_classification, write_shards
+from tests.common import roundtrip
+
+N, PER_SHARD = 40, 10
+ALL_KEYS = [f"{i:09d}" for i in range(N)]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipe")
+    return write_shards(
+        synthetic_classification(N, dim=3), str(root / "train"), samples_per_shard=PER_SHARD, progress=False
+    )
+
+
+def keys(items):
+    return [s["__key__"] for s in items]
+
+
+def test_a_pipe_url_reads_the_commands_output_as_the_shard(shards):
+    prefix = shards.urls[0][: -len("-000000.tar")]
+    pattern = f"pipe:cat {prefix}-{{000000..000003}}.tar"
+    samples = list(WebDataset(pattern, shardshuffle=False).decode())
+    assert keys(samples) == ALL_KEYS
+    assert samples[0]["__url__"] == f"pipe:cat {shards.urls[0]}" and "__local_path__" not in samples[0]
+    direct = list(WebDataset(shards.urls, shardshuffle=False).decode())
+    assert [s["x.npy"].tolist() for s in samples] == [s["x.npy"].tolist() for s in direct]
+    gz = f"pipe:gzip -c {shards.urls[0]}"  # a compressed stream
+    assert keys(WebDataset(gz, shardshuffle=False)) == ALL_KEYS[:PER_SHARD]
+
+
+def test_a_failing_command_is_an_os_error_naming_the_command_status_and_stderr(shards, tmp_path):
+    missing = tmp_path / "nope-000000.tar"
+    with pytest.raises(sp.ShardError) as caught:
+        list(WebDataset(f"pipe:cat {missing}", shardshuffle=False))
+    err = caught.value
+    assert isinstance(err, OSError) and err.kind == "command" and err.url == f"pipe:cat {missing}"
+    text = str(err)
+    assert f"pipe:cat {missing}" in text and "exited with status 1" in text and "No such file" in text
+    with pytest.raises(OSError, match=r"status 127.*not found"):
+        list(WebDataset("pipe:siftpipe-no-such-command", shardshuffle=False))
+
+
+def test_a_command_failing_after_a_whole_archive_still_fails_its_shard(shards):
+    url = f"pipe:cat {shards.urls[0]}; exit 3"
+    got: list[str] = []
+    with pytest.raises(sp.ShardError, match=r"exited with status 3.*last sample read: '000000008'"):
+        for sample in WebDataset(url, shardshuffle=False):
+            got.append(sample["__key__"])
+    assert got == ALL_KEYS[: PER_SHARD - 1], "a prefix of the shard, then the error"
+
+
+def test_a_truncated_stream_is_a_tar_read_error(shards):
+    import tarfile
+
+    with pytest.raises(tarfile.ReadError):
+        list(WebDataset(f"pipe:head -c 3000 {shards.urls[0]}", shardshuffle=False))
+
+
+def test_handlers_skip_failing_commands_and_count_them(shards, tmp_path):
+    urls = [f"pipe:cat {shards.urls[0]}", f"pipe:cat {tmp_path}/nope.tar", f"pipe:cat {shards.urls[1]}"]
+    dataset = WebDataset(urls, shardshuffle=False, handler=warn_and_continue)
+    with pytest.warns(ShardWarning, match=r"nope\.tar exited with status 1"):
+        assert keys(dataset) == ALL_KEYS[: 2 * PER_SHARD]
+    assert dataset.shard_stats().skipped == 1
+
+
+@pytest.mark.adversarial
+def test_credentials_in_a_command_never_reach_errors_warnings_or_samples(shards, monkeypatch):
+    from tests.tally import tried
+
+    monkeypatch.setenv("SIFTPIPE_TEST_TOKEN", "envtok-5ecret-77")
+    planted = ["ak-5ecret-11", "hunter-5ecret-22", "pw-5ecret-33", "sig-5ecret-44", "bearer-5ecret-55"]
+    command = (
+        f"AWS_SECRET_ACCESS_KEY={planted[0]} curl -s -u bob:{planted[1]} "
+        f"'https://bob:{planted[2]}@127.0.0.1:9/x.tar?X-Amz-Signature={planted[3]}' "
+        f'-H "Authorization: Bearer {planted[4]}"; echo "$SIFTPIPE_TEST_TOKEN" >&2; exit 5'
+    )
+    shown = []
+    with pytest.raises(sp.ShardError) as caught:
+        list(WebDataset(f"pipe:{command}", shardshuffle=False))
+    shown += [str(caught.value), repr(caught.value), str(caught.value.url)]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        list(WebDataset(f"pipe:{command}", shardshuffle=False, handler=warn_and_continue, empty_check=False))
+    shown += [str(w.message) for w in seen]
+    shown.append(repr(WebDataset(f"pipe:{command}", shardshuffle=False)))
+    text = "\n".join(shown)
+    assert "exited with status 5" in text and "curl -s -u ***" in text
+    for secret in [*planted, "envtok-5ecret-77"]:
+        assert secret not in text, secret
+    # a working command's samples carry the redacted command as __url__
+    sample = next(iter(WebDataset(f"pipe:TOKEN={planted[0]} cat {shards.urls[0]}", shardshuffle=False)))
+    assert sample["__url__"] == f"pipe:TOKEN=*** cat {shards.urls[0]}"
+    tried("credential shapes tried", len(planted) + 1)
+
+
+@pytest.mark.parametrize(
+    "command,shown",
+    [
+        ("PASSWORD='a b c' cat x", "PASSWORD=*** cat x"),
+        ("curl --user=al:pw https://h/x", "curl --user=*** https://h/x"),
+        ("gsutil -o Credentials:gs_oauth2_refresh_token=abcd cat gs://b/x", None),
+        ("AZURE_STORAGE_SAS_TOKEN=sv=2020&sig=abcd azcopy cp x -", None),
+        ("cat plain.tar", "cat plain.tar"),
+        (
+            "rclone cat r:b/x.tar --s3-secret-access-key abcd",
+            "rclone cat r:b/x.tar --s3-secret-access-key ***",
+        ),
+        ("curl -H 'X-Api-Key: abcd' https://h/x.tar", "curl -H 'X-Api-Key: ***' https://h/x.tar"),
+        (
+            "curl -H 'X-Amz-Security-Token: abcd' https://h/x",
+            "curl -H 'X-Amz-Security-Token: ***' https://h/x",
+        ),
+        ("curl -H 'Content-Type: text/plain' https://h/x", "curl -H 'Content-Type: text/plain' https://h/x"),
+        ("aws s3 cp s3://b/x.tar - --profile research", "aws s3 cp s3://b/x.tar - --profile research"),
+    ],
+)
+def test_redact_command(command, shown):
+    out = redact_command(command)
+    if shown is not None:
+        assert out == shown
+    assert "abcd" not in out and "al:pw" not in out
+
+
+def test_leaving_a_pipe_shard_early_ends_the_whole_command(shards, tmp_path):
+    pidfile = tmp_path / "pgid"
+    # the shell's pid is the command's process group: a pipeline, then a long sleep after the data
+    url = f"pipe:echo $$ > {pidfile}; cat {shards.urls[0]} | cat; sleep 600"
+    it = iter(WebDataset(url, shardshuffle=False))
+    assert next(it)["__key__"] == ALL_KEYS[0]
+    it.close()  # what a `break` out of the loop does to the pipeline's generators
+    pgid = int(pidfile.read_text())
+    assert _wait_until_gone(pgid), "the command's processes still run after the reader left"
+
+
+def _wait_until_gone(pgid: int, attempts: int = 200) -> bool:
+    for _ in range(attempts):
+        alive = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _alive_in_group(p, pgid)]
+        if not alive:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _alive_in_group(proc: Path, pgid: int) -> bool:
+    try:
+        fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # it ended while we looked
+        return False
+    return fields[0] != "Z" and int(fields[2]) == pgid
+
+
+def test_a_command_that_does_not_exit_after_its_archive_is_ended_and_reported(shards):
+    url = f"pipe:cat {shards.urls[0]}; sleep 600"
+    reader = ShardReader(ShardOpener(timeout=0.5))
+    with pytest.raises(sp.ShardError, match=r"did not exit within 0\.5 s after its archive was read"):
+        list(reader([url]))
+
+
+def test_wds_secure_refuses_pipe_urls_as_webdataset_does(shards, monkeypatch):
+    monkeypatch.setenv("WDS_SECURE", "1")
+    with pytest.raises(sp.ConfigError, match=r"pipe:cat .*WDS_SECURE"):
+        list(WebDataset(f"pipe:cat {shards.urls[0]}", shardshuffle=False))
+
+
+def test_shard_source_reads_pipe_urls_and_resumes_mid_shard(shards):
+    urls = [f"pipe:cat {u}" for u in shards.urls]
+    loader = Loader(ShardSource(urls))
+    it = iter(loader)
+    head = [next(it)["__key__"] for _ in range(PER_SHARD + 3)]
+    state = roundtrip(loader.state_dict())
+    assert state["root"]["offset"] > 0  # an uncompressed stream: the offset is skipped on resume
+    again = Loader(ShardSource(urls))
+    again.load_state_dict(state)
+    assert head + keys(again) == ALL_KEYS
+
+
+def test_no_command_is_left_running(shards):
+    before = _children()
+    for _ in WebDataset([f"pipe:cat {u}" for u in shards.urls], shardshuffle=False):
+        pass
+    assert _children() <= before
+
+
+def _children() -> set[int]:
+    me = str(os.getpid())
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me and fields[0] != "Z":
+                found.add(int(proc.name))
+    return found

@@ -1,0 +1,166 @@
+"""tools/bench_suite.py: the --quick run's report is complete and its counters add up; the reference
+InfoBatch rule does what the paper says on hand-made losses."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOL = ROOT / "tools" / "bench_suite.py"
+TASKS = ("images", "lm", "tabular", "redundant", "tabular_noise")
+ARMS = ("full", "recipe", "infobatch_ref", "uniform")
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_suite", TOOL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_suite"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load()
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    md = tmp_path_factory.mktemp("suite") / "suite.md"
+    proc = subprocess.run(
+        [sys.executable, str(TOOL), "--quick", "--tasks", *TASKS, "--markdown", str(md)],
+        cwd=ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    out["_markdown"] = md.read_text()
+    return out
+
+
+def test_report_structure(report):
+    assert set(report["tasks"]) == set(TASKS)
+    assert report["arms"] == list(ARMS)
+    for name, task in report["tasks"].items():
+        assert set(task["runs"]) == set(ARMS), name
+        assert set(task["summary"]) == set(ARMS), name
+        for arm, rows in task["runs"].items():
+            assert [r["seed"] for r in rows] == [0]
+            for r in rows:
+                for key in (
+                    "seconds",
+                    "seen",
+                    "trained",
+                    "scored",
+                    "units",
+                    "final_metric",
+                    "points",
+                    "target",
+                ):
+                    assert key in r, (name, arm, key)
+        s = task["summary"]["full"]
+        assert s["reached"] == "1/1" and s["time_ratio"] == 1.0 and s["units_ratio"] == 1.0
+    for measure in ("time", "units"):
+        t = report["targets"][measure]
+        assert set(t["per_task_median"]) == set(TASKS)
+        assert isinstance(t["all_met"], bool)
+    assert "### images" in report["_markdown"] and "Targets (units" in report["_markdown"]
+
+
+def test_counters_add_up(report):
+    for name, task in report["tasks"].items():
+        epochs, n = task["definition"]["epochs"], task["definition"]["samples"]
+        for arm, rows in task["runs"].items():
+            for r in rows:
+                assert r["seen"] == epochs * n, (name, arm)
+                assert r["trained"] <= r["seen"], (name, arm)
+                assert sum(r["trained_per_epoch"]) == r["trained"], (name, arm)
+                assert len(r["trained_per_epoch"]) == epochs
+                assert r["units"] == 3 * r["trained"] + r["scored"], (name, arm)
+                # neither the recipe nor the controls ever run a scoring forward
+                assert r["scored"] == 0, (name, arm)
+                seen = [p["seen"] for p in r["points"]]
+                assert seen == sorted(seen) and seen[-1] == r["seen"]
+                assert all(p["trained"] <= p["seen"] for p in r["points"])
+        full = task["runs"]["full"][0]
+        assert full["trained"] == full["seen"] and full["trained_per_epoch"] == [n] * epochs
+        ref = task["runs"]["infobatch_ref"][0]
+        full_from = math.floor(0.875 * epochs)
+        per_epoch = ref["trained_per_epoch"]
+        assert per_epoch[0] == n, name  # nothing remembered: the first epoch is whole
+        assert per_epoch[full_from:] == [n] * (epochs - full_from), name  # the last 12.5%: full data
+        assert all(k < n for k in per_epoch[1:full_from]), name  # and it did prune in between
+        recipe = task["runs"]["recipe"][0]
+        assert recipe["trained_per_epoch"][0] == n  # unknown samples are kept
+        assert recipe["trained"] < recipe["seen"]
+        assert recipe["sifter"]["observed"] == recipe["trained"]
+
+
+def test_infobatch_rule_by_hand():
+    scores = np.array([1.0, 2.0, 3.0, 10.0, 0.5])
+    known = np.array([True, True, True, True, False])
+    # mean of the known scores is 4: samples 0-2 are below it; sample 4 is unknown (kept, weight 1)
+    draws = np.array([0.1, 0.9, 0.4, 0.0, 0.0])
+    kept, weights = bench.infobatch_select(scores, known, 0.5, draws)
+    assert kept.tolist() == [1, 3, 4]
+    assert weights.tolist() == [2.0, 1.0, 1.0]
+    # ratio 0.3: only draws below 0.3 prune; kept below-mean samples weigh 1/0.7
+    kept, weights = bench.infobatch_select(scores, known, 0.3, draws)
+    assert kept.tolist() == [1, 2, 3, 4]
+    assert np.allclose(weights, [1 / 0.7, 1 / 0.7, 1.0, 1.0])
+    # nothing known: everything kept at weight 1
+    kept, weights = bench.infobatch_select(scores, ~known & False, 0.5, draws)
+    assert kept.tolist() == [0, 1, 2, 3, 4] and weights.tolist() == [1.0] * 5
+
+
+def test_infobatch_ref_keeps_stale_scores_and_anneals():
+    ref = bench.InfoBatchRef(4, epochs=8, ratio=0.5, seed=0)
+    order = np.arange(4)
+    picked, weights = ref.epoch(0, order)
+    assert picked.tolist() == [0, 1, 2, 3] and weights.tolist() == [1.0] * 4
+    ref.feedback(np.arange(4), np.array([0.1, 0.2, 5.0, 6.0]))
+    pruned_some = False
+    for epoch in range(1, 7):
+        picked, weights = ref.epoch(epoch, order)
+        assert {2, 3} <= set(picked.tolist())  # above the mean: always trained
+        pruned_some |= len(picked) < 4
+        before = ref.scores.copy()
+        ref.feedback(picked, np.where(picked < 2, 0.05 * epoch, 5.0))
+        skipped = np.setdiff1d(order, picked)
+        assert np.array_equal(ref.scores[skipped], before[skipped])  # pruned: the old loss stays
+    assert pruned_some
+    picked, weights = ref.epoch(7, order)  # floor(0.875 * 8) = 7: the full-data tail
+    assert picked.tolist() == [0, 1, 2, 3] and weights is None
+
+
+def test_parse_arm():
+    arm = bench.parse_arm("recipe@ratio=0.3,warmup=0.1,guard=none")
+    assert arm.kind == "recipe" and arm.params == {"ratio": 0.3, "warmup": 0.1, "guard": None}
+    assert bench.parse_arm("full").params == {}
+    with pytest.raises(ValueError):
+        bench.parse_arm("recipe@beta=1")
+    with pytest.raises(ValueError):
+        bench.parse_arm("nosuch")
+
+
+def test_to_target_interpolates():
+    points = [
+        {"seconds": 0.0, "seen": 0, "trained": 0, "scored": 0, "metric": 0.1},
+        {"seconds": 10.0, "seen": 100, "trained": 80, "scored": 0, "metric": 0.5},
+        {"seconds": 20.0, "seen": 200, "trained": 160, "scored": 0, "metric": 0.9},
+    ]
+    hit = bench.to_target(points, 0.7, lower=False)
+    assert hit == {"seconds": 15.0, "seen": 150.0, "trained": 120.0, "scored": 0.0, "units": 360.0}
+    assert bench.to_target(points, 0.95, lower=False) is None
+    lm = [dict(p, metric=m) for p, m in zip(points, (4.0, 3.0, 2.0))]
+    assert bench.to_target(lm, 2.5, lower=True)["seen"] == 150.0
