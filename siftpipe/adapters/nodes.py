@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import gc
 from collections.abc import Callable, Generator, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torchdata.nodes import BaseNode
@@ -36,12 +36,16 @@ from ..streaming.handlers import reraise_exception
 from ..streaming.opener import (
     MAX_MEMBER_BYTES,
     MAX_SAMPLE_BYTES,
-    ShardOpener,
+    OpenerOptions,
     ShardReader,
     ShardStats,
     redact_options,
     redact_url,
+    shard_opener,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = [
     "ShardSource",
@@ -226,28 +230,17 @@ class ShardSource(BaseNode[dict[str, Any]]):
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
-        retries: int = 5,
-        backoff: float = 0.5,
-        max_backoff: float = 30.0,
-        timeout: float | None = 120.0,
-        block_size: int | None = None,
         select_files: Callable[[str], bool] | None = None,
         rename_files: Callable[[str], str] | None = None,
         max_member_bytes: int | None = MAX_MEMBER_BYTES,
         max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
+        **opener: Unpack[OpenerOptions],
     ) -> None:
         super().__init__()
         from .webdataset import expand_urls
 
         self.urls = expand_urls(urls)
-        self.opener = ShardOpener(
-            storage_options,
-            retries=retries,
-            backoff=backoff,
-            max_backoff=max_backoff,
-            timeout=timeout,
-            block_size=block_size,
-        )
+        self.opener = shard_opener(storage_options, opener, "ShardSource")
         self.reader = ShardReader(
             self.opener,
             handler,

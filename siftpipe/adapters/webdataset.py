@@ -27,17 +27,14 @@ pipeline stage: ``wds.DataPipeline(..., sifter)`` or ``pipeline.compose(sifter)`
 
 from __future__ import annotations
 
-import os
-import random
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import webdataset as wds
-from webdataset import autodecode, filters, shardlists
-from webdataset.compat import check_empty
+from webdataset import autodecode, filters, shardlists, tariterators
+from webdataset import cache as wds_cache
 
 from ..audit.replay import Replay
 from ..core.stage import Sifter
@@ -54,6 +51,7 @@ from ..streaming.handlers import reraise_exception
 from ..streaming.opener import (
     MAX_MEMBER_BYTES,
     MAX_SAMPLE_BYTES,
+    OpenerOptions,
     ShardOpener,
     ShardReader,
     ShardStats,
@@ -62,7 +60,11 @@ from ..streaming.opener import (
     merge_shard_stats,
     redact_options,
     redact_url,
+    shard_opener,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = [
     "FLUID_METHODS",
@@ -364,15 +366,10 @@ class WebDataset(SiftFluid, wds.WebDataset):
         seed: int | None = None,
         *,
         storage_options: Mapping[str, Any] | None = None,
-        retries: int = 5,
-        backoff: float = 0.5,
-        max_backoff: float = 30.0,
-        timeout: float | None = 120.0,
-        block_size: int | None = None,
         max_member_bytes: int | None = MAX_MEMBER_BYTES,
         max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
+        **opener: Unpack[OpenerOptions],
     ) -> None:
-        wds.DataPipeline.__init__(self)
         if cache_dir is not None:
             raise ConfigError(
                 "cache_dir is not supported when shards are read through fsspec; cache with fsspec "
@@ -380,55 +377,32 @@ class WebDataset(SiftFluid, wds.WebDataset):
                 "webdataset reads '::' as a separator), storage_options={'s3': {...}, 'filecache': "
                 "{'cache_storage': '/local/cache'}}"
             )
-        if resampled:
-            mode = "resampled"
-        if mode == "resampled" and shardshuffle not in (False, None):
-            warnings.warn("WebDataset(shardshuffle=...) is ignored for resampled datasets", stacklevel=2)
-        elif shardshuffle is None:
-            warnings.warn(
-                "WebDataset(shardshuffle=...) is None; set explicitly to False or a number", stacklevel=2
-            )
-        if shardshuffle is True:
-            warnings.warn(
-                "set WebDataset(shardshuffle=...) to a positive integer or 0 or False", stacklevel=2
-            )
-            shardshuffle = 100
-        # as webdataset: WDS_SEED, else a random seed. WDS_SEED stays a string, as webdataset keeps
-        # it: random.Random("13") and random.Random(13) shuffle differently, and the order must be
-        # webdataset's
-        self.seed: int | str = (
-            seed if seed is not None else os.environ.get("WDS_SEED", random.randint(0, 1000000))
+        spec = isinstance(urls, dict) or (
+            isinstance(urls, str) and (urls.endswith((".yaml", ".yml")) or urlparse(urls).path.endswith("/"))
         )
-        self.opener = ShardOpener(
-            storage_options,
-            retries=retries,
-            backoff=backoff,
-            max_backoff=max_backoff,
-            timeout=timeout,
-            block_size=block_size,
+        self.urls: list[str] | None = None if spec else expand_urls(urls)
+        # webdataset builds the pipeline: the shard list, node and worker splitting, shard
+        # shuffling, the seed (WDS_SEED), its warnings. What is ours is how a shard is opened and
+        # read, swapped in below, and ``repeat``, which webdataset 1.0.2 takes and ignores.
+        wds.WebDataset.__init__(
+            self,
+            urls if self.urls is None else self.urls,
+            handler=handler,
+            mode=mode,
+            resampled=resampled,
+            shardshuffle=shardshuffle,
+            cache_size=0,
+            detshuffle=detshuffle,
+            nodesplitter=nodesplitter,
+            workersplitter=workersplitter,
+            select_files=select_files,
+            rename_files=rename_files,
+            empty_check=empty_check,
+            verbose=verbose,
+            seed=seed,
         )
-        self.urls: list[str] | None = None
         self.verbose = verbose
-
-        if isinstance(urls, dict) or (isinstance(urls, str) and urls.endswith((".yaml", ".yml"))):
-            self.append(shardlists.MultiShardSample(urls))
-        elif isinstance(urls, str) and urlparse(urls).path.endswith("/"):
-            self.append(shardlists.DirectoryShardList(urls, mode=mode))
-        else:
-            self.urls = expand_urls(urls)
-            if mode == "resampled":
-                self.append(shardlists.ResampledShardList(self.urls))
-            else:
-                self.append(shardlists.SimpleShardList(self.urls))
-        if nodesplitter is not None:
-            self.append(nodesplitter)
-        if workersplitter:
-            self.append(workersplitter)
-        if shardshuffle is not None and shardshuffle is not False and mode != "resampled":
-            if detshuffle:
-                self.append(filters.detshuffle(shardshuffle, seed=self.seed))
-            else:
-                self.append(filters.shuffle(shardshuffle, seed=self.seed))
+        self.opener = shard_opener(storage_options, opener, "WebDataset")
         self.reader = ShardReader(
             self.opener,
             handler,
@@ -437,11 +411,25 @@ class WebDataset(SiftFluid, wds.WebDataset):
             max_member_bytes=max_member_bytes,
             max_sample_bytes=max_sample_bytes,
         )
-        self.append(self.reader)
-        if empty_check:
-            self.append(check_empty)
+        self._read_shards_with(self.reader)
         if repeat:
             self.repeat()
+
+    def _read_shards_with(self, reader: ShardReader) -> None:
+        """Put ``reader`` where webdataset's pipeline opens shards, expands tar files and groups
+        members into samples (three stages in webdataset 1.0.2); a pipeline of another shape is
+        refused rather than read wrongly."""
+        stages = self.pipeline
+        openers = (wds_cache.StreamingOpen, wds_cache.FileCache)
+        at = next((i for i, stage in enumerate(stages) if isinstance(stage, openers)), -1)
+        found = [getattr(stage, "f", None) for stage in stages[at + 1 : at + 3]] if at >= 0 else []
+        if found != [tariterators.tar_file_expander, tariterators.group_by_keys]:
+            raise ConfigError(
+                f"webdataset {getattr(wds, '__version__', '?')} builds a WebDataset pipeline siftpipe does "
+                "not know (it replaces webdataset's shard opener, tar_file_expander and group_by_keys "
+                "stages); install the webdataset version siftpipe is tested with (1.0.2)"
+            )
+        stages[at : at + 3] = [reader]
 
     def _sample_handler(self, handler: Callable[[BaseException], bool] | None) -> _SampleHandler:
         return _SampleHandler(handler or self.reader.handler, [self.opener.counts])

@@ -34,7 +34,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypedDict
 from urllib.parse import urlsplit
 
 from .._secrets import (
@@ -57,6 +57,7 @@ from ..core.shardcounts import (
 from ..errors import ConfigError, ShardError, ShardWarning
 
 __all__ = [
+    "OpenerOptions",
     "ShardOpener",
     "ShardReader",
     "MAX_EXTENDED_HEADER_BYTES",
@@ -290,6 +291,28 @@ _FIX = {
 
 
 # ---------------------------------------------------------------------------------- opening
+
+
+class OpenerOptions(TypedDict, total=False):
+    """The ``ShardOpener`` settings that ``WebDataset`` and ``ShardSource`` take as keyword
+    arguments and hand on (their meaning, units and defaults: ``ShardOpener``)."""
+
+    retries: int
+    backoff: float
+    max_backoff: float
+    timeout: float | None
+    block_size: int | None
+
+
+def shard_opener(
+    storage_options: Mapping[str, Any] | None, options: Mapping[str, Any], caller: str
+) -> ShardOpener:
+    """A ``ShardOpener`` from a constructor's ``storage_options`` and ``**options``; a name that is
+    not an ``OpenerOptions`` key is a ``TypeError`` naming ``caller``, as Python's own would."""
+    for name in options:
+        if name not in OpenerOptions.__annotations__:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
+    return ShardOpener(storage_options, **options)
 
 
 class ShardOpener:

@@ -316,6 +316,42 @@ def test_resampled_draws_from_the_same_shards_as_webdataset(shards):
     assert all(int(b) - int(a) == 1 or int(b) % PER_SHARD == 0 for a, b in itertools.pairwise(ours))
 
 
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_the_pipeline_is_webdatasets_own_with_only_the_shard_reading_swapped(shards, config, monkeypatch):
+    """webdataset builds the pipeline (shard list, splitters, shuffle, seed); siftpipe swaps its
+    opener, tar expander and grouper for one reader and changes nothing else."""
+    options = dict(CONFIGS[config])
+    for name, value in options.pop("env", {}).items():
+        monkeypatch.setenv(name, value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        theirs, ours = wds.WebDataset(shards.urls, **options), WebDataset(shards.urls, **options)
+
+    def shape(stages):
+        names = []
+        for stage in stages:
+            inner = getattr(stage, "f", stage)
+            names.append(getattr(inner, "__name__", type(inner).__name__))
+        return names
+
+    expected = shape(theirs.pipeline)
+    at = expected.index("StreamingOpen")
+    assert expected[at + 1 : at + 3] == ["tar_file_expander", "group_by_keys"]
+    assert shape(ours.pipeline) == [*expected[:at], "ShardReader", *expected[at + 3 :]]
+    if "seed" in options or "WDS_SEED" in CONFIGS[config].get("env", {}):  # else a random one each
+        assert ours.seed == theirs.seed
+
+
+def test_a_webdataset_whose_pipeline_siftpipe_does_not_know_is_refused(shards, monkeypatch):
+    """Were webdataset to build its pipeline differently, siftpipe says so instead of reading
+    shards twice or not at all."""
+    import siftpipe.adapters.webdataset as adapter
+
+    monkeypatch.setattr(adapter.tariterators, "group_by_keys", lambda *a, **k: iter(()))
+    with pytest.raises(sp.ConfigError, match="pipeline siftpipe does not know"):
+        WebDataset(shards.urls, shardshuffle=False)
+
+
 def test_pickling_and_context_manager_as_in_webdataset(shards):
     dataset = WebDataset(shards.urls, shardshuffle=False).decode().to_tuple("x.npy", "cls")
     clone = pickle.loads(pickle.dumps(dataset))

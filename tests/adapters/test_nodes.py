@@ -232,3 +232,18 @@ def test_sift_node_over_a_plain_iterable_wrapper():
     sifter = sp.Sifter(None, norm_loss, sp.TopFraction(0.5), micro_batch=10)
     kept = [s["__key__"] for s in Loader(SiftNode(IterableWrapper(samples), sifter))]
     assert len(kept) == 50 and kept == sorted(kept)
+
+
+def test_the_opener_settings_are_keyword_arguments_checked_by_name(tmp_path):
+    """``retries``, ``backoff``, ``max_backoff``, ``timeout`` and ``block_size`` reach the opener;
+    a misspelt one is the TypeError Python gives for an unknown keyword, naming the class."""
+    from siftpipe.adapters.webdataset import WebDataset
+
+    source = ShardSource(str(tmp_path / "s-000000.tar"), retries=2, timeout=7.5, block_size=4096)
+    assert (source.opener.retries, source.opener.timeout, source.opener.block_size) == (2, 7.5, 4096)
+    with pytest.raises(TypeError, match="ShardSource\\(\\) got an unexpected keyword argument 'retry'"):
+        ShardSource(str(tmp_path / "s-000000.tar"), retry=2)
+    with pytest.raises(TypeError, match="WebDataset\\(\\) got an unexpected keyword argument 'timeout_s'"):
+        WebDataset(str(tmp_path / "s-000000.tar"), shardshuffle=False, timeout_s=2)
+    with pytest.raises(sp.ConfigError, match="retries"):
+        ShardSource(str(tmp_path / "s-000000.tar"), retries=-1)
