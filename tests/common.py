@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import io
+import json
 import os
+import signal
+import subprocess
 
 import numpy as np
 import torch
@@ -63,3 +66,43 @@ def same_state(a, b, path="state"):
         assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), path
     else:
         assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def run_json(cmd: list[str], timeout: float = 240) -> dict:
+    """Run ``cmd`` from the repository's root in its own process group (a hang is ended with every
+    process it started: ranks, workers, torchrun) with one torch thread; fail with its stderr
+    unless it exits 0; its last stdout line, read as JSON."""
+    import pytest
+
+    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{cmd} hung for {timeout} s:\n{stderr[-3000:]}")
+    assert proc.returncode == 0, stderr[-4000:]
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def load_tool(name: str):
+    """The module ``tools/<name>.py`` (tools are scripts, not a package), registered in
+    ``sys.modules`` under ``name`` so that its dataclasses pickle."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "tools", f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

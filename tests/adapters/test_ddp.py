@@ -1,23 +1,20 @@
 """A real 2-process DDP training run (gloo, CPU) over sifted WebDataset shards on the loopback S3
 server: bounded in time, equal steps on both ranks, complete audit partitions, exact resume."""
 
-import json
 import os
-import signal
-import subprocess
 import sys
 
 import pytest
 import torch
 
 import siftpipe as sp
+from tests.common import run_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "ddp_sift.py")
 
 
 def torchrun(args, timeout=240):
-    env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
     cmd = [
         sys.executable,
         "-m",
@@ -27,24 +24,7 @@ def torchrun(args, timeout=240):
         EXAMPLE,
         *args,
     ]
-    # its own process group, so that a hang is ended with every rank and worker, not just torchrun
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"the DDP run hung for {timeout} s:\n{stderr[-3000:]}")
-    assert proc.returncode == 0, stderr[-4000:]
-    return json.loads(stdout.strip().splitlines()[-1])
+    return run_json(cmd, timeout)
 
 
 @pytest.fixture

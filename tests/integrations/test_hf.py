@@ -29,6 +29,7 @@ from siftpipe.adapters.webdataset import WebDataset
 from siftpipe.integrations import MissingExtraError
 from siftpipe.integrations.hf import STATE_FILE, ModelLoss, SiftTrainer
 from siftpipe.streaming.shards import write_shards
+from tests.common import run_json
 from tests.tally import tried
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -392,29 +393,6 @@ def test_a_missing_extra_names_the_pip_install(tmp_path):
 # ---------------------------------------------------------------------- the example, processes, kills
 
 
-def run(cmd: list[str], timeout: float = 240) -> dict:
-    """Run ``cmd`` in its own process group (a hang is ended with all its processes); its last
-    stdout line as JSON."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"{cmd} hung for {timeout} s:\n{stderr[-3000:]}")
-    assert proc.returncode == 0, stderr[-4000:]
-    return json.loads(stdout.strip().splitlines()[-1])
-
-
 EXAMPLE = str(ROOT / "examples" / "hf_lm.py")
 SMALL = ["--samples", "600", "--steps", "30", "--batch", "8", "--save-steps", "10"]
 
@@ -440,7 +418,7 @@ def test_the_example_under_torchrun_sifts_the_hard_tail_in_step_without_hanging(
     loss histories shared every 5 steps), and both take all max_steps; the hard tail is
     over-represented among the kept; the model learns."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", EXAMPLE]
-    result = run([*cmd, *SMALL, "--accumulate", "2", "--sync-every", "5", "--output", str(tmp_path)])
+    result = run_json([*cmd, *SMALL, "--accumulate", "2", "--sync-every", "5", "--output", str(tmp_path)])
     assert result["world_size"] == 2 and result["steps"] == 30  # every process ran all max_steps
     first, second = result["ranks"]
     assert first["kept"] > 0 and second["kept"] > 0

@@ -3,9 +3,7 @@ with weights and accumulation checked, and DDP on two gloo processes."""
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
 import warnings
@@ -21,6 +19,7 @@ import siftpipe as sp
 from siftpipe.integrations import MissingExtraError
 from siftpipe.integrations._common import MetaCollate
 from siftpipe.integrations.lightning import SiftCallback
+from tests.common import run_json
 from tests.tally import tried
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -275,36 +274,13 @@ def test_a_missing_extra_names_the_pip_install(tmp_path):
 # ---------------------------------------------------------------------- the examples, DDP
 
 
-def run(cmd: list[str], timeout: float = 240) -> dict:
-    """Run ``cmd`` in its own process group (a hang is ended with every rank); its last stdout
-    line as JSON."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"{cmd} hung for {timeout} s:\n{stderr[-3000:]}")
-    assert proc.returncode == 0, stderr[-4000:]
-    return json.loads(stdout.strip().splitlines()[-1])
-
-
 def test_vision_example_on_two_ddp_processes_keeps_ranks_in_step(tmp_path):
     """DDP over gloo: ranks keep different numbers of samples, yet end each epoch at the same step
     (EqualSteps) and share loss histories; InfoBatch's weights reach the loss; the model learns;
     the checkpoint holds both ranks' stage states."""
     example = str(ROOT / "examples" / "lightning_vision.py")
     small = ["--samples", "1200", "--epochs", "3", "--sync-every", "5"]
-    result = run([sys.executable, example, "--devices", "2", *small, "--output", str(tmp_path)])
+    result = run_json([sys.executable, example, "--devices", "2", *small, "--output", str(tmp_path)])
     assert result["world_size"] == 2 and result["epochs"] == 3
     first, second = result["ranks"]
     assert first["seen"] == second["seen"] == 1800  # each rank read its half, three times
@@ -318,7 +294,9 @@ def test_vision_example_on_two_ddp_processes_keeps_ranks_in_step(tmp_path):
 
 def test_language_model_example(tmp_path):
     example = str(ROOT / "examples" / "lightning_lm.py")
-    result = run([sys.executable, example, "--samples", "800", "--epochs", "3", "--output", str(tmp_path)])
+    result = run_json(
+        [sys.executable, example, "--samples", "800", "--epochs", "3", "--output", str(tmp_path)]
+    )
     assert result["epochs"] == 3 and 0 < result["kept"] < result["seen"] == 2400
     assert result["hard_share_in_trained"] > 1.5 * result["hard_share_in_data"]
     assert result["eval_loss_easy"] < result["eval_loss_hard"]

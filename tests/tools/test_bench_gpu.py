@@ -4,7 +4,6 @@ of --deferred-observe still hands back every trained sample's loss."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import math
@@ -15,22 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.common import load_tool
+
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "bench_gpu.py"
 ARMS = ("full", "recipe", "infobatch")
 QUICK_SEEN = 4 * 1536  # --quick: 4 epochs of 1,536 samples
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_gpu", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_gpu"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+bench = load_tool("bench_gpu")
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ InfoBatch rule does what the paper says on hand-made losses."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -13,22 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.common import load_tool
+
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "bench_suite.py"
 TASKS = ("images", "lm", "tabular", "redundant", "tabular_noise")
 ARMS = ("full", "recipe", "infobatch_ref", "uniform")
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_suite", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_suite"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+bench = load_tool("bench_suite")
 
 
 @pytest.fixture(scope="module")
