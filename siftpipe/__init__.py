@@ -45,6 +45,7 @@ from .core.scorers import (
     scorer_names,
 )
 from .core.sink import Decisions, DecisionSink, StageInfo
+from .core.source import StatefulSource
 from .core.stage import REASONS, Sifter, SiftStats
 from .errors import (
     AuditError,
@@ -130,6 +131,7 @@ __all__ = [
     "SiftInWorkerError",
     "SiftStats",
     "StageInfo",
+    "StatefulSource",
     "Sifter",
     "TokenCrossEntropy",
     "TopFraction",

@@ -27,6 +27,9 @@ __all__ = [
 
 #: A scorer takes the live model and a collated micro-batch already on the model's device and
 #: returns a float tensor of shape ``[n]``: the loss of each sample, higher meaning "still teaches".
+#: A scorer whose losses are not the training model's forward says where they come from with a
+#: ``loss_source`` attribute, one of ``siftpipe.SOURCES`` (``Proxy`` has ``"proxy"``): the stage
+#: counts its decisions under that source and the audit log records it (default ``"forward"``).
 Scorer = Callable[[nn.Module, Batch], torch.Tensor]
 
 _scorers: Registry[Scorer] = Registry("scorer")

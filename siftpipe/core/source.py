@@ -5,9 +5,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["END", "Raised", "Reader"]
+__all__ = ["END", "Raised", "Reader", "StatefulSource"]
+
+
+@runtime_checkable
+class StatefulSource(Protocol):
+    """What a source implements for the stage to save its position inside the stage's own state
+    (``Sifter(track_source=None)`` tracks any source that has both methods).
+
+    It is iterable (each ``iter()`` is a pass); ``state_dict()`` says where the next item comes
+    from, and after ``load_state_dict(state)`` the next iteration continues from there. The stage
+    takes the state at group boundaries, after the pass has iterated the source.
+    ``torchdata.stateful_dataloader.StatefulDataLoader`` is one; an adapter wraps whatever it
+    reads from in one (``siftpipe.adapters.nodes`` wraps a ``BaseNode``). docs/design.md says
+    what else an adapter does."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
+
 
 #: What ``Reader.next`` and ``look_ahead`` return at the source's end.
 END = object()

@@ -39,7 +39,7 @@ from .settings import (
 )
 from .shardcounts import ShardStats, ShardWatch
 from .sink import StageInfo, make_sink
-from .source import END, Reader
+from .source import END, Reader, StatefulSource
 from .state import (
     COUNTS,
     RESUME_OVERRIDES,
@@ -665,7 +665,7 @@ class Sifter:
     # ------------------------------------------------------------------ helpers
 
     def _tracks(self, source: Any) -> bool:
-        able = hasattr(source, "state_dict") and hasattr(source, "load_state_dict")
+        able = isinstance(source, StatefulSource)
         if self.track_source is None:
             return able
         if self.track_source and not able:

@@ -375,3 +375,37 @@ def test_a_resumed_source_without_keys_is_refused_with_the_fix():
     keyless = [{k: v for k, v in x.items() if k != "__key__"} for x in SAMPLES]
     with pytest.raises(sp.ResumeError, match="have no key '__key__'"):
         list(t(keyless))
+
+
+def test_a_source_of_ones_own_that_is_a_stateful_source_resumes_from_one_state_dict():
+    """The adapter protocol: a source with state_dict/load_state_dict (sp.StatefulSource) is
+    tracked, so the stage's state alone puts both back where they were."""
+
+    class Counting:
+        def __init__(self, n):
+            self.n, self.at = n, 0
+
+        def __iter__(self):
+            while self.at < self.n:
+                self.at += 1
+                yield make_samples(self.n)[self.at - 1]
+
+        def state_dict(self):
+            return {"at": self.at}
+
+        def load_state_dict(self, state):
+            self.at = state["at"]
+
+    assert isinstance(Counting(1), sp.StatefulSource) and not isinstance([1], sp.StatefulSource)
+    whole = [
+        s["__key__"]
+        for s in sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=4, seed=3)(Counting(40))
+    ]
+    first = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=4, seed=3)
+    it = first(Counting(40))
+    head = [next(it)["__key__"] for _ in range(7)]
+    state = roundtrip(first.state_dict())
+    assert state["source"] is not None  # the source's position is inside the stage's state
+    second = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=4, seed=3)
+    second.load_state_dict(state)
+    assert head + [s["__key__"] for s in second(Counting(40))] == whole
