@@ -85,8 +85,9 @@ _MOVED = {
 }
 for _old, _new in _MOVED.items():
     _sys.modules.setdefault(f"{__name__}.{_old}", _sys.modules[f"{__name__}.{_new}"])
-    if _old != "recipe":  # ``siftpipe.recipe`` is the function
-        globals().setdefault(_old, _sys.modules[f"{__name__}.{_new}"])
+    # as before: the package's attribute is the module, unless a public name took it
+    # (``siftpipe.recipe`` and ``siftpipe.replay`` are functions)
+    globals().setdefault(_old, _sys.modules[f"{__name__}.{_new}"])
 del _old, _new
 
 __all__ = [

@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _s3server import S3Server
 
 import siftpipe as sp
-from siftpipe.cli.log import summarize
+from siftpipe.audit.summary import summarize
 from siftpipe.demo import build_model
 
 
