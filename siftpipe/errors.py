@@ -240,6 +240,11 @@ class ShardWarning(UserWarning):
     """A shard or a sample was skipped (``handler=warn_and_continue``); the message names it and why."""
 
 
+class ScoreMemoryWarning(UserWarning):
+    """A pass finds none of its samples in a score memory that holds keys from earlier passes: the
+    keys the memory was fed (``observe``) do not match the batch's, or samples never repeat."""
+
+
 def describe_keys(keys: Sequence[object] | None, limit: int = 4) -> str:
     """A short, readable list of sample keys for error messages."""
     if not keys:

@@ -77,6 +77,25 @@ class PlainList(Adapter):
         return self.sifter(self.data[state["consumed"] :])
 
 
+class OneEpochLoader(Adapter):
+    """A torchdata node under a ``Loader`` for one epoch: a Loader that restarts would answer a
+    checkpoint taken after the epoch's last item with the next epoch (torchdata's rule, tested in
+    tests/adapters/test_nodes.py)."""
+
+    def __init__(self, node: Any) -> None:
+        self.loader = Loader(node, restart_on_stop_iteration=False)
+
+    def start(self) -> Iterator[Any]:
+        return iter(self.loader)
+
+    def state(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def resume(self, state: dict[str, Any]) -> Iterator[Any]:
+        self.loader.load_state_dict(state)
+        return iter(self.loader)
+
+
 def check_save_load(make: Callable[[], Adapter], cuts: Iterable[int], input_keys: list[str] | None = None):
     reference = list(make().start())
     ref_sig = [signature(x) for x in reference]

@@ -5,6 +5,7 @@ each decided group written to the sink."""
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,6 +14,7 @@ import numpy as np
 from ..errors import (
     ConfigError,
     NonFiniteLossError,
+    ScoreMemoryWarning,
     ScorerOutputError,
     describe_keys,
 )
@@ -73,6 +75,10 @@ class Decider:
         self.rng = np.random.default_rng(0)
         self.counts: dict[str, int] = dict.fromkeys(COUNTS, 0)
         self.seconds = [0.0, 0.0]  # scoring, deciding
+        # this pass's look-ups in the memory: [usable losses when it began, looked up, found]; a
+        # whole pass finding none where earlier passes left some is a mistake worth a warning
+        self._lookups = [0, 0, 0]
+        self._warned_memory = False
 
     @property
     def stopped(self) -> bool:
@@ -229,6 +235,9 @@ class Decider:
         assert keys is not None  # key=None with a memory is refused at construction
         losses, remembered = memory.lookup_keys(keys, self.epoch)
         miss = np.flatnonzero(np.isnan(losses))
+        lookups = self._lookups
+        lookups[1] += group.rows
+        lookups[2] += group.rows - miss.size
         sources = np.where(remembered == FEEDBACK, FEEDBACK, STALE).astype(np.int8)
         if miss.size and self.unknown == "keep":
             sources[miss] = NONE
@@ -244,6 +253,33 @@ class Decider:
                 memory.update_keys(pick_keys(keys, miss), fresh, self.epoch, source)
         self.counts["from_memory"] += group.rows - miss.size
         return losses, sources
+
+    def pass_begins(self, whole: bool) -> None:
+        """A pass begins (``whole``: from its start, not resumed inside it)."""
+        memory = self.memory
+        usable = 0
+        if whole and memory is not None and not self._warned_memory:
+            usable = memory.usable_at(self.epoch)
+        self._lookups = [usable, 0, 0]
+
+    def pass_ends(self) -> None:
+        """A pass ran to its end. Warn once if it looked its samples up in a memory that held
+        losses it could use (stored in earlier passes, not expired) and found none: every sample
+        was then scored or kept as unknown, and sifting from memory silently did nothing."""
+        usable, looked, found = self._lookups
+        if self._warned_memory or not usable or not looked or found:
+            return
+        self._warned_memory = True
+        warnings.warn(
+            f"siftpipe: a whole pass (epoch {self.epoch}) looked up {looked:,} samples in the score "
+            f"memory and found none, though it held {usable:,} usable losses from earlier passes: "
+            f"every sample was {'kept unknown' if self.unknown == 'keep' else 'scored'} and "
+            "nothing was sifted from memory. observe() must get the keys the batch carries, in the "
+            "same form (5, '5' and an integer tensor's 5 are one key; 5.0 and 'tensor(5)' are "
+            "others), and samples must repeat across passes",
+            ScoreMemoryWarning,
+            stacklevel=2,
+        )
 
     def _score_rows(self, group: Group, index: np.ndarray | None) -> np.ndarray:
         """Losses of rows ``index`` of ``group`` (all rows if None), in micro-batches."""

@@ -136,6 +136,18 @@ class ScoreMemory:
     def __len__(self) -> int:
         return self._count
 
+    def usable_at(self, epoch: int) -> int:
+        """Keys whose loss a look-up in ``epoch`` can use: stored in an earlier epoch (a loss is not
+        used in the epoch it was stored in) and at most ``max_age`` epochs before. One pass over
+        the table."""
+        if not self._count:
+            return 0
+        age = epoch - self._epoch.astype(np.int64)
+        usable = (self._keys != _EMPTY) & (age >= 1)
+        if self.max_age is not None:
+            usable &= age <= self.max_age
+        return int(np.count_nonzero(usable))
+
     @property
     def nbytes(self) -> int:
         """Bytes held by the table."""

@@ -587,11 +587,13 @@ class Sifter:
         this_pass = self._passes.run_begins(resume)
         finished = False
         self._account.pass_begins()
+        self._decider.pass_begins(whole=resume is None)
         try:
             mark = yield from self._account.timed(self._outputs(out, reader, groups), out)
             self._ledger.trim()
             finished = True
             self._pass_ended(mark)
+            self._decider.pass_ends()
         finally:
             # ended, abandoned or failed: the next call starts a new pass, and so does a stage
             # loaded with a state taken from now on (unless a newer pass or a load came first: a

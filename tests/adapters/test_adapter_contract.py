@@ -11,13 +11,13 @@ import functools
 import pytest
 import torch
 from torch.utils.data import default_collate
-from torchdata.nodes import Batcher, Loader, Mapper, ParallelMapper, Unbatcher
+from torchdata.nodes import Batcher, Mapper, ParallelMapper, Unbatcher
 
 import siftpipe as sp
 from siftpipe.adapters.nodes import ShardSource, SiftNode
 from siftpipe.adapters.webdataset import WebDataset, WebLoader
 from siftpipe.streaming.shards import decode_sample, synthetic_classification, write_shards
-from tests.contract import Adapter, PlainList, check_save_load, output_keys, signature
+from tests.contract import Adapter, OneEpochLoader, PlainList, check_save_load, output_keys, signature
 
 N, PER_SHARD = 320, 40
 ALL_KEYS = [f"{i:09d}" for i in range(N)]
@@ -111,7 +111,7 @@ class WebDatasetChain(Adapter):
         self.sifter.close()
 
 
-class TorchdataNode(Adapter):
+class TorchdataNode(OneEpochLoader):
     """ShardSource -> decode in two worker processes -> batch -> SiftNode, under a Loader."""
 
     def __init__(self, shards, mode, policy):
@@ -121,20 +121,7 @@ class TorchdataNode(Adapter):
         if mode != "batched":
             node = Unbatcher(Mapper(node, rows))
         self.sifter = make_sifter(mode, policy)
-        # one epoch, as the other adapters: a Loader that restarts would answer a checkpoint
-        # taken after the epoch's last item with the next epoch (torchdata's rule, tested in
-        # test_nodes.py)
-        self.loader = Loader(SiftNode(node, self.sifter), restart_on_stop_iteration=False)
-
-    def start(self):
-        return iter(self.loader)
-
-    def state(self):
-        return self.loader.state_dict()
-
-    def resume(self, state):
-        self.loader.load_state_dict(state)
-        return iter(self.loader)
+        super().__init__(SiftNode(node, self.sifter))  # one epoch, as the other adapters
 
 
 ADAPTERS = {"plain": Plain, "webdataset": WebDatasetChain, "torchdata": TorchdataNode}

@@ -18,7 +18,7 @@ from siftpipe.errors import ShardWarning
 from siftpipe.streaming.opener import reset_shard_stats, shard_stats, warn_and_continue
 from siftpipe.streaming.shards import decode_sample, synthetic_classification, write_shards
 from tests.common import roundtrip
-from tests.contract import Adapter, check_save_load, output_keys, run_save_load_state
+from tests.contract import OneEpochLoader, check_save_load, output_keys, run_save_load_state
 
 N, PER_SHARD = 240, 40
 ALL_KEYS = [f"{i:09d}" for i in range(N)]
@@ -78,29 +78,11 @@ def test_shard_source_passes_torchdatas_contract(shards, midpoint):
     assert [s["__key__"] for s in epoch0] != [s["__key__"] for s in epoch1], "shards reshuffle each epoch"
 
 
-class NodeAdapter(Adapter):
-    def __init__(self, make):
-        # one epoch: a restarting Loader answers an end-of-epoch checkpoint with the next epoch
-        self.loader = Loader(make(), restart_on_stop_iteration=False)
-
-    def start(self):
-        return iter(self.loader)
-
-    def state(self):
-        return self.loader.state_dict()
-
-    def resume(self, state):
-        self.loader.load_state_dict(state)
-        return iter(self.loader)
-
-
 @pytest.mark.parametrize("output_batch", [None, 24])
 def test_loader_state_resumes_sifting_exactly(shards, output_batch):
     def make():
-        return NodeAdapter(
-            lambda: sift_pipeline(
-                shards.pattern, batched=True, output_batch=output_batch, policy=sp.TopFraction(0.4)
-            )
+        return OneEpochLoader(
+            sift_pipeline(shards.pattern, batched=True, output_batch=output_batch, policy=sp.TopFraction(0.4))
         )
 
     reference = check_save_load(make, [0, 1, 3, 4, 5, 8, 12], input_keys=ALL_KEYS)

@@ -1,6 +1,7 @@
 """InfoBatch through the stage, unknown="keep", the forgetting guard and the default recipe."""
 
 import logging
+import warnings
 
 import numpy as np
 import pytest
@@ -109,8 +110,9 @@ def test_the_step_rule_names_no_graded_setting_so_its_checkpoints_resume_as_befo
         sp.InfoBatch(0.5, graded=1)
 
 
-def _keyed_run(form):
-    """Three epochs of the recipe with keys in ``form``; the kept rows of each batch, and stats."""
+def _keyed_run(form, observed=None):
+    """Three epochs of the recipe with keys in ``form``; the kept rows of each batch, and stats.
+    ``observed``: what ``observe`` gets as keys instead of the batch's (a function of them)."""
     n = 400
     make = {"tensor": torch.tensor, "array": np.array, "strings": lambda part: [str(k) for k in part]}[form]
     stage = sp.recipe(None, _never, budget=3 * n, batched=True, micro_batch=None, seed=1, cost_guard=False)
@@ -121,7 +123,8 @@ def _keyed_run(form):
             {"__key__": make(list(range(i, i + 50))), "y": torch.arange(i, i + 50)} for i in range(0, n, 50)
         ]
         for batch in stage(batches):
-            stage.observe(batch["__key__"], (batch["y"] % 10).double())
+            keys = batch["__key__"] if observed is None else observed(batch["__key__"])
+            stage.observe(keys, (batch["y"] % 10).double())
             kept.append(batch["y"].tolist())
     return kept, stage.stats
 
@@ -136,8 +139,27 @@ def test_keys_observed_as_a_tensor_or_array_are_the_keys_the_stage_looks_up(form
 
 
 def test_the_same_keys_in_any_form_give_the_same_decisions():
-    runs = [_keyed_run(form)[0] for form in ("tensor", "array", "strings")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sp.ScoreMemoryWarning)  # the keys match: no warning
+        runs = [_keyed_run(form)[0] for form in ("tensor", "array", "strings")]
     assert runs[0] == runs[1] == runs[2]
+
+
+@pytest.mark.parametrize(
+    "observed",
+    [lambda k: k.double(), lambda k: [f"sample-{int(i)}" for i in k], lambda k: k + 1000],
+    ids=["float keys", "other names", "other indices"],
+)
+def test_keys_observed_in_a_form_the_batch_does_not_carry_are_a_warning_not_a_silent_no_op(observed):
+    """observe() fed keys that never match the batch's (5.0 for 5, a renamed column, an offset):
+    every later look-up misses, so the recipe keeps everything. It says so, once, at the end of
+    the second pass (the first pass fills the memory and cannot tell)."""
+    with pytest.warns(
+        sp.ScoreMemoryWarning, match=r"whole pass \(epoch 1\) looked up 400 samples .* found none"
+    ) as w:
+        _, s = _keyed_run("tensor", observed)
+    assert len([x for x in w if x.category is sp.ScoreMemoryWarning]) == 1
+    assert s.from_memory == 0 and s.dropped == 0
 
 
 def test_a_pruned_sample_keeps_its_last_loss_and_the_mean_counts_every_remembered_loss():
@@ -331,3 +353,32 @@ def test_a_state_from_before_these_counters_still_loads():
     again = _stage(n, budget=10 * n)
     again.load_state_dict(state)
     assert again.stats.unknown == 0 and again.memory.forgetting() is None
+
+
+def test_a_pass_resumed_inside_does_not_judge_the_keys_the_next_whole_pass_does():
+    """After a resume the pass has not seen its first part, so it cannot tell a mismatch from
+    samples that went by before the checkpoint; the next whole pass tells."""
+    n = 400
+
+    def batches():
+        return [{"__key__": torch.arange(i, i + 50), "y": torch.arange(i, i + 50)} for i in range(0, n, 50)]
+
+    def make():
+        return sp.recipe(None, _never, budget=4 * n, batched=True, micro_batch=None, seed=1, cost_guard=False)
+
+    stage = make()
+    for batch in stage(batches()):  # epoch 0: observe() gets float keys, which never match
+        stage.observe(batch["__key__"].double(), (batch["y"] % 10).double())
+    stage.set_epoch(1)
+    it = stage(batches())
+    next(it)
+    state = roundtrip(stage.state_dict())
+    resumed = make()
+    resumed.load_state_dict(state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sp.ScoreMemoryWarning)
+        for batch in resumed(batches()[1:]):
+            resumed.observe(batch["__key__"].double(), (batch["y"] % 10).double())
+    resumed.set_epoch(2)
+    with pytest.warns(sp.ScoreMemoryWarning, match=r"whole pass \(epoch 2\)"):
+        list(resumed(batches()))

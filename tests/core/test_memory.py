@@ -232,3 +232,12 @@ def test_integer_key_arrays_find_the_slots_their_strings_hash_to():
     big.update_keys(np.array([5000]), np.ones(1), 0, FEEDBACK)
     assert big._slot_of_int.size == 10002 and (big._slot_of_int >= 0).sum() == 3
     assert big.lookup_keys(np.array([3, 5, 5000, 7]), 1)[0].tolist()[:3] == [1.0, 1.0, 1.0]
+
+
+def test_usable_at_counts_the_losses_a_look_up_in_that_epoch_can_use():
+    memory = sp.ScoreMemory(100, max_age=2)
+    memory.update_keys(["a", "b"], np.array([1.0, 2.0]), 0, FEEDBACK)
+    memory.update_keys(["c"], np.array([3.0]), 1, FEEDBACK)
+    # epoch 1: a, b (age 1), not c (stored in this epoch); epoch 3: c only (a, b are 3 old)
+    assert [memory.usable_at(e) for e in (0, 1, 2, 3, 4)] == [0, 2, 3, 1, 0]
+    assert sp.ScoreMemory(100, max_age=None).usable_at(5) == 0
