@@ -35,9 +35,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import default_collate
 
 import siftpipe as sp
-from siftpipe.adapters.webdataset import WebDataset, WebLoader
 from siftpipe.cli import parse_storage_options
-from siftpipe.streaming.shards import synthetic_arrays, synthetic_classification, write_shards
+from siftpipe.shards import synthetic_arrays, synthetic_classification, write_shards
+from siftpipe.webdataset import WebDataset, WebLoader
 
 
 def to_xy(sample: dict) -> dict:

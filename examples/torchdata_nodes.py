@@ -33,9 +33,9 @@ from torch.utils.data import default_collate
 from torchdata.nodes import Batcher, Loader, Mapper, ParallelMapper
 
 import siftpipe as sp
-from siftpipe.adapters.nodes import ShardSource, SiftNode
 from siftpipe.cli import parse_storage_options
-from siftpipe.streaming.shards import (
+from siftpipe.nodes import ShardSource, SiftNode
+from siftpipe.shards import (
     decode_sample,
     synthetic_arrays,
     synthetic_classification,

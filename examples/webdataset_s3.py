@@ -30,9 +30,9 @@ import webdataset as wds
 from torch.utils.data import default_collate
 
 import siftpipe as sp
-from siftpipe.adapters.webdataset import WebDataset, WebLoader
 from siftpipe.cli import parse_storage_options
-from siftpipe.streaming.shards import synthetic_arrays, synthetic_classification, write_shards
+from siftpipe.shards import synthetic_arrays, synthetic_classification, write_shards
+from siftpipe.webdataset import WebDataset, WebLoader
 
 
 def start_local_s3() -> tuple[object, str]:
