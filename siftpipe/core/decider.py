@@ -259,6 +259,8 @@ class Decider:
         memory = self.memory
         usable = 0
         if whole and memory is not None and not self._warned_memory:
+            # counted now, not at the end: observe() re-stores this pass's keys at this epoch,
+            # where they are no longer usable (one pass over the table, once a pass)
             usable = memory.usable_at(self.epoch)
         self._lookups = [usable, 0, 0]
 

@@ -142,11 +142,16 @@ class ScoreMemory:
         the table."""
         if not self._count:
             return 0
-        age = epoch - self._epoch.astype(np.int64)
-        usable = (self._keys != _EMPTY) & (age >= 1)
+        return int(np.count_nonzero(self._usable(self._epoch, epoch) & (self._keys != _EMPTY)))
+
+    def _usable(self, stored: np.ndarray, epoch: int) -> np.ndarray:
+        """Whether losses stored in epochs ``stored`` may decide in ``epoch``: stored before it
+        (never in the epoch being decided) and at most ``max_age`` epochs before."""
+        age = epoch - stored.astype(np.int64)
+        usable = age >= 1
         if self.max_age is not None:
             usable &= age <= self.max_age
-        return int(np.count_nonzero(usable))
+        return usable
 
     @property
     def nbytes(self) -> int:
@@ -349,10 +354,7 @@ class ScoreMemory:
     ) -> tuple[np.ndarray, np.ndarray]:
         """(loss, source) at ``slot``: NaN loss where ``unknown`` (a mask, or None: all known) or
         older than ``max_age`` epochs."""
-        age = epoch - self._epoch[slot].astype(np.int64)
-        usable = age >= 1
-        if self.max_age is not None:
-            usable &= age <= self.max_age
+        usable = self._usable(self._epoch[slot], epoch)
         if unknown is not None:
             usable &= ~unknown
         loss = np.where(usable, self._loss[slot].astype(np.float64), np.nan)
