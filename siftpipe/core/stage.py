@@ -92,7 +92,8 @@ class Sifter:
         autocast: dtype for ``torch.autocast`` while scoring (e.g. ``torch.bfloat16``), or None.
         pin_memory: Page-lock micro-batches before moving them to an accelerator
             (``non_blocking`` copies are used whenever the batch is pinned).
-        eval_mode: Score in eval mode (dropout off, batch-norm frozen), restoring the mode after.
+        eval_mode: Score in eval mode (dropout off, batch-norm frozen), then put each module
+            back in the mode it was in (a layer the user froze with ``.eval()`` stays frozen).
         on_nan: What to do with a NaN or infinite loss: ``"raise"`` (``NonFiniteLossError``),
             ``"keep"`` or ``"drop"`` the sample (counted in ``stats.nan``, reason ``"nan"``,
             never added to the loss history).

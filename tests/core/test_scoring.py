@@ -151,3 +151,96 @@ def test_out_of_memory_is_split_in_halves_when_asked_and_named_when_not():
     assert [v for part in seen for v in part] == list(map(float, range(7)))
     with pytest.raises(ScorerError, match="on_oom='split'"):
         Scoring(None, scorer, micro_batch=7).rows(group, None, names)
+
+
+def modes(model: nn.Module) -> list[bool]:
+    return [m.training for m in model.modules()]
+
+
+class ModeProbe(nn.Module):
+    """A model whose forward records every module's mode while it scores."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(1, 4), nn.BatchNorm1d(4), nn.Dropout(0.5), nn.Linear(4, 1))
+        self.during: list[list[bool]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.during.append(modes(self))
+        return self.body(x)[:, 0]
+
+
+def test_a_layer_the_user_froze_stays_frozen_after_scoring():
+    # fine-tuning with frozen batch-norm statistics: the model trains, one layer is in eval mode;
+    # model.eval() then model.train() would unfreeze it, and training would update its statistics
+    model = ModeProbe().train()
+    model.body[1].eval()
+    before = modes(model)
+    stats = model.body[1].running_mean.clone()
+    scoring = Scoring(model, lambda m, b: m(b["x"]), micro_batch=4)
+    scoring.rows(Group(samples(4), rows=4, seq0=0, snapshot=None), None, names)
+    assert model.during == [[False] * len(before)]  # every module scored in eval mode
+    assert modes(model) == before and model.body[1].training is False
+    assert torch.equal(model.body[1].running_mean, stats)
+
+
+def test_a_module_with_its_own_train_method_is_switched_through_it_both_ways():
+    class Merging(nn.Linear):
+        """Like an adapter layer that merges its weights on eval() and unmerges on train()."""
+
+        merged = False
+
+        def train(self, mode: bool = True):
+            super().train(mode)
+            self.merged = not mode
+            return self
+
+    model = nn.Sequential(nn.Linear(1, 1), Merging(1, 1), nn.Sequential(nn.Dropout(), nn.BatchNorm1d(1)))
+    model[2][1].eval()  # a frozen layer beside it
+    seen = []
+
+    def scorer(m, b):
+        seen.append((m[1].merged, modes(m)))
+        return m(b["x"])[:, 0]
+
+    before = modes(model)
+    Scoring(model, scorer, micro_batch=4).rows(Group(samples(4), rows=4, seq0=0, snapshot=None), None, names)
+    assert seen == [(True, [False] * len(before))]
+    assert model[1].merged is False and modes(model) == before
+
+
+def test_a_model_already_in_eval_mode_is_left_alone_and_a_raising_scorer_restores_modes():
+    model = ModeProbe().eval()
+    Scoring(model, lambda m, b: m(b["x"]), micro_batch=4).rows(
+        Group(samples(4), rows=4, seq0=0, snapshot=None), None, names
+    )
+    assert not any(modes(model))
+    model.train()
+    model.body[2].eval()
+    before = modes(model)
+
+    def broken(m, b):
+        raise ValueError("boom")
+
+    with pytest.raises(ScorerError):
+        Scoring(model, broken, micro_batch=4).rows(Group(samples(4), rows=4, seq0=0, snapshot=None), None, names)
+    assert modes(model) == before
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_a_shared_module_and_a_torchscript_model_are_switched_and_restored():
+    shared = nn.Dropout(0.9)
+    model = nn.Sequential(nn.Linear(1, 1), shared, nn.Sequential(shared, nn.Linear(1, 1))).train()
+    during = []
+    Scoring(model, lambda m, b: (during.append(modes(m)), m(b["x"])[:, 0])[1], micro_batch=4).rows(
+        Group(samples(4), rows=4, seq0=0, snapshot=None), None, names
+    )
+    assert during == [[False] * len(modes(model))] and all(modes(model))
+
+    torch.manual_seed(0)
+    scripted = torch.jit.script(nn.Sequential(nn.Linear(1, 8), nn.Dropout(0.9), nn.Linear(8, 1))).train()
+    scoring = Scoring(scripted, lambda m, b: m(b["x"])[:, 0], micro_batch=4)
+    group = Group(samples(4), rows=4, seq0=0, snapshot=None)
+    first, second = scoring.rows(group, None, names), scoring.rows(group, None, names)
+    assert np.array_equal(first, second)  # dropout off while scoring: the same losses twice
+    assert scripted.training and scripted[1].training
