@@ -18,9 +18,11 @@ __all__ = [
     "NonFiniteLossError",
     "PolicyError",
     "RegistryError",
+    "RepeatedKeyWarning",
     "ResumeError",
     "SampleDecodeError",
     "SampleError",
+    "ScoreMemoryWarning",
     "ScorerError",
     "ScorerOutputError",
     "ShardCommandError",
@@ -243,6 +245,12 @@ class ShardWarning(UserWarning):
 class ScoreMemoryWarning(UserWarning):
     """A pass finds none of its samples in a score memory that holds keys from earlier passes: the
     keys the memory was fed (``observe``) do not match the batch's, or samples never repeat."""
+
+
+class RepeatedKeyWarning(ScoreMemoryWarning):
+    """Training losses handed back in one pass replaced others the same key got earlier in it: two
+    samples share a key (the memory then decides both by one loss), one sample was trained twice
+    (a stream sampling with replacement), or two passes had one epoch number."""
 
 
 def describe_keys(keys: Sequence[object] | None, limit: int = 4) -> str:

@@ -14,6 +14,7 @@ import numpy as np
 from ..errors import (
     ConfigError,
     NonFiniteLossError,
+    RepeatedKeyWarning,
     ScoreMemoryWarning,
     ScorerOutputError,
     describe_keys,
@@ -79,6 +80,11 @@ class Decider:
         # whole pass finding none where earlier passes left some is a mistake worth a warning
         self._lookups = [0, 0, 0]
         self._warned_memory = False
+        # the memory's count of repeated keys and the losses observed when this pass began, and
+        # the most losses one observe() call has handed back in it
+        self._repeated = (0, 0)
+        self._largest_observe = 0
+        self._warned_repeats = False
 
     @property
     def stopped(self) -> bool:
@@ -103,6 +109,7 @@ class Decider:
                 "(reduction='none')"
             )
         self.counts["observed"] += values.size
+        self._largest_observe = max(self._largest_observe, values.size)
         if self.stopped:  # the cost guard stopped sifting: nothing will read them
             return
         memory.update_keys(keys, values, self.epoch, FEEDBACK)
@@ -263,11 +270,14 @@ class Decider:
             # where they are no longer usable (one pass over the table, once a pass)
             usable = memory.usable_at(self.epoch)
         self._lookups = [usable, 0, 0]
+        self._repeated = (memory.repeated if memory is not None else 0, self.counts["observed"])
+        self._largest_observe = 0
 
     def pass_ends(self) -> None:
         """A pass ran to its end. Warn once if it looked its samples up in a memory that held
         losses it could use (stored in earlier passes, not expired) and found none: every sample
         was then scored or kept as unknown, and sifting from memory silently did nothing."""
+        self._warn_repeats()
         usable, looked, found = self._lookups
         if self._warned_memory or not usable or not looked or found:
             return
@@ -281,6 +291,37 @@ class Decider:
             "others), and samples must repeat across passes",
             ScoreMemoryWarning,
             stacklevel=2,
+        )
+
+    def _warn_repeats(self) -> None:
+        """Warn once if training losses handed back in this pass replaced others the same key got
+        earlier in the pass: the memory keeps one loss per key, so every sample of that key is
+        decided next epoch by the one trained last.
+
+        Only beyond what a pass boundary explains: a consumer that fetches the next pass's first
+        batch before it observes the last one (a trainer's look-ahead) stores that last batch
+        under the next epoch, where the same samples come again; so more than two observe()
+        calls' worth and more than 1% of the pass's losses must repeat."""
+        memory = self.memory
+        if memory is None or self._warned_repeats:
+            return
+        repeated = memory.repeated - self._repeated[0]
+        observed = self.counts["observed"] - self._repeated[1]
+        if repeated <= 2 * self._largest_observe or repeated * 100 <= observed:
+            return
+        self._warned_repeats = True
+        warnings.warn(
+            f"siftpipe: {repeated:,} of the losses observe() got in epoch {self.epoch} replaced one "
+            "the same key had got earlier in that epoch: the score memory keeps one loss per key, "
+            "so next epoch every sample of such a key is decided by the one trained last. Make "
+            "keys unique (shards that number their samples from 0 each: key=lambda s: "
+            "s['__url__'] + '/' + s['__key__'], and the same keys to observe()), give each pass "
+            "its own set_epoch() number, or, for a stream that samples with replacement "
+            "(resampled=True), where a sample may come twice in a pass, silence this with "
+            "warnings.filterwarnings('ignore', category=siftpipe.RepeatedKeyWarning) "
+            "(sifter.memory.repeated counts them)",
+            RepeatedKeyWarning,
+            stacklevel=3,
         )
 
     def _score_rows(self, group: Group, index: np.ndarray | None) -> np.ndarray:

@@ -127,6 +127,11 @@ class ScoreMemory:
         self._sum = 0.0  # of every remembered loss, for ``mean``
         #: New keys turned away because the memory was full.
         self.refused = 0
+        #: Training losses (``FEEDBACK``) that replaced one the same key got earlier in the same
+        #: epoch: two samples sharing a key (shards numbered from 0 each, say), or one sample
+        #: trained twice in a pass (a stream that samples with replacement). The memory keeps the
+        #: last, and next epoch decides every sample of that key by it.
+        self.repeated = 0
         # forgetting evidence: rows (skipped, trained easy) x (sum of loss change, count), for the
         # epoch being observed (_drift[0]) and the one before it (_drift[1])
         self._drift = np.zeros((2, 2, 2))
@@ -258,6 +263,8 @@ class ScoreMemory:
             return
         # the last occurrence of each key in this batch wins
         _, last = np.unique(hashes[::-1], return_index=True)
+        if source == FEEDBACK:
+            self.repeated += hashes.size - last.size
         keep = hashes.size - 1 - last
         hashes, losses = hashes[keep], losses[keep]
         while hashes.size:
@@ -298,6 +305,8 @@ class ScoreMemory:
             self._drift_epoch = epoch
         old = self._loss[slot].astype(np.float64)
         age = epoch - self._epoch[slot].astype(np.int64)
+        # a training loss stored in this epoch already: the key was trained twice in the pass
+        self.repeated += int(np.count_nonzero((age == 0) & (self._source[slot] == FEEDBACK)))
         change = losses.astype(np.float64) - old
         mean = self.mean()
         skipped = age >= 2
@@ -417,6 +426,7 @@ class ScoreMemory:
             "epoch": torch.from_numpy(self._epoch[at].copy()),
             "source": torch.from_numpy(self._source[at].copy()),
             "refused": self.refused,
+            "repeated": self.repeated,
             "drift": torch.from_numpy(self._drift.copy()),
             "drift_epoch": self._drift_epoch,
             "drift_verdict": None if np.isnan(self._verdict) else self._verdict,
@@ -437,6 +447,7 @@ class ScoreMemory:
             state["source"].numpy(),
         )
         self.refused += int(state["refused"])
+        self.repeated = int(state.get("repeated", 0))  # states written before the count lack it
         if "drift" in state:  # states written before the forgetting measure lack it
             self._drift = state["drift"].numpy().astype(np.float64).reshape(2, 2, 2).copy()
             self._drift_epoch = int(state["drift_epoch"])
@@ -451,6 +462,7 @@ class ScoreMemory:
         self._count = 0
         self._sum = 0.0
         self.refused = 0
+        self.repeated = 0
         self._drift = np.zeros((2, 2, 2))
         self._drift_epoch = 0
         self._verdict = float("nan")  # the last forgetting measured over a whole epoch

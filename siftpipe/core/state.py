@@ -348,6 +348,8 @@ def check_memory_state(memory: Any, bad: Callable[[str, str], ResumeError]) -> N
         raise bad("memory['drift']", "a finite 2x2x2 tensor with an integer drift_epoch")
     if not is_int(memory.get("refused")):
         raise bad("memory['refused']", "a count >= 0")
+    if "repeated" in memory and not is_int(memory["repeated"]):
+        raise bad("memory['repeated']", "a count >= 0")
     dtypes = {"keys": torch.int64, "loss": torch.float32, "epoch": torch.int16, "source": torch.int8}
     sizes = set()
     for name, dtype in dtypes.items():

@@ -382,3 +382,73 @@ def test_a_pass_resumed_inside_does_not_judge_the_keys_the_next_whole_pass_does(
     resumed.set_epoch(2)
     with pytest.warns(sp.ScoreMemoryWarning, match=r"whole pass \(epoch 2\)"):
         list(resumed(batches()))
+
+
+def _sharded_run(key=None, epochs=2):
+    """The recipe over two "shards" that each number their samples from 0 (keys repeat across
+    shards, as in shards written one by one); each sample's loss is its shard's number."""
+    stage = sp.recipe(None, _never, budget=epochs * 200, seed=1, cost_guard=False,
+                      **({} if key is None else {"key": key}))  # fmt: skip
+    samples = [
+        {"__key__": f"{i:06d}", "__url__": f"shard-{s}.tar", "y": torch.tensor(float(s))}
+        for s in range(2)
+        for i in range(100)
+    ]
+    name = key or (lambda sample: sample["__key__"])
+    for epoch in range(epochs):
+        stage.set_epoch(epoch)
+        for sample in stage(samples):
+            stage.observe([name(sample)], sample["y"].reshape(1))
+    return stage
+
+
+def test_two_samples_sharing_a_key_are_a_warning_naming_the_fix():
+    """Shards numbered from 0 each give two samples one key: the memory keeps the loss of the one
+    trained last and decides both by it next epoch. It says so once, at the end of the pass
+    where it happened, and counts them."""
+    with pytest.warns(
+        sp.RepeatedKeyWarning, match=r"100 of the losses observe\(\) got in epoch 0 .*__url__"
+    ) as w:
+        stage = _sharded_run()
+    assert len([x for x in w if issubclass(x.category, sp.ScoreMemoryWarning)]) == 1
+    assert stage.memory.repeated == 200  # both epochs; warned once
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sp.ScoreMemoryWarning)
+        unique = _sharded_run(key=lambda s: s["__url__"] + "/" + s["__key__"])
+    assert unique.memory.repeated == 0 and unique.stats.from_memory == 200
+
+
+def test_a_sample_trained_twice_in_a_pass_counts_and_the_warning_can_be_silenced_alone():
+    stage = sp.recipe(None, _never, budget=400, seed=1, cost_guard=False)
+    samples = [{"__key__": str(i % 50), "y": torch.tensor(1.0)} for i in range(100)]  # with replacement
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sp.ScoreMemoryWarning)
+        warnings.filterwarnings("ignore", category=sp.RepeatedKeyWarning)
+        for sample in stage(samples):
+            stage.observe([sample["__key__"]], sample["y"].reshape(1))
+    assert stage.memory.repeated == 50
+
+
+def test_a_last_batch_observed_after_the_next_pass_began_is_not_a_warning():
+    """A consumer that fetches one item ahead (a trainer's look-ahead) observes a pass's last
+    batch after the next pass has begun, so those samples come twice in the next epoch: counted,
+    but fewer than a warning needs."""
+    from itertools import chain
+
+    stage = sp.recipe(None, _never, budget=1000, batched=True, micro_batch=None, seed=1, cost_guard=False)
+    batches = [{"__key__": torch.arange(i, i + 10), "y": torch.ones(10)} for i in range(0, 100, 10)]
+
+    def passes():
+        for epoch in range(3):
+            stage.set_epoch(epoch)
+            yield from stage(batches if epoch % 2 == 0 else batches[::-1])  # shuffled per pass
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sp.ScoreMemoryWarning)
+        stream = passes()
+        ahead = next(stream)
+        for batch in chain(stream, [None]):
+            stage.observe(ahead["__key__"], ahead["y"])
+            ahead = batch
+    # the last batch of passes 0 and 1, observed under the next epoch, comes first in it again
+    assert stage.memory.repeated == 20

@@ -241,3 +241,25 @@ def test_usable_at_counts_the_losses_a_look_up_in_that_epoch_can_use():
     # epoch 1: a, b (age 1), not c (stored in this epoch); epoch 3: c only (a, b are 3 old)
     assert [memory.usable_at(e) for e in (0, 1, 2, 3, 4)] == [0, 2, 3, 1, 0]
     assert sp.ScoreMemory(100, max_age=None).usable_at(5) == 0
+
+
+def test_training_losses_that_replace_one_from_the_same_epoch_are_counted_as_repeated():
+    memory = sp.ScoreMemory(capacity=100, max_age=None)
+    memory.update_keys(["a", "b"], np.array([1.0, 2.0]), 0, FEEDBACK)
+    memory.update_keys(["c", "c", "d"], np.array([1.0, 2.0, 3.0]), 0, FEEDBACK)  # twice in one batch
+    assert memory.repeated == 1
+    memory.update_keys(["a", "d"], np.array([5.0, 6.0]), 0, FEEDBACK)  # again in the same epoch
+    assert memory.repeated == 3
+    memory.update_keys(["a", "b"], np.array([5.0, 6.0]), 1, FEEDBACK)  # the next epoch: not repeats
+    memory.update_keys(["e"], np.array([1.0]), 1, FORWARD)  # a scoring forward, then its training
+    memory.update_keys(["e"], np.array([1.5]), 1, FEEDBACK)  # step: one sample, not a repeat
+    index = np.arange(5, dtype=np.int64)
+    memory.update_keys(index, np.ones(5), 1, FEEDBACK)
+    memory.update_keys(index[:2], np.ones(2), 1, FEEDBACK)  # integer keys through the cache
+    assert memory.repeated == 5
+    copy = sp.ScoreMemory(capacity=100, max_age=None)
+    copy.load_state_dict(roundtrip(memory.state_dict()))
+    assert copy.repeated == 5
+    older = {k: v for k, v in memory.state_dict().items() if k != "repeated"}
+    copy.load_state_dict(older)  # a state written before the count loads with none
+    assert copy.repeated == 0

@@ -223,7 +223,9 @@ def test_a_model_already_in_eval_mode_is_left_alone_and_a_raising_scorer_restore
         raise ValueError("boom")
 
     with pytest.raises(ScorerError):
-        Scoring(model, broken, micro_batch=4).rows(Group(samples(4), rows=4, seq0=0, snapshot=None), None, names)
+        Scoring(model, broken, micro_batch=4).rows(
+            Group(samples(4), rows=4, seq0=0, snapshot=None), None, names
+        )
     assert modes(model) == before
 
 
