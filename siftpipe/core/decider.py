@@ -112,7 +112,9 @@ class Decider:
         self._largest_observe = max(self._largest_observe, values.size)
         if self.stopped:  # the cost guard stopped sifting: nothing will read them
             return
-        memory.update_keys(keys, values, self.epoch, FEEDBACK)
+        # applied before the memory is next read (the next decision, at the latest): the training
+        # steps one input batch feeds cost one update, not one each
+        memory.defer_keys(keys, values, self.epoch, FEEDBACK)
 
     def decide(self, group: Group) -> None:
         """Score (or look up) and decide every row of ``group``; count it and write it to the sink."""
@@ -135,8 +137,13 @@ class Decider:
                 np.full(rows, UNKNOWN, dtype=np.int8), 1, 0, 0,
             )  # fmt: skip
         else:
+            scored = counts["scored"]
             losses, sources = self._losses(group)
             t1 = time.perf_counter()
+            if counts["scored"] == scored and self.policy.chunk_free:
+                # no scoring forward, so no scoring micro-batches: one call decides the batch as
+                # micro-batches would (the audit log's micro_batch is then the input batch's)
+                chunk = rows
             d = self._decide_losses(group, losses, chunk)
         keep, weight = d.keep, d.weight
         counts["micro_batches"] += d.micro_batches

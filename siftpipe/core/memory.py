@@ -125,26 +125,93 @@ class ScoreMemory:
             ) from None
         self._count = 0
         self._sum = 0.0  # of every remembered loss, for ``mean``
-        #: New keys turned away because the memory was full.
-        self.refused = 0
-        #: Training losses (``FEEDBACK``) that replaced one the same key got earlier in the same
-        #: epoch: two samples sharing a key (shards numbered from 0 each, say), or one sample
-        #: trained twice in a pass (a stream that samples with replacement). The memory keeps the
-        #: last, and next epoch decides every sample of that key by it.
-        self.repeated = 0
+        self._refused = 0
+        self._repeated = 0
+        # losses handed over with defer_keys, applied in order at the next read (see flush)
+        self._deferred: list[tuple[Keys, np.ndarray, int, int]] = []
+        self._deferred_rows = 0
         # forgetting evidence: rows (skipped, trained easy) x (sum of loss change, count), for the
         # epoch being observed (_drift[0]) and the one before it (_drift[1])
         self._drift = np.zeros((2, 2, 2))
         self._drift_epoch = 0
         self._verdict = float("nan")  # the last forgetting measured over a whole epoch
 
+    @property
+    def refused(self) -> int:
+        """New keys turned away because the memory was full."""
+        self.flush()
+        return self._refused
+
+    @property
+    def repeated(self) -> int:
+        """Training losses (``FEEDBACK``) that replaced one the same key got earlier in the same
+        epoch: two samples sharing a key (shards numbered from 0 each, say), or one sample
+        trained twice in a pass (a stream that samples with replacement). The memory keeps the
+        last, and next epoch decides every sample of that key by it."""
+        self.flush()
+        return self._repeated
+
     def __len__(self) -> int:
+        self.flush()
         return self._count
+
+    #: Losses ``defer_keys`` lets wait before it applies them itself.
+    DEFER_ROWS = 8192
+
+    def defer_keys(self, keys: Keys, losses: np.ndarray, epoch: int, source: int) -> None:
+        """``update_keys(keys, losses, epoch, source)``, applied later: before the memory is next
+        read (a look-up, ``mean``, ``len``, the counters, the state, a file, any update) or once
+        ``DEFER_ROWS`` losses wait, in the order they came, one ``update_keys`` per run of one
+        epoch and source. ``Sifter.observe`` hands the training step's losses over so: the
+        stage reads the memory once per input batch, so the losses of the several training
+        steps one input batch feeds are applied in one go, for the cost of one (each call costs
+        a few dozen numpy operations, whatever its size). Keys and losses are copied: a batch's
+        buffers may be reused after the call. ``forgetting()`` reports what has been applied."""
+        keys = keys.copy() if isinstance(keys, np.ndarray) else list(keys)
+        losses = np.array(losses, dtype=np.float32).reshape(-1)
+        self._deferred.append((keys, losses, epoch, source))
+        self._deferred_rows += losses.size
+        if self._deferred_rows >= self.DEFER_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Apply the losses ``defer_keys`` holds (every read does this first)."""
+        deferred = self._deferred
+        if not deferred:
+            return
+        self._deferred, self._deferred_rows = [], 0
+        start = 0
+        try:
+            while start < len(deferred):
+                epoch, source = deferred[start][2], deferred[start][3]
+                stop = start + 1
+                while stop < len(deferred) and deferred[stop][2] == epoch and deferred[stop][3] == source:
+                    stop += 1
+                run = deferred[start:stop]
+                keys: Keys
+                if len(run) == 1:
+                    keys, losses = run[0][0], run[0][1]
+                else:
+                    losses = np.concatenate([r[1] for r in run])
+                    if all(isinstance(r[0], np.ndarray) for r in run):
+                        keys = np.concatenate([r[0] for r in run])  # type: ignore[misc]
+                    else:
+                        keys = [
+                            k for r in run for k in (r[0].tolist() if isinstance(r[0], np.ndarray) else r[0])
+                        ]
+                self.update_keys(keys, losses, epoch, source)
+                start = stop
+        except BaseException:
+            # nothing handed over is lost: what was not applied waits for the next read
+            self._deferred = deferred[start + 1 :] + self._deferred
+            self._deferred_rows = sum(r[1].size for r in self._deferred)
+            raise
 
     def usable_at(self, epoch: int) -> int:
         """Keys whose loss a look-up in ``epoch`` can use: stored in an earlier epoch (a loss is not
         used in the epoch it was stored in) and at most ``max_age`` epochs before. One pass over
         the table."""
+        self.flush()
         if not self._count:
             return 0
         return int(np.count_nonzero(self._usable(self._epoch, epoch) & (self._keys != _EMPTY)))
@@ -173,9 +240,9 @@ class ScoreMemory:
             table = self._slot_of_int
             if table is None:
                 return np.full(keys.size, -1, dtype=np.int64)
-            inside = (keys >= 0) & (keys < table.size)
-            if np.count_nonzero(inside) == keys.size:
+            if keys.min() >= 0 and keys.max() < table.size:
                 return table[keys]
+            inside = (keys >= 0) & (keys < table.size)
             slots = np.full(keys.size, -1, dtype=np.int64)
             slots[inside] = table[keys[inside]]
             return slots
@@ -255,6 +322,7 @@ class ScoreMemory:
 
     def update(self, hashes: np.ndarray, losses: np.ndarray, epoch: int, source: int) -> None:
         """Remember ``losses`` for ``hashes`` (the last value wins for a repeated key)."""
+        self.flush()
         check_epoch(epoch)
         losses = np.asarray(losses, dtype=np.float32)
         finite = np.isfinite(losses)
@@ -264,7 +332,7 @@ class ScoreMemory:
         # the last occurrence of each key in this batch wins
         _, last = np.unique(hashes[::-1], return_index=True)
         if source == FEEDBACK:
-            self.repeated += hashes.size - last.size
+            self._repeated += hashes.size - last.size
         keep = hashes.size - 1 - last
         hashes, losses = hashes[keep], losses[keep]
         while hashes.size:
@@ -285,7 +353,7 @@ class ScoreMemory:
                 first = first[:room]
                 self._set(slot[first], hashes[first], losses[first], epoch, source)
                 self._count += first.size
-                self.refused += hashes.size - first.size
+                self._refused += hashes.size - first.size
                 return
             self._set(slot[first], hashes[first], losses[first], epoch, source)
             self._count += first.size
@@ -293,8 +361,12 @@ class ScoreMemory:
             rest[first] = False
             hashes, losses = hashes[rest], losses[rest]
 
-    def _note_drift(self, slot: np.ndarray, losses: np.ndarray, epoch: int) -> None:
-        """Record how the training losses of known samples moved since they were remembered."""
+    def _note_drift(
+        self, slot: np.ndarray, losses: np.ndarray, epoch: int, old: np.ndarray | None = None
+    ) -> None:
+        """Record how the training losses of known samples moved since they were remembered, and
+        count those that replace a training loss of this same epoch (``repeated``). ``old``: the
+        losses at ``slot``, if the caller has read them."""
         if epoch != self._drift_epoch:
             if epoch > self._drift_epoch:
                 verdict = self._forgetting_of(self._drift[0])
@@ -303,25 +375,33 @@ class ScoreMemory:
                 self._drift[1] = self._drift[0] if epoch == self._drift_epoch + 1 else 0.0
                 self._drift[0] = 0.0
             self._drift_epoch = epoch
-        old = self._loss[slot].astype(np.float64)
-        age = epoch - self._epoch[slot].astype(np.int64)
-        # a training loss stored in this epoch already: the key was trained twice in the pass
-        self.repeated += int(np.count_nonzero((age == 0) & (self._source[slot] == FEEDBACK)))
-        change = losses.astype(np.float64) - old
-        mean = self.mean()
-        skipped = age >= 2
-        trained_easy = (age == 1) & (old < mean)
-        for row, pick in ((0, skipped), (1, trained_easy)):
-            if pick.any():
-                self._drift[0, row, 0] += float(change[pick].sum())
-                self._drift[0, row, 1] += int(pick.sum())
+        if old is None:
+            old = self._loss[slot]
+        # int32: two 16-bit epochs can be 65,534 apart
+        age = np.subtract(epoch, self._epoch[slot], dtype=np.int32)
+        # one code per row: 1 skipped (not trained for an epoch or more), 2 trained last epoch and
+        # easy then, 3 a training loss of this same epoch already (the key came twice), 0 other
+        kind = (age >= 2).view(np.int8)
+        kind = kind + 2 * ((age == 1) & (old < np.float64(self._mean())))  # compared as float64
+        kind += 3 * ((age == 0) & (self._source[slot] == FEEDBACK))
+        counts = np.bincount(kind, minlength=4)
+        if counts[3]:
+            self._repeated += int(counts[3])
+        if counts[1] or counts[2]:
+            sums = np.bincount(kind, weights=np.subtract(losses, old, dtype=np.float64), minlength=4)
+            drift = self._drift[0]
+            drift[0, 0] += sums[1]
+            drift[0, 1] += counts[1]
+            drift[1, 0] += sums[2]
+            drift[1, 1] += counts[2]
 
     def forgetting(self) -> float | None:
         """How much more the loss of samples that were not trained rose than that of easy samples
         that were, in units of the mean remembered loss (0: dropping cost nothing; 0.5: dropped
         samples came back half a mean loss worse). Measured over the epoch before the one being
         observed, else over this one so far (each needs ``MIN_EVIDENCE`` samples of both kinds),
-        else the last whole epoch's figure; None before any evidence."""
+        else the last whole epoch's figure; None before any evidence. Losses ``defer_keys`` still
+        holds are not in it yet (the stage applies them before each decision)."""
         for window in (self._drift[1], self._drift[0]):
             value = self._forgetting_of(window)
             if value is not None:
@@ -332,7 +412,7 @@ class ScoreMemory:
     MIN_EVIDENCE = 16
 
     def _forgetting_of(self, window: np.ndarray) -> float | None:
-        mean = self.mean()
+        mean = self._mean()
         (s_sum, s_n), (t_sum, t_n) = window
         if not mean > 0 or s_n < self.MIN_EVIDENCE or t_n < self.MIN_EVIDENCE:
             return None
@@ -340,6 +420,11 @@ class ScoreMemory:
 
     def mean(self) -> float:
         """The mean of every remembered loss (any age); NaN when empty."""
+        self.flush()
+        return self._mean()
+
+    def _mean(self) -> float:
+        """``mean()`` of what has been applied (no flush)."""
         return self._sum / self._count if self._count else float("nan")
 
     def _set(self, slot: np.ndarray, hashes: np.ndarray, losses: np.ndarray, epoch: int, source: int) -> None:
@@ -354,6 +439,7 @@ class ScoreMemory:
 
     def lookup(self, hashes: np.ndarray, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(loss, source) per hash: NaN loss where unknown or older than ``max_age`` epochs."""
+        self.flush()
         hashes = np.asarray(hashes, np.uint64)
         slot = self._slots(hashes)
         return self._read(slot, self._keys[slot] != hashes, epoch)
@@ -371,6 +457,7 @@ class ScoreMemory:
 
     def lookup_keys(self, keys: Keys, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """``lookup(key_hashes(keys), epoch)``, with no hashing or probing for cached keys."""
+        self.flush()
         slots = self._cached_slots(keys)
         if slots is None:
             return self.lookup(key_hashes(keys), epoch)
@@ -390,21 +477,30 @@ class ScoreMemory:
     def update_keys(self, keys: Keys, losses: np.ndarray, epoch: int, source: int) -> None:
         """``update(key_hashes(keys), losses, epoch, source)``, with no hashing or probing when
         every key is cached, distinct and has a finite loss (the training step's usual batch)."""
+        self.flush()
         slots = self._cached_slots(keys)
         if slots is None:
             self.update(key_hashes(keys), losses, epoch, source)
             return
         losses = np.asarray(losses, dtype=np.float32)
         n = slots.size
+        # a float64 sum is finite exactly when every loss is (and _sum needs it anyway)
+        total = float(losses.sum(dtype=np.float64))
         if (
-            np.count_nonzero(slots >= 0) == n
-            and np.count_nonzero(np.isfinite(losses)) == n
+            n
+            and slots.min() >= 0
+            and np.isfinite(total)
             and (_distinct(slots) if isinstance(keys, np.ndarray) else len(set(keys)) == n)
         ):
+            # every key is held (cached slots are never empty): no probing, no new slot
             check_epoch(epoch)
+            old = self._loss[slots]
             if source == FEEDBACK:
-                self._note_drift(slots, losses, epoch)
-            self._set(slots, self._keys[slots], losses, epoch, source)
+                self._note_drift(slots, losses, epoch, old)
+            self._sum += total - float(old.sum(dtype=np.float64))
+            self._loss[slots] = losses
+            self._epoch[slots] = epoch
+            self._source[slots] = source
             return
         hashes = self._hashes_at(keys, slots)
         self.update(hashes, losses, epoch, source)
@@ -417,6 +513,7 @@ class ScoreMemory:
         return np.flatnonzero(self._keys != _EMPTY)
 
     def state_dict(self) -> dict[str, Any]:
+        self.flush()
         at = self._occupied()
         return {
             "capacity": self.capacity,
@@ -435,6 +532,7 @@ class ScoreMemory:
     def load_state_dict(self, state: Mapping[str, Any], *, fit: bool = False) -> None:
         """Restore ``state_dict()``. ``fit``: load what fits into a smaller memory (the rest is
         refused and counted) instead of raising ``ResumeError``."""
+        self.flush()
         if not fit and int(state["capacity"]) > self.capacity:
             raise ResumeError(
                 f"the checkpoint's score memory holds up to {state['capacity']} samples; this one "
@@ -446,8 +544,8 @@ class ScoreMemory:
             state["epoch"].numpy(),
             state["source"].numpy(),
         )
-        self.refused += int(state["refused"])
-        self.repeated = int(state.get("repeated", 0))  # states written before the count lack it
+        self._refused += int(state["refused"])
+        self._repeated = int(state.get("repeated", 0))  # states written before the count lack it
         if "drift" in state:  # states written before the forgetting measure lack it
             self._drift = state["drift"].numpy().astype(np.float64).reshape(2, 2, 2).copy()
             self._drift_epoch = int(state["drift_epoch"])
@@ -461,8 +559,8 @@ class ScoreMemory:
             self._slot_of_int.fill(-1)
         self._count = 0
         self._sum = 0.0
-        self.refused = 0
-        self.repeated = 0
+        self._refused = 0
+        self._repeated = 0
         self._drift = np.zeros((2, 2, 2))
         self._drift_epoch = 0
         self._verdict = float("nan")  # the last forgetting measured over a whole epoch
@@ -473,6 +571,7 @@ class ScoreMemory:
 
     def save(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         """Write the memory to ``url`` (any fsspec URL) as an ``.npz`` of plain arrays (no pickle)."""
+        self.flush()
         import fsspec
 
         at = self._occupied()
@@ -531,11 +630,12 @@ class ScoreMemory:
         capacity, max_age, refused = (int(v) for v in data["config"])
         memory = cls(capacity, max_age or None)
         memory._fill(data["keys"], data["loss"], data["epoch"], data["source"])
-        memory.refused = refused
+        memory._refused = refused
         return memory
 
     def losses(self) -> np.ndarray:
         """Every remembered loss (any age), for summaries."""
+        self.flush()
         return self._loss[self._occupied()].astype(np.float64)
 
 

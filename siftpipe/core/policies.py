@@ -86,6 +86,10 @@ class Policy(abc.ABC):
     weighted: ClassVar[bool] = False
     #: True if the policy judges losses against the stage's score memory (``bind_memory``).
     uses_memory: ClassVar[bool] = False
+    #: True if deciding rows in one call decides them as deciding them in micro-batches would
+    #: (the same draws, nothing learned between calls): the stage then decides an input batch
+    #: that needed no scoring forward in one call, not one per ``micro_batch`` rows.
+    chunk_free: ClassVar[bool] = False
 
     @abc.abstractmethod
     def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
@@ -318,6 +322,7 @@ class Uniform(_KeepFraction):
     """
 
     name = "uniform"
+    chunk_free = True
 
     def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
         n = losses.size
@@ -367,6 +372,8 @@ class InfoBatch(Policy):
     name = "infobatch"
     weighted = True
     uses_memory = True
+    # one draw per row, the memory's mean (unchanged while a batch is decided), positions by seq
+    chunk_free = True
     #: The least share of ``ratio`` a guarded policy keeps pruning with, to go on measuring.
     EXPLORE = 0.1
 

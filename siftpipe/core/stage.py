@@ -363,7 +363,10 @@ class Sifter:
 
         They go into the score memory (``memory=``), tagged with the current epoch; from the next
         epoch until ``memory.max_age`` epochs later, these samples are decided from them with no
-        scoring forward (audit source ``feedback``). Non-finite losses are ignored.
+        scoring forward (audit source ``feedback``). Non-finite losses are ignored. The memory
+        applies them before it is next read (the stage's next decision, at the latest: see
+        ``ScoreMemory.defer_keys``), so the several training steps one input batch feeds cost
+        one update.
 
         Args:
             keys: The samples' keys (``batch["__key__"]``): a list, or an integer tensor or
@@ -373,10 +376,14 @@ class Sifter:
         if isinstance(losses, torch.Tensor):
             # on an accelerator this copy waits for the training step's kernels: the step's time,
             # so the stage's own account starts after it
-            losses = losses.detach().float().cpu().numpy()
+            losses = losses.detach()
+            if losses.dtype is not torch.float32:
+                losses = losses.float()  # what the memory keeps (numpy has no bfloat16)
+            losses = losses.cpu().numpy()
         t0 = time.perf_counter()
-        # read as the stage reads a batch's keys, so both name each sample alike
-        self._decider.observe(memory_keys(keys), np.asarray(losses, dtype=np.float64).reshape(-1))
+        # read as the stage reads a batch's keys, so both name each sample alike; float32 is
+        # what the memory keeps
+        self._decider.observe(memory_keys(keys), np.asarray(losses, dtype=np.float32).reshape(-1))
         self._account.observe += time.perf_counter() - t0
 
     def publish_memory(self, url: str, storage_options: Mapping[str, Any] | None = None) -> str:

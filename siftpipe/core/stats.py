@@ -36,7 +36,9 @@ class SiftStats:
         sifting_scale: How much of its configured dropping the policy is doing now, in [0, 1]:
             1 for policies without a guard; a guarded policy (``siftpipe.recipe``) lowers it
             when the samples it dropped are being forgotten, and 0 means it keeps everything
-            because sifting is not paying (also logged as a warning by ``siftpipe``).
+            because sifting is not paying (also logged as a warning by ``siftpipe``). It counts the
+            losses ``observe()`` handed back up to the stage's last decision (the memory applies
+            them before each decision).
         stage_seconds: Wall time of the stage's own work in this process: scoring, deciding,
             re-batching, handing decisions to the audit log, and ``observe()``; not the time its
             source took to produce input (paid with or without sifting). Over the run, resumes

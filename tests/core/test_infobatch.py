@@ -452,3 +452,25 @@ def test_a_last_batch_observed_after_the_next_pass_began_is_not_a_warning():
             ahead = batch
     # the last batch of passes 0 and 1, observed under the next epoch, comes first in it again
     assert stage.memory.repeated == 20
+
+
+def test_a_batch_decided_from_memory_alone_is_one_call_and_decides_as_micro_batches_would():
+    """InfoBatch's decisions do not depend on how rows are cut (Policy.chunk_free): a batch that
+    needed no scoring forward is decided in one call, with the decisions micro-batches give."""
+
+    def run(micro_batch):
+        stage = sp.recipe(None, _never, budget=3 * 400, batched=True, micro_batch=micro_batch, seed=1,
+                          cost_guard=False)  # fmt: skip
+        kept = []
+        for epoch in range(3):
+            stage.set_epoch(epoch)
+            for batch in stage({"__key__": torch.arange(i, i + 100), "y": torch.arange(i, i + 100)}
+                               for i in range(0, 400, 100)):  # fmt: skip
+                stage.observe(batch["__key__"], (batch["y"] % 10).double())
+                kept.append((batch["y"].tolist(), batch["__sift_weight__"].tolist()))
+        return kept, stage.stats
+
+    whole, chunked = run(None), run(16)
+    assert whole[0] == chunked[0] and whole[1].dropped > 0
+    assert whole[1].micro_batches == chunked[1].micro_batches == 12  # one per batch: none scored
+    assert sp.InfoBatch.chunk_free and sp.Uniform.chunk_free and not sp.RelativeProbabilistic.chunk_free

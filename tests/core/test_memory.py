@@ -263,3 +263,64 @@ def test_training_losses_that_replace_one_from_the_same_epoch_are_counted_as_rep
     older = {k: v for k, v in memory.state_dict().items() if k != "repeated"}
     copy.load_state_dict(older)  # a state written before the count loads with none
     assert copy.repeated == 0
+
+
+def test_deferred_losses_are_applied_in_order_before_any_read_and_nothing_is_lost():
+    """defer_keys (what Sifter.observe uses) applies its losses at the next read: the memory then
+    answers exactly as one fed update_keys call by call."""
+    rng = np.random.default_rng(3)
+    steps = []
+    for _ in range(60):
+        n = int(rng.integers(1, 20))
+        keys = rng.integers(0, 50, size=n)
+        form = rng.integers(0, 3)
+        keys = keys if form == 0 else keys.tolist() if form == 1 else [str(k) for k in keys.tolist()]
+        losses = rng.exponential(size=n).astype(np.float32)
+        losses[rng.random(n) < 0.1] = np.nan
+        steps.append((keys, losses, int(rng.integers(0, 4)), FEEDBACK if rng.random() < 0.8 else FORWARD))
+    direct, deferred = sp.ScoreMemory(200, max_age=None), sp.ScoreMemory(200, max_age=None)
+    probe = key_hashes(range(50))
+    for i, (keys, losses, epoch, source) in enumerate(steps):
+        direct.update_keys(keys, losses, epoch, source)
+        buffer = np.array(losses)
+        deferred.defer_keys(np.asarray(keys) if isinstance(keys, np.ndarray) else keys, buffer, epoch, source)
+        buffer[:] = 99.0  # the caller reuses its buffer: what was handed over is a copy
+        if i % 7 == 6:  # a read now and then: everything so far is applied first
+            for a, b in zip(direct.lookup(probe, 5), deferred.lookup(probe, 5)):
+                np.testing.assert_array_equal(a, b)
+    assert len(deferred) == len(direct) and deferred.repeated == direct.repeated
+    assert deferred.mean() == pytest.approx(direct.mean())
+    assert deferred.forgetting() == direct.forgetting()
+    for name in ("keys", "loss", "epoch", "source"):
+        assert torch.equal(deferred.state_dict()[name], direct.state_dict()[name])
+
+
+def test_deferred_losses_reach_the_state_files_and_a_full_buffer_applies_itself(tmp_path):
+    memory = sp.ScoreMemory(100, max_age=None)
+    memory.defer_keys(np.arange(5), np.ones(5), 0, FEEDBACK)
+    assert memory._deferred  # waiting
+    assert int(memory.state_dict()["keys"].numel()) == 5 and not memory._deferred
+    memory.defer_keys(["a"], np.ones(1), 0, FEEDBACK)
+    memory.save(str(tmp_path / "m.npz"))
+    assert len(sp.ScoreMemory.load(str(tmp_path / "m.npz"))) == 6
+    small = sp.ScoreMemory(100, max_age=None)
+    small.DEFER_ROWS = 8
+    small.defer_keys(np.arange(5), np.ones(5), 0, FEEDBACK)
+    small.defer_keys(np.arange(5, 10), np.ones(5), 0, FEEDBACK)
+    assert not small._deferred and small._count == 10  # applied without a read
+
+
+def test_a_failing_flush_keeps_what_it_could_not_apply():
+    memory = sp.ScoreMemory(100, max_age=None)
+
+    class Unnamable:
+        def __str__(self):
+            raise RuntimeError("no name")
+
+    memory.defer_keys(["a", "b"], np.ones(2), 0, FEEDBACK)
+    memory.defer_keys([Unnamable()], np.ones(1), 1, FEEDBACK)
+    memory.defer_keys(["c"], np.ones(1), 2, FEEDBACK)
+    with pytest.raises(RuntimeError, match="no name"):
+        len(memory)
+    assert memory._count == 2 and [d[2] for d in memory._deferred] == [2]  # "c" still waits
+    assert len(memory) == 3
