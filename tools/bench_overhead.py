@@ -23,9 +23,17 @@ Prints one JSON object:
                               alternating; CPU time, which other tenants of a VM disturb less)
   recipe_index_keys_us_per_sample   the same with each sample's dataset index as its key (the
                               batch's "__key__" an int64 tensor, as tools/bench_suite.py feeds it)
+  recipe_index_keys_1024_us_per_sample   the same with input batches of 1024 rows re-batched to 128
+                              (a loader batch 8x the training batch: the stage's fixed cost per
+                              input batch shared by 8x the rows)
+
+  mode_switch_us, eval_train_us   putting a ResNet-50-sized tree of modules (164: 23 blocks of
+                              conv, batch-norm, ReLU) in eval mode and back around a scoring
+                              forward: the stage's switch (siftpipe.core.scoring.EvalMode), and
+                              model.eval() then model.train() (what it did before), side by side
 
 Usage: python tools/bench_overhead.py [--samples 2000000] [--repeats 3] [--only CASE ...]
-CASE: passthrough, per_sample, batched, batched_256, model, rss, recipe (default: all).
+CASE: passthrough, per_sample, batched, batched_256, model, rss, recipe, modes (default: all).
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ import torch.nn.functional as F
 import siftpipe as sp
 from siftpipe.demo import build_model
 
-CASES = ("passthrough", "per_sample", "batched", "batched_256", "model", "rss", "recipe")
+CASES = ("passthrough", "per_sample", "batched", "batched_256", "model", "rss", "recipe", "modes")
 
 
 def best_time(fn, repeats: int) -> float:
@@ -203,6 +211,8 @@ def main() -> None:
 
     if "recipe" in only:
         result.update(recipe_cost(args.repeats))
+    if "modes" in only:
+        result.update(mode_switch_cost(args.repeats))
 
     if {"per_sample", "passthrough"} <= only:
         result["per_sample_vs_passthrough"] = (
@@ -213,18 +223,48 @@ def main() -> None:
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}, indent=1))
 
 
+def mode_switch_cost(repeats: int) -> dict[str, float]:
+    """µs to put a 164-module model in eval mode and back: the stage's switch and eval()/train()."""
+    from torch import nn
+
+    from siftpipe.core.scoring import EvalMode
+
+    def block() -> nn.Module:
+        return nn.Sequential(
+            nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+            nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+        )  # fmt: skip
+
+    model = nn.Sequential(*[block() for _ in range(23)], nn.Flatten(), nn.Linear(8, 10)).train()
+    calls = 500
+
+    def switch() -> None:
+        for _ in range(calls):
+            EvalMode.enter(model).leave()  # type: ignore[union-attr]
+
+    def eval_train() -> None:
+        for _ in range(calls):
+            model.eval()
+            model.train()
+
+    old_s, new_s = side_by_side(eval_train, switch, repeats)
+    return {"mode_switch_us": new_s / calls * 1e6, "eval_train_us": old_s / calls * 1e6}
+
+
 def recipe_cost(repeats: int) -> dict[str, float]:
     """CPU µs per sample seen of the recipe's stage, beyond building its input (see the docstring),
     with string keys and with the dataset index as the key."""
     return {
         "recipe_us_per_sample": recipe_cost_of(repeats, index_keys=False),
         "recipe_index_keys_us_per_sample": recipe_cost_of(repeats, index_keys=True),
+        "recipe_index_keys_1024_us_per_sample": recipe_cost_of(repeats, index_keys=True, rows=1024),
     }
 
 
-def recipe_cost_of(repeats: int, index_keys: bool) -> float:
-    """CPU µs per sample seen, keys strings (``index_keys`` False) or the index tensor."""
-    n, rows, epochs = 32_000, 128, 8
+def recipe_cost_of(repeats: int, index_keys: bool, rows: int = 128) -> float:
+    """CPU µs per sample seen, keys strings (``index_keys`` False) or the index tensor, input
+    batches of ``rows`` handed on in batches of 128."""
+    n, epochs = 32_000, 8
     # the stage's account warns that sifting does not pay here (nothing is trained): expected
     logging.getLogger("siftpipe").setLevel(logging.ERROR)
     keys = [f"{i:07d}" for i in range(n)]
@@ -245,7 +285,7 @@ def recipe_cost_of(repeats: int, index_keys: bool) -> float:
             unknown="keep",
             remember_forward=False,
             batched=True,
-            output_batch=rows,
+            output_batch=128,
             seed=0,
         )
         gen, rng = torch.Generator().manual_seed(0), np.random.default_rng(1)

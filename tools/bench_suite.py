@@ -30,7 +30,8 @@ samples). Arms (``--arms``; ``name@key=value,key=value`` sets parameters, e.g.
   full            every sample trained, no selector
   recipe          ``sp.recipe(model, scorer, budget=epochs*N, batched=True, output_batch=batch)``
                   with the library's defaults (keys: ratio, warmup, anneal, guard, cost_guard,
-                  graded; ``guard=none``, ``graded=0`` for InfoBatch's step rule);
+                  graded; ``guard=none``, ``graded=0`` for InfoBatch's step rule), fed input
+                  batches of ``feed`` x batch rows (default 8, as README recommends; key: feed);
                   losses of the training step handed back with ``sifter.observe``
   infobatch_ref   InfoBatch (Qin et al., ICLR 2024) written here, independent of the library
                   (``InfoBatchRef``): losses from the training step only; at each epoch start the
@@ -77,6 +78,10 @@ import siftpipe as sp
 
 MARGIN = 0.005  # classification target: the full run's final accuracy minus half a point
 WARMUP = 0.05  # learning-rate warm-up, fraction of the budget
+# the recipe arm's input batches, in training batches: the stage's cost per input batch is shared by
+# FEED steps, and the training steps' losses reach the memory in one update (README, "Feed it more
+# rows than you train on"); recipe@feed=1 gives it one training batch per input batch
+FEED = 8
 
 # ---------------------------------------------------------------------------------- tasks
 
@@ -433,7 +438,7 @@ class ArmSpec:
 
 ARM_KINDS = {
     "full": set(),
-    "recipe": {"ratio", "warmup", "anneal", "guard", "cost_guard", "graded"},
+    "recipe": {"ratio", "warmup", "anneal", "guard", "cost_guard", "graded", "feed"},
     "infobatch_ref": {"ratio", "anneal"},
     "uniform": {"keep"},
 }
@@ -527,9 +532,15 @@ def run_arm(
 
     sifter: sp.Sifter | None = None
     ref: InfoBatchRef | None = None
+    feed = batch  # rows per batch the selector gets
     if arm.kind == "recipe":
+        params = dict(arm.params)
+        times = params.pop("feed", FEED)
+        if times != int(times) or times < 1:
+            raise ValueError(f"arm {arm.label!r}: feed is a whole number of training batches >= 1: {times}")
+        feed = batch * int(times)
         sifter = sp.recipe(
-            model, task.scorer(), budget=total, batched=True, output_batch=batch, seed=seed, **arm.params
+            model, task.scorer(), budget=total, batched=True, output_batch=batch, seed=seed, **params
         )
     elif arm.kind == "uniform":
         keep = arm.params.get("keep", 0.5)
@@ -590,7 +601,7 @@ def run_arm(
         else:
 
             def batches(order: torch.Tensor = order) -> Iterator[dict[str, Any]]:
-                for idx in order.split(batch):
+                for idx in order.split(feed):
                     yield {
                         # the dataset index is the sample's key (what a map-style dataset has)
                         "__key__": idx,
@@ -605,13 +616,21 @@ def run_arm(
                 )
             else:
                 sifter.set_epoch(epoch)
-                at_start = sifter.stats.seen
+                start_stats = sifter.stats
 
                 def sifted(
-                    s: sp.Sifter = sifter, at_start: int = at_start, base: int = seen_before
+                    s: sp.Sifter = sifter, start: sp.SiftStats = start_stats, base: int = seen_before
                 ) -> Iterator[Any]:
+                    handed = 0
                     for b in s(batches()):
-                        yield b["__key__"], b.get("__sift_weight__"), base + min(s.stats.seen - at_start, n)
+                        now = s.stats
+                        seen, kept = now.seen - start.seen, now.kept - start.kept
+                        handed += len(b["__key__"])
+                        # the samples seen up to this step's: the stage decides a whole input batch
+                        # before it hands the first rows on, so its seen count runs ahead by up to an
+                        # input batch; the rows handed on, scaled by the pass's seen/kept, do not
+                        at = min(seen, n, round(handed * seen / max(kept, 1)))
+                        yield b["__key__"], b.get("__sift_weight__"), base + at
 
                 steps = sifted()
         for idx, weight, seen in _timed(steps, clock):

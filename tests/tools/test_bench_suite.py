@@ -156,3 +156,15 @@ def test_to_target_interpolates():
     assert bench.to_target(points, 0.95, lower=False) is None
     lm = [dict(p, metric=m) for p, m in zip(points, (4.0, 3.0, 2.0))]
     assert bench.to_target(lm, 2.5, lower=True)["seen"] == 150.0
+
+
+def test_a_recipe_fed_several_training_batches_at_once_trains_batches_of_the_tasks_size():
+    task = bench._task_table()["tabular"]
+    data = task.make_data(True)
+    row = bench.run_arm(task, data, bench.parse_arm("recipe@feed=4"), 0, quick=True, evals=4)
+    n = len(data.y)
+    assert row["seen"] == n * task.quick_epochs and sum(row["trained_per_epoch"]) == row["trained"]
+    seen = [p["seen"] for p in row["points"]]
+    assert seen == sorted(seen) and seen[-1] == row["seen"]
+    with pytest.raises(ValueError, match="feed is a whole number of training batches"):
+        bench.run_arm(task, data, bench.parse_arm("recipe@feed=0"), 0, quick=True, evals=4)
