@@ -181,31 +181,30 @@ class ScoreMemory:
             return
         self._deferred, self._deferred_rows = [], 0
         start = 0
-        try:
-            while start < len(deferred):
-                epoch, source = deferred[start][2], deferred[start][3]
-                stop = start + 1
-                while stop < len(deferred) and deferred[stop][2] == epoch and deferred[stop][3] == source:
-                    stop += 1
-                run = deferred[start:stop]
-                keys: Keys
-                if len(run) == 1:
-                    keys, losses = run[0][0], run[0][1]
-                else:
-                    losses = np.concatenate([r[1] for r in run])
-                    if all(isinstance(r[0], np.ndarray) for r in run):
-                        keys = np.concatenate([r[0] for r in run])  # type: ignore[misc]
-                    else:
-                        keys = [
-                            k for r in run for k in (r[0].tolist() if isinstance(r[0], np.ndarray) else r[0])
-                        ]
-                self.update_keys(keys, losses, epoch, source)
-                start = stop
-        except BaseException:
-            # nothing handed over is lost: what was not applied waits for the next read
-            self._deferred = deferred[start + 1 :] + self._deferred
-            self._deferred_rows = sum(r[1].size for r in self._deferred)
-            raise
+        while start < len(deferred):
+            epoch, source = deferred[start][2], deferred[start][3]
+            stop = start + 1
+            while stop < len(deferred) and deferred[stop][2] == epoch and deferred[stop][3] == source:
+                stop += 1
+            try:
+                self.update_keys(*_joined(deferred[start:stop]), epoch, source)
+            except Exception:
+                # hand by hand: what can be applied is, the hand-over that cannot is dropped with
+                # this error, and what came after it waits for the next read (nothing else lost)
+                for at in range(start, stop):
+                    try:
+                        self.update_keys(*deferred[at])
+                    except BaseException:
+                        self._requeue(deferred[at + 1 :])
+                        raise
+            except BaseException:  # interrupted: all of this run and after waits
+                self._requeue(deferred[start:])
+                raise
+            start = stop
+
+    def _requeue(self, waiting: list[tuple[Keys, np.ndarray, int, int]]) -> None:
+        self._deferred = waiting + self._deferred
+        self._deferred_rows = sum(r[1].size for r in self._deferred)
 
     def usable_at(self, epoch: int) -> int:
         """Keys whose loss a look-up in ``epoch`` can use: stored in an earlier epoch (a loss is not
@@ -522,8 +521,8 @@ class ScoreMemory:
             "loss": torch.from_numpy(self._loss[at].copy()),
             "epoch": torch.from_numpy(self._epoch[at].copy()),
             "source": torch.from_numpy(self._source[at].copy()),
-            "refused": self.refused,
-            "repeated": self.repeated,
+            "refused": self._refused,
+            "repeated": self._repeated,
             "drift": torch.from_numpy(self._drift.copy()),
             "drift_epoch": self._drift_epoch,
             "drift_verdict": None if np.isnan(self._verdict) else self._verdict,
@@ -637,6 +636,18 @@ class ScoreMemory:
         """Every remembered loss (any age), for summaries."""
         self.flush()
         return self._loss[self._occupied()].astype(np.float64)
+
+
+def _joined(run: list[tuple[Keys, np.ndarray, int, int]]) -> tuple[Keys, np.ndarray]:
+    """The keys and losses of deferred hand-overs, one after the other (integer arrays stay one
+    array; anything else is one list)."""
+    if len(run) == 1:
+        return run[0][0], run[0][1]
+    losses = np.concatenate([r[1] for r in run])
+    if all(isinstance(r[0], np.ndarray) for r in run):
+        return np.concatenate([r[0] for r in run]), losses  # type: ignore[misc]
+    keys = [k for r in run for k in (r[0].tolist() if isinstance(r[0], np.ndarray) else r[0])]
+    return keys, losses
 
 
 def _distinct(values: np.ndarray) -> bool:

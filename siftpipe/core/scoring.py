@@ -295,12 +295,17 @@ class EvalMode:
 
 
 def _modules_of(model: nn.Module) -> list[nn.Module]:
-    """The modules of ``model`` in pre-order (a parent before its children: ``model.modules()``'s
-    order), without its generator's names and memo (a shared module appears once per place)."""
+    """The modules of ``model`` once each, in pre-order (a parent before its children), as
+    ``model.modules()`` lists them, without its generator's names: a shared module at its first
+    place, and a module registered inside its own subtree (a cycle) does not loop."""
     out: list[nn.Module] = []
+    seen: set[int] = set()
     stack = [model]
     while stack:
         module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
         out.append(module)
         children = module._modules
         if children:

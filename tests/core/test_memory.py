@@ -324,3 +324,12 @@ def test_a_failing_flush_keeps_what_it_could_not_apply():
         len(memory)
     assert memory._count == 2 and [d[2] for d in memory._deferred] == [2]  # "c" still waits
     assert len(memory) == 3
+    # in one run of one epoch (applied as one update): the good hand-overs around the bad one
+    # are applied or wait, only the bad one is dropped
+    memory.defer_keys(["d"], np.ones(1), 3, FEEDBACK)
+    memory.defer_keys([Unnamable()], np.ones(1), 3, FEEDBACK)
+    memory.defer_keys(["e"], np.ones(1), 3, FEEDBACK)
+    with pytest.raises(RuntimeError, match="no name"):
+        memory.mean()
+    assert memory._count == 4 and [d[0] for d in memory._deferred] == [["e"]]
+    assert len(memory) == 5 and not memory._deferred

@@ -246,3 +246,18 @@ def test_a_shared_module_and_a_torchscript_model_are_switched_and_restored():
     first, second = scoring.rows(group, None, names), scoring.rows(group, None, names)
     assert np.array_equal(first, second)  # dropout off while scoring: the same losses twice
     assert scripted.training and scripted[1].training
+
+
+def test_a_module_registered_inside_its_own_subtree_is_switched_once_and_does_not_loop():
+    model = nn.Sequential(nn.Linear(1, 1), nn.Dropout()).train()
+    model[1].add_module("back", model)  # a cycle, as model.modules() tolerates
+    model[0].eval()
+    during = []
+
+    def scorer(m, b):
+        during.append([m.training, m[0].training, m[1].training])
+        return m[0](b["x"])[:, 0]
+
+    Scoring(model, scorer, micro_batch=4).rows(Group(samples(4), rows=4, seq0=0, snapshot=None), None, names)
+    assert during == [[False, False, False]]
+    assert [model.training, model[0].training, model[1].training] == [True, False, True]
