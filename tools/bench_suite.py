@@ -438,7 +438,7 @@ class ArmSpec:
 
 ARM_KINDS = {
     "full": set(),
-    "recipe": {"ratio", "warmup", "anneal", "guard", "cost_guard", "graded", "feed"},
+    "recipe": {"ratio", "warmup", "anneal", "guard", "cost_guard", "graded", "feed", "min_spread"},
     "infobatch_ref": {"ratio", "anneal"},
     "uniform": {"keep"},
 }
@@ -560,6 +560,7 @@ def run_arm(
     points: list[dict[str, float]] = []
     paused = 0.0
     trained_per_epoch: list[int] = []
+    spread_per_epoch: list[float | None] = []
     next_eval = 0
     noisy_trained = 0
 
@@ -662,6 +663,9 @@ def run_arm(
             noisy_trained += int(data.noisy[idx.numpy()].sum())
         state["seen"] = (epoch + 1) * n
         trained_per_epoch.append(state["trained"] - trained_before)
+        if sifter is not None and sifter.memory is not None:
+            spread = sifter.memory.measured_spread  # as last measured: reading it changes nothing
+            spread_per_epoch.append(None if spread is None else round(spread, 4))
     seconds = time.perf_counter() - start - paused
     cpu_seconds = time.process_time() - cpu0
     evaluate()
@@ -699,6 +703,9 @@ def run_arm(
             "from_memory": stats.from_memory,
             "observed": stats.observed,
             "sifting_scale": round(stats.sifting_scale, 4),
+            # the memory's spread (mean shortfall below the mean, in mean losses) as last measured
+            # when each pass ended
+            "spread_per_epoch": spread_per_epoch,
             # the stage's own account of whether it paid (wall seconds; SiftStats)
             "stage_seconds": round(stats.stage_seconds, 3),
             "step_seconds": round(stats.step_seconds, 3),

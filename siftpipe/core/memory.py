@@ -135,6 +135,9 @@ class ScoreMemory:
         self._drift = np.zeros((2, 2, 2))
         self._drift_epoch = 0
         self._verdict = float("nan")  # the last forgetting measured over a whole epoch
+        self._applied = 0  # losses applied in all (for when ``spread`` is measured again)
+        self._spread = float("nan")  # the last ``spread`` measured, NaN if none or undefined
+        self._spread_at: int | None = None  # ``_applied`` when it was measured
 
     @property
     def refused(self) -> int:
@@ -328,6 +331,7 @@ class ScoreMemory:
         hashes, losses = np.asarray(hashes, np.uint64)[finite], losses[finite]
         if not hashes.size:
             return
+        self._applied += hashes.size
         # the last occurrence of each key in this batch wins
         _, last = np.unique(hashes[::-1], return_index=True)
         if source == FEEDBACK:
@@ -417,6 +421,45 @@ class ScoreMemory:
             return None
         return float((s_sum / s_n - t_sum / t_n) / mean)
 
+    #: ``spread`` is measured again once losses numbering 1 / SPREAD_PERIOD of the memory's size
+    #: have been applied since it last was.
+    SPREAD_PERIOD = 4
+
+    def spread(self) -> float | None:
+        """How far the remembered losses sit below their mean, on average over every remembered
+        loss, in units of the mean: ``mean(max(0, mean - loss)) / mean``. 0 when every loss equals
+        the mean (nothing tells samples apart); about 0.37 for exponentially distributed losses;
+        near 1 when most are near 0 and a few are large. It is the share of samples
+        ``InfoBatch(graded=True)`` prunes at ratio 1. None when the memory is empty or its mean is
+        not > 0. Measured again once a quarter of the memory's size of losses has been applied
+        since the last measure (one sort of the memory's losses each time), so reading it is
+        cheap; a given sequence of updates and reads measures it at the same points and to the
+        same bits (it is in the state), so a resumed stage decides as one never stopped."""
+        self.flush()
+        if self._spread_at is None or self._applied - self._spread_at >= max(
+            1, self._count // self.SPREAD_PERIOD
+        ):
+            self._spread = self._measure_spread()
+            self._spread_at = self._applied
+        return self.measured_spread
+
+    @property
+    def measured_spread(self) -> float | None:
+        """``spread()`` as last measured (no flush, no new measure): for stats."""
+        return None if np.isnan(self._spread) else self._spread
+
+    def _measure_spread(self) -> float:
+        if not self._count:
+            return float("nan")
+        loss = self._loss[self._occupied()].astype(np.float64)
+        # sorted: the figure does not depend on where in the table each loss sits (a loaded
+        # memory puts keys in other slots)
+        loss.sort()
+        mean = float(loss.mean())
+        if not mean > 0:
+            return float("nan")
+        return float(np.maximum(mean - loss, 0.0).mean() / mean)
+
     def mean(self) -> float:
         """The mean of every remembered loss (any age); NaN when empty."""
         self.flush()
@@ -497,6 +540,7 @@ class ScoreMemory:
             if source == FEEDBACK:
                 self._note_drift(slots, losses, epoch, old)
             self._sum += total - float(old.sum(dtype=np.float64))
+            self._applied += n
             self._loss[slots] = losses
             self._epoch[slots] = epoch
             self._source[slots] = source
@@ -526,6 +570,9 @@ class ScoreMemory:
             "drift": torch.from_numpy(self._drift.copy()),
             "drift_epoch": self._drift_epoch,
             "drift_verdict": None if np.isnan(self._verdict) else self._verdict,
+            "applied": self._applied,
+            "spread": None if np.isnan(self._spread) else self._spread,
+            "spread_at": self._spread_at,
         }
 
     def load_state_dict(self, state: Mapping[str, Any], *, fit: bool = False) -> None:
@@ -550,6 +597,12 @@ class ScoreMemory:
             self._drift_epoch = int(state["drift_epoch"])
             verdict = state.get("drift_verdict")
             self._verdict = float("nan") if verdict is None else float(verdict)
+        # states written before the spread measure lack it: measured at the next read
+        self._applied = int(state.get("applied", 0))
+        spread = state.get("spread")
+        self._spread = float("nan") if spread is None else float(spread)
+        at = state.get("spread_at")
+        self._spread_at = None if at is None else int(at)
 
     def _fill(self, keys: np.ndarray, loss: np.ndarray, epoch: np.ndarray, source: np.ndarray) -> None:
         self._keys[:] = _EMPTY
@@ -563,6 +616,7 @@ class ScoreMemory:
         self._drift = np.zeros((2, 2, 2))
         self._drift_epoch = 0
         self._verdict = float("nan")  # the last forgetting measured over a whole epoch
+        self._spread, self._spread_at = float("nan"), None
         for e in np.unique(epoch):
             for s in np.unique(source[epoch == e]):
                 pick = (epoch == e) & (source == s)

@@ -16,7 +16,7 @@ __all__ = ["recipe"]
 
 #: The recipe's settings: the configuration that did best across tools/bench_suite.py's tasks
 #: (docs/suite.md, "Recipe variants"; docs/benchmarks.md has the reading).
-DEFAULTS: dict[str, float] = {"ratio": 0.5, "warmup": 0.0, "anneal": 0.875, "guard": 0.5}
+DEFAULTS: dict[str, float] = {"ratio": 0.5, "warmup": 0.0, "anneal": 0.875, "guard": 0.5, "min_spread": 0.25}
 
 
 def recipe(
@@ -31,6 +31,7 @@ def recipe(
     guard: float | None = DEFAULTS["guard"],
     cost_guard: bool = True,
     graded: bool = True,
+    min_spread: float | None = DEFAULTS["min_spread"],
     **sifter_kwargs: Any,
 ) -> Sifter:
     """A ``Sifter`` set up as siftpipe's default recipe: no scoring forward, ever.
@@ -39,9 +40,10 @@ def recipe(
     each step and ``sifter.set_epoch(epoch)`` before each pass. A sample the stage has never seen
     trained is kept; a below-mean sample is pruned with a probability that grows with how far
     below the mean its loss is (``ratio`` at loss 0) and the kept ones reweighted (``InfoBatch``
-    with ``graded=True``); after ``anneal`` of the budget every sample is trained; a guard
-    backs pruning off when the samples it dropped are being forgotten (``stats.sifting_scale``),
-    and another stops sifting when the stage costs more wall time than it saves (``cost_guard``).
+    with ``graded=True``); after ``anneal`` of the budget every sample is trained; nothing is
+    pruned while the losses do not tell samples apart (``min_spread``); a guard backs pruning
+    off when the samples it dropped are being forgotten (``stats.sifting_scale``), and another
+    stops sifting when the stage costs more wall time than it saves (``cost_guard``).
 
     Args:
         model: The live model (passed to ``Sifter``; the recipe never runs a scoring forward).
@@ -61,6 +63,9 @@ def recipe(
             depends on the machine; False keeps the run's decisions independent of timing.
         graded: Prune each below-mean sample with probability ``ratio * (mean - loss) / mean``
             (True) or ``ratio`` (False: InfoBatch's step rule, as in the paper).
+        min_spread: Keep every sample while the remembered losses sit less than this far below
+            their mean on average, in mean losses (``ScoreMemory.spread()``): they do not tell
+            samples apart, and pruning then costs accuracy (``InfoBatch``); None: no floor.
         sifter_kwargs: Any other ``Sifter`` argument (``batched``, ``micro_batch``, ``audit``, ...).
     """
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
@@ -72,7 +77,9 @@ def recipe(
     for name in ("policy", "memory", "delay"):
         if name in sifter_kwargs:
             raise ConfigError(f"recipe() sets {name}= itself; build a Sifter directly to choose it")
-    policy = InfoBatch(ratio=ratio, budget=budget, anneal=anneal, guard=guard, graded=graded)
+    policy = InfoBatch(
+        ratio=ratio, budget=budget, anneal=anneal, guard=guard, graded=graded, min_spread=min_spread
+    )
     memory = ScoreMemory(capacity=capacity if capacity is not None else budget, max_age=None)
     sifter_kwargs.setdefault("unknown", "keep")
     sifter_kwargs.setdefault("remember_forward", False)

@@ -350,6 +350,13 @@ def check_memory_state(memory: Any, bad: Callable[[str, str], ResumeError]) -> N
         raise bad("memory['refused']", "a count >= 0")
     if "repeated" in memory and not is_int(memory["repeated"]):
         raise bad("memory['repeated']", "a count >= 0")
+    if "applied" in memory and not is_int(memory["applied"]):
+        raise bad("memory['applied']", "a count >= 0")
+    spread = memory.get("spread")
+    if spread is not None and not (isinstance(spread, float | int) and np.isfinite(spread) and spread >= 0):
+        raise bad("memory['spread']", "None or a finite number >= 0")
+    if memory.get("spread_at") is not None and not is_int(memory["spread_at"]):
+        raise bad("memory['spread_at']", "None or a count >= 0")
     dtypes = {"keys": torch.int64, "loss": torch.float32, "epoch": torch.int16, "source": torch.int8}
     sizes = set()
     for name, dtype in dtypes.items():

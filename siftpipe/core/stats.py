@@ -36,7 +36,8 @@ class SiftStats:
         sifting_scale: How much of its configured dropping the policy is doing now, in [0, 1]:
             1 for policies without a guard; a guarded policy (``siftpipe.recipe``) lowers it
             when the samples it dropped are being forgotten, and 0 means it keeps everything
-            because sifting is not paying (also logged as a warning by ``siftpipe``). It counts the
+            because sifting is not paying or the losses do not tell samples apart
+            (``InfoBatch(min_spread=...)``; also logged as a warning by ``siftpipe``). It counts the
             losses ``observe()`` handed back up to the stage's last decision (the memory applies
             them before each decision).
         stage_seconds: Wall time of the stage's own work in this process: scoring, deciding,

@@ -474,3 +474,49 @@ def test_a_batch_decided_from_memory_alone_is_one_call_and_decides_as_micro_batc
     assert whole[0] == chunked[0] and whole[1].dropped > 0
     assert whole[1].micro_batches == chunked[1].micro_batches == 12  # one per batch: none scored
     assert sp.InfoBatch.chunk_free and sp.Uniform.chunk_free and not sp.RelativeProbabilistic.chunk_free
+
+
+def test_losses_that_do_not_discriminate_prune_nothing_until_they_do(caplog):
+    n = 2000
+    keys = list(range(n))
+    stage = sp.Sifter(
+        None,
+        _never,
+        sp.InfoBatch(ratio=0.5, budget=20 * n, graded=True, min_spread=0.25),
+        memory=sp.ScoreMemory(capacity=n, max_age=None),
+        unknown="keep",
+        remember_forward=False,
+        batched=True,
+        micro_batch=None,
+    )
+
+    def near(k, e):  # losses within 15% of their mean: spread 0.042
+        return 2.0 + 0.6 * ((k % 10) / 9 - 0.5)
+
+    with caplog.at_level(logging.WARNING, logger="siftpipe"):
+        _epoch(stage, 0, keys, near)
+        trained = []
+        kept = _epoch(stage, 1, keys, near, trained)
+    assert len(kept) == n and stage.stats.dropped == 0  # the graded rule alone would prune ~2%
+    assert all(torch.equal(w, torch.ones_like(w)) for _, _, w in trained)
+    assert stage.stats.sifting_scale == 0.0 and stage.memory.spread() == pytest.approx(0.0417, abs=0.001)
+    assert sum("do not discriminate" in r.message for r in caplog.records) == 1
+    # the model learns most samples: the losses tell them apart, pruning resumes
+    _epoch(stage, 2, keys, lambda k, e: 0.1 if k % 10 < 7 else 3.0)
+    kept3 = _epoch(stage, 3, keys, lambda k, e: 0.1 if k % 10 < 7 else 3.0)
+    assert stage.stats.sifting_scale == 1.0 and len(kept3) < 0.8 * n
+    # the paper's rule and a policy without the floor prune the flat losses (a little)
+    plain = _stage(n, budget=20 * n, graded=True)
+    _epoch(plain, 0, keys, near)
+    assert len(_epoch(plain, 1, keys, near)) < n
+
+
+def test_the_recipe_keeps_everything_on_flat_losses_and_the_floor_is_a_named_setting():
+    assert sp.recipe(None, _never, budget=10).policy.min_spread == 0.25
+    assert sp.InfoBatch(0.5, min_spread=0.25).config()["min_spread"] == 0.25
+    assert "min_spread" not in sp.InfoBatch(0.5).config()  # older checkpoints resume as before
+    assert sp.InfoBatch(0.5, min_spread=0.2).fresh().min_spread == 0.2
+    for bad in (1.0, -0.1, True, "0.2", float("nan")):
+        with pytest.raises(sp.ConfigError, match="min_spread"):
+            sp.InfoBatch(0.5, min_spread=bad)
+    assert sp.recipe(None, _never, budget=10, min_spread=None).policy.min_spread is None

@@ -333,3 +333,40 @@ def test_a_failing_flush_keeps_what_it_could_not_apply():
         memory.mean()
     assert memory._count == 4 and [d[0] for d in memory._deferred] == [["e"]]
     assert len(memory) == 5 and not memory._deferred
+
+
+def test_spread_is_the_mean_shortfall_below_the_mean_in_mean_losses():
+    memory = sp.ScoreMemory(capacity=100, max_age=None)
+    assert memory.spread() is None  # empty
+    memory.update_keys(["a", "b", "c", "d"], np.array([0.0, 0.0, 0.0, 4.0]), 0, FEEDBACK)
+    assert memory.spread() == pytest.approx(0.75)  # mean 1: three sit 1 below it, one above
+    flat = sp.ScoreMemory(capacity=100, max_age=None)
+    flat.update_keys(list("abcd"), np.full(4, 2.5), 0, FEEDBACK)
+    assert flat.spread() == 0.0
+    zero = sp.ScoreMemory(capacity=100, max_age=None)
+    zero.update_keys(list("abcd"), np.zeros(4), 0, FEEDBACK)
+    assert zero.spread() is None  # no mean to measure against
+    rng = np.random.default_rng(0)
+    big = sp.ScoreMemory(capacity=20_000, max_age=None)
+    big.update_keys(np.arange(20_000), rng.exponential(size=20_000), 0, FEEDBACK)
+    assert big.spread() == pytest.approx(np.exp(-1), abs=0.01)  # exponential losses: 1/e
+
+
+def test_spread_is_measured_again_after_a_quarter_of_the_memory_and_resumes_to_the_same_bits():
+    rng = np.random.default_rng(1)
+    memory = sp.ScoreMemory(capacity=1000, max_age=None)
+    memory.update_keys(np.arange(800), rng.exponential(size=800), 0, FEEDBACK)
+    first = memory.spread()
+    memory.update_keys(np.arange(100), np.full(100, 50.0), 1, FEEDBACK)  # 100 < 800 / 4: not yet
+    assert memory.spread() == first and memory.measured_spread == first
+    twin = sp.ScoreMemory(capacity=1000, max_age=None)
+    twin.load_state_dict(roundtrip(memory.state_dict()))  # keys land in other slots
+    for m in (memory, twin):
+        m.update_keys(np.arange(100, 200), np.full(100, 50.0), 1, FEEDBACK)  # 200 since: measured
+    assert memory.spread() != first
+    assert twin.spread() == memory.spread()  # the same bits, wherever the losses sit
+    # a state written before the measure loads and measures at its next read
+    older = {k: v for k, v in memory.state_dict().items() if k not in ("applied", "spread", "spread_at")}
+    old = sp.ScoreMemory(capacity=1000, max_age=None)
+    old.load_state_dict(older)
+    assert old.measured_spread is None and old.spread() == memory.spread()

@@ -186,9 +186,12 @@ def test_resume_from_any_checkpoint_equals_the_uninterrupted_run(tmp_path):
 
 def test_the_default_recipe_learns_from_the_steps_losses_alone_and_resumes_exactly(tmp_path):
     def make():
-        # the step rule: an untrained LM's losses sit close to their mean, where the default's
-        # graded rule prunes next to nothing, and this run must drop samples to test resuming them
-        return sp.recipe(None, ModelLoss(), budget=240, capacity=1000, micro_batch=16, graded=False)
+        # the step rule with no spread floor: an untrained LM's losses sit close to their mean,
+        # where the default's graded rule prunes next to nothing and its floor (min_spread)
+        # nothing at all, and this run must drop samples to test resuming them
+        return sp.recipe(
+            None, ModelLoss(), budget=240, capacity=1000, micro_batch=16, graded=False, min_spread=None
+        )
 
     full = train(tmp_path / "full", make_sifter=make)
     s = full.sifter.stats
