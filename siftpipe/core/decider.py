@@ -96,8 +96,9 @@ class Decider:
         """The keys of the group's rows (``None``: the samples carry none)."""
         return keys_of(group, self.scoring.batched, self.key, required, purpose)
 
-    def observe(self, keys: Sequence[Any] | np.ndarray, values: np.ndarray) -> None:
-        """Remember losses the training step handed back (for samples ``keys``, this epoch)."""
+    def observe(self, keys: Sequence[Any] | np.ndarray, values: np.ndarray, epoch: int | None = None) -> None:
+        """Remember losses the training step handed back (for samples ``keys``, handed on in
+        ``epoch``: this one if None)."""
         memory = self.memory
         if memory is None:
             raise ConfigError(
@@ -114,7 +115,7 @@ class Decider:
             return
         # applied before the memory is next read (the next decision, at the latest): the training
         # steps one input batch feeds cost one update, not one each
-        memory.defer_keys(keys, values, self.epoch, FEEDBACK)
+        memory.defer_keys(keys, values, self.epoch if epoch is None else epoch, FEEDBACK)
 
     def decide(self, group: Group) -> None:
         """Score (or look up) and decide every row of ``group``; count it and write it to the sink."""

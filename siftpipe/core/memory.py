@@ -370,7 +370,12 @@ class ScoreMemory:
         """Record how the training losses of known samples moved since they were remembered, and
         count those that replace a training loss of this same epoch (``repeated``). ``old``: the
         losses at ``slot``, if the caller has read them."""
-        if epoch != self._drift_epoch:
+        window = 0  # the epoch being observed
+        if epoch == self._drift_epoch - 1:
+            # a late hand-over: the last batches of the pass before, trained after this pass began
+            # (a trainer that fetches ahead; Sifter.observe(epoch=...)): evidence of that epoch
+            window = 1
+        elif epoch != self._drift_epoch:
             if epoch > self._drift_epoch:
                 verdict = self._forgetting_of(self._drift[0])
                 if verdict is not None:
@@ -392,7 +397,7 @@ class ScoreMemory:
             self._repeated += int(counts[3])
         if counts[1] or counts[2]:
             sums = np.bincount(kind, weights=np.subtract(losses, old, dtype=np.float64), minlength=4)
-            drift = self._drift[0]
+            drift = self._drift[window]
             drift[0, 0] += sums[1]
             drift[0, 1] += counts[1]
             drift[1, 0] += sums[2]

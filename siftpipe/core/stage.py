@@ -358,21 +358,41 @@ class Sifter:
         self.epoch = int(epoch)
         self._passes.epoch_set = True
 
-    def observe(self, keys: Sequence[Any], losses: Any) -> None:
+    def observe(self, keys: Sequence[Any], losses: Any, epoch: int | None = None) -> None:
         """Hand back per-sample losses the training step computed anyway, for later epochs.
 
-        They go into the score memory (``memory=``), tagged with the current epoch; from the next
-        epoch until ``memory.max_age`` epochs later, these samples are decided from them with no
-        scoring forward (audit source ``feedback``). Non-finite losses are ignored. The memory
-        applies them before it is next read (the stage's next decision, at the latest: see
-        ``ScoreMemory.defer_keys``), so the several training steps one input batch feeds cost
-        one update.
+        They go into the score memory (``memory=``), tagged with the epoch of the pass that
+        handed the samples on; from the next epoch until ``memory.max_age`` epochs later, these
+        samples are decided from them with no scoring forward (audit source ``feedback``).
+        Non-finite losses are ignored. The memory applies them before it is next read (the
+        stage's next decision, at the latest: see ``ScoreMemory.defer_keys``), so the several
+        training steps one input batch feeds cost one update.
 
         Args:
             keys: The samples' keys (``batch["__key__"]``): a list, or an integer tensor or
                 array of the samples' indices (read as one array: the fastest form).
             losses: One loss per key: a tensor (any device; detached here) or an array.
+            epoch: The epoch (``set_epoch`` number) of the pass that handed these samples on;
+                None: the current one. A consumer that fetches ahead trains a pass's last
+                batches after the next pass began (``set_epoch`` already called): give their
+                pass's epoch, or those samples count as trained in the next pass, where they
+                come again (then they are kept unscored there, and counted in
+                ``memory.repeated``). The trainer integrations do this themselves. It cannot be
+                later than the current epoch.
         """
+        if epoch is not None:
+            if isinstance(epoch, bool) or not isinstance(epoch, int | np.integer):
+                raise ConfigError(
+                    f"observe(epoch=...) is the set_epoch() number of the pass that handed the "
+                    f"samples on, an int, got {epoch!r}"
+                )
+            epoch = int(epoch)
+            check_epoch(epoch)
+            if epoch > self.epoch:
+                raise ConfigError(
+                    f"observe(epoch={epoch}) is later than the current epoch {self.epoch}: give the "
+                    "epoch of the pass that handed the samples on (set_epoch() before each pass)"
+                )
         if isinstance(losses, torch.Tensor):
             # on an accelerator this copy waits for the training step's kernels: the step's time,
             # so the stage's own account starts after it
@@ -383,7 +403,7 @@ class Sifter:
         t0 = time.perf_counter()
         # read as the stage reads a batch's keys, so both name each sample alike; float32 is
         # what the memory keeps
-        self._decider.observe(memory_keys(keys), np.asarray(losses, dtype=np.float32).reshape(-1))
+        self._decider.observe(memory_keys(keys), np.asarray(losses, dtype=np.float32).reshape(-1), epoch)
         self._account.observe += time.perf_counter() - t0
 
     def publish_memory(self, url: str, storage_options: Mapping[str, Any] | None = None) -> str:

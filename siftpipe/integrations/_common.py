@@ -39,6 +39,7 @@ import siftpipe as sp
 from siftpipe.adapters.distributed import EqualSteps
 
 __all__ = [
+    "EPOCH_FIELD",
     "DataRng",
     "MetaCollate",
     "SiftedStream",
@@ -49,6 +50,10 @@ __all__ = [
     "split_meta",
     "with_index_keys",
 ]
+
+#: The field of each dict batch a ``SiftedStream`` hands on that holds the epoch of its pass
+#: (an int), for ``Sifter.observe(..., epoch=...)``.
+EPOCH_FIELD = "__sift_epoch__"
 
 #: Opens one pass: ``(epoch, skip) -> (lists of samples, samples skipped)``. The loader starts
 #: ``skip`` samples into the pass, or fewer (whole batches skipped cheaply): the stream drops the
@@ -376,6 +381,10 @@ class SiftedStream:
             first = next(it, None)
         self._resumed()
         for batch in sifter(self._samples(first, it, skip - skipped)):
+            if isinstance(batch, dict):
+                # the pass that handed it on: a trainer that fetches ahead trains it after the next
+                # pass began, and its losses must still count for this one (Sifter.observe)
+                batch[EPOCH_FIELD] = self.epoch
             self._unacked.append(batch)
             handed += 1
             yield batch

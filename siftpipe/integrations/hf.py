@@ -30,6 +30,7 @@ import siftpipe as sp
 
 from . import MissingExtraError
 from ._common import (
+    EPOCH_FIELD,
     MetaCollate,
     SiftedStream,
     as_list,
@@ -394,7 +395,10 @@ class SiftTrainerMixin(_Base):
         with torch.set_grad_enabled(weights is not None and torch.is_grad_enabled()):
             sums, counts = self.sift_sample_loss.terms(self.model or model, outputs, labels)
         if observe and keys is not None:
-            sifter.observe(keys, (sums.detach() / counts.clamp(min=1)))
+            # the epoch of the pass that handed the batch on: the Trainer fetches ahead, so a
+            # pass's last batch is trained after the next pass began
+            epoch = meta.get(EPOCH_FIELD)
+            sifter.observe(keys, (sums.detach() / counts.clamp(min=1)), epoch=epoch)
         if weights is not None:
             total = sums.detach().sum()
             if total > 0:

@@ -41,6 +41,7 @@ import siftpipe as sp
 
 from . import MissingExtraError
 from ._common import (
+    EPOCH_FIELD,
     MetaCollate,
     SiftedStream,
     as_list,
@@ -359,7 +360,9 @@ class SiftCallback(Callback):
                 )
         self._loss_called = True
         if self.feedback and keys is not None:
-            sifter.observe(keys, per_sample.detach())
+            # the epoch of the pass that handed the batch on (Lightning fetches one batch ahead)
+            epoch = batch.get(EPOCH_FIELD) if isinstance(batch, dict) else None
+            sifter.observe(keys, per_sample.detach(), epoch=epoch)
         if weights is None:
             return per_sample.mean()
         return (per_sample * torch.as_tensor(weights).to(per_sample)).mean()

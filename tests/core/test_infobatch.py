@@ -454,6 +454,74 @@ def test_a_last_batch_observed_after_the_next_pass_began_is_not_a_warning():
     assert stage.memory.repeated == 20
 
 
+def test_observe_with_the_epoch_of_the_pass_that_handed_the_batch_on():
+    """The same look-ahead, each batch observed with its own pass's epoch: stored under it,
+    decided from it in the next pass (not kept as unknown there), and no repeat counted."""
+    from itertools import chain
+
+    def run(tagged):
+        stage = sp.recipe(
+            None,
+            _never,
+            budget=1000,
+            batched=True,
+            micro_batch=None,
+            seed=1,
+            cost_guard=False,
+            min_spread=None,
+        )
+        batches = [{"__key__": torch.arange(i, i + 10), "y": torch.ones(10)} for i in range(0, 100, 10)]
+
+        def passes():
+            for epoch in range(3):
+                stage.set_epoch(epoch)
+                # each pass starts 3 batches later: a pass's last batch comes mid-way in the next
+                for batch in stage(batches[3 * epoch :] + batches[: 3 * epoch]):
+                    yield batch, epoch
+
+        stream = passes()
+        ahead = next(stream)
+        for item in chain(stream, [None]):
+            batch, epoch = ahead
+            stage.observe(batch["__key__"], batch["y"], epoch=epoch if tagged else None)
+            ahead = item
+        return stage
+
+    tagged, untagged = run(True), run(False)
+    assert tagged.memory.repeated == 0 and untagged.memory.repeated == 20
+    # passes 1 and 2 decide every sample from memory; untagged, the batch observed late is
+    # stored under the next pass, so it is unknown there
+    assert tagged.stats.unknown == 100 and untagged.stats.unknown == 120
+    for bad in (True, "1", 1.0):
+        with pytest.raises(sp.ConfigError, match="set_epoch"):
+            tagged.observe([1], np.ones(1), epoch=bad)
+    with pytest.raises(sp.ConfigError, match="later than the current epoch 2"):
+        tagged.observe([1], np.ones(1), epoch=3)
+    with pytest.raises(sp.ConfigError, match="16-bit"):
+        tagged.observe([1], np.ones(1), epoch=-40_000)
+    tagged.observe(np.array([1]), np.ones(1), epoch=np.int64(1))  # numpy integers are epochs too
+
+
+def test_a_late_hand_over_counts_as_evidence_of_its_own_epoch():
+    """Forgetting evidence from losses observed late goes to the window of their epoch, and does
+    not move the memory back to that epoch (which shifted the current window into the previous
+    one and lost the previous one's evidence)."""
+    memory = sp.ScoreMemory(capacity=200, max_age=None)
+    h = key_hashes(range(100))
+    memory.update(h, np.r_[np.full(60, 0.5), np.full(40, 1.5)], 0, FEEDBACK)
+    memory.update(h[:50], np.full(50, 0.5), 1, FEEDBACK)  # epoch 1: easy samples trained
+    memory.update(h[:40], np.full(40, 0.25), 2, FEEDBACK)  # epoch 2 began: trained again
+    memory.update(h[60:], np.full(40, 2.0), 2, FEEDBACK)  # and samples skipped at epoch 1
+    current, previous = memory._drift[0].copy(), memory._drift[1].copy()
+    assert current[0, 1] == 40 and current[1, 1] == 40  # skipped / trained-easy evidence of epoch 2
+    memory.update(h[50:60], np.full(10, 0.4), 1, FEEDBACK)  # late: epoch 1's last batch, easy at 0
+    memory.update(key_hashes(range(100, 120)), np.ones(20), 2, FEEDBACK)  # epoch 2 goes on
+    assert memory._drift_epoch == 2
+    np.testing.assert_array_equal(memory._drift[0], current)  # epoch 2's window untouched
+    assert memory._drift[1][1, 1] == previous[1, 1] + 10  # the late ones count for epoch 1
+    assert memory._drift[1][1, 0] == pytest.approx(previous[1, 0] + 10 * -0.1)
+
+
 def test_a_batch_decided_from_memory_alone_is_one_call_and_decides_as_micro_batches_would():
     """InfoBatch's decisions do not depend on how rows are cut (Policy.chunk_free): a batch that
     needed no scoring forward is decided in one call, with the decisions micro-batches give."""

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,7 @@ from transformers.utils import logging
 
 import siftpipe as sp
 from siftpipe.adapters.webdataset import WebDataset
+from siftpipe.core.memory import key_hashes
 from siftpipe.integrations import MissingExtraError
 from siftpipe.integrations.hf import STATE_FILE, ModelLoss, SiftTrainer
 from siftpipe.streaming.shards import write_shards
@@ -93,7 +95,12 @@ class Recording(SiftTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if model.training:
             self.batches.append(
-                {"keys": list(inputs["__key__"]), "inputs": dict(inputs), "items": num_items_in_batch}
+                {
+                    "keys": list(inputs["__key__"]),
+                    "inputs": dict(inputs),
+                    "items": num_items_in_batch,
+                    "sifter_epoch": self.sifter.epoch,  # when it is trained
+                }
             )
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
@@ -204,6 +211,30 @@ def test_the_default_recipe_learns_from_the_steps_losses_alone_and_resumes_exact
     assert [b["keys"] for b in part.batches] == keys[12:]
     assert torch.equal(weights(part), weights(full))
     assert counters(part) == counters(full)
+
+
+def test_a_batch_trained_after_the_next_pass_began_counts_for_its_own_pass(tmp_path):
+    """With gradient accumulation the Trainer fetches a step's batches before it trains them, so
+    a pass that ends inside a step has its last batch trained after the next pass began. Its
+    losses are still stored under its own pass: next pass decides those samples from them, and
+    no loss counts as a repeat."""
+
+    def make():
+        return sp.recipe(None, ModelLoss(), budget=240, capacity=1000, micro_batch=16, min_spread=None)
+
+    # 44 samples: 11 batches of 4 in the first pass, so it ends inside a step of 2 batches
+    full = train(tmp_path / "full", make_sifter=make, data=Listed(sequences(44)))
+    stamps = [b["inputs"]["__sift_epoch__"] for b in full.batches]
+    assert stamps == sorted(stamps) and stamps[-1] >= 2
+    assert any(b["sifter_epoch"] > b["inputs"]["__sift_epoch__"] for b in full.batches)  # it happened
+    last = {}
+    for b in full.batches:
+        for k in b["keys"]:
+            last[k] = b["inputs"]["__sift_epoch__"]
+    memory = full.sifter.memory.state_dict()
+    stored = dict(zip(memory["keys"].numpy().view(np.uint64).tolist(), memory["epoch"].tolist()))
+    assert {k: stored[int(h)] for k, h in zip(last, key_hashes(list(last)))} == last
+    assert full.sifter.memory.repeated == 0
 
 
 def test_resume_over_webdataset_shards(tmp_path):
