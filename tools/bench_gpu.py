@@ -25,7 +25,8 @@ Arms, in one process, same initial weights, same data order, same number of samp
 
   full       every sample trained
   recipe     ``sp.recipe(model, scorer, budget=epochs*N, batched=True, output_batch=B)`` with the
-             library's defaults (InfoBatch ratio 0.5, anneal 0.875, guard 0.5, score memory that
+             library's defaults (InfoBatch graded, ratio 0.5, anneal 0.875, guard 0.5, spread
+             floor 0.25, score memory that
              never expires, unknown samples kept); each step's per-sample losses handed back with
              ``sifter.observe``, kept samples' weights (``__sift_weight__``) applied to the loss
   infobatch  ``sp.Sifter(..., sp.InfoBatch(0.5, budget=epochs*N), memory=sp.ScoreMemory(N,
