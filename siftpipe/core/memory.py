@@ -456,7 +456,7 @@ class ScoreMemory:
     def _measure_spread(self) -> float:
         if not self._count:
             return float("nan")
-        loss = self._loss[self._occupied()].astype(np.float64)
+        loss = self.losses()  # (spread() has flushed)
         # sorted: the figure does not depend on where in the table each loss sits (a loaded
         # memory puts keys in other slots)
         loss.sort()

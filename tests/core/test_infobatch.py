@@ -214,12 +214,19 @@ def test_unknown_keep_is_logged_as_reason_unknown_source_none_and_verifies(tmp_p
         sp.whatif(url, [sp.InfoBatch()])
 
 
-def test_exact_resume_of_the_recipe_at_any_cut():
+@pytest.mark.parametrize("losses", ["spread", "separating"])
+def test_exact_resume_of_the_recipe_at_any_cut(losses):
+    """``separating``: losses that start flat (under the spread floor: nothing pruned) and
+    separate as epochs go (pruning starts), so cuts fall on both sides of the switch."""
     n = 240
     keys = list(range(n))
 
     def loss_of(k, e):
+        if losses == "separating":
+            return 0.3 + (((k * 7919) % 13) / 12) ** 3 * e
         return float((k * 7919 + e * 31) % 13) / (1 + e)
+
+    scales = []
 
     def run(cut=None):
         stage = sp.recipe(None, _never, budget=4 * n, capacity=n, batched=True, micro_batch=None, seed=3)
@@ -228,6 +235,7 @@ def test_exact_resume_of_the_recipe_at_any_cut():
         for epoch in range(4):
             stage.set_epoch(epoch)
             for batch in stage(_batches(keys, size=40)):
+                scales.append(stage.stats.sifting_scale)
                 decided.append((epoch, tuple(batch["__key__"]), tuple(batch["__sift_weight__"].tolist())))
                 stage.observe(batch["__key__"], np.array([loss_of(int(k), epoch) for k in batch["__key__"]]))
                 step += 1
@@ -237,6 +245,8 @@ def test_exact_resume_of_the_recipe_at_any_cut():
         return decided, None, None
 
     full, _, _ = run()
+    if losses == "separating":  # the floor held pruning back, then let it go
+        assert 0.0 in scales and scales[-1] > 0 and any(w != (1.0,) * len(w) for _, _, w in full)
     for cut in (1, 6, 7, 13, 20):
         head, state, epoch = run(cut)
         stage = sp.recipe(None, _never, budget=4 * n, capacity=n, batched=True, micro_batch=None, seed=3)
