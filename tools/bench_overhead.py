@@ -280,7 +280,7 @@ def recipe_cost_of(repeats: int, index_keys: bool, rows: int = 128) -> float:
         sifter = sp.Sifter(
             None,
             "cross_entropy",
-            sp.InfoBatch(0.5, n * epochs, 0.875, 0.5, graded=True),
+            sp.InfoBatch(0.5, n * epochs, 0.875, 0.5, graded=True, min_spread=0.25),  # sp.recipe's policy
             memory=sp.ScoreMemory(n, max_age=None),
             unknown="keep",
             remember_forward=False,
