@@ -307,9 +307,10 @@ class Decider:
         decided next epoch by the one trained last.
 
         Only beyond what a pass boundary explains: a consumer that fetches the next pass's first
-        batch before it observes the last one (a trainer's look-ahead) stores that last batch
-        under the next epoch, where the same samples come again; so more than two observe()
-        calls' worth and more than 1% of the pass's losses must repeat."""
+        batch before it observes the last one (a trainer's look-ahead) and does not pass that
+        batch's epoch to ``observe(epoch=...)`` (the integrations do) stores it under the next
+        epoch, where the same samples come again; so more than two observe() calls' worth and
+        more than 1% of the pass's losses must repeat."""
         memory = self.memory
         if memory is None or self._warned_repeats:
             return
