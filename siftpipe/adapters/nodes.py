@@ -219,6 +219,9 @@ class ShardSource(BaseNode[dict[str, Any]]):
     """
 
     STATE_VERSION = 1
+    #: A ``Sifter`` given a source holding this node calls ``set_epoch`` with its own epoch before
+    #: each pass (``siftpipe.core.shardcounts.follow_epoch``)
+    follows_sifter_epoch = True
 
     def __init__(
         self,
@@ -258,6 +261,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
                 "write at least as many shards as ranks"
             )
         self.epoch = 0
+        self._next_epoch: int | None = None  # set_epoch's, for the next pass
         self._started = False
         self._order: list[str] = []
         self._shard = 0
@@ -297,13 +301,31 @@ class ShardSource(BaseNode[dict[str, Any]]):
             )
         return mine
 
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch``'s shard order in the next pass (the next ``reset(None)``), as
+        ``DistributedSampler.set_epoch`` does; the pass after it counts on from there.
+
+        Without it each new pass is the epoch after the last one this object read, which in a
+        ``DataLoader`` whose workers are not persistent is always epoch 0 (each epoch's workers
+        start from a copy of the object in the training process, which reads nothing), so
+        ``shuffle=True`` would repeat one order. A ``Sifter`` calls this for you with its own
+        epoch before each pass (``Sifter.set_epoch``, or one more per pass) when the source it
+        is given holds this node (through ``dataset``, ``source``, ``node`` attributes); a
+        restored state (``reset(state)``) takes precedence over it."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int | np.integer) or epoch < 0:
+            raise ConfigError(f"set_epoch takes the epoch number, an int >= 0, got {epoch!r}")
+        self._next_epoch = int(epoch)
+
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         if self._gen is not None:
             self._gen.close()
             self._gen = None
+        next_epoch, self._next_epoch = self._next_epoch, None
         if initial_state is None:
-            if self._started:
+            if next_epoch is not None:
+                self.epoch = next_epoch
+            elif self._started:
                 self.epoch += 1
             self._started = False
             self._order = self.order(self.epoch)

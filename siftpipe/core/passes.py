@@ -57,6 +57,7 @@ class Passes:
         self.reader: weakref.ReferenceType[Reader] | None = None  # the running pass's reader
         self.source_restore: Any = None  # a between-passes checkpoint's source state, for the next call
         self.source_abandoned = False  # the tracked source's last pass was left before its end
+        self.source_restored = False  # the pass opened last repositioned its source from a state
 
     def close_active(self) -> None:
         """Close the running pass's iterator, if it is alive."""
@@ -107,7 +108,9 @@ class Passes:
         self.count += 1
         self.id += 1
         self.open = True
-        if source_state is not None and tracked:
+        #: whether this pass's source was repositioned from a state (which says its epoch)
+        self.source_restored = source_state is not None and tracked
+        if self.source_restored:
             source.load_state_dict(source_state)
             if self.source_abandoned:
                 # the checkpoint's source was left mid-way through a pass: in its process the

@@ -4,7 +4,7 @@ across DataLoader worker processes; the stage reads them for its audit manifests
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,11 +168,14 @@ class SharedShardCounts:
         return f"SharedShardCounts({self.stats()})"
 
 
-def find_shard_counts(*objects: Any) -> list[SharedShardCounts]:
-    """The shared shard counters of every shard reader in ``objects``: pipelines (``WebDataset``,
-    ``WebLoader``, ``DataPipeline``), DataLoaders (their ``dataset``), ``ShardSource`` and the
-    torchdata nodes above it (their ``source``), readers and openers."""
-    found: dict[int, SharedShardCounts] = {}
+#: The attributes a search of a source's graph follows: a DataLoader's dataset, a node's source,
+#: a torchdata Loader's root, a wrapper's node, a shard reader's opener
+_LINKS = ("opener", "reader", "dataset", "source", "root", "node")
+
+
+def reachable(*objects: Any, prune: Callable[[Any], bool] | None = None) -> Iterator[Any]:
+    """``objects`` and everything reachable from them through ``_LINKS`` and a pipeline's list
+    of stages (``pipeline``), each once; ``prune(obj)`` True: do not look inside ``obj``."""
     seen: set[int] = set()
     todo = list(objects)
     while todo:
@@ -180,22 +183,59 @@ def find_shard_counts(*objects: Any) -> list[SharedShardCounts]:
         if obj is None or id(obj) in seen or isinstance(obj, str | bytes | int | float):
             continue
         seen.add(id(obj))
-        try:
-            counts = getattr(obj, "counts", None)
-        except Exception:  # a property that cannot be read here holds no counters
-            counts = None
-        if isinstance(counts, SharedShardCounts):  # a shard opener (or anything holding counters)
-            found.setdefault(id(counts), counts)
+        yield obj
+        if prune is not None and prune(obj):
             continue
-        for attr in ("opener", "reader", "dataset", "source"):
+        for attr in _LINKS:
             try:
                 todo.append(getattr(obj, attr, None))
-            except Exception:  # a property that cannot be read here is no shard reader
+            except Exception:  # a property that cannot be read here links nowhere
                 continue
-        pipeline = getattr(obj, "pipeline", None)
+        try:
+            pipeline = getattr(obj, "pipeline", None)
+        except Exception:
+            pipeline = None
         if isinstance(pipeline, list):
             todo.extend(pipeline)
+
+
+def _counts_of(obj: Any) -> SharedShardCounts | None:
+    try:
+        counts = getattr(obj, "counts", None)
+    except Exception:  # a property that cannot be read here holds no counters
+        return None
+    return counts if isinstance(counts, SharedShardCounts) else None
+
+
+def find_shard_counts(*objects: Any) -> list[SharedShardCounts]:
+    """The shared shard counters of every shard reader in ``objects``: pipelines (``WebDataset``,
+    ``WebLoader``, ``DataPipeline``), DataLoaders (their ``dataset``), ``ShardSource`` and the
+    torchdata nodes above it (their ``source``, a ``Loader``'s ``root``), wrappers of a node
+    (their ``node``), readers and openers."""
+    found: dict[int, SharedShardCounts] = {}
+    for obj in reachable(*objects, prune=lambda o: _counts_of(o) is not None):
+        counts = _counts_of(obj)
+        if counts is not None:  # a shard opener (or anything holding counters)
+            found.setdefault(id(counts), counts)
     return list(found.values())
+
+
+def follow_epoch(source: Any, epoch: int) -> int:
+    """Hand ``epoch`` to ``set_epoch`` of every object in ``source``'s graph (see ``reachable``)
+    whose class says it follows the sifter's epoch (``follows_sifter_epoch``: ``ShardSource``,
+    whose shard order is the epoch's), before a pass starts; returns how many there were.
+
+    A ``DataLoader`` without persistent workers starts each epoch's workers from copies of the
+    objects in the training process, which never read: this is how their copies learn the
+    epoch. Negative epochs (which a ``ShardSource`` has no order for) are not handed on."""
+    if epoch < 0:
+        return 0
+    n = 0
+    for obj in reachable(source):
+        if getattr(type(obj), "follows_sifter_epoch", False) is True:
+            obj.set_epoch(epoch)
+            n += 1
+    return n
 
 
 def merge_shard_stats(counters: Iterable[SharedShardCounts]) -> ShardStats:

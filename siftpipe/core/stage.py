@@ -37,7 +37,7 @@ from .settings import (
     resolve_scorer,
     stage_config,
 )
-from .shardcounts import ShardStats, ShardWatch
+from .shardcounts import ShardStats, ShardWatch, follow_epoch
 from .sink import StageInfo, make_sink
 from .source import END, Reader, StatefulSource
 from .state import (
@@ -440,8 +440,10 @@ class Sifter:
         """Sift ``source``: an iterator over the kept samples (or batches), in input order.
 
         A fresh call starts a new pass (``epoch`` + 1 after the first, unless ``set_epoch`` was
-        called). After ``load_state_dict`` the call resumes: feed ``source`` from item
-        ``state["consumed"]`` on (a tracked stateful source is repositioned for you).
+        called), and hands that epoch to a ``ShardSource`` inside ``source`` (``set_epoch``: its
+        shard order, which a DataLoader's fresh workers copy from the object here). After
+        ``load_state_dict`` the call resumes: feed ``source`` from item ``state["consumed"]`` on
+        (a tracked stateful source is repositioned for you).
         """
         _check_not_in_worker()
         device = self.device
@@ -454,6 +456,10 @@ class Sifter:
         resume, advance = self._passes.begin(source, tracked, self.track_source)
         if advance:
             self.epoch += 1
+        if not self._passes.source_restored:
+            # a ShardSource's shard order is its epoch's: its copies in a DataLoader's fresh
+            # workers learn the epoch from the object here (a restored state says its own)
+            follow_epoch(source, self.epoch)
         self.watch_shards(source)
         if self.audit is not None:
             if not self._sink_bound:  # once: what the log records about the stage is its first pass's

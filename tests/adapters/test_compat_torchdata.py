@@ -10,6 +10,7 @@ import functools
 import pickle
 
 import pytest
+import torch
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 from torchdata.nodes import Batcher, Loader, Mapper, ParallelMapper
@@ -107,6 +108,55 @@ def test_ranks_and_workers_together_cover_every_sample_once(shards):
         source = ShardSource(shards.urls, shuffle=True, seed=4, rank=rank, world_size=2)
         got += keys(DataLoader(NodeDataset(source), batch_size=None, num_workers=2))
     assert sorted(got) == ALL_KEYS
+
+
+def first_seen_urls(items):
+    """Shard URLs in the order their first sample came (with shards of equal size, a DataLoader's
+    round robin over its workers puts them back in the epoch's shard order)."""
+    return list(dict.fromkeys(s["__url__"] for s in items))
+
+
+def test_a_shuffled_shard_source_in_fresh_workers_reads_the_epoch_set_on_it(shards):
+    # without persistent workers, each epoch's workers start from a copy of the object here, which
+    # never reads: before set_epoch, every epoch repeated epoch 0's shard order
+    source = ShardSource(shards.urls, shuffle=True, seed=2)
+    loader = DataLoader(NodeDataset(source), batch_size=None, num_workers=2)
+    expected = [ShardSource(shards.urls, shuffle=True, seed=2).order(epoch) for epoch in range(3)]
+    assert len({tuple(o) for o in expected}) == 3
+    got = []
+    for epoch in range(3):
+        source.set_epoch(epoch)
+        got.append(first_seen_urls(loader))
+    assert got == expected
+    with pytest.raises(sp.ConfigError, match="set_epoch takes the epoch number"):
+        source.set_epoch(-1)
+
+
+@pytest.mark.parametrize("set_epoch", [True, False])
+def test_a_sifter_hands_its_epoch_to_a_shard_source_in_fresh_workers(shards, set_epoch):
+    source = ShardSource(shards.urls, shuffle=True, seed=2)
+    loader = DataLoader(NodeDataset(source), batch_size=None, num_workers=2)
+    sifter = sp.Sifter(
+        None,
+        lambda model, items: torch.zeros(len(items), dtype=torch.float64),
+        sp.Uniform(1.0),  # keeps every sample: the order handed on is the order read
+        micro_batch=10,
+        collate_fn=list,
+        seed=0,
+    )
+    first = 2 if set_epoch else 0
+    expected = [ShardSource(shards.urls, shuffle=True, seed=2).order(e) for e in range(first, first + 3)]
+    got, seen = [], []
+    for epoch in range(first, first + 3):
+        if set_epoch:
+            sifter.set_epoch(epoch)
+        before = sifter.stats.seen
+        kept = list(sifter(loader))
+        assert sifter.stats.seen - before == N
+        got.append(first_seen_urls(kept))
+        seen.append(sifter.epoch)
+    assert seen == list(range(first, first + 3))
+    assert got == expected
 
 
 def test_a_worker_left_without_shards_is_a_config_error(shards):
