@@ -574,7 +574,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     feed = (
         HostFeeder(device, args.batch, tuple(x.shape[1:])),  # images
         HostFeeder(device, args.batch, (), torch.int64),  # labels
-        HostFeeder(device, args.batch, ()),  # the sifter's weight column (always on the host)
+        HostFeeder(device, args.batch, ()),  # the weight column (on the host beside host batches)
     )
     pinned = False
     if args.host_data:

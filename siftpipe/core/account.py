@@ -40,6 +40,7 @@ class CostAccount:
 
     __slots__ = (
         "_emitted",
+        "_moved",
         "_pass",
         "dropped",
         "dropping_passes",
@@ -55,6 +56,7 @@ class CostAccount:
         self.inside = self.outside = self.source = self.observe = 0.0
         self.handed = self.dropped = 0
         self._emitted = 0  # the pass output's count of samples handed on, when last added
+        self._moved = 0.0  # seconds timed inside that were the step's (to_step), not yet added
         self._pass = 0  # samples dropped before the running pass
         self.dropping_passes = 0
         self.warned = False
@@ -94,11 +96,18 @@ class CostAccount:
             setattr(self, name, int(state[name]))
         self.warned = bool(state["warned"])
 
+    def to_step(self, seconds: float) -> None:
+        """``seconds`` of the time being timed inside the stage were the consumer's step's: the
+        stage waited for the step's losses to arrive from the device (``HostCopy``), which a run
+        without sifting spends too. Moved at the next ``add`` (or the pass's end)."""
+        self._moved += seconds
+
     def add(self, inside: float, outside: float, handed: int) -> None:
         """Add seconds ``inside`` the stage and ``outside`` it; ``handed``: samples the pass's
         output has handed on so far."""
-        self.inside += inside
-        self.outside += outside
+        moved, self._moved = self._moved, 0.0
+        self.inside += inside - moved
+        self.outside += outside + moved
         self.handed += handed - self._emitted
         self._emitted = handed
 
@@ -144,6 +153,9 @@ class CostAccount:
         sifting if so (said in the log)."""
         if mark is not None:
             self.inside += time.perf_counter() - mark
+        moved, self._moved = self._moved, 0.0
+        self.inside -= moved
+        self.outside += moved
         if self.dropped > self._pass:
             self.dropping_passes += 1
             return self.judge(stopping)

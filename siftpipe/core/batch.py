@@ -75,7 +75,9 @@ def _take(batch: Batch, index: np.ndarray, tindex: torch.Tensor | None) -> Batch
         if batch.ndim == 0:
             return batch
         if tindex is None or tindex.device != batch.device:
-            tindex = torch.from_numpy(index).to(batch.device)
+            # from pageable memory, non_blocking stages the index at once and queues the copy
+            # without waiting for the device (a blocking copy would wait for its queued work)
+            tindex = torch.from_numpy(index).to(batch.device, non_blocking=batch.is_cuda)
         return batch.index_select(0, tindex)
     if isinstance(batch, np.ndarray):
         return batch[index] if batch.ndim else batch
@@ -144,6 +146,26 @@ def pad_rows(batch: Batch, size: int) -> Batch:
         return batch
     index = np.concatenate([np.arange(n), np.full(size - n, n - 1)]).astype(np.int64)
     return take(batch, index)
+
+
+def accelerator_of(batch: Batch) -> torch.device | None:
+    """The device of the first tensor of ``batch`` that is not on the CPU (``None``: none is)."""
+    if isinstance(batch, torch.Tensor):
+        return None if batch.device.type == "cpu" else batch.device
+    if isinstance(batch, Mapping):
+        parts: Any = batch.values()
+    elif isinstance(batch, tuple | list):
+        parts = batch
+    else:
+        return None
+    for value in parts:
+        if isinstance(value, torch.Tensor | Mapping | tuple) or (
+            isinstance(value, list) and value and isinstance(value[0], torch.Tensor)
+        ):
+            device = accelerator_of(value)
+            if device is not None:
+                return device
+    return None
 
 
 def with_column(batch: Batch, name: str | None, column: torch.Tensor) -> Batch:

@@ -20,6 +20,7 @@ from ..errors import (
     describe_keys,
 )
 from .decide import UNKNOWN, Decided, decide_rows
+from .hostcopy import HostCopy
 from .ledger import Group
 from .memory import (
     FEEDBACK,
@@ -96,9 +97,11 @@ class Decider:
         """The keys of the group's rows (``None``: the samples carry none)."""
         return keys_of(group, self.scoring.batched, self.key, required, purpose)
 
-    def observe(self, keys: Sequence[Any] | np.ndarray, values: np.ndarray, epoch: int | None = None) -> None:
+    def observe(
+        self, keys: Sequence[Any] | np.ndarray, values: np.ndarray | HostCopy, epoch: int | None = None
+    ) -> None:
         """Remember losses the training step handed back (for samples ``keys``, handed on in
-        ``epoch``: this one if None)."""
+        ``epoch``: this one if None; ``values`` may still be on their way from a CUDA device)."""
         memory = self.memory
         if memory is None:
             raise ConfigError(

@@ -25,6 +25,7 @@ import torch
 
 from ..errors import ConfigError, ResumeError
 from .history import check_fits
+from .hostcopy import HostCopy
 from .vocab import SOURCES
 
 __all__ = ["SOURCES", "Keys", "ScoreMemory", "key_hashes", "pick_keys"]
@@ -128,8 +129,11 @@ class ScoreMemory:
         self._refused = 0
         self._repeated = 0
         # losses handed over with defer_keys, applied in order at the next read (see flush)
-        self._deferred: list[tuple[Keys, np.ndarray, int, int]] = []
+        self._deferred: list[tuple[Keys, np.ndarray | HostCopy, int, int]] = []
         self._deferred_rows = 0
+        #: Seconds spent waiting for losses copied from a CUDA device (``HostCopy``) to arrive: the
+        #: training step's kernels finishing, not the memory's work
+        self.waited = 0.0
         # forgetting evidence: rows (skipped, trained easy) x (sum of loss change, count), for the
         # epoch being observed (_drift[0]) and the one before it (_drift[1])
         self._drift = np.zeros((2, 2, 2))
@@ -161,7 +165,7 @@ class ScoreMemory:
     #: Losses ``defer_keys`` lets wait before it applies them itself.
     DEFER_ROWS = 8192
 
-    def defer_keys(self, keys: Keys, losses: np.ndarray, epoch: int, source: int) -> None:
+    def defer_keys(self, keys: Keys, losses: np.ndarray | HostCopy, epoch: int, source: int) -> None:
         """``update_keys(keys, losses, epoch, source)``, applied later: before the memory is next
         read (a look-up, ``mean``, ``len``, the counters, the state, a file, any update) or once
         ``DEFER_ROWS`` losses wait, in the order they came, one ``update_keys`` per run of one
@@ -169,9 +173,12 @@ class ScoreMemory:
         stage reads the memory once per input batch, so the losses of the several training
         steps one input batch feeds are applied in one go, for the cost of one (each call costs
         a few dozen numpy operations, whatever its size). Keys and losses are copied: a batch's
-        buffers may be reused after the call. ``forgetting()`` reports what has been applied."""
+        buffers may be reused after the call. ``losses`` may be a ``HostCopy`` still on its way
+        from a CUDA device: it is waited for when applied (``waited`` counts those seconds).
+        ``forgetting()`` reports what has been applied."""
         keys = keys.copy() if isinstance(keys, np.ndarray) else list(keys)
-        losses = np.array(losses, dtype=np.float32).reshape(-1)
+        if not isinstance(losses, HostCopy):
+            losses = np.array(losses, dtype=np.float32).reshape(-1)
         self._deferred.append((keys, losses, epoch, source))
         self._deferred_rows += losses.size
         if self._deferred_rows >= self.DEFER_ROWS:
@@ -183,29 +190,44 @@ class ScoreMemory:
         if not deferred:
             return
         self._deferred, self._deferred_rows = [], 0
+        try:
+            arrived = [self._arrived(r) for r in deferred]
+        except BaseException:
+            self._requeue(deferred)  # still copies on their way (those that arrived return at once)
+            raise
         start = 0
-        while start < len(deferred):
-            epoch, source = deferred[start][2], deferred[start][3]
+        while start < len(arrived):
+            epoch, source = arrived[start][2], arrived[start][3]
             stop = start + 1
-            while stop < len(deferred) and deferred[stop][2] == epoch and deferred[stop][3] == source:
+            while stop < len(arrived) and arrived[stop][2] == epoch and arrived[stop][3] == source:
                 stop += 1
             try:
-                self.update_keys(*_joined(deferred[start:stop]), epoch, source)
+                self.update_keys(*_joined(arrived[start:stop]), epoch, source)
             except Exception:
                 # hand by hand: what can be applied is, the hand-over that cannot is dropped with
                 # this error, and what came after it waits for the next read (nothing else lost)
                 for at in range(start, stop):
                     try:
-                        self.update_keys(*deferred[at])
+                        self.update_keys(*arrived[at])
                     except BaseException:
-                        self._requeue(deferred[at + 1 :])
+                        self._requeue(list(arrived[at + 1 :]))
                         raise
             except BaseException:  # interrupted: all of this run and after waits
-                self._requeue(deferred[start:])
+                self._requeue(list(arrived[start:]))
                 raise
             start = stop
 
-    def _requeue(self, waiting: list[tuple[Keys, np.ndarray, int, int]]) -> None:
+    def _arrived(self, handed: tuple[Keys, Any, int, int]) -> tuple[Keys, np.ndarray, int, int]:
+        """A deferred hand-over with its losses on the host (waiting for a ``HostCopy``)."""
+        losses = handed[1]
+        if not isinstance(losses, HostCopy):
+            return handed
+        before = losses.waited
+        values = losses.result()
+        self.waited += losses.waited - before
+        return (handed[0], values, handed[2], handed[3])
+
+    def _requeue(self, waiting: list[tuple[Keys, Any, int, int]]) -> None:
         self._deferred = waiting + self._deferred
         self._deferred_rows = sum(r[1].size for r in self._deferred)
 

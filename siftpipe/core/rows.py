@@ -117,6 +117,11 @@ def attach_weights(group: Group, batched: bool, field: str | None) -> None:
     weight = np.ones(group.rows) if group.weight is None else group.weight
     if batched:
         column = torch.from_numpy(weight.astype(np.float32))
+        device = _batch.accelerator_of(group.items[0])
+        if device is not None:
+            # beside the batch's tensors, so the loss can be weighted there without a copy that
+            # waits for the device each step (non_blocking from pageable memory: staged at once)
+            column = column.to(device, non_blocking=device.type == "cuda")
         group.items[0] = _batch.with_column(group.items[0], field, column)
         return
     items = group.items

@@ -17,6 +17,7 @@ from . import batch as _batch
 from .account import CostAccount
 from .decide import REASONS
 from .decider import Decider
+from .hostcopy import HostCopy, host_losses
 from .ledger import Group, Ledger, Output
 from .memory import SOURCES, ScoreMemory, check_epoch
 from .passes import Passes
@@ -394,17 +395,20 @@ class Sifter:
                     "epoch of the pass that handed the samples on (set_epoch() before each pass)"
                 )
         if isinstance(losses, torch.Tensor):
-            # on an accelerator this copy waits for the training step's kernels: the step's time,
-            # so the stage's own account starts after it
-            losses = losses.detach()
-            if losses.dtype is not torch.float32:
-                losses = losses.float()  # what the memory keeps (numpy has no bfloat16)
-            losses = losses.cpu().numpy()
+            # a CUDA tensor's copy is queued behind the step and waited for when the memory
+            # applies it (before its next read), so the host can queue the next step meanwhile;
+            # float32 is what the memory keeps
+            values: np.ndarray | HostCopy = host_losses(losses)
+        else:
+            values = np.asarray(losses, dtype=np.float32).reshape(-1)
+        memory = self.memory
+        waited = memory.waited if memory is not None else 0.0
         t0 = time.perf_counter()
-        # read as the stage reads a batch's keys, so both name each sample alike; float32 is
-        # what the memory keeps
-        self._decider.observe(memory_keys(keys), np.asarray(losses, dtype=np.float32).reshape(-1), epoch)
-        self._account.observe += time.perf_counter() - t0
+        # keys read as the stage reads a batch's keys, so both name each sample alike
+        self._decider.observe(memory_keys(keys), values, epoch)
+        elapsed = time.perf_counter() - t0
+        # waiting for a device copy (a flush of DEFER_ROWS losses) is the step's time, not the stage's
+        self._account.observe += elapsed - ((memory.waited - waited) if memory is not None else 0.0)
 
     def publish_memory(self, url: str, storage_options: Mapping[str, Any] | None = None) -> str:
         """Publish the score memory for ``PreDecodeFilter`` stages in DataLoader workers.
@@ -654,7 +658,12 @@ class Sifter:
             fresh = self._read(reader)
             if fresh is None:
                 break
+            memory = self.memory
+            waited = memory.waited if memory is not None else 0.0
             self._decider.decide(fresh)
+            if memory is not None and memory.waited != waited:
+                # waiting for the losses observe() queued on a CUDA device: the steps' time
+                self._account.to_step(memory.waited - waited)
             self._account.dropped += fresh.rows - fresh.kept_index.size
             yield out.hand_on(fresh)
         yield out.finish()
