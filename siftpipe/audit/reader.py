@@ -60,6 +60,9 @@ class _Attempt:
     origin: str | None = None
     #: Unix time of the attempt's last decision found (manifests, end marker); None if unknown.
     decided_until: float | None = None
+    #: Its claim, when that is all it left (no part, manifest or end marker): killed before its
+    #: first part was written, or still running before it
+    claim_only: str | None = None
 
 
 def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
@@ -119,6 +122,7 @@ def list_parts(
     secrets_ = secrets
     ends: dict[tuple[str, int, str], dict[str, Any]] = {}
     origins: dict[tuple[str, int, str], str | None] = {}
+    claims: dict[tuple[str, int, str], dict[str, Any]] = {}
     if manifests or end_paths or claim_paths:
         paths = [p for _, p in manifests] + list(end_paths.values()) + list(claim_paths.values())
         texts = read_many(fs, paths, _parse_json)
@@ -126,6 +130,7 @@ def list_parts(
             claim = _checked_manifest(claim, path, secrets_, what="claim")
             if claim is not None:
                 origins[stream_key] = claim.get("origin")
+                claims[stream_key] = claim
         for (m, path), manifest in zip(manifests, texts):
             key = (m["run"], int(m["rank"]), m["attempt"], int(m["part"]))
             info = parts.setdefault(key, PartInfo(key[0], key[1], key[3], key[2], None, None))
@@ -157,6 +162,21 @@ def list_parts(
                 _number(marker.get("attempt_started"), float("inf")),
                 _number(marker.get("resumed_from"), 0),
             )
+    # attempts that left a claim and nothing else: listed last, for verify's note only (they hold
+    # no records, so they supersede nothing, collide with nothing and end no stream)
+    bare: list[_Attempt] = []
+    for stream_key, path in sorted(claim_paths.items()):
+        if stream_key not in attempts:
+            claim = claims.get(stream_key, {})
+            attempt = _Attempt(
+                *stream_key,
+                _number(claim.get("attempt_started"), float("inf")),
+                int(_number(claim.get("resumed_from"), 0) or 0),
+                claim_only=redact(path, secrets_),
+            )
+            origin = origins.get(stream_key)
+            attempt.origin = origin if isinstance(origin, str) else None
+            bare.append(attempt)
     for stream_key, attempt in attempts.items():
         attempt.ended = stream_key in ended
         attempt.end = ends.get(stream_key)
@@ -197,7 +217,7 @@ def list_parts(
         parts.values(),
         key=lambda p: (p.run, p.rank, p.part, attempts[(p.run, p.rank, p.attempt)].started),
     )
-    return fs, infos, ordered
+    return fs, infos, ordered + bare
 
 
 def _number(value: Any, default: Any) -> Any:
@@ -657,6 +677,8 @@ def verify_log(
 ) -> LogReport:
     """Check a log for gaps, duplicates, missing and unreadable parts, per (run, rank) stream."""
     fs, infos, attempts = list_parts(url, storage_options, run=run, rank=rank)
+    # those that left only a claim are noted below; they wrote nothing that could collide or end
+    writers = [a for a in attempts if a.claim_only is None]
     secrets = secret_values(storage_options, url)
     seqs = read_many(fs, [p.path for p in infos if p.path is not None], lambda b: read_part(b, ["seq"]))
     seq_of: dict[int, Any] = {}
@@ -716,6 +738,13 @@ def verify_log(
                     f"neither part nor manifest{why}"
                 )
         report.dropped_records += dropped
+        if attempt.claim_only is not None:
+            report.notes.append(
+                f"attempt {attempt.attempt} left only its claim ({attempt.claim_only}), no records: "
+                "killed before it wrote its first part, or still running before it. While the claim "
+                "is there a fresh job under this run id is refused; if that job is dead, delete the "
+                "claim to start again (a job resuming from its checkpoint is not affected)"
+            )
         shards = attempt.shards or {}
         urls = [str(u) for u in shards.get("skipped_urls") or [] if isinstance(u, str)]
         skipped = int(_number(shards.get("skipped"), 0))
@@ -735,12 +764,12 @@ def verify_log(
             }
         )
     jobs: dict[tuple[str, int], dict[str | None, list[str]]] = {}
-    for attempt in attempts:
+    for attempt in writers:
         jobs.setdefault((attempt.run, attempt.rank), {}).setdefault(attempt.origin, []).append(
             attempt.attempt
         )
     by_stream: dict[tuple[str, int], list[_Attempt]] = {}
-    for attempt in attempts:  # in start order
+    for attempt in writers:  # in start order
         by_stream.setdefault((attempt.run, attempt.rank), []).append(attempt)
     for key, chain in by_stream.items():
         for i, later in enumerate(chain):
@@ -782,7 +811,7 @@ def verify_log(
             for at in np.flatnonzero(step > 1):
                 report.gaps.append((int(seq[at]) + 1, int(seq[at + 1]) - 1))
     # records lost after the last one found: the latest attempt's end marker says where it ended
-    latest: dict[tuple[str, int], _Attempt] = {(a.run, a.rank): a for a in attempts}  # in start order
+    latest: dict[tuple[str, int], _Attempt] = {(a.run, a.rank): a for a in writers}  # in start order
     for key, attempt in latest.items():
         records = _number((attempt.end or {}).get("records"), None)
         report = streams[key]

@@ -403,6 +403,15 @@ class PartWriter:
             )
         else:
             why = f"{where} already holds attempt(s) {listed} of another job"
+        bare = sorted(a for a in foreign if all(n.startswith("_claim-") for n in others[a]))
+        if bare:
+            # a job killed before its first part leaves its claim alone; so does one running now
+            why += (
+                f" (attempt(s) {', '.join(bare[:5])} left only a claim, {where}/_claim-{bare[0]}.json"
+                f"{' and others' if len(bare) > 1 else ''}, no records: a job killed before it wrote "
+                "its first part, or one running now before it; if that job is dead, delete its "
+                "claim and run again)"
+            )
         return {
             "op": "claim",
             "ok": False,

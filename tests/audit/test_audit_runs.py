@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 import siftpipe as sp
 from tests.common import REPO, loss_field, make_samples, roundtrip
@@ -82,6 +83,81 @@ def test_a_fresh_job_is_refused_a_run_id_another_job_wrote(tmp_path, no_run_id_e
     report = sp.verify_log(root)
     assert report.ok and len(report.streams[0].attempts) == 1
     assert not [p for p in os.listdir(tmp_path / "run=shared" / "rank=0") if again.attempt in p]
+
+
+def test_a_job_killed_before_its_first_part_is_named_by_the_refusal_and_by_verify(tmp_path, no_run_id_env):
+    root = str(tmp_path)
+    # the real thing: a process claims the run id, then dies by SIGKILL before writing a part
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        import siftpipe as sp
+        log = sp.AuditLog({root!r}, run_id="nightly", flush_every=1000)
+        log.start()
+        print(log.attempt, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], check=False, cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == -9, done.stderr
+    dead = done.stdout.strip()
+    claim = tmp_path / "run=nightly" / "rank=0" / f"_claim-{dead}.json"
+    assert sorted(os.listdir(claim.parent)) == [claim.name]
+    report = sp.verify_log(root)
+    text = "\n".join(report.lines())
+    assert f"attempt {dead} left only its claim" in text and str(claim) in text and "delete the claim" in text
+    # run again from scratch under the same run id: refused, and told which file stands in the way
+    again = sp.AuditLog(root, run_id="nightly", flush_every=1000)
+    with pytest.raises(sp.AuditError) as err:
+        again.start()
+    message = str(err.value)
+    assert f"attempt(s) {dead} left only a claim" in message and f"_claim-{dead}.json" in message
+    assert "if that job is dead, delete its claim" in message
+    again.close()
+    claim.unlink()  # what the message says to do
+    _, kept = sift(sp.AuditLog(root, run_id="nightly", flush_every=100))
+    assert sp.read_log(root).num_rows == len(SAMPLES) and sp.verify_log(root).ok
+
+
+def test_a_resumed_attempt_killed_before_its_first_part_supersedes_nothing(tmp_path, no_run_id_env):
+    # its claim says it resumed from seq 100; with no part written it redid nothing, so the first
+    # attempt's records from there on still stand (read as superseded by a claim, 200 were lost)
+    root = str(tmp_path)
+    log = sp.AuditLog(root, run_id="mine", flush_every=50)
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, audit=log, seed=2)
+    it = s(SAMPLES)
+    for _ in range(100):
+        next(it)
+    state_file = tmp_path / "state.pt"
+    torch.save(s.state_dict(), state_file)
+    list(it)
+    s.close()
+    script = textwrap.dedent(
+        f"""
+        import os, signal, torch
+        import siftpipe as sp
+        from tests.common import loss_field
+        log = sp.AuditLog({root!r}, flush_every=1000)
+        s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, audit=log, seed=2)
+        s.load_state_dict(torch.load({str(state_file)!r}, weights_only=True))
+        log.start()
+        print(log.attempt, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], check=False, cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == -9, done.stderr
+    dead = done.stdout.strip()
+    assert os.path.exists(tmp_path / "run=mine" / "rank=0" / f"_claim-{dead}.json")
+    assert sp.read_log(root).num_rows == len(SAMPLES)
+    report = sp.verify_log(root)
+    (stream,) = report.streams
+    assert report.ok and not stream.collisions and stream.records == len(SAMPLES) and stream.superseded == 0
+    assert any(f"attempt {dead} left only its claim" in note for note in stream.notes)
 
 
 def test_a_resumed_job_continues_its_run_id_and_verify_says_so(tmp_path, no_run_id_env):
