@@ -50,6 +50,7 @@ from .core.stage import REASONS, Sifter, SiftStats
 from .errors import (
     AuditError,
     ConfigError,
+    EmptyPassWarning,
     MissingExtraError,
     MissingKeyError,
     NonFiniteLossError,
@@ -128,6 +129,7 @@ __all__ = [
     "Scorer",
     "ScorerError",
     "RepeatedKeyWarning",
+    "EmptyPassWarning",
     "ScoreMemoryWarning",
     "ScorerOutputError",
     "ShardError",

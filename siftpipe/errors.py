@@ -242,6 +242,12 @@ class ShardWarning(UserWarning):
     """A shard or a sample was skipped (``handler=warn_and_continue``); the message names it and why."""
 
 
+class EmptyPassWarning(UserWarning):
+    """A pass read nothing from its source though earlier passes read samples: most likely a spent
+    iterator given again (a generator, an iterator, a torchdata node without ``Loader`` or
+    ``reset``), which yields nothing and so trains nothing that epoch."""
+
+
 class ScoreMemoryWarning(UserWarning):
     """A pass finds none of its samples in a score memory that holds keys from earlier passes: the
     keys the memory was fed (``observe``) do not match the batch's, or samples never repeat."""

@@ -196,7 +196,8 @@ class HostFeeder:
             self.events = [None] * ring
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device == self.device:
+        # (cuda:0 is not == cuda: compare the kind, and the index where this feeder names one)
+        if x.device.type == self.device.type and self.device.index in (None, x.device.index):
             return x
         if not self.pinned:
             return x.to(self.device)

@@ -219,9 +219,6 @@ class ShardSource(BaseNode[dict[str, Any]]):
     """
 
     STATE_VERSION = 1
-    #: A ``Sifter`` given a source holding this node calls ``set_epoch`` with its own epoch before
-    #: each pass (``siftpipe.core.shardcounts.follow_epoch``)
-    follows_sifter_epoch = True
 
     def __init__(
         self,
@@ -261,7 +258,10 @@ class ShardSource(BaseNode[dict[str, Any]]):
                 "write at least as many shards as ranks"
             )
         self.epoch = 0
-        self._next_epoch: int | None = None  # set_epoch's, for the next pass
+        self._next_epoch: int | None = None  # the next pass's epoch, when set (set_epoch)
+        self._next_by_user = False  # ... by set_epoch, not by a sifter (follow_sifter_epoch)
+        self._fresh = False  # reset(None) started a pass that has read nothing yet
+        self._fresh_by_user = False  # ... at an epoch set_epoch gave
         self._started = False
         self._order: list[str] = []
         self._shard = 0
@@ -302,38 +302,64 @@ class ShardSource(BaseNode[dict[str, Any]]):
         return mine
 
     def set_epoch(self, epoch: int) -> None:
-        """Read epoch ``epoch``'s shard order in the next pass (the next ``reset(None)``), as
-        ``DistributedSampler.set_epoch`` does; the pass after it counts on from there.
+        """Read epoch ``epoch``'s shard order in the pass that has been reset and has read nothing
+        yet, or else in the next one (the next ``reset(None)``), as
+        ``DistributedSampler.set_epoch`` does; passes after it count on from there.
 
         Without it each new pass is the epoch after the last one this object read, which in a
         ``DataLoader`` whose workers are not persistent is always epoch 0 (each epoch's workers
         start from a copy of the object in the training process, which reads nothing), so
-        ``shuffle=True`` would repeat one order. A ``Sifter`` calls this for you with its own
-        epoch before each pass (``Sifter.set_epoch``, or one more per pass) when the source it
-        is given holds this node (through ``dataset``, ``source``, ``node`` attributes); a
-        restored state (``reset(state)``) takes precedence over it."""
+        ``shuffle=True`` would repeat one order. A ``Sifter`` hands this node its own epoch before
+        each pass (``follow_sifter_epoch``) when the source it is given holds it (through
+        ``dataset``, ``source``, ``root``, ``node`` attributes); an epoch given here wins over the
+        sifter's for that pass, and a restored state (``reset(state)``) over both. Persistent
+        workers keep their own copies: they take the epoch of their first pass and count on."""
         if isinstance(epoch, bool) or not isinstance(epoch, int | np.integer) or epoch < 0:
             raise ConfigError(f"set_epoch takes the epoch number, an int >= 0, got {epoch!r}")
-        self._next_epoch = int(epoch)
+        self._set_epoch(int(epoch), by_user=True)
+
+    def follow_sifter_epoch(self, epoch: int) -> None:
+        """A ``Sifter``'s ``set_epoch`` for the pass it starts: ignored when ``set_epoch`` gave
+        that pass an epoch (siftpipe.core.shardcounts.follow_epoch calls it)."""
+        if (self._fresh and self._fresh_by_user) or (self._next_epoch is not None and self._next_by_user):
+            return
+        self._set_epoch(int(epoch), by_user=False)
+
+    def _set_epoch(self, epoch: int, by_user: bool) -> None:
+        if self._fresh:
+            # reset and not read yet (a node reset by hand before the sifter is called): this pass
+            self._start_pass(epoch)
+            self._fresh_by_user = by_user
+            self._next_epoch, self._next_by_user = None, False
+        else:
+            self._next_epoch, self._next_by_user = epoch, by_user
+
+    def _start_pass(self, epoch: int) -> None:
+        if self._gen is not None:
+            self._gen.close()
+        self.epoch = epoch
+        self._started = False
+        self._order = self.order(epoch)
+        self._worker = _worker()
+        self._shard, self._sample, self._offset, self._next_key = 0, 0, 0, None
+        self._gen = self._samples()
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
         super().reset(initial_state)
         if self._gen is not None:
             self._gen.close()
             self._gen = None
-        next_epoch, self._next_epoch = self._next_epoch, None
+        next_epoch, by_user = self._next_epoch, self._next_by_user
+        self._next_epoch, self._next_by_user = None, False
         if initial_state is None:
-            if next_epoch is not None:
-                self.epoch = next_epoch
-            elif self._started:
-                self.epoch += 1
-            self._started = False
-            self._order = self.order(self.epoch)
-            self._worker = _worker()
-            self._shard, self._sample, self._offset, self._next_key = 0, 0, 0, None
+            if next_epoch is None:
+                next_epoch = self.epoch + 1 if self._started else self.epoch
+            self._start_pass(next_epoch)
+            self._fresh, self._fresh_by_user = True, by_user
         else:
+            self._fresh = self._fresh_by_user = False
             self._restore(initial_state)
-        self._gen = self._samples()
+            self._gen = self._samples()
 
     # a running pass (a generator) stays in its process: a copy pickled into a DataLoader worker
     # starts a pass there with that worker's share (the position travels in get_state(), checked)
@@ -384,6 +410,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
             self.reset(None)
         assert self._gen is not None
         self._started = True
+        self._fresh = False
         return next(self._gen)
 
     def get_state(self) -> dict[str, Any]:

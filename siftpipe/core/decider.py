@@ -142,8 +142,13 @@ class Decider:
             )  # fmt: skip
         else:
             scored = counts["scored"]
+            memory = self.memory
+            waited = memory.waited if memory is not None else 0.0
             losses, sources = self._losses(group)
             t1 = time.perf_counter()
+            if memory is not None and memory.waited != waited:
+                # waiting for losses on their way from the device is the steps' time, not scoring
+                t0 += memory.waited - waited
             if counts["scored"] == scored and self.policy.chunk_free:
                 # no scoring forward, so no scoring micro-batches: one call decides the batch as
                 # micro-batches would (the audit log's micro_batch is then the input batch's)

@@ -36,10 +36,14 @@ class HostCopy:
         self.waited = 0.0
         if values.is_cuda:
             # a CUDA tensor copied non_blocking to the CPU lands in page-locked memory: the copy
-            # runs on the tensor's current stream after what was queued there (the step)
+            # runs on the device's current stream after what was queued there (the step)
+            stream = torch.cuda.current_stream(values.device)
+            # values may be the caller's own tensor, made on another stream and freed when the
+            # call returns: its memory must not be handed out again before this copy has read it
+            values.record_stream(stream)
             self._host = values.to("cpu", non_blocking=True)
             event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(values.device))
+            event.record(stream)
             self._event: torch.cuda.Event | None = event
         else:
             # a copy: the caller may reuse its buffer after observe() returns
@@ -59,8 +63,8 @@ class HostCopy:
 
 def host_losses(losses: torch.Tensor) -> np.ndarray | HostCopy:
     """``losses`` (any shape) as float32 on the host: a started ``HostCopy`` for a CUDA tensor,
-    else a 1-d array now (a copy of a CPU tensor's data: the caller may reuse its buffer; other
-    accelerators' tensors are copied synchronously)."""
+    else a 1-d array now (other accelerators' tensors copied synchronously; a float32 CPU
+    tensor's own data, not a copy: ``ScoreMemory.defer_keys`` copies what it keeps)."""
     if losses.is_cuda:
         return HostCopy(losses)
     values = losses.detach()

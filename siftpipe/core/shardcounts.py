@@ -221,9 +221,9 @@ def find_shard_counts(*objects: Any) -> list[SharedShardCounts]:
 
 
 def follow_epoch(source: Any, epoch: int) -> int:
-    """Hand ``epoch`` to ``set_epoch`` of every object in ``source``'s graph (see ``reachable``)
-    whose class says it follows the sifter's epoch (``follows_sifter_epoch``: ``ShardSource``,
-    whose shard order is the epoch's), before a pass starts; returns how many there were.
+    """Hand ``epoch`` to every object in ``source``'s graph (see ``reachable``) whose class
+    follows the sifter's epoch (has ``follow_sifter_epoch``: ``ShardSource``, whose shard order
+    is the epoch's), before a pass starts; returns how many there were.
 
     A ``DataLoader`` without persistent workers starts each epoch's workers from copies of the
     objects in the training process, which never read: this is how their copies learn the
@@ -232,8 +232,9 @@ def follow_epoch(source: Any, epoch: int) -> int:
         return 0
     n = 0
     for obj in reachable(source):
-        if getattr(type(obj), "follows_sifter_epoch", False) is True:
-            obj.set_epoch(epoch)
+        follow = getattr(type(obj), "follow_sifter_epoch", None)
+        if callable(follow):
+            follow(obj, epoch)
             n += 1
     return n
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -12,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import default_collate, get_worker_info
 
-from ..errors import ConfigError, ResumeError, SiftInWorkerError
+from ..errors import ConfigError, EmptyPassWarning, ResumeError, SiftInWorkerError
 from . import batch as _batch
 from .account import CostAccount
 from .decide import REASONS
@@ -250,6 +251,7 @@ class Sifter:
         self._ledger = Ledger()  # groups decided and not yet all handed on; positions in the pass
         self._passes = Passes(self._ledger)  # the pass open, its source; a loaded checkpoint's place
         self._shards = ShardWatch()  # see watch_shards
+        self._warned_empty = False  # EmptyPassWarning given
 
     # ------------------------------------------------------------------ public
 
@@ -460,9 +462,10 @@ class Sifter:
         resume, advance = self._passes.begin(source, tracked, self.track_source)
         if advance:
             self.epoch += 1
-        if not self._passes.source_restored:
+        if resume is None or not self._passes.source_restored:
             # a ShardSource's shard order is its epoch's: its copies in a DataLoader's fresh
-            # workers learn the epoch from the object here (a restored state says its own)
+            # workers learn the epoch from the object here (a pass resumed mid-way from the
+            # source's own state reads the epoch that state says)
             follow_epoch(source, self.epoch)
         self.watch_shards(source)
         if self.audit is not None:
@@ -624,6 +627,7 @@ class Sifter:
         groups = self._reread(reader, resume) if resume is not None else []
         this_pass = self._passes.run_begins(resume)
         finished = False
+        seen_before = self._decider.counts["seen"]
         self._account.pass_begins()
         self._decider.pass_begins(whole=resume is None)
         try:
@@ -632,6 +636,8 @@ class Sifter:
             finished = True
             self._pass_ended(mark)
             self._decider.pass_ends()
+            if resume is None and seen_before and self._decider.counts["seen"] == seen_before:
+                self._warn_empty_pass(reader.source)
         finally:
             # ended, abandoned or failed: the next call starts a new pass, and so does a stage
             # loaded with a state taken from now on (unless a newer pass or a load came first: a
@@ -641,6 +647,22 @@ class Sifter:
                 # group is not the stage's (the pass may be closed long after it was left)
                 self._pass_ended(None)
             self._passes.run_ends(this_pass, finished, reader)
+
+    def _warn_empty_pass(self, source: Any) -> None:
+        """Warn once: a whole pass read nothing from its source, though earlier passes read
+        samples (a spent iterator given again trains nothing that epoch, silently)."""
+        if self._warned_empty:
+            return
+        self._warned_empty = True
+        warnings.warn(
+            f"siftpipe: pass of epoch {self.epoch} read nothing from its source (a "
+            f"{type(source).__name__}), though earlier passes read {self._decider.counts['seen']:,} "
+            "samples: a spent iterator given again (a generator, an iterator, a torchdata node "
+            "without a Loader or reset(None)) yields nothing, so nothing is trained this epoch. "
+            "Give each pass an iterable that starts over (a list, a DataLoader, a Loader(node))",
+            EmptyPassWarning,
+            stacklevel=3,
+        )
 
     def _pass_ended(self, mark: float | None) -> None:
         """Let the account judge the run so far (``mark``: when the stage last resumed, for a pass

@@ -159,6 +159,76 @@ def test_a_sifter_hands_its_epoch_to_a_shard_source_in_fresh_workers(shards, set
     assert got == expected
 
 
+def _keep_all():
+    return sp.Sifter(
+        None,
+        lambda model, items: torch.zeros(len(items), dtype=torch.float64),
+        sp.Uniform(1.0),
+        micro_batch=10,
+        collate_fn=list,
+        seed=0,
+    )
+
+
+def _order(shards, epoch):
+    return ShardSource(shards.urls, shuffle=True, seed=2).order(epoch)
+
+
+def test_a_node_reset_by_hand_before_each_pass_reads_the_sifters_epoch(shards):
+    # torchdata's own pattern: reset(None), then iterate; the sifter's epoch applies to the pass
+    # that reset started (it once landed on the pass after: epoch 0's order twice, then one behind)
+    sifter, node = _keep_all(), ShardSource(shards.urls, shuffle=True, seed=2)
+    for epoch in range(3):
+        node.reset(None)
+        assert first_seen_urls(sifter(node)) == _order(shards, epoch) and node.epoch == epoch
+
+
+def test_an_epoch_set_on_the_source_wins_over_the_sifters(shards):
+    sifter, node = _keep_all(), ShardSource(shards.urls, shuffle=True, seed=2)
+    loader = Loader(node)
+    for epoch in range(2):
+        node.set_epoch(10 + epoch)
+        assert first_seen_urls(sifter(loader)) == _order(shards, 10 + epoch)
+        assert sifter.epoch == epoch
+    assert first_seen_urls(sifter(loader)) == _order(shards, 2)  # then the sifter's again
+
+
+def test_fresh_workers_read_the_sifters_epoch_after_a_resume_between_passes(shards):
+    def loader():
+        return StatefulDataLoader(
+            NodeDataset(ShardSource(shards.urls, shuffle=True, seed=2)), batch_size=None, num_workers=2
+        )
+
+    sifter, first = _keep_all(), loader()
+    for epoch in range(2):
+        assert first_seen_urls(sifter(first)) == _order(shards, epoch)
+    state = roundtrip(sifter.state_dict())
+    assert not state["pass_open"] and state["source"] is not None
+    # a new process: new objects, the state loaded between passes (the loader's too)
+    resumed, second = _keep_all(), loader()
+    resumed.load_state_dict(state)
+    assert first_seen_urls(resumed(second)) == _order(shards, 2) and resumed.epoch == 2
+
+
+def test_a_node_given_again_without_a_loader_warns_that_its_pass_read_nothing(shards):
+    # a torchdata node starts a new epoch only on reset(None), which a Loader calls; iterated
+    # again without one it yields nothing, and the sifter says so instead of training nothing
+    sifter = sp.Sifter(
+        None,
+        lambda model, items: torch.zeros(len(items), dtype=torch.float64),
+        sp.Uniform(1.0),
+        micro_batch=10,
+        collate_fn=list,
+    )
+    node = ShardSource(shards.urls)
+    assert len(list(sifter(node))) == N
+    with pytest.warns(sp.EmptyPassWarning, match="ShardSource"):
+        assert list(sifter(node)) == []
+    loader = Loader(ShardSource(shards.urls))
+    for _ in range(2):
+        assert len(list(sifter(loader))) == N
+
+
 def test_a_worker_left_without_shards_is_a_config_error(shards):
     source = ShardSource(shards.urls[:3], rank=1, world_size=2)  # rank 1 gets one shard
     loader = DataLoader(NodeDataset(source), batch_size=None, num_workers=2)

@@ -285,3 +285,47 @@ def test_printed_stats_show_the_keep_rate(samples):
     list(s(samples[:128]))
     text = repr(s.stats)
     assert "keep_rate=0.5000" in text and "seen=128" in text and "kept=64" in text
+
+
+def _zero_losses(model, items):
+    return torch.zeros(len(items), dtype=torch.float64)
+
+
+def test_a_spent_iterator_given_again_warns_that_its_pass_read_nothing():
+    import warnings
+
+    def stage():
+        return sp.Sifter(None, _zero_losses, sp.Uniform(1.0), micro_batch=4, collate_fn=list, seed=0)
+
+    s = stage()
+    spent = iter(range(10))
+    assert len(list(s(spent))) == 10
+    message = r"pass of epoch 1 read nothing .* range_iterator.* 10 samples"
+    with pytest.warns(sp.EmptyPassWarning, match=message):
+        assert list(s(spent)) == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert list(s(spent)) == []  # once per stage
+        # an iterable that starts over, an empty first pass and a pass that reads are all quiet
+        again = stage()
+        for _ in range(3):
+            assert len(list(again(list(range(6))))) == 6
+        empty_first = stage()
+        assert list(empty_first([])) == []
+        assert len(list(empty_first(range(3)))) == 3
+
+
+def test_a_pass_resumed_at_its_end_reads_nothing_and_does_not_warn():
+    import warnings
+
+    s = sp.Sifter(None, _zero_losses, sp.Uniform(1.0), micro_batch=4, collate_fn=list, seed=0)
+    data = list(range(8))
+    it = s(data)
+    got = [next(it) for _ in range(8)]
+    state = s.state_dict()
+    resumed = sp.Sifter(None, _zero_losses, sp.Uniform(1.0), micro_batch=4, collate_fn=list, seed=0)
+    resumed.load_state_dict(state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rest = list(resumed(data[resumed.consumed :]))
+    assert got == data and rest == []
