@@ -26,6 +26,8 @@ Prints one JSON object:
   recipe_index_keys_1024_us_per_sample   the same with input batches of 1024 rows re-batched to 128
                               (a loader batch 8x the training batch: the stage's fixed cost per
                               input batch shared by 8x the rows)
+  recipe_index_list_1024_us_per_sample   the same with observe() given the index as a list of
+                              Python ints (tensor.tolist(), as tools/bench_gpu.py hands them)
 
   mode_switch_us, eval_train_us   putting a ResNet-50-sized tree of modules (164: 23 blocks of
                               conv, batch-norm, ReLU) in eval mode and back around a scoring
@@ -43,6 +45,7 @@ import json
 import logging
 import resource
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -258,12 +261,16 @@ def recipe_cost(repeats: int) -> dict[str, float]:
         "recipe_us_per_sample": recipe_cost_of(repeats, index_keys=False),
         "recipe_index_keys_us_per_sample": recipe_cost_of(repeats, index_keys=True),
         "recipe_index_keys_1024_us_per_sample": recipe_cost_of(repeats, index_keys=True, rows=1024),
+        "recipe_index_list_1024_us_per_sample": recipe_cost_of(
+            repeats, index_keys=True, rows=1024, observe_list=True
+        ),
     }
 
 
-def recipe_cost_of(repeats: int, index_keys: bool, rows: int = 128) -> float:
+def recipe_cost_of(repeats: int, index_keys: bool, rows: int = 128, observe_list: bool = False) -> float:
     """CPU µs per sample seen, keys strings (``index_keys`` False) or the index tensor, input
-    batches of ``rows`` handed on in batches of 128."""
+    batches of ``rows`` handed on in batches of 128; ``observe_list``: observe() gets the index
+    as a list of Python ints (``tensor.tolist()``, as tools/bench_gpu.py hands them)."""
     n, epochs = 32_000, 8
     # the stage's account warns that sifting does not pay here (nothing is trained): expected
     logging.getLogger("siftpipe").setLevel(logging.ERROR)
@@ -295,7 +302,11 @@ def recipe_cost_of(repeats: int, index_keys: bool, rows: int = 128) -> float:
                 idx = batch["i"]
                 # losses that shrink over epochs, with noise: some below the mean, some above
                 got = base[idx.numpy()] * 0.7**epoch * rng.uniform(0.5, 1.5, size=len(idx))
-                sifter.observe(idx if index_keys else [keys[i] for i in idx.tolist()], torch.from_numpy(got))
+                if observe_list:
+                    handed: Any = idx.tolist()
+                else:
+                    handed = idx if index_keys else [keys[i] for i in idx.tolist()]
+                sifter.observe(handed, torch.from_numpy(got))
 
     def bare() -> None:
         gen = torch.Generator().manual_seed(0)
@@ -303,6 +314,8 @@ def recipe_cost_of(repeats: int, index_keys: bool, rows: int = 128) -> float:
             for batch in batches(torch.randperm(n, generator=gen)):
                 if not index_keys:
                     [keys[i] for i in batch["i"].tolist()]
+                elif observe_list:
+                    batch["i"].tolist()  # the list the loop hands observe() (its cost, not the stage's)
 
     def cpu(fn) -> float:
         t0 = time.process_time()

@@ -30,7 +30,14 @@ def key_array(group: Group, batched: bool, spec: Any) -> np.ndarray | None:
 
 
 def integer_keys(keys: Any) -> np.ndarray | None:
-    """``keys`` as a 1-d integer numpy array if they are an integer tensor or array, else None."""
+    """``keys`` as a 1-d integer numpy array if they are an integer tensor or array, or a list of
+    Python ints (``tensor.tolist()``: the memory finds an array of them at once, where each key
+    of a list is hashed on its own), else None. Only exact ints: ``True`` is another key than 1."""
+    if type(keys) is list and keys and type(keys[0]) is int and set(map(type, keys)) == {int}:
+        try:
+            return np.array(keys, dtype=np.int64)
+        except OverflowError:  # beyond 64 bits: hashed one by one, as any other key
+            return None
     if isinstance(keys, torch.Tensor):
         if keys.ndim != 1 or keys.dtype == torch.bool or keys.is_floating_point() or keys.is_complex():
             return None

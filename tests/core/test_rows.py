@@ -85,3 +85,20 @@ def test_upstream_decisions_are_read_only_when_some_row_was_kept_before_decode()
     batch = {PRE_KEPT: torch.tensor([0, 1]), PRE_LOSS: torch.tensor([1.0, 2.0]), PRE_PROB: torch.ones(2)}
     mask, loss, _ = upstream_of(Group([batch], 2, 0, None), True)
     assert mask.tolist() == [False, True] and loss.tolist() == [1.0, 2.0]
+
+
+def test_a_list_of_python_ints_is_read_as_one_integer_array_and_names_the_same_samples():
+    from siftpipe.core.memory import FEEDBACK
+    from siftpipe.core.rows import integer_keys, memory_keys
+
+    got = memory_keys([3, 1, 2])
+    assert isinstance(got, np.ndarray) and got.dtype == np.int64 and got.tolist() == [3, 1, 2]
+    # only exact ints: True is the key "True", not 1; a float, a str or a 65-bit int stay a list
+    for keys in ([1, True], [1, 2.0], [1, "2"], [2**64, 1], []):
+        assert integer_keys(keys) is None and memory_keys(keys) == list(keys)
+    # the memory finds them as it finds the same indices in a tensor or as strings
+    memory = sp.ScoreMemory(100)
+    memory.update_keys(memory_keys([7, 8, 9]), np.array([1.0, 2.0, 3.0], dtype=np.float32), 0, FEEDBACK)
+    assert memory.lookup_keys(memory_keys(torch.tensor([9, 7])), 1)[0].tolist() == [3.0, 1.0]
+    assert memory.lookup_keys(["8", "9"], 1)[0].tolist() == [2.0, 3.0]
+    assert np.isnan(memory.lookup_keys([True], 1)[0]).all()
