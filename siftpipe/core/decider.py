@@ -86,6 +86,8 @@ class Decider:
         self._repeated = (0, 0)
         self._largest_observe = 0
         self._warned_repeats = False
+        self._passes_ended = 0  # in this process (a warning's evidence, not state)
+        self._warned_feedback = False
 
     @property
     def stopped(self) -> bool:
@@ -294,6 +296,8 @@ class Decider:
         losses it could use (stored in earlier passes, not expired) and found none: every sample
         was then scored or kept as unknown, and sifting from memory silently did nothing."""
         self._warn_repeats()
+        self._passes_ended += 1
+        self._warn_no_feedback()
         usable, looked, found = self._lookups
         if self._warned_memory or not usable or not looked or found:
             return
@@ -307,6 +311,33 @@ class Decider:
             "others), and samples must repeat across passes",
             ScoreMemoryWarning,
             stacklevel=2,
+        )
+
+    def _warn_no_feedback(self) -> None:
+        """Warn once when a pass after the first kept samples unknown from a score memory that
+        holds no loss at all while only ``observe()`` can bring losses (``unknown="keep"``: no
+        scoring forward), and ``observe()`` was never called: a training loop that forgot it
+        sifts nothing, ever, silently."""
+        memory = self.memory
+        if (
+            self._warned_feedback
+            or memory is None
+            or self.unknown != "keep"
+            or self._passes_ended < 2
+            or self.counts["observed"]
+            or not self.counts["unknown"]
+            or len(memory)
+        ):
+            return
+        self._warned_feedback = True
+        warnings.warn(
+            f"siftpipe: {self.counts['unknown']:,} samples were kept unknown over {self._passes_ended} "
+            "passes and nothing was sifted: the score memory holds no loss, and with "
+            "unknown='keep' (sp.recipe's) only observe() brings them. Call "
+            "sifter.observe(batch['__key__'], per_sample_losses) after each training step "
+            "(the step's losses with reduction='none')",
+            ScoreMemoryWarning,
+            stacklevel=4,  # the loop over the stage's pass
         )
 
     def _warn_repeats(self) -> None:

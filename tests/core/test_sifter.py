@@ -329,3 +329,39 @@ def test_a_pass_resumed_at_its_end_reads_nothing_and_does_not_warn():
         warnings.simplefilter("error")
         rest = list(resumed(data[resumed.consumed :]))
     assert got == data and rest == []
+
+
+def _index_batches(n, rows=64):
+    return (
+        {"__key__": torch.arange(i, min(n, i + rows)), "x": torch.zeros(min(rows, n - i), 2)}
+        for i in range(0, n, rows)
+    )
+
+
+def test_a_recipe_whose_loop_never_calls_observe_warns_that_it_sifts_nothing():
+    n = 256
+    s = sp.recipe(None, "cross_entropy", budget=4 * n, batched=True, output_batch=32, seed=0)
+    list(s(_index_batches(n)))  # the first pass: its losses may still be handed back after it
+    with pytest.warns(sp.ScoreMemoryWarning, match=r"512 samples were kept unknown over 2 passes.*observe\("):
+        list(s(_index_batches(n)))
+    assert s.stats.unknown == 2 * n and s.stats.observed == 0 and s.stats.dropped == 0
+
+
+def test_a_recipe_fed_by_observe_or_a_loaded_memory_does_not_warn():
+    import warnings
+
+    n = 256
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fed = sp.recipe(None, "cross_entropy", budget=4 * n, batched=True, output_batch=32, seed=0)
+        for epoch in range(3):
+            fed.set_epoch(epoch)
+            for batch in fed(_index_batches(n)):
+                fed.observe(batch["__key__"], torch.rand(len(batch["__key__"])))
+        assert fed.stats.dropped > 0
+        loaded = sp.recipe(None, "cross_entropy", budget=4 * n, batched=True, output_batch=32, seed=0)
+        assert loaded.memory is not None and fed.memory is not None
+        loaded.memory.load_state_dict(fed.memory.state_dict())  # losses from elsewhere, no observe
+        for epoch in range(3, 5):
+            loaded.set_epoch(epoch)
+            list(loaded(_index_batches(n)))
