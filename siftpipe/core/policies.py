@@ -430,6 +430,7 @@ class InfoBatch(Policy):
         self._memory: ScoreMemory | None = None
         self._warned = False
         self._flat_warned = False
+        self._over_budget_warned = False
 
     def config(self) -> dict[str, Any]:
         config: dict[str, Any] = {
@@ -495,6 +496,18 @@ class InfoBatch(Policy):
         easy = losses < mean if math.isfinite(mean) else np.zeros(n, dtype=bool)
         if self._anneal_at is not None:
             easy &= (seen + np.arange(n)) < self._anneal_at
+            if seen + n > self.budget and not self._over_budget_warned:  # type: ignore[operator]
+                self._over_budget_warned = True
+                _log.warning(
+                    "siftpipe: the stage has seen %d samples, more than the budget of %d it was "
+                    "given: pruning stopped at %d (anneal %.3g of the budget) and every sample is "
+                    "kept since. The budget is the samples this stage sees over the whole run "
+                    "(epochs x samples per epoch on this rank), not steps or batches",
+                    seen + n,
+                    self.budget,
+                    self._anneal_at,
+                    self.anneal,
+                )
         ratio = self.ratio * self.sifting_scale()
         if self.graded and mean != 0.0 and math.isfinite(mean):
             # how far below the mean, as a share of it: 1 at loss 0 (or below), 0 at the mean
