@@ -85,24 +85,27 @@ def test_a_fresh_job_is_refused_a_run_id_another_job_wrote(tmp_path, no_run_id_e
     assert not [p for p in os.listdir(tmp_path / "run=shared" / "rank=0") if again.attempt in p]
 
 
-def test_a_job_killed_before_its_first_part_is_named_by_the_refusal_and_by_verify(tmp_path, no_run_id_env):
-    root = str(tmp_path)
-    # the real thing: a process claims the run id, then dies by SIGKILL before writing a part
-    script = textwrap.dedent(
-        f"""
-        import os, signal
-        import siftpipe as sp
-        log = sp.AuditLog({root!r}, run_id="nightly", flush_every=1000)
-        log.start()
-        print(log.attempt, flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-        """
-    )
+def claim_then_die(setup: str) -> str:
+    """Run ``setup`` (which makes ``log``, an AuditLog) in a new process that then claims the run id
+    and dies by SIGKILL before writing a part; the dead attempt's id."""
+    script = textwrap.dedent(setup) + "\nlog.start()\nprint(log.attempt, flush=True)\n"
+    script += "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"
     done = subprocess.run(
         [sys.executable, "-c", script], check=False, cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == -9, done.stderr
-    dead = done.stdout.strip()
+    return done.stdout.strip()
+
+
+def test_a_job_killed_before_its_first_part_is_named_by_the_refusal_and_by_verify(tmp_path, no_run_id_env):
+    root = str(tmp_path)
+    # the real thing: a process claims the run id, then dies by SIGKILL before writing a part
+    dead = claim_then_die(
+        f"""
+        import siftpipe as sp
+        log = sp.AuditLog({root!r}, run_id="nightly", flush_every=1000)
+        """
+    )
     claim = tmp_path / "run=nightly" / "rank=0" / f"_claim-{dead}.json"
     assert sorted(os.listdir(claim.parent)) == [claim.name]
     report = sp.verify_log(root)
@@ -134,24 +137,16 @@ def test_a_resumed_attempt_killed_before_its_first_part_supersedes_nothing(tmp_p
     torch.save(s.state_dict(), state_file)
     list(it)
     s.close()
-    script = textwrap.dedent(
+    dead = claim_then_die(
         f"""
-        import os, signal, torch
+        import torch
         import siftpipe as sp
         from tests.common import loss_field
         log = sp.AuditLog({root!r}, flush_every=1000)
         s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, audit=log, seed=2)
         s.load_state_dict(torch.load({str(state_file)!r}, weights_only=True))
-        log.start()
-        print(log.attempt, flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], check=False, cwd=REPO, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == -9, done.stderr
-    dead = done.stdout.strip()
     assert os.path.exists(tmp_path / "run=mine" / "rank=0" / f"_claim-{dead}.json")
     assert sp.read_log(root).num_rows == len(SAMPLES)
     report = sp.verify_log(root)

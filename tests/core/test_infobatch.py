@@ -600,17 +600,20 @@ def test_the_recipe_keeps_everything_on_flat_losses_and_the_floor_is_a_named_set
     assert sp.recipe(None, _never, budget=10, min_spread=None).policy.min_spread is None
 
 
+def _train_on_indices(s, n, epochs):
+    """Passes over dict batches keyed by index, each output batch's losses handed back (random)."""
+    for epoch in range(epochs):
+        s.set_epoch(epoch)
+        for b in s({"__key__": torch.arange(i, i + 64), "x": torch.zeros(64, 2)} for i in range(0, n, 64)):
+            s.observe(b["__key__"], torch.rand(len(b["__key__"])))
+
+
 def test_a_budget_given_in_steps_is_used_up_early_and_the_log_says_so(caplog):
     n, batch = 512, 32
     # the common slip: epochs x batches instead of epochs x samples
     s = sp.recipe(None, "cross_entropy", budget=4 * (n // batch), batched=True, output_batch=batch, seed=0)
     with caplog.at_level(logging.WARNING, logger="siftpipe"):
-        for epoch in range(2):
-            s.set_epoch(epoch)
-            for b in s(
-                {"__key__": torch.arange(i, i + 64), "x": torch.zeros(64, 2)} for i in range(0, n, 64)
-            ):
-                s.observe(b["__key__"], torch.rand(len(b["__key__"])))
+        _train_on_indices(s, n, epochs=2)
     said = [r.getMessage() for r in caplog.records if "more than the budget" in r.getMessage()]
     assert len(said) == 1 and "budget of 64" in said[0] and "not steps or batches" in said[0]
     assert s.stats.dropped == 0  # everything past 87.5% of the budget (56 samples) was kept
@@ -620,10 +623,5 @@ def test_a_run_within_its_budget_says_nothing_of_it(caplog):
     n = 256
     s = sp.recipe(None, "cross_entropy", budget=3 * n, batched=True, output_batch=32, seed=0)
     with caplog.at_level(logging.WARNING, logger="siftpipe"):
-        for epoch in range(3):
-            s.set_epoch(epoch)
-            for b in s(
-                {"__key__": torch.arange(i, i + 64), "x": torch.zeros(64, 2)} for i in range(0, n, 64)
-            ):
-                s.observe(b["__key__"], torch.rand(len(b["__key__"])))
+        _train_on_indices(s, n, epochs=3)
     assert not [r for r in caplog.records if "budget" in r.getMessage()]
