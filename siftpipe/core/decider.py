@@ -86,7 +86,9 @@ class Decider:
         self._repeated = (0, 0)
         self._largest_observe = 0
         self._warned_repeats = False
-        self._passes_ended = 0  # in this process (a warning's evidence, not state)
+        # passes ended (a warning's evidence, not state: one loaded with samples seen counts one)
+        self._passes_ended = 0
+        self._seen_at_pass = 0
         self._warned_feedback = False
 
     @property
@@ -290,6 +292,7 @@ class Decider:
         self._lookups = [usable, 0, 0]
         self._repeated = (memory.repeated if memory is not None else 0, self.counts["observed"])
         self._largest_observe = 0
+        self._seen_at_pass = self.counts["seen"]
 
     def pass_ends(self) -> None:
         """A pass ran to its end. Warn once if it looked its samples up in a memory that held
@@ -325,17 +328,19 @@ class Decider:
             or self.unknown != "keep"
             or self._passes_ended < 2
             or self.counts["observed"]
+            or self.counts["seen"] == self._seen_at_pass  # an empty pass: EmptyPassWarning's
             or not self.counts["unknown"]
             or len(memory)
         ):
             return
         self._warned_feedback = True
         warnings.warn(
-            f"siftpipe: {self.counts['unknown']:,} samples were kept unknown over {self._passes_ended} "
-            "passes and nothing was sifted: the score memory holds no loss, and with "
+            f"siftpipe: {self.counts['unknown']:,} samples have been kept unknown by epoch "
+            f"{self.epoch} and nothing was sifted: the score memory holds no loss, and with "
             "unknown='keep' (sp.recipe's) only observe() brings them. Call "
             "sifter.observe(batch['__key__'], per_sample_losses) after each training step "
-            "(the step's losses with reduction='none')",
+            "(the step's losses with reduction='none'); the HF and Lightning integrations do it "
+            "for you when the batch carries its keys (key= a field, not a callable)",
             ScoreMemoryWarning,
             stacklevel=4,  # the loop over the stage's pass
         )

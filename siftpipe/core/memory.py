@@ -726,7 +726,9 @@ def _joined(run: list[tuple[Keys, np.ndarray, int, int]]) -> tuple[Keys, np.ndar
         return run[0][0], run[0][1]
     losses = np.concatenate([r[1] for r in run])
     if all(isinstance(r[0], np.ndarray) for r in run):
-        return np.concatenate([r[0] for r in run]), losses  # type: ignore[misc]
+        joined = np.concatenate([r[0] for r in run])  # type: ignore[misc]
+        if joined.dtype.kind in "iu":  # (int64 with uint64 makes float64: 1 would be the key "1.0")
+            return joined, losses
     keys = [k for r in run for k in (r[0].tolist() if isinstance(r[0], np.ndarray) else r[0])]
     return keys, losses
 

@@ -592,6 +592,8 @@ class Sifter:
             self._decider.rng.bit_generator.state = state["rng"]
         # from zeros: counters a state written before they existed load as 0, not as this stage's
         self._decider.counts = {**dict.fromkeys(COUNTS, 0), **{k: int(v) for k, v in state["counts"].items()}}
+        # an earlier process ran passes: they count as evidence for the stage's warnings
+        self._decider._passes_ended = 1 if self._decider.counts["seen"] else 0
         self._decider.seconds = [float(v) for v in state["seconds"]]
         self._account = CostAccount()  # the checkpoint's (states written before it: afresh)
         if "account" in state:
@@ -654,12 +656,21 @@ class Sifter:
         if self._warned_empty:
             return
         self._warned_empty = True
+        # an iterator (a generator, a torchdata node) is spent once read; an iterable starts over
+        spent = isinstance(source, Iterator)
+        why = (
+            "a spent iterator given again (a generator, iter(loader), a torchdata node without a "
+            "Loader or reset(None)) yields nothing: give each pass an iterable that starts over (a "
+            "list, a DataLoader, a Loader(node))"
+            if spent
+            else "was it fed from a checkpoint's state['consumed'] after a checkpoint taken at a "
+            "pass's end (the next pass reads the whole source: sifter.resume_from is None then), or "
+            "did its reader skip every shard (shard_stats())?"
+        )
         warnings.warn(
             f"siftpipe: pass of epoch {self.epoch} read nothing from its source (a "
             f"{type(source).__name__}), though earlier passes read {self._decider.counts['seen']:,} "
-            "samples: a spent iterator given again (a generator, an iterator, a torchdata node "
-            "without a Loader or reset(None)) yields nothing, so nothing is trained this epoch. "
-            "Give each pass an iterable that starts over (a list, a DataLoader, a Loader(node))",
+            f"samples, so nothing is trained this epoch: {why}",
             EmptyPassWarning,
             stacklevel=3,
         )

@@ -621,7 +621,8 @@ def test_a_budget_given_in_steps_is_used_up_early_and_the_log_says_so(caplog):
 
 def test_a_run_within_its_budget_says_nothing_of_it(caplog):
     n = 256
-    s = sp.recipe(None, "cross_entropy", budget=3 * n, batched=True, output_batch=32, seed=0)
+    # 3 passes against a budget 5% short (a sampler's padding, say): no slip worth a line
+    s = sp.recipe(None, "cross_entropy", budget=int(3 * n / 1.05), batched=True, output_batch=32, seed=0)
     with caplog.at_level(logging.WARNING, logger="siftpipe"):
         _train_on_indices(s, n, epochs=3)
     assert not [r for r in caplog.records if "budget" in r.getMessage()]

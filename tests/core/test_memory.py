@@ -370,3 +370,11 @@ def test_spread_is_measured_again_after_a_quarter_of_the_memory_and_resumes_to_t
     old = sp.ScoreMemory(capacity=1000, max_age=None)
     old.load_state_dict(older)
     assert old.measured_spread is None and old.spread() == memory.spread()
+
+
+def test_deferred_integer_keys_of_both_signs_are_joined_as_the_same_keys():
+    # int64 and uint64 arrays concatenate to float64, whose 1 is the key "1.0": they stay ints
+    memory = sp.ScoreMemory(100)
+    memory.defer_keys(np.array([1, 2], dtype=np.int64), np.array([0.5, 1.5]), 0, FEEDBACK)
+    memory.defer_keys(np.array([3], dtype=np.uint64), np.array([2.5]), 0, FEEDBACK)
+    assert memory.lookup_keys(["1", "2", "3"], 1)[0].tolist() == [0.5, 1.5, 2.5]

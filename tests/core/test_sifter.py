@@ -315,6 +315,23 @@ def test_a_spent_iterator_given_again_warns_that_its_pass_read_nothing():
         assert len(list(empty_first(range(3)))) == 3
 
 
+def test_an_empty_slice_after_a_checkpoint_at_a_passs_end_is_named_as_such():
+    # the slip README's resume example once invited: state["consumed"] of a state taken after the
+    # pass ended is the whole pass, and the next pass (a new one) must read the whole source
+    data = list(range(8))
+    s = sp.Sifter(None, _zero_losses, sp.Uniform(1.0), micro_batch=4, collate_fn=list, seed=0)
+    assert list(s(data)) == data
+    state = s.state_dict()
+    resumed = sp.Sifter(None, _zero_losses, sp.Uniform(1.0), micro_batch=4, collate_fn=list, seed=0)
+    resumed.load_state_dict(state)
+    assert state["consumed"] == 8 and resumed.resume_from is None
+    with pytest.warns(sp.EmptyPassWarning, match=r"\(a list\).*state\['consumed'\].*resume_from is None"):
+        assert list(resumed(data[state["consumed"] :])) == []
+    again = sp.Sifter(None, _zero_losses, sp.Uniform(1.0), micro_batch=4, collate_fn=list, seed=0)
+    again.load_state_dict(state)
+    assert list(again(data[again.resume_from or 0 :])) == data  # README's way
+
+
 def test_a_pass_resumed_at_its_end_reads_nothing_and_does_not_warn():
     import warnings
 
@@ -342,7 +359,8 @@ def test_a_recipe_whose_loop_never_calls_observe_warns_that_it_sifts_nothing():
     n = 256
     s = sp.recipe(None, "cross_entropy", budget=4 * n, batched=True, output_batch=32, seed=0)
     list(s(_index_batches(n)))  # the first pass: its losses may still be handed back after it
-    with pytest.warns(sp.ScoreMemoryWarning, match=r"512 samples were kept unknown over 2 passes.*observe\("):
+    message = r"512 samples have been kept unknown by epoch 1.*observe\("
+    with pytest.warns(sp.ScoreMemoryWarning, match=message):
         list(s(_index_batches(n)))
     assert s.stats.unknown == 2 * n and s.stats.observed == 0 and s.stats.dropped == 0
 
@@ -365,3 +383,20 @@ def test_a_recipe_fed_by_observe_or_a_loaded_memory_does_not_warn():
         for epoch in range(3, 5):
             loaded.set_epoch(epoch)
             list(loaded(_index_batches(n)))
+
+
+def test_a_job_restarted_every_epoch_that_never_observes_is_warned_too():
+    # one pass per process: the passes before the checkpoint count
+    n = 128
+    state = None
+    for epoch in range(2):
+        s = sp.recipe(None, "cross_entropy", budget=4 * n, batched=True, output_batch=32, seed=0)
+        if state is not None:
+            s.load_state_dict(state)
+        s.set_epoch(epoch)
+        if epoch == 0:
+            list(s(_index_batches(n)))
+        else:
+            with pytest.warns(sp.ScoreMemoryWarning, match="kept unknown by epoch 1"):
+                list(s(_index_batches(n)))
+        state = s.state_dict()
