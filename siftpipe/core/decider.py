@@ -86,8 +86,9 @@ class Decider:
         self._repeated = (0, 0)
         self._largest_observe = 0
         self._warned_repeats = False
-        # passes ended (a warning's evidence, not state: one loaded with samples seen counts one)
-        self._passes_ended = 0
+        #: Passes that ran to their end (a warning's evidence, not state: the stage counts one for
+        #: a loaded state that had seen samples)
+        self.passes_ended = 0
         self._seen_at_pass = 0
         self._warned_feedback = False
 
@@ -299,7 +300,7 @@ class Decider:
         losses it could use (stored in earlier passes, not expired) and found none: every sample
         was then scored or kept as unknown, and sifting from memory silently did nothing."""
         self._warn_repeats()
-        self._passes_ended += 1
+        self.passes_ended += 1
         self._warn_no_feedback()
         usable, looked, found = self._lookups
         if self._warned_memory or not usable or not looked or found:
@@ -326,7 +327,7 @@ class Decider:
             self._warned_feedback
             or memory is None
             or self.unknown != "keep"
-            or self._passes_ended < 2
+            or self.passes_ended < 2
             or self.counts["observed"]
             or self.counts["seen"] == self._seen_at_pass  # an empty pass: EmptyPassWarning's
             or not self.counts["unknown"]

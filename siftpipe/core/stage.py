@@ -593,7 +593,7 @@ class Sifter:
         # from zeros: counters a state written before they existed load as 0, not as this stage's
         self._decider.counts = {**dict.fromkeys(COUNTS, 0), **{k: int(v) for k, v in state["counts"].items()}}
         # an earlier process ran passes: they count as evidence for the stage's warnings
-        self._decider._passes_ended = 1 if self._decider.counts["seen"] else 0
+        self._decider.passes_ended = 1 if self._decider.counts["seen"] else 0
         self._decider.seconds = [float(v) for v in state["seconds"]]
         self._account = CostAccount()  # the checkpoint's (states written before it: afresh)
         if "account" in state:
