@@ -314,7 +314,7 @@ class Decider:
             "same form (5, '5' and an integer tensor's 5 are one key; 5.0 and 'tensor(5)' are "
             "others), and samples must repeat across passes",
             ScoreMemoryWarning,
-            stacklevel=2,
+            stacklevel=3,  # the loop over the stage's pass
         )
 
     def _warn_no_feedback(self) -> None:
@@ -375,7 +375,7 @@ class Decider:
             "warnings.filterwarnings('ignore', category=siftpipe.RepeatedKeyWarning) "
             "(sifter.memory.repeated counts them)",
             RepeatedKeyWarning,
-            stacklevel=3,
+            stacklevel=4,  # the loop over the stage's pass
         )
 
     def _score_rows(self, group: Group, index: np.ndarray | None) -> np.ndarray:
