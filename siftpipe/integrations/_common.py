@@ -64,6 +64,19 @@ OpenPass = Callable[[int, int], tuple[Iterable[Sequence[Any]], int]]
 # ---------------------------------------------------------------------- random states
 
 
+def check_feedback_key(sifter: Any, feedback: bool) -> None:
+    """``ConfigError`` when an integration is to hand the step's losses back (``feedback``) but
+    cannot read each sample's key from the collated batch: a callable ``key`` is computed from
+    the samples, which the batch does not carry, so nothing would reach the memory and a stage
+    keeping unknown samples (``sp.recipe``) would never sift."""
+    if feedback and callable(sifter.key):
+        raise sp.ConfigError(
+            "feedback hands the training step's losses back by each sample's key, read from the "
+            "batch, but the sifter's key is a callable, which the collated batch cannot give: "
+            "put the key in a field of each sample and pass key='<field>', or feedback=False"
+        )
+
+
 def capture_rng(cuda: bool = False) -> dict[str, Any]:
     """The process-wide random states: torch (CPU, and every CUDA device if ``cuda``), Python, numpy."""
     states: dict[str, Any] = {

@@ -34,6 +34,7 @@ from ._common import (
     MetaCollate,
     SiftedStream,
     as_list,
+    check_feedback_key,
     split_meta,
     with_index_keys,
 )
@@ -305,6 +306,7 @@ class SiftTrainerMixin(_Base):
             raise sp.ConfigError(
                 "feedback=True needs a score memory: Sifter(..., memory=sp.ScoreMemory(...))"
             )
+        check_feedback_key(sifter, self.sift_feedback)
         self.sift_sync_every = sync_every
         self._sift_follows_model = sifter.model is None or sifter.model is self.model
         self._sift_inner: Any = None

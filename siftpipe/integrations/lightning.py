@@ -46,6 +46,7 @@ from ._common import (
     SiftedStream,
     as_list,
     capture_rng,
+    check_feedback_key,
     decode_rng,
     encode_rng,
     restore_rng,
@@ -204,8 +205,8 @@ class SiftCallback(Callback):
     def feedback(self) -> bool:
         return self.sifter.memory is not None if self._feedback is None else self._feedback
 
-    @staticmethod
-    def _check(sifter: sp.Sifter) -> None:
+    def _check(self, sifter: sp.Sifter) -> None:
+        check_feedback_key(sifter, sifter.memory is not None if self._feedback is None else self._feedback)
         if sifter.batched:
             raise sp.ConfigError(
                 "SiftCallback feeds the Sifter samples and lets it collate the kept ones with the "

@@ -365,7 +365,13 @@ def test_bad_settings_and_checkpoints_get_errors_that_name_the_fix(tmp_path):
         )
     with pytest.raises(sp.ConfigError, match="kind"):
         ModelLoss(kind="nonsense")
-    tried("bad inputs tried", 4)
+    # feedback reads keys from the batch: a callable key would hand nothing back, and the recipe
+    # would keep every sample unknown, never sifting
+    keyed_by_call = sp.recipe(None, ModelLoss(), budget=8, key=lambda s: str(s["input_ids"][0]))
+    with pytest.raises(sp.ConfigError, match="key is a callable.*key='<field>', or feedback=False"):
+        SiftTrainer(model=gpt2(0.0), args=args, sifter=keyed_by_call)
+    SiftTrainer(model=gpt2(0.0), args=args, sifter=keyed_by_call, feedback=False)  # said so: allowed
+    tried("bad inputs tried", 5)
 
     trainer = SiftTrainer(
         model=gpt2(0.0), args=args, train_dataset=Listed(sequences(8)), data_collator=pad, sifter=sifter

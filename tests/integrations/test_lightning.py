@@ -192,6 +192,12 @@ def test_misuse_and_bad_checkpoints_get_errors_that_name_the_fix(tmp_path):
         SiftCallback(sp.Sifter(None, sp.CrossEntropy(), batched=True))
     with pytest.raises(sp.ConfigError, match="not a siftpipe.Sifter"):
         SiftCallback(lambda: "not a sifter").sifter  # noqa: B018
+    keyed_by_call = sp.recipe(None, sp.CrossEntropy("x", "y"), budget=8, key=lambda s: s["__key__"])
+    with pytest.raises(sp.ConfigError, match="key is a callable"):
+        SiftCallback(keyed_by_call)
+    with pytest.raises(sp.ConfigError, match="key is a callable"):
+        SiftCallback(lambda: keyed_by_call).sifter  # noqa: B018
+    SiftCallback(keyed_by_call, feedback=False)
     with pytest.raises(sp.ConfigError, match="DataLoader"):
         SiftCallback(sifter()).loader([1, 2, 3])
     with pytest.raises(sp.ConfigError, match="not both or neither"):
