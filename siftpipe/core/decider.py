@@ -91,6 +91,8 @@ class Decider:
         self.passes_ended = 0
         self._seen_at_pass = 0
         self._warned_feedback = False
+        #: Seconds the last ``decide`` waited for losses observe() queued on a CUDA device
+        self.device_wait = 0.0
 
     @property
     def stopped(self) -> bool:
@@ -139,6 +141,7 @@ class Decider:
             # 1, and the audit log records them as samples a score memory does not know (kept,
             # reason unknown, source none, no loss: what-if replays keep them, unseen by the policy)
             losses, sources, chunk = np.full(rows, np.nan), NONE, rows
+            self.device_wait = 0.0
             t1 = time.perf_counter()
             # weights are ones, not None: a weighting policy's checkpoint holds pending weights
             d = Decided(
@@ -151,9 +154,9 @@ class Decider:
             waited = memory.waited if memory is not None else 0.0
             losses, sources = self._losses(group)
             t1 = time.perf_counter()
-            if memory is not None and memory.waited != waited:
-                # waiting for losses on their way from the device is the steps' time, not scoring
-                t0 += memory.waited - waited
+            # waiting for losses on their way from the device is the steps' time, not scoring
+            self.device_wait = (memory.waited - waited) if memory is not None else 0.0
+            t0 += self.device_wait
             if counts["scored"] == scored and self.policy.chunk_free:
                 # no scoring forward, so no scoring micro-batches: one call decides the batch as
                 # micro-batches would (the audit log's micro_batch is then the input batch's)

@@ -28,10 +28,7 @@ class HostCopy:
     __slots__ = ("_event", "_host", "size", "waited")
 
     def __init__(self, losses: torch.Tensor) -> None:
-        values = losses.detach()
-        if values.dtype is not torch.float32:
-            values = values.float()  # what the memory keeps (numpy has no bfloat16)
-        values = values.reshape(-1)
+        values = _flat_float32(losses)
         self.size = int(values.numel())
         self.waited = 0.0
         if values.is_cuda:
@@ -45,9 +42,8 @@ class HostCopy:
             event = torch.cuda.Event()
             event.record(stream)
             self._event: torch.cuda.Event | None = event
-        else:
-            # a copy: the caller may reuse its buffer after observe() returns
-            self._host = values.cpu().clone() if values.device.type != "cpu" else values.clone()
+        else:  # (a copy: the caller may reuse its buffer after observe() returns)
+            self._host = values.to("cpu", copy=True)
             self._event = None
 
     def result(self) -> np.ndarray:
@@ -67,7 +63,12 @@ def host_losses(losses: torch.Tensor) -> np.ndarray | HostCopy:
     tensor's own data, not a copy: ``ScoreMemory.defer_keys`` copies what it keeps)."""
     if losses.is_cuda:
         return HostCopy(losses)
+    return _flat_float32(losses).cpu().numpy()
+
+
+def _flat_float32(losses: torch.Tensor) -> torch.Tensor:
+    """``losses`` detached, 1-d, float32 (what the memory keeps: numpy has no bfloat16)."""
     values = losses.detach()
     if values.dtype is not torch.float32:
         values = values.float()
-    return values.cpu().numpy().reshape(-1)
+    return values.reshape(-1)

@@ -691,12 +691,10 @@ class Sifter:
             fresh = self._read(reader)
             if fresh is None:
                 break
-            memory = self.memory
-            waited = memory.waited if memory is not None else 0.0
             self._decider.decide(fresh)
-            if memory is not None and memory.waited != waited:
+            if self._decider.device_wait:
                 # waiting for the losses observe() queued on a CUDA device: the steps' time
-                self._account.to_step(memory.waited - waited)
+                self._account.to_step(self._decider.device_wait)
             self._account.dropped += fresh.rows - fresh.kept_index.size
             yield out.hand_on(fresh)
         yield out.finish()
