@@ -90,7 +90,10 @@ class ScoreMemory:
 
     Besides losses, the memory measures what dropping did (see ``forgetting``): when the training
     step hands back the loss of a sample whose remembered loss is two or more epochs old (it was
-    not trained in between), the change is compared with that of easy samples that were trained.
+    not trained in between), the change is compared with that of easy samples that were trained
+    (easy: below the mean remembered loss when the epoch being observed began). The figure does
+    not depend on how the training losses are grouped into updates: a checkpoint or a read that
+    applies deferred losses early changes nothing the stage decides later.
     """
 
     def __init__(
@@ -138,6 +141,9 @@ class ScoreMemory:
         # epoch being observed (_drift[0]) and the one before it (_drift[1])
         self._drift = np.zeros((2, 2, 2))
         self._drift_epoch = 0
+        # the mean remembered loss when the epoch being observed (and the one before) began: a
+        # sample is "easy then" against it, so no grouping of updates changes the evidence
+        self._drift_mean = np.full(2, np.nan)
         self._verdict = float("nan")  # the last forgetting measured over a whole epoch
         self._applied = 0  # losses applied in all (for when ``spread`` is measured again)
         self._spread = float("nan")  # the last ``spread`` measured, NaN if none or undefined
@@ -354,19 +360,29 @@ class ScoreMemory:
         if not hashes.size:
             return
         self._applied += hashes.size
+        if source == FEEDBACK:
+            self._drift_to(epoch)
         # the last occurrence of each key in this batch wins
         _, last = np.unique(hashes[::-1], return_index=True)
-        if source == FEEDBACK:
-            self._repeated += hashes.size - last.size
         keep = hashes.size - 1 - last
-        hashes, losses = hashes[keep], losses[keep]
+        if last.size < hashes.size:
+            if source == FEEDBACK:
+                self._repeated += hashes.size - last.size
+            # a key's first loss meets the remembered one, as it would applied on its own (the
+            # later ones would meet this epoch's): the same evidence however updates are grouped
+            moved = losses[np.unique(hashes, return_index=True)[1]]
+            hashes, losses = hashes[keep], losses[keep]
+        else:
+            hashes, losses = hashes[keep], losses[keep]
+            moved = losses  # what a known key's forgetting evidence is read from
         while hashes.size:
             slot = self._slots(hashes)
             present = self._keys[slot] == hashes
             if source == FEEDBACK and present.any():
-                self._note_drift(slot[present], losses[present], epoch)
+                self._note_drift(slot[present], moved[present], epoch)
             self._set(slot[present], hashes[present], losses[present], epoch, source)
             hashes, losses, slot = hashes[~present], losses[~present], slot[~present]
+            moved = moved[~present]
             if not hashes.size:
                 return
             room = self.capacity - self._count
@@ -384,27 +400,34 @@ class ScoreMemory:
             self._count += first.size
             rest = np.ones(hashes.size, dtype=bool)
             rest[first] = False
-            hashes, losses = hashes[rest], losses[rest]
+            hashes, losses, moved = hashes[rest], losses[rest], moved[rest]
+
+    def _drift_to(self, epoch: int) -> None:
+        """Training losses of ``epoch`` are about to be applied: move the forgetting evidence on
+        to it if it is a newer epoch than the one observed (before anything of it is applied, so
+        the mean it starts from does not depend on how its updates are grouped)."""
+        if epoch == self._drift_epoch or epoch == self._drift_epoch - 1:
+            return  # this epoch, or a late hand-over of the one before (see _note_drift)
+        if epoch > self._drift_epoch:
+            verdict = self._forgetting_of(self._drift[0])
+            if verdict is not None:
+                self._verdict = verdict
+            follows = epoch == self._drift_epoch + 1
+            self._drift[1] = self._drift[0] if follows else 0.0
+            self._drift[0] = 0.0
+            self._drift_mean[1] = self._drift_mean[0] if follows else np.nan
+            self._drift_mean[0] = self._mean()
+        self._drift_epoch = epoch
 
     def _note_drift(
         self, slot: np.ndarray, losses: np.ndarray, epoch: int, old: np.ndarray | None = None
     ) -> None:
         """Record how the training losses of known samples moved since they were remembered, and
         count those that replace a training loss of this same epoch (``repeated``). ``old``: the
-        losses at ``slot``, if the caller has read them."""
-        window = 0  # the epoch being observed
-        if epoch == self._drift_epoch - 1:
-            # a late hand-over: the last batches of the pass before, trained after this pass began
-            # (a trainer that fetches ahead; Sifter.observe(epoch=...)): evidence of that epoch
-            window = 1
-        elif epoch != self._drift_epoch:
-            if epoch > self._drift_epoch:
-                verdict = self._forgetting_of(self._drift[0])
-                if verdict is not None:
-                    self._verdict = verdict
-                self._drift[1] = self._drift[0] if epoch == self._drift_epoch + 1 else 0.0
-                self._drift[0] = 0.0
-            self._drift_epoch = epoch
+        losses at ``slot``, if the caller has read them. ``_drift_to(epoch)`` came first."""
+        # 1: a late hand-over, the last batches of the pass before, trained after this pass began
+        # (a trainer that fetches ahead; Sifter.observe(epoch=...)): evidence of that epoch
+        window = 1 if epoch == self._drift_epoch - 1 else 0
         if old is None:
             old = self._loss[slot]
         # int32: two 16-bit epochs can be 65,534 apart
@@ -412,7 +435,8 @@ class ScoreMemory:
         # one code per row: 1 skipped (not trained for an epoch or more), 2 trained last epoch and
         # easy then, 3 a training loss of this same epoch already (the key came twice), 0 other
         kind = (age >= 2).view(np.int8)
-        kind = kind + 2 * ((age == 1) & (old < np.float64(self._mean())))  # compared as float64
+        # easy then: below the mean when the epoch began (NaN before any: nothing is easy)
+        kind = kind + 2 * ((age == 1) & (old < self._drift_mean[window]))  # compared as float64
         kind += 3 * ((age == 0) & (self._source[slot] == FEEDBACK))
         counts = np.bincount(kind, minlength=4)
         if counts[3]:
@@ -565,6 +589,7 @@ class ScoreMemory:
             check_epoch(epoch)
             old = self._loss[slots]
             if source == FEEDBACK:
+                self._drift_to(epoch)
                 self._note_drift(slots, losses, epoch, old)
             self._sum += total - float(old.sum(dtype=np.float64))
             self._applied += n
@@ -597,6 +622,7 @@ class ScoreMemory:
             "drift": torch.from_numpy(self._drift.copy()),
             "drift_epoch": self._drift_epoch,
             "drift_verdict": None if np.isnan(self._verdict) else self._verdict,
+            "drift_mean": [None if np.isnan(m) else float(m) for m in self._drift_mean],
             "applied": self._applied,
             "spread": None if np.isnan(self._spread) else self._spread,
             "spread_at": self._spread_at,
@@ -624,6 +650,11 @@ class ScoreMemory:
             self._drift_epoch = int(state["drift_epoch"])
             verdict = state.get("drift_verdict")
             self._verdict = float("nan") if verdict is None else float(verdict)
+        means = state.get("drift_mean")
+        if means is not None:
+            self._drift_mean = np.array([np.nan if m is None else float(m) for m in means])
+        else:  # states written before it: the mean loaded (what the epoch's updates would meet)
+            self._drift_mean = np.array([self._mean(), np.nan])
         # states written before the spread measure lack it: measured at the next read
         self._applied = int(state.get("applied", 0))
         spread = state.get("spread")
@@ -642,6 +673,7 @@ class ScoreMemory:
         self._repeated = 0
         self._drift = np.zeros((2, 2, 2))
         self._drift_epoch = 0
+        self._drift_mean = np.full(2, np.nan)
         self._verdict = float("nan")  # the last forgetting measured over a whole epoch
         self._spread, self._spread_at = float("nan"), None
         for e in np.unique(epoch):

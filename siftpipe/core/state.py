@@ -346,6 +346,13 @@ def check_memory_state(memory: Any, bad: Callable[[str, str], ResumeError]) -> N
         )
     ):
         raise bad("memory['drift']", "a finite 2x2x2 tensor with an integer drift_epoch")
+    means = memory.get("drift_mean")
+    if means is not None and not (
+        isinstance(means, list | tuple)
+        and len(means) == 2
+        and all(m is None or (isinstance(m, float | int) and np.isfinite(m)) for m in means)
+    ):
+        raise bad("memory['drift_mean']", "two finite numbers or None")
     if not is_int(memory.get("refused")):
         raise bad("memory['refused']", "a count >= 0")
     if "repeated" in memory and not is_int(memory["repeated"]):

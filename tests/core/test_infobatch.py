@@ -265,6 +265,49 @@ def test_exact_resume_of_the_recipe_at_any_cut(losses):
         assert head + rest == full, f"cut {cut}"
 
 
+def test_a_checkpoint_between_the_steps_of_one_input_batch_changes_no_decision():
+    """The recipe's forgetting guard reads how the losses observe() hands back moved; those wait
+    in the memory and are applied before the next decision, and a checkpoint (or any read of the
+    memory) applies them at once. Neither where it cuts them nor resuming from there changes a
+    decision or a weight: each input batch feeds 4 training steps here, and the guard acts."""
+    n, epochs = 256, 6
+    base = np.random.default_rng(0).exponential(1.0, n)
+    inputs = [{"__key__": torch.arange(i, i + 64), "x": torch.zeros(64)} for i in range(0, n, 64)]
+
+    def make():
+        return sp.recipe(None, _never, budget=epochs * n, batched=True, micro_batch=None,
+                         output_batch=16, cost_guard=False, seed=1)  # fmt: skip
+
+    def run(cut=None, restart=False):
+        stage, trained, out, step, epoch, resumed = make(), np.zeros(n, int), [], 0, 0, False
+        while epoch < epochs:
+            if not resumed:
+                stage.set_epoch(epoch)
+            source, resumed = inputs[stage.resume_from or 0 :] if resumed else inputs, False
+            for batch in stage(source):
+                k = batch["__key__"].numpy()
+                losses = base[k] * 0.7 ** trained[k] + 0.05 * np.sin(k * 1.3 + epoch)
+                trained[k] += 1
+                out.append((epoch, k.tolist(), batch["__sift_weight__"].tolist()))
+                stage.observe(batch["__key__"], torch.tensor(losses, dtype=torch.float32))
+                step += 1
+                if step == cut:
+                    state = roundtrip(stage.state_dict())  # flushes what the memory holds
+                    if restart:
+                        stage, resumed = make(), True
+                        stage.load_state_dict(state)
+                        break
+            else:
+                epoch += 1
+        return out, stage.stats
+
+    full, stats = run()
+    assert stats.sifting_scale < 1.0 and stats.dropped > 0  # the guard and the pruning acted
+    for cut in range(17, 41):  # the first epochs the guard measures
+        for restart in (False, True):
+            assert run(cut, restart)[0] == full, f"cut after step {cut}, restart {restart}"
+
+
 def test_guard_backs_off_to_keeping_everything_when_dropped_samples_are_forgotten(caplog):
     n = 1000
     keys = list(range(n))

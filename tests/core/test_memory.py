@@ -295,6 +295,37 @@ def test_deferred_losses_are_applied_in_order_before_any_read_and_nothing_is_los
         assert torch.equal(deferred.state_dict()[name], direct.state_dict()[name])
 
 
+@pytest.mark.parametrize("repeat", [False, True])
+def test_the_forgetting_evidence_does_not_depend_on_how_deferred_losses_are_grouped(repeat):
+    """Losses handed over one by one and applied together, one by one, or cut anywhere by a
+    read (a checkpoint, len()) leave the same memory and the same forgetting figure, also when a
+    key comes twice in one epoch (``repeat``): a checkpoint must not change later decisions."""
+    rng = np.random.default_rng(5)
+    n = 400
+    keys = np.arange(n)
+    base = rng.exponential(1.0, n).astype(np.float32)
+    steps = [(keys, base, 0), (keys[1::2], base[1::2] * 0.9, 1)]
+    for part in np.array_split(rng.permutation(n), 8):  # epoch 2 in 8 training steps
+        steps.append((part, base[part] * rng.uniform(0.3, 1.2, part.size).astype(np.float32), 2))
+    if repeat:
+        again = steps[3][0][:10]
+        steps.insert(6, (again, base[again] * 2.0, 2))  # those keys trained twice in epoch 2
+    results = []
+    for cut_every in (None, 1, 2, 3, 5):
+        memory = sp.ScoreMemory(1000, max_age=None)
+        for i, (k, losses, epoch) in enumerate(steps):
+            memory.defer_keys(k, losses, epoch, FEEDBACK)
+            if cut_every and i % cut_every == 0:
+                memory.state_dict() if i % 2 else len(memory)  # reads apply what waits
+        state = memory.state_dict()
+        results.append((memory.forgetting(), memory.repeated, state["drift"], state["drift_mean"]))
+    first = results[0]
+    assert first[0] is not None and (first[1] == 10) == repeat
+    for other in results[1:]:
+        assert other[0] == first[0] and other[1] == first[1]
+        assert torch.equal(other[2], first[2]) and other[3] == first[3]
+
+
 def test_deferred_losses_reach_the_state_files_and_a_full_buffer_applies_itself(tmp_path):
     memory = sp.ScoreMemory(100, max_age=None)
     memory.defer_keys(np.arange(5), np.ones(5), 0, FEEDBACK)
