@@ -97,7 +97,10 @@ class EqualSteps(Iterable[T]):
     Args:
         source: What each rank iterates (a sifted loader, typically yielding batches).
         group: The process group (default: the world).
-        sifter: With ``sync_every``, the stage whose history is synchronised.
+        sifter: The stage this iterates (through ``source``): with ``sync_every``, the one whose
+            history is synchronised. Given, the steps taken in its pass are kept in its state
+            (``Sifter.pass_steps``), so after a mid-pass resume ``steps`` and the syncs go on
+            from the checkpoint's step, as in the uninterrupted run.
         sync_every: Every this many steps, synchronise loss histories across ranks
             (``sync_history``); ``None`` keeps each rank's history local.
         quantiles: Sketch size for ``sync_history``.
@@ -119,7 +122,8 @@ class EqualSteps(Iterable[T]):
         self.sifter = sifter
         self.sync_every = sync_every
         self.quantiles = quantiles
-        #: Steps taken in the last epoch, the same on every rank.
+        #: Steps taken in the last epoch, the same on every rank (with ``sifter``, counted from the
+        #: start of its pass also when it was resumed mid-way).
         self.steps = 0
         #: Items fetched for the final, untaken step of an epoch (this rank, all epochs).
         self.discarded = 0
@@ -132,21 +136,30 @@ class EqualSteps(Iterable[T]):
         device = _device_for(self.group)
         flag = torch.zeros(1, dtype=torch.int64, device=device)
         it = iter(self.source)
+        sifter = self.sifter
         self.steps = 0
+        first = True
         while True:
             try:
                 item = next(it)
                 have = 1
             except StopIteration:
                 have = 0
+            if first and sifter is not None:
+                # the sifter's pass has opened by now: resumed mid-way, it says how many steps
+                # the checkpoint's run had taken in it, and the syncs fall where they fell there
+                self.steps = sifter.pass_steps
+            first = False
             flag.fill_(have)
             dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
             if int(flag.item()) == 0:
                 self.discarded += have
                 return
             self.steps += 1
+            if sifter is not None:
+                sifter.pass_steps = self.steps  # in the sifter's state from now on
             if self.sync_every and self.steps % self.sync_every == 0:
-                sync_history(self.sifter, self.group, self.quantiles)
+                sync_history(sifter, self.group, self.quantiles)
             yield item
 
 

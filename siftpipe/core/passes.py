@@ -31,6 +31,7 @@ POSITION = (
     "next_key",
     "ended",
     "source_abandoned",
+    "steps",  # optional when read: states written before it lack it
 )
 
 
@@ -48,6 +49,8 @@ class Passes:
         self.epoch_set = False  # set_epoch was called for the pass that reads next
         # the pass opened last has not read anything yet: calling again re-opens the same pass
         self.unstarted = False
+        #: training steps a consumer (``EqualSteps``) counted in the open pass (``Sifter.pass_steps``)
+        self.steps = 0
         self.id = 0  # which call (or load) the running pass belongs to
         # a weak reference: a pass the caller abandons is freed at once (with what it holds:
         # DataLoader iterators and their workers), not kept alive by this stage or left to the
@@ -105,6 +108,7 @@ class Passes:
             advance = self.count > 0 and not self.epoch_set and not self.unstarted
             self.ledger.drop_pending(consumed=0)  # positions count from the start of each pass
         self.unstarted = resume is None
+        self.steps = 0 if resume is None else int(resume.get("steps", 0))
         self.count += 1
         self.id += 1
         self.open = True
@@ -222,6 +226,8 @@ class Passes:
             "next_key": next_key,
             "ended": ended,
             "source_abandoned": source_abandoned,
+            # states written before it lack it: a consumer then counts from 0 (as it did)
+            "steps": int(restore.get("steps", 0)) if restore is not None else self.steps if self.open else 0,
         }
 
     def load(self, state: Mapping[str, Any], forget_keys: bool) -> None:
@@ -236,6 +242,7 @@ class Passes:
         self.id += 1
         self.source = None
         self.source_abandoned = bool(state.get("source_abandoned", False))
+        self.steps = int(state.get("steps", 0)) if state["pass_open"] else 0
         if state["pass_open"]:
             self.restore = dict(state)
             if forget_keys:

@@ -354,6 +354,18 @@ class Sifter:
         resume is pending or the tracked source is repositioned by the stage itself."""
         return self._passes.resume_from(self.track_source)
 
+    @property
+    def pass_steps(self) -> int:
+        """Training steps a consumer has counted in the open pass (``EqualSteps`` sets it at each
+        step, and schedules its loss-history syncs by it). It is in the state, so a consumer of a
+        pass resumed mid-way goes on counting from the checkpoint's step instead of from 0; 0 when
+        a new pass opens."""
+        return self._passes.steps
+
+    @pass_steps.setter
+    def pass_steps(self, steps: int) -> None:
+        self._passes.steps = int(steps)
+
     def set_epoch(self, epoch: int) -> None:
         """Record ``epoch`` with the decisions from now on (the next pass does not add one)."""
         if self.memory is not None:

@@ -194,7 +194,7 @@ def check_state(state: Any, batched: bool) -> None:
         check_account(state["account"], bad)
     if not (state["source"] is None or isinstance(state["source"], Mapping)):
         raise bad("source", "None or the tracked source's state dict")
-    for name in ("consumed", "emitted", "epoch", *(("read",) if "read" in state else ())):
+    for name in ("consumed", "emitted", "epoch", *(n for n in ("read", "steps") if n in state)):
         if not is_int(state[name]):
             raise bad(name, "an integer >= 0")
     if not is_int(state["model_version"], -(2**63)):

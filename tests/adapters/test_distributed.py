@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import siftpipe as sp
-from tests.common import loss_field, make_samples
+from tests.common import loss_field, make_samples, roundtrip
 
 
 def free_port():
@@ -97,6 +97,46 @@ def test_global_history_makes_percentiles_global(tmp_path):
     assert low[2] == high[2] == 1  # the reference is part of the state
     # beyond the warm-up, rank 0 (small losses) keeps far less than rank 1 (large losses)
     assert (low[0] - 500) / (low[1] - 500) < 0.2 and (high[0] - 500) / (high[1] - 500) > 0.45
+
+
+def _sync_resumed(rank, world, out_dir):
+    # rank 1's losses are 10x rank 0's, so the merged reference moves decisions on both ranks:
+    # a sync at another step than in the uninterrupted run shows in what is kept
+    rng = np.random.default_rng(rank)
+    losses = rng.exponential(size=600) * 10.0**rank
+    data = [{"__key__": f"r{rank}-{i:05d}", "loss": float(x)} for i, x in enumerate(losses)]
+
+    def make():
+        return sp.Sifter(None, loss_field, sp.RelativeProbabilistic(1.0, 200), micro_batch=20,
+                         output_batch=10, delay=100, seed=0)  # fmt: skip
+
+    sifter = make()
+    equal = sp.EqualSteps(sifter(data), sifter=sifter, sync_every=5)
+    full = [b["__key__"] for b in equal]
+    full_steps, full_kept = equal.steps, sifter.stats.kept
+    sifter, got = make(), []
+    for step, batch in enumerate(sp.EqualSteps(sifter(data), sifter=sifter, sync_every=5), 1):
+        got.append(batch["__key__"])
+        if step == 7:  # between two syncs
+            state = roundtrip(sifter.state_dict())
+            break
+    sifter = make()
+    sifter.load_state_dict(state)
+    equal = sp.EqualSteps(sifter(data[sifter.resume_from or 0 :]), sifter=sifter, sync_every=5)
+    got += [b["__key__"] for b in equal]
+    np.save(
+        os.path.join(out_dir, f"rank{rank}.npy"),
+        np.array([got == full, equal.steps, full_steps, sifter.stats.kept, full_kept]),
+    )
+
+
+def test_a_resume_between_two_syncs_syncs_where_the_uninterrupted_run_did(tmp_path):
+    """The sync schedule counts steps from the start of the pass, also across a mid-pass
+    resume (before, a resumed EqualSteps counted from 0: other syncs, other decisions)."""
+    launch(_sync_resumed, 2, str(tmp_path))
+    for r in range(2):
+        same, steps, full_steps, kept, full_kept = np.load(tmp_path / f"rank{r}.npy").tolist()
+        assert same and steps == full_steps > 7 and kept == full_kept
 
 
 def _seeds_and_audit(rank, world, root):
