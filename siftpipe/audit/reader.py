@@ -155,6 +155,15 @@ def list_parts(
             attempt.resumed_from = int(info.manifest.get("resumed_from", 0))
             if isinstance(info.manifest.get("origin"), str):
                 origins.setdefault(stream_key, info.manifest["origin"])
+    for stream_key, attempt in attempts.items():
+        # parts with no manifest left (killed between a part and its manifest): the claim it wrote
+        # before its first record (or its end marker) says when it started and where it resumed;
+        # without them it would sort last and supersede its whole job from seq 0
+        said = ends.get(stream_key) or claims.get(stream_key) or {}
+        if attempt.started == float("inf"):
+            attempt.started = _number(said.get("attempt_started"), float("inf"))
+        if attempt.resumed_from < 0 and _count_like(said.get("resumed_from")):
+            attempt.resumed_from = int(said["resumed_from"])
     for stream_key, marker in ends.items():
         if stream_key not in attempts:  # it closed without a part in storage (all dropped?)
             attempts[stream_key] = _Attempt(
@@ -218,6 +227,24 @@ def list_parts(
         key=lambda p: (p.run, p.rank, p.part, attempts[(p.run, p.rank, p.attempt)].started),
     )
     return fs, infos, ordered + bare
+
+
+def describe_missing(info: PartInfo) -> str:
+    """What a part whose manifest exists and whose Parquet object does not held (for messages)."""
+    manifest = info.manifest or {}
+    first, last, count = manifest.get("first_seq"), manifest.get("last_seq"), manifest.get("count")
+    held = f"its {count} record(s), seq {first}..{last}," if _count_like(count) else "its records"
+    return (
+        f"part {info.part} of attempt {info.attempt} (run {info.run}, rank {info.rank}) has a "
+        f"manifest but no Parquet object in storage (deleted, or lost by the store): {held} are "
+        "not in what was read; `siftpipe log verify` lists what is missing"
+    )
+
+
+def wholly_superseded(info: PartInfo) -> bool:
+    """Every record of the part was redone by a later attempt (by its manifest's first seq)."""
+    first = (info.manifest or {}).get("first_seq")
+    return _count_like(first) and first >= info.cutoff
 
 
 def _number(value: Any, default: Any) -> Any:
@@ -421,6 +448,13 @@ def read_log(
 
     fs, infos, _ = list_parts(url, storage_options, run=run, rank=rank)
     readable = [p for p in infos if p.path is not None]
+    secrets = secret_values(storage_options, url)
+    for info in infos:
+        if info.path is None and not (not include_superseded and wholly_superseded(info)):
+            message = f"audit {describe_missing(info)}; the rest of the log was read"
+            if on_bad_part == "raise":
+                raise AuditError(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
     need = list(columns) if columns is not None else None
     if need is not None:
         for extra in ("seq",) if not include_superseded else ():
@@ -430,7 +464,6 @@ def read_log(
             need.append("kept")
     tables = _read_many_with_progress(fs, [p.path for p in readable], need, progress)  # type: ignore[misc]
     out = []
-    secrets = secret_values(storage_options, url)
     for info, table in zip(readable, tables):
         if isinstance(table, Exception):
             message = (

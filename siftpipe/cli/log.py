@@ -11,11 +11,13 @@ import numpy as np
 
 from .._secrets import redact, secret_values
 from ..audit.reader import (
+    describe_missing,
     list_parts,
     read_log,
     read_many,
     read_part,
     verify_log,
+    wholly_superseded,
 )
 from ..audit.replay import format_whatif, whatif
 from ..audit.summary import SUMMARY_COLUMNS, plot_log, print_summary, summarize
@@ -87,6 +89,8 @@ def _cmd_keys(args: argparse.Namespace) -> int:
     out = sys.stdout
     for info in infos:
         if info.path is None:
+            if not wholly_superseded(info):
+                print(f"skipping {describe_missing(info)}", file=sys.stderr)
             continue
         (table,) = read_many(fs, [info.path], lambda b: read_part(b, ["seq", "key", "kept"]))
         if isinstance(table, Exception):

@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -163,11 +165,19 @@ def test_verify_finds_a_missing_and_a_truncated_part(tmp_path):
     text = "\n".join(report.lines())
     assert "manifest found, Parquet object missing" in text and "unreadable part" in text
     assert report.streams[0].gaps  # the records of both parts are missing from the sequence
-    with pytest.warns(RuntimeWarning, match="unreadable.*the rest of the log was read"):
+    with pytest.warns(RuntimeWarning) as caught:
         table = sp.read_log(str(tmp_path))
+    said = [str(w.message) for w in caught]
+    assert any("unreadable" in m and "the rest of the log was read" in m for m in said)
+    # the missing part is said too, with what it held (before: dropped without a word)
+    assert any("part 2 of attempt" in m and "no Parquet object" in m and "seq 256..383" in m for m in said)
     assert table.num_rows == 1000 - 2 * 128
-    with pytest.raises(sp.AuditError, match="unreadable"):
+    with pytest.raises(sp.AuditError, match="no Parquet object"):
         sp.read_log(str(tmp_path), on_bad_part="raise")
+    command = [sys.executable, "-m", "siftpipe", "log", "keys", str(tmp_path)]
+    keys = subprocess.run(command, check=False, capture_output=True, text=True)
+    assert keys.returncode == 0 and "skipping part 2 of attempt" in keys.stderr
+    assert "seq 256..383" in keys.stderr
 
 
 def test_a_kill_between_the_last_part_and_its_manifest_loses_nothing_and_verify_says_so(tmp_path):

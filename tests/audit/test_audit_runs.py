@@ -155,6 +155,76 @@ def test_a_resumed_attempt_killed_before_its_first_part_supersedes_nothing(tmp_p
     assert any(f"attempt {dead} left only its claim" in note for note in stream.notes)
 
 
+def test_a_resumed_attempt_killed_between_its_first_part_and_its_manifest_hides_nothing(
+    tmp_path, no_run_id_env
+):
+    """The dead attempt's part outlived its manifest: its claim says when it started and where it
+    resumed. Read as starting at seq 0 and last, it superseded its job's records from seq 0, and
+    then a later complete attempt's too (found by review: 100 of 1,000 records read back)."""
+    root = str(tmp_path)
+    log = sp.AuditLog(root, run_id="mine", flush_every=50, writer="thread")
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, audit=log, seed=2)
+    it = s(SAMPLES)
+    for _ in range(100):
+        next(it)
+    state_file = tmp_path / "state.pt"
+    torch.save(s.state_dict(), state_file)
+    log.flush()
+    list(it)
+    s.close()
+    resume = f"""
+        import os, signal, torch
+        import siftpipe as sp
+        from siftpipe.audit import wire
+        from tests.common import loss_field, make_samples
+        put = wire.PartWriter._put
+        def put_or_die(self, path, payload):
+            if "_manifest-" in path:  # the part is in storage, its manifest never will be
+                os.kill(os.getpid(), signal.SIGKILL)
+            return put(self, path, payload)
+        wire.PartWriter._put = put_or_die
+        log = sp.AuditLog({root!r}, flush_every=50, writer="thread")
+        s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, audit=log, seed=2)
+        s.load_state_dict(torch.load({str(state_file)!r}, weights_only=True))
+        list(s(make_samples(300, seed=8)[s.resume_from or 0 :]))
+        """
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(resume)],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == -9, done.stderr
+    stream_dir = tmp_path / "run=mine" / "rank=0"
+    names = os.listdir(stream_dir)
+    dead = [n for n in names if n.startswith("part-") and log.attempt not in n]
+    assert dead and not [n for n in names if n.startswith("_manifest-") and log.attempt not in n]
+    at = int(torch.load(state_file, weights_only=True)["counts"]["seen"])  # its resume point
+    seqs = sp.read_log(root).column("seq").to_pylist()
+    # the first attempt's records before the checkpoint stand, then what the dead one redid
+    assert seqs == list(range(len(seqs))) and len(seqs) > at
+    # a third attempt resumes from the same checkpoint and finishes: it supersedes the dead one
+    s = sp.Sifter(
+        None, loss_field, sp.Uniform(0.5), micro_batch=25, audit=sp.AuditLog(root, flush_every=50), seed=2
+    )
+    s.load_state_dict(torch.load(state_file, weights_only=True))
+    list(s(SAMPLES[s.resume_from or 0 :]))
+    s.close()
+    report = sp.verify_log(root)
+    (stream,) = report.streams
+    assert report.ok, "\n".join(report.lines())
+    assert stream.records == len(SAMPLES) and not stream.collisions
+    table = sp.read_log(root)
+    assert table.column("seq").to_pylist() == list(range(len(SAMPLES)))
+    _, uninterrupted = sift(None)
+    kept_in_log = [
+        k for k, kept in zip(table.column("key").to_pylist(), table.column("kept").to_pylist()) if kept
+    ]
+    assert kept_in_log == uninterrupted
+
+
 def test_a_resumed_job_continues_its_run_id_and_verify_says_so(tmp_path, no_run_id_env):
     root = str(tmp_path)
     log = sp.AuditLog(root, run_id="mine", flush_every=100)
