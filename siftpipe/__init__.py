@@ -33,6 +33,7 @@ from .core.policies import (
     register_policy,
 )
 from .core.recipe import recipe
+from .core.rows import shard_key
 from .core.scorers import (
     CrossEntropy,
     MeanSquaredError,
@@ -155,6 +156,7 @@ __all__ = [
     "register_scorer",
     "replay",
     "scorer_names",
+    "shard_key",
     "sync_history",
     "verify_log",
     "whatif",

@@ -84,8 +84,10 @@ _NOT_SECRET = re.compile(r"(?i)^(true|false|none|null|yes|no|on|off|[0-9.]+)$")
 
 # a URL: a scheme, then anything up to whitespace, a quote or an angle bracket
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]*")
-# name=value: the value runs to the next &, ;, comma, whitespace, quote or closing bracket
-_PAIR = re.compile(r"(?<![\w-])([A-Za-z][\w.-]*)=([^&;,\s'\"<>)\]}]+)")
+# name=value: the value runs to the next &, ;, comma, whitespace, quote or closing bracket. Not
+# after a /: a path segment (a Hive partition, .../zip_code=94110/...) names data, not a secret,
+# and redacting it made different shards look like one
+_PAIR = re.compile(r"(?<![\w/-])([A-Za-z][\w.-]*)=([^&;,\s'\"<>)\]}]+)")
 _QUOTED_PAIR = re.compile(r"([\"'])([A-Za-z][\w.-]*)\1(\s*:\s*)([\"'])((?:(?!\4).)*)\4")
 _BEARER = re.compile(
     r"(?i)\b(bearer\s+|authorization:\s*(?:(?:basic|digest|bearer)\s+)?)"

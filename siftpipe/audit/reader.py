@@ -244,7 +244,7 @@ def describe_missing(info: PartInfo) -> str:
 def wholly_superseded(info: PartInfo) -> bool:
     """Every record of the part was redone by a later attempt (by its manifest's first seq)."""
     first = (info.manifest or {}).get("first_seq")
-    return _count_like(first) and first >= info.cutoff
+    return first is not None and _count_like(first) and first >= info.cutoff
 
 
 def _number(value: Any, default: Any) -> Any:

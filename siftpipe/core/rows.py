@@ -14,7 +14,32 @@ from . import batch as _batch
 from .ledger import Group
 from .vocab import PRE_KEPT, PRE_LOSS, PRE_PROB
 
-__all__ = ["attach_weights", "field_of", "keys_of", "upstream_of"]
+__all__ = ["attach_weights", "field_of", "keys_of", "shard_key", "upstream_of"]
+
+
+def shard_key(item: Mapping[str, Any]) -> str | list[str]:
+    """A key unique across shards: the shard's URL, ``/`` and the sample's ``__key__``.
+
+    WebDataset shards number their samples within the shard (often from 0 in each), so
+    ``__key__`` alone gives samples of different shards one key, and a score memory, which keeps
+    one loss per key, decides them all by the one trained last. Give ``Sifter(key=sp.shard_key)``
+    and hand ``observe`` the same keys: ``sifter.observe(sp.shard_key(batch), losses)``.
+
+    Args:
+        item: One sample (its ``__url__`` and ``__key__`` strings: returns one key) or a collated
+            batch (lists of them, or one URL for the batch: returns a list, one key per row).
+    """
+    url, key = item["__url__"], item["__key__"]
+    if isinstance(key, str):
+        return f"{url}/{key}"
+    keys = key.tolist() if isinstance(key, torch.Tensor | np.ndarray) else list(key)
+    urls = [url] * len(keys) if isinstance(url, str) else list(url)
+    if len(urls) != len(keys):
+        raise ValueError(
+            f"shard_key got {len(urls)} __url__ values for {len(keys)} __key__ values: a batch "
+            "must carry one of each per row"
+        )
+    return [f"{u}/{k}" for u, k in zip(urls, keys)]
 
 
 def key_array(group: Group, batched: bool, spec: Any) -> np.ndarray | None:

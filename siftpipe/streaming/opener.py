@@ -44,6 +44,7 @@ from .._secrets import (
     redact_options,
     redact_url,
     secret_values,
+    url_secrets,
 )
 from ..core.shardcounts import (
     ShardStats,
@@ -507,12 +508,13 @@ class ShardOpener:
         kind = classify_error(exc)
         shown = self.redact(redact_url(url))
         where = f"shard {shown}" + (f" (after sample {key!r})" if key is not None else "")
-        cause = self.redact(f"{type(exc).__name__}: {exc}")
+        # the cause may quote the URL's parts (a bucket "KEY:SECRET@name"): its credentials too
+        cause = self.redact(redact(f"{type(exc).__name__}: {exc}", url_secrets(url)))
         tries = ""
         if kind == "transient":
             limit = f"the {self.timeout:g} s timeout" if timed_out else f"{self.retries} retries"
             tries = f" after {attempts} attempt(s) over {seconds:.1f} s ({limit})"
-        bucket = urlsplit(url).netloc or "(none)"
+        bucket = urlsplit(url).netloc.rpartition("@")[2] or "(none)"
         fix = _FIX[kind].format(bucket=repr(bucket))
         return ShardError(f"{what} {where} failed{tries}: {cause}; {fix}", url=shown, key=key, kind=kind)
 
@@ -847,7 +849,7 @@ def iter_tar_samples(
     has no extension are skipped, as webdataset skips them.
     """
     path = local_path(url)
-    url = redact_url(url)
+    url = redact(url, secret_values())  # the values of secret environment variables too
     tf = tarfile.open(fileobj=stream, mode="r|*", tarinfo=_CheckedTarInfo)  # noqa: SIM115 - caller closes
     seekable = getattr(tf.fileobj, "comptype", None) == "tar"
     current: dict[str, Any] | None = None

@@ -460,15 +460,38 @@ def test_two_samples_sharing_a_key_are_a_warning_naming_the_fix():
     trained last and decides both by it next epoch. It says so once, at the end of the pass
     where it happened, and counts them."""
     with pytest.warns(
-        sp.RepeatedKeyWarning, match=r"100 of the losses observe\(\) got in epoch 0 .*__url__"
+        sp.RepeatedKeyWarning, match=r"100 of the losses observe\(\) got in epoch 0 .*shard_key"
     ) as w:
         stage = _sharded_run()
     assert len([x for x in w if issubclass(x.category, sp.ScoreMemoryWarning)]) == 1
     assert stage.memory.repeated == 200  # both epochs; warned once
     with warnings.catch_warnings():
         warnings.simplefilter("error", sp.ScoreMemoryWarning)
-        unique = _sharded_run(key=lambda s: s["__url__"] + "/" + s["__key__"])
+        unique = _sharded_run(key=sp.shard_key)
     assert unique.memory.repeated == 0 and unique.stats.from_memory == 200
+
+
+def test_the_shard_key_fix_works_in_batched_mode_too():
+    """In batched mode the key function gets the collated batch: the advice the warning gave (a
+    lambda over one sample) raised TypeError there, in the recipe's own mode (found by review)."""
+    from torch.utils.data import DataLoader
+
+    samples = [
+        {"__key__": f"{i:06d}", "__url__": f"shard-{s}.tar", "y": torch.tensor(float(s))}
+        for s in range(2)
+        for i in range(100)
+    ]
+    stage = sp.recipe(None, _never, budget=400, seed=1, cost_guard=False, batched=True, key=sp.shard_key)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sp.ScoreMemoryWarning)
+        for epoch in range(2):
+            stage.set_epoch(epoch)
+            for batch in stage(DataLoader(samples, batch_size=40)):
+                stage.observe(sp.shard_key(batch), batch["y"])
+    assert stage.memory.repeated == 0 and stage.stats.from_memory == 200
+    assert sp.shard_key({"__url__": "u.tar", "__key__": torch.tensor([3, 4])}) == ["u.tar/3", "u.tar/4"]
+    with pytest.raises(ValueError, match="one of each per row"):
+        sp.shard_key({"__url__": ["a", "b"], "__key__": ["1"]})
 
 
 def test_a_sample_trained_twice_in_a_pass_counts_and_the_warning_can_be_silenced_alone():
