@@ -326,9 +326,12 @@ class ShardOpener:
         retries: Retries of one failed open or read (transient errors only) before giving up.
         backoff: Seconds to wait before the first retry; doubled after each (with jitter).
         max_backoff: Longest wait between two attempts, in seconds.
-        timeout: Total seconds one open or read may spend failing and backing off before the
-            shard is given up (``None``: only ``retries`` limits it). Per-request timeouts are the
-            filesystem's own (for S3: ``config_kwargs={"connect_timeout": s, "read_timeout": s}``).
+        timeout: Total seconds one open or read may spend, from its first attempt, failing and
+            backing off before the shard is given up (``None``: only ``retries`` limits it): no
+            retry starts that would wait past it. A request in flight is not cut short:
+            per-request timeouts are the filesystem's own (for S3: ``config_kwargs=
+            {"connect_timeout": s, "read_timeout": s}``), so one open can take up to one of
+            those beyond ``timeout``.
         block_size: Bytes fetched per request when reading a remote object (``None``: the
             filesystem's default, 5 MiB for S3). Smaller blocks lose less on a dropped connection.
     """
@@ -453,7 +456,10 @@ class ShardOpener:
     def retrying(self, what: str, url: str, fn: Callable[[], Any], key: str | None = None) -> Any:
         """``fn()``, retrying transient failures with exponential backoff; else a ShardError."""
         attempt = 0
-        started: float | None = None
+        # from the first attempt's start: a request that hangs until the filesystem's own timeout
+        # spends the budget too (counted from its failure, a stalled endpoint took twice the
+        # timeout and more, and the message understated it)
+        started = time.monotonic()
         while True:
             try:
                 return fn()
@@ -461,10 +467,7 @@ class ShardOpener:
                 raise
             except Exception as exc:  # classified below; never swallowed
                 kind = classify_error(exc)
-                now = time.monotonic()
-                if started is None:
-                    started = now
-                spent = now - started
+                spent = time.monotonic() - started
                 if kind != "transient" or attempt >= self.retries:
                     err = self.error(exc, url, key, what=what, attempts=attempt + 1, seconds=spent)
                     del exc

@@ -3,6 +3,7 @@ s3fs, a fault-injecting proxy in front of it, and a second server that checks cr
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pickle
 import tarfile
@@ -311,6 +312,49 @@ def test_the_total_timeout_stops_retrying_before_the_retry_count_does(own_s3):
     ):
         list(ShardReader(opener)([url]))
     assert 1 <= shard_stats().retries < 1000
+
+
+def test_the_timeout_counts_from_the_first_attempt_so_a_stalled_endpoint_is_not_tried_again():
+    """An endpoint that accepts connections and never answers: each request hangs until the
+    filesystem's read timeout (1 s here). With siftpipe's timeout at 1.2 s, a retry (backoff
+    0.25-0.5 s) would start past it: one attempt, and the message says the time it took. Counted
+    from the first failure, the budget left out that first second and a second attempt always
+    ran (a stalled endpoint took 829 s a shard with timeout=10 and default options)."""
+    import socket
+
+    from tests.s3util import use_test_credentials
+
+    use_test_credentials()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    held = []
+    stop = threading.Event()
+
+    def accept():
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):  # the 0.1 s accept timeout
+                held.append(listener.accept()[0])  # and never answer
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        options = s3_options(endpoint)
+        options["config_kwargs"] = {**options["config_kwargs"], "read_timeout": 1, "connect_timeout": 1}
+        opener = ShardOpener(options, retries=5, backoff=0.5, max_backoff=0.5, timeout=1.2)
+        with pytest.raises(
+            sp.ShardError, match=r"after 1 attempt\(s\) over (\d+\.\d) s \(the 1\.2 s timeout\)"
+        ) as e:
+            list(ShardReader(opener)(["s3://stalled/x-000000.tar"]))
+        assert float(e.value.args[0].split(" over ")[1].split(" s")[0]) >= 1.0  # the hang, counted
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        listener.close()
 
 
 def test_warn_and_continue_skips_a_bad_shard_warns_naming_it_and_counts_it(local_shards, tmp_path):
