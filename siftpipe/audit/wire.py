@@ -560,7 +560,9 @@ class PartWriter:
             # a local file appears whole or not at all: write aside, then rename
             parent = fs._parent(target)
             fs.makedirs(parent, exist_ok=True)
-            tmp = f"{parent}/_tmp-{os.path.basename(target)}"
+            # named so that no reader's glob takes a leftover for a part (DuckDB's **/*.parquet
+            # does not skip underscore files): a kill between the write and the rename leaves it
+            tmp = f"{parent}/_tmp-{os.path.basename(target)}.partial"
             with fs.open(tmp, "wb") as f:
                 f.write(payload)
             fs.mv(tmp, target)
