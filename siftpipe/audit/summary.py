@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from .._secrets import redact
+from ..errors import ConfigError
 
 __all__ = ["SUMMARY_COLUMNS", "plot_log", "print_summary", "summarize"]
 
@@ -175,5 +176,12 @@ def plot_log(table: Any, path: str) -> None:
         title="keep probability vs policy score", xlabel="score (percentile)", ylabel="keep probability"
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write the plot to {path!r}: {exc.strerror or exc}; give a path in a folder "
+            "that exists and can be written (siftpipe log plot -o)"
+        ) from None
+    finally:
+        plt.close(fig)

@@ -43,6 +43,11 @@ def test_plot_writes_a_png(s3_log, tmp_path, capsys):
     out = tmp_path / "sift.png"
     assert main(["log", "plot", root, *opts, "-o", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+    capsys.readouterr()
+    # a folder that does not exist: one line naming the path and the fix, not a traceback
+    assert main(["log", "plot", root, *opts, "-o", str(tmp_path / "nope" / "sift.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot write the plot to" in err and "nope" in err
 
 
 def test_keys_kept_and_dropped(s3_log, capsys):
