@@ -47,6 +47,23 @@ class _ShardDecisions:
         self.nbytes = sum(len(k) for k in keys) + 120 * len(keys)
 
 
+def _key_text(key: Any) -> str:
+    """A sample key as the audit log writes it: an integer of any kind (a Python, numpy or 0-d
+    tensor integer: a map-style dataset's index) as its digits, anything else ``str``."""
+    if type(key) is str:
+        return key
+    if hasattr(key, "item") and getattr(key, "ndim", 1) == 0:
+        key = key.item()
+    return str(key)
+
+
+def _is_column(value: Any) -> bool:
+    """A batch's key column (a list, tuple, 1-d tensor or array) rather than one sample's key."""
+    if isinstance(value, list | tuple):
+        return True
+    return getattr(value, "ndim", 0) == 1
+
+
 class Replay:
     """A stage that yields exactly the samples a logged run kept, matched by sample key.
 
@@ -155,48 +172,86 @@ class Replay:
         return self._run(source)
 
     def _run(self, source: Iterable[Any]) -> Iterator[Any]:
-        stats = self.stats
-        for sample in source:
+        for item in source:
             try:
-                k = sample[self.key]
+                k = item[self.key]
             except (KeyError, TypeError, IndexError):
                 raise MissingKeyError(
                     f"replay needs a key in every sample, but a sample has no field {self.key!r}; "
                     "pass key=<field> or keep '__key__' in the pipeline up to the replay stage"
                 ) from None
-            url = sample.get("__url__") if isinstance(sample, dict) else None
-            if url is not None:
-                url = self._recorded_url(url)
-            shard = self._shard(url)
-            slot = (k, self.epoch)
-            occurrence = shard.seen.get(slot, 0)
-            shard.seen[slot] = occurrence + 1
-            logged = shard.by_key.get(slot)
-            stats["seen"] += 1
-            if logged is None or occurrence >= len(logged):
-                stats["missing"] += 1
-                if self.on_missing == "raise":
-                    raise AuditError(
-                        f"sample {k!r} (shard {url!r}, epoch {self.epoch}, occurrence {occurrence}) has no "
-                        f"decision in run {self.run!r} of the log at {redact(self.url, self._secrets)}: the "
-                        "stream differs from the "
-                        "logged run's, or the log lost it (siftpipe log verify); pass on_missing='keep' or "
-                        "'drop' to go on"
-                    )
-                if self.on_missing == "drop":
-                    stats["dropped"] += 1
-                    continue
-                stats["kept"] += 1
-                yield sample
+            if _is_column(k):
+                # a collated batch (a run with batched=True): its kept rows, in one batch
+                kept_rows = self._batch(item, k)
+                if kept_rows is not None:
+                    yield kept_rows
                 continue
-            kept, weight = logged[occurrence]
-            if not kept:
+            url = item.get("__url__") if isinstance(item, dict) else None
+            decision = self._decision(_key_text(k), url)
+            if decision is None:
+                continue
+            if self.attach_weight and isinstance(item, dict):
+                item = {**item, self.weight_field: decision}
+            yield item
+
+    def _decision(self, k: str, url: Any) -> float | None:
+        """The logged weight of the next occurrence of key ``k`` of shard ``url`` this epoch, or
+        ``None`` if the run dropped it (``on_missing`` decides for a sample the log lacks)."""
+        stats = self.stats
+        if url is not None:
+            url = self._recorded_url(url)
+        shard = self._shard(url)
+        slot = (k, self.epoch)
+        occurrence = shard.seen.get(slot, 0)
+        shard.seen[slot] = occurrence + 1
+        logged = shard.by_key.get(slot)
+        stats["seen"] += 1
+        if logged is None or occurrence >= len(logged):
+            stats["missing"] += 1
+            if self.on_missing == "raise":
+                raise AuditError(
+                    f"sample {k!r} (shard {url!r}, epoch {self.epoch}, occurrence {occurrence}) has no "
+                    f"decision in run {self.run!r} of the log at {redact(self.url, self._secrets)}: the "
+                    "stream differs from the logged run's, or the log lost it (siftpipe log verify); "
+                    "pass on_missing='keep' or 'drop' to go on"
+                )
+            if self.on_missing == "drop":
                 stats["dropped"] += 1
-                continue
+                return None
             stats["kept"] += 1
-            if self.attach_weight and isinstance(sample, dict):
-                sample = {**sample, self.weight_field: weight}
-            yield sample
+            return 1.0
+        kept, weight = logged[occurrence]
+        if not kept:
+            stats["dropped"] += 1
+            return None
+        stats["kept"] += 1
+        return float(weight)
+
+    def _batch(self, batch: Any, keys: Any) -> Any:
+        """The rows of a collated batch the logged run kept (``None`` if none), with the logged
+        weights as a float32 tensor column if weights are attached (as the run attached them)."""
+        import torch
+
+        from ..core import batch as _batch
+
+        texts = [_key_text(k) for k in (keys.tolist() if hasattr(keys, "tolist") else keys)]
+        urls = batch.get("__url__") if isinstance(batch, Mapping) else None
+        if urls is None or isinstance(urls, str):
+            urls = [urls] * len(texts)
+        elif len(urls) != len(texts):
+            raise AuditError(
+                f"a batch holds {len(texts)} keys but {len(urls)} __url__ values; replay reads one "
+                "of each per row"
+            )
+        decided = [self._decision(k, u) for k, u in zip(texts, urls)]
+        index = np.array([i for i, d in enumerate(decided) if d is not None], dtype=np.int64)
+        if not index.size:
+            return None
+        kept = batch if index.size == len(texts) else _batch.take(batch, index)
+        if self.attach_weight and isinstance(kept, Mapping):
+            weights = torch.tensor([decided[i] for i in index.tolist()], dtype=torch.float32)
+            kept = {**kept, self.weight_field: weights}
+        return kept
 
     def _recorded_url(self, url: Any) -> str:
         """``url`` as the log recorded it: without credentials (a presigned URL, say)."""

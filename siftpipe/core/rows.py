@@ -157,9 +157,12 @@ def attach_weights(group: Group, batched: bool, field: str | None) -> None:
         group.items[0] = _batch.with_column(group.items[0], field, column)
         return
     items = group.items
+    # float32 values, as a batch's column and the audit log hold them: what a replay of the log
+    # hands on is then exactly what this run trained with
+    values = weight.astype(np.float32).tolist()
     for i in group.kept_index.tolist():
         sample = items[i]
-        w = float(weight[i])
+        w = values[i]
         if isinstance(sample, dict):
             # a copy: the caller's sample (perhaps reused next epoch) stays as it was
             items[i] = {**sample, field: w}
