@@ -717,7 +717,11 @@ class Sifter:
         else:
             # the tracked source's state is taken after iter() started this pass (before it, a
             # loader whose last pass was left mid-way would restore into that pass)
+            t0 = time.perf_counter()
             reader.iterate()
+            # the source's time, paid with or without sifting (a DataLoader starting its workers,
+            # a shard listing): charged to the stage, it stopped sifting that was paying
+            self._account.source += time.perf_counter() - t0
             snapshot = self._passes.snapshot()
         t0 = time.perf_counter()
         if self.batched:

@@ -60,6 +60,26 @@ def test_the_sources_time_is_not_charged_to_the_stage_and_observe_is():
     assert s.stats.step_seconds == pytest.approx(max(0.0, account.outside - account.observe))
 
 
+def test_the_time_a_source_takes_to_start_a_pass_is_the_sources_too():
+    """``iter(source)`` (a DataLoader starting its workers, a shard listing) is paid with or
+    without sifting. Charged to the stage (found by review), a source that spent 1 s a pass
+    there made the cost guard stop a run that was paying."""
+
+    class SlowStart:
+        def __iter__(self):
+            time.sleep(0.25)
+            return iter(samples())
+
+    s = stage()
+    account = s._account
+    for _ in range(3):
+        for _ in s(SlowStart()):
+            pass
+    assert account.source >= 3 * 0.25
+    assert s.stats.stage_seconds == pytest.approx(max(0.0, account.inside - account.source) + account.observe)
+    assert s.stats.stage_seconds < 0.25  # none of the three starts (the stage's own work: ms)
+
+
 def test_batched_stage_counts_rows_handed_on_across_re_batching():
     rows = [{"__key__": [f"b{j}-{i}" for i in range(16)], "loss": torch.rand(16)} for j in range(8)]
     s = sp.Sifter(None, free, sp.Uniform(0.5), batched=True, output_batch=5, seed=0)
