@@ -684,7 +684,6 @@ class ScoreMemory:
     def save(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         """Write the memory to ``url`` (any fsspec URL) as an ``.npz`` of plain arrays (no pickle)."""
         self.flush()
-        import fsspec
 
         at = self._occupied()
         buffer = io.BytesIO()
@@ -697,8 +696,7 @@ class ScoreMemory:
             # max_age 0 stands for None (never expires)
             config=np.array([self.capacity, self.max_age or 0, self.refused], dtype=np.int64),
         )
-        with fsspec.open(url, "wb", **(storage_options or {})) as f:
-            f.write(buffer.getvalue())
+        _put_whole(url, buffer.getvalue(), storage_options)
 
     def publish(
         self,
@@ -714,7 +712,6 @@ class ScoreMemory:
         ``memory-<version>.npz`` and then ``latest.json`` naming it, with the ``epoch``, ``seed``
         and ``beta`` workers decide with and the audit log ``audit_directory`` their records go
         next to. Returns the version (``<epoch>-<random>``)."""
-        import fsspec
 
         version = f"{epoch:06d}-{_random.token_hex(4)}"
         url = url.rstrip("/")
@@ -728,8 +725,9 @@ class ScoreMemory:
             "audit": None if audit_directory is None else {"directory": audit_directory},
             "published": time.time(),
         }
-        with fsspec.open(f"{url}/latest.json", "wb", **(storage_options or {})) as f:
-            f.write(json.dumps(meta).encode())
+        # whole or not at all: workers read it at any moment (rewritten in place, a reader
+        # caught it empty: JSONDecodeError in a DataLoader worker)
+        _put_whole(f"{url}/latest.json", json.dumps(meta).encode(), storage_options)
         return version
 
     @classmethod
@@ -749,6 +747,28 @@ class ScoreMemory:
         """Every remembered loss (any age), for summaries."""
         self.flush()
         return self._loss[self._occupied()].astype(np.float64)
+
+
+def _put_whole(url: str, data: bytes, storage_options: Mapping[str, Any] | None) -> None:
+    """Write ``data`` to ``url`` so that a reader sees the old file or the new one, never a part:
+    a local file is written aside and renamed over (an object store's PUT is whole already)."""
+    from fsspec.core import url_to_fs
+
+    fs, path = url_to_fs(url, **(storage_options or {}))
+    protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
+    if "file" in protocols or "local" in protocols:
+        parent = fs._parent(path)
+        fs.makedirs(parent, exist_ok=True)
+        aside = f"{parent}/_tmp-{_random.token_hex(4)}-{path.rsplit('/', 1)[-1]}.partial"
+        try:
+            with fs.open(aside, "wb") as f:
+                f.write(data)
+            fs.mv(aside, path)
+        finally:
+            if fs.exists(aside):
+                fs.rm(aside)
+        return
+    fs.pipe_file(path, data)
 
 
 def _joined(run: list[tuple[Keys, np.ndarray, int, int]]) -> tuple[Keys, np.ndarray]:

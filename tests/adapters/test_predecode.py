@@ -142,3 +142,41 @@ def test_a_stage_whose_cost_guard_stopped_sifting_tells_the_workers_to_keep_ever
     sifter.publish_memory(published)
     kept = list(sp.PreDecodeFilter(published)(iter(RAW)))
     assert [s["__key__"] for s in kept] == [s["__key__"] for s in RAW]
+
+
+def _publish_until(url, stop):
+    from siftpipe.core.memory import FEEDBACK
+
+    memory = sp.ScoreMemory(100_000)
+    keys = [f"k{i}" for i in range(2_000)]
+    memory.update_keys(keys, np.random.default_rng(0).exponential(size=len(keys)), 0, FEEDBACK)
+    n = 0
+    while not stop.is_set():
+        memory.publish(url, epoch=n % 5, seed=0, beta=1.0)
+        n += 1
+
+
+def test_a_worker_starting_while_the_trainer_publishes_reads_a_whole_publication(tmp_path):
+    """latest.json was rewritten in place: a worker starting its pass during a publication read it
+    empty (JSONDecodeError in the worker; found by review: 741 of 1,323 starts). Now it is
+    written aside and renamed over: every start reads the old publication or the new one."""
+    import multiprocessing as mp
+    import time
+
+    url = str(tmp_path / "memory")
+    sp.ScoreMemory(10).publish(url, epoch=0, seed=0, beta=1.0)
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    writer = ctx.Process(target=_publish_until, args=(url, stop))
+    writer.start()
+    starts, raw = 0, [{"__key__": f"k{i}"} for i in range(10)]
+    try:
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            list(sp.PreDecodeFilter(url)(iter(raw)))  # raised JSONDecodeError before
+            starts += 1
+    finally:
+        stop.set()
+        writer.join(30)
+    assert writer.exitcode == 0 and starts > 50
+    assert not [p for p in (tmp_path / "memory").iterdir() if p.name.startswith("_tmp-")]
