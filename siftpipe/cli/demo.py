@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from ..demo.job import run_demo
@@ -93,4 +94,20 @@ def _cli_demo(args: argparse.Namespace) -> int:
         raise SystemExit("--epochs must be >= 1 (or give --budget-seconds)")
     if args.beta <= 0:
         raise SystemExit(f"--beta must be > 0, got {args.beta}")
+    if args.budget_seconds is not None and not args.budget_seconds > 0:
+        raise SystemExit(f"--budget-seconds must be > 0, got {args.budget_seconds}")
+    if not args.lr > 0:
+        raise SystemExit(f"--lr must be > 0, got {args.lr}")
+    for name in ("hard_fraction", "label_noise"):
+        value = getattr(args, name)
+        if not 0 <= value < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be a fraction in [0, 1), got {value}")
+    if args.memory_age < 0:
+        raise SystemExit(f"--memory-age must be >= 0 epochs, got {args.memory_age}")
+    if not args.store and os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise SystemExit(f"--out {args.out!r} is a file; give a directory (it is made if missing)")
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as exc:
+        raise SystemExit(f"--out {args.out!r} cannot be made: {exc.strerror or exc}") from None
     return run_demo(args, parse_storage_options(args.storage_option))

@@ -192,7 +192,9 @@ def run_demo(args: argparse.Namespace, storage_options: Mapping[str, Any] | None
     for arm in arms:
         audit = None
         if arm.policy is not None:
-            audit = sp.AuditLog(audit_root, run_id=f"demo-{time.strftime('%Y%m%d-%H%M%S')}")
+            # to the second and a random suffix: two demos started in one second get two runs
+            run_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}"
+            audit = sp.AuditLog(audit_root, run_id=run_id)
         bar = progress_bar(
             total=None if args.budget_seconds else args.epochs * args.samples,
             unit="sample",
@@ -236,7 +238,8 @@ def run_demo(args: argparse.Namespace, storage_options: Mapping[str, Any] | None
     )
     run_id = audit.run_id if audit is not None else "?"
     print(f"audit log of the sifted run: {audit_root} (run {run_id}); inspect it with")
-    print(f"  siftpipe log summary {audit_root}")
+    # --run: a root that earlier demos wrote to holds their runs too
+    print(f"  siftpipe log summary {audit_root} --run {run_id}")
     if can_plot:
         print(f"plot of test accuracy against wall time: {plot}")
     say(f"(demo took {time.perf_counter() - wall0:.0f} s in all)")

@@ -78,8 +78,11 @@ def test_demo_runs_end_to_end_and_leaves_its_log_and_plot(tmp_path):
 
     # the plot and the audit log of the sifted run: one record per sample the sifter saw
     assert (out / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert f"siftpipe log summary {out / 'audit'}" in text
+    (run_id,) = re.findall(r"\(run (demo-[\w-]+)\)", text)
+    # the summary it prints names its run: a second demo into the same --out adds its own
+    assert f"siftpipe log summary {out / 'audit'} --run {run_id}" in text
     table = sp.read_log(str(out / "audit"))
+    assert set(table.column("run").to_pylist()) == {run_id}
     assert table.num_rows == 2400
     assert sorted(table.column("seq").to_pylist()) == list(range(2400))
     assert sum(table.column("kept").to_pylist()) == kept
@@ -90,6 +93,31 @@ def test_demo_runs_end_to_end_and_leaves_its_log_and_plot(tmp_path):
     assert {u.rsplit("/", 1)[-1] for u in urls} == {f"train-{i:06d}.tar" for i in range(6)}
     # the shards are real tar files the demo wrote
     assert len(list((out / "shards").glob("train-*.tar"))) == 6
+
+
+@pytest.mark.parametrize(
+    "bad, said",
+    [
+        (["--hard-fraction", "1.5"], "--hard-fraction must be a fraction in [0, 1)"),
+        (["--label-noise", "-0.1"], "--label-noise must be a fraction in [0, 1)"),
+        (["--lr", "-1"], "--lr must be > 0"),
+        (["--budget-seconds", "-3"], "--budget-seconds must be > 0"),
+        (["--memory-age", "-1"], "--memory-age must be >= 0"),
+        (["--out", "{file}"], "is a file; give a directory"),
+        (["--out", "{file}/x"], "cannot be made"),
+    ],
+)
+def test_bad_demo_values_are_one_line_refusals(tmp_path, bad, said):
+    """Before (found by review): tracebacks, or a run with a negative budget that printed a verdict."""
+    (tmp_path / "afile").write_text("")
+    args = [a.format(file=tmp_path / "afile") for a in bad]
+    done = subprocess.run(
+        [sys.executable, "-m", "siftpipe", "demo", "--quiet", *args],
+        capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0 and said in done.stderr and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and not (tmp_path / "siftpipe-demo").exists()
 
 
 def test_the_task_has_an_easy_redundant_head_and_a_hard_tail():
