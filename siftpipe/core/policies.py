@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import logging
 import math
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -333,6 +334,17 @@ class Uniform(_KeepFraction):
 _log = logging.getLogger("siftpipe")
 
 
+def integer_count(value: Any) -> int | None:
+    """``value`` as an int if it is an integer of any kind (Python, numpy, a 0-d integer tensor),
+    else None (a bool, a float, anything else)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return int(operator.index(value))
+    except TypeError:
+        return None
+
+
 @register_policy("infobatch")
 class InfoBatch(Policy):
     """InfoBatch (Qin et al., ICLR 2024), faithful to the paper, for a stage with a score memory.
@@ -399,7 +411,7 @@ class InfoBatch(Policy):
     ) -> None:
         if not isinstance(ratio, int | float) or not (0.0 <= float(ratio) < 1.0):
             raise ConfigError(f"ratio must be in [0, 1) (easy samples kept weigh 1/(1-ratio)), got {ratio!r}")
-        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
+        if budget is not None and ((integer_count(budget) or 0) < 1):
             raise ConfigError(
                 f"budget must be the samples the stage will see in the run (>= 1) or None, got {budget!r}"
             )
@@ -410,7 +422,7 @@ class InfoBatch(Policy):
                 f"guard must be a forgetting tolerance > 0 in mean losses, or None, got {guard!r}"
             )
         self.ratio = float(ratio)
-        self.budget = budget
+        self.budget = None if budget is None else int(budget)
         self.anneal = float(anneal)
         self.guard = None if guard is None else float(guard)
         if not isinstance(graded, bool):

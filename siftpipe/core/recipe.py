@@ -8,7 +8,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .memory import ScoreMemory
-from .policies import InfoBatch
+from .policies import InfoBatch, integer_count
 from .scorers import Scorer
 from .stage import Sifter
 
@@ -68,10 +68,12 @@ def recipe(
             samples apart, and pruning then costs accuracy (``InfoBatch``); None: no floor.
         sifter_kwargs: Any other ``Sifter`` argument (``batched``, ``micro_batch``, ``audit``, ...).
     """
-    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+    count = integer_count(budget)  # a numpy or torch integer too (epochs * len(...) of arrays)
+    if count is None or count < 1:
         raise ConfigError(
             f"budget must be the number of samples the stage will see in the run, got {budget!r}"
         )
+    budget = count
     if not isinstance(warmup, int | float) or not (0.0 <= float(warmup) < 1.0):
         raise ConfigError(f"warmup must be a fraction of the budget in [0, 1), got {warmup!r}")
     for name in ("policy", "memory", "delay"):

@@ -384,6 +384,13 @@ def test_configuration_errors_name_the_fix():
         sp.recipe(None, _never, budget=10, policy="uniform")
     with pytest.raises(sp.ConfigError, match="budget"):
         sp.recipe(None, _never, budget=0)
+    # a budget computed from arrays is an integer too (it was refused: found by review)
+    for budget in (np.int64(4096), torch.tensor(4096)):
+        assert sp.recipe(None, _never, budget=budget).policy.budget == 4096
+        assert type(sp.InfoBatch(budget=budget).budget) is int
+    for bad in (2.5, True, torch.tensor(2.0)):
+        with pytest.raises(sp.ConfigError, match="budget"):
+            sp.recipe(None, _never, budget=bad)
     for bad in ({"ratio": 1.0}, {"anneal": 0.0}, {"guard": -1.0}, {"budget": 2.5}):
         with pytest.raises(sp.ConfigError):
             sp.InfoBatch(**bad)
