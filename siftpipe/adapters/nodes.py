@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
+from ..core.source import Raised
 from ..core.stage import Sifter
 from ..errors import ConfigError, ResumeError, ShardError
 from ..streaming import handlers
@@ -129,7 +130,7 @@ class SiftNode(BaseNode[Any]):
         if initial_state is None:
             # the call first hands the source a between-passes checkpoint's state (if one was
             # loaded); resetting it then starts the epoch after that one
-            self._it = self.sifter(self._wrapped)
+            self._it = self.sifter._surviving(self._wrapped)
             self.source.reset(None)
             return
         if not isinstance(initial_state, Mapping) or initial_state.get("version") != self.STATE_VERSION:
@@ -140,14 +141,20 @@ class SiftNode(BaseNode[Any]):
         state = initial_state["sifter"]
         self.sifter.load_state_dict(state)
         if state["pass_open"]:
-            self._it = self.sifter(self._wrapped)  # repositions the source, replays pending groups
+            # repositions the source, replays pending groups
+            self._it = self.sifter._surviving(self._wrapped)
         else:  # the checkpoint fell at the end of a pass: nothing left until the next reset(None)
             self._it = None
 
     def next(self) -> Any:
         if self._it is None:
             raise StopIteration
-        return next(self._it)
+        item = next(self._it)
+        if type(item) is Raised:
+            # the source raised: its error goes to the caller, and the pass goes on from the next
+            # read, as the node's own next() would (a transient error does not end the epoch)
+            raise item.exc
+        return item
 
     def get_state(self) -> dict[str, Any]:
         return {"version": self.STATE_VERSION, "sifter": self.sifter.state_dict()}

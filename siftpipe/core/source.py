@@ -83,14 +83,24 @@ class Reader:
         return item
 
     def take(self, n: int) -> list[Any]:
-        """Up to ``n`` items (fewer at the end; the end is remembered, the source not asked again)."""
+        """Up to ``n`` items (fewer at the end; the end is remembered, the source not asked again).
+
+        When the source raises after some items were read, those are returned and the error is
+        held (``ahead``): the next read raises it, after the items read before it are decided."""
         if self.ahead is _NOTHING:
-            items = list(islice(self.iterate(), n))
+            items: list[Any] = []
         else:
             first = self._take_ahead()
             if first is END:
                 return []
-            items = [first, *islice(self.iterate(), n - 1)]
+            items = [first]
+        try:
+            items.extend(islice(self.iterate(), n - len(items)))  # keeps what came before an error
+        except Exception as exc:
+            if not items:
+                raise
+            self.ahead = Raised(exc)
+            return items
         if len(items) < n:
             self.ahead = END
         return items

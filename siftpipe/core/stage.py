@@ -41,7 +41,7 @@ from .settings import (
 )
 from .shardcounts import ShardStats, ShardWatch, follow_epoch
 from .sink import StageInfo, make_sink
-from .source import END, Reader, StatefulSource
+from .source import END, Raised, Reader, StatefulSource
 from .state import (
     COUNTS,
     RESUME_OVERRIDES,
@@ -463,6 +463,16 @@ class Sifter:
         ``load_state_dict`` the call resumes: feed ``source`` from item ``state["consumed"]`` on
         (a tracked stateful source is repositioned for you).
         """
+        return self._open(source, surface=False)
+
+    def _surviving(self, source: Iterable[Any]) -> Iterator[Any]:
+        """``self(source)``, whose pass outlives an error its source raises: the error comes out
+        as a ``Raised`` item (its consumer raises it), after the samples read before it are
+        decided and handed on, and the next read asks the source again (a torchdata node's
+        consumer goes on after an error: ``SiftNode``)."""
+        return self._open(source, surface=True)
+
+    def _open(self, source: Iterable[Any], surface: bool) -> Iterator[Any]:
         _check_not_in_worker()
         device = self.device
         if device.type == "meta" and self._device is None:
@@ -487,7 +497,7 @@ class Sifter:
             self.audit.start()
         self._scoring.device = CPU if device.type == "cpu" else device
         reader = Reader(source, self._passes.began_reading)
-        gen = self._run(reader, resume)
+        gen = self._run(reader, resume, surface)
         self._passes.attach(gen, reader)
         return gen
 
@@ -636,7 +646,9 @@ class Sifter:
 
     # ------------------------------------------------------------------ the pass
 
-    def _run(self, reader: Reader, resume: dict[str, Any] | None) -> Generator[Any, None, None]:
+    def _run(
+        self, reader: Reader, resume: dict[str, Any] | None, surface: bool = False
+    ) -> Generator[Any, None, None]:
         out = Output(self._ledger, self._scoring, self.output_batch)
         groups = self._reread(reader, resume) if resume is not None else []
         this_pass = self._passes.run_begins(resume)
@@ -645,7 +657,7 @@ class Sifter:
         self._account.pass_begins()
         self._decider.pass_begins(whole=resume is None)
         try:
-            mark = yield from self._account.timed(self._outputs(out, reader, groups), out)
+            mark = yield from self._account.timed(self._outputs(out, reader, groups, surface), out)
             self._ledger.trim()
             finished = True
             self._pass_ended(mark)
@@ -694,13 +706,23 @@ class Sifter:
         if self._account.pass_ends(mark, stopping=stopping) and stopping:
             self._decider.counts["stopped_at"] = self._decider.counts["seen"]
 
-    def _outputs(self, out: Output, reader: Reader, groups: list[Group]) -> Iterator[Iterator[Any]]:
+    def _outputs(
+        self, out: Output, reader: Reader, groups: list[Group], surface: bool = False
+    ) -> Iterator[Iterator[Any]]:
         """The items to hand on, group by group: the re-read groups', then each fresh group's
-        once decided, then what the output still holds."""
+        once decided, then what the output still holds. ``surface``: an error reading the source
+        is handed on as a ``Raised`` item and the pass goes on (``_surviving``)."""
         for group in groups:
             yield out.hand_on(group)
         while True:
-            fresh = self._read(reader)
+            try:
+                fresh = self._read(reader)
+            except Exception as exc:
+                if not surface:
+                    raise
+                yield iter((Raised(exc),))
+                del exc
+                continue
             if fresh is None:
                 break
             self._decider.decide(fresh)
@@ -735,6 +757,10 @@ class Sifter:
             self._account.source += time.perf_counter() - t0
             if not items:
                 return None
+            if isinstance(reader.ahead, Raised):
+                # the source raised after these: they are decided first, the error is raised at
+                # the next read, and a checkpoint until then resumes at the item that failed
+                reader.ahead_snapshot = self._passes.snapshot()
             group = Group(items, len(items), self._decider.counts["seen"], snapshot)
         self._ledger.pending.append(group)
         return group

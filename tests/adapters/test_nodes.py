@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch.utils.data import default_collate
-from torchdata.nodes import Batcher, IterableWrapper, Loader, Mapper, ParallelMapper
+from torchdata.nodes import BaseNode, Batcher, IterableWrapper, Loader, Mapper, ParallelMapper
 
 import siftpipe as sp
 from siftpipe.adapters.nodes import ShardSource, SiftNode
@@ -214,6 +214,64 @@ def test_sift_node_over_a_plain_iterable_wrapper():
     sifter = sp.Sifter(None, norm_loss, sp.TopFraction(0.5), micro_batch=10)
     kept = [s["__key__"] for s in Loader(SiftNode(IterableWrapper(samples), sifter))]
     assert len(kept) == 50 and kept == sorted(kept)
+
+
+class _Flaky(BaseNode):
+    """A stateful node that fails once, transiently, at item ``fail_at`` (a flaky read)."""
+
+    def __init__(self, samples, fail_at, failed):
+        super().__init__()
+        self.samples, self.fail_at, self.failed = samples, fail_at, failed
+
+    def reset(self, initial_state=None):
+        super().reset(initial_state)
+        self.i = 0 if initial_state is None else initial_state["i"]
+
+    def next(self):
+        if self.i >= len(self.samples):
+            raise StopIteration
+        if self.i == self.fail_at and not self.failed:
+            self.failed.append(self.i)
+            raise OSError("transient read error")
+        self.i += 1
+        return self.samples[self.i - 1]
+
+    def get_state(self):
+        return {"i": self.i}
+
+
+@pytest.mark.parametrize("after", ["continue", "resume"])
+def test_an_error_from_the_source_is_the_callers_and_the_epoch_goes_on(after):
+    """Plain torchdata hands a node's error to the caller and goes on from the next read; a
+    SiftNode ended the epoch there (the rest of it lost, and a checkpoint then resumed into the
+    next epoch: found by review). Now the samples read before the error are decided and handed
+    on, the error is raised, and the epoch goes on, in this process or from a checkpoint."""
+    samples = [{"__key__": f"k{i:03d}", "x.npy": torch.full((3,), float(i % 7))} for i in range(200)]
+
+    def make(failed):
+        sifter = sp.Sifter(None, norm_loss, sp.TopFraction(0.5), micro_batch=10, seed=0)
+        return Loader(SiftNode(_Flaky(samples, 45, failed), sifter))
+
+    failed: list[int] = []
+    loader = make(failed)
+    it, out, errors = iter(loader), [], 0
+    while True:
+        try:
+            out.append(next(it)["__key__"])
+        except StopIteration:
+            break
+        except OSError:
+            errors += 1
+            if after == "resume":
+                state = roundtrip(loader.state_dict())
+                loader = make(failed)
+                loader.load_state_dict(state)
+                it = iter(loader)
+    node = loader.root
+    assert errors == 1 and failed == [45]
+    assert node.sifter.stats.seen == 200  # every sample of the epoch, none twice
+    assert len(out) == len(set(out)) == node.sifter.stats.kept and out == sorted(out)
+    assert out[-1] >= "k190"  # the epoch went on to its end
 
 
 def test_the_opener_settings_are_keyword_arguments_checked_by_name(tmp_path):

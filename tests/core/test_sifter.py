@@ -400,3 +400,21 @@ def test_a_job_restarted_every_epoch_that_never_observes_is_warned_too():
             with pytest.warns(sp.ScoreMemoryWarning, match="kept unknown by epoch 1"):
                 list(s(_index_batches(n)))
         state = s.state_dict()
+
+
+def test_samples_read_before_the_source_fails_are_decided_and_handed_on_first():
+    """A per-sample micro-batch is read item by item: when the source raises partway, the items
+    already read were lost with the error. Now they are decided and handed on, and the error is
+    raised at the next read."""
+    samples = make_samples(25, seed=3)
+
+    def failing():
+        yield from samples
+        raise OSError("the source broke after 25 samples")
+
+    s = sp.Sifter(None, loss_field, sp.Uniform(1.0), micro_batch=10)
+    out = []
+    with pytest.raises(OSError, match="after 25 samples"):
+        for x in s(failing()):
+            out.append(x["__key__"])
+    assert out == [x["__key__"] for x in samples] and s.stats.seen == 25
