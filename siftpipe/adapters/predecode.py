@@ -102,7 +102,8 @@ class PreDecodeFilter:
             return
         if meta["version"] == self._loaded:
             return
-        self._memory = ScoreMemory.load(f"{self.url}/{meta['file']}", self.storage_options)
+        # sized to the losses it holds: every worker loads each publication
+        self._memory = ScoreMemory.load(f"{self.url}/{meta['file']}", self.storage_options, lookups_only=True)
         self._sorted = np.sort(self._memory.losses())
         self._meta = meta
         self._loaded = meta["version"]

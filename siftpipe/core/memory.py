@@ -731,15 +731,36 @@ class ScoreMemory:
         return version
 
     @classmethod
-    def load(cls, url: str, storage_options: Mapping[str, Any] | None = None) -> ScoreMemory:
-        """A memory read from ``save``'s file."""
+    def load(
+        cls, url: str, storage_options: Mapping[str, Any] | None = None, *, lookups_only: bool = False
+    ) -> ScoreMemory:
+        """A memory read from ``save``'s file.
+
+        Args:
+            url: The file (any fsspec URL).
+            storage_options: fsspec options for ``url``.
+            lookups_only: Size the table to the losses the file holds, not to the capacity it was
+                saved with (a memory of capacity 50M holding 1,000 losses took about 1 GiB in each
+                ``PreDecodeFilter`` worker): for reading; updates beyond those keys are refused.
+        """
         import fsspec
 
         with fsspec.open(url, "rb", **(storage_options or {})) as f:
-            data = np.load(io.BytesIO(f.read()), allow_pickle=False)
-        capacity, max_age, refused = (int(v) for v in data["config"])
+            raw = f.read()
+        try:
+            data = np.load(io.BytesIO(raw), allow_pickle=False)
+            arrays = {name: data[name] for name in ("config", "keys", "loss", "epoch", "source")}
+            capacity, max_age, refused = (int(v) for v in arrays["config"])
+        except (KeyError, ValueError, OSError, TypeError) as exc:
+            # (the URL is not repeated: it may carry credentials, and the caller knows it)
+            raise ConfigError(
+                f"the file is not a score memory file ScoreMemory.save wrote ({type(exc).__name__}: "
+                f"{exc}); pass the URL of a memory-*.npz that save or publish wrote"
+            ) from None
+        if lookups_only:
+            capacity = max(1, int(arrays["keys"].size))
         memory = cls(capacity, max_age or None)
-        memory._fill(data["keys"], data["loss"], data["epoch"], data["source"])
+        memory._fill(arrays["keys"], arrays["loss"], arrays["epoch"], arrays["source"])
         memory._refused = refused
         return memory
 

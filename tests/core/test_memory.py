@@ -409,3 +409,21 @@ def test_deferred_integer_keys_of_both_signs_are_joined_as_the_same_keys():
     memory.defer_keys(np.array([1, 2], dtype=np.int64), np.array([0.5, 1.5]), 0, FEEDBACK)
     memory.defer_keys(np.array([3], dtype=np.uint64), np.array([2.5]), 0, FEEDBACK)
     assert memory.lookup_keys(["1", "2", "3"], 1)[0].tolist() == [0.5, 1.5, 2.5]
+
+
+def test_a_memory_loaded_for_lookups_is_sized_to_what_it_holds_and_answers_alike(tmp_path):
+    """Every PreDecodeFilter worker loads each publication: a memory saved with a capacity of
+    millions and holding a few losses took its full table (about 1 GiB at 50M) in each worker."""
+    memory = sp.ScoreMemory(2_000_000, max_age=None)
+    keys = [f"k{i}" for i in range(1000)]
+    memory.update_keys(keys, np.arange(1000, dtype=np.float32), 0, FEEDBACK)
+    memory.save(str(tmp_path / "m.npz"))
+    small = sp.ScoreMemory.load(str(tmp_path / "m.npz"), lookups_only=True)
+    full = sp.ScoreMemory.load(str(tmp_path / "m.npz"))
+    assert full.capacity == 2_000_000 and small.nbytes * 100 < full.nbytes
+    probe = key_hashes([*keys, "unknown"])
+    for a, b in zip(small.lookup(probe, 1), full.lookup(probe, 1)):
+        np.testing.assert_array_equal(a, b)
+    np.savez(tmp_path / "other.npz", x=np.zeros(3))
+    with pytest.raises(sp.ConfigError, match="not a score memory file"):
+        sp.ScoreMemory.load(str(tmp_path / "other.npz"))
