@@ -331,13 +331,25 @@ class Decider:
             or memory is None
             or self.unknown != "keep"
             or self.passes_ended < 2
-            or self.counts["observed"]
             or self.counts["seen"] == self._seen_at_pass  # an empty pass: EmptyPassWarning's
             or not self.counts["unknown"]
             or len(memory)
         ):
             return
         self._warned_feedback = True
+        observed = self.counts["observed"]
+        if observed:
+            # observe() was called, with no finite loss in all it got: the memory ignores those
+            warnings.warn(
+                f"siftpipe: {self.counts['unknown']:,} samples have been kept unknown by epoch "
+                f"{self.epoch} and nothing was sifted: observe() got {observed:,} losses and not "
+                "one was finite (NaN or inf), and the score memory ignores those. Check the "
+                "training step's per-sample losses (reduction='none', before any masking that "
+                "divides by zero, and in a dtype that does not overflow)",
+                ScoreMemoryWarning,
+                stacklevel=4,  # the loop over the stage's pass
+            )
+            return
         warnings.warn(
             f"siftpipe: {self.counts['unknown']:,} samples have been kept unknown by epoch "
             f"{self.epoch} and nothing was sifted: the score memory holds no loss, and with "

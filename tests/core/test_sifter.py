@@ -402,6 +402,19 @@ def test_a_job_restarted_every_epoch_that_never_observes_is_warned_too():
         state = s.state_dict()
 
 
+def test_a_loop_whose_losses_are_never_finite_is_warned_too():
+    """observe() called every step with NaN losses (a masked mean divided by zero, an overflow):
+    the memory ignores them, so nothing was ever sifted, and nothing said so (found by review)."""
+    n = 128
+    s = sp.recipe(None, "cross_entropy", budget=4 * n, batched=True, output_batch=32, seed=0)
+    with pytest.warns(sp.ScoreMemoryWarning, match=r"observe\(\) got 256 losses and not one was finite"):
+        for epoch in range(2):
+            s.set_epoch(epoch)
+            for batch in s(_index_batches(n)):
+                s.observe(batch["__key__"], torch.full((len(batch["__key__"]),), float("nan")))
+    assert s.stats.dropped == 0
+
+
 def test_samples_read_before_the_source_fails_are_decided_and_handed_on_first():
     """A per-sample micro-batch is read item by item: when the source raises partway, the items
     already read were lost with the error. Now they are decided and handed on, and the error is
