@@ -79,6 +79,10 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     except SiftError as exc:
         print(f"siftpipe: error: {redact(str(exc), argv_secrets(argv))}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Ctrl-C: what the command wrote so far is closed (its audit log included); no traceback
+        print("siftpipe: interrupted", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports it
     except Exception as exc:
         secrets = argv_secrets(argv)
         text = "".join(traceback.format_exception(exc))

@@ -120,6 +120,30 @@ def test_bad_demo_values_are_one_line_refusals(tmp_path, bad, said):
     assert done.stderr.count("\n") == 1 and not (tmp_path / "siftpipe-demo").exists()
 
 
+def test_ctrl_c_mid_run_is_one_line_and_leaves_a_log_that_verifies(tmp_path):
+    """Ctrl-C printed a KeyboardInterrupt traceback (found by review); the log it leaves must
+    still be whole."""
+    import signal
+    import time
+
+    out = tmp_path / "demo"
+    args = [a if a != "2" else "20" for a in TINY]  # --epochs 20: still running when interrupted
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "siftpipe", "demo", "--out", str(out), "--quiet", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )  # fmt: skip
+    deadline = time.monotonic() + 90
+    while not list(out.glob("audit/run=*/rank=0/_claim-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the sifted run has begun (its log claims its run id first)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "siftpipe: interrupted" in err and "Traceback" not in err, err
+    if list(out.glob("audit/run=*/rank=0/part-*")):  # what it wrote before the interrupt is whole
+        report = sp.verify_log(str(out / "audit"))
+        assert report.ok, "\n".join(report.lines())
+
+
 def test_the_task_has_an_easy_redundant_head_and_a_hard_tail():
     x, y, hard, noisy = redundant_task(20_000, seed=3)
     assert x.shape == (20_000, 64) and x.dtype == np.float32 and not noisy.any()
