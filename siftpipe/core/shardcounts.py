@@ -3,7 +3,9 @@ across DataLoader worker processes; the stage reads them for its audit manifests
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -82,13 +84,27 @@ def reset_shard_stats() -> None:
             _COUNTS[name] = 0
 
 
+# counters still in this process's own memory, shared before any fork (a DataLoader's workers)
+_UNSHARED: weakref.WeakSet[SharedShardCounts] = weakref.WeakSet()
+
+
+def _share_before_fork() -> None:
+    for counts in list(_UNSHARED):
+        counts.share()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_share_before_fork)
+
+
 class SharedShardCounts:
     """Shard counters of one pipeline, kept in shared memory so that every process reading
     through it adds to them: the training process and its DataLoader workers alike.
 
     A DataLoader worker is a separate process: what it counts in its own memory (``shard_stats()``)
-    never reaches the training process. These counters are a small tensor in shared memory (a
-    forked worker inherits it; a spawned one receives it by handle, as torch passes tensors),
+    never reaches the training process. These counters are a small tensor, moved to shared
+    memory before a worker process is forked (a forked worker inherits it; a spawned one receives
+    it by handle, as torch passes tensors) and kept in the process's own memory until then,
     one row per process (row 0: a process that is not a DataLoader worker; row ``1 + id``:
     worker ``id``), so no two processes write one cell and no lock is needed. Each row also
     keeps the URLs of the shards that process skipped, as long as they fit in ``URL_BYTES``.
@@ -103,22 +119,39 @@ class SharedShardCounts:
     def __init__(self) -> None:
         import torch
 
-        width = len(_FIELDS) + 1  # the counters, then the bytes of URLs used
-        self._counts = torch.zeros((self.ROWS, width), dtype=torch.int64).share_memory_()
-        self._urls = torch.zeros((self.ROWS, self.URL_BYTES), dtype=torch.uint8).share_memory_()
+        # one buffer (the counters, then the bytes of URLs used; then the URLs), in the process's
+        # own memory until a worker process could need it: shared memory holds a file descriptor
+        # per buffer for as long as it lives (torch's default sharing strategy), and a mix of
+        # hundreds of pipelines in one process ran out of them (webdataset's own hold none)
+        self._buffer = torch.zeros(self._COUNTER_BYTES + self.ROWS * self.URL_BYTES, dtype=torch.uint8)
         self._views: tuple[Any, Any] | None = None
+        _UNSHARED.add(self)
 
-    # the tensors travel (by handle to spawned workers); the numpy views are made where used
+    _COUNTER_BYTES = ROWS * (len(_FIELDS) + 1) * 8
+
+    def share(self) -> None:
+        """Move the counters to shared memory (before a worker process forks, or as they are sent
+        to a spawned one): from then on every process adds to the same ones."""
+        if not self._buffer.is_shared():
+            self._buffer.share_memory_()  # in place, values kept: the old views are stale
+            self._views = None
+        _UNSHARED.discard(self)
+
+    # the buffer travels (by handle to spawned workers); the numpy views are made where used
     def __getstate__(self) -> dict[str, Any]:
-        return {"_counts": self._counts, "_urls": self._urls}
+        self.share()
+        return {"_buffer": self._buffer}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._counts, self._urls = state["_counts"], state["_urls"]
+        self._buffer = state["_buffer"]
         self._views = None
 
     def _arrays(self) -> tuple[Any, Any]:
         if self._views is None:
-            self._views = (self._counts.numpy(), self._urls.numpy())
+            raw = self._buffer.numpy()
+            counts = raw[: self._COUNTER_BYTES].view(np.int64).reshape(self.ROWS, len(_FIELDS) + 1)
+            urls = raw[self._COUNTER_BYTES :].reshape(self.ROWS, self.URL_BYTES)
+            self._views = (counts, urls)
         return self._views
 
     @staticmethod
@@ -161,8 +194,7 @@ class SharedShardCounts:
 
     def reset(self) -> None:
         """Zero the counters (call it while no worker is reading)."""
-        self._counts.zero_()
-        self._urls.zero_()
+        self._buffer.zero_()
 
     def __repr__(self) -> str:
         return f"SharedShardCounts({self.stats()})"
