@@ -89,8 +89,11 @@ _UNSHARED: weakref.WeakSet[SharedShardCounts] = weakref.WeakSet()
 
 
 def _share_before_fork() -> None:
-    for counts in list(_UNSHARED):
-        counts.share()
+    # a copy of the set of references, made in one C call (another thread may add to it)
+    for ref in list(_UNSHARED.data):  # type: ignore[attr-defined]
+        counts = ref()
+        if counts is not None:
+            counts.share()
 
 
 if hasattr(os, "register_at_fork"):
