@@ -124,19 +124,27 @@ def test_a_job_killed_before_its_first_part_is_named_by_the_refusal_and_by_verif
     assert sp.read_log(root).num_rows == len(SAMPLES) and sp.verify_log(root).ok
 
 
-def test_a_resumed_attempt_killed_before_its_first_part_supersedes_nothing(tmp_path, no_run_id_env):
-    # its claim says it resumed from seq 100; with no part written it redid nothing, so the first
-    # attempt's records from there on still stand (read as superseded by a claim, 200 were lost)
-    root = str(tmp_path)
-    log = sp.AuditLog(root, run_id="mine", flush_every=50)
+def checkpointed_run(tmp_path, **log_options):
+    """A whole run under run id "mine" with a checkpoint (and a flush) after 100 samples handed
+    on: its log, and the checkpoint's file."""
+    log = sp.AuditLog(str(tmp_path), run_id="mine", flush_every=50, **log_options)
     s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, audit=log, seed=2)
     it = s(SAMPLES)
     for _ in range(100):
         next(it)
     state_file = tmp_path / "state.pt"
     torch.save(s.state_dict(), state_file)
+    log.flush()
     list(it)
     s.close()
+    return log, state_file
+
+
+def test_a_resumed_attempt_killed_before_its_first_part_supersedes_nothing(tmp_path, no_run_id_env):
+    # its claim says it resumed from seq 100; with no part written it redid nothing, so the first
+    # attempt's records from there on still stand (read as superseded by a claim, 200 were lost)
+    root = str(tmp_path)
+    _, state_file = checkpointed_run(tmp_path)
     dead = claim_then_die(
         f"""
         import torch
@@ -162,16 +170,7 @@ def test_a_resumed_attempt_killed_between_its_first_part_and_its_manifest_hides_
     resumed. Read as starting at seq 0 and last, it superseded its job's records from seq 0, and
     then a later complete attempt's too (found by review: 100 of 1,000 records read back)."""
     root = str(tmp_path)
-    log = sp.AuditLog(root, run_id="mine", flush_every=50, writer="thread")
-    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, audit=log, seed=2)
-    it = s(SAMPLES)
-    for _ in range(100):
-        next(it)
-    state_file = tmp_path / "state.pt"
-    torch.save(s.state_dict(), state_file)
-    log.flush()
-    list(it)
-    s.close()
+    log, state_file = checkpointed_run(tmp_path, writer="thread")
     resume = f"""
         import os, signal, torch
         import siftpipe as sp
