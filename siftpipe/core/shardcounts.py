@@ -136,7 +136,10 @@ class SharedShardCounts:
         """Move the counters to shared memory (before a worker process forks, or as they are sent
         to a spawned one): from then on every process adds to the same ones."""
         if not self._buffer.is_shared():
-            self._buffer.share_memory_()  # in place, values kept: the old views are stale
+            # a shared copy swapped in, never the buffer moved in place: share_memory_() frees the
+            # old memory under any numpy view another thread still holds (a heap corrupted). A
+            # count such a thread adds to the old buffer while the copy is made is lost.
+            self._buffer = self._buffer.clone().share_memory_()
             self._views = None
         _UNSHARED.discard(self)
 

@@ -418,3 +418,25 @@ def test_pipelines_hold_no_file_descriptor_until_a_worker_needs_their_counters(t
     stats = dataset.shard_stats()
     assert stats.samples == 60 and stats.completed == 3  # counted in the workers, read here
     del many
+
+
+def test_counters_moved_to_shared_memory_leave_views_in_other_threads_valid():
+    """A thread reading shards holds the counters' numpy views while the main thread forks a
+    worker (which moves them to shared memory): moved in place, their old memory was freed under
+    those views, and a write through one corrupted the heap (found by review: malloc abort)."""
+    script = (
+        "from siftpipe.core.shardcounts import SharedShardCounts\n"
+        "c = SharedShardCounts()\n"
+        "views = c._arrays()\n"
+        "for _ in range(50):\n"
+        "    c.add('opened', 1)\n"
+        "c.share()\n"
+        "for _ in range(10000):\n"
+        "    views[0][0, 0] += 1  # the other thread's view, after the move\n"
+        "import numpy as np; junk = [np.ones(1000) for _ in range(2000)]\n"
+        "c.add('opened', 1)\n"
+        "print(c.totals()['opened'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "51"  # the copy kept the counts made before it
