@@ -32,6 +32,8 @@ def reread_groups(
     emitted = int(state["emitted"])
     for desc in state["pending"]:
         items = reader.take(desc["n_items"])
+        if len(items) < desc["n_items"]:
+            reader.raise_held()  # the source failed partway through the group: its own error
         group = Group(items, desc["rows"], desc["seq0"], None)
         if len(items) < desc["n_items"] or (batched and _batch.batch_size(items[0]) != desc["rows"]):
             raise ResumeError(

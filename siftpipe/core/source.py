@@ -105,6 +105,14 @@ class Reader:
             self.ahead = END
         return items
 
+    def raise_held(self) -> None:
+        """Raise the error a short ``take`` held back (the source failed after the items it
+        returned), if there is one."""
+        held = self.ahead
+        if isinstance(held, Raised):
+            self.ahead = _NOTHING
+            raise held.exc
+
     def next(self) -> Any:
         """The next item, or ``END`` (remembered)."""
         if self.ahead is not _NOTHING:

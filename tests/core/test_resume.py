@@ -409,3 +409,24 @@ def test_a_source_of_ones_own_that_is_a_stateful_source_resumes_from_one_state_d
     second = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=4, seed=3)
     second.load_state_dict(state)
     assert head + [s["__key__"] for s in second(Counting(40))] == whole
+
+
+def test_a_source_that_fails_while_a_resumed_pass_re_reads_its_pending_samples_raises_its_error():
+    """The source's own error (a connection reset), not a ResumeError blaming the position: a
+    read that fails partway returns what came before it, and the re-read must not take that for
+    a source of another shape (found by review)."""
+    samples = make_samples(60, seed=4)
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=10, seed=1)
+    it = s(samples)
+    next(it)  # a group decided, most of it not handed on yet
+    state = roundtrip(s.state_dict())
+    assert state["pending"]
+
+    def broken():
+        yield from samples[state["consumed"] : state["consumed"] + 3]
+        raise ConnectionResetError("the storage reset the connection")
+
+    again = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=10, seed=1)
+    again.load_state_dict(state)
+    with pytest.raises(ConnectionResetError, match="reset the connection"):
+        list(again(broken()))
