@@ -740,21 +740,27 @@ class Sifter:
             # the tracked source's state is taken after iter() started this pass (before it, a
             # loader whose last pass was left mid-way would restore into that pass)
             t0 = time.perf_counter()
-            reader.iterate()
-            # the source's time, paid with or without sifting (a DataLoader starting its workers,
-            # a shard listing): charged to the stage, it stopped sifting that was paying
-            self._account.source += time.perf_counter() - t0
+            try:
+                reader.iterate()
+            finally:
+                # the source's time, paid with or without sifting (a DataLoader starting its
+                # workers, a shard listing): charged to the stage, it stopped sifting that paid
+                self._account.source += time.perf_counter() - t0
             snapshot = self._passes.snapshot()
         t0 = time.perf_counter()
         if self.batched:
-            batch = reader.next()
-            self._account.source += time.perf_counter() - t0
+            try:
+                batch = reader.next()
+            finally:  # a read that fails is the source's time too (a pass may go on after it)
+                self._account.source += time.perf_counter() - t0
             if batch is END:
                 return None
             group = Group([batch], _batch.batch_size(batch), self._decider.counts["seen"], snapshot)
         else:
-            items = reader.take(self.micro_batch)  # type: ignore[arg-type]
-            self._account.source += time.perf_counter() - t0
+            try:
+                items = reader.take(self.micro_batch)  # type: ignore[arg-type]
+            finally:
+                self._account.source += time.perf_counter() - t0
             if not items:
                 return None
             if isinstance(reader.ahead, Raised):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import time
 from pathlib import Path
 
 import pytest
@@ -232,6 +233,7 @@ class _Flaky(BaseNode):
             raise StopIteration
         if self.i == self.fail_at and not self.failed:
             self.failed.append(self.i)
+            time.sleep(0.3)  # a read that times out
             raise OSError("transient read error")
         self.i += 1
         return self.samples[self.i - 1]
@@ -272,6 +274,9 @@ def test_an_error_from_the_source_is_the_callers_and_the_epoch_goes_on(after):
     assert node.sifter.stats.seen == 200  # every sample of the epoch, none twice
     assert len(out) == len(set(out)) == node.sifter.stats.kept and out == sorted(out)
     assert out[-1] >= "k190"  # the epoch went on to its end
+    if after == "continue":  # the failed read's time is the source's, not the stage's
+        account = node.sifter._account
+        assert account.source >= 0.3 and node.sifter.stats.stage_seconds < 0.3
 
 
 def test_the_opener_settings_are_keyword_arguments_checked_by_name(tmp_path):
