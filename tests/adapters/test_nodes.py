@@ -242,8 +242,9 @@ class _Flaky(BaseNode):
         return {"i": self.i}
 
 
+@pytest.mark.parametrize("fail_at", [45, 40])  # inside a micro-batch of 10, and at its start
 @pytest.mark.parametrize("after", ["continue", "resume"])
-def test_an_error_from_the_source_is_the_callers_and_the_epoch_goes_on(after):
+def test_an_error_from_the_source_is_the_callers_and_the_epoch_goes_on(after, fail_at):
     """Plain torchdata hands a node's error to the caller and goes on from the next read; a
     SiftNode ended the epoch there (the rest of it lost, and a checkpoint then resumed into the
     next epoch: found by review). Now the samples read before the error are decided and handed
@@ -252,7 +253,7 @@ def test_an_error_from_the_source_is_the_callers_and_the_epoch_goes_on(after):
 
     def make(failed):
         sifter = sp.Sifter(None, norm_loss, sp.TopFraction(0.5), micro_batch=10, seed=0)
-        return Loader(SiftNode(_Flaky(samples, 45, failed), sifter))
+        return Loader(SiftNode(_Flaky(samples, fail_at, failed), sifter))
 
     failed: list[int] = []
     loader = make(failed)
@@ -270,7 +271,7 @@ def test_an_error_from_the_source_is_the_callers_and_the_epoch_goes_on(after):
                 loader.load_state_dict(state)
                 it = iter(loader)
     node = loader.root
-    assert errors == 1 and failed == [45]
+    assert errors == 1 and failed == [fail_at]
     assert node.sifter.stats.seen == 200  # every sample of the epoch, none twice
     assert len(out) == len(set(out)) == node.sifter.stats.kept and out == sorted(out)
     assert out[-1] >= "k190"  # the epoch went on to its end
