@@ -85,9 +85,26 @@ _NOT_SECRET = re.compile(r"(?i)^(true|false|none|null|yes|no|on|off|[0-9.]+)$")
 # a URL: a scheme, then anything up to whitespace, a quote or an angle bracket
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]*")
 # name=value: the value runs to the next &, ;, comma, whitespace, quote or closing bracket. Not
-# after a /: a path segment (a Hive partition, .../zip_code=94110/...) names data, not a secret,
-# and redacting it made different shards look like one
+# after a /: that is a path segment (below)
 _PAIR = re.compile(r"(?<![\w/-])([A-Za-z][\w.-]*)=([^&;,\s'\"<>)\]}]+)")
+# a path segment shaped like a pair: mostly data (a Hive partition, .../zip_code=94110/...,
+# whose redaction made different shards look like one), sometimes a token a CDN puts in the path
+# (.../bcdn_token=...&expires=.../): its value ends at the next /, and only a name that can only
+# be a credential is redacted (not ..._code or ..._key, which name data as often)
+_PATH_PAIR = re.compile(r"(?<=/)([A-Za-z][\w.-]*)=([^/&;,\s'\"<>)\]}]+)")
+_PATH_SECRET_WORDS = frozenset(
+    {"auth", "authorization", "credential", "credentials", "passwd", "password", "pwd", "sas",
+     "secret", "sig", "signature", "token"}
+)  # fmt: skip
+_PATH_SECRET_ENDS = (
+    "access_key",
+    "accesskey",
+    "api_key",
+    "apikey",
+    "secret_key",
+    "account_key",
+    "private_key",
+)
 _QUOTED_PAIR = re.compile(r"([\"'])([A-Za-z][\w.-]*)\1(\s*:\s*)([\"'])((?:(?!\4).)*)\4")
 _BEARER = re.compile(
     r"(?i)\b(bearer\s+|authorization:\s*(?:(?:basic|digest|bearer)\s+)?)"
@@ -141,6 +158,20 @@ def _pair(match: re.Match[str]) -> str:
     return f"{name}={REDACTED}" if is_secret_name(name) else match.group(0)
 
 
+def _is_path_secret_name(name: str) -> bool:
+    """Whether a path segment ``name=value`` holds a credential (see ``_PATH_PAIR``)."""
+    lowered = name.lower()
+    if lowered in _SECRET_NAMES or lowered.endswith(_PATH_SECRET_ENDS):
+        return True
+    words = _WORDS.findall(name)
+    return bool(words) and words[-1].lower() in _PATH_SECRET_WORDS
+
+
+def _path_pair(match: re.Match[str]) -> str:
+    name = match.group(1)
+    return f"{name}={REDACTED}" if _is_path_secret_name(name) else match.group(0)
+
+
 def _quoted_pair(match: re.Match[str]) -> str:
     quote_, name, colon, vquote, _ = match.groups()
     if not is_secret_name(name):
@@ -171,6 +202,8 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
     if "://" in text:
         text = _URL.sub(lambda m: _redact_url_token(m.group(0)), text)
     text = _PAIR.sub(_pair, text)
+    if "/" in text:
+        text = _PATH_PAIR.sub(_path_pair, text)
     text = _QUOTED_PAIR.sub(_quoted_pair, text)
     return _BEARER.sub(rf"\1{REDACTED}", text)
 
@@ -232,6 +265,9 @@ def url_secrets(text: str) -> set[str]:
                 found |= {password, unquote(password)}
     for m in _PAIR.finditer(text):
         if is_secret_name(m.group(1)) and m.group(2) != REDACTED:
+            found |= {m.group(2), unquote(m.group(2)), unquote_plus(m.group(2))}
+    for m in _PATH_PAIR.finditer(text):
+        if _is_path_secret_name(m.group(1)) and m.group(2) != REDACTED:
             found |= {m.group(2), unquote(m.group(2)), unquote_plus(m.group(2))}
     return {s for s in found if len(s) >= _MIN_SECRET}
 

@@ -591,10 +591,14 @@ def test_path_segments_that_look_like_pairs_are_data_not_secrets(tmp_path):
     """A Hive-style layout (``.../zip_code=94110/...``) names shards; redacting it gave different
     shards one ``__url__`` and errors that named none (found by review). Query parameters and
     pairs in text are still credentials when their name says so."""
-    for text in ("s3://b/data/zip_code=94110/train-000.tar", "/data/sort_key=7/auth=none/x.tar"):
+    for text in ("s3://b/data/zip_code=94110/train-000.tar", "/data/sort_key=7/lang_code=en/x.tar"):
         assert redact(text) == text
     assert redact("https://h/p.tar?sig=AbCdEf123&x=1") == "https://h/p.tar?sig=***&x=1"
     assert redact("failed with token=AbCdEf123") == "failed with token=***"
+    # a token a CDN puts in the path is still one, up to the next / only
+    cdn = "https://zone.b-cdn.net/bcdn_token=abcDEF123456&expires=99/v/shard.tar"
+    assert redact(cdn) == "https://zone.b-cdn.net/bcdn_token=***&expires=99/v/shard.tar"
+    assert "abcDEF123456" in secret_values(None, cdn)
     from siftpipe.streaming.shards import synthetic_classification, write_shards
     from siftpipe.webdataset import WebDataset
 
