@@ -328,7 +328,8 @@ class ShardOpener:
         max_backoff: Longest wait between two attempts, in seconds.
         timeout: Total seconds one open or read may spend, from its first attempt, failing and
             backing off before the shard is given up (``None``: only ``retries`` limits it): no
-            retry starts that would wait past it. A request in flight is not cut short:
+            retry starts that would wait past it (an upload by ``write_shards`` counts from its
+            first failure, so a long upload that fails once is still retried). A request in flight is not cut short:
             per-request timeouts are the filesystem's own (for S3: ``config_kwargs=
             {"connect_timeout": s, "read_timeout": s}``), so one open can take up to one of
             those beyond ``timeout``.
@@ -458,8 +459,9 @@ class ShardOpener:
         attempt = 0
         # from the first attempt's start: a request that hangs until the filesystem's own timeout
         # spends the budget too (counted from its failure, a stalled endpoint took twice the
-        # timeout and more, and the message understated it)
-        started = time.monotonic()
+        # timeout and more, and the message understated it). An upload (write_shards) counts from
+        # its first failure: a long one that fails once is retried, whatever it took
+        started: float | None = None if what == "writing" else time.monotonic()
         while True:
             try:
                 return fn()
@@ -467,6 +469,8 @@ class ShardOpener:
                 raise
             except Exception as exc:  # classified below; never swallowed
                 kind = classify_error(exc)
+                if started is None:
+                    started = time.monotonic()
                 spent = time.monotonic() - started
                 if kind != "transient" or attempt >= self.retries:
                     err = self.error(exc, url, key, what=what, attempts=attempt + 1, seconds=spent)
