@@ -16,6 +16,7 @@ import io
 import json
 import secrets as _random
 import time
+import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import repeat
 from typing import Any
@@ -671,15 +672,17 @@ class ScoreMemory:
         self._sum = 0.0
         self._refused = 0
         self._repeated = 0
-        self._drift = np.zeros((2, 2, 2))
-        self._drift_epoch = 0
-        self._drift_mean = np.full(2, np.nan)
-        self._verdict = float("nan")  # the last forgetting measured over a whole epoch
         self._spread, self._spread_at = float("nan"), None
         for e in np.unique(epoch):
             for s in np.unique(source[epoch == e]):
                 pick = (epoch == e) & (source == s)
                 self.update(keys[pick], loss[pick], int(e), int(s))
+        # after the fill, whose updates moved them: the filled losses are no evidence of
+        # forgetting, and the next epoch's mean is the whole table's, not a part's
+        self._drift = np.zeros((2, 2, 2))
+        self._drift_epoch = 0
+        self._drift_mean = np.full(2, np.nan)
+        self._verdict = float("nan")  # the last forgetting measured over a whole epoch
 
     def save(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         """Write the memory to ``url`` (any fsspec URL) as an ``.npz`` of plain arrays (no pickle)."""
@@ -751,7 +754,7 @@ class ScoreMemory:
             data = np.load(io.BytesIO(raw), allow_pickle=False)
             arrays = {name: data[name] for name in ("config", "keys", "loss", "epoch", "source")}
             capacity, max_age, refused = (int(v) for v in arrays["config"])
-        except (KeyError, ValueError, OSError, TypeError) as exc:
+        except (KeyError, IndexError, ValueError, OSError, TypeError, EOFError, zipfile.BadZipFile) as exc:
             # (the URL is not repeated: it may carry credentials, and the caller knows it)
             raise ConfigError(
                 f"the file is not a score memory file ScoreMemory.save wrote ({type(exc).__name__}: "

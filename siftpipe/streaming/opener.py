@@ -329,10 +329,10 @@ class ShardOpener:
         timeout: Total seconds one open or read may spend, from its first attempt, failing and
             backing off before the shard is given up (``None``: only ``retries`` limits it): no
             retry starts that would wait past it (an upload by ``write_shards`` counts from its
-            first failure, so a long upload that fails once is still retried). A request in flight is not cut short:
-            per-request timeouts are the filesystem's own (for S3: ``config_kwargs=
-            {"connect_timeout": s, "read_timeout": s}``), so one open can take up to one of
-            those beyond ``timeout``.
+            first failure, so a long upload that fails once is still retried). A request in
+            flight is not cut short: per-request timeouts are the filesystem's own (for S3:
+            ``config_kwargs={"connect_timeout": s, "read_timeout": s}``), so one open can take
+            up to one of those beyond ``timeout``.
         block_size: Bytes fetched per request when reading a remote object (``None``: the
             filesystem's default, 5 MiB for S3). Smaller blocks lose less on a dropped connection.
     """

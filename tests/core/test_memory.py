@@ -425,5 +425,27 @@ def test_a_memory_loaded_for_lookups_is_sized_to_what_it_holds_and_answers_alike
     for a, b in zip(small.lookup(probe, 1), full.lookup(probe, 1)):
         np.testing.assert_array_equal(a, b)
     np.savez(tmp_path / "other.npz", x=np.zeros(3))
-    with pytest.raises(sp.ConfigError, match="not a score memory file"):
-        sp.ScoreMemory.load(str(tmp_path / "other.npz"))
+    np.save(tmp_path / "other.npy", np.zeros(3))
+    whole = (tmp_path / "m.npz").read_bytes()
+    (tmp_path / "cut.npz").write_bytes(whole[: len(whole) // 2])
+    for name in ("other.npz", "other.npy", "cut.npz"):
+        with pytest.raises(sp.ConfigError, match="not a score memory file"):
+            sp.ScoreMemory.load(str(tmp_path / name))
+
+
+def test_a_loaded_memory_judges_its_next_epoch_against_the_whole_tables_mean(tmp_path):
+    """Loading refills the table through updates, which moved the forgetting evidence: a loaded
+    memory went on judging "easy" against the mean of part of its table, at the epoch the fill
+    ended on (found by review). The file holds no evidence: a loaded memory starts with none."""
+    rng = np.random.default_rng(9)
+    hashes = key_hashes(range(400))
+    memory = sp.ScoreMemory(1000, max_age=None)
+    memory.update(hashes[:200], rng.exponential(size=200), 0, FEEDBACK)
+    memory.update(hashes[200:], 3 * rng.exponential(size=200), 3, FEEDBACK)
+    memory.save(str(tmp_path / "m.npz"))
+    loaded = sp.ScoreMemory.load(str(tmp_path / "m.npz"))
+    assert loaded.forgetting() is None
+    whole = loaded.mean()
+    # training goes on in the epoch the file's newest losses came from (a resume inside it)
+    loaded.update(hashes[:10], np.ones(10), 3, FEEDBACK)
+    assert loaded._drift_epoch == 3 and loaded._drift_mean[0] == whole
