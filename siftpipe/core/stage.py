@@ -719,7 +719,11 @@ class Sifter:
                 fresh = self._read(reader)
             except Exception as exc:
                 if not surface:
+                    # the pass ends with the error: rows waiting for a full output batch are
+                    # handed on first (a short batch), as the samples read before it were
+                    yield out.finish()
                     raise
+                # the pass goes on: waiting rows come out in the next output batch
                 yield iter((Raised(exc),))
                 del exc
                 continue

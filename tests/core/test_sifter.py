@@ -431,3 +431,10 @@ def test_samples_read_before_the_source_fails_are_decided_and_handed_on_first():
         for x in s(failing()):
             out.append(x["__key__"])
     assert out == [x["__key__"] for x in samples] and s.stats.seen == 25
+    # rows waiting for a full output batch too: a short batch, then the error
+    s = sp.Sifter(None, loss_field, sp.Uniform(1.0), micro_batch=10, output_batch=8)
+    out = []
+    with pytest.raises(OSError, match="after 25 samples"):
+        for batch in s(failing()):
+            out.extend(batch["__key__"])
+    assert out == [x["__key__"] for x in samples]
