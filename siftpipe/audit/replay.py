@@ -48,13 +48,17 @@ class _ShardDecisions:
 
 
 def _key_text(key: Any) -> str:
-    """A sample key as the audit log writes it: an integer of any kind (a Python, numpy or 0-d
-    tensor integer: a map-style dataset's index) as its digits, anything else ``str``."""
-    if type(key) is str:
-        return key
-    if hasattr(key, "item") and getattr(key, "ndim", 1) == 0:
-        key = key.item()
-    return str(key)
+    """A sample key as the audit log writes it: ``str`` of it (a Python or numpy integer, a
+    map-style dataset's index, as its digits; a batch's key column gives Python values)."""
+    return key if type(key) is str else str(key)
+
+
+class _Unlogged(float):
+    """The weight of a sample the log lacks, kept (``on_missing="keep"``): 1 in a batch's column,
+    none on a single sample (told apart by identity)."""
+
+
+_UNLOGGED = _Unlogged(1.0)
 
 
 def _is_column(value: Any) -> bool:
@@ -190,13 +194,14 @@ class Replay:
             decision = self._decision(_key_text(k), url)
             if decision is None:
                 continue
-            if self.attach_weight and isinstance(item, dict):
+            if self.attach_weight and isinstance(item, dict) and decision is not _UNLOGGED:
                 item = {**item, self.weight_field: decision}
             yield item
 
     def _decision(self, k: str, url: Any) -> float | None:
         """The logged weight of the next occurrence of key ``k`` of shard ``url`` this epoch, or
-        ``None`` if the run dropped it (``on_missing`` decides for a sample the log lacks)."""
+        ``None`` if the run dropped it (``on_missing`` decides for a sample the log lacks: kept,
+        it is ``_UNLOGGED``, a weight of 1 that a single sample is not given)."""
         stats = self.stats
         if url is not None:
             url = self._recorded_url(url)
@@ -219,7 +224,7 @@ class Replay:
                 stats["dropped"] += 1
                 return None
             stats["kept"] += 1
-            return 1.0
+            return _UNLOGGED
         kept, weight = logged[occurrence]
         if not kept:
             stats["dropped"] += 1
@@ -233,8 +238,9 @@ class Replay:
         import torch
 
         from ..core import batch as _batch
+        from ..core.rows import key_list
 
-        texts = [_key_text(k) for k in (keys.tolist() if hasattr(keys, "tolist") else keys)]
+        texts = [_key_text(k) for k in key_list(keys)]
         urls = batch.get("__url__") if isinstance(batch, Mapping) else None
         if urls is None or isinstance(urls, str):
             urls = [urls] * len(texts)
@@ -248,9 +254,12 @@ class Replay:
         if not index.size:
             return None
         kept = batch if index.size == len(texts) else _batch.take(batch, index)
-        if self.attach_weight and isinstance(kept, Mapping):
+        if self.attach_weight:
             weights = torch.tensor([decided[i] for i in index.tolist()], dtype=torch.float32)
-            kept = {**kept, self.weight_field: weights}
+            device = _batch.accelerator_of(kept)  # beside the batch's tensors, as the run put it
+            if device is not None:
+                weights = weights.to(device)
+            kept = _batch.with_column(kept, self.weight_field, weights)
         return kept
 
     def _recorded_url(self, url: Any) -> str:

@@ -32,7 +32,7 @@ def shard_key(item: Mapping[str, Any]) -> str | list[str]:
     url, key = item["__url__"], item["__key__"]
     if isinstance(key, str):
         return f"{url}/{key}"
-    keys = key.tolist() if isinstance(key, torch.Tensor | np.ndarray) else list(key)
+    keys = key_list(key)
     urls = [url] * len(keys) if isinstance(url, str) else list(url)
     if len(urls) != len(keys):
         raise ValueError(

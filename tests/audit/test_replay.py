@@ -99,6 +99,10 @@ def test_replay_on_missing_samples(tmp_path):
     r = sp.replay(str(tmp_path), on_missing="keep")
     out = list(r(SAMPLES[:300] + stranger))
     assert r.stats["missing"] == 10 and out[-10:] == stranger
+    # with weights attached, a logged sample gets its weight and an unlogged one none
+    r = sp.replay(str(tmp_path), on_missing="keep", attach_weight=True)
+    out = list(r(SAMPLES[:300] + stranger))
+    assert out[-10:] == stranger and all("__sift_weight__" in o for o in out[:-10])
     r = sp.replay(str(tmp_path), on_missing="drop")
     assert all(not o["__key__"].startswith("new-") for o in r(SAMPLES[:300] + stranger))
     with pytest.raises(sp.MissingKeyError, match="no field '__key__'"):
