@@ -366,24 +366,23 @@ class ScoreMemory:
         # the last occurrence of each key in this batch wins
         _, last = np.unique(hashes[::-1], return_index=True)
         keep = hashes.size - 1 - last
-        if last.size < hashes.size:
-            if source == FEEDBACK:
-                self._repeated += hashes.size - last.size
+        moved = None  # the losses a known key's forgetting evidence is read from: its stored ones
+        if last.size < hashes.size and source == FEEDBACK:
+            self._repeated += hashes.size - last.size
             # a key's first loss meets the remembered one, as it would applied on its own (the
             # later ones would meet this epoch's): the same evidence however updates are grouped
             moved = losses[np.unique(hashes, return_index=True)[1]]
-            hashes, losses = hashes[keep], losses[keep]
-        else:
-            hashes, losses = hashes[keep], losses[keep]
-            moved = losses  # what a known key's forgetting evidence is read from
+        hashes, losses = hashes[keep], losses[keep]
         while hashes.size:
             slot = self._slots(hashes)
             present = self._keys[slot] == hashes
             if source == FEEDBACK and present.any():
-                self._note_drift(slot[present], moved[present], epoch)
+                drift = losses if moved is None else moved
+                self._note_drift(slot[present], drift[present], epoch)
             self._set(slot[present], hashes[present], losses[present], epoch, source)
             hashes, losses, slot = hashes[~present], losses[~present], slot[~present]
-            moved = moved[~present]
+            if moved is not None:
+                moved = moved[~present]
             if not hashes.size:
                 return
             room = self.capacity - self._count
@@ -401,7 +400,9 @@ class ScoreMemory:
             self._count += first.size
             rest = np.ones(hashes.size, dtype=bool)
             rest[first] = False
-            hashes, losses, moved = hashes[rest], losses[rest], moved[rest]
+            hashes, losses = hashes[rest], losses[rest]
+            if moved is not None:
+                moved = moved[rest]
 
     def _drift_to(self, epoch: int) -> None:
         """Training losses of ``epoch`` are about to be applied: move the forgetting evidence on
