@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import signal
 import struct
@@ -25,6 +24,7 @@ from typing import IO, Any
 import numpy as np
 
 from .._secrets import redact, redact_json, redact_url
+from ..core.files import put_whole
 from ..core.vocab import REASONS, SOURCES
 
 _FRAME = struct.Struct("<II")
@@ -553,21 +553,10 @@ class PartWriter:
         return self._fs
 
     def _put(self, path: str, payload: bytes) -> None:
+        # whole or not at all; a local leftover of a kill is named so that no reader's glob takes
+        # it for a part (DuckDB's **/*.parquet does not skip underscore files)
         fs = self._filesystem()
-        target = fs._strip_protocol(path)
-        protocol = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-        if "file" in protocol or "local" in protocol:
-            # a local file appears whole or not at all: write aside, then rename
-            parent = fs._parent(target)
-            fs.makedirs(parent, exist_ok=True)
-            # named so that no reader's glob takes a leftover for a part (DuckDB's **/*.parquet
-            # does not skip underscore files): a kill between the write and the rename leaves it
-            tmp = f"{parent}/_tmp-{os.path.basename(target)}.partial"
-            with fs.open(tmp, "wb") as f:
-                f.write(payload)
-            fs.mv(tmp, target)
-        else:
-            fs.pipe_file(target, payload)
+        put_whole(fs, fs._strip_protocol(path), payload)
 
     def _json(self, body: Any) -> bytes:
         """``body`` as JSON to store: no string in it holds a credential."""

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, ResumeError
+from .files import put_whole
 from .history import check_fits
 from .hostcopy import HostCopy
 from .vocab import SOURCES
@@ -775,25 +776,11 @@ class ScoreMemory:
 
 
 def _put_whole(url: str, data: bytes, storage_options: Mapping[str, Any] | None) -> None:
-    """Write ``data`` to ``url`` so that a reader sees the old file or the new one, never a part:
-    a local file is written aside and renamed over (an object store's PUT is whole already)."""
+    """``put_whole`` at ``url`` (a reader sees the old file or the new one, never a part)."""
     from fsspec.core import url_to_fs
 
     fs, path = url_to_fs(url, **(storage_options or {}))
-    protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
-    if "file" in protocols or "local" in protocols:
-        parent = fs._parent(path)
-        fs.makedirs(parent, exist_ok=True)
-        aside = f"{parent}/_tmp-{_random.token_hex(4)}-{path.rsplit('/', 1)[-1]}.partial"
-        try:
-            with fs.open(aside, "wb") as f:
-                f.write(data)
-            fs.mv(aside, path)
-        finally:
-            if fs.exists(aside):
-                fs.rm(aside)
-        return
-    fs.pipe_file(path, data)
+    put_whole(fs, path, data)
 
 
 def _joined(run: list[tuple[Keys, np.ndarray, int, int]]) -> tuple[Keys, np.ndarray]:
