@@ -834,8 +834,13 @@ def iter_tar_samples(
     rename_files: Callable[[str], str] | None = None,
     max_member_bytes: int | None = MAX_MEMBER_BYTES,
     max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
+    on_member_error: Callable[[Exception, str], bool] | None = None,
 ) -> Iterator[tuple[dict[str, Any], int | None, str | None]]:
     """The samples of one tar stream, WebDataset style, each with where the next one starts.
+
+    ``on_member_error(exc, name)``: what an error of ``rename_files`` or ``select_files`` on one
+    member does, as webdataset's handler does per member: True skips that member, False ends the
+    shard there (``None``: the error is raised).
 
     Members are grouped into samples by their name up to the first dot of the base name
     (``dir/00012.x.npy`` -> key ``dir/00012``, field ``x.npy``); each sample is a dict with
@@ -868,10 +873,18 @@ def iter_tar_samples(
         name = info.name
         if _META.match(name):
             continue
-        if rename_files is not None:
-            name = rename_files(name)
-        if select_files is not None and not select_files(name):
-            continue
+        if rename_files is not None or select_files is not None:
+            try:
+                if rename_files is not None:
+                    name = rename_files(name)
+                if select_files is not None and not select_files(name):
+                    continue
+            except Exception as exc:
+                if on_member_error is None:
+                    raise
+                if on_member_error(exc, name):
+                    continue
+                break
         match = _BASE_EXT.match(name)
         if match is None:
             continue
@@ -970,6 +983,12 @@ class ShardReader:
         self, stream: Any, url: str, start: int = 0
     ) -> Iterator[tuple[dict[str, Any], int | None, str | None]]:
         """``iter_tar_samples`` of ``stream`` with this reader's member selection and limits."""
+        def member_error(exc: Exception, name: str) -> bool:
+            # the handler judges one member, as webdataset's does: a bad one is skipped, not the
+            # rest of the shard (a handler that raises fails the shard, as before)
+            err = self.opener.error(exc, url, what=f"renaming or selecting member {name!r} of")
+            return bool(self.handler(err))
+
         return iter_tar_samples(
             stream,
             url,
@@ -978,6 +997,7 @@ class ShardReader:
             rename_files=self.rename_files,
             max_member_bytes=self.max_member_bytes,
             max_sample_bytes=self.max_sample_bytes,
+            on_member_error=member_error,
         )
 
     def __repr__(self) -> str:

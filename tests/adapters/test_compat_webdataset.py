@@ -358,3 +358,31 @@ def test_pickling_and_context_manager_as_in_webdataset(shards):
     assert [canon(x) for x in clone] == [canon(x) for x in dataset]
     with WebDataset(shards.urls, shardshuffle=False) as ds:
         assert len(list(ds)) == N
+
+
+def test_a_rename_that_fails_on_one_member_costs_that_member_as_in_webdataset(tmp_path):
+    """webdataset hands an error of ``rename_files`` (or ``select_files``) to its handler per
+    member: with warn_and_continue only that member goes. siftpipe dropped the rest of the shard
+    (found by review: 2 samples of 6)."""
+    path = tmp_path / "rename.tar"
+    members = [(f"{i}.txt", b"x") for i in range(3)] + [("odd.TXT.bak", b"q")]
+    members += [(f"{i}.txt", b"x") for i in range(3, 6)]
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+    def rename(name: str) -> str:
+        if name.endswith(".bak"):
+            raise ValueError("unexpected member " + name)
+        return name
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        options = {"shardshuffle": False, "handler": wds.warn_and_continue, "rename_files": rename}
+        theirs = [s["__key__"] for s in wds.WebDataset(str(path), **options)]
+        ours = [s["__key__"] for s in WebDataset(str(path), **options)]
+        assert ours == theirs == [str(i) for i in range(6)]
+    err = raised(WebDataset(str(path), shardshuffle=False, rename_files=rename))
+    assert isinstance(err, sp.ShardError) and "member 'odd.TXT.bak'" in str(err) and "unexpected" in str(err)
