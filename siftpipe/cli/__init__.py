@@ -49,12 +49,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     Called without ``argv`` it is the program (the ``siftpipe`` script, ``python -m siftpipe``):
     a ``log`` command, which only reads, then ends the process with ``os._exit`` once its output
     is flushed, so that no native thread of the libraries it used (Arrow's, the S3 client's) can
-    abort the process while the interpreter is being torn down."""
+    abort the process while the interpreter is being torn down; so does a command interrupted
+    with Ctrl-C (exit status 130), once its own cleanup has run."""
     program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     code = _run(args, argv)
-    if program and args.command == "log":
+    # an interrupted command too (its own cleanup has run): the threads a DataLoader's workers
+    # left printed their tracebacks while the interpreter was torn down
+    if program and (args.command == "log" or code == 130):
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()

@@ -983,6 +983,7 @@ class ShardReader:
         self, stream: Any, url: str, start: int = 0
     ) -> Iterator[tuple[dict[str, Any], int | None, str | None]]:
         """``iter_tar_samples`` of ``stream`` with this reader's member selection and limits."""
+
         def member_error(exc: Exception, name: str) -> bool:
             # the handler judges one member, as webdataset's does: a bad one is skipped, not the
             # rest of the shard (a handler that raises fails the shard, as before)
