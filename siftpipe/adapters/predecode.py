@@ -15,7 +15,8 @@ Samples it keeps carry ``__sift_prekept__ = 1`` (and their loss and probability)
 process's ``Sifter`` hands them on without deciding twice, recording them with reason
 ``predecode``. Samples it knows nothing about carry ``__sift_prekept__ = 0`` and are scored as
 usual. Samples it drops never reach the main process: each worker writes their records into the
-audit log's ``_predecode`` folder (``read_log(..., include_predecode=True)`` adds them).
+audit log's ``_predecode`` folder (``read_log(..., include_predecode=True)`` adds them, one
+recording of each drop where a resumed job's workers recorded the epoch's drops again).
 
 Freshness: decisions use the memory as of the last publication, so a sample's loss is at most one
 epoch older than the live stage's (plus ``max_age`` epochs if the memory reuses stale losses).
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from .._secrets import redact, redact_url, secret_values
+from ..core.files import put_whole
 from ..core.memory import ScoreMemory, key_hashes
 from ..core.vocab import PRE_KEPT, PRE_LOSS, PRE_PROB
 from ..errors import MissingKeyError
@@ -86,6 +88,11 @@ class PreDecodeFilter:
         self._meta: dict[str, Any] = {}
         #: Samples this process saw, dropped, and passed on (kept or unknown), all epochs.
         self.stats = {"seen": 0, "dropped": 0, "kept": 0, "unknown": 0}
+        #: Names this filter's records in the audit log, the same in every DataLoader worker it is
+        #: copied to (forked or pickled) and new for a filter made again, by a resumed job say:
+        #: a resumed job's workers drop the samples of the epoch again and record them again, and
+        #: ``read_log`` keeps one recording of each (the filter of most records for it).
+        self.recording = _random.token_hex(8)
 
     def __repr__(self) -> str:
         shown = redact(redact_url(self.url), secret_values(self.storage_options))
@@ -196,10 +203,12 @@ class PreDecodeFilter:
         )
         sink = io.BytesIO()
         pq.write_table(table, sink, compression="zstd")
-        name = f"epoch={dropped[0]['epoch']}-worker={worker}-{_random.token_hex(4)}.parquet"
-        path = f"{audit['directory']}/_predecode/{name}"
-        with fsspec.open(path, "wb", **self.storage_options) as f:
-            f.write(sink.getvalue())
+        name = (
+            f"epoch={dropped[0]['epoch']}-worker={worker}-filter={self.recording}-"
+            f"{_random.token_hex(4)}.parquet"
+        )
+        fs, path = fsspec.core.url_to_fs(f"{audit['directory']}/_predecode/{name}", **self.storage_options)
+        put_whole(fs, path, sink.getvalue())  # a worker killed mid-write leaves no truncated part
 
 
 def _worker_id() -> int:

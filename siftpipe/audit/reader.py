@@ -440,6 +440,8 @@ def read_log(
         include_superseded: Keep records that a later attempt redid.
         include_predecode: Add the records of samples that DataLoader workers dropped before
             decode (``PreDecodeFilter``); they have ``seq`` -1 and come after each stream's rows.
+            Where a resumed job's workers recorded an epoch's drops again, one recording of each
+            sample's drop is kept (docs/cheap_scoring.md).
         on_bad_part: What an unreadable part does.
         progress: Show a progress bar over parts.
     """
@@ -494,7 +496,12 @@ def read_log(
     return pa.concat_tables(out, promote_options="permissive")
 
 
-_PREDECODE = re.compile(r"run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/_predecode/[^/]+\.parquet")
+_PREDECODE = re.compile(
+    r"run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/_predecode/"
+    r"(?:[^/]*-filter=(?P<recording>[0-9a-f]+)-)?[^/]*\.parquet"
+)
+#: What identifies a record of a sample dropped before decode, for ``_one_recording``.
+_PREDECODE_ID = ("epoch", "key", "url")
 
 
 def _predecode_tables(
@@ -519,11 +526,12 @@ def _predecode_tables(
         relative = path[len(root) + 1 :] if path.startswith(root + "/") else path
         m = _PREDECODE.fullmatch(relative)
         if m and (runs is None or m["run"] in runs) and (ranks is None or int(m["rank"]) in ranks):
-            found.append((m["run"], int(m["rank"]), path))
-    tables = read_many(fs, [p for _, _, p in found], lambda b: read_part(b, columns))
-    out = []
+            found.append((m["run"], int(m["rank"]), m["recording"], path))
+    need = None if columns is None else list(dict.fromkeys([*columns, *_PREDECODE_ID, "time"]))
+    tables = read_many(fs, [p for *_, p in found], lambda b: read_part(b, need))
+    streams: dict[tuple[str, int], list[tuple[str | None, Any]]] = {}
     secrets = secret_values(storage_options, url)
-    for (run_id, rank_id, path), table in zip(found, tables):
+    for (run_id, rank_id, recording, path), table in zip(found, tables):
         if isinstance(table, Exception):
             warnings.warn(
                 f"audit part {redact(path, secrets)} (records of samples dropped before decode) is "
@@ -533,10 +541,67 @@ def _predecode_tables(
                 stacklevel=3,
             )
             continue
+        streams.setdefault((run_id, rank_id), []).append((recording, table))
+    out = []
+    for (run_id, rank_id), parts in streams.items():
+        table = _one_recording(parts)
+        if columns is not None:
+            table = table.select([c for c in columns if c in table.column_names])
         n = table.num_rows
         table = table.append_column("run", pa.array([run_id] * n, pa.string()))
         out.append(table.append_column("rank", pa.array(np.full(n, rank_id, np.int32))))
     return out
+
+
+def _one_recording(parts: list[tuple[str | None, Any]]) -> Any:
+    """One stream's records of samples dropped before decode, each sample's drop recorded once.
+
+    A resumed job's workers read the interrupted epoch again, drop the same samples (the decision
+    is a pure function of seed, epoch, key and the publication) and record them again, under
+    their own filter's ``recording`` name; the interrupted job's workers may have recorded some of
+    them too (when they stopped), or not. So for each sample (epoch, key, url) the records of
+    one recording are kept: the one that recorded it most often (a sample twice in its shard is
+    dropped twice in one pass), the newest of those on a tie. Parts written before recordings
+    were named (``recording`` None) are kept whole."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    named = [(r, t) for r, t in parts if r is not None and t.num_rows]
+    kept = [t for r, t in parts if r is None]
+    recordings = {r for r, _ in named}
+    if len(recordings) > 1:
+        # recordings ranked by when they last wrote: newest highest
+        newest: dict[str, float] = {}
+        for r, t in named:
+            newest[r] = max(newest.get(r, float("-inf")), float(pc.max(t.column("time")).as_py()))
+        order = {r: i for i, r in enumerate(sorted(newest, key=lambda r: (newest[r], r)))}
+        table = pa.concat_tables([t for _, t in named], promote_options="permissive")
+        ranks = np.concatenate([np.full(t.num_rows, order[r], np.int64) for r, t in named])
+        ids = pa.table(
+            {
+                "e": table.column("epoch"),
+                "k": table.column("key"),
+                "u": pc.fill_null(table.column("url"), ""),
+                "r": pa.array(ranks),
+            }
+        )
+        counts = ids.group_by(["e", "k", "u", "r"]).aggregate([("r", "count")])
+        # the chosen recording of each sample: most records, then newest
+        width = len(order)
+        score = pc.add(pc.multiply(counts.column("r_count"), width), counts.column("r"))
+        best = counts.append_column("score", score).group_by(["e", "k", "u"]).aggregate([("score", "max")])
+        chosen = np.asarray(best.column("score_max")) % width
+        best = best.append_column("chosen", pa.array(chosen)).select(["e", "k", "u", "chosen"])
+        rows = ids.append_column("row", pa.array(np.arange(ids.num_rows))).join(best, ["e", "k", "u"])
+        take = np.sort(
+            np.asarray(rows.column("row"))[np.asarray(rows.column("r")) == np.asarray(rows.column("chosen"))]
+        )
+        kept.append(table.take(pa.array(take)))
+    else:
+        kept.extend(t for _, t in named)
+    if not kept:
+        return parts[0][1].slice(0, 0)
+    return pa.concat_tables(kept, promote_options="permissive")
 
 
 def _plain(table: Any) -> Any:

@@ -180,3 +180,57 @@ def test_a_worker_starting_while_the_trainer_publishes_reads_a_whole_publication
         writer.join(30)
     assert writer.exitcode == 0 and starts > 50
     assert not [p for p in (tmp_path / "memory").iterdir() if p.name.startswith("_tmp-")]
+
+
+def test_a_resumed_job_records_each_sample_dropped_before_decode_once(tmp_path):
+    """A job stopped mid-epoch (its workers record the drops of the part they read) and resumed
+    (its workers read the epoch again and record those drops again) read back two records for
+    each sample dropped before the stop (found by review). ``read_log`` now keeps one recording
+    of each sample: the filter's that recorded it most, so a sample twice in the stream, dropped
+    twice in one pass, keeps both records."""
+    import itertools
+    from collections import Counter
+
+    from torch.utils.data import DataLoader
+
+    stream = RAW + RAW[:40]  # 40 keys twice in a pass: dropped twice when dropped
+    published, log_root = str(tmp_path / "memory"), str(tmp_path / "audit")
+
+    class Stream(IterableDataset):
+        def __init__(self, prefilter):
+            self.prefilter = prefilter
+
+        def __iter__(self):
+            for s in self.prefilter(iter(stream)):
+                yield {**s, "loss": float(s["loss.txt"].decode())}
+
+    def job(state=None):
+        sifter = relative_stage(audit=sp.AuditLog(log_root, run_id="pd", flush_every=10_000))
+        if state is not None:
+            sifter.load_state_dict(state)
+        return sifter, DataLoader(Stream(sp.PreDecodeFilter(published)), batch_size=None)
+
+    sifter, loader = job()
+    list(sifter(loader))
+    sifter.publish_memory(published)
+    passing = sifter(loader)
+    for i, _ in enumerate(passing):  # epoch 1, stopped at a checkpoint after 20 samples
+        if i == 19:
+            break
+    state = sifter.state_dict()
+    passing.close()  # the filter records what it dropped so far
+    sifter.close()
+    first = list((tmp_path / "audit").rglob("_predecode/*.parquet"))
+    assert first  # the stopped job recorded drops
+
+    resumed, loader = job(state)
+    list(resumed(itertools.islice(loader, resumed.resume_from, None)))
+    resumed.close()
+    assert len(list((tmp_path / "audit").rglob("_predecode/*.parquet"))) > len(first)
+
+    table = sp.read_log(log_root, include_predecode=True)
+    epoch1 = [k for k, e in zip(table.column("key").to_pylist(), table.column("epoch").to_pylist()) if e == 1]
+    assert Counter(epoch1) == Counter(s["__key__"] for s in stream)  # each read of a sample: one record
+    dropped = sp.read_log(log_root, include_predecode=True, kept=False, columns=["key", "reason"])
+    assert dropped.column_names == ["key", "reason", "run", "rank"]
+    assert "predecode" in dropped.column("reason").to_pylist()
