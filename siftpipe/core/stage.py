@@ -729,7 +729,14 @@ class Sifter:
                 continue
             if fresh is None:
                 break
-            self._decider.decide(fresh)
+            try:
+                self._decider.decide(fresh)
+            except Exception:
+                # a scorer's error, a non-finite loss: the pass ends with it, but the rows kept
+                # before it and waiting for a full output batch are handed on first (recorded as
+                # kept, they are trained), as on a source's error
+                yield out.finish()
+                raise
             if self._decider.device_wait:
                 # waiting for the losses observe() queued on a CUDA device: the steps' time
                 self._account.to_step(self._decider.device_wait)

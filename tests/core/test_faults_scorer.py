@@ -96,3 +96,30 @@ def test_split_on_out_of_memory_decides_exactly_as_without_it(n, micro_batch, li
     assert [signature(b) for b in got] == [signature(b) for b in expected]
     assert s.stats.seen == n and s.stats.kept == len(output_keys(got))
     assert min(seen_rows) >= 1 and max(r for r in seen_rows if r <= limit) <= limit
+
+
+@pytest.mark.parametrize("failure", ["raises", "nan"])
+def test_rows_kept_before_a_scoring_error_are_handed_on_before_it(failure, tmp_path):
+    """Rows kept, recorded as kept, and waiting for a full output batch were lost when a later
+    micro-batch's scoring failed (found by review: the log said 8 kept, none reached training).
+    Now they come out as a short batch, then the error, as on a source's error."""
+    calls = []
+
+    def scorer(model, batch):
+        calls.append(1)
+        if len(calls) == 3:
+            if failure == "raises":
+                raise RuntimeError("CUDA error: device-side assert")
+            return batch["loss"].double() * float("nan")
+        return batch["loss"].double()
+
+    s = sp.Sifter(None, scorer, sp.Uniform(1.0), micro_batch=4, output_batch=16, audit=str(tmp_path))
+    got = []
+    error = sp.ScorerError if failure == "raises" else sp.NonFiniteLossError
+    with pytest.raises(error):
+        for batch in s(SAMPLES):
+            got.extend(batch["__key__"])
+    s.close()
+    assert got == [x["__key__"] for x in SAMPLES[:8]]
+    log = sp.read_log(str(tmp_path), kept=True)
+    assert log.column("key").to_pylist() == got  # what the log says was kept was handed on
