@@ -1,5 +1,5 @@
-"""Scoring: forward passes of the live model over micro-batches on its device (eval and inference
-mode, optional autocast and pinned memory, halving on out-of-memory), and the checks on what the
+"""Scoring: forward passes of the live model over micro-batches on its device (eval mode, no
+grad, optional autocast and pinned memory, halving on out-of-memory), and the checks on what the
 scorer returns."""
 
 from __future__ import annotations
@@ -185,7 +185,10 @@ class Scoring:
         model = self.model
         switched = EvalMode.enter(model) if self.eval_mode and model is not None else None
         try:
-            with torch.inference_mode():
+            # no_grad, not inference_mode: the scoring forward is often the model's first, and what
+            # it makes then (a lazy module's weights, a cached table) would be inference tensors,
+            # which the training step can never train or save for backward
+            with torch.no_grad():
                 if self.autocast is None:
                     return self.scorer(model, batch)  # type: ignore[arg-type]
                 with torch.autocast(device_type=device.type, dtype=self.autocast):

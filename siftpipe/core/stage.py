@@ -68,7 +68,7 @@ class Sifter:
     """Drop the samples the live model has already learned; hand the rest on.
 
     Iterating ``sifter(source)`` reads ``source`` in micro-batches, scores each with
-    ``scorer(model, batch)`` on the model's device (eval mode, ``torch.inference_mode``), lets
+    ``scorer(model, batch)`` on the model's device (eval mode, ``torch.no_grad``), lets
     ``policy`` decide per sample, and yields the kept samples in input order and format.
 
     Args:

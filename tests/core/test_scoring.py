@@ -1,5 +1,5 @@
 """siftpipe.core.scoring: the stage's scoring part on its own (no Sifter, no pass): one float64
-loss per row, in micro-batches, in eval and inference mode, with the scorer's output checked and
+loss per row, in micro-batches, in eval mode without grad, with the scorer's output checked and
 out-of-memory errors split in halves when asked."""
 
 from __future__ import annotations
@@ -77,15 +77,33 @@ def test_a_batched_group_is_scored_in_micro_batches_of_rows():
     assert rows == [3]
 
 
-def test_the_forward_runs_in_eval_and_inference_mode_and_the_models_mode_comes_back():
+def test_the_forward_runs_in_eval_mode_without_grad_and_the_models_mode_comes_back():
     model = Recorder().train()
     scoring = Scoring(model, lambda m, b: m(b["x"]), micro_batch=2)
     scoring.rows(Group(samples(2), rows=2, seq0=0, snapshot=None), None, names)
-    assert model.seen == [(False, False, True, 2)] and model.training
+    assert model.seen == [(False, False, False, 2)] and model.training
     model.seen.clear()
     keep_mode = Scoring(model, lambda m, b: m(b["x"]), micro_batch=2, eval_mode=False)
     keep_mode.rows(Group(samples(2), rows=2, seq0=0, snapshot=None), None, names)
-    assert model.seen == [(True, False, True, 2)] and model.training
+    assert model.seen == [(True, False, False, 2)] and model.training
+
+
+def test_what_the_first_forward_makes_in_the_model_stays_trainable():
+    """The scoring forward is often the model's first. Under inference_mode a lazy module's
+    weights, made then, were inference tensors: never trained, no error (found by review). Under
+    no_grad they are ordinary parameters the training step trains."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.LazyLinear(3))
+    scoring = Scoring(model, lambda m, b: m(b["x"]).sum(1), micro_batch=2)
+    group = Group([{"x": torch.randn(4)} for _ in range(2)], rows=2, seq0=0, snapshot=None)
+    scoring.rows(group, None, names)
+    weight = model[0].weight
+    assert not weight.is_inference()
+    before = weight.detach().clone()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).pow(2).sum().backward()
+    optimizer.step()
+    assert weight.grad is not None and not torch.equal(weight.detach(), before)
 
 
 def test_the_models_mode_comes_back_when_the_scorer_raises():
