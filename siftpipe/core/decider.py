@@ -294,7 +294,10 @@ class Decider:
             # where they are no longer usable (one pass over the table, once a pass)
             usable = memory.usable_at(self.epoch)
         self._lookups = [usable, 0, 0]
-        self._repeated = (memory.repeated if memory is not None else 0, self.counts["observed"])
+        self._repeated = (
+            memory.repeated if memory is not None else 0,
+            self.counts["observed"] + self.counts["scored"],
+        )
         self._largest_observe = 0
         self._seen_at_pass = self.counts["seen"]
 
@@ -375,13 +378,14 @@ class Decider:
         if memory is None or self._warned_repeats:
             return
         repeated = memory.repeated - self._repeated[0]
-        observed = self.counts["observed"] - self._repeated[1]
-        if repeated <= 2 * self._largest_observe or repeated * 100 <= observed:
+        remembered = self.counts["observed"] + self.counts["scored"] - self._repeated[1]
+        if repeated <= 2 * self._largest_observe or repeated * 100 <= remembered:
             return
         self._warned_repeats = True
         warnings.warn(
-            f"siftpipe: {repeated:,} of the losses observe() got in epoch {self.epoch} replaced one "
-            "the same key had got earlier in that epoch: the score memory keeps one loss per key, "
+            f"siftpipe: {repeated:,} of the losses remembered in epoch {self.epoch} (handed to "
+            "observe(), or from scoring forwards) replaced one the same key had got earlier in "
+            "that epoch: the score memory keeps one loss per key, "
             "so next epoch every sample of such a key is decided by the one trained last. Make "
             "keys unique (shards that number their samples from 0 each: key=siftpipe.shard_key, "
             "and observe(siftpipe.shard_key(batch), losses)), give each pass "

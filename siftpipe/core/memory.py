@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ConfigError, ResumeError
+from ..errors import ConfigError, MissingKeyError, ResumeError
 from .files import put_whole
 from .history import check_fits
 from .hostcopy import HostCopy
@@ -63,11 +63,21 @@ def key_hashes(keys: Iterable[Any]) -> np.ndarray:
     # one bytes object of 8-byte digests read as little-endian integers: the same values as
     # int.from_bytes(digest, "little") per key, without a Python int per key
     digests = b"".join(
-        [blake((k if type(k) is str else str(k)).encode(), digest_size=8).digest() for k in keys]
+        [blake((k if type(k) is str else _key_text(k)).encode(), digest_size=8).digest() for k in keys]
     )
     out = np.frombuffer(digests, dtype="<u8").astype(np.uint64)  # a writable copy, native order
     out[out == _EMPTY] = 1  # 0 marks an empty slot
     return out
+
+
+def _key_text(key: Any) -> str:
+    """A key that is not a str, as text; None is refused (every such sample would share one loss)."""
+    if key is None:
+        raise MissingKeyError(
+            "a sample's key is None: the score memory would give every such sample one loss. Give "
+            "each sample a key (WebDataset's '__key__', or key=<field or callable>)"
+        )
+    return str(key)
 
 
 class ScoreMemory:
@@ -159,10 +169,10 @@ class ScoreMemory:
 
     @property
     def repeated(self) -> int:
-        """Training losses (``FEEDBACK``) that replaced one the same key got earlier in the same
-        epoch: two samples sharing a key (shards numbered from 0 each, say), or one sample
-        trained twice in a pass (a stream that samples with replacement). The memory keeps the
-        last, and next epoch decides every sample of that key by it."""
+        """Losses that replaced one the same key got the same way (training losses, scoring
+        forwards) earlier in the same epoch: two samples sharing a key (shards numbered from 0
+        each, say), or one sample read twice in a pass (a stream that samples with replacement).
+        The memory keeps the last, and next epoch decides every sample of that key by it."""
         self.flush()
         return self._repeated
 
@@ -368,18 +378,22 @@ class ScoreMemory:
         _, last = np.unique(hashes[::-1], return_index=True)
         keep = hashes.size - 1 - last
         moved = None  # the losses a known key's forgetting evidence is read from: its stored ones
-        if last.size < hashes.size and source == FEEDBACK:
+        if last.size < hashes.size:
             self._repeated += hashes.size - last.size
-            # a key's first loss meets the remembered one, as it would applied on its own (the
-            # later ones would meet this epoch's): the same evidence however updates are grouped
-            moved = losses[np.unique(hashes, return_index=True)[1]]
+            if source == FEEDBACK:
+                # a key's first loss meets the remembered one, as it would applied on its own (the
+                # later ones would meet this epoch's): the same evidence however updates are grouped
+                moved = losses[np.unique(hashes, return_index=True)[1]]
         hashes, losses = hashes[keep], losses[keep]
         while hashes.size:
             slot = self._slots(hashes)
             present = self._keys[slot] == hashes
-            if source == FEEDBACK and present.any():
-                drift = losses if moved is None else moved
-                self._note_drift(slot[present], drift[present], epoch)
+            if present.any():
+                if source == FEEDBACK:
+                    drift = losses if moved is None else moved
+                    self._note_drift(slot[present], drift[present], epoch)
+                else:
+                    self._repeated += self._rescored(slot[present], epoch, source)
             self._set(slot[present], hashes[present], losses[present], epoch, source)
             hashes, losses, slot = hashes[~present], losses[~present], slot[~present]
             if moved is not None:
@@ -404,6 +418,11 @@ class ScoreMemory:
             hashes, losses = hashes[rest], losses[rest]
             if moved is not None:
                 moved = moved[rest]
+
+    def _rescored(self, slot: np.ndarray, epoch: int, source: int) -> int:
+        """Held keys at ``slot`` scored again in the epoch they were scored in, the same way
+        (``source``, not feedback): each such key came twice in the epoch."""
+        return int(np.count_nonzero((self._epoch[slot] == epoch) & (self._source[slot] == source)))
 
     def _drift_to(self, epoch: int) -> None:
         """Training losses of ``epoch`` are about to be applied: move the forgetting evidence on
@@ -594,6 +613,8 @@ class ScoreMemory:
             if source == FEEDBACK:
                 self._drift_to(epoch)
                 self._note_drift(slots, losses, epoch, old)
+            else:
+                self._repeated += self._rescored(slots, epoch, source)
             self._sum += total - float(old.sum(dtype=np.float64))
             self._applied += n
             self._loss[slots] = losses

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import default_collate, get_worker_info
 
-from ..errors import ConfigError, EmptyPassWarning, ResumeError, SiftInWorkerError
+from ..errors import ConfigError, EmptyPassWarning, ResumeError, ScorerOutputError, SiftInWorkerError
 from . import batch as _batch
 from .account import CostAccount
 from .decide import REASONS
@@ -408,6 +408,7 @@ class Sifter:
                     f"observe(epoch={epoch}) is later than the current epoch {self.epoch}: give the "
                     "epoch of the pass that handed the samples on (set_epoch() before each pass)"
                 )
+        _check_observed(keys, losses)
         if isinstance(losses, torch.Tensor):
             # a CUDA tensor's copy is queued behind the step and waited for when the memory
             # applies it (before its next read), so the host can queue the next step meanwhile;
@@ -809,6 +810,29 @@ class Sifter:
                 "state_dict/load_state_dict"
             )
         return self.track_source
+
+
+def _check_observed(keys: Any, losses: Any) -> None:
+    """Refuse what ``observe()`` would pair wrongly: keys that are not one ordered sequence of
+    keys (a string would be split into letters, a set pairs keys and losses in no order, a 2-d
+    key tensor gives keys like ``"[0]"`` that match nothing), and losses with more than one
+    dimension longer than 1 (flattening a (batch, tokens) loss pairs tokens with keys)."""
+    if not isinstance(keys, Iterable) or isinstance(keys, str | bytes | set | frozenset | Mapping):
+        raise ConfigError(
+            f"observe() takes the batch's keys as one ordered sequence (a list, a tuple, or a 1-d "
+            f"integer tensor or array), got {type(keys).__name__}: pass batch['__key__']"
+        )
+    if isinstance(keys, torch.Tensor | np.ndarray) and keys.ndim != 1:
+        raise ConfigError(
+            f"observe() takes a 1-d tensor or array of keys, got shape {list(keys.shape)}: pass "
+            "keys.reshape(-1) if it holds one key per sample"
+        )
+    shape = getattr(losses, "shape", None)
+    if shape is not None and sum(1 for d in shape if d != 1) > 1:
+        raise ScorerOutputError(
+            f"observe() takes one loss per sample, got losses of shape {list(shape)}: reduce them "
+            "per sample first (e.g. loss.mean(dim=1) for per-token losses)"
+        )
 
 
 def _directory_of(sink: Any) -> str | None:

@@ -467,7 +467,7 @@ def test_two_samples_sharing_a_key_are_a_warning_naming_the_fix():
     trained last and decides both by it next epoch. It says so once, at the end of the pass
     where it happened, and counts them."""
     with pytest.warns(
-        sp.RepeatedKeyWarning, match=r"100 of the losses observe\(\) got in epoch 0 .*shard_key"
+        sp.RepeatedKeyWarning, match=r"100 of the losses remembered in epoch 0 .*shard_key"
     ) as w:
         stage = _sharded_run()
     assert len([x for x in w if issubclass(x.category, sp.ScoreMemoryWarning)]) == 1
@@ -476,6 +476,61 @@ def test_two_samples_sharing_a_key_are_a_warning_naming_the_fix():
         warnings.simplefilter("error", sp.ScoreMemoryWarning)
         unique = _sharded_run(key=sp.shard_key)
     assert unique.memory.repeated == 0 and unique.stats.from_memory == 200
+
+
+def test_two_samples_sharing_a_key_warn_when_the_memory_is_fed_by_scoring_forwards_too():
+    """The same shards with a memory fed by the stage's own forwards (no observe): the second
+    shard's samples were scored, remembered over the first's, and next epoch both were decided
+    by one loss, with no word (found by review: only observe()'s losses were counted)."""
+    samples = [
+        {"__key__": f"{i:06d}", "__url__": f"shard-{s}.tar", "y": torch.tensor(float(i % 7))}
+        for s in range(2)
+        for i in range(100)
+    ]
+
+    def run(key):
+        stage = sp.Sifter(
+            None,
+            lambda model, batch: batch["y"].double(),
+            sp.RelativeProbabilistic(1.0, 100),
+            memory=sp.ScoreMemory(1000, max_age=2),
+            key=key,
+        )
+        for epoch in range(2):
+            stage.set_epoch(epoch)
+            list(stage(samples))
+        return stage
+
+    with pytest.warns(sp.RepeatedKeyWarning, match=r"100 of the losses remembered in epoch 0 .*shard_key"):
+        shared = run("__key__")
+    assert shared.memory.repeated == 100 and len(shared.memory) == 100
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sp.ScoreMemoryWarning)
+        unique = run(sp.shard_key)
+    assert unique.memory.repeated == 0 and unique.stats.from_memory == 200
+
+
+def test_a_key_of_none_and_keys_observe_would_pair_wrongly_are_refused():
+    """A key callable that finds nothing gives None: every such sample shared one loss. A string
+    given as keys was split into letters, a set paired keys and losses in no order, a (B, 1) key
+    tensor gave keys like "[0]", (B, T) losses were flattened against B keys (found by review)."""
+    stage = sp.recipe(None, _never, budget=400, seed=1, cost_guard=False)
+    with pytest.raises(sp.MissingKeyError, match="key is None"):
+        list(stage([{"__key__": None, "y": torch.tensor(1.0)}]))
+    for keys, losses, error, match in [
+        ("abc", torch.ones(3), sp.ConfigError, "got str"),
+        ({"a", "b"}, torch.ones(2), sp.ConfigError, "got set"),
+        (None, torch.ones(1), sp.ConfigError, "got NoneType"),
+        (torch.arange(3).reshape(3, 1), torch.ones(3), sp.ConfigError, r"shape \[3, 1\]"),
+        (["a", "b", "c", "d", "e", "f"], torch.ones(3, 2), sp.ScorerOutputError, r"shape \[3, 2\]"),
+        (["a", None], torch.ones(2), sp.MissingKeyError, "key is None"),
+    ]:
+        with pytest.raises(error, match=match):
+            stage.observe(keys, losses)
+            len(stage.memory)  # applied at the memory's next read
+    stage.observe(["a", "b"], torch.ones(2, 1))  # one loss per sample, in a column: fine
+    stage.observe(torch.arange(2), np.ones((1, 2)))
+    assert len(stage.memory) == 4
 
 
 def test_the_shard_key_fix_works_in_batched_mode_too():
