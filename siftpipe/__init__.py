@@ -50,6 +50,7 @@ from .core.source import StatefulSource
 from .core.stage import REASONS, Sifter, SiftStats
 from .errors import (
     AuditError,
+    BatchError,
     ConfigError,
     EmptyPassWarning,
     MissingExtraError,
@@ -111,6 +112,7 @@ __all__ = [
     "LossHistory",
     "MeanSquaredError",
     "MissingExtraError",
+    "BatchError",
     "MissingKeyError",
     "NonFiniteLossError",
     "Policy",

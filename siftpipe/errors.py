@@ -10,6 +10,7 @@ from webdataset.autodecode import DecodingError
 
 __all__ = [
     "AuditError",
+    "BatchError",
     "ConfigError",
     "CorruptShardError",
     "MissingExtraError",
@@ -58,6 +59,10 @@ class ScorerOutputError(SiftError):
 
 class NonFiniteLossError(SiftError):
     """A loss was NaN or infinite and ``on_nan="raise"``."""
+
+
+class BatchError(SiftError, ValueError):
+    """A collated batch whose fields disagree on how many samples it holds."""
 
 
 class MissingKeyError(SiftError):

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import BatchError
+
 Batch = Any
 
 
@@ -53,6 +55,46 @@ def _find_size(batch: Batch) -> int | None:
                     return n
             return None
         return len(batch)
+    return None
+
+
+def rows(batch: Batch, seq: int) -> int:
+    """Number of rows in a collated batch, every per-row field checked to hold that many
+    (``BatchError`` names the first that does not: rows would be paired with another row's
+    key or label, or picked out of range). ``seq``: the batch's first sample, for the message."""
+    n = batch_size(batch)
+    wrong = _wrong_rows(batch, n, "")
+    if wrong is not None:
+        where, got = wrong
+        raise BatchError(
+            f"the input batch at sample seq {seq} holds {n} rows by its first field but "
+            f"{where or 'a field'} has {got}: every per-sample field of a collated batch needs one "
+            "entry per sample (a collate_fn that drops or adds rows, or keys collated apart from "
+            "their samples?)"
+        )
+    return n
+
+
+def _wrong_rows(batch: Batch, n: int, path: str) -> tuple[str, int] | None:
+    """The first per-row field of ``batch`` (its path) whose row count is not ``n``, and that count."""
+    if type(batch) is dict or isinstance(batch, Mapping):
+        for k, v in batch.items():
+            found = _wrong_rows(v, n, f"{path}[{k!r}]" if path else repr(k))
+            if found is not None:
+                return found
+        return None
+    if isinstance(batch, torch.Tensor | np.ndarray):
+        if batch.ndim and batch.shape[0] != n:
+            return path, int(batch.shape[0])
+        return None
+    if isinstance(batch, tuple) or (isinstance(batch, list) and _is_columns(batch)):
+        for i, v in enumerate(batch):
+            found = _wrong_rows(v, n, f"{path}[{i}]" if path else f"position {i}")
+            if found is not None:
+                return found
+        return None
+    if isinstance(batch, list) and len(batch) != n:
+        return path, len(batch)
     return None
 
 

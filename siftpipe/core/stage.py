@@ -767,7 +767,8 @@ class Sifter:
                 self._account.source += time.perf_counter() - t0
             if batch is END:
                 return None
-            group = Group([batch], _batch.batch_size(batch), self._decider.counts["seen"], snapshot)
+            seen = self._decider.counts["seen"]
+            group = Group([batch], _batch.rows(batch, seen), seen, snapshot)
         else:
             try:
                 items = reader.take(self.micro_batch)  # type: ignore[arg-type]

@@ -102,3 +102,33 @@ def test_a_list_of_python_ints_is_read_as_one_integer_array_and_names_the_same_s
     assert memory.lookup_keys(memory_keys(torch.tensor([9, 7])), 1)[0].tolist() == [3.0, 1.0]
     assert memory.lookup_keys(["8", "9"], 1)[0].tolist() == [2.0, 3.0]
     assert np.isnan(memory.lookup_keys([True], 1)[0]).all()
+
+
+@pytest.mark.parametrize(
+    "batch, message",
+    [
+        ({"x": torch.zeros(8, 2), "__key__": [f"k{i}" for i in range(6)]}, r"8 rows .* '__key__' has 6"),
+        ({"__key__": [f"k{i}" for i in range(10)], "x": torch.zeros(8, 2)}, r"10 rows .* 'x' has 8"),
+        ({"x": torch.zeros(8, 2), "y": torch.zeros(6)}, r"8 rows .* 'y' has 6"),
+        ((torch.zeros(8, 2), {"y": np.zeros(7)}), r"8 rows .* position 1\['y'\] has 7"),
+    ],
+)
+def test_a_batch_whose_fields_disagree_on_its_rows_is_an_error_naming_the_field(batch, message):
+    """Keys longer than the rows were dropped silently, shorter ones failed with an IndexError
+    after deciding, a short label column was blamed on the scorer (found by review)."""
+    s = sp.Sifter(None, lambda m, b: torch.zeros(8, dtype=torch.float64), sp.Uniform(1.0), batched=True)
+    with pytest.raises(sp.BatchError, match=r"input batch at sample seq 0 holds " + message):
+        list(s([batch]))
+    assert s.stats.seen == 0  # nothing decided
+
+
+def test_fields_that_are_not_per_row_pass_the_row_check():
+    batch = {
+        "x": torch.zeros(4, 2),
+        "scale": torch.tensor(2.0),
+        "__key__": ["a", "b", "c", "d"],
+        "name": "run",
+    }
+    s = sp.Sifter(None, lambda m, b: torch.ones(4, dtype=torch.float64), sp.Uniform(1.0), batched=True)
+    out = list(s([batch]))
+    assert out[0]["__key__"] == ["a", "b", "c", "d"] and out[0]["name"] == "run"
