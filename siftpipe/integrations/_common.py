@@ -40,12 +40,14 @@ from siftpipe.adapters.distributed import EqualSteps
 
 __all__ = [
     "EPOCH_FIELD",
+    "META_FIELD",
     "DataRng",
     "MetaCollate",
     "SiftedStream",
     "capture_rng",
     "decode_rng",
     "encode_rng",
+    "key_fields",
     "restore_rng",
     "split_meta",
     "with_index_keys",
@@ -54,6 +56,11 @@ __all__ = [
 #: The field of each dict batch a ``SiftedStream`` hands on that holds the epoch of its pass
 #: (an int), for ``Sifter.observe(..., epoch=...)``.
 EPOCH_FIELD = "__sift_epoch__"
+
+#: The field of a dict batch that lists the per-sample fields ``MetaCollate`` carried past the
+#: collator under names that do not start with ``__`` (a key field such as ``"id"``): they are
+#: not model inputs (``split_meta``).
+META_FIELD = "__sift_meta__"
 
 #: Opens one pass: ``(epoch, skip) -> (lists of samples, samples skipped)``. The loader starts
 #: ``skip`` samples into the pass, or fewer (whole batches skipped cheaply): the stream drops the
@@ -184,7 +191,16 @@ class _IndexKeyed(Dataset):  # type: ignore[type-arg]
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
-        item = self.dataset[index]
+        return self._keyed(self.dataset[index], index)
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        # the DataLoader fetches a batch with this when the dataset has it (torch's Subset,
+        # datasets.Dataset): the dataset's own, each sample keyed
+        getitems = getattr(self.dataset, "__getitems__", None)
+        items = getitems(indices) if getitems is not None else [self.dataset[i] for i in indices]
+        return [self._keyed(item, index) for item, index in zip(items, indices)]
+
+    def _keyed(self, item: Any, index: int) -> Any:
         if isinstance(item, Mapping) and self.field not in item:
             item = {**item, self.field: str(index)}
         return item
@@ -213,39 +229,57 @@ def as_list(samples: list[Any]) -> list[Any]:
 
 
 def split_meta(batch: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``batch`` without siftpipe's and WebDataset's per-sample fields (names starting ``__``), and those."""
+    """``batch`` without siftpipe's and WebDataset's per-sample fields (names starting ``__``, and
+    the fields ``MetaCollate`` carried past the collator: a key field named otherwise), and those."""
+    carried = batch.get(META_FIELD, ())
     plain: dict[str, Any] = {}
     meta: dict[str, Any] = {}
     for name, value in batch.items():
-        (meta if isinstance(name, str) and name.startswith("__") else plain)[name] = value
+        is_meta = isinstance(name, str) and (name.startswith("__") or name in carried)
+        (meta if is_meta else plain)[name] = value
     return plain, meta
+
+
+def key_fields(sifter: Any) -> tuple[str, ...]:
+    """The sifter's key when it names a field: ``MetaCollate(fields=...)`` carries it past the collator."""
+    key = sifter.key
+    return (key,) if isinstance(key, str) else ()
 
 
 class MetaCollate:
     """Collate dict samples with ``collate`` while carrying their ``__`` fields past it.
 
     Collators built for model inputs (Hugging Face's pad and tensorize every field) fail on a
-    string key or turn a float weight into a float64 column. The ``__`` fields are taken out of
-    each sample first and put back into the batch: the weight field as a float32 tensor, the
-    others as lists. Samples that are not dicts are collated unchanged.
+    string key or turn a float weight into a float64 column, and others drop fields they do not
+    know. The ``__`` fields (and ``fields``) are taken out of each sample first and put back into
+    the batch: the weight field as a float32 tensor, the others as lists. Carried fields whose
+    names do not start with ``__`` are listed in the batch's ``META_FIELD``, so that ``split_meta``
+    keeps them from the model's inputs. Samples that are not dicts are collated unchanged.
 
     Args:
         collate: The trainer's collate function.
         weight_field: The field that holds the sample weight.
         rng: Run ``collate`` on these data random states (collators may draw).
+        fields: More per-sample fields to carry past the collator: the sifter's key when it names
+            an ordinary field (``key="id"``), which the training step reads to hand losses back.
     """
 
     def __init__(
-        self, collate: Callable[[list[Any]], Any], weight_field: str, rng: DataRng | None = None
+        self,
+        collate: Callable[[list[Any]], Any],
+        weight_field: str,
+        rng: DataRng | None = None,
+        fields: Sequence[str] = (),
     ) -> None:
         self.collate = collate
         self.weight_field = weight_field
         self.rng = rng
+        self.fields = tuple(fields)
 
     def __call__(self, samples: list[Any]) -> Any:
         meta: dict[str, list[Any]] = {}
         if samples and isinstance(samples[0], Mapping):
-            names = [k for k in samples[0] if isinstance(k, str) and k.startswith("__")]
+            names = [k for k in samples[0] if isinstance(k, str) and (k.startswith("__") or k in self.fields)]
             if names:
                 meta = {name: [s[name] for s in samples] for name in names}
                 samples = [{k: v for k, v in s.items() if k not in meta} for s in samples]
@@ -254,6 +288,9 @@ class MetaCollate:
         else:
             with self.rng.active():
                 batch = self.collate(samples)
+        carried = [name for name in meta if not name.startswith("__")]
+        if carried:
+            meta[META_FIELD] = carried
         for name, values in meta.items():
             try:
                 batch[name] = (

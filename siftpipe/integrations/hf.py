@@ -35,6 +35,7 @@ from ._common import (
     SiftedStream,
     as_list,
     check_feedback_key,
+    key_fields,
     split_meta,
     with_index_keys,
 )
@@ -313,14 +314,14 @@ class SiftTrainerMixin(_Base):
         self.sift_stream = SiftedStream(sifter, self._sift_open_pass, endless=True)
 
         user_collator = self.data_collator
-        if sifter.collate_fn is default_collate:
-            sifter.collate_fn = MetaCollate(user_collator, sifter.weight_field, self.sift_stream.data_rng)
-        else:
-            sifter.collate_fn = MetaCollate(sifter.collate_fn, sifter.weight_field, self.sift_stream.data_rng)
+        # the key is carried past the collator (which may drop or fail on it) and never reaches the model
+        fields = key_fields(sifter)
+        collate = user_collator if sifter.collate_fn is default_collate else sifter.collate_fn
+        sifter.collate_fn = MetaCollate(collate, sifter.weight_field, self.sift_stream.data_rng, fields)
         if sifter.output_batch is None:
             sifter.output_batch = targs.train_batch_size
         # evaluation batches may carry the key field too (it survives column removal, below)
-        self.data_collator = MetaCollate(user_collator, sifter.weight_field)
+        self.data_collator = MetaCollate(user_collator, sifter.weight_field, fields=fields)
         self.add_callback(_SiftCallback(self))
 
     # ------------------------------------------------------------------ data
@@ -375,9 +376,10 @@ class SiftTrainerMixin(_Base):
     ) -> Any:
         """The Trainer's loss on the kept samples, times their weights; hands their losses back.
 
-        Without weights (or with all weights 1) the loss is exactly the Trainer's. With weights it is
-        rebuilt from the per-sample terms with the Trainer's own normalization: each term of
-        sample ``i`` counts ``w_i`` times.
+        Without weights (or with all weights 1) the loss is exactly the Trainer's. With weights each
+        term of sample ``i`` counts ``w_i`` times, at the Trainer's own normalization: the loss is
+        ``L + L / sum(s) * sum((w_i - 1) s_i)`` for the per-sample sums of terms ``s_i``, so terms
+        of ``L`` that are not per sample (an auxiliary loss) keep their gradient.
         """
         inputs, meta = split_meta(inputs)
         sifter = self.sifter
@@ -388,12 +390,16 @@ class SiftTrainerMixin(_Base):
         observe = self.sift_feedback and keys is not None and model.training
         if weights is None and not observe:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        loss, outputs = super().compute_loss(model, inputs, True, num_items_in_batch)
+        # read before the Trainer's compute_loss, which takes the labels out of the inputs it is
+        # given when it computes the loss itself (label_smoothing_factor, compute_loss_func)
         labels = inputs.get(self.sift_sample_loss.labels)
         if labels is None:
             raise sp.ConfigError(
-                f"weights and feedback need the labels field {self.sift_sample_loss.labels!r} in the batch"
+                f"weights and feedback need the labels field {self.sift_sample_loss.labels!r} in the "
+                f"batch (it has {', '.join(map(repr, inputs))}): collate the labels into it, or pass "
+                "sample_loss=ModelLoss(labels='<field>')"
             )
+        loss, outputs = super().compute_loss(model, dict(inputs), True, num_items_in_batch)
         with torch.set_grad_enabled(weights is not None and torch.is_grad_enabled()):
             sums, counts = self.sift_sample_loss.terms(self.model or model, outputs, labels)
         if observe and keys is not None:
@@ -405,8 +411,12 @@ class SiftTrainerMixin(_Base):
             total = sums.detach().sum()
             if total > 0:
                 # the model's loss is a fixed multiple of the sum of the terms (its normalization,
-                # gradient accumulation, averaging across processes): keep that multiple
-                loss = loss.detach() / total * (sums * weights.to(sums)).sum()
+                # gradient accumulation, averaging across processes): add each sample's terms
+                # w_i - 1 more times at that multiple. The loss keeps its own gradient path, so a
+                # term that is not per sample (an MoE router's aux loss, a z-loss) keeps its
+                # gradient; with all weights 1 it is exactly the model's loss.
+                scale = loss.detach() / total
+                loss = loss + scale * (sums * (weights.to(sums) - 1)).sum()
         return (loss, outputs) if return_outputs else loss
 
     def prediction_step(self, model: nn.Module, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:

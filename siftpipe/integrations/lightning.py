@@ -29,11 +29,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.utils.data import (
+    BatchSampler,
     DataLoader,
     DistributedSampler,
     IterableDataset,
     RandomSampler,
     Sampler,
+    SequentialSampler,
     default_collate,
 )
 
@@ -49,12 +51,14 @@ from ._common import (
     check_feedback_key,
     decode_rng,
     encode_rng,
+    key_fields,
     restore_rng,
     with_index_keys,
 )
 
 try:
     import lightning.pytorch as pl
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
     from lightning.pytorch.callbacks import Callback
 except ImportError as exc:
     raise MissingExtraError.of("siftpipe.integrations.lightning", "lightning", "lightning", exc) from None
@@ -164,8 +168,11 @@ class SiftCallback(Callback):
         self._inner: DataLoader | None = None  # type: ignore[type-arg]
         self._in_batch = False
         self._rng_to_restore: dict[str, Any] | None = None
+        self._restored_at_epoch_end = False
         self._pending_state: dict[str, Any] | None = None
         self._attached = False  # setup() ran: the callback is in the Trainer's callbacks
+        self._use_distributed_sampler = True  # the Trainer's use_distributed_sampler
+        self._sampler_kwargs: dict[str, Any] | None = None  # the Trainer's distributed_sampler_kwargs
         self._loss_called = False
         self._warned_no_loss = False
         if self._sifter is not None:
@@ -236,16 +243,22 @@ class SiftCallback(Callback):
             self._inner = None
             sifter = self.sifter
             collate = dataloader.collate_fn
+            if _unbatched(dataloader):
+                # its collate_fn converts one sample at a time (the inner loader applies it): the
+                # kept samples are batched as a DataLoader with a batch_size would batch them
+                collate = default_collate
             if isinstance(sifter.collate_fn, MetaCollate):  # a reloaded DataLoader: its collate now
                 sifter.collate_fn.collate = collate
             else:
                 inner = collate if sifter.collate_fn is default_collate else sifter.collate_fn
-                sifter.collate_fn = MetaCollate(inner, sifter.weight_field, self.stream.data_rng)
+                sifter.collate_fn = MetaCollate(
+                    inner, sifter.weight_field, self.stream.data_rng, key_fields(sifter)
+                )
             if sifter.output_batch is None:
                 if dataloader.batch_size is None:
                     raise sp.ConfigError(
-                        "the DataLoader has a batch_sampler and no batch_size: give the Sifter "
-                        "output_batch= (kept samples per training batch)"
+                        "the DataLoader has no batch_size (a batch_sampler, or batch_size=None): give "
+                        "the Sifter output_batch= (kept samples per training batch)"
                     )
                 sifter.output_batch = dataloader.batch_size
         if self._pending_state is not None:
@@ -270,23 +283,70 @@ class SiftCallback(Callback):
         }
         if source.num_workers > 0:
             kwargs["prefetch_factor"] = source.prefetch_factor
+        if _unbatched(source):
+            # automatic batching off: each item is one sample, converted by the DataLoader's collate_fn
+            kwargs["collate_fn"] = _OneSample(source.collate_fn)
+            if isinstance(source.dataset, IterableDataset):
+                return DataLoader(dataset, batch_size=None, **kwargs)
+            return DataLoader(
+                dataset, batch_size=None, sampler=self._shard(source.sampler, dataset, False), **kwargs
+            )
         if isinstance(source.dataset, IterableDataset):
             return DataLoader(dataset, batch_size=source.batch_size, drop_last=source.drop_last, **kwargs)
         if source.batch_size is None:
-            return DataLoader(dataset, batch_sampler=source.batch_sampler, **kwargs)
-        sampler = source.sampler
-        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-        if distributed and not isinstance(sampler, DistributedSampler):
-            # what Lightning does for a plain DataLoader: each rank reads its own share
-            sampler = DistributedSampler(
+            return DataLoader(
+                dataset, batch_sampler=self._shard_batches(source.batch_sampler, dataset), **kwargs
+            )
+        return DataLoader(
+            dataset,
+            batch_size=source.batch_size,
+            sampler=self._shard(source.sampler, dataset, source.drop_last),
+            drop_last=source.drop_last,
+            **kwargs,
+        )
+
+    def _sharding(self) -> dict[str, Any] | None:
+        """``DistributedSampler`` arguments when each process is to read its own share of a
+        map-style dataset (as Lightning does for a plain DataLoader), else ``None``."""
+        kwargs = self._sampler_kwargs
+        if not self._use_distributed_sampler or not kwargs or int(kwargs.get("num_replicas", 1)) <= 1:
+            return None
+        return kwargs
+
+    def _shard(self, sampler: Any, dataset: Any, drop_last: bool) -> Any:
+        """``sampler``, or the share of it this process reads: what Lightning puts in a plain
+        DataLoader under DDP with ``use_distributed_sampler=True`` (a ``DistributedSampler`` for a
+        random or sequential sampler, seeded with the stage's ``seed`` and shuffling when the
+        DataLoader does; ``DistributedSamplerWrapper`` around any other, whose order it keeps)."""
+        kwargs = self._sharding()
+        if kwargs is None or isinstance(sampler, DistributedSampler):
+            return sampler
+        if isinstance(sampler, RandomSampler | SequentialSampler):
+            return DistributedSampler(
                 dataset,
                 shuffle=isinstance(sampler, RandomSampler),
                 seed=self.sifter.seed,
-                drop_last=source.drop_last,
+                drop_last=drop_last,
+                **kwargs,
             )
-        return DataLoader(
-            dataset, batch_size=source.batch_size, sampler=sampler, drop_last=source.drop_last, **kwargs
-        )
+        return DistributedSamplerWrapper(sampler, shuffle=False, drop_last=drop_last, **kwargs)
+
+    def _shard_batches(self, batch_sampler: Any, dataset: Any) -> Any:
+        """A DataLoader's ``batch_sampler``, or one over this process's share of its sampler."""
+        if self._sharding() is None or isinstance(
+            getattr(batch_sampler, "sampler", None), DistributedSampler
+        ):
+            return batch_sampler
+        if type(batch_sampler) is not BatchSampler:
+            raise sp.ConfigError(
+                f"under DDP each process must read its own share of the data, and the DataLoader's "
+                f"batch_sampler ({type(batch_sampler).__name__}) is not a torch BatchSampler that "
+                "siftpipe can rebuild over a DistributedSampler: put a DistributedSampler (or your "
+                "own per-rank sharding) inside it and set L.Trainer(use_distributed_sampler=False), "
+                "or give the DataLoader batch_size= and sampler= instead"
+            )
+        sampler = self._shard(batch_sampler.sampler, dataset, batch_sampler.drop_last)
+        return BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
 
     def _generators(self) -> list[torch.Generator]:
         """Generators that shuffle the wrapped data: their states at a pass's start are saved."""
@@ -372,6 +432,10 @@ class SiftCallback(Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._attached = True
+        # read here, used when the loader is built: shard a map-style dataset as Lightning would
+        connector = getattr(trainer, "_accelerator_connector", None)
+        self._use_distributed_sampler = bool(getattr(connector, "use_distributed_sampler", True))
+        self._sampler_kwargs = trainer.distributed_sampler_kwargs
         sifter = self.sifter
         if sifter.model is None:
             sifter.model = pl_module  # unwrapped: a DDP forward would be a collective
@@ -390,6 +454,9 @@ class SiftCallback(Callback):
         if self._rng_to_restore is not None:
             restore_rng(self._rng_to_restore)
             self._rng_to_restore = None
+        if self._restored_at_epoch_end:
+            self._restored_at_epoch_end = False
+            _restart_epoch_progress(trainer)
         self._in_batch = True
         self._loss_called = False
 
@@ -412,6 +479,15 @@ class SiftCallback(Callback):
             pl_module.log_dict(
                 {f"sift/{k}": v for k, v in metrics.items()}, on_step=True, on_epoch=False, batch_size=1
             )
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # a checkpoint taken at an epoch's last batch: Lightning resets the epoch's batch count for
+        # a loader with a length only, so with none (a sifted loader) the next epoch would count on
+        # from the last one and step a partial accumulation early
+        progress = trainer.fit_loop.epoch_loop.batch_progress
+        self._restored_at_epoch_end = bool(
+            trainer.ckpt_path is not None and progress.is_last_batch and progress.current.ready > 0
+        )
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._finish()
@@ -461,6 +537,37 @@ class SiftCallback(Callback):
         self._pending_state = mine["stream"]
         if self.restore_rng:
             self._rng_to_restore = decode_rng(mine["rng"])
+
+
+def _restart_epoch_progress(trainer: pl.Trainer) -> None:
+    """At the first batch of an epoch opened after restoring a checkpoint taken at the previous
+    epoch's last batch: count this epoch's batches from this one, as Lightning does for a loader
+    with a length (``accumulate_grad_batches`` counts them)."""
+    loop = trainer.fit_loop.epoch_loop
+    progress = loop.batch_progress
+    last = progress.is_last_batch
+    progress.reset_on_run()
+    progress.is_last_batch = last
+    progress.increment_ready()  # this batch
+    loop.scheduler_progress.reset_on_run()
+    loop.automatic_optimization.optim_progress.reset_on_run()
+
+
+def _unbatched(dataloader: DataLoader) -> bool:  # type: ignore[type-arg]
+    """The DataLoader does not batch (``batch_size=None`` and no ``batch_sampler``): each item it
+    reads is one sample, and its ``collate_fn`` converts one sample (``default_convert``)."""
+    return dataloader.batch_size is None and dataloader.batch_sampler is None
+
+
+class _OneSample:
+    """The inner loader's collate function for a DataLoader that does not batch: the sample,
+    converted by that DataLoader's ``collate_fn``, as a list of one (the sifter batches)."""
+
+    def __init__(self, convert: Callable[[Any], Any]) -> None:
+        self.convert = convert
+
+    def __call__(self, sample: Any) -> list[Any]:
+        return [self.convert(sample)]
 
 
 def _meta(batch: Any, sifter: sp.Sifter) -> tuple[Sequence[Any] | None, Any]:

@@ -237,6 +237,27 @@ def test_a_batch_trained_after_the_next_pass_began_counts_for_its_own_pass(tmp_p
     assert full.sifter.memory.repeated == 0
 
 
+def test_a_key_in_an_ordinary_field_gets_the_steps_losses(tmp_path):
+    """key="id": the key is carried past the collator (which knows nothing of it) into the
+    training batch, the step's losses reach the memory under it, and the model never gets it."""
+    trained: list = []
+
+    class Keyed(SiftTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            trained.append(inputs.get("id"))
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def make():
+        return sp.Sifter(None, ModelLoss(), micro_batch=16, delay=16, memory=sp.ScoreMemory(1000), key="id")
+
+    data = Listed([{**s, "id": f"doc{i}"} for i, s in enumerate(sequences(48))])
+    trainer = train(tmp_path, data=data, steps=6, save_steps=100, trainer_cls=Keyed, make_sifter=make)
+    assert all(keys and all(k.startswith("doc") for k in keys) for keys in trained)
+    stats = trainer.sifter.stats
+    assert stats.observed == sum(len(keys) for keys in trained) > 0
+    assert stats.from_memory > 0  # later passes decided from the fed-back losses
+
+
 def test_resume_over_webdataset_shards(tmp_path):
     """An IterableDataset (real tar shards): the resumed pass re-reads its samples to the checkpoint."""
     items = [{"__key__": f"seq{i:04d}", "input_ids": s["input_ids"]} for i, s in enumerate(sequences(40))]
@@ -306,6 +327,70 @@ def test_the_trainer_optimises_its_own_loss_on_the_kept_samples(tmp_path, policy
         # weights 1 (hard) and 2 (easy, kept with probability 1/2) both occurred and were applied
         assert {2.0, 1.0} <= {w for *_, ws in checked if ws for w in ws}
     assert trainer.sifter.stats.dropped > 0
+
+
+def test_feedback_with_the_trainers_own_loss_function(tmp_path):
+    """label_smoothing_factor and compute_loss_func make the Trainer take the labels out of the
+    inputs; the step's per-sample losses still reach the score memory."""
+    smoothing = TrainingArguments(
+        str(tmp_path), max_steps=3, label_smoothing_factor=0.1, report_to="none", use_cpu=True
+    )
+    plain = TrainingArguments(str(tmp_path), max_steps=3, report_to="none", use_cpu=True)
+
+    def own_loss(outputs, labels, num_items_in_batch=None):
+        logits = outputs.logits[:, :-1].flatten(0, 1)
+        return F.cross_entropy(logits, labels[:, 1:].flatten(), ignore_index=-100)
+
+    for args, extra in ((smoothing, {}), (plain, {"compute_loss_func": own_loss})):
+        sifter = sp.Sifter(None, ModelLoss(), micro_batch=16, memory=sp.ScoreMemory(1000))
+        trainer = SiftTrainer(
+            model=gpt2(0.0),
+            args=args,
+            train_dataset=Listed(sequences(16)),
+            data_collator=pad,
+            sifter=sifter,
+            **extra,
+        )
+        trainer.train()
+        assert trainer.state.global_step == 3
+        assert sifter.stats.observed > 0 and len(sifter.memory) > 0
+
+
+class WithAux(GPT2LMHeadModel):
+    """A causal LM whose loss has a term that is not per sample (an MoE router's load-balancing
+    loss, a z-loss, a regulariser): ``0.5 * aux**2``, whose gradient in ``aux`` is ``aux``."""
+
+    def __init__(self, config: GPT2Config) -> None:
+        super().__init__(config)
+        self.aux = torch.nn.Parameter(torch.tensor(3.0))
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        if out.loss is not None:
+            out.loss = out.loss + 0.5 * self.aux**2
+        return out
+
+
+def test_weights_keep_the_gradient_of_loss_terms_that_are_not_per_sample(tmp_path):
+    """With weights, the loss's terms that are not per sample keep their full gradient; with all
+    weights 1 the loss is the model's own."""
+    model = WithAux(gpt2(0.0).config)
+    args = TrainingArguments(str(tmp_path), max_steps=2, report_to="none", use_cpu=True)
+    sifter = sp.Sifter(None, ModelLoss("causal_lm"), sp.PruneEasy(0.5), memory=None)
+    trainer = SiftTrainer(model=model, args=args, data_collator=pad, sifter=sifter)
+    batch = pad(sequences(4))
+    own = model(**batch).loss
+    for weight in ([1.0, 1.0, 1.0, 1.0], [1.0, 2.0, 1.0, 2.0]):
+        model.zero_grad()
+        loss = trainer.compute_loss(
+            model, {**batch, "__key__": list("abcd"), "__sift_weight__": torch.tensor(weight)}
+        )
+        loss.backward()
+        assert model.aux.grad is not None and float(model.aux.grad) == pytest.approx(3.0), weight
+        if weight[1] == 1.0:
+            assert float(loss.detach()) == pytest.approx(float(own.detach()), rel=1e-6)
+        else:
+            assert float(loss.detach()) > float(own.detach())  # easy samples counted twice
 
 
 def test_gradient_accumulation_counts_kept_samples(tmp_path):

@@ -104,11 +104,12 @@ def fit(
     make=sifter,
     every: int = 1,
     accumulate: int = 1,
+    net: type = Net,
     **kw,
 ):
     torch.manual_seed(0)
     sift = SiftCallback(make, **kw)
-    model = Net(sift, data if data is not None else Points())
+    model = net(sift, data if data is not None else Points())
     checkpoints = L.callbacks.ModelCheckpoint(
         dirpath=tmp, every_n_train_steps=every, save_top_k=-1, filename="{step}", enable_version_counter=False
     )
@@ -184,6 +185,63 @@ def test_accumulation_counts_kept_samples(tmp_path):
     stats = sift.sifter.stats
     assert stats.seen > sum(sizes) and stats.observed == sum(sizes)  # trained: kept, not seen
     assert len(sizes) <= 3 * trainer.global_step
+
+
+def test_a_dataset_that_fetches_batches_itself_gets_index_keys(tmp_path):
+    """random_split's Subset (like datasets.Dataset) has __getitems__, which the DataLoader
+    prefers to __getitem__: its samples are keyed by their index all the same."""
+    train, _ = torch.utils.data.random_split(Points(), [200, 40], generator=torch.Generator().manual_seed(0))
+    _, model, sift = fit(tmp_path, steps=20, data=train, every=100)
+    keys = [k for batch in model.trained for k in batch]
+    assert keys and all(0 <= int(k) < 200 for k in keys)
+    assert sift.sifter.stats.observed == len(keys) and sift.sifter.stats.from_memory > 0
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """Dict samples one at a time, with their keys (WebDataset's shape)."""
+
+    def __init__(self, points: Points) -> None:
+        self.points = points
+
+    def __iter__(self):
+        for i in range(len(self.points)):
+            yield {**self.points[i], "__key__": f"s{i}"}
+
+
+class Unbatched(Net):
+    def train_dataloader(self):
+        return self.sift.loader(DataLoader(Stream(self.data), batch_size=None))
+
+
+def test_a_dataloader_without_automatic_batching_hands_on_samples(tmp_path):
+    """DataLoader(batch_size=None): each item is one sample; the stage batches the kept ones by
+    output_batch as a DataLoader with batch_size would."""
+    make = lambda: sp.Sifter(None, sp.CrossEntropy("x", "y"), delay=24, micro_batch=32, output_batch=12)  # noqa: E731
+    _, model, sift = fit(tmp_path, steps=4, data=Points(96), make=make, every=100, net=Unbatched)
+    assert len(model.trained) == 4 and all(len(batch) == 12 for batch in model.trained)
+    assert model.trained[:2] == [
+        [f"s{i}" for i in range(j, j + 12)] for j in (0, 12)
+    ]  # the delay's, in order
+    assert sift.sifter.stats.dropped > 0
+
+
+def test_resume_with_accumulation_from_an_epochs_last_step(tmp_path):
+    """accumulate_grad_batches=3, resumed from a checkpoint taken at an epoch's last batch (a
+    partial accumulation stepped there): the next epoch accumulates from its first batch, as in
+    the uninterrupted run (Lightning resets its batch count only for loaders with a length)."""
+    _, full, _ = fit(tmp_path / "full", steps=8, data=Points(120), accumulate=3)
+    at_end = []
+    for step in range(1, 7):
+        loops = torch.load(tmp_path / "full" / f"step={step}.ckpt", weights_only=False)["loops"]
+        progress = loops["fit_loop"]["epoch_loop.batch_progress"]
+        if progress["is_last_batch"] and progress["current"]["ready"] % 3:
+            at_end.append(step)
+    assert at_end  # an epoch ended on a partial accumulation
+    cut = at_end[0]
+    ckpt = str(tmp_path / "full" / f"step={cut}.ckpt")
+    _, part, _ = fit(tmp_path / "cut", steps=8, data=Points(120), accumulate=3, ckpt=ckpt)
+    assert part.trained == full.trained[len(full.trained) - len(part.trained) :]
+    assert torch.equal(weights(part), weights(full))
 
 
 @pytest.mark.adversarial
@@ -296,6 +354,22 @@ def test_vision_example_on_two_ddp_processes_keeps_ranks_in_step(tmp_path):
     state = torch.load(tmp_path / "last.ckpt", weights_only=False)["callbacks"]["SiftCallback"]
     assert state["world_size"] == 2
     assert [r["stream"]["sifter"]["counts"]["seen"] for r in state["ranks"]] == [1800, 1800]
+
+
+def test_ddp_keeps_the_dataloaders_sampler_and_shards_a_batch_sampler(tmp_path):
+    """Under DDP each rank reads its share of the user's own sampler (wrapped as Lightning wraps it),
+    or all of it with use_distributed_sampler=False; a BatchSampler is sharded too, and a batch
+    sampler siftpipe cannot rebuild is refused with the fix."""
+    script = str(ROOT / "tests" / "integrations" / "lightning_ddp_loaders.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script]
+    result = run_json(cmd, timeout=180)
+    evens = list(range(0, 240, 2))
+    for case in ("custom_sampler", "batch_sampler"):
+        first, second = result[case]
+        assert sorted(first + second) == evens, case  # only the sampler's indices, each once
+        assert len(first) == len(second) == 60, case
+    assert result["custom_sampler_no_sharding"] == [evens, evens]
+    assert "use_distributed_sampler=False" in result["custom_batch_sampler"]
 
 
 def test_language_model_example(tmp_path):

@@ -1,0 +1,121 @@
+"""Run under torchrun (two gloo processes) by tests/integrations/test_lightning.py: the DataLoaders a
+sifted Lightning DDP run is given, and what each rank reads from them. Prints one JSON line (rank 0).
+
+Each case is one ``trainer.fit`` of one epoch with a stage that keeps every sample (it decides
+nothing during its ``delay``), so the keys trained are the keys each rank read.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+
+import lightning.pytorch as L
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
+
+import siftpipe as sp
+from siftpipe.integrations.lightning import SiftCallback
+
+warnings.filterwarnings("ignore")
+N = 240
+
+
+class Points(Dataset):
+    def __init__(self) -> None:
+        self.x = torch.randn(N, 8, generator=torch.Generator().manual_seed(1))
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int):
+        return {"x": self.x[i], "y": int(i % 3)}
+
+
+class Evens(Sampler[int]):
+    """A sampler of one's own: the even indices, in order."""
+
+    def __iter__(self):
+        return iter(range(0, N, 2))
+
+    def __len__(self) -> int:
+        return N // 2
+
+
+class MyBatches(Sampler[list[int]]):
+    """A batch sampler that is not a torch BatchSampler."""
+
+    def __iter__(self):
+        return (list(range(i, i + 12)) for i in range(0, N, 12))
+
+    def __len__(self) -> int:
+        return N // 12
+
+
+class Net(L.LightningModule):
+    def __init__(self, sift: SiftCallback, loader: DataLoader) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(8, 3)
+        self.sift, self.loader = sift, loader
+        self.trained: list[int] = []
+
+    def forward(self, x):
+        return self.net(x)
+
+    def train_dataloader(self):
+        return self.sift.loader(self.loader)
+
+    def training_step(self, batch, batch_idx):
+        self.trained += [int(k) for k in batch["__key__"]]
+        return self.sift.loss(F.cross_entropy(self(batch["x"]), batch["y"], reduction="none"), batch)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def run(loader: DataLoader, use_distributed_sampler: bool = True) -> list[list[int]]:
+    """The keys each rank trained (every rank's list)."""
+    sift = SiftCallback(lambda: sp.Sifter(None, sp.CrossEntropy("x", "y"), delay=10_000, output_batch=12))
+    model = Net(sift, loader)
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[sift],
+        use_distributed_sampler=use_distributed_sampler,
+    )
+    trainer.fit(model)
+    ranks: list[list[int]] = [[], []]
+    dist.all_gather_object(ranks, model.trained)
+    return ranks
+
+
+def main() -> None:
+    data = Points()
+    out = {
+        "custom_sampler": run(DataLoader(data, batch_size=12, sampler=Evens())),
+        "custom_sampler_no_sharding": run(
+            DataLoader(data, batch_size=12, sampler=Evens()), use_distributed_sampler=False
+        ),
+        "batch_sampler": run(DataLoader(data, batch_sampler=BatchSampler(Evens(), 12, drop_last=False))),
+    }
+    try:
+        run(DataLoader(data, batch_sampler=MyBatches()))
+        out["custom_batch_sampler"] = "no error"
+    except sp.ConfigError as exc:
+        out["custom_batch_sampler"] = str(exc)
+    if dist.get_rank() == 0:
+        print(json.dumps(out))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
