@@ -111,14 +111,18 @@ class ScoreMemory:
     def __init__(
         self, capacity: int = 1_000_000, max_age: int | None = 1, *, key_cache: int = 1 << 17
     ) -> None:
-        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+        if not isinstance(capacity, int | np.integer) or isinstance(capacity, bool) or capacity < 1:
             raise ConfigError(f"capacity must be a number of samples >= 1, got {capacity!r}")
-        if max_age is not None and (not isinstance(max_age, int) or isinstance(max_age, bool) or max_age < 1):
+        if max_age is not None and (
+            not isinstance(max_age, int | np.integer) or isinstance(max_age, bool) or max_age < 1
+        ):
             raise ConfigError(
                 f"max_age must be a number of epochs >= 1 or None (never expires), got {max_age!r}"
             )
-        if not isinstance(key_cache, int) or isinstance(key_cache, bool) or key_cache < 0:
+        if not isinstance(key_cache, int | np.integer) or isinstance(key_cache, bool) or key_cache < 0:
             raise ConfigError(f"key_cache must be a number of keys >= 0, got {key_cache!r}")
+        capacity, key_cache = int(capacity), int(key_cache)
+        max_age = None if max_age is None else int(max_age)
         self.capacity = capacity
         self.max_age = max_age
         self.key_cache = key_cache

@@ -62,6 +62,12 @@ class Passes:
         self.source_abandoned = False  # the tracked source's last pass was left before its end
         self.source_restored = False  # the pass opened last repositioned its source from a state
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy (pickle, deepcopy) holds no running pass: an iterator belongs to one process
+        state = self.__dict__.copy()
+        state["active"] = state["reader"] = None
+        return state
+
     def close_active(self) -> None:
         """Close the running pass's iterator, if it is alive."""
         gen = self.active() if self.active is not None else None

@@ -133,7 +133,7 @@ class _KeepFraction(Policy):
     """A policy configured by one fraction ``keep`` in (0, 1]."""
 
     def __init__(self, keep: float = 0.5) -> None:
-        if not isinstance(keep, int | float) or not (0.0 < float(keep) <= 1.0):
+        if real_number(keep) is None or not (0.0 < float(keep) <= 1.0):
             raise ConfigError(f"keep must be a fraction in (0, 1], got {keep!r}")
         self.keep = float(keep)
 
@@ -225,7 +225,7 @@ class RelativeProbabilistic(HistoryPolicy):
     name = "relative_probabilistic"
 
     def __init__(self, beta: float = 1.0, history: int = 500) -> None:
-        if not isinstance(beta, int | float) or not math.isfinite(beta) or beta <= 0:
+        if real_number(beta) is None or not math.isfinite(beta) or beta <= 0:
             raise ConfigError(f"beta must be a finite number > 0 (keep fraction is 1/(1+beta)), got {beta!r}")
         super().__init__(history)
         self.beta = float(beta)
@@ -289,13 +289,13 @@ class PruneEasy(HistoryPolicy):
     weighted = True
 
     def __init__(self, ratio: float = 0.5, anneal: int | None = None, history: int = 10000) -> None:
-        if not isinstance(ratio, int | float) or not (0.0 <= float(ratio) < 1.0):
+        if real_number(ratio) is None or not (0.0 <= float(ratio) < 1.0):
             raise ConfigError(f"ratio must be in [0, 1) (easy samples kept weigh 1/(1-ratio)), got {ratio!r}")
-        if anneal is not None and (not isinstance(anneal, int) or anneal < 0):
+        if anneal is not None and ((integer_count(anneal) is None) or anneal < 0):
             raise ConfigError(f"anneal must be a number of samples >= 0 or None, got {anneal!r}")
         super().__init__(history)
         self.ratio = float(ratio)
-        self.anneal = anneal
+        self.anneal = None if anneal is None else integer_count(anneal)
 
     def config(self) -> dict[str, Any]:
         return {"ratio": self.ratio, "anneal": self.anneal, "history": self.history.size}
@@ -332,6 +332,22 @@ class Uniform(_KeepFraction):
 
 
 _log = logging.getLogger("siftpipe")
+
+
+def real_number(value: Any) -> float | None:
+    """``value`` as a float if it is a real number of any kind (Python, numpy, a 0-d tensor),
+    else None (a bool, NaN, anything else): a setting given as ``np.float32(0.5)`` is as good
+    as ``0.5``, and ``True`` is not a fraction."""
+    if isinstance(value, bool | np.bool_):
+        return None
+    if isinstance(value, torch.Tensor):
+        if value.ndim or value.dtype is torch.bool or value.is_complex():
+            return None
+        value = value.item()
+    if not isinstance(value, int | float | np.integer | np.floating):
+        return None
+    number = float(value)
+    return None if math.isnan(number) else number
 
 
 def integer_count(value: Any) -> int | None:
@@ -409,15 +425,15 @@ class InfoBatch(Policy):
         graded: bool = False,
         min_spread: float | None = None,
     ) -> None:
-        if not isinstance(ratio, int | float) or not (0.0 <= float(ratio) < 1.0):
+        if real_number(ratio) is None or not (0.0 <= float(ratio) < 1.0):
             raise ConfigError(f"ratio must be in [0, 1) (easy samples kept weigh 1/(1-ratio)), got {ratio!r}")
         if budget is not None and ((integer_count(budget) or 0) < 1):
             raise ConfigError(
                 f"budget must be the samples the stage will see in the run (>= 1) or None, got {budget!r}"
             )
-        if not isinstance(anneal, int | float) or not (0.0 < float(anneal) <= 1.0):
+        if real_number(anneal) is None or not (0.0 < float(anneal) <= 1.0):
             raise ConfigError(f"anneal must be a fraction of the budget in (0, 1], got {anneal!r}")
-        if guard is not None and (not isinstance(guard, int | float) or not (0.0 < float(guard) < math.inf)):
+        if guard is not None and (real_number(guard) is None or not (0.0 < float(guard) < math.inf)):
             raise ConfigError(
                 f"guard must be a forgetting tolerance > 0 in mean losses, or None, got {guard!r}"
             )
@@ -429,9 +445,7 @@ class InfoBatch(Policy):
             raise ConfigError(f"graded must be True or False, got {graded!r}")
         self.graded = graded
         if min_spread is not None and (
-            isinstance(min_spread, bool)
-            or not isinstance(min_spread, int | float)
-            or not (0.0 <= float(min_spread) < 1.0)
+            real_number(min_spread) is None or not (0.0 <= float(min_spread) < 1.0)
         ):
             raise ConfigError(
                 "min_spread must be the least spread of the remembered losses below their mean, "

@@ -8,7 +8,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .memory import ScoreMemory
-from .policies import InfoBatch, integer_count
+from .policies import InfoBatch, integer_count, real_number
 from .scorers import Scorer
 from .stage import Sifter
 
@@ -74,7 +74,7 @@ def recipe(
             f"budget must be the number of samples the stage will see in the run, got {budget!r}"
         )
     budget = count
-    if not isinstance(warmup, int | float) or not (0.0 <= float(warmup) < 1.0):
+    if real_number(warmup) is None or not (0.0 <= float(warmup) < 1.0):
         raise ConfigError(f"warmup must be a fraction of the budget in [0, 1), got {warmup!r}")
     for name in ("policy", "memory", "delay"):
         if name in sifter_kwargs:

@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 from torch import nn
 
 from ..errors import ConfigError
 from .memory import ScoreMemory
-from .policies import Policy, RelativeProbabilistic, get_policy
+from .policies import Policy, RelativeProbabilistic, get_policy, integer_count
 from .ranks import dist_info
 from .scorers import Scorer, get_scorer
 from .state import plain_value
@@ -31,20 +32,22 @@ def check_arguments(
     unknown: Any,
     pad_micro_batch: bool,
     seed: Any,
+    autocast: Any = None,
+    policy: Any = None,
 ) -> None:
     """Raise ``ConfigError`` naming the first ``Sifter`` argument that is out of range."""
     if model is not None and not isinstance(model, nn.Module):
         raise ConfigError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
-    if micro_batch is not None and (not isinstance(micro_batch, int) or micro_batch < 1):
+    if micro_batch is not None and (integer_count(micro_batch) is None or micro_batch < 1):
         raise ConfigError(
             f"micro_batch must be a number of samples >= 1, got {micro_batch!r}"
             + ("" if batched else " (None is allowed only with batched=True)")
         )
     if micro_batch is None and not batched:
         raise ConfigError("micro_batch=None (score whole input batches) needs batched=True")
-    if not isinstance(delay, int) or delay < 0:
+    if integer_count(delay) is None or delay < 0:
         raise ConfigError(f"delay must be a number of samples >= 0, got {delay!r}")
-    if output_batch is not None and (not isinstance(output_batch, int) or output_batch < 1):
+    if output_batch is not None and (integer_count(output_batch) is None or output_batch < 1):
         raise ConfigError(f"output_batch must be a number of samples >= 1 or None, got {output_batch!r}")
     if on_nan not in ("raise", "keep", "drop"):
         raise ConfigError(f"on_nan must be 'raise', 'keep' or 'drop', got {on_nan!r}")
@@ -65,6 +68,13 @@ def check_arguments(
         raise ConfigError("pad_micro_batch=True needs a fixed micro_batch size to pad to")
     if not isinstance(seed, int | np.integer) or isinstance(seed, bool) or seed < 0:
         raise ConfigError(f"seed must be an integer >= 0 (it seeds the stage's generator), got {seed!r}")
+    if autocast is not None and (not isinstance(autocast, torch.dtype) or not autocast.is_floating_point):
+        raise ConfigError(
+            f"autocast must be a floating torch.dtype (torch.bfloat16, torch.float16) or None, got "
+            f"{autocast!r}"
+        )
+    if policy is not None and not isinstance(policy, Policy):
+        raise ConfigError(f"policy must be a siftpipe.Policy, got {policy!r}: set a policy object")
 
 
 def resolve_scorer(scorer: Scorer | str) -> Scorer:

@@ -96,6 +96,8 @@ class Sifter:
             (``non_blocking`` copies are used whenever the batch is pinned).
         eval_mode: Score in eval mode (dropout off, batch-norm frozen), then put each module
             back in the mode it was in (a layer the user froze with ``.eval()`` stays frozen).
+            ``False`` scores in the model's own mode: in train mode, batch-norm's running
+            statistics then move with every scored micro-batch, dropped samples included.
         on_nan: What to do with a NaN or infinite loss: ``"raise"`` (``NonFiniteLossError``),
             ``"keep"`` or ``"drop"`` the sample (counted in ``stats.nan``, reason ``"nan"``,
             never added to the loss history).
@@ -143,6 +145,7 @@ class Sifter:
     RESUME_OVERRIDES: ClassVar[tuple[str, ...]] = RESUME_OVERRIDES
 
     # settings the scoring part keeps (see siftpipe.core.scoring): read and set them here as usual
+    # (a setting set after construction is checked as the constructor checks it, when a pass opens)
     model = Setting("_scoring", Scoring)
     scorer = Setting("_scoring", Scoring)
     micro_batch = Setting("_scoring", Scoring)
@@ -201,8 +204,11 @@ class Sifter:
     ) -> None:
         check_arguments(
             model, micro_batch, batched, delay, output_batch, on_nan, on_oom, memory, key, unknown,
-            pad_micro_batch, seed,
+            pad_micro_batch, seed, autocast,
         )  # fmt: skip
+        micro_batch = None if micro_batch is None else int(micro_batch)
+        output_batch = None if output_batch is None else int(output_batch)
+        delay = int(delay)
         if device is not None:
             device = scoring_device(device)
 
@@ -475,6 +481,18 @@ class Sifter:
 
     def _open(self, source: Iterable[Any], surface: bool) -> Iterator[Any]:
         _check_not_in_worker()
+        # settings may be set after construction (sifter.micro_batch = ...): checked as the
+        # constructor checks them, before a pass runs with them (micro_batch = 0 trained nothing)
+        check_arguments(
+            self.model, self.micro_batch, self.batched, self.delay, self.output_batch, self.on_nan,
+            self.on_oom, self.memory, self.key, self.unknown, self.pad_micro_batch, self.seed,
+            self.autocast, self.policy,
+        )  # fmt: skip
+        if not callable(self.scorer):
+            raise ConfigError(
+                f"scorer must be callable (model, batch) -> Tensor[n], got {self.scorer!r}: set a "
+                "scorer object (sp.get_scorer(name) for a registered one)"
+            )
         device = self.device
         if device.type == "meta" and self._device is None:
             raise ConfigError(
