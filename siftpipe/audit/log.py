@@ -93,8 +93,13 @@ _open_logs: weakref.WeakSet[AuditLog] = weakref.WeakSet()
 
 @atexit.register
 def _flush_at_exit() -> None:
+    # a script that ends on an uncaught exception: the interpreter keeps it as sys.last_value
+    # (in an interactive session that is any earlier error, so it says nothing there)
+    last = getattr(sys, "last_value", None)
+    ended_by = None if last is None or hasattr(sys, "ps1") else _stopping(last)
     for log in list(_open_logs):
         try:
+            log._exit_stopped_by = ended_by
             log.close(timeout=120.0)
         except Exception as exc:
             warnings.warn(f"siftpipe: could not flush the audit log at exit: {exc}", stacklevel=1)
@@ -204,6 +209,7 @@ class AuditLog:
         self._error: str | None = None  # to raise on the training thread (once)
         self._failed: str | None = None  # the destination gave up: write nothing more
         self._closed = False
+        self._exit_stopped_by: str | None = None  # set at exit after an uncaught exception
 
     # ------------------------------------------------------------------ identity
 
@@ -345,6 +351,11 @@ class AuditLog:
                     "dropped_records": self.stats.dropped_records,
                     "decided_until": self._decided_until,
                 }
+                stopped_by = self._exit_stopped_by or _stopped_by()
+                if stopped_by is not None:
+                    # closed while an error or an interrupt ended the job: the log is whole up
+                    # to there, the run is not (the exception's type only: its text may hold data)
+                    marker["stopped_by"] = stopped_by
                 self._send(
                     {"op": "json", "path": f"{self.directory}/_end-{self.attempt}.json", "body": marker},
                     [],
@@ -718,6 +729,20 @@ class _ProcessTransport(_Transport):
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.reader.join(timeout)
+
+
+def _stopped_by() -> str | None:
+    """The type of the exception propagating where ``close`` was called (a ``finally``, an
+    ``__exit__``), if one is ending the job: not a generator's close, not ``sys.exit(0)``."""
+    return _stopping(sys.exc_info()[1])
+
+
+def _stopping(exc: BaseException | None) -> str | None:
+    if exc is None or isinstance(exc, GeneratorExit | StopIteration):
+        return None
+    if isinstance(exc, SystemExit) and exc.code in (None, 0):
+        return None
+    return type(exc).__name__
 
 
 def _framed(header: Mapping[str, Any], buffers: Any = ()) -> tuple[list[Any] | None, str | None]:

@@ -718,11 +718,15 @@ class LogReport:
                 f"{len(s.attempts)} attempt(s), {s.superseded} superseded by a resume"
             )
             for a in s.attempts:
-                end = (
-                    "closed cleanly"
-                    if a["ended"]
-                    else "did not close (killed?): its unflushed records are lost"
-                )
+                if not a["ended"]:
+                    end = "did not close (killed?): its unflushed records are lost"
+                elif a.get("stopped_by"):
+                    end = (
+                        f"closed as {a['stopped_by']} stopped the job (the log is whole up to "
+                        "there; the run did not finish)"
+                    )
+                else:
+                    end = "closed cleanly"
                 job = a.get("origin")
                 if job is None:
                     how = f"resumed from seq {a['resumed_from']}"
@@ -856,6 +860,7 @@ def verify_log(
                 "parts": len(attempt.parts),
                 "records": sum(int((p.manifest or {}).get("count", 0)) for p in attempt.parts),
                 "ended": attempt.ended,
+                "stopped_by": _text_or_none((attempt.end or {}).get("stopped_by")),
                 "origin": attempt.origin,
                 "shards_skipped": skipped,
                 "samples_skipped": int(_number(shards.get("samples_skipped"), 0)),
@@ -919,6 +924,10 @@ def verify_log(
             if stop - 1 > after:
                 report.gaps.append((after + 1, stop - 1))
     return LogReport(redact(url, secrets), [streams[k] for k in sorted(streams)])
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def iter_tables(tables: Iterable[Any]) -> Iterable[Any]:

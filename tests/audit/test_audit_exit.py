@@ -111,3 +111,47 @@ def test_log_verify_on_s3_exits_cleanly_every_time_under_load(own_s3):
             burner.kill()
             burner.wait()
     assert all(r == (0, "", True) for r in results), results
+
+
+STOPPED = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {repo!r})
+    import siftpipe as sp
+    from tests.common import loss_field, make_samples
+
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, audit=sp.AuditLog(sys.argv[1], run_id="r"))
+    for i, _ in enumerate(s(make_samples(400, seed=3))):
+        if i == 100:
+            raise RuntimeError("out of disk")  # uncaught: the log is closed at exit
+    """
+)
+
+
+def test_an_attempt_closed_by_an_error_or_an_interrupt_does_not_read_closed_cleanly(tmp_path):
+    """A job stopped by Ctrl-C (or any error) closes its log on the way out, and `verify` said
+    "closed cleanly", as for a run that finished. The end marker now names what stopped it."""
+    interrupted = str(tmp_path / "interrupted")
+    try:
+        with sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, audit=interrupted) as s:
+            for i, _ in enumerate(s(make_samples(400, seed=3))):
+                if i == 100:
+                    raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    crashed = str(tmp_path / "crashed")
+    run = subprocess.run(
+        [sys.executable, "-c", STOPPED.format(repo=str(REPO)), crashed], capture_output=True, text=True
+    )
+    assert run.returncode == 1 and "out of disk" in run.stderr
+    finished = str(tmp_path / "finished")
+    write_log(finished, n=400)
+    for root, end in [
+        (interrupted, "closed as KeyboardInterrupt stopped the job"),
+        (crashed, "closed as RuntimeError stopped the job"),
+        (finished, "closed cleanly"),
+    ]:
+        report = sp.verify_log(root)
+        assert report.ok, report.lines()  # whole up to where it stopped
+        assert end in "\n".join(report.lines()), report.lines()
+    assert "out of disk" not in "".join(p.read_text() for p in (tmp_path / "crashed").rglob("*.json"))
