@@ -96,10 +96,16 @@ def _flush_at_exit() -> None:
     # a script that ends on an uncaught exception: the interpreter keeps it as sys.last_value
     # (in an interactive session that is any earlier error, so it says nothing there)
     last = getattr(sys, "last_value", None)
-    ended_by = None if last is None or hasattr(sys, "ps1") else _stopping(last)
+    close_open_logs(None if last is None or hasattr(sys, "ps1") else _stopping(last))
+
+
+def close_open_logs(stopped_by: str | None = None) -> None:
+    """Close every audit log of this process still open (at exit; a command interrupted with
+    Ctrl-C that ends with ``os._exit``, which runs no exit handler). ``stopped_by``: the type of
+    the exception ending the job, for the end markers (default: the one being handled here)."""
     for log in list(_open_logs):
         try:
-            log._exit_stopped_by = ended_by
+            log._exit_stopped_by = stopped_by
             log.close(timeout=120.0)
         except Exception as exc:
             warnings.warn(f"siftpipe: could not flush the audit log at exit: {exc}", stacklevel=1)

@@ -83,7 +83,11 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"siftpipe: error: {redact(str(exc), argv_secrets(argv))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        # Ctrl-C: what the command wrote so far is closed (its audit log included); no traceback
+        # Ctrl-C: what the command wrote so far is closed (its audit log included: the program
+        # ends with os._exit, which runs no exit handler); no traceback
+        from ..audit.log import close_open_logs
+
+        close_open_logs()
         print("siftpipe: interrupted", file=sys.stderr)
         return 130  # 128 + SIGINT, as a shell reports it
     except Exception as exc:

@@ -141,9 +141,11 @@ def test_ctrl_c_mid_run_is_one_line_and_leaves_a_log_that_verifies(tmp_path):
     # (a DataLoader worker's multiprocessing thread may still print its own shutdown noise, once
     # in a while on a loaded machine: torch's, not a traceback of the interrupted command)
     assert proc.returncode == 130 and "siftpipe: interrupted" in err and "KeyboardInterrupt" not in err, err
-    if list(out.glob("audit/run=*/rank=0/part-*")):  # what it wrote before the interrupt is whole
-        report = sp.verify_log(str(out / "audit"))
-        assert report.ok, "\n".join(report.lines())
+    # what it wrote before the interrupt is whole, and the log says the run was interrupted
+    # (it was never closed: the program ends with os._exit, which runs no exit handler)
+    report = sp.verify_log(str(out / "audit"))
+    assert report.ok, "\n".join(report.lines())
+    assert "closed as KeyboardInterrupt stopped the job" in "\n".join(report.lines())
 
 
 def test_the_task_has_an_easy_redundant_head_and_a_hard_tail():
