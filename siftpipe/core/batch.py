@@ -25,11 +25,11 @@ def batch_size(batch: Batch) -> int:
     return n
 
 
-def _find_size(batch: Batch) -> int | None:
+def _find_size(batch: Batch, nested: bool = False) -> int | None:
     if type(batch) is dict:
         batch = batch.values()
         for value in batch:
-            n = _find_size(value)
+            n = _find_size(value, True)
             if n is not None:
                 return n
         return None
@@ -37,20 +37,20 @@ def _find_size(batch: Batch) -> int | None:
         return int(batch.shape[0]) if batch.ndim > 0 else None
     if isinstance(batch, Mapping):
         for value in batch.values():
-            n = _find_size(value)
+            n = _find_size(value, True)
             if n is not None:
                 return n
         return None
     if isinstance(batch, tuple):
         for value in batch:
-            n = _find_size(value)
+            n = _find_size(value, True)
             if n is not None:
                 return n
         return None
     if isinstance(batch, list):
-        if _is_columns(batch):
+        if _is_columns(batch, nested):
             for value in batch:
-                n = _find_size(value)
+                n = _find_size(value, True)
                 if n is not None:
                     return n
             return None
@@ -75,11 +75,11 @@ def rows(batch: Batch, seq: int) -> int:
     return n
 
 
-def _wrong_rows(batch: Batch, n: int, path: str) -> tuple[str, int] | None:
+def _wrong_rows(batch: Batch, n: int, path: str, nested: bool = False) -> tuple[str, int] | None:
     """The first per-row field of ``batch`` (its path) whose row count is not ``n``, and that count."""
     if type(batch) is dict or isinstance(batch, Mapping):
         for k, v in batch.items():
-            found = _wrong_rows(v, n, f"{path}[{k!r}]" if path else repr(k))
+            found = _wrong_rows(v, n, f"{path}[{k!r}]" if path else repr(k), True)
             if found is not None:
                 return found
         return None
@@ -87,9 +87,9 @@ def _wrong_rows(batch: Batch, n: int, path: str) -> tuple[str, int] | None:
         if batch.ndim and batch.shape[0] != n:
             return path, int(batch.shape[0])
         return None
-    if isinstance(batch, tuple) or (isinstance(batch, list) and _is_columns(batch)):
+    if isinstance(batch, tuple) or (isinstance(batch, list) and _is_columns(batch, nested)):
         for i, v in enumerate(batch):
-            found = _wrong_rows(v, n, f"{path}[{i}]" if path else f"position {i}")
+            found = _wrong_rows(v, n, f"{path}[{i}]" if path else f"position {i}", True)
             if found is not None:
                 return found
         return None
@@ -98,9 +98,17 @@ def _wrong_rows(batch: Batch, n: int, path: str) -> tuple[str, int] | None:
     return None
 
 
-def _is_columns(batch: list[Any]) -> bool:
-    """A list from collating tuple samples holds one column per field, not one row per sample."""
-    return bool(batch) and isinstance(batch[0], torch.Tensor | np.ndarray | Mapping | tuple | list)
+def _is_columns(batch: list[Any], nested: bool = False) -> bool:
+    """A list from collating tuple samples holds one column per field, not one row per sample.
+    ``nested``: the list is a field of the batch, not the batch: a list of dicts there holds one
+    dict per sample (WebDataset's collation of a ``json`` field, detection labels), where the
+    batch itself, collated from (dict, ...) tuples, holds a dict of columns first."""
+    if not batch:
+        return False
+    first = batch[0]
+    return isinstance(first, torch.Tensor | np.ndarray | tuple | list) or (
+        not nested and isinstance(first, Mapping)
+    )
 
 
 def take(batch: Batch, index: np.ndarray) -> Batch:
@@ -108,11 +116,11 @@ def take(batch: Batch, index: np.ndarray) -> Batch:
     return _take(batch, index, None)
 
 
-def _take(batch: Batch, index: np.ndarray, tindex: torch.Tensor | None) -> Batch:
+def _take(batch: Batch, index: np.ndarray, tindex: torch.Tensor | None, nested: bool = False) -> Batch:
     if type(batch) is dict:  # the common case first: isinstance(x, Mapping) is slow
         if tindex is None:
             tindex = torch.from_numpy(index)
-        return {k: _take(v, index, tindex) for k, v in batch.items()}
+        return {k: _take(v, index, tindex, True) for k, v in batch.items()}
     if isinstance(batch, torch.Tensor):
         if batch.ndim == 0:
             return batch
@@ -126,11 +134,11 @@ def _take(batch: Batch, index: np.ndarray, tindex: torch.Tensor | None) -> Batch
     if isinstance(batch, Mapping):
         if tindex is None:
             tindex = torch.from_numpy(index)
-        return {k: _take(v, index, tindex) for k, v in batch.items()}
-    if isinstance(batch, tuple) or (isinstance(batch, list) and _is_columns(batch)):
+        return {k: _take(v, index, tindex, True) for k, v in batch.items()}
+    if isinstance(batch, tuple) or (isinstance(batch, list) and _is_columns(batch, nested)):
         if tindex is None:
             tindex = torch.from_numpy(index)
-        parts = [_take(v, index, tindex) for v in batch]
+        parts = [_take(v, index, tindex, True) for v in batch]
         return type(batch)(*parts) if hasattr(batch, "_fields") else type(batch)(parts)
     if isinstance(batch, list):
         if index.size == 0:
@@ -140,16 +148,16 @@ def _take(batch: Batch, index: np.ndarray, tindex: torch.Tensor | None) -> Batch
     return batch
 
 
-def split(batch: Batch, size: int) -> tuple[Batch, Batch]:
+def split(batch: Batch, size: int, nested: bool = False) -> tuple[Batch, Batch]:
     """The first ``size`` rows of ``batch`` and the rest, in the same structure, as slices:
     tensors and arrays share ``batch``'s memory (no copy), lists are new lists."""
     if isinstance(batch, Mapping):
-        parts = {k: split(v, size) for k, v in batch.items()}
+        parts = {k: split(v, size, True) for k, v in batch.items()}
         return {k: v[0] for k, v in parts.items()}, {k: v[1] for k, v in parts.items()}
     if isinstance(batch, torch.Tensor | np.ndarray):
         return (batch[:size], batch[size:]) if batch.ndim else (batch, batch)
-    if isinstance(batch, tuple) or (isinstance(batch, list) and _is_columns(batch)):
-        pairs = [split(v, size) for v in batch]
+    if isinstance(batch, tuple) or (isinstance(batch, list) and _is_columns(batch, nested)):
+        pairs = [split(v, size, True) for v in batch]
         heads, tails = [p[0] for p in pairs], [p[1] for p in pairs]
         if hasattr(batch, "_fields"):
             return type(batch)(*heads), type(batch)(*tails)
@@ -159,7 +167,7 @@ def split(batch: Batch, size: int) -> tuple[Batch, Batch]:
     return batch, batch
 
 
-def concat(batches: Sequence[Batch]) -> Batch:
+def concat(batches: Sequence[Batch], nested: bool = False) -> Batch:
     """Concatenate batches of the same structure along rows."""
     first = batches[0]
     if len(batches) == 1:
@@ -169,9 +177,9 @@ def concat(batches: Sequence[Batch]) -> Batch:
     if isinstance(first, np.ndarray):
         return np.concatenate(list(batches)) if first.ndim else first
     if isinstance(first, Mapping):
-        return {k: concat([b[k] for b in batches]) for k in first}
-    if isinstance(first, tuple) or (isinstance(first, list) and _is_columns(first)):
-        parts = [concat([b[i] for b in batches]) for i in range(len(first))]
+        return {k: concat([b[k] for b in batches], True) for k in first}
+    if isinstance(first, tuple) or (isinstance(first, list) and _is_columns(first, nested)):
+        parts = [concat([b[i] for b in batches], True) for i in range(len(first))]
         return type(first)(*parts) if hasattr(first, "_fields") else type(first)(parts)
     if isinstance(first, list):
         out: list[Any] = []

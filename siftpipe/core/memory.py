@@ -63,7 +63,13 @@ def key_hashes(keys: Iterable[Any]) -> np.ndarray:
     # one bytes object of 8-byte digests read as little-endian integers: the same values as
     # int.from_bytes(digest, "little") per key, without a Python int per key
     digests = b"".join(
-        [blake((k if type(k) is str else _key_text(k)).encode(), digest_size=8).digest() for k in keys]
+        [
+            blake(
+                (k if type(k) is str else str(k) if k is not None else _key_text(k)).encode(),
+                digest_size=8,
+            ).digest()
+            for k in keys
+        ]
     )
     out = np.frombuffer(digests, dtype="<u8").astype(np.uint64)  # a writable copy, native order
     out[out == _EMPTY] = 1  # 0 marks an empty slot

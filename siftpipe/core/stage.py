@@ -833,18 +833,13 @@ class Sifter:
 
 def _check_observed(keys: Any, losses: Any) -> None:
     """Refuse what ``observe()`` would pair wrongly: keys that are not one ordered sequence of
-    keys (a string would be split into letters, a set pairs keys and losses in no order, a 2-d
-    key tensor gives keys like ``"[0]"`` that match nothing), and losses with more than one
-    dimension longer than 1 (flattening a (batch, tokens) loss pairs tokens with keys)."""
+    keys (a string would be split into letters, a set pairs keys and losses in no order), and
+    losses with more than one dimension longer than 1 (flattening a (batch, tokens) loss pairs
+    tokens with keys). A (B, 1) key tensor is read row by row, as the stage reads the batch's."""
     if not isinstance(keys, Iterable) or isinstance(keys, str | bytes | set | frozenset | Mapping):
         raise ConfigError(
-            f"observe() takes the batch's keys as one ordered sequence (a list, a tuple, or a 1-d "
+            f"observe() takes the batch's keys as one ordered sequence (a list, a tuple, or an "
             f"integer tensor or array), got {type(keys).__name__}: pass batch['__key__']"
-        )
-    if isinstance(keys, torch.Tensor | np.ndarray) and keys.ndim != 1:
-        raise ConfigError(
-            f"observe() takes a 1-d tensor or array of keys, got shape {list(keys.shape)}: pass "
-            "keys.reshape(-1) if it holds one key per sample"
         )
     shape = getattr(losses, "shape", None)
     if shape is not None and sum(1 for d in shape if d != 1) > 1:

@@ -132,3 +132,29 @@ def test_fields_that_are_not_per_row_pass_the_row_check():
     s = sp.Sifter(None, lambda m, b: torch.ones(4, dtype=torch.float64), sp.Uniform(1.0), batched=True)
     out = list(s([batch]))
     assert out[0]["__key__"] == ["a", "b", "c", "d"] and out[0]["name"] == "run"
+
+
+@pytest.mark.parametrize("tags", [False, True])
+def test_a_field_holding_one_dict_per_sample_is_taken_row_by_row(tags):
+    """WebDataset collates a `json` field to a list of one dict per sample (so do detection
+    labels): it was read as a list of columns, so kept rows came out with every sample's dict
+    (misaligned, silently), or, with a list inside the dicts, a BatchError blaming the collate_fn
+    (found by review). A list of dicts that is a field holds rows; the batch itself, collated
+    from (dict, ...) tuples, still holds columns."""
+
+    def batches():
+        for i in range(6):
+            yield {
+                "__key__": [f"{i}-{j}" for j in range(8)],
+                "x": torch.arange(8, dtype=torch.float64) + i,
+                "json": [{"id": f"{i}-{j}", **({"tags": ["a", "b", "c"]} if tags else {})} for j in range(8)],
+            }
+
+    s = sp.Sifter(None, lambda m, b: b["x"], sp.Uniform(0.5), batched=True, micro_batch=None, output_batch=5)
+    out = list(s(batches()))
+    assert sum(len(b["__key__"]) for b in out) == s.stats.kept < 48
+    for b in out:
+        assert [d["id"] for d in b["json"]] == b["__key__"]
+    columns = [torch.zeros(8, 2), {"y": torch.arange(8)}]  # a (tensor, dict) sample collated
+    t = sp.Sifter(None, lambda m, b: b[1]["y"].double(), sp.Uniform(1.0), batched=True, key=None)
+    assert torch.equal(next(iter(t([columns])))[1]["y"], torch.arange(8))
