@@ -34,6 +34,7 @@ __all__ = [
     "SiftError",
     "ShardWarning",
     "SiftInWorkerError",
+    "PassClosedError",
 ]
 
 
@@ -82,6 +83,12 @@ class PolicyError(SiftError):
 
 class ResumeError(SiftError):
     """A state dict does not fit this stage, or the source was not fed from ``consumed``."""
+
+
+class PassClosedError(SiftError, RuntimeError):
+    """An iterator of a pass was read after the stage closed that pass: ``sifter(...)`` was called
+    again (each call opens a new pass and closes the one before), a checkpoint was loaded, or
+    ``close()`` was called. The message says which."""
 
 
 class SiftInWorkerError(SiftError):

@@ -3,6 +3,8 @@ to be re-read, and the stage's position in its passes as a checkpoint records it
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import weakref
 from collections.abc import Callable, Generator, Mapping
 from typing import Any
@@ -10,12 +12,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ResumeError
+from ..errors import PassClosedError, ResumeError
 from .ledger import Group, Ledger
 from .resume import first_key
 from .source import END, Raised, Reader
 
-__all__ = ["POSITION", "Passes"]
+__all__ = ["POSITION", "Passes", "Superseded"]
+
+
+class Superseded(BaseException):
+    """Thrown into a running pass's iterator when the stage closes it (a new pass, a load,
+    ``close()``): the pass cleans up, then raises ``PassClosedError`` if it is read again. A
+    ``BaseException``, as ``GeneratorExit`` is, so that no ``except Exception`` on the way takes it."""
+
 
 #: The state entries ``Passes.position`` gives and ``Passes.load`` reads.
 POSITION = (
@@ -61,6 +70,7 @@ class Passes:
         self.source_restore: Any = None  # a between-passes checkpoint's source state, for the next call
         self.source_abandoned = False  # the tracked source's last pass was left before its end
         self.source_restored = False  # the pass opened last repositioned its source from a state
+        self.closed_why = ""  # why the stage last closed a running pass (PassClosedError says)
 
     def __getstate__(self) -> dict[str, Any]:
         # a copy (pickle, deepcopy) holds no running pass: an iterator belongs to one process
@@ -68,12 +78,30 @@ class Passes:
         state["active"] = state["reader"] = None
         return state
 
-    def close_active(self) -> None:
-        """Close the running pass's iterator, if it is alive."""
+    def close_active(self, why: str) -> None:
+        """Close the running pass's iterator, if it is alive, for the reason ``why`` (what its
+        consumer is told if it reads it again: ``PassClosedError``, not a quiet end of the epoch).
+
+        The pass's clean-up runs now (its source's iterator is closed, its position given up);
+        the iterator stays suspended, to raise when read. One that never started raises when
+        read too (``Sifter._run`` checks that its pass is still the current one)."""
         gen = self.active() if self.active is not None else None
+        if gen is None:
+            return
+        if gen.gi_running:
+            # read by another thread this moment: closing it there would fail there (a raw
+            # "generator already executing"); nothing was changed here yet
+            raise PassClosedError(
+                "a pass of this Sifter is being read by another thread: a Sifter runs one pass "
+                "at a time, read by one consumer; make one Sifter per pipeline (per thread), or "
+                "finish (or break out of) the running pass before opening the next"
+            )
         self.active = None
-        if gen is not None:
-            gen.close()
+        self.closed_why = why
+        if inspect.getgeneratorstate(gen) != inspect.GEN_SUSPENDED:
+            return  # ended, or never started (its body checks that it is current when it starts)
+        with contextlib.suppress(StopIteration):  # (it yields once more: it never ends here)
+            gen.throw(Superseded(why))
 
     def began_reading(self) -> None:
         """The pass iterated its source: whatever an earlier pass left mid-way is behind it."""
@@ -106,7 +134,7 @@ class Passes:
                 f"this source ({type(source).__name__}) has no load_state_dict; pass the same "
                 "kind of source, or track_source=False and feed it from state['consumed']"
             )
-        self.close_active()
+        self.close_active("sifter(...) was called again, which opened a new pass")
         # `resume` stays until the pass has re-read the pending groups, so that a state taken
         # before the first next() (or a call that is dropped unstarted) still holds them
         advance = False

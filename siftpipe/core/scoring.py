@@ -22,7 +22,7 @@ from ..errors import (
 from . import batch as _batch
 from .scorers import Scorer
 
-__all__ = ["CPU", "EvalMode", "Scoring", "Setting", "is_oom", "scoring_device"]
+__all__ = ["CPU", "ByName", "EvalMode", "Scoring", "Setting", "is_oom", "scoring_device"]
 
 CPU = torch.device("cpu")
 
@@ -55,6 +55,18 @@ class Setting:
 
     def __set__(self, obj: Any, value: Any) -> None:
         setattr(self._part(obj), self.name, value)
+
+
+class ByName(Setting):
+    """A ``Setting`` that takes a registered name too (``sifter.scorer = "cross_entropy"``),
+    resolved when it is set (``resolve``: the object for a value), as the constructor resolves it."""
+
+    def __init__(self, part: str, make: Callable[[], Any], resolve: Callable[[Any], Any]) -> None:
+        super().__init__(part, make)
+        self.resolve = resolve
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        super().__set__(obj, self.resolve(value))
 
 
 class Scoring:

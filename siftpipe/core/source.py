@@ -61,6 +61,12 @@ class Reader:
             self.began()
         return it
 
+    def release(self) -> None:
+        """Let go of the source's iterator (a generator is closed, a DataLoader's workers stop,
+        once nothing else holds it): the pass was closed, and its iterator outlives it."""
+        self.it = None
+        self.ahead = self.ahead_snapshot = None
+
     def look_ahead(self, snapshot: Any) -> Any:
         """The next item (read now, or earlier), ``END``, or the exception reading it raised."""
         if self.ahead is _NOTHING:

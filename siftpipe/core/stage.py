@@ -13,7 +13,14 @@ import torch
 from torch import nn
 from torch.utils.data import default_collate, get_worker_info
 
-from ..errors import ConfigError, EmptyPassWarning, ResumeError, ScorerOutputError, SiftInWorkerError
+from ..errors import (
+    ConfigError,
+    EmptyPassWarning,
+    PassClosedError,
+    ResumeError,
+    ScorerOutputError,
+    SiftInWorkerError,
+)
 from . import batch as _batch
 from .account import CostAccount
 from .decide import REASONS
@@ -21,14 +28,15 @@ from .decider import Decider
 from .hostcopy import HostCopy, host_losses
 from .ledger import Group, Ledger, Output
 from .memory import SOURCES, ScoreMemory, check_epoch
-from .passes import Passes
-from .policies import Policy
+from .passes import Passes, Superseded
+from .policies import Policy, get_policy
 from .ranks import dist_info
 from .resume import check_next, reread_groups
 from .rows import memory_keys
 from .scorers import Scorer
 from .scoring import (
     CPU,
+    ByName,
     Scoring,
     Setting,
     scoring_device,
@@ -147,7 +155,7 @@ class Sifter:
     # settings the scoring part keeps (see siftpipe.core.scoring): read and set them here as usual
     # (a setting set after construction is checked as the constructor checks it, when a pass opens)
     model = Setting("_scoring", Scoring)
-    scorer = Setting("_scoring", Scoring)
+    scorer = ByName("_scoring", Scoring, resolve_scorer)
     micro_batch = Setting("_scoring", Scoring)
     collate_fn = Setting("_scoring", Scoring)
     pad_micro_batch = Setting("_scoring", Scoring)
@@ -156,7 +164,9 @@ class Sifter:
     eval_mode = Setting("_scoring", Scoring)
     on_oom = Setting("_scoring", Scoring)
     # settings the deciding part keeps (see siftpipe.core.decider)
-    policy = Setting("_decider", Decider)
+    policy = ByName(
+        "_decider", Decider, lambda policy: get_policy(policy) if isinstance(policy, str) else policy
+    )
     memory = Setting("_decider", Decider)
     delay = Setting("_decider", Decider)
     on_nan = Setting("_decider", Decider)
@@ -241,8 +251,6 @@ class Sifter:
         self.remember_forward = remember_forward
         self.unknown = unknown
         self.cost_guard = bool(cost_guard)
-        # where this scorer's losses come from, for the audit log (a proxy scorer says "proxy")
-        self._decider.loss_source = SOURCES.index(getattr(self.scorer, "loss_source", "forward"))
         self.model_version = -1
         self.epoch = 0
         self.audit = None if audit is None else make_sink(audit)
@@ -488,11 +496,11 @@ class Sifter:
             self.on_oom, self.memory, self.key, self.unknown, self.pad_micro_batch, self.seed,
             self.autocast, self.policy,
         )  # fmt: skip
-        if not callable(self.scorer):
-            raise ConfigError(
-                f"scorer must be callable (model, batch) -> Tensor[n], got {self.scorer!r}: set a "
-                "scorer object (sp.get_scorer(name) for a registered one)"
-            )
+        resolve_scorer(self.scorer)  # callable (set as a name, it was resolved then)
+        if self.policy.uses_memory:  # set since: checked for a memory and bound to it, as made
+            resolve_policy(self.policy, self.memory)
+        # where this scorer's losses come from, for the audit log (a proxy scorer says "proxy")
+        self._decider.loss_source = SOURCES.index(getattr(self.scorer, "loss_source", "forward"))
         device = self.device
         if device.type == "meta" and self._device is None:
             raise ConfigError(
@@ -516,7 +524,7 @@ class Sifter:
             self.audit.start()
         self._scoring.device = CPU if device.type == "cpu" else device
         reader = Reader(source, self._passes.began_reading)
-        gen = self._run(reader, resume, surface)
+        gen = self._run(reader, resume, surface, self._passes.id)
         self._passes.attach(gen, reader)
         return gen
 
@@ -624,7 +632,7 @@ class Sifter:
                 else f"the stage's audit sink {type(self.audit).__name__} could not load the "
                 f"checkpoint's audit entry: {why}"
             ) from exc
-        self._passes.close_active()
+        self._passes.close_active("load_state_dict() loaded a checkpoint into the stage")
         if self.memory is not None and state["memory"] is not None:
             self.memory.load_state_dict(state["memory"], fit="memory" in allowed)
         if "seed" in allowed and any(d[0] == "seed" for d in differ):
@@ -645,8 +653,9 @@ class Sifter:
         self._passes.load(state, forget_keys="key" in allowed and any(d[0] == "key" for d in differ))
 
     def close(self) -> None:
-        """Stop the active pass and flush and close the audit log (if any)."""
-        self._passes.close_active()
+        """Stop the active pass and flush and close the audit log (if any). Reading the stopped
+        pass's iterator on raises ``PassClosedError``."""
+        self._passes.close_active("the Sifter was closed (close(), or the end of a with block)")
         if self.audit is not None:
             self.audit.close()
 
@@ -666,12 +675,15 @@ class Sifter:
     # ------------------------------------------------------------------ the pass
 
     def _run(
-        self, reader: Reader, resume: dict[str, Any] | None, surface: bool = False
+        self, reader: Reader, resume: dict[str, Any] | None, surface: bool, opened: int
     ) -> Generator[Any, None, None]:
+        if not self._passes.is_current(opened):
+            # never read before the stage opened another pass (or loaded a state, or closed)
+            raise self._closed_error()
         out = Output(self._ledger, self._scoring, self.output_batch)
         groups = self._reread(reader, resume) if resume is not None else []
         this_pass = self._passes.run_begins(resume)
-        finished = False
+        finished = closed = False
         seen_before = self._decider.counts["seen"]
         self._account.pass_begins()
         self._decider.pass_begins(whole=resume is None)
@@ -683,15 +695,34 @@ class Sifter:
             self._decider.pass_ends()
             if resume is None and seen_before and self._decider.counts["seen"] == seen_before:
                 self._warn_empty_pass(reader.source)
+        except Superseded:
+            closed = True  # the stage closed this pass (Passes.close_active)
         finally:
-            # ended, abandoned or failed: the next call starts a new pass, and so does a stage
-            # loaded with a state taken from now on (unless a newer pass or a load came first: a
-            # pass left in a reference cycle is closed whenever the garbage collector gets to it)
+            # ended, abandoned, closed or failed: the next call starts a new pass, and so does a
+            # stage loaded with a state taken from now on (unless a newer pass or a load came
+            # first: a pass left in a reference cycle is closed whenever the garbage collector
+            # gets to it)
             if not finished and self._passes.is_current(this_pass):
                 # left early (a break, EqualSteps): still evidence, but the time since the last
                 # group is not the stage's (the pass may be closed long after it was left)
                 self._pass_ended(None)
             self._passes.run_ends(this_pass, finished, reader)
+        if closed:
+            # cleaned up; its consumer reading on is told why, not handed a quiet end of epoch
+            # (the rest of the epoch untrained): this yield answers the stage's throw()
+            reader.release()
+            del reader, out, groups
+            yield None
+            raise self._closed_error()
+
+    def _closed_error(self) -> PassClosedError:
+        return PassClosedError(
+            f"this pass's iterator was read after the stage closed the pass: "
+            f"{self._passes.closed_why}. What it had not handed on yet is not trained this epoch. "
+            "Each sifter(...) call opens a new pass and closes the one before: read "
+            "each pass to its end (or break out of it) before calling again, and make one Sifter "
+            "per pipeline (a training and a validation stream cannot share one)"
+        )
 
     def _warn_empty_pass(self, source: Any) -> None:
         """Warn once: a whole pass read nothing from its source, though earlier passes read

@@ -24,8 +24,7 @@ def scorer(model, batch):
         ("output_batch", 0, "output_batch must be"),
         ("delay", -5, "delay must be"),
         ("on_nan", "skip", "on_nan must be"),
-        ("policy", "top_fraction", "policy must be a siftpipe.Policy"),
-        ("scorer", "cross_entropy", "scorer must be callable"),
+        ("policy", 0.5, "policy must be a siftpipe.Policy"),
         ("autocast", "bfloat16", "autocast must be a floating torch.dtype"),
     ],
 )
@@ -39,6 +38,32 @@ def test_a_setting_set_after_construction_is_checked_before_a_pass_runs_with_it(
         s(SAMPLES)
     setattr(s, name, good)
     assert s.stats.seen == 0 and len(list(s(SAMPLES))) == 8  # set right, it runs
+
+
+def test_a_scorer_or_policy_set_by_name_after_construction_is_resolved_as_the_constructor_does():
+    # refused before ("set a scorer object"), though the constructor takes names
+    s = sp.Sifter(torch.nn.Linear(4, 3), scorer, sp.Uniform(1.0), micro_batch=4)
+    s.scorer, s.policy = "cross_entropy", "top_fraction"
+    assert repr(s.scorer) == repr(sp.get_scorer("cross_entropy")) and isinstance(s.policy, sp.TopFraction)
+    data = [(torch.randn(4), i % 3) for i in range(8)]
+    s.key = None
+    assert len(list(s(data))) == 4  # the forward scorer and the policy ran
+    with pytest.raises(sp.ConfigError, match="scorer must be callable"):
+        s.scorer = 3
+    with pytest.raises(sp.RegistryError):
+        s.scorer = "no_such_scorer"
+
+
+def test_a_memory_policy_set_after_construction_is_bound_to_the_memory_or_refused_without_one():
+    memory = sp.ScoreMemory(capacity=100)
+    s = sp.Sifter(None, scorer, sp.Uniform(1.0), micro_batch=4, memory=memory)
+    s.policy = sp.InfoBatch(0.5)
+    list(s(SAMPLES))
+    assert s.policy._memory is memory  # unbound before: its spread floor never read the memory
+    s = sp.Sifter(None, scorer, sp.Uniform(1.0), micro_batch=4)
+    s.policy = sp.InfoBatch(0.5)
+    with pytest.raises(sp.ConfigError, match="judges losses against the score memory"):
+        s(SAMPLES)
 
 
 @pytest.mark.parametrize(

@@ -252,16 +252,6 @@ def test_epochs_count_passes_unless_set(samples):
     assert s.epoch == 8
 
 
-def test_a_new_pass_closes_the_previous_iterator(samples):
-    s = sp.Sifter(None, loss_field, sp.Uniform(1.0), micro_batch=10)
-    first = s(samples)
-    next(first)
-    second = s(samples)
-    assert next(second)["__key__"] == "s000000"
-    with pytest.raises(StopIteration):
-        next(first)
-
-
 def test_refuses_to_run_in_a_dataloader_worker(samples):
     class Sifted(torch.utils.data.IterableDataset):
         def __iter__(self):
@@ -438,3 +428,85 @@ def test_samples_read_before_the_source_fails_are_decided_and_handed_on_first():
         for batch in s(failing()):
             out.extend(batch["__key__"])
     assert out == [x["__key__"] for x in samples]
+
+
+def _read_source(samples, closed):
+    """A generator source that records when its pass is closed (its finally runs)."""
+    try:
+        yield from samples
+    finally:
+        closed.append(True)
+
+
+def test_reading_a_pass_after_the_next_call_opened_a_new_one_raises_and_does_not_end_quietly(samples):
+    # the second call closes the first pass: its consumer reading on got a normal end of epoch (the
+    # rest of the epoch untrained, silently); two streams sharing one Sifter (train and validation
+    # zipped) ended after one item
+    s = sp.Sifter(None, loss_field, sp.TopFraction(0.5), micro_batch=32, seed=1)
+    closed = []
+    first = s(_read_source(samples, closed))
+    assert next(first)["__key__"] < "s000032"
+    second = s(samples)
+    assert closed == [True]  # the first pass let its source go when it was closed, not later
+    with pytest.raises(sp.PassClosedError, match=r"sifter\(\.\.\.\) was called again") as err:
+        next(first)
+    assert "one Sifter per pipeline" in str(err.value)
+    with pytest.raises(StopIteration):
+        next(first)  # raised once: then an ended iterator
+    assert len(list(second)) == 300  # the new pass is whole
+    with pytest.raises(sp.PassClosedError):
+        list(zip(s(samples), s(samples)))
+
+
+def test_a_pass_never_read_before_the_next_call_raises_when_read(samples):
+    s = sp.Sifter(None, loss_field, sp.TopFraction(0.5), micro_batch=32, seed=1)
+    unread = s(samples)
+    newer = s(samples)
+    with pytest.raises(sp.PassClosedError, match="called again"):
+        next(unread)
+    assert len(list(newer)) == 300 and s.stats.seen == 600 and s.epoch == 0  # unread: same epoch
+
+
+def test_reading_a_pass_after_a_load_or_close_says_which(samples):
+    s = sp.Sifter(None, loss_field, sp.TopFraction(0.5), micro_batch=32, seed=1)
+    it = s(samples)
+    next(it)
+    state = s.state_dict()
+    s.load_state_dict(state)
+    with pytest.raises(sp.PassClosedError, match="load_state_dict"):
+        next(it)
+    resumed = s(samples[state["consumed"] :])
+    assert len(list(resumed)) == 299  # the load's pass goes on, whole
+    it = s(samples)
+    next(it)
+    s.close()
+    with pytest.raises(sp.PassClosedError, match="closed"):
+        next(it)
+
+
+def test_a_call_while_another_thread_reads_the_pass_is_refused_and_changes_nothing(samples):
+    import threading
+
+    inside, release = threading.Event(), threading.Event()
+
+    def source():
+        for i, sample in enumerate(samples):
+            if i == 40:
+                inside.set()
+                release.wait(30)
+            yield sample
+
+    s = sp.Sifter(None, loss_field, sp.TopFraction(0.5), micro_batch=32, seed=1)
+    it = s(source())
+    out = []
+    reader = threading.Thread(target=lambda: out.extend(it))
+    reader.start()
+    assert inside.wait(30)
+    try:
+        # a raw "ValueError: generator already executing" before, from inside the stage
+        with pytest.raises(sp.PassClosedError, match="another thread"):
+            s(samples)
+    finally:
+        release.set()
+        reader.join(30)
+    assert len(out) == 300 and s.stats.seen == 600 and s.epoch == 0
