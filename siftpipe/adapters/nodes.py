@@ -278,8 +278,13 @@ class ShardSource(BaseNode[dict[str, Any]]):
         self._worker = (0, 1)  # (DataLoader worker, workers) the current order was made for
         self._gen: Generator[dict[str, Any], None, None] | None = None
 
+    def _shown(self, url: str) -> str:
+        """``url`` as the source shows it (state, errors, repr): no credentials, no secret values
+        from the environment or the storage options."""
+        return self.opener.redact(redact_url(url))
+
     def __repr__(self) -> str:
-        first = self.opener.redact(redact_url(self.urls[0]))
+        first = self._shown(self.urls[0])
         return (
             f"ShardSource({len(self.urls)} shard(s): {first}{', ...' if len(self.urls) > 1 else ''}; "
             f"storage_options={redact_options(self.opener.storage_options)}, rank {self.rank} of "
@@ -397,11 +402,12 @@ class ShardSource(BaseNode[dict[str, Any]]):
             )
         shard = int(state["shard"])
         expected = state.get("url")
-        if shard < len(order) and expected is not None and redact_url(order[shard]) != expected:
+        # (states written before secret values were redacted here too hold redact_url's form)
+        if shard < len(order) and expected not in (None, self._shown(order[shard]), redact_url(order[shard])):
             raise ResumeError(
-                f"the checkpoint was reading shard {expected} at position {shard}, this source has "
-                f"{redact_url(order[shard])} there: resume with the same shard list, seed, rank and "
-                "world_size"
+                f"the checkpoint was reading shard {self.opener.redact(str(expected))} at position {shard}, "
+                f"this source has {self._shown(order[shard])} there: resume with the same shard list, "
+                "seed, rank and world_size"
             )
         self.epoch = int(state["epoch"])
         self._order = order
@@ -418,7 +424,15 @@ class ShardSource(BaseNode[dict[str, Any]]):
         assert self._gen is not None
         self._started = True
         self._fresh = False
-        return next(self._gen)
+        try:
+            return next(self._gen)
+        except StopIteration:
+            raise
+        except BaseException:
+            # a generator that raised is over: the next call reads on from the position (past
+            # a shard that failed), where it ended the epoch quietly, the rest of it unread
+            self._gen = self._samples()
+            raise
 
     def get_state(self) -> dict[str, Any]:
         shard = self._shard
@@ -427,7 +441,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
             "epoch": self.epoch,
             "num_shards": len(self._order),
             "shard": shard,
-            "url": redact_url(self._order[shard]) if shard < len(self._order) else None,
+            "url": self._shown(self._order[shard]) if shard < len(self._order) else None,
             "sample": self._sample,
             "offset": self._offset,
             "next_key": self._next_key,
@@ -461,6 +475,10 @@ class ShardSource(BaseNode[dict[str, Any]]):
                 self.opener.count("completed")
             else:
                 state: dict[str, Any] = {}
+                if self._shard == index:
+                    # past the failed shard first: a consumer that goes on after the error (a
+                    # SiftNode's does) reads the next shard, and a checkpoint says so
+                    self._advance()
                 self.reader.handle(err, state)  # raises with reraise_exception
                 if state.get("stop"):
                     self._shard = len(self._order)
@@ -488,7 +506,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
                 if expected is not None:
                     if sample["__key__"] != expected:
                         raise ResumeError(
-                            f"shard {redact_url(url)} changed since the checkpoint: the sample after "
+                            f"shard {self._shown(url)} changed since the checkpoint: the sample after "
                             f"{self._sample} sample(s) is {sample['__key__']!r}, the checkpoint expected "
                             f"{expected!r}; resume with the shards the checkpoint was made with"
                         )
@@ -503,7 +521,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
                 yield sample
             if expected is not None:
                 raise ResumeError(
-                    f"shard {redact_url(url)} ends before the sample {expected!r} the checkpoint "
+                    f"shard {self._shown(url)} ends before the sample {expected!r} the checkpoint "
                     f"expected after {self._sample} sample(s); resume with the shards the checkpoint "
                     "was made with"
                 )

@@ -27,6 +27,7 @@ pipeline stage: ``wds.DataPipeline(..., sifter)`` or ``pipeline.compose(sifter)`
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import islice
 from typing import TYPE_CHECKING, Any
@@ -383,7 +384,7 @@ class WebDataset(SiftFluid, wds.WebDataset):
         self.urls: list[str] | None = None if spec else expand_urls(urls)
         # webdataset builds the pipeline: the shard list, node and worker splitting, shard
         # shuffling, the seed (WDS_SEED), its warnings. What is ours is how a shard is opened and
-        # read, swapped in below, and ``repeat``, which webdataset 1.0.2 takes and ignores.
+        # read, swapped in below.
         wds.WebDataset.__init__(
             self,
             urls if self.urls is None else self.urls,
@@ -413,7 +414,15 @@ class WebDataset(SiftFluid, wds.WebDataset):
         )
         self._read_shards_with(self.reader)
         if repeat:
-            self.repeat()
+            # webdataset 1.0.2 takes repeat and ignores it: its users' epoch loops end, and so do
+            # they here (repeating made such a loop never end)
+            warnings.warn(
+                "WebDataset(repeat=True) is ignored, as webdataset 1.0.2 ignores it: each pass "
+                "reads the shards once; for an endless stream call .repeat() (or .with_epoch(n) "
+                "for epochs of n samples)",
+                UserWarning,
+                stacklevel=2,
+            )
 
     def _read_shards_with(self, reader: ShardReader) -> None:
         """Put ``reader`` where webdataset's pipeline opens shards, expands tar files and groups

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gzip
 import io
 import logging
 import os
@@ -33,6 +34,7 @@ import tarfile
 import tempfile
 import time
 import warnings
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypedDict
 from urllib.parse import urlsplit
@@ -725,6 +727,11 @@ class RetryingFile(io.RawIOBase):
         buffer[: len(data)] = data
         return len(data)
 
+    @property
+    def piped(self) -> bool:
+        """Whether the shard is a ``pipe:`` command's output."""
+        return isinstance(self._f, PipeStream)
+
     def finish(self) -> None:
         """The archive was read to its end: for a ``pipe:`` shard, check the command's exit
         status (``PipeStream.finish``); nothing for other shards."""
@@ -772,6 +779,8 @@ class _CheckedTarInfo(tarfile.TarInfo):
     were complete, and the rest of the shard is lost without a word. Refuses an extended header
     (pax, GNU long name) larger than ``MAX_EXTENDED_HEADER_BYTES`` before tarfile reads it whole."""
 
+    pipe = False  # the archive comes from a pipe: command (reads may wait for it)
+
     @classmethod
     def fromtarfile(cls, tarfile_: tarfile.TarFile) -> _CheckedTarInfo:
         # tarfile.TarInfo.fromtarfile, with checks between reading a header and acting on it
@@ -779,6 +788,25 @@ class _CheckedTarInfo(tarfile.TarInfo):
         buf = fileobj.read(tarfile.BLOCKSIZE)
         try:
             obj = cls.frombuf(buf, tarfile_.encoding, tarfile_.errors)
+        except tarfile.EOFHeaderError:  # type: ignore[attr-defined]
+            # a zero block: the end-of-archive marker is two; one followed by a member's header
+            # ends the archive early for tarfile, and every member after it was lost quietly
+            buffered = getattr(fileobj, "buf", b"")  # what tarfile's stream read ahead already
+            if len(buffered) >= tarfile.BLOCKSIZE:
+                after = buffered[: tarfile.BLOCKSIZE]
+            elif cls.pipe:
+                # reading on could wait for good on a command that keeps its output open after
+                # its archive (finish() times that out): a zero block at the end of the 10 KiB
+                # read ahead of a pipe: shard is taken as the end
+                after = b""
+            else:
+                after = fileobj.read(tarfile.BLOCKSIZE)
+            if after and after.count(0) != len(after):
+                tarfile_._siftpipe_corrupt = (  # type: ignore[attr-defined]
+                    "a lone zero block, the end-of-archive marker's, with more of the archive after it"
+                )
+                raise tarfile.InvalidHeaderError("lone zero block") from None  # type: ignore[attr-defined]
+            raise
         except (tarfile.EmptyHeaderError, tarfile.TruncatedHeaderError):  # type: ignore[attr-defined]
             tarfile_._siftpipe_truncated = True  # type: ignore[attr-defined]
             raise
@@ -795,6 +823,10 @@ class _CheckedTarInfo(tarfile.TarInfo):
                 f"{obj.size} bytes, more than the {MAX_EXTENDED_HEADER_BYTES} a tar writer ever needs"
             )
         return obj._proc_member(tarfile_)  # type: ignore[attr-defined]
+
+
+class _PipeTarInfo(_CheckedTarInfo):
+    pipe = True
 
 
 _BASE_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
@@ -862,8 +894,12 @@ def iter_tar_samples(
     """
     path = local_path(url)
     url = redact(url, secret_values())  # the values of secret environment variables too
-    tf = tarfile.open(fileobj=stream, mode="r|*", tarinfo=_CheckedTarInfo)  # noqa: SIM115 - caller closes
-    seekable = getattr(tf.fileobj, "comptype", None) == "tar"
+    source, gzipped = _gunzipped(stream)
+    piped = isinstance(stream, PipeStream) or (isinstance(stream, RetryingFile) and stream.piped)
+    tf = tarfile.open(  # noqa: SIM115 - the caller closes the stream
+        fileobj=source, mode="r|" if gzipped else "r|*", tarinfo=_PipeTarInfo if piped else _CheckedTarInfo
+    )
+    seekable = not gzipped and getattr(tf.fileobj, "comptype", None) == "tar"
     current: dict[str, Any] | None = None
     held = 0  # bytes of the current sample's members, headers included
     for info in tf:
@@ -935,6 +971,76 @@ def iter_tar_samples(
         stream.finish()  # a pipe: command that failed fails its shard, even after a whole archive
     if current is not None:
         yield current, None, None
+
+
+class _Prefixed(io.RawIOBase):
+    """``head`` (bytes already read from ``stream``), then the rest of ``stream``."""
+
+    def __init__(self, head: bytes, stream: Any) -> None:
+        super().__init__()
+        self.head, self.stream = head, stream
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        head = self.head
+        if not head:
+            return self.stream.read(n)
+        self.head = b""
+        if n is None or n < 0:
+            return head + self.stream.read()
+        if n <= len(head):
+            self.head = head[n:]
+            return head[:n]
+        # as many bytes as asked, as the stream would give: a reader's block-sized reads stay
+        # aligned with the stream's end (a short read there waits on a pipe that stays open)
+        return head + self.stream.read(n - len(head))
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+
+class _Gunzip(io.RawIOBase):
+    """A gzip stream's data, every member of it (a shard written by a parallel gzip, pigz or
+    bgzip, is several members: tarfile's stream mode reads the first and called the shard
+    truncated). A gzip stream that is corrupt or cut short is a ``tarfile.ReadError`` (a corrupt
+    shard), never an ``OSError`` a reader would retry as the storage's."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__()
+        self.gz = gzip.GzipFile(fileobj=stream, mode="rb")
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        try:
+            return self.gz.read(n)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise tarfile.ReadError(f"the gzip stream is corrupt or cut short ({exc})") from None
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+
+def _gunzipped(stream: Any) -> tuple[Any, bool]:
+    """``stream`` to read a tar from, and whether it is a gzip stream's data (any other
+    compression is left to tarfile's own detection)."""
+    head = b""
+    while len(head) < 2:
+        chunk = stream.read(2 - len(head))
+        if not chunk:
+            break
+        head += chunk
+    prefixed = _Prefixed(head, stream)
+    if head == b"\x1f\x8b":
+        return _Gunzip(prefixed), True
+    return prefixed, False
 
 
 class ShardReader:

@@ -386,3 +386,18 @@ def test_a_rename_that_fails_on_one_member_costs_that_member_as_in_webdataset(tm
         assert ours == theirs == [str(i) for i in range(6)]
     err = raised(WebDataset(str(path), shardshuffle=False, rename_files=rename))
     assert isinstance(err, sp.ShardError) and "member 'odd.TXT.bak'" in str(err) and "unexpected" in str(err)
+
+
+def test_repeat_true_is_ignored_as_webdataset_ignores_it_with_a_warning(tmp_path):
+    # found by review: siftpipe's WebDataset repeated for repeat=True, which webdataset 1.0.2
+    # takes and ignores: a webdataset user's epoch loop never ended
+    from siftpipe.adapters.webdataset import WebDataset
+    from siftpipe.streaming.shards import synthetic_classification, write_shards
+
+    written = write_shards(
+        synthetic_classification(12, dim=2), str(tmp_path / "r"), samples_per_shard=6, progress=False
+    )
+    theirs = [s["__key__"] for s in wds.WebDataset(written.urls, shardshuffle=False, repeat=True)]
+    with pytest.warns(UserWarning, match=r"repeat=True\) is ignored.*\.repeat\(\)"):
+        ours = WebDataset(written.urls, shardshuffle=False, repeat=True)
+    assert [s["__key__"] for s in ours] == theirs and len(theirs) == 12

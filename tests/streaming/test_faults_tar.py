@@ -85,6 +85,30 @@ def test_a_corrupt_header_in_the_middle_is_an_error_not_a_short_shard(shard, tmp
     assert "header" in str(err) and "corrupt" in str(err)
 
 
+@pytest.mark.parametrize("header", [1, 6, 11, 23])
+def test_a_zero_block_between_members_is_an_error_not_the_archives_end(shard, tmp_path, header):
+    # found by review: one zero block (half an end-of-archive marker) before a member's header
+    # ended the archive for tarfile, and the shard was read as complete with the rest lost
+    at = shard["headers"][header]
+    damaged = shard["data"][:at] + b"\0" * 512 + shard["data"][at:]
+    keys, err = check_prefix_or_error(shard, damaged, tmp_path / "zero-000000.tar")
+    assert err is not None and len(keys) < N
+    assert "lone zero block" in str(err)
+
+
+def test_a_gzip_shard_of_several_members_reads_whole(shard, tmp_path):
+    # parallel gzip writers (pigz, bgzip) write several gzip members: a valid gzip file, which
+    # tarfile's stream mode read as its first member and then called truncated
+    data = shard["data"]
+    cut = shard["headers"][5] + 100  # inside a member: the tar stream is split anywhere
+    path = tmp_path / "multi-000000.tar.gz"
+    path.write_bytes(gzip.compress(data[:cut]) + gzip.compress(data[cut:]))
+    assert read(path) == (shard["keys"], None)
+    path.write_bytes(gzip.compress(data[:cut]) + gzip.compress(data[cut:])[:-40])  # the last cut
+    keys, err = check_prefix_or_error(shard, path.read_bytes(), path)
+    assert err is not None and "gzip stream is corrupt or cut short" in str(err)
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(position=st.integers(0, 10**9), mask=st.integers(1, 255))
 def test_any_flipped_byte_gives_a_prefix_and_an_error_or_every_sample(shard, tmp_path, position, mask):
