@@ -29,6 +29,7 @@ RESUME_OVERRIDES = (
     "policy",
     "rank",
     "seed",
+    "unknown",
 )
 OVERRIDE_OF = {"policy_class": "policy", "policy_config": "policy", "world": "rank"}
 READ_VERSIONS = (1, 2)  # state versions load_state_dict reads

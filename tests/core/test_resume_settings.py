@@ -68,6 +68,12 @@ DIFFERENT = [
         "memory",
     ),
     ("holds no score memory", {}, {"memory": sp.ScoreMemory(1000)}, "memory"),
+    (
+        "unknown='score'",
+        {"memory": sp.ScoreMemory(1000)},
+        {"memory": sp.ScoreMemory(1000), "unknown": "keep"},
+        "unknown",
+    ),
 ]
 
 
@@ -117,7 +123,7 @@ def test_another_ranks_checkpoint_is_refused(monkeypatch, tmp_path):
         stage().load_state_dict(state)
     stage().load_state_dict(state, override=("rank",))
     for override in ((), ("rank",)):
-        s = stage(audit=sp.AuditLog(str(tmp_path / "log"), writer="thread"))
+        s = stage(audit=sp.AuditLog(str(tmp_path / "log"), run_id="r", writer="thread"))
         with pytest.raises(sp.ResumeError, match="rank 1's audit stream.*rank 0's"):
             s.load_state_dict(with_log, override=override)
     monkeypatch.setenv("WORLD_SIZE", "4")
