@@ -36,14 +36,12 @@ _DECISION_COLUMNS = ["seq", "epoch", "key", "url", "kept", "weight"]
 class _ShardDecisions:
     """The logged decisions for one shard: (key, epoch) -> kept flags and weights in seq order."""
 
-    __slots__ = ("by_key", "nbytes", "seen")
+    __slots__ = ("by_key", "nbytes")
 
     def __init__(self, keys: list[str], epochs: np.ndarray, kept: np.ndarray, weight: np.ndarray) -> None:
         self.by_key: dict[tuple[str, int], list[tuple[bool, float]]] = {}
         for k, e, kp, w in zip(keys, epochs.tolist(), kept.tolist(), weight.tolist()):
             self.by_key.setdefault((k, e), []).append((kp, w))
-        # occurrences of (key, epoch) handed to the replay stage so far
-        self.seen: dict[tuple[str, int], int] = {}
         self.nbytes = sum(len(k) for k in keys) + 120 * len(keys)
 
 
@@ -148,6 +146,10 @@ class Replay:
         self._shards: OrderedDict[Any, _ShardDecisions] = OrderedDict()
         self._urls: dict[Any, str] = {}
         self._part_cache: OrderedDict[str, Any] = OrderedDict()
+        # occurrences of (key, epoch) handed on this epoch, per shard: kept apart from the cache,
+        # so that a shard read again after it was evicted (resampled shards) is matched from the
+        # occurrence it is at, not from its first again
+        self._seen: dict[Any, dict[tuple[str, int], int]] = {}
         self.epoch = 0
         self._passes = 0
         self._epoch_set = False
@@ -157,8 +159,7 @@ class Replay:
         """Match decisions of logged epoch ``epoch`` from now on (the next pass does not add one)."""
         self.epoch = int(epoch)
         self._epoch_set = True
-        for shard in self._shards.values():
-            shard.seen.clear()
+        self._seen.clear()
 
     @property
     def held_bytes(self) -> int:
@@ -169,8 +170,7 @@ class Replay:
         """Replay over ``source``; a new call is a new pass (epoch + 1 unless ``set_epoch``)."""
         if self._passes > 0 and not self._epoch_set:
             self.epoch += 1
-            for shard in self._shards.values():
-                shard.seen.clear()
+            self._seen.clear()
         self._epoch_set = False
         self._passes += 1
         return self._run(source)
@@ -207,8 +207,11 @@ class Replay:
             url = self._recorded_url(url)
         shard = self._shard(url)
         slot = (k, self.epoch)
-        occurrence = shard.seen.get(slot, 0)
-        shard.seen[slot] = occurrence + 1
+        seen = self._seen.get(url)
+        if seen is None:
+            seen = self._seen[url] = {}
+        occurrence = seen.get(slot, 0)
+        seen[slot] = occurrence + 1
         logged = shard.by_key.get(slot)
         stats["seen"] += 1
         if logged is None or occurrence >= len(logged):

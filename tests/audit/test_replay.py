@@ -109,6 +109,19 @@ def test_replay_on_missing_samples(tmp_path):
         list(sp.replay(str(tmp_path))([{"x": 1}]))
 
 
+def test_a_shard_read_again_after_the_cache_dropped_it_is_matched_from_where_it_was(tmp_path):
+    # found by review: a resampled shard read again after its decisions were evicted from the
+    # cache was matched from its first occurrence again: the first visit's decisions handed on
+    # for the second, with clean stats
+    rng = np.random.default_rng(3)
+    again = [{**x, "loss": float(rng.exponential())} for x in SAMPLES[:100]]  # shard 0, new losses
+    stream = SAMPLES[:400] + again  # shards 0-3, then shard 0 again in the same epoch
+    _, (out,) = logged_run(str(tmp_path), samples=stream)
+    for cache in (1, 2, 64):
+        r = sp.replay(str(tmp_path), cache_shards=cache)
+        assert output_keys(r(stream)) == out and r.stats["missing"] == 0, cache
+
+
 def test_replay_holds_a_bounded_number_of_shards(tmp_path):
     logged_run(str(tmp_path))
     r = sp.replay(str(tmp_path), cache_shards=2)
