@@ -38,7 +38,7 @@ import numpy as np
 from .._secrets import redact, redact_url, secret_values
 from ..core.files import put_whole
 from ..core.memory import ScoreMemory, key_hashes
-from ..core.vocab import PRE_KEPT, PRE_LOSS, PRE_PROB
+from ..core.vocab import PRE_KEPT, PRE_LOSS, PRE_PROB, loggable_text
 from ..errors import MissingKeyError
 
 __all__ = ["PRE_KEPT", "PreDecodeFilter"]
@@ -165,8 +165,10 @@ class PreDecodeFilter:
                 self.stats["dropped"] += 1
                 dropped.append(
                     {
-                        "key": str(k),
-                        "url": None if s.get("__url__") is None else redact_url(str(s["__url__"])),
+                        "key": loggable_text(str(k)),
+                        "url": None
+                        if s.get("__url__") is None
+                        else loggable_text(redact_url(str(s["__url__"]))),
                         "loss": float(lo),
                         "prob": float(pr),
                         "epoch": epoch,

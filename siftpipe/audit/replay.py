@@ -18,6 +18,7 @@ from ..core.decide import (
     decide_rows,
 )
 from ..core.policies import Policy
+from ..core.vocab import loggable_text
 from ..errors import AuditError, ConfigError, MissingKeyError
 from .reader import (
     PartInfo,
@@ -48,7 +49,7 @@ class _ShardDecisions:
 def _key_text(key: Any) -> str:
     """A sample key as the audit log writes it: ``str`` of it (a Python or numpy integer, a
     map-style dataset's index, as its digits; a batch's key column gives Python values)."""
-    return key if type(key) is str else str(key)
+    return loggable_text(key if type(key) is str else str(key))
 
 
 class _Unlogged(float):
@@ -271,7 +272,7 @@ class Replay:
         if recorded is None:
             if len(self._urls) > 100_000:
                 self._urls.clear()
-            recorded = self._urls[url] = redact(str(url), self._secrets)
+            recorded = self._urls[url] = loggable_text(redact(str(url), self._secrets))
         return recorded
 
     def _shard(self, url: Any) -> _ShardDecisions:

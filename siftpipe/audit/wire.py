@@ -25,7 +25,7 @@ import numpy as np
 
 from .._secrets import redact, redact_json, redact_url
 from ..core.files import put_whole
-from ..core.vocab import REASONS, SOURCES
+from ..core.vocab import REASONS, SOURCES, loggable_text
 
 _FRAME = struct.Struct("<II")
 #: Columns of every part, in order (``run`` and ``rank`` come from the path).
@@ -110,7 +110,7 @@ def encode_part(
         found = code_of.get(url)
         if found is None:
             found = code_of[url] = (
-                -1 if url is None else uniques.setdefault(clean_url(str(url)), len(uniques))
+                -1 if url is None else uniques.setdefault(loggable_text(clean_url(str(url))), len(uniques))
             )
         return found
 
@@ -133,10 +133,12 @@ def encode_part(
         try:
             blob = "\x00".join(chain.from_iterable(lists)).encode()
             key_format = "joined" if blob.count(0) == total - 1 else "json"
-        except TypeError:  # None or non-string keys
+        except (TypeError, UnicodeEncodeError):  # None or non-string keys; a key not valid UTF-8
             key_format = "json"
         if key_format == "json":
-            blob = json.dumps([None if k is None else str(k) for k in chain.from_iterable(lists)]).encode()
+            blob = json.dumps(
+                [None if k is None else loggable_text(str(k)) for k in chain.from_iterable(lists)]
+            ).encode()
         buffers.append(("keys", blob))
 
     header = {
