@@ -16,7 +16,7 @@ import numpy as np
 from .._secrets import redact, refuse_credentials_in_url, secret_values
 from ..errors import AuditError
 
-__all__ = ["LogReport", "PartInfo", "list_parts", "read_log", "verify_log"]
+__all__ = ["LogReport", "PartInfo", "list_parts", "predecode_tables", "read_log", "verify_log"]
 
 _PART = re.compile(
     r"run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/part-(?P<part>\d+)-(?P<attempt>[0-9a-f]+)\.parquet$"
@@ -489,7 +489,7 @@ def read_log(
         table = table.append_column("rank", pa.array(np.full(n, info.rank, np.int32)))
         out.append(table)
     if include_predecode:
-        out.extend(_predecode_tables(fs, url, storage_options, run, rank, columns, kept))
+        out.extend(predecode_tables(fs, url, storage_options, run, rank, columns, kept))
         out = [_plain(t) for t in out]
     if not out:
         return _empty_table(columns)
@@ -504,7 +504,7 @@ _PREDECODE = re.compile(
 _PREDECODE_ID = ("epoch", "key", "url")
 
 
-def _predecode_tables(
+def predecode_tables(
     fs: Any,
     url: str,
     storage_options: Mapping[str, Any] | None,

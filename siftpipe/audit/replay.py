@@ -12,6 +12,7 @@ import numpy as np
 
 from .._secrets import redact, secret_values
 from ..core.decide import (
+    PREDECODE,
     REASONS,
     UNKNOWN,
     WARMUP,
@@ -417,7 +418,11 @@ def whatif(
             if info.manifest and info.manifest.get("stage"):
                 stages.setdefault((info.run, info.rank), info.manifest["stage"])
         table = read_log(
-            log, storage_options, run=run, rank=rank, columns=["seq", "loss", "kept", "reason", "micro_batch"]
+            log,
+            storage_options,
+            run=run,
+            rank=rank,
+            columns=["seq", "loss", "prob", "kept", "reason", "micro_batch"],
         )
     else:
         table = log
@@ -431,6 +436,14 @@ def whatif(
             )
     reason = np.asarray(table.column("reason").to_pylist(), dtype=object)
     unknown = reason == REASONS[UNKNOWN]
+    # kept before decode by a PreDecodeFilter: decided upstream, never by the stage's policy (nor
+    # by its generator), as the live stage did
+    upstream = reason == REASONS[PREDECODE]
+    upstream_prob = (
+        table.column("prob").to_numpy(zero_copy_only=False).astype(np.float64)
+        if "prob" in table.column_names
+        else np.ones(table.num_rows)
+    )
     warm_rows = table.column("seq").to_numpy()[reason == REASONS[WARMUP]]
     inferred_delay = int(warm_rows.max()) + 1 if warm_rows.size else 0
     runs = table.column("run").to_pylist() if "run" in table.column_names else ["?"] * table.num_rows
@@ -473,6 +486,7 @@ def whatif(
                     group.size,
                     stream_delay,
                     nan_kept,
+                    decided=(upstream[group], upstream_prob[group]) if upstream[group].any() else None,
                     unknown=unknown[group],
                 )
                 keep[group] = d.keep

@@ -43,21 +43,31 @@ def summarize(table: Any, *, buckets: int = 10, top_shards: int = 10) -> dict[st
         out["ranks"] = sorted(int(r) for r in pc.unique(table.column("rank")).to_pylist())
     if "epoch" in table.column_names:
         out["epochs"] = sorted(int(e) for e in pc.unique(table.column("epoch")).to_pylist())
-    # keep rate over time: equal slices of the sequence (across ranks, by rank-local seq)
-    lo, hi = int(seq.min()), int(seq.max()) + 1
-    edges = np.linspace(lo, hi, buckets + 1)
-    which = np.minimum((seq - lo) * buckets // max(1, hi - lo), buckets - 1)
-    counts = np.bincount(which, minlength=buckets)
-    kept_counts = np.bincount(which[kept], minlength=buckets)
-    out["keep_rate_over_seq"] = [
-        {
-            "seq_from": int(edges[i]),
-            "seq_to": int(edges[i + 1]) - 1,
-            "records": int(counts[i]),
-            "keep_rate": float(kept_counts[i] / counts[i]) if counts[i] else None,
-        }
-        for i in range(buckets)
-    ]
+    # keep rate over time: equal slices of the sequence (across ranks, by rank-local seq); the
+    # records of samples dropped before decode (seq -1, read_log(include_predecode=True)) have
+    # no place in it and are counted apart
+    staged = seq >= 0
+    out["predecode_dropped"] = int(n - staged.sum())
+    out["keep_rate_over_seq"] = []
+    if staged.any():
+        seq_s, kept_s = seq[staged], kept[staged]
+        lo, hi = int(seq_s.min()), int(seq_s.max()) + 1
+        span = hi - lo
+        which = (seq_s - lo) * buckets // span
+        counts = np.bincount(which, minlength=buckets)
+        kept_counts = np.bincount(which[kept_s], minlength=buckets)
+        # bucket i holds the seqs v with i <= (v - lo) * buckets / span < i + 1: its first is
+        # lo + ceil(i * span / buckets) (labels from linspace named other rows than it counted)
+        starts = lo + (np.arange(buckets + 1) * span + buckets - 1) // buckets
+        out["keep_rate_over_seq"] = [
+            {
+                "seq_from": int(starts[i]),
+                "seq_to": int(starts[i + 1]) - 1,
+                "records": int(counts[i]),
+                "keep_rate": float(kept_counts[i] / counts[i]) if counts[i] else None,
+            }
+            for i in range(buckets)
+        ]
     finite = np.isfinite(loss)
     q = [0.1, 0.5, 0.9]
 
@@ -113,6 +123,8 @@ def print_summary(s: Mapping[str, Any], out: Any) -> None:
     if "runs" in s:
         print(f"runs {', '.join(s['runs'])}  ranks {s['ranks']}  epochs {s.get('epochs')}", file=out)
     print("reasons: " + ", ".join(f"{k} {v}" for k, v in sorted(s["reasons"].items())), file=out)
+    if s.get("predecode_dropped"):
+        print(f"dropped before decode (PreDecodeFilter): {s['predecode_dropped']}", file=out)
     print("\nkeep rate over sequence:", file=out)
     for b in s["keep_rate_over_seq"]:
         rate = "   -  " if b["keep_rate"] is None else f"{b['keep_rate']:.4f}"

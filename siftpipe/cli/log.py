@@ -13,6 +13,7 @@ from .._secrets import redact, secret_values
 from ..audit.reader import (
     describe_missing,
     list_parts,
+    predecode_tables,
     read_log,
     read_many,
     read_part,
@@ -40,13 +41,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rank", type=int, action="append", help="only this rank (repeatable)")
 
 
-def _read(args: argparse.Namespace, columns: list[str] | None) -> Any:
+def _read(args: argparse.Namespace, columns: list[str] | None, predecode: bool = False) -> Any:
     return read_log(
         args.url,
         parse_storage_options(args.storage_option),
         run=args.run,
         rank=args.rank,
         columns=columns,
+        include_predecode=predecode,
         progress=sys.stderr.isatty(),
     )
 
@@ -63,7 +65,8 @@ def _no_log(args: argparse.Namespace, what: str = "no audit log") -> int:
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
-    s = summarize(_read(args, SUMMARY_COLUMNS))
+    # every decision: the stage's, and the drops of samples before decode (PreDecodeFilter)
+    s = summarize(_read(args, SUMMARY_COLUMNS, predecode=True))
     if args.json:
         print(json.dumps(s, indent=1))
     elif s.get("records"):
@@ -102,6 +105,10 @@ def _cmd_keys(args: argparse.Namespace) -> int:
         mask = (kept == want_kept) & (seq < info.cutoff)
         keys = table.column("key").to_pylist()
         out.writelines(f"{keys[i]}\n" for i in np.flatnonzero(mask))
+    if args.dropped:
+        # and the samples DataLoader workers dropped before decode (PreDecodeFilter), after them
+        for table in predecode_tables(fs, args.url, options, args.run, args.rank, ["key"], False):
+            out.writelines(f"{k}\n" for k in table.column("key").to_pylist())
     return 0
 
 

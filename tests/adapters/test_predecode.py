@@ -1,11 +1,14 @@
 """Sifting before decode: workers drop samples by key from the published memory; nothing is lost."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 import siftpipe as sp
+from siftpipe.cli import main
 from tests.common import make_samples
 
 RAW = [
@@ -47,7 +50,7 @@ def relative_stage(**kwargs):
     )
 
 
-def test_workers_drop_by_key_before_decode_and_every_sample_keeps_a_record(tmp_path):
+def test_workers_drop_by_key_before_decode_and_every_sample_keeps_a_record(tmp_path, capsys):
     published = str(tmp_path / "memory")
     log_root = str(tmp_path / "audit")
     sifter = relative_stage(audit=sp.AuditLog(log_root, run_id="pd", flush_every=10_000))
@@ -77,6 +80,21 @@ def test_workers_drop_by_key_before_decode_and_every_sample_keeps_a_record(tmp_p
     # decisions are a pure function of (seed, epoch, key, memory): a second worker set agrees
     again = [s["__key__"] for s in sp.PreDecodeFilter(published)(iter(RAW))]
     assert sorted(again) == sorted(s["__key__"] for s in epoch1)
+
+    # the command line counts them too (found by review: summary and keys --dropped left the
+    # workers' records out, and whatif with the logged policy re-decided the rows kept before
+    # decode, flipping decisions of a complete log)
+    dropped = sorted(
+        k for k, kp in zip(table.column("key").to_pylist(), table.column("kept").to_pylist()) if not kp
+    )
+    assert main(["log", "summary", log_root, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["records"] == 800 and summary["dropped"] == len(dropped)
+    assert summary["predecode_dropped"] == 400 - len(epoch1)
+    assert main(["log", "keys", "--dropped", log_root]) == 0
+    assert sorted(capsys.readouterr().out.split()) == dropped
+    assert main(["log", "whatif", "--beta", "2", "--json", log_root]) == 0
+    assert json.loads(capsys.readouterr().out)["results"][0]["flips"] == 0
 
 
 def test_filter_passes_everything_before_a_publication_and_needs_keys(tmp_path):

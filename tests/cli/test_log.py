@@ -163,3 +163,29 @@ def test_a_closed_pipe_ends_any_log_command_quietly(s3_log, tmp_path, command):
     proc.stdout.close()
     stderr = proc.stderr.read().decode()
     assert proc.wait() in (0, 141) and "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+
+
+def test_summary_buckets_are_labelled_with_the_seqs_they_count():
+    # found by review: labels came from linspace, rows were counted by integer division, so with
+    # 15 records the bucket labelled "seq 0..0" held two records and "seq 1..2" showed seq 1's
+    # keep as 0
+    import pyarrow as pa
+
+    from siftpipe.audit.summary import summarize
+
+    kept = [i % 3 == 1 for i in range(15)]
+    table = pa.table(
+        {
+            "seq": pa.array(range(15), pa.int64()),
+            "kept": kept,
+            "loss": [1.0] * 15,
+            "reason": ["policy"] * 15,
+        }
+    )
+    buckets = summarize(table)["keep_rate_over_seq"]
+    assert sum(b["records"] for b in buckets) == 15
+    for b in buckets:
+        inside = range(b["seq_from"], b["seq_to"] + 1)
+        assert b["records"] == len(inside)
+        if inside:
+            assert b["keep_rate"] == sum(kept[i] for i in inside) / len(inside)
