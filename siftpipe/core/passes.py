@@ -88,7 +88,7 @@ class Passes:
         gen = self.active() if self.active is not None else None
         if gen is None:
             return
-        if gen.gi_running:
+        if inspect.getgeneratorstate(gen) == inspect.GEN_RUNNING:
             # read by another thread this moment: closing it there would fail there (a raw
             # "generator already executing"); nothing was changed here yet
             raise PassClosedError(
