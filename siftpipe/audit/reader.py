@@ -65,11 +65,46 @@ class _Attempt:
     claim_only: str | None = None
 
 
+#: Per-request limits for reading a log from S3 when the storage options set none: botocore's
+#: defaults (a 60 s read timeout, retried by botocore and again by s3fs) left ``siftpipe log
+#: verify`` silent for many minutes against an endpoint that accepts connections and never
+#: answers (a wedged proxy). A request now fails after about 20 s, and a command after a few
+#: such attempts, with an error naming the log.
+S3_READ_DEFAULTS: dict[str, Any] = {
+    "config_kwargs": {"connect_timeout": 10, "read_timeout": 20, "retries": {"max_attempts": 2}},
+}
+
+
+#: Attempts s3fs makes of one call on a timeout (its class default, 5, on top of botocore's).
+S3_CALL_RETRIES = 2
+
+
+def _is_s3(url: str) -> bool:
+    return url.split("://", 1)[0] in ("s3", "s3a")
+
+
+def _with_s3_defaults(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``storage_options``, with ``S3_READ_DEFAULTS`` for what they leave unset on an S3 URL."""
+    if not _is_s3(url):
+        return dict(storage_options or {})
+    options = dict(storage_options or {})
+    config = dict(options.get("config_kwargs") or {})
+    for name, value in S3_READ_DEFAULTS["config_kwargs"].items():
+        config.setdefault(name, value)
+    options["config_kwargs"] = config
+    return options
+
+
 def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
     import fsspec
 
     refuse_credentials_in_url(url)
-    fs, root = fsspec.core.url_to_fs(url.rstrip("/"), skip_instance_cache=True, **(storage_options or {}))
+    options = _with_s3_defaults(url, storage_options)
+    fs, root = fsspec.core.url_to_fs(url.rstrip("/"), skip_instance_cache=True, **options)
+    if _is_s3(url) and isinstance(getattr(fs, "retries", None), int):
+        # s3fs retries a timed-out call itself, 5 times by default (a class setting, not an
+        # option): this instance is the reader's own
+        fs.retries = min(fs.retries, S3_CALL_RETRIES)
     return fs, root.rstrip("/")
 
 

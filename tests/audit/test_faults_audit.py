@@ -258,3 +258,28 @@ def test_exit_after_a_refused_destination_does_not_wait(local_s3, tmp_path):
         and "does not exist" in done.stdout
     )
     assert "could not flush" not in done.stderr
+
+
+def test_reading_a_log_through_an_endpoint_that_never_answers_fails_with_a_named_error(
+    local_s3, bucket, proxy, monkeypatch
+):
+    # found by review: verify against an endpoint that accepts connections and never answers
+    # printed nothing for minutes (botocore's 60 s read timeout, retried by botocore and s3fs);
+    # the reader now sets its own per-request limits for what the options leave unset (shrunk
+    # here so that the test does not wait 20 s per attempt)
+    from siftpipe.audit import reader
+
+    assert reader._with_s3_defaults("s3://b/log", {"config_kwargs": {"read_timeout": 99}}) == {
+        "config_kwargs": {"read_timeout": 99, "connect_timeout": 10, "retries": {"max_attempts": 2}},
+    }
+    assert reader._with_s3_defaults("/local/log", {}) == {}  # other filesystems: untouched
+    monkeypatch.setitem(
+        reader.S3_READ_DEFAULTS, "config_kwargs", {"read_timeout": 1, "retries": {"max_attempts": 1}}
+    )
+    monkeypatch.setattr(reader, "S3_CALL_RETRIES", 1)
+    proxy.fail("hold", 0, times=50)  # every request hangs until released
+    try:
+        with pytest.raises(sp.AuditError, match=r"cannot list the audit log.*(?i:timeout|timed out)"):
+            sp.verify_log(f"s3://{bucket}/log", {"endpoint_url": proxy.endpoint})
+    finally:
+        proxy.release()
