@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import warnings
@@ -90,7 +91,8 @@ def _with_s3_defaults(url: str, storage_options: Mapping[str, Any] | None) -> di
     options = dict(storage_options or {})
     config = dict(options.get("config_kwargs") or {})
     for name, value in S3_READ_DEFAULTS["config_kwargs"].items():
-        config.setdefault(name, value)
+        if name not in config:
+            config[name] = copy.deepcopy(value)  # botocore and s3fs fill in what they are given
     options["config_kwargs"] = config
     return options
 
@@ -557,7 +559,11 @@ def predecode_tables(
     runs = {run} if isinstance(run, str) else (set(run) if run is not None else None)
     ranks = {rank} if isinstance(rank, int) else (set(rank) if rank is not None else None)
     found = []
-    for path in fs.find(root):
+    try:
+        paths = fs.find(root)
+    except FileNotFoundError:  # no bucket, no directory: no records (list_parts says so too)
+        paths = []
+    for path in paths:
         relative = path[len(root) + 1 :] if path.startswith(root + "/") else path
         m = _PREDECODE.fullmatch(relative)
         if m and (runs is None or m["run"] in runs) and (ranks is None or int(m["rank"]) in ranks):
