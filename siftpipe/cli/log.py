@@ -90,6 +90,7 @@ def _cmd_keys(args: argparse.Namespace) -> int:
         return _no_log(args)
     want_kept = not args.dropped
     out = sys.stdout
+    keyless = 0
     for info in infos:
         if info.path is None:
             if not wholly_superseded(info):
@@ -104,11 +105,22 @@ def _cmd_keys(args: argparse.Namespace) -> int:
         kept = table.column("kept").to_numpy(zero_copy_only=False)
         mask = (kept == want_kept) & (seq < info.cutoff)
         keys = table.column("key").to_pylist()
-        out.writelines(f"{keys[i]}\n" for i in np.flatnonzero(mask))
+        picked = [keys[i] for i in np.flatnonzero(mask)]
+        keyless += sum(k is None for k in picked)
+        out.writelines(f"{k}\n" for k in picked if k is not None)
     if args.dropped:
         # and the samples DataLoader workers dropped before decode (PreDecodeFilter), after them
         for table in predecode_tables(fs, args.url, options, args.run, args.rank, ["key"], False):
             out.writelines(f"{k}\n" for k in table.column("key").to_pylist())
+    if keyless:
+        # a record without a key (a stage run with key=None) printed as "None", which a real
+        # key "None" could not be told from
+        print(
+            f"siftpipe: {keyless} record(s) have no key (the stage ran with key=None), so they "
+            "are not listed: give the stage a key to name samples in the log",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -189,3 +189,17 @@ def test_summary_buckets_are_labelled_with_the_seqs_they_count():
         assert b["records"] == len(inside)
         if inside:
             assert b["keep_rate"] == sum(kept[i] for i in inside) / len(inside)
+
+
+def test_keys_of_a_log_without_keys_says_so_instead_of_printing_none(tmp_path, capsys):
+    # found by review: a stage run with key=None logged null keys, printed as the text "None",
+    # which a real key "None" could not be told from
+    root = str(tmp_path / "nokeys")
+    s = sp.Sifter(
+        None, loss_field, sp.Uniform(0.5), micro_batch=20, key=None, seed=1, audit=sp.AuditLog(root)
+    )
+    list(s(SAMPLES[:100]))
+    s.close()
+    assert main(["log", "keys", root]) == 1
+    out = capsys.readouterr()
+    assert out.out == "" and "have no key (the stage ran with key=None)" in out.err
