@@ -1043,6 +1043,22 @@ def _gunzipped(stream: Any) -> tuple[Any, bool]:
     return prefixed, False
 
 
+#: webdataset's handlers (and siftpipe's of the same names) that skip or stop, never raise
+_SKIPPING_HANDLERS = frozenset(
+    {"warn_and_continue", "ignore_and_continue", "warn_and_stop", "ignore_and_stop"}
+)
+_HANDLER_HINT = re.compile(r"(?:,? or |; )pass handler=warn_and_continue to skip [^;]*$")
+
+
+def _without_handler_hint(err: ShardError) -> ShardError:
+    """``err`` without its advice to pass ``handler=warn_and_continue``: the warning of a handler
+    that skips already (it read "... or pass handler=warn_and_continue to skip it")."""
+    message = _HANDLER_HINT.sub("", str(err))
+    if message == str(err):
+        return err
+    return type(err)(message, url=err.url, key=err.key, kind=err.kind)
+
+
 class ShardReader:
     """Pipeline stage: shard URLs (or webdataset's ``{"url": ...}`` dicts) in, samples out.
 
@@ -1146,6 +1162,8 @@ class ShardReader:
 
     def handle(self, err: ShardError, state: dict[str, Any] | None = None) -> None:
         """Apply the handler to ``err``: count the shard as skipped or failed, or stop."""
+        if getattr(self.handler, "__name__", None) in _SKIPPING_HANDLERS:
+            err = _without_handler_hint(err)
         try:
             go_on = self.handler(err)
         except BaseException:

@@ -181,6 +181,8 @@ def test_the_handler_skips_damaged_shards_counts_and_names_each(shard, tmp_path)
         out = list(ShardReader(opener, warn_and_continue)([str(cut), str(good), str(bad), str(good)]))
     messages = [str(w.message) for w in caught if issubclass(w.category, ShardWarning)]
     assert len(messages) == 2 and "cut-000001.tar" in messages[0] and "flip-000002.tar" in messages[1]
+    # the handler in use is not suggested again (it read "... or pass handler=warn_and_continue")
+    assert all("handler=warn_and_continue" not in m and m.endswith("rewrite the shard") for m in messages)
     # what the damaged shards gave before the damage was handed on (documented), then every good sample
     assert [s["__key__"] for s in out] == head_of_cut + shard["keys"] + head_of_bad + shard["keys"]
     assert shard_stats().skipped == 2 and opener.stats().skipped == 2
