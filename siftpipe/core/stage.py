@@ -256,11 +256,12 @@ class Sifter:
         self.audit = None if audit is None else make_sink(audit)
         self._sink_bound = False
 
-        rank, world = dist_info()
         #: The generator's seed: ``seed``, or ``[seed, rank]`` on a multi-process job so that ranks
-        #: draw independently.
-        self.rng_seed: int | list[int] = self.seed if world <= 1 else [self.seed, int(rank)]
+        #: draw independently (read again when the first pass opens: a stage made before
+        #: ``init_process_group`` in a spawned worker, with no ``$RANK``, saw rank 0 of 1).
+        self.rng_seed: int | list[int] = self._rank_seed()
         self._decider.rng = np.random.default_rng(self.rng_seed)  # (its counters start at zero)
+        self._rng_untouched = True  # nothing drawn from it, no state loaded into it
         self._account = CostAccount()  # wall time the stage costs and saves (stats, a warning)
         self._ledger = Ledger()  # groups decided and not yet all handed on; positions in the pass
         self._passes = Passes(self._ledger)  # the pass open, its source; a loaded checkpoint's place
@@ -507,6 +508,14 @@ class Sifter:
                 "the model's parameters are on the meta device (shapes without data), so it cannot "
                 "score: materialise it first (model.to_empty(device=...) and load its weights)"
             )
+        if self._rng_untouched:
+            # ranks known now that were not when the stage was made: each its own draws (every
+            # rank drew alike before, while its checkpoints named their ranks)
+            self._rng_untouched = False
+            seed = self._rank_seed()
+            if seed != self.rng_seed:
+                self.rng_seed = seed
+                self._decider.rng = np.random.default_rng(seed)
         tracked = self._tracks(source)
         resume, advance = self._passes.begin(source, tracked, self.track_source)
         if advance:
@@ -527,6 +536,10 @@ class Sifter:
         gen = self._run(reader, resume, surface, self._passes.id)
         self._passes.attach(gen, reader)
         return gen
+
+    def _rank_seed(self) -> int | list[int]:
+        rank, world = dist_info()
+        return self.seed if world <= 1 else [self.seed, int(rank)]
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly: plain tensors, lists, strings and numbers.
@@ -635,7 +648,9 @@ class Sifter:
         self._passes.close_active("load_state_dict() loaded a checkpoint into the stage")
         if self.memory is not None and state["memory"] is not None:
             self.memory.load_state_dict(state["memory"], fit="memory" in allowed)
+        self._rng_untouched = False
         if "seed" in allowed and any(d[0] == "seed" for d in differ):
+            self.rng_seed = self._rank_seed()
             self._decider.rng = np.random.default_rng(self.rng_seed)
         else:
             self._decider.rng.bit_generator.state = state["rng"]

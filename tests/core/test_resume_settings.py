@@ -113,6 +113,23 @@ def test_override_seed_restarts_the_generator_from_this_stages_seed():
     assert not np.array_equal(b._decider.rng.random(8), fresh)
 
 
+def test_a_stage_made_before_the_ranks_were_known_draws_as_its_rank_from_its_first_pass(monkeypatch):
+    # found by review: a Sifter made in an mp.spawn worker before init_process_group (no $RANK)
+    # seeded every rank alike, while its checkpoints named their ranks
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    early = [stage(policy=sp.Uniform(0.5)) for _ in range(2)]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    kept = []
+    for rank, s in enumerate(early):
+        monkeypatch.setenv("RANK", str(rank))
+        kept.append(output_keys(s(SAMPLES)))
+        assert s.rng_seed == [2, rank]
+        made_late = stage(policy=sp.Uniform(0.5))
+        assert output_keys(made_late(SAMPLES)) == kept[-1]  # as a stage made after the ranks
+    assert kept[0] != kept[1]
+
+
 def test_another_ranks_checkpoint_is_refused(monkeypatch, tmp_path):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
