@@ -216,6 +216,9 @@ class AuditLog:
         self._failed: str | None = None  # the destination gave up: write nothing more
         self._closed = False
         self._exit_stopped_by: str | None = None  # set at exit after an uncaught exception
+        # [first seq, last seq, count] of rows recorded as kept that a pass left before handing
+        # on (Sifter._unhanded): the end marker says so, and readers read them as not kept
+        self._unhanded: list[list[int]] = []
 
     # ------------------------------------------------------------------ identity
 
@@ -281,6 +284,11 @@ class AuditLog:
         self.stats.records += n
         if self._buffer_rows >= self.flush_every:
             self.seal()
+
+    def unhanded(self, first: int, last: int, count: int) -> None:
+        """The stage left a pass with ``count`` rows recorded as kept and never handed on: the
+        kept rows with seq ``first..last`` (inclusive; rows are handed on in seq order)."""
+        self._unhanded.append([int(first), int(last), int(count)])
 
     def seal(self) -> None:
         """Close the records collected so far into a part and hand it to the writer."""
@@ -357,6 +365,8 @@ class AuditLog:
                     "dropped_records": self.stats.dropped_records,
                     "decided_until": self._decided_until,
                 }
+                if self._unhanded:
+                    marker["unhanded"] = self._unhanded
                 stopped_by = self._exit_stopped_by or _stopped_by()
                 if stopped_by is not None:
                     # closed while an error or an interrupt ended the job: the log is whole up

@@ -376,6 +376,43 @@ def _checked_manifest(manifest: Any, path: str, secrets: Sequence[str], what: st
     return None
 
 
+def unhanded_ranges(attempts: Sequence[_Attempt]) -> dict[tuple[str, int, str], list[tuple[int, int]]]:
+    """Per attempt (run, rank, attempt id), the seq ranges of rows it recorded as kept and never
+    handed on (a pass left before them: its end marker's ``unhanded``); malformed entries are
+    ignored."""
+    out: dict[tuple[str, int, str], list[tuple[int, int]]] = {}
+    for a in attempts:
+        entries = (a.end or {}).get("unhanded")
+        if not isinstance(entries, list):
+            continue
+        ranges = [
+            (int(e[0]), int(e[1]))
+            for e in entries
+            if isinstance(e, list) and len(e) == 3 and all(type(v) is int for v in e) and e[0] <= e[1]
+        ]
+        if ranges:
+            out[(a.run, a.rank, a.attempt)] = ranges
+    return out
+
+
+def not_handed_on(table: Any, ranges: Sequence[tuple[int, int]] | None) -> Any:
+    """``table`` with ``kept`` false for the rows in ``ranges`` (seq, inclusive): recorded as
+    kept, they were never handed on (``unhanded_ranges``)."""
+    if not ranges or "kept" not in table.column_names or "seq" not in table.column_names:
+        return table
+    import pyarrow as pa
+
+    seq = table.column("seq").to_numpy()
+    inside = np.zeros(seq.size, dtype=bool)
+    for first, last in ranges:
+        inside |= (seq >= first) & (seq <= last)
+    if not inside.any():
+        return table
+    kept = table.column("kept").to_numpy(zero_copy_only=False) & ~inside
+    at = table.column_names.index("kept")
+    return table.set_column(at, table.field(at), pa.array(kept, pa.bool_()))
+
+
 def read_many(fs: Any, paths: Sequence[str], parse: Callable[[bytes], Any], workers: int = 8) -> list[Any]:
     """``parse(bytes)`` of every path, read in parallel; an exception object where one failed."""
 
@@ -460,6 +497,7 @@ def read_log(
     include_predecode: bool = False,
     on_bad_part: Literal["warn", "raise"] = "warn",
     progress: bool = False,
+    as_decided: bool = False,
 ) -> Any:
     """The audit log under ``url`` as one ``pyarrow.Table``, rows in (run, rank, seq) order.
 
@@ -481,13 +519,17 @@ def read_log(
             sample's drop is kept (docs/cheap_scoring.md).
         on_bad_part: What an unreadable part does.
         progress: Show a progress bar over parts.
+        as_decided: ``kept`` as the stage decided, also for rows that a pass was left before
+            handing on (``break``, ``EqualSteps``, ``close()``; ``stats.unhanded``): by default
+            they read as not kept, since they were never trained.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    fs, infos, _ = list_parts(url, storage_options, run=run, rank=rank)
+    fs, infos, attempts = list_parts(url, storage_options, run=run, rank=rank)
     readable = [p for p in infos if p.path is not None]
     secrets = secret_values(storage_options, url)
+    unhanded = {} if as_decided else unhanded_ranges(attempts)
     for info in infos:
         if info.path is None and not (not include_superseded and wholly_superseded(info)):
             message = f"audit {describe_missing(info)}; the rest of the log was read"
@@ -501,6 +543,8 @@ def read_log(
                 need.append(extra)
         if kept is not None and "kept" not in need:
             need.append("kept")
+        if unhanded:
+            need.extend(c for c in ("seq", "kept") if c not in need)
     tables = _read_many_with_progress(fs, [p.path for p in readable], need, progress)  # type: ignore[misc]
     out = []
     for info, table in zip(readable, tables):
@@ -515,6 +559,7 @@ def read_log(
             continue
         if not include_superseded and info.cutoff != float("inf"):
             table = table.filter(pc.less(table.column("seq"), pa.scalar(int(info.cutoff), pa.int64())))
+        table = not_handed_on(table, unhanded.get((info.run, info.rank, info.attempt)))
         if kept is not None:
             table = table.filter(table.column("kept") if kept else pc.invert(table.column("kept")))
         if columns is not None:
@@ -778,6 +823,12 @@ class LogReport:
                 out.append(
                     f"  attempt {a['attempt']}: {how}, {a['parts']} part(s), {a['records']} records, {end}"
                 )
+                if a.get("unhanded"):
+                    out.append(
+                        f"    {a['unhanded']} records decided kept were never handed on (a pass was left "
+                        "before them: break, EqualSteps, close()): read_log and replay read them as "
+                        "not kept"
+                    )
             out.extend(f"  collision: {c}" for c in s.collisions)
             if s.skipped_shards:
                 out.append(
@@ -902,6 +953,11 @@ def verify_log(
                 "records": sum(int((p.manifest or {}).get("count", 0)) for p in attempt.parts),
                 "ended": attempt.ended,
                 "stopped_by": _text_or_none((attempt.end or {}).get("stopped_by")),
+                "unhanded": sum(
+                    e[2]
+                    for e in (attempt.end or {}).get("unhanded") or []
+                    if isinstance(e, list) and len(e) == 3 and type(e[2]) is int
+                ),
                 "origin": attempt.origin,
                 "shards_skipped": skipped,
                 "samples_skipped": int(_number(shards.get("samples_skipped"), 0)),

@@ -24,9 +24,11 @@ from ..errors import AuditError, ConfigError, MissingKeyError
 from .reader import (
     PartInfo,
     list_parts,
+    not_handed_on,
     read_log,
     read_many,
     read_part,
+    unhanded_ranges,
 )
 
 __all__ = ["Replay", "WhatIf", "replay", "whatif"]
@@ -121,7 +123,9 @@ class Replay:
         self.on_missing = on_missing
         self.weight_field = weight_field
         self.cache_shards = cache_shards
-        self._fs, infos, _ = list_parts(url, storage_options, run=run, rank=rank)
+        self._fs, infos, attempts = list_parts(url, storage_options, run=run, rank=rank)
+        # rows recorded as kept that a pass left before handing on: not kept (never trained)
+        self._unhanded = unhanded_ranges(attempts)
         self._secrets = secret_values(storage_options, url)
         shown = redact(url, self._secrets)
         runs = sorted({p.run for p in infos})
@@ -328,6 +332,7 @@ class Replay:
                     f"audit part): {redact(f'{type(table).__name__}: {table}', self._secrets)}; the "
                     "decisions it holds cannot be replayed (siftpipe log verify lists what is damaged)"
                 )
+            table = not_handed_on(table, self._unhanded.get((info.run, info.rank, info.attempt)))
             self._part_cache[path] = table
             while len(self._part_cache) > 8:
                 self._part_cache.popitem(last=False)
@@ -423,6 +428,7 @@ def whatif(
             run=run,
             rank=rank,
             columns=["seq", "loss", "prob", "kept", "reason", "micro_batch"],
+            as_decided=True,  # the decisions, also of rows a pass was left before handing on
         )
     else:
         table = log

@@ -323,6 +323,7 @@ class Sifter:
             account.step_seconds,
             account.saved_seconds(),
             c["stopped_at"],
+            c["unhanded"],
         )
 
     def watch_shards(self, *pipelines: Any) -> None:
@@ -721,6 +722,7 @@ class Sifter:
                 # left early (a break, EqualSteps): still evidence, but the time since the last
                 # group is not the stage's (the pass may be closed long after it was left)
                 self._pass_ended(None)
+                self._unhanded()
             self._passes.run_ends(this_pass, finished, reader)
         if closed:
             # cleaned up; its consumer reading on is told why, not handed a quiet end of epoch
@@ -729,6 +731,30 @@ class Sifter:
             del reader, out, groups
             yield None
             raise self._closed_error()
+
+    def _unhanded(self) -> None:
+        """The pass was left with rows decided kept (and recorded so) that were never handed on:
+        count them, and tell the audit sink their seqs (one range: rows are handed on in order)."""
+        ledger = self._ledger
+        skip = ledger.emitted  # kept rows of the pending groups handed on, in order
+        first: int | None = None
+        count = 0
+        for group in ledger.pending:
+            index = group.kept_index
+            if skip >= index.size:
+                skip -= index.size
+                continue
+            if first is None:
+                first = group.seq0 + int(index[skip])
+            count += index.size - skip
+            last = group.seq0 + int(index[-1])
+            skip = 0
+        if first is None or not count:
+            return
+        self._decider.counts["unhanded"] += count
+        note = getattr(self.audit, "unhanded", None)
+        if note is not None:
+            note(first, last, count)
 
     def _closed_error(self) -> PassClosedError:
         return PassClosedError(

@@ -50,9 +50,10 @@ COUNTS = (
     "observed",
     "unknown",
     "stopped_at",
+    "unhanded",
 )
 # counters a state may lack (written before they existed): they load as 0
-LATER_COUNTS = ("unknown", "stopped_at")
+LATER_COUNTS = ("unknown", "stopped_at", "unhanded")
 # the settings a version 2 state's config names (see Sifter._config)
 CONFIG = (
     "micro_batch",
@@ -181,7 +182,7 @@ def check_state(state: Any, batched: bool) -> None:
     seen = int(counts["seen"])
     if counts["kept"] + counts["dropped"] != seen:
         raise bad("counts['seen']", f"kept + dropped ({counts['kept']} + {counts['dropped']})")
-    for name in ("nan", "warmup", "scored", "from_memory", "unknown"):
+    for name in ("nan", "warmup", "scored", "from_memory", "unknown", "unhanded"):
         if counts.get(name, 0) > seen:
             raise bad(f"counts[{name!r}]", f"at most the {seen} samples seen")
     seconds = state["seconds"]

@@ -59,6 +59,11 @@ class SiftStats:
             ``unknown``, though the audit log gives them reason ``unknown``) and
             ``sifting_scale`` is 0. It is in the state; a stage resumed from it with
             ``cost_guard=False`` sifts again.
+        unhanded: Samples decided kept (counted in ``kept``, recorded as kept) that were never
+            handed on, because their pass was left before them (``break``, ``EqualSteps`` ending
+            an epoch, ``close()``): at most the rest of one input batch or micro-batch, and an
+            output batch being filled, per pass. The audit log records their seq ranges, and
+            ``read_log`` and ``replay`` read them as not kept.
     """
 
     seen: int
@@ -81,6 +86,7 @@ class SiftStats:
     step_seconds: float = dataclasses.field(default=0.0, compare=False)
     saved_seconds: float = dataclasses.field(default=0.0, compare=False)
     stopped_at: int = 0
+    unhanded: int = 0
 
     @property
     def net_seconds(self) -> float:

@@ -218,3 +218,40 @@ def test_keys_and_urls_that_are_not_valid_utf8_are_logged_escaped_and_replayed(t
     assert set(table.column("url").to_pylist()) == {"shard-\\xff0.tar", "shard-\\xff1.tar"}
     r = sp.replay(str(tmp_path))
     assert output_keys(r(samples)) == out and r.stats["missing"] == 0
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_rows_a_pass_was_left_before_are_counted_and_read_as_not_kept(tmp_path, batched):
+    # found by review: a pass left early (EqualSteps ending an epoch on a rank with more data, a
+    # break) recorded the rest of its input batch as kept; stats, read_log and replay counted
+    # those never-trained samples as kept, and verify said nothing
+    root = str(tmp_path / "log")
+    data = SAMPLES[:300] if not batched else collated(SAMPLES[:300], 50)
+    s = sp.Sifter(
+        None, loss_field, sp.Uniform(0.7), micro_batch=None if batched else 100, output_batch=10,
+        batched=batched, audit=sp.AuditLog(root, run_id="r"), seed=1,
+    )  # fmt: skip
+    it = s(data)
+    trained = output_keys([next(it) for _ in range(3)])  # three steps, then the epoch is over
+    it.close()
+    second = output_keys(s(data))
+    s.close()
+    assert s.stats.unhanded > 0 and s.stats.kept == len(trained) + len(second) + s.stats.unhanded
+    table = sp.read_log(root)
+    assert sum(table.column("kept").to_pylist()) == len(trained) + len(second)
+    decided = sp.read_log(root, as_decided=True)
+    assert sum(decided.column("kept").to_pylist()) == s.stats.kept
+    r = sp.replay(root)
+    first = data[: 1 if batched else 100]  # what the live pass read before it was left
+    assert output_keys(r(first)) == trained and output_keys(r(data)) == second
+    assert sp.whatif(root, [sp.Uniform(0.7)])[0].flips == 0  # the decisions themselves
+    report = sp.verify_log(root)
+    assert report.ok and f"{s.stats.unhanded} records decided kept were never handed on" in "\n".join(
+        report.lines()
+    )
+
+
+def collated(samples, size):
+    from torch.utils.data import default_collate
+
+    return [default_collate(samples[i : i + size]) for i in range(0, len(samples), size)]
