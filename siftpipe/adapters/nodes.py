@@ -298,11 +298,13 @@ class ShardSource(BaseNode[dict[str, Any]]):
     def order(self, epoch: int) -> list[str]:
         """This rank's (and, in a DataLoader worker, this worker's) shard URLs for ``epoch``, in
         reading order. Raises ``ConfigError`` if a worker gets none."""
-        urls = list(self.urls)
+        # split by rank first, then shuffle the rank's own shards (webdataset's order too): a rank
+        # reads the same samples every epoch, which its score memory learned (permuted across
+        # ranks, they moved to other ranks each epoch, and a per-rank memory knew ever fewer)
+        ranks = list(self.urls)[self.rank :: self.world_size]
         if self.shuffle:
-            perm = np.random.default_rng([self.seed, epoch]).permutation(len(urls))
-            urls = [urls[i] for i in perm]
-        ranks = urls[self.rank :: self.world_size]
+            perm = np.random.default_rng([self.seed, epoch]).permutation(len(ranks))
+            ranks = [ranks[i] for i in perm]
         worker, workers = _worker()
         mine = ranks[worker::workers]
         if not mine:

@@ -8,6 +8,7 @@ import gzip
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import default_collate
@@ -158,6 +159,15 @@ def test_ranks_share_the_shards_and_shuffling_is_per_epoch(shards):
         per_rank.append([s["__key__"] for s in loader])
         assert len(per_rank[-1]) == 2 * PER_SHARD
     assert sorted(k for keys in per_rank for k in keys) == ALL_KEYS
+    # each rank reads its own shards every epoch, in an order of the epoch's: a per-rank score
+    # memory knows them (found by review: permuted across ranks, samples moved to other ranks
+    # each epoch and sifting fell off, 8 ranks knowing none of theirs by the third epoch)
+    for rank in range(3):
+        source = ShardSource(shards.pattern, shuffle=True, seed=1, rank=rank, world_size=3)
+        orders = [source.order(epoch) for epoch in range(6)]
+        assert all(sorted(o) == sorted(orders[0]) for o in orders) and len({tuple(o) for o in orders}) == 2
+    single = ShardSource(shards.pattern, shuffle=True, seed=1)  # one process: the order as before
+    assert single.order(3) == [single.urls[i] for i in np.random.default_rng([1, 3]).permutation(6)]
     with pytest.raises(sp.ConfigError, match="rank 7 of 8 gets none of the 6 shard"):
         ShardSource(shards.pattern, rank=7, world_size=8)
     with pytest.raises(sp.ConfigError, match="0 <= rank < world_size"):
