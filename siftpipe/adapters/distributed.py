@@ -131,7 +131,18 @@ class EqualSteps(Iterable[T]):
     def __iter__(self) -> Iterator[T]:
 
         if not (dist.is_available() and dist.is_initialized()):
-            yield from self.source
+            # one process: every step is taken; counted as with a group (steps, pass_steps)
+            sifter = self.sifter
+            self.steps = 0
+            first = True
+            for item in self.source:
+                if first and sifter is not None:
+                    self.steps = sifter.pass_steps
+                first = False
+                self.steps += 1
+                if sifter is not None:
+                    sifter.pass_steps = self.steps
+                yield item
             return
         device = _device_for(self.group)
         flag = torch.zeros(1, dtype=torch.int64, device=device)

@@ -171,3 +171,23 @@ def test_fixed_steps_and_single_process_fallback():
     assert list(sp.EqualSteps([1, 2, 3])) == [1, 2, 3]  # no process group: a plain pass-through
     with pytest.raises(sp.ConfigError, match="sync_every needs"):
         sp.EqualSteps([1], sync_every=3)
+
+
+def test_equal_steps_in_one_process_counts_its_steps_and_keeps_them_in_the_sifters_state():
+    # found by review: without a process group it yielded everything but said steps == 0, and a
+    # mid-pass checkpoint's pass_steps stayed 0
+    data = make_samples(100, seed=5)
+    assert sp.EqualSteps(iter(range(5))).steps == 0
+    plain = sp.EqualSteps(iter(range(5)))
+    assert list(plain) == [0, 1, 2, 3, 4] and plain.steps == 5
+    sifter = sp.Sifter(None, loss_field, sp.Uniform(1.0), micro_batch=10, output_batch=10)
+    equal = sp.EqualSteps(sifter(data), sifter=sifter)
+    it = iter(equal)
+    for _ in range(3):
+        next(it)
+    state = roundtrip(sifter.state_dict())
+    assert equal.steps == 3 and state["steps"] == 3
+    again = sp.Sifter(None, loss_field, sp.Uniform(1.0), micro_batch=10, output_batch=10)
+    again.load_state_dict(state)
+    resumed = sp.EqualSteps(again(data[again.resume_from or 0 :]), sifter=again)
+    assert len(list(resumed)) == 7 and resumed.steps == 10
