@@ -22,6 +22,7 @@ docs/integrations.md.
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -64,6 +65,38 @@ except ImportError as exc:
     raise MissingExtraError.of("siftpipe.integrations.lightning", "lightning", "lightning", exc) from None
 
 __all__ = ["SiftCallback", "SiftedLoader"]
+
+
+class RankShareSampler(DistributedSampler):  # type: ignore[type-arg]
+    """A ``DistributedSampler`` whose ranks keep their share of the dataset from epoch to epoch
+    (fixed by ``seed``), each shuffled within per epoch (``seed`` + epoch): a rank's score memory
+    knows the samples it is asked about. A ``DistributedSampler`` permutes the whole dataset per
+    epoch before it deals it out, so a rank read about ``1 / world_size`` of the samples it had
+    read before, and a per-rank memory knew few of them (most kept as unknown, sifting off).
+    Lengths, padding and ``drop_last`` are the ``DistributedSampler``'s."""
+
+    def __iter__(self) -> Any:
+        n = len(self.dataset)  # type: ignore[arg-type]
+        if self.shuffle:
+            fixed = torch.Generator()
+            fixed.manual_seed(self.seed)
+            indices = torch.randperm(n, generator=fixed).tolist()
+        else:
+            indices = list(range(n))
+        if not self.drop_last:
+            padding = self.total_size - len(indices)
+            if padding <= len(indices):
+                indices += indices[:padding]
+            else:
+                indices += (indices * math.ceil(padding / len(indices)))[:padding]
+        else:
+            indices = indices[: self.total_size]
+        mine = indices[self.rank : self.total_size : self.num_replicas]
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            mine = [mine[i] for i in torch.randperm(len(mine), generator=g).tolist()]
+        return iter(mine)
 
 
 class _SkipBatches(Sampler[list[int]]):
@@ -322,7 +355,10 @@ class SiftCallback(Callback):
         if kwargs is None or isinstance(sampler, DistributedSampler):
             return sampler
         if isinstance(sampler, RandomSampler | SequentialSampler):
-            return DistributedSampler(
+            # with a score memory, each rank must read the same samples every epoch (its memory
+            # knows only what it read): a share fixed by the seed, shuffled within per epoch
+            kind = RankShareSampler if self.sifter.memory is not None else DistributedSampler
+            return kind(
                 dataset,
                 shuffle=isinstance(sampler, RandomSampler),
                 seed=self.sifter.seed,

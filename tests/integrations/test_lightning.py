@@ -380,3 +380,35 @@ def test_language_model_example(tmp_path):
     assert result["epochs"] == 3 and 0 < result["kept"] < result["seen"] == 2400
     assert result["hard_share_in_trained"] > 1.5 * result["hard_share_in_data"]
     assert result["eval_loss_easy"] < result["eval_loss_hard"]
+
+
+def test_under_ddp_with_a_score_memory_each_rank_keeps_its_share_of_the_dataset():
+    # found by review: the DistributedSampler the callback installs permutes the whole dataset
+    # per epoch before dealing it out, so a rank read about 1/world of the samples it had read
+    # before and its score memory knew few of them (most kept as unknown: sifting off)
+    from torch.utils.data import DistributedSampler, RandomSampler
+
+    from siftpipe.integrations.lightning import RankShareSampler
+
+    data = list(range(101))
+    for shuffle in (True, False):
+        shares = []
+        for rank in range(3):
+            sampler = RankShareSampler(data, num_replicas=3, rank=rank, shuffle=shuffle, seed=7)
+            plain = DistributedSampler(data, num_replicas=3, rank=rank, shuffle=shuffle, seed=7)
+            orders = []
+            for epoch in range(4):
+                sampler.set_epoch(epoch)
+                orders.append(list(sampler))
+            assert all(sorted(o) == sorted(orders[0]) for o in orders) and len(orders[0]) == len(plain)
+            assert len({tuple(o) for o in orders}) == (4 if shuffle else 1)
+            if not shuffle:
+                assert orders[0] == list(plain)
+            shares.append(set(orders[0]))
+        assert set().union(*shares) == set(data)
+    loader = DataLoader(data, batch_size=4, shuffle=True)
+    for memory, kind in ((True, RankShareSampler), (False, DistributedSampler)):
+        callback = SiftCallback(sifter(memory=memory))
+        callback._sampler_kwargs = {"num_replicas": 2, "rank": 1}
+        picked = callback._shard(loader.sampler, data, False)
+        assert type(picked) is kind and isinstance(loader.sampler, RandomSampler)
