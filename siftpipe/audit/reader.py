@@ -382,17 +382,22 @@ def unhanded_ranges(attempts: Sequence[_Attempt]) -> dict[tuple[str, int, str], 
     ignored."""
     out: dict[tuple[str, int, str], list[tuple[int, int]]] = {}
     for a in attempts:
-        entries = (a.end or {}).get("unhanded")
-        if not isinstance(entries, list):
-            continue
-        ranges = [
-            (int(e[0]), int(e[1]))
-            for e in entries
-            if isinstance(e, list) and len(e) == 3 and all(type(v) is int for v in e) and e[0] <= e[1]
-        ]
+        ranges = [(first, last) for first, last, _ in _unhanded_entries(a)]
         if ranges:
             out[(a.run, a.rank, a.attempt)] = ranges
     return out
+
+
+def _unhanded_entries(attempt: _Attempt) -> list[tuple[int, int, int]]:
+    """The well-formed ``[first seq, last seq, count]`` entries of the attempt's end marker."""
+    entries = (attempt.end or {}).get("unhanded")
+    if not isinstance(entries, list):
+        return []
+    return [
+        (e[0], e[1], e[2])
+        for e in entries
+        if isinstance(e, list) and len(e) == 3 and all(type(v) is int for v in e) and e[0] <= e[1]
+    ]
 
 
 def not_handed_on(table: Any, ranges: Sequence[tuple[int, int]] | None) -> Any:
@@ -953,11 +958,7 @@ def verify_log(
                 "records": sum(int((p.manifest or {}).get("count", 0)) for p in attempt.parts),
                 "ended": attempt.ended,
                 "stopped_by": _text_or_none((attempt.end or {}).get("stopped_by")),
-                "unhanded": sum(
-                    e[2]
-                    for e in (attempt.end or {}).get("unhanded") or []
-                    if isinstance(e, list) and len(e) == 3 and type(e[2]) is int
-                ),
+                "unhanded": sum(count for _, _, count in _unhanded_entries(attempt)),
                 "origin": attempt.origin,
                 "shards_skipped": skipped,
                 "samples_skipped": int(_number(shards.get("samples_skipped"), 0)),

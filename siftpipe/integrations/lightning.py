@@ -22,7 +22,6 @@ docs/integrations.md.
 from __future__ import annotations
 
 import functools
-import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -76,22 +75,12 @@ class RankShareSampler(DistributedSampler):  # type: ignore[type-arg]
     Lengths, padding and ``drop_last`` are the ``DistributedSampler``'s."""
 
     def __iter__(self) -> Any:
-        n = len(self.dataset)  # type: ignore[arg-type]
-        if self.shuffle:
-            fixed = torch.Generator()
-            fixed.manual_seed(self.seed)
-            indices = torch.randperm(n, generator=fixed).tolist()
-        else:
-            indices = list(range(n))
-        if not self.drop_last:
-            padding = self.total_size - len(indices)
-            if padding <= len(indices):
-                indices += indices[:padding]
-            else:
-                indices += (indices * math.ceil(padding / len(indices)))[:padding]
-        else:
-            indices = indices[: self.total_size]
-        mine = indices[self.rank : self.total_size : self.num_replicas]
+        # the share: what the DistributedSampler deals for epoch 0 (its padding and drop_last)
+        epoch, self.epoch = self.epoch, 0
+        try:
+            mine = list(super().__iter__())
+        finally:
+            self.epoch = epoch
         if self.shuffle:
             g = torch.Generator()
             g.manual_seed(self.seed + self.epoch)

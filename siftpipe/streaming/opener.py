@@ -536,7 +536,19 @@ def _skip_bytes(f: Any, n: int) -> None:
         n -= len(chunk)
 
 
-class PipeStream(io.RawIOBase):
+class _Readable(io.RawIOBase):
+    """A read-only raw stream whose subclass gives ``read(n)``; ``readinto`` is built on it."""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+class PipeStream(_Readable):
     """The standard output of a shell command, read as a shard: webdataset's ``pipe:`` URLs
     (``pipe:aws s3 cp s3://bucket/x.tar -``, ``pipe:curl -s https://host/x.tar``).
 
@@ -580,20 +592,12 @@ class PipeStream(io.RawIOBase):
             start_new_session=True,
         )
 
-    def readable(self) -> bool:
-        return True
-
     def read(self, n: int | None = -1) -> bytes:
         assert self.proc.stdout is not None
         data = self.proc.stdout.read(-1 if n is None or n < 0 else n)
         if not data and n != 0:
             self._check(self._wait(None))
         return data
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
 
     def finish(self) -> None:
         """The shard was read to its end: stop reading, wait for the command, check its status."""
@@ -654,7 +658,7 @@ class PipeStream(io.RawIOBase):
         return f"<siftpipe pipe stream {self.shown}>"
 
 
-class RetryingFile(io.RawIOBase):
+class RetryingFile(_Readable):
     """A read-only stream over one shard that survives dropped connections.
 
     A read that fails with a transient error (or ends before the object's known size) closes the
@@ -692,9 +696,6 @@ class RetryingFile(io.RawIOBase):
         self.opener.retrying("opening", self.url, attempt)
         self.opener.count("opened")
 
-    def readable(self) -> bool:
-        return True
-
     def tell(self) -> int:
         return self.pos
 
@@ -721,11 +722,6 @@ class RetryingFile(io.RawIOBase):
         data: bytes = self.opener.retrying("reading", self.url, attempt)
         self.pos += len(data)
         return data
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
 
     @property
     def piped(self) -> bool:
@@ -973,15 +969,12 @@ def iter_tar_samples(
         yield current, None, None
 
 
-class _Prefixed(io.RawIOBase):
+class _Prefixed(_Readable):
     """``head`` (bytes already read from ``stream``), then the rest of ``stream``."""
 
     def __init__(self, head: bytes, stream: Any) -> None:
         super().__init__()
         self.head, self.stream = head, stream
-
-    def readable(self) -> bool:
-        return True
 
     def read(self, n: int = -1) -> bytes:
         head = self.head
@@ -997,13 +990,8 @@ class _Prefixed(io.RawIOBase):
         # aligned with the stream's end (a short read there waits on a pipe that stays open)
         return head + self.stream.read(n - len(head))
 
-    def readinto(self, b: Any) -> int:
-        data = self.read(len(b))
-        b[: len(data)] = data
-        return len(data)
 
-
-class _Gunzip(io.RawIOBase):
+class _Gunzip(_Readable):
     """A gzip stream's data, every member of it (a shard written by a parallel gzip, pigz or
     bgzip, is several members: tarfile's stream mode reads the first and called the shard
     truncated). A gzip stream that is corrupt or cut short is a ``tarfile.ReadError`` (a corrupt
@@ -1013,19 +1001,11 @@ class _Gunzip(io.RawIOBase):
         super().__init__()
         self.gz = gzip.GzipFile(fileobj=stream, mode="rb")
 
-    def readable(self) -> bool:
-        return True
-
     def read(self, n: int = -1) -> bytes:
         try:
             return self.gz.read(n)
         except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
             raise tarfile.ReadError(f"the gzip stream is corrupt or cut short ({exc})") from None
-
-    def readinto(self, b: Any) -> int:
-        data = self.read(len(b))
-        b[: len(data)] = data
-        return len(data)
 
 
 def _gunzipped(stream: Any) -> tuple[Any, bool]:
