@@ -7,6 +7,7 @@ from .adapters.distributed import (
     dist_info,
     fixed_steps,
     sync_history,
+    sync_memory,
 )
 from .adapters.predecode import PreDecodeFilter
 from .audit.log import COLUMNS, AuditLog, AuditStats
@@ -162,6 +163,7 @@ __all__ = [
     "scorer_names",
     "shard_key",
     "sync_history",
+    "sync_memory",
     "verify_log",
     "whatif",
 ]

@@ -2,9 +2,11 @@
 
 For each world size: the per-step agreement of ``EqualSteps`` (one all-reduce of one int64) and
 one ``sync_history`` (an all-gather of 257 float64 per rank), in microseconds, median of many
-calls; plus the audit log's bytes per record from a real log. Prints one JSON object.
+calls; one ``sync_memory`` of an epoch's score memory (``--memory-samples`` samples of the whole
+dataset, each rank sending its share and merging the others'), in milliseconds, median of 3;
+plus the audit log's bytes per record from a real log. Prints one JSON object.
 
-Usage: python tools/bench_distributed.py [--worlds 2 4] [--calls 2000]
+Usage: python tools/bench_distributed.py [--worlds 2 4] [--calls 2000] [--memory-samples 1000000]
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, calls: int, out: str) -> None:
+def _worker(rank: int, world: int, port: int, calls: int, out: str, samples: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -50,9 +52,28 @@ def _worker(rank: int, world: int, port: int, calls: int, out: str) -> None:
         t0 = time.perf_counter()
         sp.sync_history(sifter)
         sync.append(time.perf_counter() - t0)
+    # an epoch of a DistributedSampler's deal: this rank trained every world-th sample
+    share = np.arange(rank, samples, world)
+    losses = np.random.default_rng(rank).exponential(size=share.size)
+    memory_ms = []
+    for epoch in range(3):
+        memory = sp.ScoreMemory(samples, max_age=None)
+        memory.update_keys(share, losses, epoch, 1)
+        dist.barrier()
+        t0 = time.perf_counter()
+        sp.sync_memory(memory)
+        memory_ms.append((time.perf_counter() - t0) * 1e3)
+        assert len(memory) == samples
     if rank == 0:
         with open(out, "w") as f:
-            json.dump({"agree_us": float(np.median(agree) * 1e6), "sync_us": float(np.median(sync) * 1e6)}, f)
+            json.dump(
+                {
+                    "agree_us": float(np.median(agree) * 1e6),
+                    "sync_us": float(np.median(sync) * 1e6),
+                    "memory_ms": float(np.median(memory_ms)),
+                },
+                f,
+            )
     dist.destroy_process_group()
 
 
@@ -85,15 +106,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--memory-samples", type=int, default=1_000_000)
     args = ap.parse_args()
     result: dict[str, object] = {"backend": "gloo", "cores": os.cpu_count()}
     for world in args.worlds:
         out = tempfile.mktemp(suffix=".json")
-        mp.spawn(_worker, args=(world, _free_port(), args.calls, out), nprocs=world, join=True)
+        mp.spawn(
+            _worker, args=(world, _free_port(), args.calls, out, args.memory_samples), nprocs=world, join=True
+        )
         with open(out) as f:
             measured = json.load(f)
         result[f"world{world}_equal_steps_us_per_step"] = round(measured["agree_us"], 1)
         result[f"world{world}_sync_history_us_per_call"] = round(measured["sync_us"], 1)
+        result[f"world{world}_sync_memory_ms_per_epoch"] = round(measured["memory_ms"], 1)
+    result["sync_memory_samples"] = args.memory_samples
     result["audit_bytes_per_record"] = round(audit_bytes_per_record(), 2)
     print(json.dumps(result, indent=1))
 

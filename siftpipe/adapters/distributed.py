@@ -1,6 +1,7 @@
-"""Sifting on every rank of a torch.distributed job: equal steps, and an opt-in global loss history.
+"""Sifting on every rank of a torch.distributed job: equal steps, shared score memories, and an
+opt-in global loss history.
 
-Each rank sifts its own stream with its own history by default. Two problems follow, and this
+Each rank sifts its own stream with its own history and memory. Three problems follow, and this
 module solves them:
 
 * **Unequal steps.** Ranks keep different numbers of samples, so a naive epoch ends at different
@@ -9,6 +10,11 @@ module solves them:
   of a single integer agrees whether *every* rank still has a batch; the epoch ends for all at
   the first step some rank cannot take. (Or, over resampled shards, take a fixed number of steps
   per epoch: ``fixed_steps``.)
+* **Local memories.** A ``DistributedSampler(shuffle=True)`` deals the samples to ranks anew
+  each epoch, so a rank's ``ScoreMemory`` would know the losses of about ``1 / world`` of the
+  samples it meets next epoch and keep the rest unknown, unsifted. ``sync_memory`` sends each
+  rank's new entries to every other rank; ``EqualSteps(sifter=...)`` calls it at the end of
+  each epoch when the sifter has a memory.
 * **Local percentiles.** With ``sync_every=k``, every k steps the ranks all-gather a sketch of
   their loss windows (``quantiles`` numbers each) and every rank's policy then takes percentiles
   against the merged, global distribution. The exchange rides on the same lockstep as the step
@@ -16,13 +22,16 @@ module solves them:
 
 Collective-call contract: ``EqualSteps`` makes exactly one collective call per step it yields
 plus one at the end of the epoch, on every rank, and a sync step makes one more (an all-gather of
-``quantiles + 1`` float64 per rank). Nothing else in siftpipe calls a collective after
-construction (an ``AuditLog`` built without a run id broadcasts rank 0's id once, in its
-constructor).
+``quantiles + 1`` float64 per rank); with a score memory to share, the end of the epoch makes
+two more (``sync_memory``: an all-gather of one count, then of 16 bytes per new entry). Nothing
+else in siftpipe calls a collective after construction (an ``AuditLog`` built without a run id
+broadcasts rank 0's id once, in its constructor; the Lightning callback's ``state_dict`` and its
+memory sharing when a pass begins).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -30,11 +39,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..core.memory import ScoreMemory
 from ..core.policies import HistoryPolicy
 from ..core.ranks import dist_info
-from ..errors import ConfigError, SiftError
+from ..errors import ConfigError, ScoreMemoryWarning, SiftError
 
-__all__ = ["EqualSteps", "dist_info", "fixed_steps", "sync_history"]
+__all__ = ["EqualSteps", "dist_info", "fixed_steps", "sync_history", "sync_memory"]
 
 T = TypeVar("T")
 
@@ -86,6 +96,88 @@ def sync_history(sifter: Any, group: Any = None, quantiles: int = 256) -> np.nda
     return np.sort(values[np.isfinite(values)])
 
 
+def sync_memory(sifter: Any, group: Any = None) -> int:
+    """Send the losses this rank's score memory stored since the last sync to every rank of
+    ``group``, and merge theirs into it.
+
+    A collective: every rank of ``group`` must call it at the same point (``EqualSteps`` does, at
+    the end of each epoch). Under ``DistributedSampler(shuffle=True)`` (or shards dealt to ranks
+    anew each epoch) a sample is trained on one rank and met on another the epoch after; without
+    this, that rank knows nothing of it and keeps it unknown, unsifted: about ``(world - 1) /
+    world`` of the samples. After it, every rank holds the same entries (a key trained on two
+    ranks in one epoch, as ``DistributedSampler``'s padding does, keeps the larger loss on all).
+    Each rank's memory then holds the whole dataset's losses: size ``capacity`` for every rank's
+    samples, not this rank's share (keys beyond it are refused, counted in ``memory.refused``,
+    with a ``ScoreMemoryWarning``). Only entries stored since the last sync travel (16 bytes
+    each), and which ones have is part of the memory's state, so a run resumed mid-epoch sends
+    what the uninterrupted one would. Outside a process group it does nothing.
+
+    Args:
+        sifter: The stage whose ``memory`` to share (or the ``ScoreMemory`` itself).
+        group: The process group (default: the world).
+
+    Returns:
+        Entries received from the other ranks.
+    """
+
+    memory = sifter if isinstance(sifter, ScoreMemory) else getattr(sifter, "memory", None)
+    if not isinstance(memory, ScoreMemory):
+        raise ConfigError(
+            "sync_memory shares a score memory: pass a Sifter built with memory= (sp.recipe's "
+            f"has one) or the ScoreMemory itself, not {type(sifter).__name__} without one"
+        )
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0
+    hashes, losses, epochs, sources = memory.changes()
+    mine = np.empty((hashes.size, 2), dtype=np.int64)
+    mine[:, 0] = hashes.view(np.int64)
+    # loss bits, epoch and source in one int64: 32 + 16 + 8 bits
+    mine[:, 1] = (
+        (losses.view(np.uint32).astype(np.int64) << 24)
+        | (epochs.view(np.uint16).astype(np.int64) << 8)
+        | sources.view(np.uint8).astype(np.int64)
+    )
+    device = _device_for(group)
+    world = dist.get_world_size(group)
+    count = torch.tensor([hashes.size], dtype=torch.int64, device=device)
+    counts = [torch.empty_like(count) for _ in range(world)]
+    dist.all_gather(counts, count, group=group)
+    sizes = [int(c.item()) for c in counts]
+    longest = max(sizes)
+    if not longest:
+        return 0
+    padded = torch.zeros((longest, 2), dtype=torch.int64, device=device)
+    padded[: hashes.size] = torch.from_numpy(mine).to(device)
+    gathered = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(gathered, padded, group=group)
+    memory.mark_synced()  # (sent: the merge below marks nothing of its own)
+    me = dist.get_rank(group)
+    theirs = np.concatenate(
+        [g.cpu().numpy()[:n] for r, (g, n) in enumerate(zip(gathered, sizes)) if r != me and n]
+        or [np.empty((0, 2), dtype=np.int64)]
+    )
+    packed = theirs[:, 1]
+    refused = memory.refused
+    memory.merge(
+        theirs[:, 0].view(np.uint64),
+        ((packed >> 24) & 0xFFFFFFFF).astype(np.uint32).view(np.float32),
+        ((packed >> 8) & 0xFFFF).astype(np.uint16).view(np.int16),
+        (packed & 0xFF).astype(np.uint8).view(np.int8),
+    )
+    if memory.refused > refused:
+        warnings.warn(
+            f"siftpipe: the score memory is full ({memory.capacity:,} samples) and refused "
+            f"{memory.refused - refused:,} losses other ranks sent; those samples will be kept "
+            "unknown here when they come to this rank. Shared across ranks, the memory holds "
+            "every rank's samples: construct it with capacity = the whole dataset's size "
+            "(sp.recipe(..., capacity=...)), or pass EqualSteps(..., sync_memory=False) when "
+            "each rank always reads the same samples (its own shards)",
+            ScoreMemoryWarning,
+            stacklevel=2,
+        )
+    return int(theirs.shape[0])
+
+
 class EqualSteps(Iterable[T]):
     """Iterate ``source`` so that every rank of ``group`` takes the same number of steps.
 
@@ -104,6 +196,11 @@ class EqualSteps(Iterable[T]):
         sync_every: Every this many steps, synchronise loss histories across ranks
             (``sync_history``); ``None`` keeps each rank's history local.
         quantiles: Sketch size for ``sync_history``.
+        sync_memory: At the end of each epoch, share the losses each rank's score memory stored
+            with every other rank (``sync_memory``), so that a sample dealt to another rank next
+            epoch is decided by what it showed here. ``None`` (default): when ``sifter`` has a
+            memory. ``False`` where each rank always reads the same samples (its own shards,
+            Lightning's ``RankShareSampler``): sharing then costs memory and traffic for nothing.
     """
 
     def __init__(
@@ -114,14 +211,20 @@ class EqualSteps(Iterable[T]):
         sifter: Any = None,
         sync_every: int | None = None,
         quantiles: int = 256,
+        sync_memory: bool | None = None,
     ) -> None:
         if sync_every is not None and (sifter is None or sync_every < 1):
             raise ConfigError("sync_every needs the sifter whose history to share, and a step count >= 1")
+        if sync_memory and getattr(sifter, "memory", None) is None:
+            raise ConfigError("sync_memory needs the sifter whose score memory to share (built with memory=)")
         self.source = source
         self.group = group
         self.sifter = sifter
         self.sync_every = sync_every
         self.quantiles = quantiles
+        self.sync_memory = sync_memory
+        #: Entries the last end-of-epoch memory sync received from other ranks.
+        self.merged = 0
         #: Steps taken in the last epoch, the same on every rank (with ``sifter``, counted from the
         #: start of its pass also when it was resumed mid-way).
         self.steps = 0
@@ -165,6 +268,12 @@ class EqualSteps(Iterable[T]):
             dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
             if int(flag.item()) == 0:
                 self.discarded += have
+                share = self.sync_memory
+                if share is None:
+                    share = sifter is not None and getattr(sifter, "memory", None) is not None
+                if share:
+                    # after the last step's observe(): the epoch's training losses are all in
+                    self.merged = sync_memory(sifter, self.group)
                 return
             self.steps += 1
             if sifter is not None:

@@ -3,7 +3,7 @@
 InfoBatch's trick in a streaming pipeline: the training step computes every kept sample's loss
 anyway; handed back with ``Sifter.observe(keys, losses)``, those losses decide the sample's fate
 next epoch with no scoring forward. The memory is an open-addressing hash table in numpy, keyed by
-a stable 64-bit hash of the sample key: 15 bytes a slot, at most 70% full, so about 22 bytes per
+a stable 64-bit hash of the sample key: 16 bytes a slot, at most 70% full, so about 23 bytes per
 sample it can hold. It is bounded (``capacity`` samples; further new keys are refused and counted),
 part of the stage's state, and can be saved next to the audit log and published to DataLoader
 workers for sifting before decode.
@@ -90,7 +90,7 @@ class ScoreMemory:
     """The last known loss of up to ``capacity`` samples, by key.
 
     Args:
-        capacity: Samples it can hold (about 22 bytes each, allocated up front).
+        capacity: Samples it can hold (about 23 bytes each, allocated up front).
         max_age: A remembered loss decides a sample for this many epochs after it was recorded
             (1: the next epoch only; k: Selective Backprop's stale mode). Older ones are re-scored.
             ``None``: it never expires (InfoBatch: a pruned sample keeps its last loss until it is
@@ -138,13 +138,16 @@ class ScoreMemory:
         self._slot_of_int: np.ndarray | None = None  # the same for integer keys, by value
         slots = max(16, int(np.ceil(capacity / _MAX_LOAD)))
         fix = "size it to the samples of one epoch (or of this rank's shards)"
-        check_fits(15 * slots, f"a score memory of capacity {capacity:,} (about 22 bytes a sample)", fix)
+        check_fits(16 * slots, f"a score memory of capacity {capacity:,} (about 23 bytes a sample)", fix)
         self._slots_n = np.uint64(slots)
         try:
             self._keys = np.zeros(slots, dtype=np.uint64)
             self._loss = np.zeros(slots, dtype=np.float32)
             self._epoch = np.zeros(slots, dtype=np.int16)
             self._source = np.zeros(slots, dtype=np.int8)
+            # slots this process set since the last ``mark_synced``: what ``changes`` hands to
+            # other ranks (``siftpipe.sync_memory``)
+            self._unsynced = np.zeros(slots, dtype=bool)
         except MemoryError:
             raise ConfigError(
                 f"a score memory of capacity {capacity:,} does not fit in memory; {fix}"
@@ -280,7 +283,13 @@ class ScoreMemory:
     @property
     def nbytes(self) -> int:
         """Bytes held by the table."""
-        return self._keys.nbytes + self._loss.nbytes + self._epoch.nbytes + self._source.nbytes
+        return (
+            self._keys.nbytes
+            + self._loss.nbytes
+            + self._epoch.nbytes
+            + self._source.nbytes
+            + self._unsynced.nbytes
+        )
 
     def _cached_slots(self, keys: Keys) -> np.ndarray | None:
         """The cached slot of each key, -1 where there is none; None unless the cache is on and
@@ -410,24 +419,28 @@ class ScoreMemory:
                 moved = moved[~present]
             if not hashes.size:
                 return
-            room = self.capacity - self._count
-            # new keys claim empty slots; two racing for one slot: the first takes it, the rest
-            # probe on in the next round
-            _, first = np.unique(slot, return_index=True)
-            first = np.sort(first)
-            if first.size >= room:
-                first = first[:room]
-                self._set(slot[first], hashes[first], losses[first], epoch, source)
-                self._count += first.size
-                self._refused += hashes.size - first.size
-                return
+            first, full = self._claim(slot)
             self._set(slot[first], hashes[first], losses[first], epoch, source)
             self._count += first.size
+            if full:
+                return
             rest = np.ones(hashes.size, dtype=bool)
             rest[first] = False
             hashes, losses = hashes[rest], losses[rest]
             if moved is not None:
                 moved = moved[rest]
+
+    def _claim(self, slot: np.ndarray) -> tuple[np.ndarray, bool]:
+        """Which of the new keys probing to the empty slots ``slot`` take them now: two racing for
+        one slot, the first (the rest probe on in the next round); at most the room left. True
+        when that fills the memory: the rest are refused, and counted."""
+        _, first = np.unique(slot, return_index=True)
+        first = np.sort(first)
+        room = self.capacity - self._count
+        if first.size >= room:
+            self._refused += slot.size - room
+            return first[:room], True
+        return first, False
 
     def _rescored(self, slot: np.ndarray, epoch: int, source: int) -> int:
         """Held keys at ``slot`` scored again in the epoch they were scored in, the same way
@@ -552,7 +565,18 @@ class ScoreMemory:
         """``mean()`` of what has been applied (no flush)."""
         return self._sum / self._count if self._count else float("nan")
 
-    def _set(self, slot: np.ndarray, hashes: np.ndarray, losses: np.ndarray, epoch: int, source: int) -> None:
+    def _set(
+        self,
+        slot: np.ndarray,
+        hashes: np.ndarray,
+        losses: np.ndarray,
+        epoch: int | np.ndarray,
+        source: int | np.ndarray,
+        *,
+        mine: bool = True,
+    ) -> None:
+        """Store entries at ``slot``; ``mine``: this process's own (``changes`` hands them on),
+        not entries another rank sent (``merge``)."""
         fresh = self._keys[slot] == _EMPTY
         self._sum += float(losses.astype(np.float64).sum()) - float(
             self._loss[slot][~fresh].astype(np.float64).sum()
@@ -561,6 +585,82 @@ class ScoreMemory:
         self._loss[slot] = losses
         self._epoch[slot] = epoch
         self._source[slot] = source
+        self._unsynced[slot] = mine
+
+    # ------------------------------------------------------------------ across ranks
+
+    def changes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The entries this process stored since the last ``mark_synced`` (its training losses
+        and scoring forwards, not what ``merge`` brought): ``(hashes, losses, epochs, sources)``,
+        uint64, float32, int16 and int8 arrays. What ``siftpipe.sync_memory`` sends to other ranks."""
+        self.flush()
+        at = np.flatnonzero(self._unsynced & (self._keys != _EMPTY))
+        return self._keys[at], self._loss[at], self._epoch[at], self._source[at]
+
+    def mark_synced(self) -> None:
+        """Every entry stored so far has been handed on (``changes`` returns none of them again)."""
+        self.flush()
+        self._unsynced[:] = False
+
+    def merge(self, hashes: np.ndarray, losses: np.ndarray, epochs: np.ndarray, sources: np.ndarray) -> int:
+        """Take entries another rank stored (its ``changes()``). An entry replaces the one held
+        for its key when it is newer: a later epoch; in the same epoch a training loss over a
+        scoring forward's; with both alike, the larger loss (so that every rank, merging the same
+        entries in any order, ends holding the same one). A key not held takes a free slot while
+        there is room; beyond ``capacity`` it is refused and counted in ``refused``. Nothing here
+        is evidence of forgetting (``forgetting`` measures this process's training losses), and
+        merged entries are not handed on again. Returns the entries stored."""
+        self.flush()
+        hashes = np.asarray(hashes, np.uint64).ravel()
+        losses = np.asarray(losses, np.float32).ravel()
+        epochs = np.asarray(epochs, np.int16).ravel()
+        sources = np.asarray(sources, np.int8).ravel()
+        if not hashes.size == losses.size == epochs.size == sources.size:
+            raise ConfigError(
+                f"merge needs as many losses, epochs and sources as keys, got {hashes.size}, "
+                f"{losses.size}, {epochs.size} and {sources.size}"
+            )
+        ok = np.isfinite(losses) & (hashes != _EMPTY)
+        if not ok.all():
+            hashes, losses, epochs, sources = hashes[ok], losses[ok], epochs[ok], sources[ok]
+        if not hashes.size:
+            return 0
+        # one entry per key: the best of those that came (the last after sorting by rank)
+        order = np.lexsort((losses, sources == FEEDBACK, epochs, hashes))
+        ordered = hashes[order]
+        best = order[np.append(ordered[1:] != ordered[:-1], True)]
+        hashes, losses, epochs, sources = hashes[best], losses[best], epochs[best], sources[best]
+        stored = 0
+        while hashes.size:
+            slot = self._slots(hashes)
+            present = self._keys[slot] == hashes
+            if present.any():
+                at = slot[present]
+                e_in, e_old = epochs[present], self._epoch[at]
+                fb_in, fb_old = sources[present] == FEEDBACK, self._source[at] == FEEDBACK
+                larger = losses[present] > self._loss[at]
+                better = (fb_in & ~fb_old) | ((fb_in == fb_old) & larger)
+                newer = (e_in > e_old) | ((e_in == e_old) & better)
+                pick = np.flatnonzero(present)[newer]
+                self._set(slot[pick], hashes[pick], losses[pick], epochs[pick], sources[pick], mine=False)
+                stored += pick.size
+            absent = ~present
+            hashes, losses, epochs, sources, slot = (
+                hashes[absent], losses[absent], epochs[absent], sources[absent], slot[absent]
+            )  # fmt: skip
+            if not hashes.size:
+                break
+            first, full = self._claim(slot)
+            self._set(slot[first], hashes[first], losses[first], epochs[first], sources[first], mine=False)
+            self._count += first.size
+            stored += first.size
+            if full:
+                break
+            rest = np.ones(hashes.size, dtype=bool)
+            rest[first] = False
+            hashes, losses, epochs, sources = hashes[rest], losses[rest], epochs[rest], sources[rest]
+        self._applied += stored  # the spread is measured again as often as without merges
+        return stored
 
     def lookup(self, hashes: np.ndarray, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(loss, source) per hash: NaN loss where unknown or older than ``max_age`` epochs."""
@@ -630,6 +730,7 @@ class ScoreMemory:
             self._loss[slots] = losses
             self._epoch[slots] = epoch
             self._source[slots] = source
+            self._unsynced[slots] = True
             return
         hashes = self._hashes_at(keys, slots)
         self.update(hashes, losses, epoch, source)
@@ -651,6 +752,7 @@ class ScoreMemory:
             "loss": torch.from_numpy(self._loss[at].copy()),
             "epoch": torch.from_numpy(self._epoch[at].copy()),
             "source": torch.from_numpy(self._source[at].copy()),
+            "unsynced": torch.from_numpy(self._unsynced[at].copy()),
             "refused": self._refused,
             "repeated": self._repeated,
             "drift": torch.from_numpy(self._drift.copy()),
@@ -671,12 +773,20 @@ class ScoreMemory:
                 f"the checkpoint's score memory holds up to {state['capacity']} samples; this one "
                 f"{self.capacity}: construct ScoreMemory(capacity={state['capacity']}) to resume"
             )
-        self._fill(
-            state["keys"].numpy().view(np.uint64),
-            state["loss"].numpy(),
-            state["epoch"].numpy(),
-            state["source"].numpy(),
-        )
+        keys = state["keys"].numpy().view(np.uint64)
+        self._fill(keys, state["loss"].numpy(), state["epoch"].numpy(), state["source"].numpy())
+        unsynced = state.get("unsynced")
+        if unsynced is not None:
+            mine = unsynced.numpy().astype(bool)
+        else:
+            # states written before sync_memory: the latest epoch's entries may not have been
+            # handed on (sent again, they change nothing another rank holds already)
+            epochs = state["epoch"].numpy()
+            mine = epochs == epochs.max() if epochs.size else np.zeros(0, dtype=bool)
+        if keys.size:
+            slot = self._slots(keys)
+            held = self._keys[slot] == keys  # (a smaller memory loaded with fit= refused some)
+            self._unsynced[slot[held & mine]] = True
         self._refused += int(state["refused"])
         self._repeated = int(state.get("repeated", 0))  # states written before the count lack it
         if "drift" in state:  # states written before the forgetting measure lack it
@@ -710,6 +820,7 @@ class ScoreMemory:
             for s in np.unique(source[epoch == e]):
                 pick = (epoch == e) & (source == s)
                 self.update(keys[pick], loss[pick], int(e), int(s))
+        self._unsynced[:] = False  # filled, not stored here (load_state_dict says which were)
         # after the fill, whose updates moved them: the filled losses are no evidence of
         # forgetting, and the next epoch's mean is the whole table's, not a part's
         self._drift = np.zeros((2, 2, 2))

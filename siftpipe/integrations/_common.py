@@ -36,7 +36,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 import siftpipe as sp
-from siftpipe.adapters.distributed import EqualSteps
+from siftpipe.adapters.distributed import EqualSteps, sync_memory
 
 __all__ = [
     "EPOCH_FIELD",
@@ -321,6 +321,9 @@ class SiftedStream:
         lockstep: Under torch.distributed, end every rank's pass at the same step
             (``EqualSteps``: ranks keep different numbers of samples).
         sync_every: With ``lockstep``, share loss histories across ranks every this many steps.
+        share_memory: With ``lockstep``, asked when each pass begins: whether to share the
+            sifter's score memory across ranks then (``siftpipe.sync_memory``); None: at the end
+            of each pass (``EqualSteps``' default), when it has one.
         generators: Returns the ``torch.Generator`` objects that shuffle the data (a DataLoader's
             ``generator=``): their states at the start of a pass are saved, so that a resumed pass
             is shuffled as the interrupted one was.
@@ -336,6 +339,7 @@ class SiftedStream:
         endless: bool,
         lockstep: bool = False,
         sync_every: int | None = None,
+        share_memory: Callable[[], bool] | None = None,
         generators: Callable[[], list[torch.Generator]] | None = None,
     ) -> None:
         self.sifter = sifter
@@ -344,6 +348,7 @@ class SiftedStream:
         self.endless = endless
         self.lockstep = lockstep
         self.sync_every = sync_every
+        self.share_memory = share_memory
         self.data_rng = DataRng(sifter.rng_seed)
         #: The pass in progress (or the last one): the sifter's epoch.
         self.epoch = 0
@@ -383,7 +388,20 @@ class SiftedStream:
         if not (self.lockstep and dist.is_available() and dist.is_initialized()):
             yield from self._one_pass()
             return
-        equal = EqualSteps(self._one_pass(), sifter=self.sifter, sync_every=self.sync_every)
+        share = self.share_memory
+        sifter = self.sifter
+        if share is not None and sifter.memory is not None and sifter.resume_from is None and share():
+            # when a pass begins, not when the last one ended: a trainer fetches its next batch
+            # before it trains the one before, so the last batch's losses come after that end.
+            # Every rank begins the pass together; one resumed inside it does not share again
+            # (the run it resumes shared when the pass began)
+            sync_memory(sifter)
+        equal = EqualSteps(
+            self._one_pass(),
+            sifter=sifter,
+            sync_every=self.sync_every,
+            sync_memory=False if share is not None else None,
+        )
         before = equal.discarded
         try:
             yield from equal

@@ -188,6 +188,7 @@ class SiftCallback(Callback):
         self._stream: SiftedStream | None = None
         self._source: DataLoader | None = None  # type: ignore[type-arg]
         self._inner: DataLoader | None = None  # type: ignore[type-arg]
+        self._rank_share = False  # the inner loader deals with a RankShareSampler
         self._in_batch = False
         self._rng_to_restore: dict[str, Any] | None = None
         self._restored_at_epoch_end = False
@@ -226,6 +227,8 @@ class SiftCallback(Callback):
                 endless=False,
                 lockstep=True,
                 sync_every=self.sync_every,
+                # a RankShareSampler keeps each rank's samples its own: nothing to share then
+                share_memory=lambda: not self._rank_share,
                 generators=self._generators,
             )
         return self._stream
@@ -292,6 +295,7 @@ class SiftCallback(Callback):
     def _build_inner(self) -> DataLoader:  # type: ignore[type-arg]
         source = self._source
         assert source is not None
+        self._rank_share = False  # (set again by _shard)
         dataset = with_index_keys(source.dataset, self.sifter.key)
         kwargs: dict[str, Any] = {
             "num_workers": source.num_workers,
@@ -347,6 +351,7 @@ class SiftCallback(Callback):
             # with a score memory, each rank must read the same samples every epoch (its memory
             # knows only what it read): a share fixed by the seed, shuffled within per epoch
             kind = RankShareSampler if self.sifter.memory is not None else DistributedSampler
+            self._rank_share = kind is RankShareSampler
             return kind(
                 dataset,
                 shuffle=isinstance(sampler, RandomSampler),

@@ -449,3 +449,79 @@ def test_a_loaded_memory_judges_its_next_epoch_against_the_whole_tables_mean(tmp
     # training goes on in the epoch the file's newest losses came from (a resume inside it)
     loaded.update(hashes[:10], np.ones(10), 3, FEEDBACK)
     assert loaded._drift_epoch == 3 and loaded._drift_mean[0] == whole
+
+
+# ---------------------------------------------------------------------- shared across ranks
+
+
+def _table(memory):
+    """Every entry a memory holds, as {hash: (loss, epoch, source)}."""
+    state = memory.state_dict()
+    keys = state["keys"].numpy().view(np.uint64).tolist()
+    rows = zip(state["loss"].tolist(), state["epoch"].tolist(), state["source"].tolist())
+    return dict(zip(keys, rows))
+
+
+def test_changes_hands_on_own_entries_once_and_never_what_merge_brought():
+    memory = sp.ScoreMemory(100, max_age=None)
+    memory.update_keys(["a", "b"], np.array([1.0, 2.0]), 0, FEEDBACK)
+    hashes, losses, epochs, sources = memory.changes()
+    assert sorted(hashes.tolist()) == sorted(key_hashes(["a", "b"]).tolist())
+    memory.mark_synced()
+    assert memory.changes()[0].size == 0
+    memory.merge(key_hashes(["c"]), np.array([3.0]), np.array([0]), np.array([FEEDBACK]))
+    assert memory.changes()[0].size == 0  # what another rank sent is not sent back
+    # the fast path (cached keys, all held) marks its entries too
+    memory.update_keys(["a", "b"], np.array([5.0, 6.0]), 1, FEEDBACK)
+    assert sorted(memory.changes()[1].tolist()) == [5.0, 6.0]
+
+
+def test_merge_keeps_the_newer_entry_and_resolves_ties_the_same_way_on_every_rank():
+    keys = ["old", "new", "fwd", "tie", "only_b"]
+    a, b = sp.ScoreMemory(100, max_age=None), sp.ScoreMemory(100, max_age=None)
+    a.update_keys(["old", "new", "tie"], np.array([1.0, 1.0, 1.0]), 2, FEEDBACK)
+    a.update_keys(["fwd"], np.array([9.0]), 3, FORWARD)
+    b.update_keys(["old"], np.array([7.0]), 1, FEEDBACK)  # older than a's: a's stays
+    b.update_keys(["new", "fwd"], np.array([4.0, 0.5]), 3, FEEDBACK)  # newer; feedback over forward
+    b.update_keys(["tie", "only_b"], np.array([3.0, 2.5]), 2, FEEDBACK)  # same epoch: larger loss
+    sent_a, sent_b = a.changes(), b.changes()
+    # a takes b's newer or better entries of new, fwd, tie and only_b; b takes a's newer "old"
+    assert a.merge(*sent_b) == 4 and b.merge(*sent_a) == 1
+    assert _table(a) == _table(b)
+    loss = dict(zip(keys, a.lookup(key_hashes(keys), 4)[0].tolist()))
+    assert loss == {"old": 1.0, "new": 4.0, "fwd": 0.5, "tie": 3.0, "only_b": 2.5}
+    assert a.mean() == pytest.approx(np.mean([1.0, 4.0, 0.5, 3.0, 2.5]))
+    # the same entries merged in the other order, or twice, end the same
+    c = sp.ScoreMemory(100, max_age=None)
+    c.merge(*sent_b)
+    c.merge(*sent_a)
+    c.merge(*sent_b)
+    assert _table(c) == _table(a)
+
+
+def test_merge_beyond_capacity_refuses_and_counts_new_keys_but_updates_held_ones():
+    memory = sp.ScoreMemory(capacity=10, max_age=None)
+    memory.update_keys([f"k{i}" for i in range(8)], np.ones(8), 0, FEEDBACK)
+    incoming = [f"k{i}" for i in range(4, 14)]  # 4 held, 6 new: room for 2
+    stored = memory.merge(key_hashes(incoming), np.full(10, 3.0), np.ones(10), np.full(10, FEEDBACK))
+    assert stored == 6 and len(memory) == 10 and memory.refused == 4
+    assert (memory.lookup(key_hashes(["k4", "k7"]), 2)[0] == 3.0).all()
+    with pytest.raises(sp.ConfigError, match="as many losses"):
+        memory.merge(key_hashes(["x"]), np.ones(2), np.ones(1), np.ones(1))
+
+
+def test_which_entries_are_still_to_send_survives_a_checkpoint():
+    memory = sp.ScoreMemory(100, max_age=None)
+    memory.update_keys(["a"], np.array([1.0]), 0, FEEDBACK)
+    memory.mark_synced()
+    memory.merge(key_hashes(["m"]), np.array([2.0]), np.array([0]), np.array([FEEDBACK]))
+    memory.update_keys(["b"], np.array([3.0]), 1, FEEDBACK)
+    resumed = sp.ScoreMemory(100, max_age=None)
+    resumed.load_state_dict(roundtrip(memory.state_dict()))
+    assert resumed.changes()[0].tolist() == key_hashes(["b"]).tolist()
+    # a state written before sync_memory: the latest epoch's entries are sent (again)
+    old = roundtrip(memory.state_dict())
+    del old["unsynced"]
+    resumed = sp.ScoreMemory(100, max_age=None)
+    resumed.load_state_dict(old)
+    assert resumed.changes()[0].tolist() == key_hashes(["b"]).tolist()

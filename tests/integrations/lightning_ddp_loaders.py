@@ -8,6 +8,7 @@ nothing during its ``delay``), so the keys trained are the keys each rank read.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 
@@ -15,7 +16,7 @@ import lightning.pytorch as L
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler
 
 import siftpipe as sp
 from siftpipe.integrations.lightning import SiftCallback
@@ -76,12 +77,10 @@ class Net(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def run(loader: DataLoader, use_distributed_sampler: bool = True) -> list[list[int]]:
-    """The keys each rank trained (every rank's list)."""
-    sift = SiftCallback(lambda: sp.Sifter(None, sp.CrossEntropy("x", "y"), delay=10_000, output_batch=12))
-    model = Net(sift, loader)
+def fit(model: Net, epochs: int = 1, use_distributed_sampler: bool = True) -> None:
+    """``trainer.fit`` on two gloo processes with the model's sifting callback."""
     trainer = L.Trainer(
-        max_epochs=1,
+        max_epochs=epochs,
         accelerator="cpu",
         devices=2,
         strategy="ddp",
@@ -89,13 +88,38 @@ def run(loader: DataLoader, use_distributed_sampler: bool = True) -> list[list[i
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[sift],
+        callbacks=[model.sift],
         use_distributed_sampler=use_distributed_sampler,
     )
     trainer.fit(model)
+
+
+def run(loader: DataLoader, use_distributed_sampler: bool = True) -> list[list[int]]:
+    """The keys each rank trained (every rank's list)."""
+    sift = SiftCallback(lambda: sp.Sifter(None, sp.CrossEntropy("x", "y"), delay=10_000, output_batch=12))
+    model = Net(sift, loader)
+    fit(model, use_distributed_sampler=use_distributed_sampler)
     ranks: list[list[int]] = [[], []]
     dist.all_gather_object(ranks, model.trained)
     return ranks
+
+
+def run_memory(loader: DataLoader) -> dict[str, list[int]]:
+    """Two epochs with the recipe's score memory: how many keys each rank's memory holds at the
+    end, and how many samples each kept unknown (no loss known) in the second epoch."""
+    sifters: list[sp.Sifter] = []
+
+    def make() -> sp.Sifter:
+        sifter = sp.recipe(None, sp.CrossEntropy("x", "y"), budget=2 * N, output_batch=12, cost_guard=False)
+        sifters.append(sifter)
+        return sifter
+
+    fit(Net(SiftCallback(make), loader), epochs=2)
+    sifter = sifters[-1]
+    mine = [len(sifter.memory), sifter.stats.unknown]
+    ranks: list[list[int]] = [[], []]
+    dist.all_gather_object(ranks, mine)
+    return {"held": [r[0] for r in ranks], "unknown": [r[1] for r in ranks]}
 
 
 def main() -> None:
@@ -107,6 +131,12 @@ def main() -> None:
         ),
         "batch_sampler": run(DataLoader(data, batch_sampler=BatchSampler(Evens(), 12, drop_last=False))),
     }
+    # the user's own DistributedSampler deals samples anew each epoch: the memory is shared
+    rank = int(os.environ["RANK"])
+    dealt = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=0)
+    out["memory_own_distributed_sampler"] = run_memory(DataLoader(data, batch_size=12, sampler=dealt))
+    # a plain shuffled loader: the callback installs RankShareSampler, and nothing is shared
+    out["memory_rank_share"] = run_memory(DataLoader(data, batch_size=12, shuffle=True))
     try:
         run(DataLoader(data, batch_sampler=MyBatches()))
         out["custom_batch_sampler"] = "no error"

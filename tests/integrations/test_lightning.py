@@ -370,6 +370,15 @@ def test_ddp_keeps_the_dataloaders_sampler_and_shards_a_batch_sampler(tmp_path):
         assert len(first) == len(second) == 60, case
     assert result["custom_sampler_no_sharding"] == [evens, evens]
     assert "use_distributed_sampler=False" in result["custom_batch_sampler"]
+    # a DistributedSampler of the user's deals samples anew each epoch: the memories are shared at
+    # each epoch's end, so both hold every sample and the second epoch knows every loss (before,
+    # about half of it was kept unknown, unsifted); with RankShareSampler nothing needs sharing
+    shared, own = result["memory_own_distributed_sampler"], result["memory_rank_share"]
+    assert shared["held"] == [N_POINTS, N_POINTS] and shared["unknown"] == [120, 120]
+    assert own["held"] == [120, 120] and own["unknown"] == [120, 120]
+
+
+N_POINTS = 240  # tests/integrations/lightning_ddp_loaders.py's dataset
 
 
 def test_language_model_example(tmp_path):
@@ -412,3 +421,4 @@ def test_under_ddp_with_a_score_memory_each_rank_keeps_its_share_of_the_dataset(
         callback._sampler_kwargs = {"num_replicas": 2, "rank": 1}
         picked = callback._shard(loader.sampler, data, False)
         assert type(picked) is kind and isinstance(loader.sampler, RandomSampler)
+        assert callback._rank_share is memory  # each rank keeps its samples: no memory to share
