@@ -83,6 +83,9 @@ def main() -> None:
     ap.add_argument("--save-steps", type=int, default=50)
     ap.add_argument("--sync-every", type=int, default=0, help="steps between loss-history syncs (0: local)")
     ap.add_argument(
+        "--memory-sync-every", type=int, default=50, help="steps between score-memory syncs (0: never)"
+    )
+    ap.add_argument(
         "--resume", nargs="?", const="last", help="continue from a checkpoint folder (default: the last one)"
     )
     ap.add_argument("--seed", type=int, default=0)
@@ -129,13 +132,20 @@ def main() -> None:
         data_collator=pad,
         sifter=sifter,
         sync_every=args.sync_every or None,  # several processes: percentiles over all of them
+        memory_sync_every=args.memory_sync_every or None,  # several processes: memories shared
     )
     trainer.train(resume_from_checkpoint=True if args.resume == "last" else args.resume)
 
     easy = trainer.evaluate(CountingSequences(256, seed=10_001, easy_only=True))["eval_loss"]
     hard = trainer.evaluate(CountingSequences(256, seed=10_002, hard_only=True))["eval_loss"]
     stats = sifter.stats
-    mine = {"seen": stats.seen, "kept": stats.kept, "scored": stats.scored, "from_memory": stats.from_memory}
+    mine = {
+        "seen": stats.seen,
+        "kept": stats.kept,
+        "scored": stats.scored,
+        "from_memory": stats.from_memory,
+        "memory_received": trainer.sift_memory_received,
+    }
     ranks = [mine]
     if dist.is_available() and dist.is_initialized():
         ranks = [{} for _ in range(dist.get_world_size())]

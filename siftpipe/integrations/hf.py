@@ -225,6 +225,11 @@ class SiftTrainerMixin(_Base):
             forward for trained samples). Default: when the sifter has a score memory.
         sync_every: Under torch.distributed, share loss histories across processes every this many
             optimizer steps (``sp.sync_history``); ``None`` keeps them per process.
+        memory_sync_every: Under torch.distributed, share the sifter's score memory across
+            processes every this many optimizer steps (``sp.sync_memory``): the Trainer's sampler
+            deals samples to processes anew each pass, and a process's own memory would know
+            about ``1 / world`` of the samples it meets next. Only new entries travel (16 bytes
+            each). ``None``: never (each process always reads the same samples).
 
     The Trainer needs ``args.max_steps > 0``: with samples dropped, the number of steps in a pass
     is not known in advance. ``args.ignore_data_skip`` is set: on resume the stage positions the
@@ -238,6 +243,7 @@ class SiftTrainerMixin(_Base):
         sample_loss: ModelLoss | None = None,
         feedback: bool | None = None,
         sync_every: int | None = None,
+        memory_sync_every: int | None = 50,
         **kwargs: Any,
     ) -> None:
         if not isinstance(sifter, sp.Sifter):
@@ -247,10 +253,11 @@ class SiftTrainerMixin(_Base):
                 "the Trainer integration feeds the Sifter samples and lets it collate the kept ones with "
                 "the Trainer's data collator: construct it with batched=False (the default)"
             )
-        if sync_every is not None and (not isinstance(sync_every, int) or sync_every < 1):
-            raise sp.ConfigError(
-                f"sync_every must be a number of optimizer steps >= 1 or None, got {sync_every!r}"
-            )
+        for name, every in (("sync_every", sync_every), ("memory_sync_every", memory_sync_every)):
+            if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 1):
+                raise sp.ConfigError(
+                    f"{name} must be a number of optimizer steps >= 1 or None, got {every!r}"
+                )
         super().__init__(*args, **kwargs)
         targs = self.args
         if targs.max_steps is None or targs.max_steps <= 0:
@@ -309,6 +316,9 @@ class SiftTrainerMixin(_Base):
             )
         check_feedback_key(sifter, self.sift_feedback)
         self.sift_sync_every = sync_every
+        self.sift_memory_sync_every = memory_sync_every if sifter.memory is not None else None
+        #: Score-memory entries received from other processes (``memory_sync_every``), in all.
+        self.sift_memory_received = 0
         self._sift_follows_model = sifter.model is None or sifter.model is self.model
         self._sift_inner: Any = None
         self.sift_stream = SiftedStream(sifter, self._sift_open_pass, endless=True)
@@ -498,6 +508,10 @@ class _SiftCallback(TrainerCallback):
         every = trainer.sift_sync_every
         if every and state.global_step % every == 0 and args.world_size > 1:
             sp.sync_history(trainer.sifter)
+        every = trainer.sift_memory_sync_every
+        if every and state.global_step % every == 0 and args.world_size > 1:
+            # every process ends optimizer step N together: the collective meets
+            trainer.sift_memory_received += sp.sync_memory(trainer.sifter)
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

@@ -440,6 +440,9 @@ def test_bad_settings_and_checkpoints_get_errors_that_name_the_fix(tmp_path):
     args = TrainingArguments(str(tmp_path), max_steps=2, report_to="none", use_cpu=True)
     with pytest.raises(sp.ConfigError, match="batched=False"):
         SiftTrainer(model=gpt2(0.0), args=args, sifter=sp.Sifter(None, ModelLoss(), batched=True))
+    for name in ("sync_every", "memory_sync_every"):
+        with pytest.raises(sp.ConfigError, match=f"{name} must be a number of optimizer steps"):
+            SiftTrainer(model=gpt2(0.0), args=args, sifter=sp.Sifter(None, ModelLoss()), **{name: 0})
     with pytest.raises(sp.ConfigError, match="sample_loss"):
         SiftTrainer(
             model=gpt2(0.0),
@@ -543,10 +546,13 @@ def test_the_example_under_torchrun_sifts_the_hard_tail_in_step_without_hanging(
     loss histories shared every 5 steps), and both take all max_steps; the hard tail is
     over-represented among the kept; the model learns."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", EXAMPLE]
-    result = run_json([*cmd, *SMALL, "--accumulate", "2", "--sync-every", "5", "--output", str(tmp_path)])
+    syncs = ["--sync-every", "5", "--memory-sync-every", "5"]
+    result = run_json([*cmd, *SMALL, "--accumulate", "2", *syncs, "--output", str(tmp_path)])
     assert result["world_size"] == 2 and result["steps"] == 30  # every process ran all max_steps
     first, second = result["ranks"]
     assert first["kept"] > 0 and second["kept"] > 0
+    # each process's score memory got the other's training losses (the sampler deals anew each pass)
+    assert first["memory_received"] > 0 and second["memory_received"] > 0
     assert (first["seen"], first["kept"]) != (second["seen"], second["kept"])
     assert result["hard_share_in_kept"] > 1.5 * result["hard_share_in_data"]  # both ranks' audit logs
     assert result["eval_loss_easy"] < result["eval_loss_hard"] < 3.4  # learned, the easy part best
