@@ -591,6 +591,31 @@ _PREDECODE = re.compile(
 _PREDECODE_ID = ("epoch", "key", "url")
 
 
+def predecode_files(
+    fs: Any,
+    url: str,
+    storage_options: Mapping[str, Any] | None,
+    run: str | Sequence[str] | None,
+    rank: int | Sequence[int] | None,
+) -> list[tuple[str, int, str | None, str]]:
+    """``(run, rank, recording, path)`` of each file DataLoader workers wrote under the log's
+    ``_predecode`` folders (records of samples dropped before decode)."""
+    root = _filesystem(url, storage_options)[1]
+    runs = {run} if isinstance(run, str) else (set(run) if run is not None else None)
+    ranks = {rank} if isinstance(rank, int) else (set(rank) if rank is not None else None)
+    found = []
+    try:
+        paths = fs.find(root)
+    except FileNotFoundError:  # no bucket, no directory: no records (list_parts says so too)
+        paths = []
+    for path in paths:
+        relative = path[len(root) + 1 :] if path.startswith(root + "/") else path
+        m = _PREDECODE.fullmatch(relative)
+        if m and (runs is None or m["run"] in runs) and (ranks is None or int(m["rank"]) in ranks):
+            found.append((m["run"], int(m["rank"]), m["recording"], path))
+    return found
+
+
 def predecode_tables(
     fs: Any,
     url: str,
@@ -605,19 +630,7 @@ def predecode_tables(
 
     if kept:
         return []  # workers only record what they drop
-    root = _filesystem(url, storage_options)[1]
-    runs = {run} if isinstance(run, str) else (set(run) if run is not None else None)
-    ranks = {rank} if isinstance(rank, int) else (set(rank) if rank is not None else None)
-    found = []
-    try:
-        paths = fs.find(root)
-    except FileNotFoundError:  # no bucket, no directory: no records (list_parts says so too)
-        paths = []
-    for path in paths:
-        relative = path[len(root) + 1 :] if path.startswith(root + "/") else path
-        m = _PREDECODE.fullmatch(relative)
-        if m and (runs is None or m["run"] in runs) and (ranks is None or int(m["rank"]) in ranks):
-            found.append((m["run"], int(m["rank"]), m["recording"], path))
+    found = predecode_files(fs, url, storage_options, run, rank)
     need = None if columns is None else list(dict.fromkeys([*columns, *_PREDECODE_ID, "time"]))
     tables = read_many(fs, [p for *_, p in found], lambda b: read_part(b, need))
     streams: dict[tuple[str, int], list[tuple[str | None, Any]]] = {}
@@ -765,6 +778,11 @@ class StreamReport:
     samples_skipped: int = 0
     #: Records the writer dropped on purpose (``on_full="drop"``), per the attempts' end markers.
     dropped_records: int = 0
+    #: Records of samples DataLoader workers dropped before decode (``PreDecodeFilter``), each
+    #: drop once as ``read_log(include_predecode=True)`` reads them (a resumed epoch's workers
+    #: record their drops again), and the files of the stream's ``_predecode`` folder.
+    predecode_records: int = 0
+    predecode_files: int = 0
 
     @property
     def ok(self) -> bool:
@@ -854,6 +872,11 @@ class LogReport:
                 out.append(f"  gap: seq {lo}..{hi} ({hi - lo + 1} records) missing")
             if s.duplicates:
                 out.append(f"  duplicates: {s.duplicates} sequence numbers appear more than once")
+            if s.predecode_files:
+                out.append(
+                    f"  {s.predecode_records} records of samples dropped before decode, in "
+                    f"{s.predecode_files} file(s) of its _predecode folder"
+                )
             out.extend(f"  missing part: {m}" for m in s.missing_parts)
             out.extend(f"  unreadable part: {m}" for m in s.unreadable_parts)
             out.extend(f"  count mismatch: {m}" for m in s.count_mismatches)
@@ -874,7 +897,8 @@ def verify_log(
     run: str | Sequence[str] | None = None,
     rank: int | Sequence[int] | None = None,
 ) -> LogReport:
-    """Check a log for gaps, duplicates, missing and unreadable parts, per (run, rank) stream."""
+    """Check a log for gaps, duplicates, missing and unreadable parts, per (run, rank) stream; and
+    that every file of samples dropped before decode (``_predecode``) is readable and whole."""
     fs, infos, attempts = list_parts(url, storage_options, run=run, rank=rank)
     # those that left only a claim are noted below; they wrote nothing that could collide or end
     writers = [a for a in attempts if a.claim_only is None]
@@ -1011,6 +1035,7 @@ def verify_log(
                 report.gaps.append((0, int(seq[0]) - 1))
             for at in np.flatnonzero(step > 1):
                 report.gaps.append((int(seq[at]) + 1, int(seq[at + 1]) - 1))
+    _verify_predecode(fs, url, storage_options, run, rank, streams, secrets)
     # records lost after the last one found: the latest attempt's end marker says where it ended
     latest: dict[tuple[str, int], _Attempt] = {(a.run, a.rank): a for a in writers}  # in start order
     for key, attempt in latest.items():
@@ -1022,6 +1047,48 @@ def verify_log(
             if stop - 1 > after:
                 report.gaps.append((after + 1, stop - 1))
     return LogReport(redact(url, secrets), [streams[k] for k in sorted(streams)])
+
+
+def _verify_predecode(
+    fs: Any,
+    url: str,
+    storage_options: Mapping[str, Any] | None,
+    run: str | Sequence[str] | None,
+    rank: int | Sequence[int] | None,
+    streams: dict[tuple[str, int], StreamReport],
+    secrets: list[str],
+) -> None:
+    """Read every ``_predecode`` file: count its records into its stream's report, and report one
+    that cannot be read, or lacks a column ``read_log`` needs, or says a sample was kept."""
+    import pyarrow.compute as pc
+
+    found = predecode_files(fs, url, storage_options, run, rank)
+    need = ["epoch", "key", "url", "kept", "time"]
+    tables = read_many(fs, [path for *_, path in found], lambda b: read_part(b, None))
+    whole: dict[tuple[str, int], list[tuple[str | None, Any]]] = {}
+    for (run_id, rank_id, recording, path), table in zip(found, tables):
+        report = streams.setdefault((run_id, rank_id), StreamReport(run_id, rank_id))
+        shown = redact(path, secrets)
+        if isinstance(table, Exception):
+            why = redact(f"{type(table).__name__}: {table}", secrets)
+            report.unreadable_parts.append(f"{shown} (samples dropped before decode): {why}")
+            continue
+        lacking = [c for c in need if c not in table.column_names]
+        if lacking:
+            report.unreadable_parts.append(
+                f"{shown} (samples dropped before decode): no column {', '.join(lacking)}"
+            )
+            continue
+        kept = int(pc.sum(pc.cast(table.column("kept"), "int64")).as_py() or 0)
+        if kept:
+            report.count_mismatches.append(
+                f"{shown} (samples dropped before decode): {kept} of its {table.num_rows} records "
+                "say kept; workers record only what they drop"
+            )
+        report.predecode_files += 1
+        whole.setdefault((run_id, rank_id), []).append((recording, table))
+    for key, parts in whole.items():
+        streams[key].predecode_records = _one_recording(parts).num_rows
 
 
 def _text_or_none(value: Any) -> str | None:

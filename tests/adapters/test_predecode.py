@@ -96,6 +96,29 @@ def test_workers_drop_by_key_before_decode_and_every_sample_keeps_a_record(tmp_p
     assert main(["log", "whatif", "--beta", "2", "--json", log_root]) == 0
     assert json.loads(capsys.readouterr().out)["results"][0]["flips"] == 0
 
+    # verify reads the workers' files too: an OK must mean they are whole (before, it never
+    # looked at them, and said OK over a truncated one whose drops read_log then skipped)
+    report = sp.verify_log(log_root)
+    assert report.ok and report.streams[0].predecode_records == 400 - len(epoch1)
+    assert main(["log", "verify", log_root]) == 0
+    assert f"{400 - len(epoch1)} records of samples dropped before decode" in capsys.readouterr().out
+    files = sorted((tmp_path / "audit").rglob("_predecode/*.parquet"))
+    assert files
+    files[0].write_bytes(files[0].read_bytes()[:-40])  # truncated
+    report = sp.verify_log(log_root)
+    assert not report.ok and files[0].name in report.streams[0].unreadable_parts[0]
+    assert main(["log", "verify", log_root]) == 1
+    assert "unreadable part" in capsys.readouterr().out
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files[0].unlink()
+    part = pq.read_table(files[-1])
+    at = part.column_names.index("kept")
+    pq.write_table(part.set_column(at, "kept", pa.array([True] * part.num_rows)), files[-1])
+    report = sp.verify_log(log_root)
+    assert not report.ok and "say kept" in report.streams[0].count_mismatches[0]
+
 
 def test_filter_passes_everything_before_a_publication_and_needs_keys(tmp_path):
     f = sp.PreDecodeFilter(str(tmp_path / "nothing"))
