@@ -5,6 +5,7 @@ Layout under the log's root URL (any fsspec URL: ``s3://``, ``gs://``, ``file://
     <root>/run=<run id>/rank=<rank>/part-<part:08d>-<attempt>.parquet
     <root>/run=<run id>/rank=<rank>/_manifest-<part:08d>-<attempt>.json
     <root>/run=<run id>/rank=<rank>/_end-<attempt>.json          (written when an attempt closes)
+    <root>/run=<run id>/rank=<rank>/_unhanded-<attempt>-<n>.json (rows a pass left before handing on)
 
 Hive-style: pyarrow, pandas, DuckDB and Athena read ``run`` and ``rank`` from the path. Each part
 is an immutable object (S3 has no append), written once; its manifest (written after it) gives the
@@ -287,8 +288,18 @@ class AuditLog:
 
     def unhanded(self, first: int, last: int, count: int) -> None:
         """The stage left a pass with ``count`` rows recorded as kept and never handed on: the
-        kept rows with seq ``first..last`` (inclusive; rows are handed on in seq order)."""
-        self._unhanded.append([int(first), int(last), int(count)])
+        kept rows with seq ``first..last`` (inclusive; rows are handed on in seq order).
+
+        Written at once, as ``_unhanded-<attempt>-<n>.json`` next to the parts, and again in the
+        end marker: an attempt killed later (no end marker) still says which of its rows were
+        never trained, where before its log read them as kept."""
+        entry = [int(first), int(last), int(count)]
+        self._unhanded.append(entry)
+        if self._closed or self._failed is not None:
+            return
+        note = {**self._identity(), "unhanded": [entry]}
+        path = f"{self.directory}/_unhanded-{self.attempt}-{len(self._unhanded):06d}.json"
+        self._send({"op": "json", "path": path, "body": note}, [], 0)
 
     def seal(self) -> None:
         """Close the records collected so far into a part and hand it to the writer."""

@@ -27,6 +27,9 @@ _MANIFEST = re.compile(
 )
 _END = re.compile(r"run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/_end-(?P<attempt>[0-9a-f]+)\.json$")
 _CLAIM = re.compile(r"run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/_claim-(?P<attempt>[0-9a-f]+)\.json$")
+_UNHANDED = re.compile(
+    r"run=(?P<run>[^/]+)/rank=(?P<rank>-?\d+)/_unhanded-(?P<attempt>[0-9a-f]+)-(?P<n>\d+)\.json$"
+)
 
 
 @dataclass
@@ -64,6 +67,9 @@ class _Attempt:
     #: Its claim, when that is all it left (no part, manifest or end marker): killed before its
     #: first part was written, or still running before it
     claim_only: str | None = None
+    #: The ``unhanded`` entries of its ``_unhanded-*.json`` notes (written as each pass was left,
+    #: so an attempt killed later still has them; the end marker repeats them).
+    unhanded_notes: list[Any] = field(default_factory=list)
 
 
 #: Per-request limits for reading a log from S3 when the storage options set none: botocore's
@@ -142,6 +148,7 @@ def list_parts(
     ended: set[tuple[str, int, str]] = set()
     end_paths: dict[tuple[str, int, str], str] = {}
     claim_paths: dict[tuple[str, int, str], str] = {}
+    note_paths: list[tuple[tuple[str, int, str], str]] = []
     for path in files:
         relative = path[len(root) + 1 :] if path.startswith(root + "/") else path
         if m := _PART.fullmatch(relative):
@@ -156,13 +163,21 @@ def list_parts(
             end_paths[(m["run"], int(m["rank"]), m["attempt"])] = path
         elif (m := _CLAIM.fullmatch(relative)) and wanted(m):
             claim_paths[(m["run"], int(m["rank"]), m["attempt"])] = path
+        elif (m := _UNHANDED.fullmatch(relative)) and wanted(m):
+            note_paths.append(((m["run"], int(m["rank"]), m["attempt"]), path))
     secrets_ = secrets
     ends: dict[tuple[str, int, str], dict[str, Any]] = {}
     origins: dict[tuple[str, int, str], str | None] = {}
     claims: dict[tuple[str, int, str], dict[str, Any]] = {}
-    if manifests or end_paths or claim_paths:
+    notes: dict[tuple[str, int, str], list[Any]] = {}
+    if manifests or end_paths or claim_paths or note_paths:
         paths = [p for _, p in manifests] + list(end_paths.values()) + list(claim_paths.values())
-        texts = read_many(fs, paths, _parse_json)
+        texts = read_many(fs, paths + [p for _, p in note_paths], _parse_json)
+        for (stream_key, path), note in zip(note_paths, texts[len(paths) :]):
+            note = _checked_manifest(note, path, secrets_, what="note")
+            if note is not None and isinstance(note.get("unhanded"), list):
+                notes.setdefault(stream_key, []).extend(note["unhanded"])
+        texts = texts[: len(paths)]
         for (stream_key, path), claim in zip(claim_paths.items(), texts[len(manifests) + len(end_paths) :]):
             claim = _checked_manifest(claim, path, secrets_, what="claim")
             if claim is not None:
@@ -226,6 +241,7 @@ def list_parts(
     for stream_key, attempt in attempts.items():
         attempt.ended = stream_key in ended
         attempt.end = ends.get(stream_key)
+        attempt.unhanded_notes = notes.get(stream_key, [])
         origin = (attempt.end or {}).get("origin")
         attempt.origin = origin if isinstance(origin, str) else origins.get(stream_key)
         times = [_number((p.manifest or {}).get("decided_until"), None) for p in attempt.parts]
@@ -347,6 +363,10 @@ _CLAIM_CHECKS: dict[str, Callable[[Any], bool]] = {
     "origin": lambda v: isinstance(v, str | None),
     "resumed": lambda v: isinstance(v, bool),
 }
+_NOTE_CHECKS: dict[str, Callable[[Any], bool]] = {
+    **_MANIFEST_CHECKS,
+    "unhanded": lambda v: isinstance(v, list),
+}
 _END_CHECKS: dict[str, Callable[[Any], bool]] = {
     **_MANIFEST_CHECKS,
     "parts": _count_like,
@@ -359,13 +379,15 @@ _END_CHECKS: dict[str, Callable[[Any], bool]] = {
 def _checked_manifest(manifest: Any, path: str, secrets: Sequence[str], what: str = "manifest") -> Any:
     """``manifest`` if it is a manifest (or end marker) siftpipe could have written; else None,
     with a warning naming the object (a reader then goes on without it)."""
-    checks = {"manifest": _MANIFEST_CHECKS, "claim": _CLAIM_CHECKS}.get(what, _END_CHECKS)
+    kinds = {"manifest": _MANIFEST_CHECKS, "claim": _CLAIM_CHECKS, "note": _NOTE_CHECKS}
+    checks = kinds.get(what, _END_CHECKS)
     problem = _problem(manifest, checks)
     if problem is None:
         return manifest
     consequence = {
         "manifest": "its part is read without it (siftpipe log verify reports it)",
         "claim": "the attempt's job is read from its manifests",
+        "note": "the rows it says were never handed on are read as the log recorded them",
     }.get(what, "the attempt is read as one that did not close")
     warnings.warn(
         f"audit {what} {redact(path, secrets)} is unreadable or malformed ({redact(problem, secrets)}); "
@@ -378,8 +400,8 @@ def _checked_manifest(manifest: Any, path: str, secrets: Sequence[str], what: st
 
 def unhanded_ranges(attempts: Sequence[_Attempt]) -> dict[tuple[str, int, str], list[tuple[int, int]]]:
     """Per attempt (run, rank, attempt id), the seq ranges of rows it recorded as kept and never
-    handed on (a pass left before them: its end marker's ``unhanded``); malformed entries are
-    ignored."""
+    handed on (a pass left before them: its notes' and end marker's ``unhanded``); malformed
+    entries are ignored."""
     out: dict[tuple[str, int, str], list[tuple[int, int]]] = {}
     for a in attempts:
         ranges = [(first, last) for first, last, _ in _unhanded_entries(a)]
@@ -389,15 +411,17 @@ def unhanded_ranges(attempts: Sequence[_Attempt]) -> dict[tuple[str, int, str], 
 
 
 def _unhanded_entries(attempt: _Attempt) -> list[tuple[int, int, int]]:
-    """The well-formed ``[first seq, last seq, count]`` entries of the attempt's end marker."""
+    """The well-formed ``[first seq, last seq, count]`` entries of the attempt's notes and end
+    marker, each once."""
     entries = (attempt.end or {}).get("unhanded")
     if not isinstance(entries, list):
-        return []
-    return [
-        (e[0], e[1], e[2])
-        for e in entries
+        entries = []
+    found = {
+        (e[0], e[1], e[2]): None
+        for e in [*attempt.unhanded_notes, *entries]
         if isinstance(e, list) and len(e) == 3 and all(type(v) is int for v in e) and e[0] <= e[1]
-    ]
+    }
+    return list(found)
 
 
 def not_handed_on(table: Any, ranges: Sequence[tuple[int, int]] | None) -> Any:

@@ -46,9 +46,12 @@ COLUMNS: tuple[str, ...] = (
     "model_version",
     "time",
 )
-#: Files of one attempt in a rank's directory (parts, manifests, end markers, claims).
+#: Files of one attempt in a rank's directory (parts, manifests, end markers, claims, notes of
+#: rows never handed on).
 _ATTEMPT_FILE = re.compile(
-    r"(?:part-\d+-(?P<attempt>[0-9a-f]+)\.parquet)|(?:(?:_manifest-\d+-|_end-|_claim-)(?P<json>[0-9a-f]+)\.json)"
+    r"(?:part-\d+-(?P<attempt>[0-9a-f]+)\.parquet)"
+    r"|(?:(?:_manifest-\d+-|_end-|_claim-)(?P<json>[0-9a-f]+)\.json)"
+    r"|(?:_unhanded-(?P<note>[0-9a-f]+)-\d+\.json)"
 )
 
 # dictionaries only where values repeat and statistics only where readers filter: per-key
@@ -437,7 +440,7 @@ class PartWriter:
         found: dict[str, list[str]] = {}
         for name in names:
             m = _ATTEMPT_FILE.fullmatch(name)
-            attempt = m and (m["attempt"] or m["json"])
+            attempt = m and (m["attempt"] or m["json"] or m["note"])
             if attempt and attempt != exclude:
                 found.setdefault(attempt, []).append(name)
         return found

@@ -251,6 +251,49 @@ def test_rows_a_pass_was_left_before_are_counted_and_read_as_not_kept(tmp_path, 
     )
 
 
+_KILLED_AFTER_LEAVING_A_PASS = """
+import json, os, signal, sys
+import siftpipe as sp
+from tests.common import loss_field, make_samples
+data = make_samples(300, seed=8)
+s = sp.Sifter(None, loss_field, sp.Uniform(0.7), micro_batch=100, output_batch=10,
+              audit=sp.AuditLog(sys.argv[1], run_id="r"), seed=1)
+it = s(data)
+first = [next(it) for _ in range(3)]  # three steps, then the epoch is over
+it.close()
+it = s(data)
+second = [next(it) for _ in range(5)]
+s.audit.flush()  # every part so far is written: what the last checkpoint does
+print(json.dumps({"unhanded": s.stats.unhanded}), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # no close(): no end marker
+"""
+
+
+@pytest.mark.adversarial
+def test_rows_a_pass_was_left_before_read_as_not_kept_after_the_attempt_is_killed(tmp_path):
+    # found by review: which rows a pass left before handing on were written only in the end
+    # marker, at close(); an attempt killed later had none, and its log read them as kept
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(tmp_path / "log")
+    code = _KILLED_AFTER_LEAVING_A_PASS
+    child = subprocess.run(
+        [sys.executable, "-c", code, root], check=False, capture_output=True, text=True, timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert child.returncode == -9, child.stderr
+    unhanded = json.loads(child.stdout)["unhanded"]
+    assert unhanded > 0
+    kept = sum(sp.read_log(root).column("kept").to_pylist())
+    decided = sum(sp.read_log(root, as_decided=True).column("kept").to_pylist())
+    assert decided - kept == unhanded
+    lines = "\n".join(sp.verify_log(root).lines())
+    assert "did not close" in lines and f"{unhanded} records decided kept were never handed on" in lines
+
+
 def collated(samples, size):
     from torch.utils.data import default_collate
 
