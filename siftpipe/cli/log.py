@@ -13,10 +13,12 @@ from .._secrets import redact, secret_values
 from ..audit.reader import (
     describe_missing,
     list_parts,
+    not_handed_on,
     predecode_tables,
     read_log,
     read_many,
     read_part,
+    unhanded_ranges,
     verify_log,
     wholly_superseded,
 )
@@ -64,6 +66,12 @@ def _no_log(args: argparse.Namespace, what: str = "no audit log") -> int:
     return 1
 
 
+def _nothing(attempts: list[Any]) -> str:
+    """What to say when ``list_parts`` found no part: attempts that wrote none (an empty run,
+    or one that kept nothing in storage) are not a missing log."""
+    return "no records" if attempts else "no audit log"
+
+
 def _cmd_summary(args: argparse.Namespace) -> int:
     # every decision: the stage's, and the drops of samples before decode (PreDecodeFilter)
     s = summarize(_read(args, SUMMARY_COLUMNS, predecode=True))
@@ -85,9 +93,11 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 def _cmd_keys(args: argparse.Namespace) -> int:
     options = parse_storage_options(args.storage_option)
-    fs, infos, _ = list_parts(args.url, options, run=args.run, rank=args.rank)
+    fs, infos, attempts = list_parts(args.url, options, run=args.run, rank=args.rank)
     if not infos:
-        return _no_log(args)
+        return _no_log(args, _nothing(attempts))
+    # rows a pass was left before handing on were never trained: not kept, as read_log reads them
+    unhanded = unhanded_ranges(attempts)
     want_kept = not args.dropped
     out = sys.stdout
     keyless = 0
@@ -101,6 +111,7 @@ def _cmd_keys(args: argparse.Namespace) -> int:
             shown = redact(str(info.path), secret_values(options, args.url))
             print(f"skipping unreadable part {shown}: {type(table).__name__}", file=sys.stderr)
             continue
+        table = not_handed_on(table, unhanded.get((info.run, info.rank, info.attempt)))
         seq = table.column("seq").to_numpy()
         kept = table.column("kept").to_numpy(zero_copy_only=False)
         mask = (kept == want_kept) & (seq < info.cutoff)
@@ -132,9 +143,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 def _cmd_whatif(args: argparse.Namespace) -> int:
     options = parse_storage_options(args.storage_option)
-    _, infos, _ = list_parts(args.url, options, run=args.run, rank=args.rank)
+    _, infos, attempts = list_parts(args.url, options, run=args.run, rank=args.rank)
     if not infos:
-        return _no_log(args)
+        return _no_log(args, _nothing(attempts))
     stage: dict[str, Any] = next(
         (i.manifest["stage"] for i in infos if i.manifest and i.manifest.get("stage")), {}
     )

@@ -249,6 +249,19 @@ def test_rows_a_pass_was_left_before_are_counted_and_read_as_not_kept(tmp_path, 
     assert report.ok and f"{s.stats.unhanded} records decided kept were never handed on" in "\n".join(
         report.lines()
     )
+    # the command line too (found by review: `siftpipe log keys` read the raw column and listed
+    # the never-trained rows as kept, and --dropped left them out)
+    import contextlib
+    import io
+
+    from siftpipe.cli import main
+
+    handed = len(trained) + len(second)
+    for flag, expected in (([], handed), (["--dropped"], len(table) - handed)):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(["log", "keys", root, *flag]) == 0
+        assert len(out.getvalue().split()) == expected, flag
 
 
 _KILLED_AFTER_LEAVING_A_PASS = """

@@ -203,3 +203,16 @@ def test_keys_of_a_log_without_keys_says_so_instead_of_printing_none(tmp_path, c
     assert main(["log", "keys", root]) == 1
     out = capsys.readouterr()
     assert out.out == "" and "have no key (the stage ran with key=None)" in out.err
+
+
+def test_a_run_that_decided_nothing_says_no_records_not_no_log(tmp_path, capsys):
+    # noticed in review: a log whose run closed with no record (an empty pass) has an end marker
+    # and a claim; keys and whatif said "no audit log" there, summary "no records"
+    root = str(tmp_path / "empty")
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), audit=sp.AuditLog(root))
+    assert list(s([])) == []
+    s.close()
+    for command in (["summary"], ["keys"], ["whatif"], ["plot", "-o", str(tmp_path / "x.png")]):
+        assert main(["log", *command[:1], root, *command[1:]]) == 1
+        err = capsys.readouterr().err
+        assert "no records" in err and "no audit log" not in err, (command, err)
