@@ -164,7 +164,8 @@ def sync_memory(sifter: Any, group: Any = None) -> int:
         ((packed >> 8) & 0xFFFF).astype(np.uint16).view(np.int16),
         (packed & 0xFF).astype(np.uint8).view(np.int8),
     )
-    if memory.refused > refused:
+    if memory.refused > refused and not getattr(memory, "_warned_full_sync", False):
+        memory._warned_full_sync = True  # type: ignore[attr-defined]  # once per memory, not each epoch
         warnings.warn(
             f"siftpipe: the score memory is full ({memory.capacity:,} samples) and refused "
             f"{memory.refused - refused:,} losses other ranks sent; those samples will be kept "

@@ -275,3 +275,28 @@ def test_sync_memory_outside_a_process_group_and_without_a_memory():
         sp.sync_memory(sp.Sifter(None, loss_field, sp.Uniform(0.5)))
     with pytest.raises(sp.ConfigError, match="sync_memory needs"):
         sp.EqualSteps([1], sifter=sp.Sifter(None, loss_field, sp.Uniform(0.5)), sync_memory=True)
+
+
+def _memory_full(rank, world, out_dir):
+    import warnings
+
+    memory = sp.ScoreMemory(150, max_age=None)
+    caught = []
+    for epoch in range(2):
+        keys = np.arange(rank * 1000, rank * 1000 + 100)  # the same samples each epoch
+        memory.update_keys(keys, np.full(100, 1.0 + epoch), epoch, 1)
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            sp.sync_memory(memory)
+        caught += [str(w.message) for w in got if issubclass(w.category, sp.ScoreMemoryWarning)]
+    np.save(os.path.join(out_dir, f"rank{rank}.npy"), np.array([len(memory), memory.refused, len(caught)]))
+    assert "capacity = the whole dataset's size" in caught[0]
+
+
+def test_a_shared_memory_too_small_for_every_ranks_samples_refuses_counts_and_warns_once(tmp_path):
+    launch(_memory_full, 2, str(tmp_path))
+    for r in range(2):
+        held, refused, warned = np.load(tmp_path / f"rank{r}.npy").tolist()
+        # each epoch: 100 own, and of the other's 100 the 50 that fit (updated in epoch 1) and
+        # 50 refused; one warning, not one per epoch
+        assert held == 150 and refused == 50 + 50 and warned == 1
