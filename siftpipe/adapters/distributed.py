@@ -104,8 +104,12 @@ def sync_memory(sifter: Any, group: Any = None) -> int:
     the end of each epoch). Under ``DistributedSampler(shuffle=True)`` (or shards dealt to ranks
     anew each epoch) a sample is trained on one rank and met on another the epoch after; without
     this, that rank knows nothing of it and keeps it unknown, unsifted: about ``(world - 1) /
-    world`` of the samples. After it, every rank holds the same entries (a key trained on two
-    ranks in one epoch, as ``DistributedSampler``'s padding does, keeps the larger loss on all).
+    world`` of the samples. Called at the same point of the same epoch on every rank
+    (``EqualSteps``, the Lightning callback), it leaves every rank holding the same entries (a
+    key trained on two ranks in one epoch, as ``DistributedSampler``'s padding does, keeps the
+    larger loss on all). An entry from a rank already in a later epoch (the Hugging Face
+    Trainer's passes do not end together) is stored as of the epoch before this rank's, usable
+    in its current pass; there, ranks' tables may differ for keys two ranks trained.
     Each rank's memory then holds the whole dataset's losses: size ``capacity`` for every rank's
     samples, not this rank's share (keys beyond it are refused, counted in ``memory.refused``,
     with a ``ScoreMemoryWarning``). Only entries stored since the last sync travel (16 bytes
@@ -163,6 +167,8 @@ def sync_memory(sifter: Any, group: Any = None) -> int:
         ((packed >> 24) & 0xFFFFFFFF).astype(np.uint32).view(np.float32),
         ((packed >> 8) & 0xFFFF).astype(np.uint16).view(np.int16),
         (packed & 0xFF).astype(np.uint8).view(np.int8),
+        # another rank's later pass is as recent as this rank's (HF's passes do not end together)
+        now=None if sifter is memory else getattr(sifter, "epoch", None),
     )
     if memory.refused > refused and not getattr(memory, "_warned_full_sync", False):
         memory._warned_full_sync = True  # type: ignore[attr-defined]  # once per memory, not each epoch

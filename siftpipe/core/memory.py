@@ -40,6 +40,9 @@ FORWARD, FEEDBACK, STALE, PROXY, NONE = (
 )
 
 _EMPTY = np.uint64(0)
+# where each slot's entry came from (``ScoreMemory._mark``): stored here and handed to other ranks
+# (or never to be: a single process), stored here and not handed on yet, or sent by another rank
+_SENT, _UNSENT, _MERGED = 0, 1, 2
 _MAX_LOAD = 0.7
 _MAX_PROBES = 4096
 
@@ -145,9 +148,9 @@ class ScoreMemory:
             self._loss = np.zeros(slots, dtype=np.float32)
             self._epoch = np.zeros(slots, dtype=np.int16)
             self._source = np.zeros(slots, dtype=np.int8)
-            # slots this process set since the last ``mark_synced``: what ``changes`` hands to
-            # other ranks (``siftpipe.sync_memory``)
-            self._unsynced = np.zeros(slots, dtype=bool)
+            # per slot _SENT, _UNSENT (set here since the last ``mark_synced``: what ``changes``
+            # hands to other ranks, ``siftpipe.sync_memory``) or _MERGED (another rank's)
+            self._mark = np.zeros(slots, dtype=np.int8)
         except MemoryError:
             raise ConfigError(
                 f"a score memory of capacity {capacity:,} does not fit in memory; {fix}"
@@ -288,7 +291,7 @@ class ScoreMemory:
             + self._loss.nbytes
             + self._epoch.nbytes
             + self._source.nbytes
-            + self._unsynced.nbytes
+            + self._mark.nbytes
         )
 
     def _cached_slots(self, keys: Keys) -> np.ndarray | None:
@@ -445,7 +448,11 @@ class ScoreMemory:
     def _rescored(self, slot: np.ndarray, epoch: int, source: int) -> int:
         """Held keys at ``slot`` scored again in the epoch they were scored in, the same way
         (``source``, not feedback): each such key came twice in the epoch."""
-        return int(np.count_nonzero((self._epoch[slot] == epoch) & (self._source[slot] == source)))
+        return int(
+            np.count_nonzero(
+                (self._epoch[slot] == epoch) & (self._source[slot] == source) & (self._mark[slot] != _MERGED)
+            )
+        )
 
     def _drift_to(self, epoch: int) -> None:
         """Training losses of ``epoch`` are about to be applied: move the forgetting evidence on
@@ -482,7 +489,8 @@ class ScoreMemory:
         kind = (age >= 2).view(np.int8)
         # easy then: below the mean when the epoch began (NaN before any: nothing is easy)
         kind = kind + 2 * ((age == 1) & (old < self._drift_mean[window]))  # compared as float64
-        kind += 3 * ((age == 0) & (self._source[slot] == FEEDBACK))
+        # (a loss another rank trained, merged: this one training it too is no repeat here)
+        kind += 3 * ((age == 0) & (self._source[slot] == FEEDBACK) & (self._mark[slot] != _MERGED))
         counts = np.bincount(kind, minlength=4)
         if counts[3]:
             self._repeated += int(counts[3])
@@ -585,7 +593,7 @@ class ScoreMemory:
         self._loss[slot] = losses
         self._epoch[slot] = epoch
         self._source[slot] = source
-        self._unsynced[slot] = mine
+        self._mark[slot] = _UNSENT if mine else _MERGED
 
     # ------------------------------------------------------------------ across ranks
 
@@ -594,27 +602,45 @@ class ScoreMemory:
         and scoring forwards, not what ``merge`` brought): ``(hashes, losses, epochs, sources)``,
         uint64, float32, int16 and int8 arrays. What ``siftpipe.sync_memory`` sends to other ranks."""
         self.flush()
-        at = np.flatnonzero(self._unsynced & (self._keys != _EMPTY))
+        at = np.flatnonzero((self._mark == _UNSENT) & (self._keys != _EMPTY))
         return self._keys[at], self._loss[at], self._epoch[at], self._source[at]
 
     def mark_synced(self) -> None:
         """Every entry stored so far has been handed on (``changes`` returns none of them again)."""
         self.flush()
-        self._unsynced[:] = False
+        self._mark[self._mark == _UNSENT] = _SENT
 
-    def merge(self, hashes: np.ndarray, losses: np.ndarray, epochs: np.ndarray, sources: np.ndarray) -> int:
+    def merge(
+        self,
+        hashes: np.ndarray,
+        losses: np.ndarray,
+        epochs: np.ndarray,
+        sources: np.ndarray,
+        *,
+        now: int | None = None,
+    ) -> int:
         """Take entries another rank stored (its ``changes()``). An entry replaces the one held
         for its key when it is newer: a later epoch; in the same epoch a training loss over a
-        scoring forward's; with both alike, the larger loss (so that every rank, merging the same
-        entries in any order, ends holding the same one). A key not held takes a free slot while
-        there is room; beyond ``capacity`` it is refused and counted in ``refused``. Nothing here
-        is evidence of forgetting (``forgetting`` measures this process's training losses), and
-        merged entries are not handed on again. Returns the entries stored."""
+        scoring forward's; then the larger loss, the larger source code, the larger bit pattern
+        (so that every rank, merging the same entries in any order, ends holding the same one).
+        A key not held takes a free slot while there is room; beyond ``capacity`` it is refused
+        and counted in ``refused``. Nothing here is evidence of forgetting (``forgetting``
+        measures this process's training losses), a merged entry replaced by this process's own
+        loss in the same epoch is not counted in ``repeated``, and merged entries are not handed
+        on again. Returns the entries stored.
+
+        ``now``: the epoch this process is in. An entry from a later epoch of another process
+        (processes whose passes do not end together, as the Hugging Face Trainer's) is stored as
+        of the epoch before ``now``: a loss as recent as any this process holds, usable in its
+        current pass (stored as of its own later epoch, it would be unusable here until then,
+        and would replace a usable older loss)."""
         self.flush()
         hashes = np.asarray(hashes, np.uint64).ravel()
         losses = np.asarray(losses, np.float32).ravel()
         epochs = np.asarray(epochs, np.int16).ravel()
         sources = np.asarray(sources, np.int8).ravel()
+        if now is not None:
+            check_epoch(now)
         if not hashes.size == losses.size == epochs.size == sources.size:
             raise ConfigError(
                 f"merge needs as many losses, epochs and sources as keys, got {hashes.size}, "
@@ -626,10 +652,12 @@ class ScoreMemory:
         if not hashes.size:
             return 0
         # one entry per key: the best of those that came (the last after sorting by rank)
-        order = np.lexsort((losses, sources == FEEDBACK, epochs, hashes))
+        order = np.lexsort((losses.view(np.uint32), sources, losses, sources == FEEDBACK, epochs, hashes))
         ordered = hashes[order]
         best = order[np.append(ordered[1:] != ordered[:-1], True)]
         hashes, losses, epochs, sources = hashes[best], losses[best], epochs[best], sources[best]
+        # compared as sent (a later epoch is newer), stored as usable here (see ``now``)
+        as_of = epochs if now is None else np.where(epochs > now, now - 1, epochs).astype(np.int16)
         stored = 0
         while hashes.size:
             slot = self._slots(hashes)
@@ -638,27 +666,32 @@ class ScoreMemory:
                 at = slot[present]
                 e_in, e_old = epochs[present], self._epoch[at]
                 fb_in, fb_old = sources[present] == FEEDBACK, self._source[at] == FEEDBACK
-                larger = losses[present] > self._loss[at]
-                better = (fb_in & ~fb_old) | ((fb_in == fb_old) & larger)
+                l_in, l_old = losses[present], self._loss[at]
+                s_in, s_old = sources[present], self._source[at]
+                bits = l_in.view(np.uint32) > l_old.view(np.uint32)  # 0.0 and -0.0 compare equal
+                tie = (l_in == l_old) & ((s_in > s_old) | ((s_in == s_old) & bits))
+                better = (fb_in & ~fb_old) | ((fb_in == fb_old) & ((l_in > l_old) | tie))
                 newer = (e_in > e_old) | ((e_in == e_old) & better)
                 pick = np.flatnonzero(present)[newer]
-                self._set(slot[pick], hashes[pick], losses[pick], epochs[pick], sources[pick], mine=False)
+                self._set(slot[pick], hashes[pick], losses[pick], as_of[pick], sources[pick], mine=False)
                 stored += pick.size
             absent = ~present
-            hashes, losses, epochs, sources, slot = (
-                hashes[absent], losses[absent], epochs[absent], sources[absent], slot[absent]
+            hashes, losses, epochs, as_of, sources, slot = (
+                hashes[absent], losses[absent], epochs[absent], as_of[absent], sources[absent], slot[absent]
             )  # fmt: skip
             if not hashes.size:
                 break
             first, full = self._claim(slot)
-            self._set(slot[first], hashes[first], losses[first], epochs[first], sources[first], mine=False)
+            self._set(slot[first], hashes[first], losses[first], as_of[first], sources[first], mine=False)
             self._count += first.size
             stored += first.size
             if full:
                 break
             rest = np.ones(hashes.size, dtype=bool)
             rest[first] = False
-            hashes, losses, epochs, sources = hashes[rest], losses[rest], epochs[rest], sources[rest]
+            hashes, losses, epochs, as_of, sources = (
+                hashes[rest], losses[rest], epochs[rest], as_of[rest], sources[rest]
+            )  # fmt: skip
         self._applied += stored  # the spread is measured again as often as without merges
         return stored
 
@@ -730,7 +763,7 @@ class ScoreMemory:
             self._loss[slots] = losses
             self._epoch[slots] = epoch
             self._source[slots] = source
-            self._unsynced[slots] = True
+            self._mark[slots] = _UNSENT
             return
         hashes = self._hashes_at(keys, slots)
         self.update(hashes, losses, epoch, source)
@@ -752,7 +785,8 @@ class ScoreMemory:
             "loss": torch.from_numpy(self._loss[at].copy()),
             "epoch": torch.from_numpy(self._epoch[at].copy()),
             "source": torch.from_numpy(self._source[at].copy()),
-            "unsynced": torch.from_numpy(self._unsynced[at].copy()),
+            "unsynced": torch.from_numpy(self._mark[at] == _UNSENT),
+            "merged": torch.from_numpy(self._mark[at] == _MERGED),
             "refused": self._refused,
             "repeated": self._repeated,
             "drift": torch.from_numpy(self._drift.copy()),
@@ -774,19 +808,26 @@ class ScoreMemory:
                 f"{self.capacity}: construct ScoreMemory(capacity={state['capacity']}) to resume"
             )
         keys = state["keys"].numpy().view(np.uint64)
+        marks = {}
+        for name in ("unsynced", "merged"):
+            mask = state.get(name)
+            if mask is not None and not (
+                isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.shape == (keys.size,)
+            ):
+                raise ResumeError(
+                    f"the score memory's state has a damaged {name!r} mask (a bool tensor of one "
+                    f"entry per key, {keys.size}, is needed); it is damaged"
+                )
+            marks[name] = None if mask is None else mask.numpy()
         self._fill(keys, state["loss"].numpy(), state["epoch"].numpy(), state["source"].numpy())
-        unsynced = state.get("unsynced")
-        if unsynced is not None:
-            mine = unsynced.numpy().astype(bool)
-        else:
-            # states written before sync_memory: the latest epoch's entries may not have been
-            # handed on (sent again, they change nothing another rank holds already)
-            epochs = state["epoch"].numpy()
-            mine = epochs == epochs.max() if epochs.size else np.zeros(0, dtype=bool)
         if keys.size:
             slot = self._slots(keys)
             held = self._keys[slot] == keys  # (a smaller memory loaded with fit= refused some)
-            self._unsynced[slot[held & mine]] = True
+            # a state written before sync_memory: no entry of it was ever handed to another rank
+            unsent = marks["unsynced"] if marks["unsynced"] is not None else np.ones(keys.size, bool)
+            self._mark[slot[held & unsent]] = _UNSENT
+            if marks["merged"] is not None:
+                self._mark[slot[held & marks["merged"]]] = _MERGED
         self._refused += int(state["refused"])
         self._repeated = int(state.get("repeated", 0))  # states written before the count lack it
         if "drift" in state:  # states written before the forgetting measure lack it
@@ -820,7 +861,7 @@ class ScoreMemory:
             for s in np.unique(source[epoch == e]):
                 pick = (epoch == e) & (source == s)
                 self.update(keys[pick], loss[pick], int(e), int(s))
-        self._unsynced[:] = False  # filled, not stored here (load_state_dict says which were)
+        self._mark[:] = _SENT  # filled, not stored here (load_state_dict says which were)
         # after the fill, whose updates moved them: the filled losses are no evidence of
         # forgetting, and the next epoch's mean is the whole table's, not a part's
         self._drift = np.zeros((2, 2, 2))

@@ -373,6 +373,12 @@ def check_memory_state(memory: Any, bad: Callable[[str, str], ResumeError]) -> N
         if not (isinstance(t, torch.Tensor) and t.dtype == dtype and t.ndim == 1):
             raise bad(f"memory[{name!r}]", f"a 1-d {dtype} tensor")
         sizes.add(t.shape[0])
+    for name in ("unsynced", "merged"):  # states written before sync_memory lack them
+        t = memory.get(name)
+        if t is not None:
+            if not (isinstance(t, torch.Tensor) and t.dtype == torch.bool and t.ndim == 1):
+                raise bad(f"memory[{name!r}]", "a 1-d bool tensor")
+            sizes.add(t.shape[0])
     if len(sizes) != 1:
         raise bad("memory", f"tensors of one length (got lengths {sorted(sizes)})")
     if not bool(torch.isfinite(memory["loss"]).all()):

@@ -519,9 +519,49 @@ def test_which_entries_are_still_to_send_survives_a_checkpoint():
     resumed = sp.ScoreMemory(100, max_age=None)
     resumed.load_state_dict(roundtrip(memory.state_dict()))
     assert resumed.changes()[0].tolist() == key_hashes(["b"]).tolist()
-    # a state written before sync_memory: the latest epoch's entries are sent (again)
+    # a state written before sync_memory: nothing of it was ever sent (found by review: only the
+    # latest epoch's entries were, so losses of samples pruned before never reached other ranks)
     old = roundtrip(memory.state_dict())
-    del old["unsynced"]
+    del old["unsynced"], old["merged"]
     resumed = sp.ScoreMemory(100, max_age=None)
     resumed.load_state_dict(old)
-    assert resumed.changes()[0].tolist() == key_hashes(["b"]).tolist()
+    assert sorted(resumed.changes()[0].tolist()) == sorted(key_hashes(["a", "m", "b"]).tolist())
+    # a damaged mask is refused before anything changes
+    bad = roundtrip(memory.state_dict())
+    bad["unsynced"] = bad["unsynced"][:1]
+    with pytest.raises(sp.ResumeError, match="'unsynced' mask"):
+        resumed.load_state_dict(bad)
+    assert len(resumed) == 3
+
+
+def test_merge_ties_on_every_field_and_a_later_epoch_of_another_rank_is_usable_now():
+    # found by review: ties of source and of 0.0 against -0.0 kept each rank's own entry; and
+    # an entry from a rank in a later epoch (HF passes do not end together) replaced a usable
+    # loss by one this rank could not use in its current pass
+    k = key_hashes(["k"])
+    for mine, theirs in (((1.0, FORWARD), (1.0, 3)), ((0.0, FEEDBACK), (-0.0, FEEDBACK))):
+        a, b = sp.ScoreMemory(10, max_age=None), sp.ScoreMemory(10, max_age=None)
+        a.update(k, np.array([mine[0]]), 2, mine[1])
+        b.update(k, np.array([theirs[0]]), 2, theirs[1])
+        sent_a, sent_b = a.changes(), b.changes()
+        a.merge(*sent_b)
+        b.merge(*sent_a)
+        assert _table(a) == _table(b)
+    b = sp.ScoreMemory(10, max_age=None)
+    b.update(k, np.array([0.5]), 9, FEEDBACK)
+    assert b.lookup(k, 10)[0].tolist() == [0.5]
+    b.merge(k, np.array([0.25]), np.array([11]), np.array([FEEDBACK]), now=10)
+    assert b.lookup(k, 10)[0].tolist() == [0.25]  # usable in this rank's current pass
+    b.merge(k, np.array([0.75]), np.array([10]), np.array([FEEDBACK]), now=10)
+    assert np.isnan(b.lookup(k, 10)[0][0]) and b.lookup(k, 11)[0].tolist() == [0.75]
+
+
+def test_a_merged_loss_trained_here_in_the_same_epoch_is_not_a_repeat():
+    # found by review: another rank's entry for a key, then this rank training it in the same
+    # epoch (a padding duplicate, a mid-epoch sync), counted as a key repeated in the epoch
+    memory = sp.ScoreMemory(10, max_age=None)
+    memory.merge(key_hashes(["k"]), np.array([2.0]), np.array([3]), np.array([FEEDBACK]))
+    memory.update_keys(["k"], np.array([1.0]), 3, FEEDBACK)
+    assert memory.repeated == 0
+    memory.update_keys(["k"], np.array([1.5]), 3, FEEDBACK)  # this rank's own, twice: a repeat
+    assert memory.repeated == 1
