@@ -220,6 +220,7 @@ class AuditLog:
         # [first seq, last seq, count] of rows recorded as kept that a pass left before handing
         # on (Sifter._unhanded): the end marker says so, and readers read them as not kept
         self._unhanded: list[list[int]] = []
+        self._noted = 0  # of them, written in notes (``_note_unhanded``)
 
     # ------------------------------------------------------------------ identity
 
@@ -293,12 +294,20 @@ class AuditLog:
         Written at once, as ``_unhanded-<attempt>-<n>.json`` next to the parts, and again in the
         end marker: an attempt killed later (no end marker) still says which of its rows were
         never trained, where before its log read them as kept."""
-        entry = [int(first), int(last), int(count)]
-        self._unhanded.append(entry)
-        if self._closed or self._failed is not None:
+        self._unhanded.append([int(first), int(last), int(count)])
+        if self._next_part > self._first_part:
+            self._note_unhanded()
+        # else every record of this attempt is still in the buffer: the next part's seal notes
+        # them (a note alone, with no part, would only make the directory look like another job's)
+
+    def _note_unhanded(self) -> None:
+        """Write the entries of ``_unhanded`` no note holds yet, in one note."""
+        entries = self._unhanded[self._noted :]
+        if not entries or self._closed or self._failed is not None:
             return
-        note = {**self._identity(), "unhanded": [entry]}
-        path = f"{self.directory}/_unhanded-{self.attempt}-{len(self._unhanded):06d}.json"
+        self._noted = len(self._unhanded)
+        note = {**self._identity(), "unhanded": entries}
+        path = f"{self.directory}/_unhanded-{self.attempt}-{self._noted:06d}.json"
         self._send({"op": "json", "path": path, "body": note}, [], 0)
 
     def seal(self) -> None:
@@ -318,6 +327,7 @@ class AuditLog:
             self._clean_url,
         )
         self._send(header, buffers, rows)
+        self._note_unhanded()  # rows a pass was left before, that this part or an earlier holds
 
     def start(self) -> None:
         """Start the writer and claim this rank's directory (the stage does, when a pass begins).
@@ -334,7 +344,8 @@ class AuditLog:
         transport = self._writer()
         size = sum(wire.nbytes(b) for b in buffers)
         with self._space:
-            while self._queued_bytes and self._queued_bytes + size > self.max_queue_bytes:
+            # a frame of no payload (a note, the end marker) takes no room: never dropped
+            while size and self._queued_bytes and self._queued_bytes + size > self.max_queue_bytes:
                 if self.on_full == "drop":
                     self._drop(header, rows, "the queue of unwritten parts is full")
                     return

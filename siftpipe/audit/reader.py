@@ -1087,6 +1087,7 @@ def _verify_predecode(
     import pyarrow.compute as pc
 
     found = predecode_files(fs, url, storage_options, run, rank)
+    logged = set(streams)  # streams with the stage's own records (or attempts)
     need = ["epoch", "key", "url", "kept", "time"]
     tables = read_many(fs, [path for *_, path in found], lambda b: read_part(b, None))
     whole: dict[tuple[str, int], list[tuple[str | None, Any]]] = {}
@@ -1103,6 +1104,12 @@ def _verify_predecode(
                 f"{shown} (samples dropped before decode): no column {', '.join(lacking)}"
             )
             continue
+        nulls = [c for c in ("epoch", "key", "kept", "time") if table.column(c).null_count]
+        if nulls:
+            report.unreadable_parts.append(
+                f"{shown} (samples dropped before decode): nulls in column {', '.join(nulls)}"
+            )
+            continue
         kept = int(pc.sum(pc.cast(table.column("kept"), "int64")).as_py() or 0)
         if kept:
             report.count_mismatches.append(
@@ -1112,7 +1119,17 @@ def _verify_predecode(
         report.predecode_files += 1
         whole.setdefault((run_id, rank_id), []).append((recording, table))
     for key, parts in whole.items():
-        streams[key].predecode_records = _one_recording(parts).num_rows
+        report = streams[key]
+        try:
+            report.predecode_records = _one_recording(parts).num_rows
+        except Exception as exc:  # columns of types read_log cannot combine
+            why = redact(f"{type(exc).__name__}: {exc}", secrets)
+            report.unreadable_parts.append(f"its _predecode files cannot be read together: {why}")
+    for key in sorted({(r, k) for r, k, _, _ in found} - logged):
+        streams[key].missing_parts.append(
+            "the stage's own records: this run and rank hold only DataLoader workers' _predecode "
+            "files (records of samples dropped before decode), no part, claim or end marker"
+        )
 
 
 def _text_or_none(value: Any) -> str | None:

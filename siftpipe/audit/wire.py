@@ -408,7 +408,8 @@ class PartWriter:
             )
         else:
             why = f"{where} already holds attempt(s) {listed} of another job"
-        bare = sorted(a for a in foreign if all(n.startswith("_claim-") for n in others[a]))
+        # (a note of rows never handed on is written only after a part; alone, it holds no record)
+        bare = sorted(a for a in foreign if all(n.startswith(("_claim-", "_unhanded-")) for n in others[a]))
         if bare:
             # a job killed before its first part leaves its claim alone; so does one running now
             why += (

@@ -118,6 +118,20 @@ def test_workers_drop_by_key_before_decode_and_every_sample_keeps_a_record(tmp_p
     pq.write_table(part.set_column(at, "kept", pa.array([True] * part.num_rows)), files[-1])
     report = sp.verify_log(log_root)
     assert not report.ok and "say kept" in report.streams[0].count_mismatches[0]
+    # found by review: a rank holding only workers' files (its stage's log lost) read as OK, and
+    # a file with null times crashed verify instead of being reported
+    pq.write_table(part, files[-1])  # as the worker wrote it
+    lone = tmp_path / "audit" / "run=pd" / "rank=7" / "_predecode"
+    lone.mkdir(parents=True)
+    pq.write_table(part, lone / files[-1].name)
+    report = sp.verify_log(log_root)
+    seventh = next(s for s in report.streams if s.rank == 7)
+    assert not report.ok and "only DataLoader workers' _predecode files" in seventh.missing_parts[0]
+    (lone / files[-1].name).unlink()
+    at = part.column_names.index("time")
+    pq.write_table(part.set_column(at, "time", pa.nulls(part.num_rows, pa.float64())), files[-1])
+    report = sp.verify_log(log_root)
+    assert not report.ok and "nulls in column time" in report.streams[0].unreadable_parts[0]
 
 
 def test_filter_passes_everything_before_a_publication_and_needs_keys(tmp_path):
