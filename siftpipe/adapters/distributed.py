@@ -170,8 +170,8 @@ def sync_memory(sifter: Any, group: Any = None) -> int:
         # another rank's later pass is as recent as this rank's (HF's passes do not end together)
         now=None if sifter is memory else getattr(sifter, "epoch", None),
     )
-    if memory.refused > refused and not getattr(memory, "_warned_full_sync", False):
-        memory._warned_full_sync = True  # type: ignore[attr-defined]  # once per memory, not each epoch
+    if memory.refused > refused and not memory.warned_full_sync:
+        memory.warned_full_sync = True  # once per memory, not at each epoch's sync
         warnings.warn(
             f"siftpipe: the score memory is full ({memory.capacity:,} samples) and refused "
             f"{memory.refused - refused:,} losses other ranks sent; those samples will be kept "

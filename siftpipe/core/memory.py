@@ -176,6 +176,8 @@ class ScoreMemory:
         self._applied = 0  # losses applied in all (for when ``spread`` is measured again)
         self._spread = float("nan")  # the last ``spread`` measured, NaN if none or undefined
         self._spread_at: int | None = None  # ``_applied`` when it was measured
+        #: Whether ``siftpipe.sync_memory`` has warned that other ranks' losses did not fit.
+        self.warned_full_sync = False
 
     @property
     def refused(self) -> int:
@@ -489,8 +491,10 @@ class ScoreMemory:
         kind = (age >= 2).view(np.int8)
         # easy then: below the mean when the epoch began (NaN before any: nothing is easy)
         kind = kind + 2 * ((age == 1) & (old < self._drift_mean[window]))  # compared as float64
-        # (a loss another rank trained, merged: this one training it too is no repeat here)
-        kind += 3 * ((age == 0) & (self._source[slot] == FEEDBACK) & (self._mark[slot] != _MERGED))
+        repeat = (age == 0) & (self._source[slot] == FEEDBACK)
+        if repeat.any():  # rare: read the marks only then (a loss another rank trained, merged,
+            repeat &= self._mark[slot] != _MERGED  # and trained here too is no repeat here)
+        kind += 3 * repeat
         counts = np.bincount(kind, minlength=4)
         if counts[3]:
             self._repeated += int(counts[3])
