@@ -52,6 +52,7 @@ from .core.stage import REASONS, Sifter, SiftStats
 from .errors import (
     AuditError,
     BatchError,
+    BatchShapeWarning,
     ConfigError,
     EmptyPassWarning,
     MissingExtraError,
@@ -135,6 +136,7 @@ __all__ = [
     "Scorer",
     "ScorerError",
     "RepeatedKeyWarning",
+    "BatchShapeWarning",
     "EmptyPassWarning",
     "ScoreMemoryWarning",
     "ScorerOutputError",

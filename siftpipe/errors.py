@@ -260,6 +260,12 @@ class EmptyPassWarning(UserWarning):
     ``reset``), which yields nothing and so trains nothing that epoch."""
 
 
+class BatchShapeWarning(UserWarning):
+    """A pass ends with a short output batch whose size changes every epoch while
+    ``torch.backends.cudnn.benchmark`` is on: each new size is autotuned again. Pass
+    ``Sifter(..., drop_last=True)`` to hand on only full batches."""
+
+
 class ScoreMemoryWarning(UserWarning):
     """A pass finds none of its samples in a score memory that holds keys from earlier passes: the
     keys the memory was fed (``observe``) do not match the batch's, or samples never repeat."""

@@ -32,6 +32,13 @@ Arms, in one process, same initial weights, same data order, same number of samp
   infobatch  ``sp.Sifter(..., sp.InfoBatch(0.5, budget=epochs*N), memory=sp.ScoreMemory(N,
              max_age=None), unknown="keep")``: the paper's rule as README documents it, no guard
 
+Both sifted arms pass ``drop_last=True`` (``--no-drop-last`` turns it off): a sifted pass keeps a
+different number of samples each epoch, so its short last batch has a new size every epoch, and
+with ``cudnn.benchmark`` on (``--no-cudnn-benchmark`` turns it off) each new size is autotuned
+again: on an H200 that cost about 1-2 s per epoch and made both sifted arms 2-3x slower than full
+training (docs/gpu.md). ``host_wait_seconds`` (host time waiting for the next batch: the gather
+and the stage) and ``batch_sizes_trained`` are reported per arm to show where time goes.
+
 Budget: ``--seconds-per-arm`` (default 60) times the full arm's throughput, measured on
 ``--calib-steps`` training steps of a throwaway model after warm-up, gives the epochs (``--epochs``
 fixes them instead). The sifted arms see the same samples and train fewer, so the run takes about
@@ -328,6 +335,7 @@ def make_sifter(arm: str, model: nn.Module, n: int, total: int, args: argparse.N
     common: dict[str, Any] = {
         "batched": True,
         "output_batch": args.batch,
+        "drop_last": args.drop_last,
         "key": "i",
         "seed": args.seed,
         "micro_batch": args.micro_batch or None,
@@ -370,6 +378,8 @@ def run_arm(
     paused = 0.0
     next_eval = 1  # evaluation k at k/evals of the budget; the last one after training
     pending: tuple[list[int], torch.Tensor, Any] | None = None  # --deferred-observe
+    waited = 0.0  # host seconds spent waiting for the next batch (the data gather, and the stage)
+    shapes: set[int] = set()  # distinct batch sizes trained (each new one costs a cudnn autotune)
 
     def eval_point() -> None:
         nonlocal paused
@@ -412,7 +422,15 @@ def run_arm(
                     yield b, base + min(s.stats.seen - at_start, n)
 
             stream = sifted()
-        for b, seen in stream:
+        it = iter(stream)
+        while True:
+            t_wait = time.perf_counter()
+            got = next(it, None)
+            waited += time.perf_counter() - t_wait
+            if got is None:
+                break
+            b, seen = got
+            shapes.add(int(b["i"].numel()))
             while next_eval < args.evals and seen > next_eval / args.evals * total:
                 eval_point()
                 next_eval += 1
@@ -465,6 +483,8 @@ def run_arm(
         "seen_per_s": round(state["seen"] / seconds, 1),
         "trained_per_s": round(state["trained"] / seconds, 1),
         "final_accuracy": round(points[-1]["accuracy"], 5),
+        "host_wait_seconds": round(waited, 3),
+        "batch_sizes_trained": len(shapes),
         "curve": [{k: round(v, 4) if isinstance(v, float) else v for k, v in p.items()} for p in points],
     }
     if sifter is not None:
@@ -476,6 +496,7 @@ def run_arm(
             "unknown": stats.unknown,
             "from_memory": stats.from_memory,
             "observed": stats.observed,
+            "unhanded": stats.unhanded,
             "sifting_scale": round(stats.sifting_scale, 4),
             "decide_seconds": round(stats.decide_seconds, 3),
             "score_seconds": round(stats.score_seconds, 3),
@@ -528,6 +549,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="hand losses to sifter.observe one step late (CUDA: from a non_blocking pinned copy)",
     )
+    ap.add_argument(
+        "--cudnn-benchmark",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="cudnn.benchmark on CUDA (each new batch shape is autotuned once)",
+    )
+    ap.add_argument(
+        "--drop-last",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="sifted arms: Sifter(drop_last=...), hand on full batches only (one shape per run)",
+    )
     ap.add_argument("--epochs", type=int, default=None, help="fixed epochs (default: from --seconds-per-arm)")
     ap.add_argument("--seconds-per-arm", type=float, default=60.0)
     ap.add_argument("--max-epochs", type=int, default=200)
@@ -557,7 +590,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     else:
-        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.benchmark = args.cudnn_benchmark
     args.amp = args.amp == "bf16" or (args.amp == "auto" and device.type == "cuda")
 
     t0 = time.perf_counter()
@@ -649,6 +682,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "seed": args.seed,
             "micro_batch": args.micro_batch or None,
             "deferred_observe": args.deferred_observe,
+            "drop_last": args.drop_last,
+            "cudnn_benchmark": bool(args.cudnn_benchmark) if device.type == "cuda" else None,
         },
         "calibration": calib,
         "margin": MARGIN,

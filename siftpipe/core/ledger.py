@@ -151,6 +151,13 @@ class Output:
             ledger.trim()
         ledger.trim()
 
+    def drop(self) -> None:
+        """Forget the rows waiting for a full batch (``drop_last``): the ledger counts them as
+        handed on, so the pass ends at a group boundary; the stage has noted them unhanded."""
+        self.ledger.emitted += self.buffered
+        self.buffer, self.buffered = [], 0
+        self.ledger.trim()
+
     def finish(self) -> Iterator[Any]:
         if not self.buffered:
             return

@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.data import default_collate, get_worker_info
 
 from ..errors import (
+    BatchShapeWarning,
     ConfigError,
     EmptyPassWarning,
     PassClosedError,
@@ -94,6 +95,14 @@ class Sifter:
         output_batch: Hand on collated batches of exactly this many kept samples (the last one
             of a pass may be short). ``None``: single samples, or in ``batched`` mode one
             filtered batch per input batch (input batches with nothing kept are skipped).
+        drop_last: With ``output_batch``: the short batch a pass ends with is not handed on, so
+            every batch has exactly ``output_batch`` rows (a sifted pass keeps a different number
+            of samples each epoch, and each new batch size costs a ``cudnn.benchmark`` autotune,
+            a ``torch.compile`` recompile or an XLA graph). Its samples, fewer than
+            ``output_batch`` per pass, are counted in ``stats.unhanded`` and noted in the audit
+            log as not handed on (``read_log`` and ``replay`` read them as not kept). A pass
+            that handed on no full batch hands its short one on all the same (it would train
+            nothing otherwise). Like ``DataLoader(drop_last=True)``.
         collate_fn: Collates a list of samples into a batch (default ``default_collate``).
         pad_micro_batch: Pad a short micro-batch to ``micro_batch`` rows by repeating its last
             row, so XLA/Neuron and ``torch.compile`` see one shape. Padding is never counted,
@@ -194,6 +203,7 @@ class Sifter:
         seed: int = 0,
         batched: bool = False,
         output_batch: int | None = None,
+        drop_last: bool = False,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         pad_micro_batch: bool = False,
         device: torch.device | str | None = None,
@@ -216,6 +226,7 @@ class Sifter:
             model, micro_batch, batched, delay, output_batch, on_nan, on_oom, memory, key, unknown,
             pad_micro_batch, seed, autocast,
         )  # fmt: skip
+        _check_drop_last(drop_last, output_batch)
         micro_batch = None if micro_batch is None else int(micro_batch)
         output_batch = None if output_batch is None else int(output_batch)
         delay = int(delay)
@@ -235,6 +246,7 @@ class Sifter:
         self.seed = int(seed)
         self._scoring.batched = batched  # fixed for the stage's life: positions count it
         self.output_batch = output_batch
+        self.drop_last = drop_last
         self.collate_fn = collate_fn or default_collate
         self.pad_micro_batch = pad_micro_batch
         self._device = torch.device(device) if device is not None else None
@@ -267,6 +279,7 @@ class Sifter:
         self._passes = Passes(self._ledger)  # the pass open, its source; a loaded checkpoint's place
         self._shards = ShardWatch()  # see watch_shards
         self._warned_empty = False  # EmptyPassWarning given
+        self._warned_shapes = False  # BatchShapeWarning given
 
     # ------------------------------------------------------------------ public
 
@@ -498,6 +511,7 @@ class Sifter:
             self.on_oom, self.memory, self.key, self.unknown, self.pad_micro_batch, self.seed,
             self.autocast, self.policy,
         )  # fmt: skip
+        _check_drop_last(self.drop_last, self.output_batch)
         resolve_scorer(self.scorer)  # callable (set as a name, it was resolved then)
         if self.policy.uses_memory:  # set since: checked for a memory and bound to it, as made
             resolve_policy(self.policy, self.memory)
@@ -833,7 +847,30 @@ class Sifter:
                 self._account.to_step(self._decider.device_wait)
             self._account.dropped += fresh.rows - fresh.kept_index.size
             yield out.hand_on(fresh)
+        if out.buffered and out.handed:
+            if self.drop_last:
+                # the pass's short last batch: noted (audit, stats.unhanded) and not handed on
+                self._unhanded()
+                out.drop()
+            else:
+                self._warn_new_shapes()
         yield out.finish()
+
+    def _warn_new_shapes(self) -> None:
+        """Warn once: the pass ends with a short output batch while ``cudnn.benchmark`` is on
+        with a CUDA device, so each epoch's new last-batch size is autotuned again."""
+        if self._warned_shapes or not torch.backends.cudnn.benchmark or not torch.cuda.is_available():
+            return
+        self._warned_shapes = True
+        warnings.warn(
+            "siftpipe: this pass ends with a short batch, and its size changes every epoch (sifting "
+            "keeps a different number of samples): with torch.backends.cudnn.benchmark on, each "
+            "new size is autotuned again (about 1-2 s per size for a small ResNet on an H200, "
+            "measured by tools/bench_gpu.py; torch.compile recompiles likewise). Pass "
+            "Sifter(..., drop_last=True) to hand on only full output_batch batches",
+            BatchShapeWarning,
+            stacklevel=3,
+        )
 
     def _read(self, reader: Reader) -> Group | None:
         if reader.has_ahead:
@@ -925,6 +962,16 @@ def _directory_of(sink: Any) -> str | None:
     """The audit log's directory (where workers put their ``_predecode`` records), if the sink has one."""
     directory = getattr(sink, "directory", None)
     return directory if isinstance(directory, str) else None
+
+
+def _check_drop_last(drop_last: Any, output_batch: Any) -> None:
+    if drop_last not in (True, False):
+        raise ConfigError(f"drop_last must be True or False, got {drop_last!r}")
+    if drop_last and output_batch is None:
+        raise ConfigError(
+            "drop_last=True drops the short batch a pass ends with, so it needs output_batch= "
+            "(the batch size handed on); without it batches are handed on as they are filtered"
+        )
 
 
 def _check_not_in_worker() -> None:

@@ -61,8 +61,9 @@ class SiftStats:
             ``cost_guard=False`` sifts again.
         unhanded: Samples decided kept (counted in ``kept``, recorded as kept) that were never
             handed on, because their pass was left before them (``break``, ``EqualSteps`` ending
-            an epoch, ``close()``): at most the rest of one input batch or micro-batch, and an
-            output batch being filled, per pass. The audit log records their seq ranges, and
+            an epoch, ``close()``) or were its short last batch under ``drop_last``: at most the
+            rest of one input batch or micro-batch, and an output batch being filled, per pass.
+            The audit log records their seq ranges, and
             ``read_log`` and ``replay`` read them as not kept.
     """
 

@@ -510,3 +510,37 @@ def test_a_call_while_another_thread_reads_the_pass_is_refused_and_changes_nothi
         release.set()
         reader.join(30)
     assert len(out) == 300 and s.stats.seen == 600 and s.epoch == 0
+
+
+def _zeros(model, batch):
+    return torch.zeros(len(batch["__key__"]))
+
+
+def test_drop_last_needs_output_batch_and_keeps_a_pass_with_no_full_batch():
+    with pytest.raises(sp.ConfigError, match="drop_last=True .* needs output_batch"):
+        sp.Sifter(None, "cross_entropy", "uniform", batched=True, drop_last=True)
+    s = sp.Sifter(None, _zeros, sp.Uniform(1.0), batched=True, output_batch=32, drop_last=True)
+    s.drop_last = "yes"  # set after construction: checked before the pass runs
+    with pytest.raises(sp.ConfigError, match="drop_last must be True or False"):
+        list(s(_index_batches(8)))
+    s.drop_last = True
+    # 20 rows kept: no full batch, so the short one is handed on (or the pass trains nothing)
+    assert [len(b["__key__"]) for b in s(_index_batches(20))] == [20]
+    assert s.stats.unhanded == 0
+
+
+def test_a_short_last_batch_under_cudnn_benchmark_warns_once_to_use_drop_last(monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    s = sp.Sifter(None, _zeros, sp.Uniform(1.0), batched=True, output_batch=32)
+    with pytest.warns(sp.BatchShapeWarning, match=r"drop_last=True"):
+        sizes = [len(b["__key__"]) for b in s(_index_batches(100))]
+    assert sizes == [32, 32, 32, 4]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(s(_index_batches(100)))  # once per stage
+        dropping = sp.Sifter(None, _zeros, sp.Uniform(1.0), batched=True, output_batch=32, drop_last=True)
+        assert [len(b["__key__"]) for b in dropping(_index_batches(100))] == [32, 32, 32]
+        assert dropping.stats.unhanded == 4

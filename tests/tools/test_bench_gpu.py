@@ -55,13 +55,16 @@ def _check_counters(arms: dict, names) -> None:
         for a, b in itertools.pairwise(curve):
             assert a["seconds"] <= b["seconds"] and a["seen"] <= b["seen"] and a["trained"] <= b["trained"]
         assert "peak_cuda_memory_mb" not in r  # CPU run
+        # 1536 samples in batches of 128: one shape for the full arm, and (drop_last) for the sifted
+        assert r["batch_sizes_trained"] == 1, name
         if name == "full":
             assert r["trained"] == r["seen"]
             assert "sifter" not in r
         else:
             s = r["sifter"]
             assert s["seen"] == r["seen"]
-            assert s["kept"] == r["trained"]
+            # drop_last: each pass's short last batch is not trained (counted, not lost)
+            assert s["kept"] == r["trained"] + s["unhanded"]
             assert s["observed"] == r["trained"]  # every trained sample's loss handed back
             # epoch 0: nothing known, everything kept; later epochs decided from the memory
             assert s["unknown"] == 1536
