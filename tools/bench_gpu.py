@@ -32,8 +32,12 @@ Arms, in one process, same initial weights, same data order, same number of samp
   infobatch  ``sp.Sifter(..., sp.InfoBatch(0.5, budget=epochs*N), memory=sp.ScoreMemory(N,
              max_age=None), unknown="keep")``: the paper's rule as README documents it, no guard
 
-Both sifted arms pass ``drop_last=True`` (``--no-drop-last`` turns it off): a sifted pass keeps a
-different number of samples each epoch, so its short last batch has a new size every epoch, and
+Both sifted arms read input batches of ``--input-batches`` (default 8) training batches, as README
+advises (the stage's cost is per input batch, and on CUDA the score memory waits once per input
+batch for the losses ``observe`` queued: with input batches of one training batch the host would
+wait for every step), and hand on batches of ``--batch`` rows. Both pass ``drop_last=True``
+(``--no-drop-last`` turns it off): a sifted pass keeps a different number of samples each epoch,
+so its short last batch has a new size every epoch, and
 with ``cudnn.benchmark`` on (``--no-cudnn-benchmark`` turns it off) each new size is autotuned
 again: on an H200 that cost about 1-2 s per epoch and made both sifted arms 2-3x slower than full
 training (docs/gpu.md). ``host_wait_seconds`` (host time waiting for the next batch: the gather
@@ -405,7 +409,11 @@ def run_arm(
             order_x = order_cpu.pin_memory().to(x.device, non_blocking=True)
         else:
             order_x = order_cpu
-        source = batches(x, y, order_cpu, order_x, args.batch)
+        # the sifted arms read input batches of --input-batches training batches (README: the
+        # stage's cost is per input batch, and on CUDA it waits once per input batch for the losses
+        # observe() queued) and hand on batches of --batch rows; full reads --batch rows
+        rows = args.batch if sifter is None else args.batch * args.input_batches
+        source = batches(x, y, order_cpu, order_x, rows)
         base = epoch * n
         if sifter is None:
             stream: Iterator[tuple[dict[str, torch.Tensor], int]] = (
@@ -556,6 +564,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="cudnn.benchmark on CUDA (each new batch shape is autotuned once)",
     )
     ap.add_argument(
+        "--input-batches",
+        type=int,
+        default=8,
+        help="sifted arms: training batches per input batch the stage decides at once",
+    )
+    ap.add_argument(
         "--drop-last",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -683,6 +697,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "micro_batch": args.micro_batch or None,
             "deferred_observe": args.deferred_observe,
             "drop_last": args.drop_last,
+            "input_batches": args.input_batches,
             "cudnn_benchmark": bool(args.cudnn_benchmark) if device.type == "cuda" else None,
         },
         "calibration": calib,

@@ -81,6 +81,7 @@ def test_quick_report(report):
     assert report["model"]["kind"] == "ResNet" and report["model"]["channels_last"] is True
     assert report["model"]["autocast"] is None  # --amp auto: off on CPU
     assert report["train"]["epochs"] == 4 and report["calibration"] is None
+    assert report["train"]["input_batches"] == 8 and report["train"]["drop_last"] is True
     full = report["arms"]["full"]
     target = full["final_accuracy"] - bench.MARGIN
     assert full["to_target"] is not None and full["time_to_target_ratio_to_full"] == 1.0
