@@ -127,8 +127,9 @@ class SiftCallback(Callback):
             function under DDP: it is called on each process once the process group exists, so
             each rank's generator is seeded with its rank. Left at their defaults, the stage's
             ``collate_fn`` becomes the wrapped DataLoader's and its ``output_batch`` the
-            DataLoader's batch size; constructed with ``model=None`` it scores with the
-            LightningModule.
+            DataLoader's batch size (with ``drop_last=True`` there, the stage's ``drop_last`` too:
+            each pass's short last batch of kept samples is not trained); constructed with
+            ``model=None`` it scores with the LightningModule.
         scorer: Instead of ``sifter``: the stage is ``Sifter(None, scorer, policy, **sifter_args)``,
             built on each process when training starts (``"cross_entropy"`` scores ``(x, y)``
             batches; ``sp.CrossEntropy("image", "label")`` dict batches).
@@ -286,6 +287,9 @@ class SiftCallback(Callback):
                         "the Sifter output_batch= (kept samples per training batch)"
                     )
                 sifter.output_batch = dataloader.batch_size
+                if dataloader.drop_last:
+                    # the user asked for full batches only: so are the kept samples batched
+                    sifter.drop_last = True
         if self._pending_state is not None:
             # restored only now: the stage's collate_fn and output_batch come from the DataLoader
             state, self._pending_state = self._pending_state, None

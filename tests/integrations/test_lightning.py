@@ -225,6 +225,21 @@ def test_a_dataloader_without_automatic_batching_hands_on_samples(tmp_path):
     assert sift.sifter.stats.dropped > 0
 
 
+class DropLast(Net):
+    def train_dataloader(self):
+        return self.sift.loader(DataLoader(self.data, batch_size=12, shuffle=True, drop_last=True))
+
+
+def test_a_dataloader_with_drop_last_gets_full_batches_of_kept_samples_only(tmp_path):
+    """DataLoader(drop_last=True) asks for one batch shape: the stage, left at its defaults, takes
+    the batch size and drop_last from it, so no pass ends with a short batch of kept samples."""
+    _, model, sift = fit(tmp_path, steps=40, data=Points(96), every=100, net=DropLast)
+    assert sift.sifter.drop_last is True and sift.sifter.output_batch == 12
+    assert len(model.trained) == 40 and {len(batch) for batch in model.trained} == {12}
+    stats = sift.sifter.stats
+    assert stats.dropped > 0 and stats.unhanded > 0
+
+
 def test_resume_with_accumulation_from_an_epochs_last_step(tmp_path):
     """accumulate_grad_batches=3, resumed from a checkpoint taken at an epoch's last batch (a
     partial accumulation stepped there): the next epoch accumulates from its first batch, as in
