@@ -100,9 +100,9 @@ class Sifter:
             of samples each epoch, and each new batch size costs a ``cudnn.benchmark`` autotune,
             a ``torch.compile`` recompile or an XLA graph). Its samples, fewer than
             ``output_batch`` per pass, are counted in ``stats.unhanded`` and noted in the audit
-            log as not handed on (``read_log`` and ``replay`` read them as not kept). A pass
-            that handed on no full batch hands its short one on all the same (it would train
-            nothing otherwise). Like ``DataLoader(drop_last=True)``.
+            log as not handed on (``read_log`` and ``replay`` read them as not kept). Like
+            ``DataLoader(drop_last=True)``, a pass that keeps fewer than ``output_batch``
+            samples hands on nothing.
         collate_fn: Collates a list of samples into a batch (default ``default_collate``).
         pad_micro_batch: Pad a short micro-batch to ``micro_batch`` rows by repeating its last
             row, so XLA/Neuron and ``torch.compile`` see one shape. Padding is never counted,
@@ -847,12 +847,14 @@ class Sifter:
                 self._account.to_step(self._decider.device_wait)
             self._account.dropped += fresh.rows - fresh.kept_index.size
             yield out.hand_on(fresh)
-        if out.buffered and out.handed:
+        if out.buffered:
             if self.drop_last:
-                # the pass's short last batch: noted (audit, stats.unhanded) and not handed on
+                # the pass's short last batch: noted (audit, stats.unhanded) and not handed on;
+                # always, as DataLoader(drop_last=True) does (a rule on what this pass handed on
+                # before would hand a pass resumed after its last full batch a short one)
                 self._unhanded()
                 out.drop()
-            else:
+            elif out.handed:
                 self._warn_new_shapes()
         yield out.finish()
 

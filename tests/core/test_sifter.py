@@ -516,7 +516,7 @@ def _zeros(model, batch):
     return torch.zeros(len(batch["__key__"]))
 
 
-def test_drop_last_needs_output_batch_and_keeps_a_pass_with_no_full_batch():
+def test_drop_last_needs_output_batch_and_drops_a_short_pass_whole_as_a_dataloader_does():
     with pytest.raises(sp.ConfigError, match="drop_last=True .* needs output_batch"):
         sp.Sifter(None, "cross_entropy", "uniform", batched=True, drop_last=True)
     s = sp.Sifter(None, _zeros, sp.Uniform(1.0), batched=True, output_batch=32, drop_last=True)
@@ -524,9 +524,9 @@ def test_drop_last_needs_output_batch_and_keeps_a_pass_with_no_full_batch():
     with pytest.raises(sp.ConfigError, match="drop_last must be True or False"):
         list(s(_index_batches(8)))
     s.drop_last = True
-    # 20 rows kept: no full batch, so the short one is handed on (or the pass trains nothing)
-    assert [len(b["__key__"]) for b in s(_index_batches(20))] == [20]
-    assert s.stats.unhanded == 0
+    # 20 rows kept, no full batch: nothing handed on, as DataLoader(drop_last=True) would
+    assert list(s(_index_batches(20))) == []
+    assert s.stats.unhanded == 20 and s.stats.kept == 20
 
 
 def test_a_short_last_batch_under_cudnn_benchmark_warns_once_to_use_drop_last(monkeypatch):
@@ -544,3 +544,47 @@ def test_a_short_last_batch_under_cudnn_benchmark_warns_once_to_use_drop_last(mo
         dropping = sp.Sifter(None, _zeros, sp.Uniform(1.0), batched=True, output_batch=32, drop_last=True)
         assert [len(b["__key__"]) for b in dropping(_index_batches(100))] == [32, 32, 32]
         assert dropping.stats.unhanded == 4
+
+
+def test_drop_last_resumed_from_any_checkpoint_hands_on_what_the_uninterrupted_run_did():
+    # found by review: a pass resumed after its last full batch handed its short batch on, since
+    # the rule then looked at what the resumed pass alone had handed on
+    from torch.utils.data import default_collate
+
+    samples = make_samples(300, seed=8)
+    batches = [default_collate(samples[i : i + 50]) for i in range(0, 300, 50)]
+
+    def make():
+        return sp.Sifter(
+            None, loss_field, sp.Uniform(0.7), micro_batch=None, output_batch=32, batched=True,
+            drop_last=True, seed=1,
+        )  # fmt: skip
+
+    def run(stage, first_epoch, source, out):
+        for epoch in range(first_epoch, 3):
+            if epoch != first_epoch or source is None:
+                stage.set_epoch(epoch)
+            out.extend((epoch, list(b["__key__"])) for b in stage(batches if source is None else source))
+            source = None
+
+    ref = make()
+    expected: list = []
+    run(ref, 0, None, expected)
+    assert ref.stats.unhanded > 0
+    for cut in range(1, len(expected) + 1):
+        stage, got, state = make(), [], None
+        for epoch in range(3):
+            stage.set_epoch(epoch)
+            for b in stage(batches):
+                got.append((epoch, list(b["__key__"])))
+                if len(got) == cut:
+                    state = stage.state_dict()  # taken while the pass is open, as a trainer's
+                    break
+            if state is not None:
+                break
+        resumed = make()
+        resumed.load_state_dict(state)
+        at = resumed.resume_from
+        run(resumed, resumed.epoch, batches[at:] if at is not None else None, got)
+        assert got == expected, cut
+        assert (resumed.stats.kept, resumed.stats.unhanded) == (ref.stats.kept, ref.stats.unhanded), cut
