@@ -92,6 +92,7 @@ class Output:
         self.buffered = 0
         self.handed = 0  # samples handed on by this output (the ledger's emitted count is trimmed)
         self.busy = 0.0  # seconds spent building output batches (the stage's work, for its account)
+        self.resumed = False  # the pass resumed from a state (what it handed on before is not here)
 
     def hand_on(self, group: Group) -> Iterator[Any]:
         s, ledger = self.scoring, self.ledger

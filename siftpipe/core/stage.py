@@ -100,9 +100,9 @@ class Sifter:
             of samples each epoch, and each new batch size costs a ``cudnn.benchmark`` autotune,
             a ``torch.compile`` recompile or an XLA graph). Its samples, fewer than
             ``output_batch`` per pass, are counted in ``stats.unhanded`` and noted in the audit
-            log as not handed on (``read_log`` and ``replay`` read them as not kept). Like
-            ``DataLoader(drop_last=True)``, a pass that keeps fewer than ``output_batch``
-            samples hands on nothing.
+            log as not handed on (``read_log`` and ``replay`` read them as not kept); so is a pass
+            that ends with an error. Like ``DataLoader(drop_last=True)``, a pass that keeps fewer
+            than ``output_batch`` samples hands on nothing (an ``EmptyPassWarning`` says so once).
         collate_fn: Collates a list of samples into a batch (default ``default_collate``).
         pad_micro_batch: Pad a short micro-batch to ``micro_batch`` rows by repeating its last
             row, so XLA/Neuron and ``torch.compile`` see one shape. Padding is never counted,
@@ -280,6 +280,7 @@ class Sifter:
         self._shards = ShardWatch()  # see watch_shards
         self._warned_empty = False  # EmptyPassWarning given
         self._warned_shapes = False  # BatchShapeWarning given
+        self._warned_all_dropped = False  # EmptyPassWarning for a pass drop_last emptied given
 
     # ------------------------------------------------------------------ public
 
@@ -711,6 +712,7 @@ class Sifter:
             # never read before the stage opened another pass (or loaded a state, or closed)
             raise self._closed_error()
         out = Output(self._ledger, self._scoring, self.output_batch)
+        out.resumed = resume is not None
         groups = self._reread(reader, resume) if resume is not None else []
         this_pass = self._passes.run_begins(resume)
         finished = closed = False
@@ -826,7 +828,7 @@ class Sifter:
                 if not surface:
                     # the pass ends with the error: rows waiting for a full output batch are
                     # handed on first (a short batch), as the samples read before it were
-                    yield out.finish()
+                    yield self._finish(out)
                     raise
                 # the pass goes on: waiting rows come out in the next output batch
                 yield iter((Raised(exc),))
@@ -840,23 +842,37 @@ class Sifter:
                 # a scorer's error, a non-finite loss: the pass ends with it, but the rows kept
                 # before it and waiting for a full output batch are handed on first (recorded as
                 # kept, they are trained), as on a source's error
-                yield out.finish()
+                yield self._finish(out)
                 raise
             if self._decider.device_wait:
                 # waiting for the losses observe() queued on a CUDA device: the steps' time
                 self._account.to_step(self._decider.device_wait)
             self._account.dropped += fresh.rows - fresh.kept_index.size
             yield out.hand_on(fresh)
+        yield self._finish(out)
+
+    def _finish(self, out: Output) -> Iterator[Any]:
+        """The rows the output still holds as the pass ends (or fails): a short batch, or with
+        ``drop_last`` nothing (the rows noted unhanded, as a left pass's are: audit, stats)."""
         if out.buffered:
             if self.drop_last:
-                # the pass's short last batch: noted (audit, stats.unhanded) and not handed on;
                 # always, as DataLoader(drop_last=True) does (a rule on what this pass handed on
                 # before would hand a pass resumed after its last full batch a short one)
+                if not out.handed and not out.resumed and not self._warned_all_dropped:
+                    self._warned_all_dropped = True
+                    warnings.warn(
+                        f"siftpipe: the pass of epoch {self.epoch} kept {out.buffered} samples, fewer "
+                        f"than output_batch={self.output_batch}, and drop_last=True dropped them "
+                        "all: nothing was handed on (stats.unhanded counts them). Lower "
+                        "output_batch, or pass drop_last=False",
+                        EmptyPassWarning,
+                        stacklevel=4,
+                    )
                 self._unhanded()
                 out.drop()
             elif out.handed:
                 self._warn_new_shapes()
-        yield out.finish()
+        return out.finish()
 
     def _warn_new_shapes(self) -> None:
         """Warn once: the pass ends with a short output batch while ``cudnn.benchmark`` is on

@@ -524,9 +524,34 @@ def test_drop_last_needs_output_batch_and_drops_a_short_pass_whole_as_a_dataload
     with pytest.raises(sp.ConfigError, match="drop_last must be True or False"):
         list(s(_index_batches(8)))
     s.drop_last = True
-    # 20 rows kept, no full batch: nothing handed on, as DataLoader(drop_last=True) would
-    assert list(s(_index_batches(20))) == []
+    # 20 rows kept, no full batch: nothing handed on, as DataLoader(drop_last=True) would, and
+    # said once (a pass that trains nothing is not silent)
+    with pytest.warns(sp.EmptyPassWarning, match=r"kept 20 samples, fewer than output_batch=32"):
+        assert list(s(_index_batches(20))) == []
     assert s.stats.unhanded == 20 and s.stats.kept == 20
+
+
+@pytest.mark.parametrize("fail", ["source", "scorer"])
+def test_drop_last_holds_when_a_pass_ends_with_an_error(fail):
+    # found by review: a pass ending with an error handed its short batch on first
+    def source():
+        yield from _index_batches(100)
+        if fail == "source":
+            raise OSError("shard read failed")
+
+    def scorer(model, batch):
+        if fail == "scorer" and int(batch["__key__"][0]) >= 64:
+            raise RuntimeError("scorer broke")
+        return torch.zeros(len(batch["__key__"]))
+
+    s = sp.Sifter(
+        None, scorer, sp.Uniform(1.0), batched=True, micro_batch=None, output_batch=48, drop_last=True
+    )
+    sizes = []
+    with pytest.raises((OSError, sp.ScorerError)):
+        for b in s(source()):
+            sizes.append(len(b["__key__"]))
+    assert set(sizes) == {48} and s.stats.unhanded == s.stats.kept - sum(sizes) > 0
 
 
 def test_a_short_last_batch_under_cudnn_benchmark_warns_once_to_use_drop_last(monkeypatch):
