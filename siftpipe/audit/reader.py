@@ -403,10 +403,21 @@ def unhanded_ranges(attempts: Sequence[_Attempt]) -> dict[tuple[str, int, str], 
     handed on (a pass left before them: its notes' and end marker's ``unhanded``); malformed
     entries are ignored."""
     out: dict[tuple[str, int, str], list[tuple[int, int]]] = {}
+    jobs: dict[tuple[str, int, str | None], list[_Attempt]] = {}
     for a in attempts:
-        ranges = [(first, last) for first, last, _ in _unhanded_entries(a)]
-        if ranges:
-            out[(a.run, a.rank, a.attempt)] = ranges
+        jobs.setdefault((a.run, a.rank, a.origin), []).append(a)
+    for chain in jobs.values():
+        chain.sort(key=lambda a: (a.started, a.attempt))
+        # a resumed attempt re-reads the rows its checkpoint held undelivered, which an earlier
+        # attempt recorded: its note on those (seq below its resume point) speaks for them too,
+        # since training goes on from its checkpoint, not from what the earlier attempt did later
+        later: list[tuple[int, int]] = []
+        for a in reversed(chain):
+            own = [(first, last) for first, last, _ in _unhanded_entries(a)]
+            ranges = own + later
+            if ranges:
+                out[(a.run, a.rank, a.attempt)] = ranges
+            later = later + [(f, min(last, a.resumed_from - 1)) for f, last in own if f < a.resumed_from]
     return out
 
 
@@ -873,8 +884,8 @@ class LogReport:
                 if a.get("unhanded"):
                     out.append(
                         f"    {a['unhanded']} records decided kept were never handed on (a pass was left "
-                        "before them: break, EqualSteps, close()): read_log and replay read them as "
-                        "not kept"
+                        "before them: break, EqualSteps, close(); or drop_last): read_log and replay "
+                        "read them as not kept"
                     )
             out.extend(f"  collision: {c}" for c in s.collisions)
             if s.skipped_shards:

@@ -344,3 +344,66 @@ def test_drop_last_hands_on_only_full_batches_and_the_log_reads_the_rest_as_not_
     assert report.ok and f"{s.stats.unhanded} records decided kept were never handed on" in "\n".join(
         report.lines()
     )
+
+
+_CHECKPOINT_AFTER_THE_LAST_FULL_BATCH = """
+import os, sys
+import torch
+from torch.utils.data import default_collate
+import siftpipe as sp
+from tests.common import loss_field, make_samples
+samples = make_samples(300, seed=8)
+batches = [default_collate(samples[i : i + 50]) for i in range(0, 300, 50)]
+s = sp.Sifter(None, loss_field, sp.Uniform(0.7), micro_batch=None, output_batch=32, batched=True,
+              drop_last=True, seed=1, audit=sp.AuditLog(sys.argv[1], run_id="r"))
+got = []
+for b in s(batches):
+    got.append(list(b["__key__"]))
+    if len(got) == int(sys.argv[3]):  # the pass's last full batch: its short one still pending
+        torch.save((s.state_dict(), got), sys.argv[2])
+        s.audit.flush()
+        os._exit(0)  # killed: no close(), no note of its own
+"""
+
+
+@pytest.mark.adversarial
+def test_a_short_batch_dropped_after_a_resume_reads_as_not_kept(tmp_path):
+    # found by review: a resumed attempt notes the short batch drop_last dropped, but those rows
+    # were recorded by the attempt before; readers applied a note to its own attempt's records
+    # only, so read_log, replay and `siftpipe log keys` read them as kept (trained)
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from torch.utils.data import default_collate
+
+    samples = make_samples(300, seed=8)
+    batches = [default_collate(samples[i : i + 50]) for i in range(0, 300, 50)]
+
+    def make(root):
+        return sp.Sifter(
+            None, loss_field, sp.Uniform(0.7), micro_batch=None, output_batch=32, batched=True,
+            drop_last=True, seed=1, audit=sp.AuditLog(root, run_id="r"),
+        )  # fmt: skip
+
+    ref = make(str(tmp_path / "ref"))
+    full = len(list(ref(batches)))
+    ref.close()
+    root, saved = str(tmp_path / "log"), str(tmp_path / "state.pt")
+    subprocess.run(
+        [sys.executable, "-c", _CHECKPOINT_AFTER_THE_LAST_FULL_BATCH, root, saved, str(full)],
+        check=True, timeout=120, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    state, got = torch.load(saved, weights_only=False)
+    s = make(root)
+    s.load_state_dict(state)
+    got += [list(b["__key__"]) for b in s(batches[s.resume_from :])]
+    s.close()
+    handed = [k for batch in got for k in batch]
+    assert len(got) == full and s.stats.unhanded > 0
+    table = sp.read_log(root)
+    kept = [k for k, v in zip(table.column("key").to_pylist(), table.column("kept").to_pylist()) if v]
+    assert kept == handed
+    assert output_keys(sp.replay(root)(batches)) == handed
+    report = sp.verify_log(root)
+    assert report.ok
