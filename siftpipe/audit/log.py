@@ -197,6 +197,7 @@ class AuditLog:
         self.attempt = _random.token_hex(4)
         self._attempt_started = time.time_ns()
         self._resumed_from = 0
+        self._reread_from: int | None = None  # the first seq a resumed attempt re-reads
         #: The job this attempt belongs to: the attempt id of the job's fresh start (a resumed
         #: attempt inherits it from its state; None for states written before jobs were recorded).
         self._origin: str | None = self.attempt
@@ -286,6 +287,14 @@ class AuditLog:
         self.stats.records += n
         if self._buffer_rows >= self.flush_every:
             self.seal()
+
+    def rereads_from(self, seq: int) -> None:
+        """The resumed stage re-reads the rows from ``seq`` up to its resume point (the
+        checkpoint's undelivered rows, recorded by an earlier attempt): this attempt hands them
+        on or notes them (``unhanded``), so an earlier attempt's note on them no longer holds
+        (it was written after the checkpoint, by a run the resume rolled back). Recorded in the
+        attempt's manifests as ``reread_from``."""
+        self._reread_from = int(seq)
 
     def unhanded(self, first: int, last: int, count: int) -> None:
         """The stage left a pass with ``count`` rows recorded as kept and never handed on: the
@@ -475,6 +484,7 @@ class AuditLog:
         self._rank = rank if self._rank is None else self._rank
         self._next_part = self._first_part = int(state["next_part"])
         self._resumed_from = int(resumed_from)
+        self._reread_from = None
         self.attempt = _random.token_hex(4)
         self._attempt_started = time.time_ns()
         origin = state.get("origin")
@@ -568,6 +578,7 @@ class AuditLog:
             "attempt": self.attempt,
             "attempt_started": self._attempt_started,
             "resumed_from": self._resumed_from,
+            **({"reread_from": self._reread_from} if self._reread_from is not None else {}),
             "origin": self._origin,
             "flush_every": self.flush_every,
             "stage": self._metadata,

@@ -54,6 +54,10 @@ class _Attempt:
     started: float
     resumed_from: int
     ended: bool = False
+    #: The first seq it re-read on resuming (the checkpoint's undelivered rows), if it recorded
+    #: one: its notes, not an earlier attempt's, say which of the rows from there to
+    #: ``resumed_from`` were never handed on.
+    reread_from: int | None = None
     parts: list[PartInfo] = field(default_factory=list)
     #: What the pipeline's handler skipped (end marker, else the last manifest), if recorded.
     shards: dict[str, Any] | None = None
@@ -205,6 +209,8 @@ def list_parts(
         if info.manifest is not None:
             attempt.started = min(attempt.started, float(info.manifest.get("attempt_started", np.inf)))
             attempt.resumed_from = int(info.manifest.get("resumed_from", 0))
+            if _count_like(info.manifest.get("reread_from")):
+                attempt.reread_from = int(info.manifest["reread_from"])
             if isinstance(info.manifest.get("origin"), str):
                 origins.setdefault(stream_key, info.manifest["origin"])
     for stream_key, attempt in attempts.items():
@@ -216,6 +222,8 @@ def list_parts(
             attempt.started = _number(said.get("attempt_started"), float("inf"))
         if attempt.resumed_from < 0 and _count_like(said.get("resumed_from")):
             attempt.resumed_from = int(said["resumed_from"])
+        if attempt.reread_from is None and _count_like(said.get("reread_from")):
+            attempt.reread_from = int(said["reread_from"])
     for stream_key, marker in ends.items():
         if stream_key not in attempts:  # it closed without a part in storage (all dropped?)
             attempts[stream_key] = _Attempt(
@@ -223,6 +231,8 @@ def list_parts(
                 _number(marker.get("attempt_started"), float("inf")),
                 _number(marker.get("resumed_from"), 0),
             )
+            if _count_like(marker.get("reread_from")):
+                attempts[stream_key].reread_from = int(marker["reread_from"])
     # attempts that left a claim and nothing else: listed last, for verify's note only (they hold
     # no records, so they supersede nothing, collide with nothing and end no stream)
     bare: list[_Attempt] = []
@@ -408,16 +418,35 @@ def unhanded_ranges(attempts: Sequence[_Attempt]) -> dict[tuple[str, int, str], 
         jobs.setdefault((a.run, a.rank, a.origin), []).append(a)
     for chain in jobs.values():
         chain.sort(key=lambda a: (a.started, a.attempt))
-        # a resumed attempt re-reads the rows its checkpoint held undelivered, which an earlier
-        # attempt recorded: its note on those (seq below its resume point) speaks for them too,
-        # since training goes on from its checkpoint, not from what the earlier attempt did later
-        later: list[tuple[int, int]] = []
-        for a in reversed(chain):
-            own = [(first, last) for first, last, _ in _unhanded_entries(a)]
-            ranges = own + later
+        own = [[(first, last) for first, last, _ in _unhanded_entries(a)] for a in chain]
+        for i, a in enumerate(chain):
+            ranges = list(own[i])
+            # a resumed attempt re-reads the rows its checkpoint held undelivered, which an
+            # earlier attempt recorded, and training goes on from its checkpoint, not from what
+            # the earlier attempt did after it: from its reread_from to its resume point its notes
+            # alone say what was never handed on (later attempts last: the latest has the word)
+            for j in range(i + 1, len(chain)):
+                top = chain[j].resumed_from
+                low = chain[j].reread_from
+                if low is not None and low < top:
+                    ranges = _outside(ranges, low, top)
+                ranges += [(f, min(last, top - 1)) for f, last in own[j] if f < top]
             if ranges:
                 out[(a.run, a.rank, a.attempt)] = ranges
-            later = later + [(f, min(last, a.resumed_from - 1)) for f, last in own if f < a.resumed_from]
+    return out
+
+
+def _outside(ranges: list[tuple[int, int]], low: int, high: int) -> list[tuple[int, int]]:
+    """The inclusive seq ranges with seqs ``low <= seq < high`` taken out."""
+    out = []
+    for first, last in ranges:
+        if last < low or first >= high:
+            out.append((first, last))
+            continue
+        if first < low:
+            out.append((first, low - 1))
+        if last >= high:
+            out.append((high, last))
     return out
 
 
@@ -938,7 +967,12 @@ def verify_log(
     # those that left only a claim are noted below; they wrote nothing that could collide or end
     writers = [a for a in attempts if a.claim_only is None]
     secrets = secret_values(storage_options, url)
-    seqs = read_many(fs, [p.path for p in infos if p.path is not None], lambda b: read_part(b, ["seq"]))
+    seqs = read_many(
+        fs, [p.path for p in infos if p.path is not None], lambda b: read_part(b, ["seq", "kept"])
+    )
+    # records decided kept that read_log reads as not kept (never handed on), per attempt
+    unhanded = unhanded_ranges(attempts)
+    not_handed: dict[tuple[str, int, str], int] = {}
     seq_of: dict[int, Any] = {}
     readable = [p for p in infos if p.path is not None]
     for info, table in zip(readable, seqs):
@@ -973,6 +1007,14 @@ def verify_log(
             )
         live = seq[seq < info.cutoff] if info.cutoff != float("inf") else seq
         report.superseded += int(seq.size - live.size)
+        ranges = unhanded.get((info.run, info.rank, info.attempt))
+        if ranges:
+            kept = table.column("kept").to_numpy(zero_copy_only=False) & (seq < info.cutoff)
+            inside = np.zeros(seq.size, dtype=bool)
+            for first, last in ranges:
+                inside |= (seq >= first) & (seq <= last)
+            whose = (info.run, info.rank, info.attempt)
+            not_handed[whose] = not_handed.get(whose, 0) + int((kept & inside).sum())
         canonical.setdefault(key, []).append(live)
     for attempt in attempts:
         report = streams.setdefault((attempt.run, attempt.rank), StreamReport(attempt.run, attempt.rank))
@@ -1017,7 +1059,7 @@ def verify_log(
                 "records": sum(int((p.manifest or {}).get("count", 0)) for p in attempt.parts),
                 "ended": attempt.ended,
                 "stopped_by": _text_or_none((attempt.end or {}).get("stopped_by")),
-                "unhanded": sum(count for _, _, count in _unhanded_entries(attempt)),
+                "unhanded": not_handed.get((attempt.run, attempt.rank, attempt.attempt), 0),
                 "origin": attempt.origin,
                 "shards_skipped": skipped,
                 "samples_skipped": int(_number(shards.get("samples_skipped"), 0)),

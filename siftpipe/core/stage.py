@@ -649,6 +649,9 @@ class Sifter:
             loading = "audit"
             if self.audit is not None:
                 self.audit.load_state_dict(state["audit"], resumed_from=int(state["counts"]["seen"]))
+                rereads = getattr(self.audit, "rereads_from", None)
+                if callable(rereads) and state["pending"]:
+                    rereads(int(state["pending"][0]["seq0"]))
         except Exception as exc:
             self.policy.load_state_dict(before)
             if isinstance(exc, ResumeError):
