@@ -600,7 +600,7 @@ class Sifter:
         type and configuration, the score memory's presence, ``capacity``, ``max_age`` and
         ``remember_forward``, and the rank and world size). Settings that only change how losses
         are computed or what is handed on (``scorer``, ``device``, ``autocast``, ``pin_memory``,
-        ``eval_mode``, ``on_oom``, ``pad_micro_batch``, ``collate_fn``, ``attach_weight``,
+        ``eval_mode``, ``on_oom``, ``pad_micro_batch``, ``drop_last``, ``collate_fn``, ``attach_weight``,
         ``weight_field``) are not compared: moving a job to other hardware must stay possible.
         The whole state is checked before anything is loaded: a partial or damaged one raises
         ``ResumeError`` naming the entry and leaves the stage (its running pass included) as it was.
