@@ -317,6 +317,17 @@ def collated(samples, size):
     return [default_collate(samples[i : i + size]) for i in range(0, len(samples), size)]
 
 
+_BATCHES = collated(make_samples(300, seed=8), 50)
+
+
+def _uniform_log(root, drop_last=True):
+    """Batched Uniform(0.7) in batches of 32 kept rows, logged to ``root`` (run "r")."""
+    return sp.Sifter(
+        None, loss_field, sp.Uniform(0.7), micro_batch=None, output_batch=32, batched=True,
+        drop_last=drop_last, seed=1, audit=sp.AuditLog(root, run_id="r"),
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("batched", [False, True])
 def test_drop_last_hands_on_only_full_batches_and_the_log_reads_the_rest_as_not_kept(tmp_path, batched):
     # the short batch a sifted pass ends with changes size every epoch (a cudnn.benchmark
@@ -375,17 +386,7 @@ def test_a_short_batch_dropped_after_a_resume_reads_as_not_kept(tmp_path):
     import sys
     from pathlib import Path
 
-    from torch.utils.data import default_collate
-
-    samples = make_samples(300, seed=8)
-    batches = [default_collate(samples[i : i + 50]) for i in range(0, 300, 50)]
-
-    def make(root):
-        return sp.Sifter(
-            None, loss_field, sp.Uniform(0.7), micro_batch=None, output_batch=32, batched=True,
-            drop_last=True, seed=1, audit=sp.AuditLog(root, run_id="r"),
-        )  # fmt: skip
-
+    batches, make = _BATCHES, _uniform_log
     ref = make(str(tmp_path / "ref"))
     full = len(list(ref(batches)))
     ref.close()
@@ -417,16 +418,10 @@ def test_a_job_that_failed_after_its_checkpoint_and_resumed_logs_what_was_handed
     # verify read them as never handed on (a note held over rows a later attempt re-read)
     import re
 
-    from torch.utils.data import default_collate
-
-    samples = make_samples(300, seed=8)
-    batches = [default_collate(samples[i : i + 50]) for i in range(0, 300, 50)]
+    batches = _BATCHES
 
     def make(root):
-        return sp.Sifter(
-            None, loss_field, sp.Uniform(0.7), micro_batch=None, output_batch=32, batched=True,
-            drop_last=drop_last, seed=1, audit=sp.AuditLog(root, run_id="r"),
-        )  # fmt: skip
+        return _uniform_log(root, drop_last)
 
     class Failed(Exception):
         pass
