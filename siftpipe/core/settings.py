@@ -34,8 +34,16 @@ def check_arguments(
     seed: Any,
     autocast: Any = None,
     policy: Any = None,
+    drop_last: Any = False,
 ) -> None:
     """Raise ``ConfigError`` naming the first ``Sifter`` argument that is out of range."""
+    if drop_last not in (True, False):
+        raise ConfigError(f"drop_last must be True or False, got {drop_last!r}")
+    if drop_last and output_batch is None:
+        raise ConfigError(
+            "drop_last=True drops the short batch a pass ends with, so it needs output_batch= "
+            "(the batch size handed on); without it batches are handed on as they are filtered"
+        )
     if model is not None and not isinstance(model, nn.Module):
         raise ConfigError(f"model must be a torch.nn.Module or None, got {type(model).__name__}")
     if micro_batch is not None and (integer_count(micro_batch) is None or micro_batch < 1):

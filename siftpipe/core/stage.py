@@ -224,9 +224,8 @@ class Sifter:
     ) -> None:
         check_arguments(
             model, micro_batch, batched, delay, output_batch, on_nan, on_oom, memory, key, unknown,
-            pad_micro_batch, seed, autocast,
+            pad_micro_batch, seed, autocast, drop_last=drop_last,
         )  # fmt: skip
-        _check_drop_last(drop_last, output_batch)
         micro_batch = None if micro_batch is None else int(micro_batch)
         output_batch = None if output_batch is None else int(output_batch)
         delay = int(delay)
@@ -510,9 +509,8 @@ class Sifter:
         check_arguments(
             self.model, self.micro_batch, self.batched, self.delay, self.output_batch, self.on_nan,
             self.on_oom, self.memory, self.key, self.unknown, self.pad_micro_batch, self.seed,
-            self.autocast, self.policy,
+            self.autocast, self.policy, drop_last=self.drop_last,
         )  # fmt: skip
-        _check_drop_last(self.drop_last, self.output_batch)
         resolve_scorer(self.scorer)  # callable (set as a name, it was resolved then)
         if self.policy.uses_memory:  # set since: checked for a memory and bound to it, as made
             resolve_policy(self.policy, self.memory)
@@ -830,7 +828,8 @@ class Sifter:
             except Exception as exc:
                 if not surface:
                     # the pass ends with the error: rows waiting for a full output batch are
-                    # handed on first (a short batch), as the samples read before it were
+                    # handed on first (a short batch; with drop_last noted unhanded instead), as
+                    # the samples read before it were
                     yield self._finish(out)
                     raise
                 # the pass goes on: waiting rows come out in the next output batch
@@ -844,7 +843,7 @@ class Sifter:
             except Exception:
                 # a scorer's error, a non-finite loss: the pass ends with it, but the rows kept
                 # before it and waiting for a full output batch are handed on first (recorded as
-                # kept, they are trained), as on a source's error
+                # kept, they are trained; with drop_last noted unhanded), as on a source's error
                 yield self._finish(out)
                 raise
             if self._decider.device_wait:
@@ -983,16 +982,6 @@ def _directory_of(sink: Any) -> str | None:
     """The audit log's directory (where workers put their ``_predecode`` records), if the sink has one."""
     directory = getattr(sink, "directory", None)
     return directory if isinstance(directory, str) else None
-
-
-def _check_drop_last(drop_last: Any, output_batch: Any) -> None:
-    if drop_last not in (True, False):
-        raise ConfigError(f"drop_last must be True or False, got {drop_last!r}")
-    if drop_last and output_batch is None:
-        raise ConfigError(
-            "drop_last=True drops the short batch a pass ends with, so it needs output_batch= "
-            "(the batch size handed on); without it batches are handed on as they are filtered"
-        )
 
 
 def _check_not_in_worker() -> None:
