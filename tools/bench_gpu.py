@@ -36,12 +36,12 @@ Both sifted arms read input batches of ``--input-batches`` (default 8) training 
 advises (the stage's cost is per input batch, and on CUDA the score memory waits once per input
 batch for the losses ``observe`` queued: with input batches of one training batch the host would
 wait for every step), and hand on batches of ``--batch`` rows. Both pass ``drop_last=True``
-(``--no-drop-last`` turns it off): a sifted pass keeps a different number of samples each epoch,
-so its short last batch has a new size every epoch, and
-with ``cudnn.benchmark`` on (``--no-cudnn-benchmark`` turns it off) each new size is autotuned
-again: on an H200 that cost about 1-2 s per epoch and made both sifted arms 2-3x slower than full
-training (docs/gpu.md). ``host_wait_seconds`` (host time waiting for the next batch: the gather
-and the stage) and ``batch_sizes_trained`` are reported per arm to show where time goes.
+(``--no-drop-last`` turns it off): a sifted pass keeps a different number of samples each epoch, so
+its short last batch has a new size every epoch, and with ``cudnn.benchmark`` on
+(``--no-cudnn-benchmark`` turns it off) each new size is autotuned again: on an H200 that cost about
+1-2 s per epoch and made both sifted arms 2-3x slower than full training (docs/gpu.md).
+``host_wait_seconds`` (host time waiting for the next batch: the gather and the stage) and
+``batch_sizes_trained`` are reported per arm to show where time goes.
 
 Budget: ``--seconds-per-arm`` (default 60) times the full arm's throughput, measured on
 ``--calib-steps`` training steps of a throwaway model after warm-up, gives the epochs (``--epochs``
@@ -585,6 +585,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="a small CPU-sized run for the tests (< 30 s)")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
+    if args.input_batches < 1:
+        ap.error(f"--input-batches is a whole number of training batches >= 1, got {args.input_batches}")
     if args.quick:
         args.samples, args.test_samples, args.image = 1536, 512, 16
         args.width, args.blocks, args.batch, args.evals = 8, 1, 128, 4

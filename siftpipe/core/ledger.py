@@ -84,7 +84,9 @@ class Ledger:
 class Output:
     """Hands kept samples on: one by one, as filtered batches, or as fixed-size batches."""
 
-    def __init__(self, ledger: Ledger, scoring: Scoring, output_batch: int | None) -> None:
+    def __init__(
+        self, ledger: Ledger, scoring: Scoring, output_batch: int | None, resumed: bool = False
+    ) -> None:
         self.ledger = ledger
         self.scoring = scoring  # its batched and collate_fn (which a trainer integration may swap)
         self.output_batch = output_batch
@@ -92,7 +94,7 @@ class Output:
         self.buffered = 0
         self.handed = 0  # samples handed on by this output (the ledger's emitted count is trimmed)
         self.busy = 0.0  # seconds spent building output batches (the stage's work, for its account)
-        self.resumed = False  # the pass resumed from a state (what it handed on before is not here)
+        self.resumed = resumed  # the pass resumed from a state (what it handed on before is not here)
 
     def hand_on(self, group: Group) -> Iterator[Any]:
         s, ledger = self.scoring, self.ledger

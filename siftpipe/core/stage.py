@@ -712,8 +712,7 @@ class Sifter:
         if not self._passes.is_current(opened):
             # never read before the stage opened another pass (or loaded a state, or closed)
             raise self._closed_error()
-        out = Output(self._ledger, self._scoring, self.output_batch)
-        out.resumed = resume is not None
+        out = Output(self._ledger, self._scoring, self.output_batch, resumed=resume is not None)
         groups = self._reread(reader, resume) if resume is not None else []
         this_pass = self._passes.run_begins(resume)
         finished = closed = False

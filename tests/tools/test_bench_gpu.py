@@ -153,3 +153,9 @@ def test_model_is_a_resnet_in_channels_last():
     out = model(torch.zeros(2, 3, args.image, args.image).contiguous(memory_format=torch.channels_last))
     assert out.shape == (2, args.classes)
     assert model.stem[0].weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_input_batches_must_be_a_whole_number_of_batches(capsys):
+    with pytest.raises(SystemExit):
+        bench.parse(["--input-batches", "0"])
+    assert "--input-batches is a whole number" in capsys.readouterr().err
