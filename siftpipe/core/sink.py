@@ -45,6 +45,10 @@ class StageInfo:
     rng_seed: Any
     on_nan: str
     scorer: str
+    #: Samples per batch the stage hands on (None: as the input came), and whether a pass's
+    #: short last batch is dropped (its rows then read as not kept: ``Sifter(drop_last=True)``).
+    output_batch: int | None = None
+    drop_last: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as plain JSON values (the audit log's manifests record this as ``stage``):

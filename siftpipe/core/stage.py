@@ -363,6 +363,8 @@ class Sifter:
             rng_seed=self.rng_seed,
             on_nan=self.on_nan,
             scorer=repr(self.scorer)[:200],
+            output_batch=self.output_batch,
+            drop_last=bool(self.drop_last),
         )
 
     def shard_stats(self) -> ShardStats | None:
