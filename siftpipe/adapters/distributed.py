@@ -191,7 +191,11 @@ class EqualSteps(Iterable[T]):
     Before each item it hands out, all ranks agree (one all-reduce of one integer, MIN) whether
     every rank has an item; the first step where some rank has none ends the epoch on all ranks.
     Items that other ranks had fetched for that last step are not trained on: ``discarded``
-    counts them (at most one item per rank per epoch).
+    counts them (at most one item per rank per epoch). Given the ``sifter`` whose batches
+    ``source`` yields (``output_batch``, or batched mode), the discarded batch's rows are noted as
+    never handed on (``Sifter.discard_last``: ``stats.unhanded``, and the audit log reads them as
+    not kept); without it, or for a stage that hands on single samples that something else
+    batches, the audit log reads them as kept.
 
     Args:
         source: What each rank iterates (a sifted loader, typically yielding batches).
@@ -199,7 +203,8 @@ class EqualSteps(Iterable[T]):
         sifter: The stage this iterates (through ``source``): with ``sync_every``, the one whose
             history is synchronised. Given, the steps taken in its pass are kept in its state
             (``Sifter.pass_steps``), so after a mid-pass resume ``steps`` and the syncs go on
-            from the checkpoint's step, as in the uninterrupted run.
+            from the checkpoint's step, as in the uninterrupted run; and a discarded batch is
+            noted in its stats and audit log as never trained.
         sync_every: Every this many steps, synchronise loss histories across ranks
             (``sync_history``); ``None`` keeps each rank's history local.
         quantiles: Sketch size for ``sync_history``.
@@ -275,6 +280,11 @@ class EqualSteps(Iterable[T]):
             dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
             if int(flag.item()) == 0:
                 self.discarded += have
+                discard = getattr(sifter, "discard_last", None) if have else None
+                if discard is not None:
+                    # fetched, and now never trained: the stage's pass is still open (suspended
+                    # after handing it on), so it can note its rows as not handed on
+                    discard()
                 share = self.sync_memory
                 if share is None:
                     share = sifter is not None and getattr(sifter, "memory", None) is not None

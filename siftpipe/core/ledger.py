@@ -95,6 +95,8 @@ class Output:
         self.handed = 0  # samples handed on by this output (the ledger's emitted count is trimmed)
         self.busy = 0.0  # seconds spent building output batches (the stage's work, for its account)
         self.resumed = resumed  # the pass resumed from a state (what it handed on before is not here)
+        #: Rows of the batch handed on last (0: none, or it was taken back: ``Sifter.discard_last``).
+        self.last_rows = 0
 
     def hand_on(self, group: Group) -> Iterator[Any]:
         s, ledger = self.scoring, self.ledger
@@ -108,6 +110,7 @@ class Output:
             if self.output_batch is None:
                 ledger.emitted += index.size
                 self.handed += index.size
+                self.last_rows = index.size
                 yield kept
                 ledger.trim()
                 return
@@ -150,6 +153,7 @@ class Output:
             self.busy += time.perf_counter() - t0
             ledger.emitted += size
             self.handed += size
+            self.last_rows = size
             yield out
             ledger.trim()
         ledger.trim()
@@ -168,5 +172,6 @@ class Output:
         out = _batch.concat(self.buffer) if s.batched else s.collate_fn(self.buffer)
         ledger.emitted += self.buffered
         self.handed += self.buffered
+        self.last_rows = self.buffered
         self.buffer, self.buffered = [], 0
         yield out

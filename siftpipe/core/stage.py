@@ -279,6 +279,7 @@ class Sifter:
         self._shards = ShardWatch()  # see watch_shards
         self._warned_empty = False  # EmptyPassWarning given
         self._warned_shapes = False  # BatchShapeWarning given
+        self._output: Output | None = None  # the open pass's output (Sifter.discard_last)
         self._warned_all_dropped = False  # EmptyPassWarning for a pass drop_last emptied given
 
     # ------------------------------------------------------------------ public
@@ -715,6 +716,7 @@ class Sifter:
             # never read before the stage opened another pass (or loaded a state, or closed)
             raise self._closed_error()
         out = Output(self._ledger, self._scoring, self.output_batch, resumed=resume is not None)
+        self._output = out
         groups = self._reread(reader, resume) if resume is not None else []
         this_pass = self._passes.run_begins(resume)
         finished = closed = False
@@ -741,6 +743,8 @@ class Sifter:
                 # group is not the stage's (the pass may be closed long after it was left)
                 self._pass_ended(None)
                 self._unhanded()
+            if self._output is out:
+                self._output = None
             self._passes.run_ends(this_pass, finished, reader)
         if closed:
             # cleaned up; its consumer reading on is told why, not handed a quiet end of epoch
@@ -750,24 +754,58 @@ class Sifter:
             yield None
             raise self._closed_error()
 
+    def discard_last(self) -> int:
+        """The consumer did not train the batch it read last from this stage's open pass, and never
+        will: note its rows as never handed on, as a pass left early notes the rest of its input
+        (``stats.unhanded``; the audit log's note, which ``read_log``, ``replay`` and
+        ``verify_log`` read as not kept). ``EqualSteps(..., sifter=)`` calls this for the batch a
+        rank fetched for a step no rank takes, the one that ends the epoch.
+
+        For a stage that hands on batches (``batched=True``, or ``output_batch``), between
+        reading that batch and reading the pass again. Returns the rows noted, in samples: 0 when
+        there is none to take back (no open pass, a stage handing on single samples, or this
+        batch was taken back already). What the pass hands on after it is unaffected."""
+        out = self._output
+        rows = 0 if out is None else out.last_rows
+        if not rows:
+            return 0
+        assert out is not None
+        out.last_rows = 0
+        emitted = self._ledger.emitted
+        self._note_unhanded(emitted - rows, emitted)
+        return rows
+
     def _unhanded(self) -> None:
         """The pass was left with rows decided kept (and recorded so) that were never handed on:
         count them, and tell the audit sink their seqs (one range: rows are handed on in order)."""
         ledger = self._ledger
-        skip = ledger.emitted  # kept rows of the pending groups handed on, in order
-        first: int | None = None
-        count = 0
-        for group in ledger.pending:
+        self._note_unhanded(ledger.emitted, sum(group.n_kept for group in ledger.pending))
+
+    def _note_unhanded(self, start: int, stop: int) -> None:
+        """Count kept rows ``start..stop-1`` of the pending groups (in the order they are handed
+        on) as never handed on, and tell the audit sink their seqs (one range: rows are handed on
+        in seq order)."""
+        skip = start
+        count = stop - start
+        if count <= 0:
+            return
+        first = last = -1
+        left = count
+        for group in self._ledger.pending:
             index = group.kept_index
             if skip >= index.size:
                 skip -= index.size
                 continue
-            if first is None:
+            if first < 0:
                 first = group.seq0 + int(index[skip])
-            count += index.size - skip
-            last = group.seq0 + int(index[-1])
+            take = min(index.size - skip, left)
+            last = group.seq0 + int(index[skip + take - 1])
+            left -= take
             skip = 0
-        if first is None or not count:
+            if not left:
+                break
+        count -= left
+        if first < 0 or not count:
             return
         self._decider.counts["unhanded"] += count
         note = getattr(self.audit, "unhanded", None)

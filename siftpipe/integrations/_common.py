@@ -406,6 +406,10 @@ class SiftedStream:
         try:
             yield from equal
         finally:
+            if equal.discarded > before and self._unacked:
+                # fetched from the pass (the last batch it handed on) and never handed to the
+                # trainer: not a batch the trainer will ack, nor one a resumed run should replay
+                self._unacked.pop()
             self.discarded += equal.discarded - before
 
     def _one_pass(self) -> Generator[Any, None, int]:
@@ -553,4 +557,6 @@ class SiftedStream:
         }
         if self.discarded:
             out["discarded"] = float(self.discarded)
+        if stats.unhanded:
+            out["unhanded"] = float(stats.unhanded)  # kept, never trained (docs/integrations.md)
         return out

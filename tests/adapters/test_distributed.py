@@ -163,6 +163,87 @@ def test_ranks_draw_independently_and_log_their_own_partitions(tmp_path):
     assert sp.whatif(str(tmp_path), [sp.Uniform(0.5)])[0].flips == 0
 
 
+def _discarded_batch_audit(rank, world, root, batched):
+    # rank 1 has more data, so its pass ends with a batch fetched for a step rank 0 cannot take
+    log = sp.AuditLog(root, flush_every=50)
+    samples = make_samples(120 + 80 * rank, seed=rank)
+    for x in samples:
+        x["__key__"] = f"r{rank}-{x['__key__']}"
+    data = samples
+    if batched:
+        data = [
+            {"__key__": [x["__key__"] for x in chunk], "loss": torch.tensor([x["loss"] for x in chunk])}
+            for chunk in (samples[i : i + 40] for i in range(0, len(samples), 40))
+        ]
+    sifter = sp.Sifter(
+        None, loss_field, sp.Uniform(0.75), micro_batch=None if batched else 40, output_batch=None
+        if batched else 10, batched=batched, audit=log, seed=3,
+    )  # fmt: skip
+    trained, discarded = [], 0
+    for _epoch in range(2):
+        equal = sp.EqualSteps(sifter(data), sifter=sifter)
+        for batch in equal:
+            trained += list(batch["__key__"])
+        discarded += equal.discarded
+    sifter.close()
+    with open(os.path.join(root, f"trained{rank}.txt"), "w") as f:
+        f.write("\n".join(trained))
+    np.save(
+        os.path.join(root, f"rank{rank}.npy"),
+        np.array([discarded, sifter.stats.kept, sifter.stats.unhanded, len(trained)]),
+    )
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_batch_equal_steps_discards_reads_as_not_kept(tmp_path, batched):
+    """Found by a session's note: the batch EqualSteps fetched for a step no rank takes (the one
+    that ends the epoch on a rank with more data) was recorded as kept, so read_log and replay
+    listed never-trained samples as trained. Given the sifter, it is noted as never handed on."""
+    launch(_discarded_batch_audit, 2, str(tmp_path), batched)
+    trained = {r: (tmp_path / f"trained{r}.txt").read_text().split() for r in range(2)}
+    discarded, kept, unhanded, n = np.load(tmp_path / "rank1.npy").tolist()
+    assert discarded == 2 and unhanded > 0 and kept == n + unhanded  # one batch per epoch
+    assert np.load(tmp_path / "rank0.npy").tolist()[0] == 0
+    table = sp.read_log(str(tmp_path))
+    for r in range(2):
+        mine = [k for k, rank, keep in zip(*(table.column(c).to_pylist() for c in ("key", "rank", "kept")))
+                if rank == r and keep]  # fmt: skip
+        assert sorted(mine) == sorted(trained[r])
+    report = sp.verify_log(str(tmp_path))
+    assert report.ok and f"{int(unhanded)} records decided kept were never handed on" in "\n".join(
+        report.lines()
+    )
+
+
+def _stream_discard(rank, world, out_dir):
+    from siftpipe.integrations._common import SiftedStream
+
+    samples = make_samples(60 + 40 * rank, seed=rank)
+
+    def open_pass(epoch, skip):
+        return [samples[i : i + 10] for i in range(skip, len(samples), 10)], skip
+
+    sifter = sp.Sifter(None, loss_field, sp.Uniform(0.8), micro_batch=10, output_batch=5, seed=1)
+    stream = SiftedStream(sifter, open_pass, endless=False, lockstep=True)
+    for _batch in stream:  # epoch 0: every batch the trainer gets, it trains
+        stream.ack()
+    it = iter(stream)
+    next(it)  # epoch 1: the first batch, trained
+    stream.ack()
+    state = stream.state_dict()
+    np.save(os.path.join(out_dir, f"rank{rank}.npy"), np.array([stream.discarded, len(state["unacked"])]))
+
+
+def test_a_batch_equal_steps_discards_is_not_replayed_by_the_trainer_stream(tmp_path):
+    """Found by review: the trainer integrations' stream counted the discarded batch as handed to
+    the trainer and awaiting its ack, so every later ack acknowledged the batch before the one
+    trained, and a checkpoint then replayed a batch already trained."""
+    launch(_stream_discard, 2, str(tmp_path))
+    rows = [np.load(tmp_path / f"rank{r}.npy").tolist() for r in range(2)]
+    assert rows[1][0] == 1 and rows[0][0] == 0  # the rank with more data discarded a batch
+    assert rows[0][1] == rows[1][1] == 0  # everything fetched was trained: nothing to replay
+
+
 def test_fixed_steps_and_single_process_fallback():
     stream = iter(range(10))
     assert list(sp.fixed_steps(stream, 4)) == [0, 1, 2, 3]
