@@ -561,6 +561,7 @@ def run_arm(
     paused = 0.0
     trained_per_epoch: list[int] = []
     spread_per_epoch: list[float | None] = []
+    hard_per_epoch: list[float | None] = []
     next_eval = 0
     noisy_trained = 0
 
@@ -666,6 +667,8 @@ def run_arm(
         if sifter is not None and sifter.memory is not None:
             spread = sifter.memory.measured_spread  # as last measured: reading it changes nothing
             spread_per_epoch.append(None if spread is None else round(spread, 4))
+            hard = sifter.memory.persistent_hard()  # applied losses only: reading changes nothing
+            hard_per_epoch.append(None if hard is None else round(hard, 4))
     seconds = time.perf_counter() - start - paused
     cpu_seconds = time.process_time() - cpu0
     evaluate()
@@ -706,6 +709,9 @@ def run_arm(
             # the memory's spread (mean shortfall below the mean, in mean losses) as last measured
             # when each pass ended
             "spread_per_epoch": spread_per_epoch,
+            # ScoreMemory.persistent_hard() when each pass ended: the share of training losses of
+            # known samples above twice the mean, as their remembered loss was
+            "persistent_hard_per_epoch": hard_per_epoch,
             # the stage's own account of whether it paid (wall seconds; SiftStats)
             "stage_seconds": round(stats.stage_seconds, 3),
             "step_seconds": round(stats.step_seconds, 3),

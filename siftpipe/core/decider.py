@@ -4,6 +4,7 @@ each decided group written to the sink."""
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from collections.abc import Sequence
@@ -43,6 +44,8 @@ from .sink import Decisions, DecisionSink
 from .state import COUNTS
 
 __all__ = ["Decider"]
+
+_log = logging.getLogger("siftpipe")
 
 
 class Decider:
@@ -91,6 +94,7 @@ class Decider:
         self.passes_ended = 0
         self._seen_at_pass = 0
         self._warned_feedback = False
+        self._warned_hard = False
         #: Seconds the last ``decide`` waited for losses observe() queued on a CUDA device
         self.device_wait = 0.0
 
@@ -308,6 +312,7 @@ class Decider:
         self._warn_repeats()
         self.passes_ended += 1
         self._warn_no_feedback()
+        self._warn_hard()
         usable, looked, found = self._lookups
         if self._warned_memory or not usable or not looked or found:
             return
@@ -321,6 +326,31 @@ class Decider:
             "others), and samples must repeat across passes",
             ScoreMemoryWarning,
             stacklevel=3,  # the loop over the stage's pass
+        )
+
+    #: ``ScoreMemory.persistent_hard()`` from which the stage logs that sifting may not pay.
+    HARD_WARN = 0.15
+
+    def _warn_hard(self) -> None:
+        """Log once when a pass ends with ``HARD_WARN`` or more of the training losses of known
+        samples persistently hard (mislabeled samples, most often): sifting trains all of them
+        while it drops easy ones, and on siftpipe's noisy benchmark tasks it did not reliably
+        pay there."""
+        memory = self.memory
+        if self._warned_hard or memory is None or self.stopped:
+            return
+        share = memory.persistent_hard()
+        if share is None or share < self.HARD_WARN:
+            return
+        self._warned_hard = True
+        _log.warning(
+            "siftpipe: %.0f%% of the training losses of samples seen before stayed above twice the "
+            "mean loss, as they were last time (stats.persistent_hard): samples the model does not "
+            "learn, as mislabeled ones stay. Sifting keeps training every one of them while it drops "
+            "easy samples; on siftpipe's benchmark tasks with 20%% of the labels wrong it did not "
+            "reliably save time to accuracy (docs/benchmarks.md). Compare against a run without "
+            "sifting, or clean the labels",
+            100 * share,
         )
 
     def _warn_no_feedback(self) -> None:

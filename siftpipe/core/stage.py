@@ -338,6 +338,7 @@ class Sifter:
             account.saved_seconds(),
             c["stopped_at"],
             c["unhanded"],
+            None if self.memory is None else self.memory.persistent_hard(),
         )
 
     def watch_shards(self, *pipelines: Any) -> None:

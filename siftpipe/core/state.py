@@ -348,6 +348,17 @@ def check_memory_state(memory: Any, bad: Callable[[str, str], ResumeError]) -> N
         )
     ):
         raise bad("memory['drift']", "a finite 2x2x2 tensor with an integer drift_epoch")
+    if "hard" in memory and not (
+        isinstance(memory["hard"], torch.Tensor)
+        and memory["hard"].shape == (2, 2)
+        and bool(torch.isfinite(memory["hard"]).all())
+        and bool((memory["hard"] >= 0).all())
+        and (
+            memory.get("hard_verdict") is None
+            or (isinstance(memory["hard_verdict"], float | int) and 0.0 <= memory["hard_verdict"] <= 1.0)
+        )
+    ):
+        raise bad("memory['hard']", "a finite 2x2 tensor of counts >= 0, with hard_verdict None or in [0, 1]")
     means = memory.get("drift_mean")
     if means is not None and not (
         isinstance(means, list | tuple)

@@ -65,6 +65,14 @@ class SiftStats:
             rest of one input batch or micro-batch, and an output batch being filled, per pass.
             The audit log records their seq ranges, and
             ``read_log`` and ``replay`` read them as not kept.
+        persistent_hard: With a score memory: the share of the training losses handed back for
+            samples trained in an earlier epoch that stayed above twice the mean loss, as their
+            last loss was (``ScoreMemory.persistent_hard``): samples the model does not learn,
+            mislabeled ones most often. None before there is evidence. From 0.15 on, ``siftpipe``
+            logs once that sifting may not pay: on siftpipe's benchmark suite it ended at most
+            0.12 on tasks with clean labels and at 0.20-0.26 on classification tasks with 20% of
+            the labels wrong (where it passed 0.15 in the 4th to 6th of 8 epochs), tasks on
+            which sifting did not reliably save time to accuracy (docs/benchmarks.md).
     """
 
     seen: int
@@ -88,6 +96,7 @@ class SiftStats:
     saved_seconds: float = dataclasses.field(default=0.0, compare=False)
     stopped_at: int = 0
     unhanded: int = 0
+    persistent_hard: float | None = None
 
     @property
     def net_seconds(self) -> float:

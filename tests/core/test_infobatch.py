@@ -362,6 +362,64 @@ def test_forgetting_compares_skipped_with_trained_easy_samples():
     assert again.forgetting() == pytest.approx(f) and again.mean() == pytest.approx(memory.mean())
 
 
+def test_persistent_hard_is_the_share_of_known_samples_hard_twice():
+    """Samples above twice the mean loss when they come back, as they were last time (what a
+    mislabeled sample does): their share of the training losses of known samples."""
+    n = 1000
+    memory = sp.ScoreMemory(capacity=n, max_age=None)
+    keys = np.arange(n)
+    rng = np.random.default_rng(0)
+    noisy = keys < 150  # 15% stay at 5x the typical loss, pass after pass
+    first = np.where(noisy, 5.0, rng.uniform(0.1, 1.0, n))  # mean 0.75 + ..., line = 2 x mean
+    memory.update_keys(keys, first, 0, FEEDBACK)
+    assert memory.persistent_hard() is None  # nothing came back yet
+    again = np.where(noisy, 5.0, rng.uniform(0.1, 1.0, n))
+    # a few clean samples are hard now but were not before: not persistently hard
+    again[150:180] = 5.0
+    memory.update_keys(keys[: n // 2], again[: n // 2], 1, FEEDBACK)
+    memory.update_keys(keys[n // 2 :], again[n // 2 :], 1, FEEDBACK)
+    assert memory.persistent_hard() == pytest.approx(0.15)
+    # the next epoch: the figure of the last whole one stands until this one has evidence
+    memory.update_keys(keys[:100], np.full(100, 0.01), 2, FEEDBACK)
+    assert memory.persistent_hard() == pytest.approx(0.15)
+    state = roundtrip(memory.state_dict())
+    loaded = sp.ScoreMemory(capacity=n, max_age=None)
+    loaded.load_state_dict(state)
+    assert loaded.persistent_hard() == memory.persistent_hard()
+    old = {k: v for k, v in state.items() if k not in ("hard", "hard_verdict")}
+    before = sp.ScoreMemory(capacity=n, max_age=None)
+    before.load_state_dict(old)  # a checkpoint from before the measure: no evidence yet
+    assert before.persistent_hard() is None
+
+
+@pytest.mark.parametrize("noisy", [False, True])
+def test_the_stage_says_when_samples_stay_hard_as_mislabeled_ones_do(caplog, noisy):
+    """Issue 12: where sifting may not win, the stage must say so. A fifth of the samples whose
+    loss stays high pass after pass (a wrong label) shows in stats.persistent_hard and is logged
+    once; losses that fall as the samples are learned are not."""
+    n = 1000
+    keys = list(range(n))
+    rng = np.random.default_rng(1)
+    base = rng.uniform(0.5, 1.5, n)
+
+    def loss_of(k, e):
+        if noisy and k % 5 == 0:
+            return 6.0 * base[k]  # never learned
+        return base[k] * 0.6**e * (1.0 + 0.1 * np.sin(k + e))
+
+    stage = _stage(n, budget=100 * n, graded=True)
+    with caplog.at_level(logging.WARNING, logger="siftpipe"):
+        for epoch in range(4):
+            _epoch(stage, epoch, keys, loss_of)
+    said = [r.message for r in caplog.records if "persistent_hard" in r.message]
+    hard = stage.stats.persistent_hard
+    if noisy:
+        assert hard is not None and hard >= 0.15 and len(said) == 1, (hard, said)
+        assert "mislabeled" in said[0]
+    else:
+        assert hard is not None and hard < 0.05 and not said, (hard, said)
+
+
 def test_mean_tracks_updates_and_a_max_age_of_none_round_trips_through_files(tmp_path):
     memory = sp.ScoreMemory(capacity=50, max_age=None)
     memory.update(key_hashes(range(10)), np.arange(10.0), 0, FEEDBACK)

@@ -318,12 +318,15 @@ def test_the_forgetting_evidence_does_not_depend_on_how_deferred_losses_are_grou
             if cut_every and i % cut_every == 0:
                 memory.state_dict() if i % 2 else len(memory)  # reads apply what waits
         state = memory.state_dict()
-        results.append((memory.forgetting(), memory.repeated, state["drift"], state["drift_mean"]))
+        results.append(
+            (memory.forgetting(), memory.repeated, state["drift"], state["drift_mean"], state["hard"])
+        )
     first = results[0]
-    assert first[0] is not None and (first[1] == 10) == repeat
+    assert first[0] is not None and (first[1] == 10) == repeat and first[4].sum() > 0
     for other in results[1:]:
         assert other[0] == first[0] and other[1] == first[1]
         assert torch.equal(other[2], first[2]) and other[3] == first[3]
+        assert torch.equal(other[4], first[4])  # the persistent-hard evidence too
 
 
 def test_deferred_losses_reach_the_state_files_and_a_full_buffer_applies_itself(tmp_path):

@@ -87,6 +87,8 @@ def damaged():
         ),
         ("memory\\['capacity'\\] must be the capacity its config names", edit(["memory", "capacity"], 10)),
         ("memory\\['drift_mean'\\]", edit(["memory", "drift_mean"], ["x", 1.0])),
+        ("memory\\['hard'\\]", edit(["memory", "hard"], torch.full((2, 2), -1.0))),
+        ("memory\\['hard'\\]", edit(["memory", "hard_verdict"], 3.0)),
         ("entry steps must be", edit(["steps"], -3)),
         ("entry audit", edit(["audit"], {"run_id": 3})),
         ("SiftNode's state", SiftNode.get_state.__get__(_node())()),
