@@ -914,20 +914,31 @@ class Sifter:
                 out.drop()
             elif out.handed:
                 self._warn_new_shapes()
+        elif self.batched and self.output_batch is None and out.handed:
+            self._warn_new_shapes(every_batch=True)
         return out.finish()
 
-    def _warn_new_shapes(self) -> None:
+    def _warn_new_shapes(self, every_batch: bool = False) -> None:
         """Warn once: the pass ends with a short output batch while ``cudnn.benchmark`` is on
-        with a CUDA device, so each epoch's new last-batch size is autotuned again."""
+        with a CUDA device, so each epoch's new last-batch size is autotuned again
+        (``every_batch``: batched mode without ``output_batch``, whose every batch handed on is
+        the kept part of an input batch, of its own size)."""
         if self._warned_shapes or not torch.backends.cudnn.benchmark or not torch.cuda.is_available():
             return
         self._warned_shapes = True
+        what = (
+            "every batch this stage hands on is the kept rows of one input batch, so batch sizes "
+            "change from step to step (batched=True without output_batch)"
+            if every_batch
+            else "this pass ends with a short batch, and its size changes every epoch (sifting "
+            "keeps a different number of samples)"
+        )
+        fix = "output_batch=<the training batch size> and drop_last=True" if every_batch else "drop_last=True"
         warnings.warn(
-            "siftpipe: this pass ends with a short batch, and its size changes every epoch (sifting "
-            "keeps a different number of samples): with torch.backends.cudnn.benchmark on, each "
+            f"siftpipe: {what}: with torch.backends.cudnn.benchmark on, each "
             "new size is autotuned again (about 1-2 s per size for a small ResNet on an H200, "
             "measured by tools/bench_gpu.py; torch.compile recompiles likewise). Pass "
-            "Sifter(..., drop_last=True) to hand on only full output_batch batches",
+            f"Sifter(..., {fix}) to hand on only full output_batch batches",
             BatchShapeWarning,
             stacklevel=3,
         )

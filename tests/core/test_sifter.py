@@ -569,6 +569,11 @@ def test_a_short_last_batch_under_cudnn_benchmark_warns_once_to_use_drop_last(mo
         dropping = sp.Sifter(None, _zeros, sp.Uniform(1.0), batched=True, output_batch=32, drop_last=True)
         assert [len(b["__key__"]) for b in dropping(_index_batches(100))] == [32, 32, 32]
         assert dropping.stats.unhanded == 4
+    # batched without output_batch: every batch is the kept part of an input batch, of its own size
+    filtered = sp.Sifter(None, _zeros, sp.Uniform(0.5), batched=True, seed=0)
+    with pytest.warns(sp.BatchShapeWarning, match=r"output_batch=<the training batch size> and drop_last"):
+        sizes = [len(b["__key__"]) for b in filtered(_index_batches(100))]
+    assert len(set(sizes)) > 1
 
 
 def test_drop_last_resumed_from_any_checkpoint_hands_on_what_the_uninterrupted_run_did():
