@@ -217,7 +217,9 @@ class SiftTrainerMixin(_Base):
         sifter: The stage, in per-sample mode (``batched=False``, the default). Left at their
             defaults, its ``collate_fn`` becomes the Trainer's data collator and its
             ``output_batch`` the per-process batch size, so every batch holds
-            ``per_device_train_batch_size`` kept samples (the last of a pass may hold fewer).
+            ``per_device_train_batch_size`` kept samples (the last of a pass may hold fewer;
+            with ``dataloader_drop_last=True`` the stage's ``drop_last`` is set too, and it is
+            not handed on).
             Constructed with ``model=None`` or the Trainer's model, it scores with ``trainer.model``.
         sample_loss: Splits the model's loss into per-sample terms, for the feedback into the score
             memory and for weights (``ModelLoss`` by default; the sifter's scorer if that is one).
@@ -330,6 +332,10 @@ class SiftTrainerMixin(_Base):
         sifter.collate_fn = MetaCollate(collate, sifter.weight_field, self.sift_stream.data_rng, fields)
         if sifter.output_batch is None:
             sifter.output_batch = targs.train_batch_size
+            if targs.dataloader_drop_last:
+                # as the Trainer's own loader would: every batch full (one shape), each pass's
+                # short last batch untrained (stats.unhanded; the audit log reads it as not kept)
+                sifter.drop_last = True
         # evaluation batches may carry the key field too (it survives column removal, below)
         self.data_collator = MetaCollate(user_collator, sifter.weight_field, fields=fields)
         self.add_callback(_SiftCallback(self))

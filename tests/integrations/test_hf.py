@@ -118,9 +118,11 @@ def train(
     trainer_cls: type = Recording,
     callbacks: list | None = None,
     make_sifter=None,
+    **arguments,
 ) -> Recording:
     model = gpt2(dropout)
     args = TrainingArguments(
+        **arguments,
         output_dir=str(out),
         max_steps=steps,
         per_device_train_batch_size=4,
@@ -421,6 +423,25 @@ def test_gradient_accumulation_counts_kept_samples(tmp_path):
     for step in by_step:
         tokens = sum(int((b["inputs"]["labels"] != -100).sum()) for b in step)
         assert all(int(b["items"]) == tokens for b in step)
+
+
+def test_dataloader_drop_last_gives_full_batches_of_kept_samples_only(tmp_path):
+    """dataloader_drop_last=True drops the Trainer loader's short last batch; the sifted stream
+    (whose passes follow each other without end) did not, and each pass ended with a short one."""
+    sizes: list[int] = []
+
+    class Counting(Recording):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            sizes.append(len(inputs["__key__"]))
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    trainer = train(
+        tmp_path, accumulate=1, steps=20, save_steps=100, trainer_cls=Counting, dataloader_drop_last=True
+    )
+    stats = trainer.sifter.stats
+    assert trainer.sifter.drop_last and set(sizes) == {4} and len(sizes) == 20
+    assert trainer.sift_stream.epoch >= 1 and stats.unhanded > 0  # a pass ended short, untrained
+    assert stats.observed == sum(sizes)  # what was trained, and nothing of the dropped batches
 
 
 def test_checkpoint_holds_the_stage_state_of_each_process(tmp_path):
