@@ -63,12 +63,16 @@ class Ledger:
         self.pending: deque[Group] = deque()
         self.consumed = 0
         self.emitted = 0
+        #: Kept rows of the groups ``trim`` has forgotten since the pending groups were last
+        #: dropped: ``trimmed + emitted`` counts the rows handed on in the pass (``Output.last_end``).
+        self.trimmed = 0
 
     def drop_pending(self, consumed: int | None = None) -> None:
         """Forget the pending groups (a pass ended or failed, or a state is loaded); ``consumed``:
         the position to stand at, if it moves too."""
         self.pending.clear()
         self.emitted = 0
+        self.trimmed = 0
         if consumed is not None:
             self.consumed = consumed
 
@@ -78,6 +82,7 @@ class Ledger:
         while pending and pending[0].n_kept <= self.emitted:
             group = pending.popleft()
             self.emitted -= group.n_kept
+            self.trimmed += group.n_kept
             self.consumed += group.n_items
 
 
@@ -95,8 +100,10 @@ class Output:
         self.handed = 0  # samples handed on by this output (the ledger's emitted count is trimmed)
         self.busy = 0.0  # seconds spent building output batches (the stage's work, for its account)
         self.resumed = resumed  # the pass resumed from a state (what it handed on before is not here)
-        #: Rows of the batch handed on last (0: none, or it was taken back: ``Sifter.discard_last``).
+        #: Rows of the batch handed on last (0: none, or it was taken back: ``Sifter.discard_last``),
+        #: and where it ended, in kept rows of the ledger (``trimmed + emitted`` then).
         self.last_rows = 0
+        self.last_end = 0
 
     def hand_on(self, group: Group) -> Iterator[Any]:
         s, ledger = self.scoring, self.ledger
@@ -111,6 +118,7 @@ class Output:
                 ledger.emitted += index.size
                 self.handed += index.size
                 self.last_rows = index.size
+                self.last_end = ledger.trimmed + ledger.emitted
                 yield kept
                 ledger.trim()
                 return
@@ -154,6 +162,7 @@ class Output:
             ledger.emitted += size
             self.handed += size
             self.last_rows = size
+            self.last_end = ledger.trimmed + ledger.emitted
             yield out
             ledger.trim()
         ledger.trim()
@@ -173,5 +182,6 @@ class Output:
         ledger.emitted += self.buffered
         self.handed += self.buffered
         self.last_rows = self.buffered
+        self.last_end = ledger.trimmed + ledger.emitted
         self.buffer, self.buffered = [], 0
         yield out

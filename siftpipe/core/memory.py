@@ -551,8 +551,8 @@ class ScoreMemory:
         mislabeled sample stays. Measured over the epoch before the one being observed, else
         this one so far (``MIN_HARD_EVIDENCE`` losses at least), else the last whole epoch's
         figure; None before any evidence. On siftpipe's benchmark suite (docs/benchmarks.md),
-        after the last of 8 epochs, it was at most 0.12 on tasks with clean labels (0.02 on the
-        redundant task, 0 on the language model) and 0.20-0.26 on classification tasks with 20%
+        after the last of 8 epochs, it was at most 0.11 on tasks with clean labels (0.02 on the
+        redundant task, 0 on the language model) and 0.20-0.25 on classification tasks with 20%
         of the labels wrong; like ``forgetting`` it does not depend on how losses are grouped
         into updates."""
         for window in (self._hard[1], self._hard[0]):

@@ -33,7 +33,8 @@ __all__ = ["DecisionSink", "Decisions", "StageInfo", "make_sink", "set_url_sink"
 
 @dataclass(frozen=True)
 class StageInfo:
-    """How the stage decides, handed to a sink once, before its first decisions."""
+    """How the stage decides, handed to a sink once, before its first decisions (settings changed
+    on the stage after its first pass are not in it)."""
 
     policy: str
     policy_config: dict[str, Any]

@@ -20,6 +20,7 @@ from ..errors import (
     PassClosedError,
     ResumeError,
     ScorerOutputError,
+    SiftError,
     SiftInWorkerError,
 )
 from . import batch as _batch
@@ -756,24 +757,39 @@ class Sifter:
             raise self._closed_error()
 
     def discard_last(self) -> int:
-        """The consumer did not train the batch it read last from this stage's open pass, and never
-        will: note its rows as never handed on, as a pass left early notes the rest of its input
-        (``stats.unhanded``; the audit log's note, which ``read_log``, ``replay`` and
-        ``verify_log`` read as not kept). ``EqualSteps(..., sifter=)`` calls this for the batch a
-        rank fetched for a step no rank takes, the one that ends the epoch.
+        """The consumer did not train the batch it read last from this stage's open pass, and will
+        read no more of the pass: note that batch's rows as never handed on, as a pass left early
+        notes the rest of its input (``stats.unhanded``; the audit log's note, which
+        ``read_log``, ``replay`` and ``verify_log`` read as not kept), and end the pass, as
+        leaving it would (the next ``sifter(...)`` call starts a new one; a checkpoint from now
+        on resumes there, as the uninterrupted run goes on). ``EqualSteps(..., sifter=)`` calls
+        this for the batch a rank fetched for a step no rank takes, the one that ends the epoch.
 
-        For a stage that hands on batches (``batched=True``, or ``output_batch``), between
-        reading that batch and reading the pass again. Returns the rows noted, in samples: 0 when
-        there is none to take back (no open pass, a stage handing on single samples, or this
-        batch was taken back already). What the pass hands on after it is unaffected."""
+        For a stage that hands on batches (``batched=True``, or ``output_batch``), right after
+        reading that batch: reading the pass again, ``state_dict()`` or ``consumed`` in between
+        may forget the batch's place (``SiftError`` then, and nothing is noted). Returns the rows
+        noted, in samples: 0, and the pass left open, when there is none to take back (no open
+        pass, or a stage handing on single samples). Reading the ended pass's iterator again
+        raises ``PassClosedError``."""
         out = self._output
         rows = 0 if out is None else out.last_rows
         if not rows:
             return 0
         assert out is not None
+        ledger = self._ledger
+        start = out.last_end - rows - ledger.trimmed
+        if start < 0 or out.last_end - ledger.trimmed > ledger.emitted:
+            raise SiftError(
+                "discard_last() came after the stage moved past the batch read last (the pass was "
+                "read again, or state_dict() or consumed put its rows behind): call it right after "
+                "reading the batch it takes back; nothing was noted"
+            )
         out.last_rows = 0
-        emitted = self._ledger.emitted
-        self._note_unhanded(emitted - rows, emitted)
+        self._note_unhanded(start, start + rows)
+        # the rest of the pass, never to be read: noted as a pass left early is, and closed
+        self._passes.close_active(
+            "discard_last() ended it (EqualSteps ended the epoch): the batch read last was not trained"
+        )
         return rows
 
     def _unhanded(self) -> None:

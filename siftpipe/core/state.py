@@ -353,12 +353,14 @@ def check_memory_state(memory: Any, bad: Callable[[str, str], ResumeError]) -> N
         and memory["hard"].shape == (2, 2)
         and bool(torch.isfinite(memory["hard"]).all())
         and bool((memory["hard"] >= 0).all())
-        and (
-            memory.get("hard_verdict") is None
-            or (isinstance(memory["hard_verdict"], float | int) and 0.0 <= memory["hard_verdict"] <= 1.0)
-        )
+        and bool((memory["hard"][:, 1] <= memory["hard"][:, 0]).all())
     ):
-        raise bad("memory['hard']", "a finite 2x2 tensor of counts >= 0, with hard_verdict None or in [0, 1]")
+        raise bad("memory['hard']", "a finite 2x2 tensor of counts (losses, hard ones among them) >= 0")
+    verdict = memory.get("hard_verdict")
+    if verdict is not None and not (
+        isinstance(verdict, float | int) and not isinstance(verdict, bool) and 0.0 <= verdict <= 1.0
+    ):
+        raise bad("memory['hard_verdict']", "None or a share in [0, 1]")
     means = memory.get("drift_mean")
     if means is not None and not (
         isinstance(means, list | tuple)

@@ -68,9 +68,10 @@ class SiftStats:
         persistent_hard: With a score memory: the share of the training losses handed back for
             samples trained in an earlier epoch that stayed above twice the mean loss, as their
             last loss was (``ScoreMemory.persistent_hard``): samples the model does not learn,
-            mislabeled ones most often. None before there is evidence. From 0.15 on, ``siftpipe``
+            mislabeled ones most often. None before there is evidence. Like ``sifting_scale``
+            it counts the losses applied by the stage's last decision. From 0.15 on, ``siftpipe``
             logs once that sifting may not pay: on siftpipe's benchmark suite it ended at most
-            0.12 on tasks with clean labels and at 0.20-0.26 on classification tasks with 20% of
+            0.11 on tasks with clean labels and at 0.20-0.25 on classification tasks with 20% of
             the labels wrong (where it passed 0.15 in the 4th to 6th of 8 epochs), tasks on
             which sifting did not reliably save time to accuracy (docs/benchmarks.md).
     """

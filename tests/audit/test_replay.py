@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import siftpipe as sp
-from tests.common import loss_field, make_samples
+from tests.common import loss_field, make_samples, roundtrip
 from tests.contract import output_keys
 
 SAMPLES = make_samples(800, seed=8)
@@ -360,6 +360,55 @@ def test_drop_last_hands_on_only_full_batches_and_the_log_reads_the_rest_as_not_
 
     stages = [i.manifest["stage"] for i in list_parts(root)[1] if i.manifest]
     assert stages and all(st["output_batch"] == 32 and st["drop_last"] is True for st in stages)
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_batch_taken_back_reads_as_not_kept_also_after_a_resume(tmp_path, resume):
+    """Sifter.discard_last (EqualSteps' discarded batch) ends the pass: a checkpoint taken after it
+    resumes into the next pass, as the uninterrupted run goes on, and no attempt's log reads the
+    batch as kept (found by review: the pass stayed open, and a resumed attempt re-read its rows
+    as handed on while the first attempt's note was superseded)."""
+    root = str(tmp_path / "log")
+    data = SAMPLES[:200]
+
+    def stage():
+        return sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=40, output_batch=6,
+                         audit=sp.AuditLog(root, run_id="job", flush_every=10), seed=3)  # fmt: skip
+
+    s = stage()
+    it = s(data)
+    trained = list(next(it)["__key__"])
+    taken_back = list(next(it)["__key__"])
+    assert s.discard_last() == 6 and s.discard_last() == 0  # taken back once
+    with pytest.raises(sp.PassClosedError, match="discard_last"):
+        next(it)
+    state = roundtrip(s.state_dict())
+    assert not state["pass_open"]
+    if resume:
+        s.audit.flush()
+        s = stage()
+        s.load_state_dict(state)
+    second = [k for b in s(data) for k in b["__key__"]]  # the next pass: the whole data again
+    s.close()
+    table = sp.read_log(root)
+    kept = [
+        k
+        for k, e, keep in zip(*(table.column(c).to_pylist() for c in ("key", "epoch", "kept")))
+        if keep and e == 0
+    ]
+    assert kept == trained and not set(kept) & set(taken_back)  # of the first pass
+    assert len(second) == s.stats.kept - s.stats.unhanded - len(trained)
+    assert sp.verify_log(root).ok
+
+
+def test_discard_last_after_the_stage_moved_on_is_refused_and_notes_nothing(tmp_path):
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=None, batched=True, seed=3)
+    it = s(collated(SAMPLES[:200], 50))
+    next(it)
+    s.state_dict()  # puts the handed-on rows behind it
+    with pytest.raises(sp.SiftError, match="right after reading the batch"):
+        s.discard_last()
+    assert s.stats.unhanded == 0
 
 
 _CHECKPOINT_AFTER_THE_LAST_FULL_BATCH = """
