@@ -30,7 +30,8 @@ samples). Arms (``--arms``; ``name@key=value,key=value`` sets parameters, e.g.
   full            every sample trained, no selector
   recipe          ``sp.recipe(model, scorer, budget=epochs*N, batched=True, output_batch=batch)``
                   with the library's defaults (keys: ratio, warmup, anneal, guard, cost_guard,
-                  graded; ``guard=none``, ``graded=0`` for InfoBatch's step rule), fed input
+                  graded, min_spread, noise_drop; ``guard=none``, ``graded=0`` for InfoBatch's step
+                  rule), fed input
                   batches of ``feed`` x batch rows (default 8, as README recommends; key: feed);
                   losses of the training step handed back with ``sifter.observe``
   infobatch_ref   InfoBatch (Qin et al., ICLR 2024) written here, independent of the library
@@ -438,7 +439,9 @@ class ArmSpec:
 
 ARM_KINDS = {
     "full": set(),
-    "recipe": {"ratio", "warmup", "anneal", "guard", "cost_guard", "graded", "feed", "min_spread"},
+    "recipe": {
+        *("ratio", "warmup", "anneal", "guard", "cost_guard", "graded", "feed", "min_spread", "noise_drop")
+    },
     "infobatch_ref": {"ratio", "anneal"},
     "uniform": {"keep"},
 }

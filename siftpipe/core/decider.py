@@ -291,6 +291,9 @@ class Decider:
 
     def pass_begins(self, whole: bool) -> None:
         """A pass begins (``whole``: from its start, not resumed inside it)."""
+        # also here: a pass left early (EqualSteps on every rank but the shortest, a break) ends
+        # without pass_ends
+        self._warn_hard()
         memory = self.memory
         usable = 0
         if whole and memory is not None and not self._warned_memory:
@@ -332,7 +335,7 @@ class Decider:
     HARD_WARN = 0.15
 
     def _warn_hard(self) -> None:
-        """Log once when a pass ends with ``HARD_WARN`` or more of the training losses of known
+        """Log once when a pass begins or ends with ``HARD_WARN`` or more of the training losses of known
         samples persistently hard (mislabeled samples, most often): sifting trains all of them
         while it drops easy ones, and on siftpipe's noisy benchmark tasks it did not reliably
         pay there."""
@@ -343,14 +346,18 @@ class Decider:
         if share is None or share < self.HARD_WARN:
             return
         self._warned_hard = True
+        dropping = getattr(self.policy, "noise_drop", None) is not None
         _log.warning(
             "siftpipe: %.0f%% of the training losses of samples seen before stayed above twice the "
             "mean loss, as they were last time (stats.persistent_hard): samples the model does not "
             "learn, as mislabeled ones stay. Sifting keeps training every one of them while it drops "
             "easy samples; on siftpipe's benchmark tasks with 20%% of the labels wrong it did not "
             "reliably save time to accuracy (docs/benchmarks.md). Compare against a run without "
-            "sifting, or clean the labels",
+            "sifting, clean the labels, or %s",
             100 * share,
+            "see what noise_drop, set on this policy and pruning them from now on, does"
+            if dropping
+            else "try sp.recipe(..., noise_drop=0.9), which prunes them",
         )
 
     def _warn_no_feedback(self) -> None:

@@ -32,6 +32,7 @@ def recipe(
     cost_guard: bool = True,
     graded: bool = True,
     min_spread: float | None = DEFAULTS["min_spread"],
+    noise_drop: float | None = None,
     **sifter_kwargs: Any,
 ) -> Sifter:
     """A ``Sifter`` set up as siftpipe's default recipe: no scoring forward, ever.
@@ -66,6 +67,10 @@ def recipe(
         min_spread: Keep every sample while the remembered losses sit less than this far below
             their mean on average, in mean losses (``ScoreMemory.spread()``): they do not tell
             samples apart, and pruning then costs accuracy (``InfoBatch``); None: no floor.
+        noise_drop: Opt-in, for data with wrong labels: once samples that stay far above the
+            mean loss abound (``stats.persistent_hard`` >= 0.15), prune a sample whose loss is
+            above twice the mean with this probability, unweighted (``InfoBatch``); 0.9 was
+            measured (docs/benchmarks.md). None (default): off.
         sifter_kwargs: Any other ``Sifter`` argument (``batched``, ``micro_batch``, ``audit``, ...).
     """
     count = integer_count(budget)  # a numpy or torch integer too (epochs * len(...) of arrays)
@@ -80,7 +85,13 @@ def recipe(
         if name in sifter_kwargs:
             raise ConfigError(f"recipe() sets {name}= itself; build a Sifter directly to choose it")
     policy = InfoBatch(
-        ratio=ratio, budget=budget, anneal=anneal, guard=guard, graded=graded, min_spread=min_spread
+        ratio=ratio,
+        budget=budget,
+        anneal=anneal,
+        guard=guard,
+        graded=graded,
+        min_spread=min_spread,
+        noise_drop=noise_drop,
     )
     memory = ScoreMemory(capacity=capacity if capacity is not None else budget, max_age=None)
     sifter_kwargs.setdefault("unknown", "keep")

@@ -420,6 +420,98 @@ def test_the_stage_says_when_samples_stay_hard_as_mislabeled_ones_do(caplog, noi
         assert hard is not None and hard < 0.05 and not said, (hard, said)
 
 
+@pytest.mark.parametrize("noise_drop", [None, 0.9])
+def test_noise_drop_prunes_samples_that_stay_hard_once_they_abound(noise_drop):
+    """Opt-in: with persistently hard samples (wrong labels) past InfoBatch.NOISE_AT, samples
+    above twice the mean are pruned with probability noise_drop and the kept ones weigh 1; off,
+    every such sample is trained every epoch (they are never below the mean)."""
+    n = 1000
+    keys = list(range(n))
+    base = np.random.default_rng(2).uniform(0.5, 1.5, n)
+
+    def loss_of(k, e):
+        return 6.0 * base[k] if k % 5 == 0 else base[k] * 0.6**e
+
+    stage = sp.Sifter(
+        None, _never,
+        sp.InfoBatch(0.5, budget=100 * n, graded=True, noise_drop=noise_drop),
+        memory=sp.ScoreMemory(capacity=n, max_age=None), unknown="keep", remember_forward=False,
+        batched=True, micro_batch=None,
+    )  # fmt: skip
+    trained = []
+    for epoch in range(5):
+        _epoch(stage, epoch, keys, loss_of, trained)
+    last = [(int(k), float(w)) for e, ks, ws in trained if e == 4 for k, w in zip(ks, ws)]
+    noisy = [w for k, w in last if k % 5 == 0]
+    if noise_drop is None:
+        assert stage.stats.persistent_hard >= sp.InfoBatch.NOISE_AT
+        assert len(noisy) == n // 5 and set(noisy) == {1.0}
+        assert stage.policy.state_dict() == {}  # as before noise_drop existed
+    else:
+        assert 0 < len(noisy) < 0.2 * (n // 5) and set(noisy) == {1.0}  # ~10% kept, unweighted
+        assert stage.policy.config()["noise_drop"] == 0.9  # in the config a checkpoint compares
+        # pruned, fewer of them come back and the measure falls: the policy stays on (latched,
+        # and in the state, so a resumed stage prunes as the uninterrupted one does)
+        assert stage.stats.persistent_hard < sp.InfoBatch.NOISE_AT
+        state = roundtrip(stage.state_dict())
+        assert state["policy"] == {"noisy": True}
+        again = sp.InfoBatch(0.5, budget=100 * n, graded=True, noise_drop=0.9)
+        again.load_state_dict(state["policy"])
+        assert again.state_dict() == {"noisy": True}
+    clean = [k for k, _ in last if k % 5]
+    assert len(clean) < 0.9 * (n - n // 5)  # the easy ones are pruned either way
+    for bad in (0.0, 1.0, True, "0.5"):
+        with pytest.raises(sp.ConfigError, match="noise_drop"):
+            sp.InfoBatch(noise_drop=bad)
+
+
+def test_noise_drop_resumed_from_any_checkpoint_decides_as_the_uninterrupted_run():
+    """noise_drop's switch is latched in the policy's state: a stage resumed after it turned on
+    (when the measure it read has fallen since) prunes as the uninterrupted one does."""
+    n, epochs = 1000, 6
+    keys = list(range(n))
+    base = np.random.default_rng(3).uniform(0.5, 1.5, n)
+
+    def loss_of(k, e):
+        return 6.0 * base[k] if k % 5 == 0 else base[k] * 0.6**e
+
+    def make():
+        return sp.recipe(None, _never, budget=epochs * n, capacity=n, batched=True, micro_batch=None,
+                         seed=3, cost_guard=False, noise_drop=0.9)  # fmt: skip
+
+    def run(stage, start_epoch=0, cut=None, source_from=0):
+        decided, step = [], 0
+        for epoch in range(start_epoch, epochs):
+            if epoch > start_epoch or source_from == 0:
+                stage.set_epoch(epoch)
+            source = _batches(keys, size=40)[source_from if epoch == start_epoch else 0 :]
+            for batch in stage(source):
+                decided.append((epoch, tuple(batch["__key__"]), tuple(batch["__sift_weight__"].tolist())))
+                stage.observe(batch["__key__"], np.array([loss_of(int(k), epoch) for k in batch["__key__"]]))
+                step += 1
+                if step == cut:
+                    return decided, roundtrip(stage.state_dict()), epoch
+        return decided, None, None
+
+    def stage_hard(state):
+        memory = sp.ScoreMemory(capacity=n, max_age=None)
+        memory.load_state_dict(state["memory"])
+        return memory.persistent_hard()
+
+    full, _, _ = run(make())
+    assert make().policy.state_dict() == {"noisy": False}
+    switched = None
+    for cut in (60, 75, 90, 105, 120, 135):
+        head, state, epoch = run(make(), cut=cut)
+        assert state is not None
+        switched = switched or (state["policy"]["noisy"] and stage_hard(state) < sp.InfoBatch.NOISE_AT)
+        stage = make()
+        stage.load_state_dict(state)
+        rest, _, _ = run(stage, epoch, source_from=stage.consumed)
+        assert head + rest == full, f"cut {cut}"
+    assert switched  # some cut fell after noise_drop turned on and the measure fell below its line
+
+
 def test_mean_tracks_updates_and_a_max_age_of_none_round_trips_through_files(tmp_path):
     memory = sp.ScoreMemory(capacity=50, max_age=None)
     memory.update(key_hashes(range(10)), np.arange(10.0), 0, FEEDBACK)
