@@ -282,8 +282,8 @@ class EqualSteps(Iterable[T]):
                 self.discarded += have
                 discard = getattr(sifter, "discard_last", None) if have else None
                 if discard is not None:
-                    # fetched, and now never trained: the stage's pass is still open (suspended
-                    # after handing it on), so it can note its rows as not handed on
+                    # fetched, and now never trained: the stage notes its rows as not handed on
+                    # (its pass is suspended right after handing it on) and ends the pass
                     discard()
                 share = self.sync_memory
                 if share is None:
