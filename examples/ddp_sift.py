@@ -21,6 +21,7 @@ temporary directory, or ``$SIFTPIPE_DDP_DIR``), never into the current directory
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import tempfile
@@ -79,6 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main() -> None:
+    # a rank that dies in C++ (SIGABRT from a collective library's thread) prints every thread's
+    # Python stack first: the trace torchrun's report lacks
+    faulthandler.enable(all_threads=True)
     args = parse_args()
     options = parse_storage_options(args.storage_option)
 
