@@ -115,10 +115,7 @@ class Output:
             batch = group.items[0]
             kept = _batch.take(batch, index) if index.size < group.rows else batch
             if self.output_batch is None:
-                ledger.emitted += index.size
-                self.handed += index.size
-                self.last_rows = index.size
-                self.last_end = ledger.trimmed + ledger.emitted
+                self._hand(index.size)
                 yield kept
                 ledger.trim()
                 return
@@ -159,13 +156,19 @@ class Output:
                 del self.buffer[:size]
                 self.buffered = len(self.buffer)
             self.busy += time.perf_counter() - t0
-            ledger.emitted += size
-            self.handed += size
-            self.last_rows = size
-            self.last_end = ledger.trimmed + ledger.emitted
+            self._hand(size)
             yield out
             ledger.trim()
         ledger.trim()
+
+    def _hand(self, rows: int) -> None:
+        """A batch of ``rows`` kept rows is about to be handed on: count it, and remember it (and
+        where it ends in the pass) for ``Sifter.discard_last``."""
+        ledger = self.ledger
+        ledger.emitted += rows
+        self.handed += rows
+        self.last_rows = rows
+        self.last_end = ledger.trimmed + ledger.emitted
 
     def drop(self) -> None:
         """Forget the rows waiting for a full batch (``drop_last``): the ledger counts them as
@@ -177,11 +180,8 @@ class Output:
     def finish(self) -> Iterator[Any]:
         if not self.buffered:
             return
-        s, ledger = self.scoring, self.ledger
+        s = self.scoring
         out = _batch.concat(self.buffer) if s.batched else s.collate_fn(self.buffer)
-        ledger.emitted += self.buffered
-        self.handed += self.buffered
-        self.last_rows = self.buffered
-        self.last_end = ledger.trimmed + ledger.emitted
+        self._hand(self.buffered)
         self.buffer, self.buffered = [], 0
         yield out

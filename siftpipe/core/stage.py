@@ -766,8 +766,8 @@ class Sifter:
         this for the batch a rank fetched for a step no rank takes, the one that ends the epoch.
 
         For a stage that hands on batches (``batched=True``, or ``output_batch``), right after
-        reading that batch: reading the pass again, ``state_dict()`` or ``consumed`` in between
-        may forget the batch's place (``SiftError`` then, and nothing is noted). Returns the rows
+        reading that batch: ``state_dict()`` or ``consumed`` in between may put its rows behind
+        the stage (``SiftError`` then, and nothing is noted). Returns the rows
         noted, in samples: 0, and the pass left open, when there is none to take back (no open
         pass, or a stage handing on single samples). Reading the ended pass's iterator again
         raises ``PassClosedError``."""
@@ -777,12 +777,13 @@ class Sifter:
             return 0
         assert out is not None
         ledger = self._ledger
+        # where the batch starts among the pending groups' kept rows (trim forgets whole groups)
         start = out.last_end - rows - ledger.trimmed
-        if start < 0 or out.last_end - ledger.trimmed > ledger.emitted:
+        if start < 0:
             raise SiftError(
-                "discard_last() came after the stage moved past the batch read last (the pass was "
-                "read again, or state_dict() or consumed put its rows behind): call it right after "
-                "reading the batch it takes back; nothing was noted"
+                "discard_last() came after state_dict() or consumed put the rows of the batch read "
+                "last behind the stage: call it right after reading the batch it takes back; "
+                "nothing was noted"
             )
         out.last_rows = 0
         self._note_unhanded(start, start + rows)
