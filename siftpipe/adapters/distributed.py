@@ -194,7 +194,9 @@ class EqualSteps(Iterable[T]):
     counts them (at most one item per rank per epoch). Given the ``sifter`` whose batches
     ``source`` yields (``output_batch``, or batched mode), the discarded batch's rows are noted as
     never handed on (``Sifter.discard_last``: ``stats.unhanded``, and the audit log reads them as
-    not kept); without it, or for a stage that hands on single samples that something else
+    not kept), with those of the batches a prefetcher between them had read after it; each item
+    of ``source`` must then be one batch of the stage's (a ``SiftError`` at the epoch's end says
+    otherwise). Without it, or for a stage that hands on single samples that something else
     batches, the audit log reads them as kept.
 
     Args:
@@ -265,10 +267,12 @@ class EqualSteps(Iterable[T]):
         sifter = self.sifter
         self.steps = 0
         first = True
+        fetched = 0  # items read from source this epoch: the stage's batches, one for one
         while True:
             try:
                 item = next(it)
                 have = 1
+                fetched += 1
             except StopIteration:
                 have = 0
             if first and sifter is not None:
@@ -282,9 +286,10 @@ class EqualSteps(Iterable[T]):
                 self.discarded += have
                 discard = getattr(sifter, "discard_last", None) if have else None
                 if discard is not None:
-                    # fetched, and now never trained: the stage notes its rows as not handed on
-                    # (its pass is suspended right after handing it on) and ends the pass
-                    discard()
+                    # fetched, and now never trained: the stage notes its rows (and those of any
+                    # batch a prefetcher between them read after it) as not handed on, and ends
+                    # the pass
+                    discard(fetched=fetched)
                 share = self.sync_memory
                 if share is None:
                     share = sifter is not None and getattr(sifter, "memory", None) is not None

@@ -63,16 +63,12 @@ class Ledger:
         self.pending: deque[Group] = deque()
         self.consumed = 0
         self.emitted = 0
-        #: Kept rows of the groups ``trim`` has forgotten since the pending groups were last
-        #: dropped: ``trimmed + emitted`` counts the rows handed on in the pass (``Output.last_end``).
-        self.trimmed = 0
 
     def drop_pending(self, consumed: int | None = None) -> None:
         """Forget the pending groups (a pass ended or failed, or a state is loaded); ``consumed``:
         the position to stand at, if it moves too."""
         self.pending.clear()
         self.emitted = 0
-        self.trimmed = 0
         if consumed is not None:
             self.consumed = consumed
 
@@ -82,8 +78,22 @@ class Ledger:
         while pending and pending[0].n_kept <= self.emitted:
             group = pending.popleft()
             self.emitted -= group.n_kept
-            self.trimmed += group.n_kept
             self.consumed += group.n_items
+
+    def seq_at(self, pos: int) -> int:
+        """The seq of kept row ``pos`` of the pending groups (in the order they are handed on;
+        ``emitted`` is the first not yet handed), or -1 if they hold fewer rows."""
+        for group in self.pending:
+            index = group.kept_index
+            if pos < index.size:
+                return group.seq0 + int(index[pos])
+            pos -= index.size
+        return -1
+
+
+#: Batches handed on whose rows ``Sifter.discard_last`` can still find: the batch a consumer
+#: discards and the ones something between it and the stage (a prefetcher) fetched after it
+RECENT_BATCHES = 64
 
 
 class Output:
@@ -100,10 +110,13 @@ class Output:
         self.handed = 0  # samples handed on by this output (the ledger's emitted count is trimmed)
         self.busy = 0.0  # seconds spent building output batches (the stage's work, for its account)
         self.resumed = resumed  # the pass resumed from a state (what it handed on before is not here)
-        #: Rows of the batch handed on last (0: none, or it was taken back: ``Sifter.discard_last``),
-        #: and where it ended, in kept rows of the ledger (``trimmed + emitted`` then).
-        self.last_rows = 0
-        self.last_end = 0
+        #: Batches handed on in this pass (by this process: a resumed pass counts from 0), and the
+        #: last ``RECENT_BATCHES`` of them as (rows, first seq, last seq), for
+        #: ``Sifter.discard_last``; ``settled``: ``batches`` when ``state_dict()`` or ``consumed``
+        #: last put the rows handed on behind the stage (a checkpoint says they were handed on)
+        self.batches = 0
+        self.recent: deque[tuple[int, int, int]] = deque(maxlen=RECENT_BATCHES)
+        self.settled = 0
 
     def hand_on(self, group: Group) -> Iterator[Any]:
         s, ledger = self.scoring, self.ledger
@@ -115,7 +128,7 @@ class Output:
             batch = group.items[0]
             kept = _batch.take(batch, index) if index.size < group.rows else batch
             if self.output_batch is None:
-                self._hand(index.size)
+                self._hand(index.size, group.seq0 + int(index[0]), group.seq0 + int(index[-1]))
                 yield kept
                 ledger.trim()
                 return
@@ -161,14 +174,17 @@ class Output:
             ledger.trim()
         ledger.trim()
 
-    def _hand(self, rows: int) -> None:
-        """A batch of ``rows`` kept rows is about to be handed on: count it, and remember it (and
-        where it ends in the pass) for ``Sifter.discard_last``."""
+    def _hand(self, rows: int, first: int = -1, last: int = -1) -> None:
+        """A batch of ``rows`` kept rows (seqs ``first`` to ``last``: looked up when not given) is
+        about to be handed on: count it, and remember it for ``Sifter.discard_last``."""
         ledger = self.ledger
+        if first < 0:
+            first = ledger.seq_at(ledger.emitted)
+            last = ledger.seq_at(ledger.emitted + rows - 1)
         ledger.emitted += rows
         self.handed += rows
-        self.last_rows = rows
-        self.last_end = ledger.trimmed + ledger.emitted
+        self.batches += 1
+        self.recent.append((rows, first, last))
 
     def drop(self) -> None:
         """Forget the rows waiting for a full batch (``drop_last``): the ledger counts them as

@@ -88,20 +88,26 @@ class Passes:
         gen = self.active() if self.active is not None else None
         if gen is None:
             return
-        if inspect.getgeneratorstate(gen) == inspect.GEN_RUNNING:
-            # read by another thread this moment: closing it there would fail there (a raw
-            # "generator already executing"); nothing was changed here yet
-            raise PassClosedError(
-                "a pass of this Sifter is being read by another thread: a Sifter runs one pass "
-                "at a time, read by one consumer; make one Sifter per pipeline (per thread), or "
-                "finish (or break out of) the running pass before opening the next"
-            )
+        self.check_not_running(gen)
         self.active = None
         self.closed_why = why
         if inspect.getgeneratorstate(gen) != inspect.GEN_SUSPENDED:
             return  # ended, or never started (its body checks that it is current when it starts)
         with contextlib.suppress(StopIteration):  # (it yields once more: it never ends here)
             gen.throw(Superseded(why))
+
+    def check_not_running(self, gen: Generator[Any, None, None] | None = None) -> None:
+        """``PassClosedError`` if the running pass's iterator is being read by another thread this
+        moment: closing it there would fail there (a raw "generator already executing")."""
+        if gen is None:
+            gen = self.active() if self.active is not None else None
+        if gen is not None and inspect.getgeneratorstate(gen) == inspect.GEN_RUNNING:
+            raise PassClosedError(
+                "a pass of this Sifter is being read by another thread: a Sifter runs one pass "
+                "at a time, read by one consumer; make one Sifter per pipeline (per thread), or "
+                "finish (or break out of) the running pass (a prefetching thread: stop it) "
+                "before opening the next or taking a batch back"
+            )
 
     def began_reading(self) -> None:
         """The pass iterated its source: whatever an earlier pass left mid-way is behind it."""

@@ -280,7 +280,7 @@ class Sifter:
         self._shards = ShardWatch()  # see watch_shards
         self._warned_empty = False  # EmptyPassWarning given
         self._warned_shapes = False  # BatchShapeWarning given
-        self._output: Output | None = None  # the open pass's output (Sifter.discard_last)
+        self._output: Output | None = None  # the last pass's output (Sifter.discard_last)
         self._warned_all_dropped = False  # EmptyPassWarning for a pass drop_last emptied given
 
     # ------------------------------------------------------------------ public
@@ -668,6 +668,7 @@ class Sifter:
                 f"checkpoint's audit entry: {why}"
             ) from exc
         self._passes.close_active("load_state_dict() loaded a checkpoint into the stage")
+        self._output = None  # its batches are not the checkpoint's to take back
         if self.memory is not None and state["memory"] is not None:
             self.memory.load_state_dict(state["memory"], fit="memory" in allowed)
         self._rng_untouched = False
@@ -693,6 +694,7 @@ class Sifter:
         """Stop the active pass and flush and close the audit log (if any). Reading the stopped
         pass's iterator on raises ``PassClosedError``."""
         self._passes.close_active("the Sifter was closed (close(), or the end of a with block)")
+        self._output = None
         if self.audit is not None:
             self.audit.close()
 
@@ -745,8 +747,8 @@ class Sifter:
                 # group is not the stage's (the pass may be closed long after it was left)
                 self._pass_ended(None)
                 self._unhanded()
-            if self._output is out:
-                self._output = None
+            # self._output stays: a prefetcher may have read the pass to its end before its
+            # consumer discards a batch of it (discard_last); the next pass replaces it
             self._passes.run_ends(this_pass, finished, reader)
         if closed:
             # cleaned up; its consumer reading on is told why, not handed a quiet end of epoch
@@ -756,37 +758,62 @@ class Sifter:
             yield None
             raise self._closed_error()
 
-    def discard_last(self) -> int:
-        """The consumer did not train the batch it read last from this stage's open pass, and will
-        read no more of the pass: note that batch's rows as never handed on, as a pass left early
-        notes the rest of its input (``stats.unhanded``; the audit log's note, which
-        ``read_log``, ``replay`` and ``verify_log`` read as not kept), and end the pass, as
-        leaving it would (the next ``sifter(...)`` call starts a new one; a checkpoint from now
-        on resumes there, as the uninterrupted run goes on). ``EqualSteps(..., sifter=)`` calls
-        this for the batch a rank fetched for a step no rank takes, the one that ends the epoch.
+    def discard_last(self, fetched: int | None = None) -> int:
+        """The consumer did not train the batch it read last from this stage's pass, and will read
+        no more of the pass: note that batch's rows, and those of any batch handed on after it,
+        as never handed on, as a pass left early notes the rest of its input (``stats.unhanded``;
+        the audit log's note, which ``read_log``, ``replay`` and ``verify_log`` read as not
+        kept), and end the pass if it is still open, as leaving it would (the next
+        ``sifter(...)`` call starts a new one; a checkpoint from now on resumes there, as the
+        uninterrupted run goes on). ``EqualSteps(..., sifter=)`` calls this for the batch a rank
+        fetched for a step no rank takes, the one that ends the epoch.
 
-        For a stage that hands on batches (``batched=True``, or ``output_batch``), right after
-        reading that batch: ``state_dict()`` or ``consumed`` in between may put its rows behind
-        the stage (``SiftError`` then, and nothing is noted). Returns the rows
-        noted, in samples: 0, and the pass left open, when there is none to take back (no open
-        pass, or a stage handing on single samples). Reading the ended pass's iterator again
-        raises ``PassClosedError``."""
+        Args:
+            fetched: Batches of this pass the consumer has read, the discarded one included,
+                counted from when it began reading the pass (in this process). ``None``: the
+                batch the stage handed on last. Fewer than the stage handed on means something
+                between them read ahead (a prefetcher, in the same thread or not): the batches
+                it holds after the discarded one were never trained either and are noted too.
+
+        For a stage that hands on batches (``batched=True``, or ``output_batch``); the batch may
+        be up to ``RECENT_BATCHES`` (64) behind the last one handed on, and the pass may have
+        ended since (a prefetcher read it to its end). Returns the rows noted, in samples: 0,
+        and nothing changed, when there is none to take back (no pass, a stage handing on
+        single samples, or the batch already taken back). Raises ``SiftError`` (and notes
+        nothing) if ``fetched`` is more than the stage handed on (something between them cuts or
+        joins its batches: each item the consumer reads must be one batch of the stage's), or the
+        batch is too far behind; ``PassClosedError`` if another thread is reading the pass this
+        moment. Reading the ended pass's iterator again raises ``PassClosedError``."""
         out = self._output
-        rows = 0 if out is None else out.last_rows
-        if not rows:
+        if out is None or not out.recent:
             return 0
-        assert out is not None
-        ledger = self._ledger
-        # where the batch starts among the pending groups' kept rows (trim forgets whole groups)
-        start = out.last_end - rows - ledger.trimmed
-        if start < 0:
+        handed = out.batches
+        n = handed if fetched is None else int(fetched)
+        if n > handed or n < 1:
             raise SiftError(
-                "discard_last() came after state_dict() or consumed put the rows of the batch read "
-                "last behind the stage: call it right after reading the batch it takes back; "
+                f"discard_last(fetched={fetched}): the consumer read {n} batches of this pass but "
+                f"the stage handed on {handed}; the batches it reads must be the stage's own, one "
+                "for one (pass EqualSteps the sifted stream itself, or no sifter= where something "
+                "between them re-batches: the audit log then reads the discarded rows as kept); "
                 "nothing was noted"
             )
-        out.last_rows = 0
-        self._note_unhanded(start, start + rows)
+        behind = handed - n  # batches handed on after the discarded one (a prefetcher holds them)
+        if behind >= len(out.recent):
+            raise SiftError(
+                f"discard_last(fetched={fetched}): the discarded batch is {behind} batches behind the "
+                f"last one the stage handed on; it remembers the last {len(out.recent)}. Read "
+                "ahead less between the stage and the consumer; nothing was noted"
+            )
+        self._passes.check_not_running()
+        taken = list(out.recent)[-(behind + 1) :]
+        out.recent.clear()  # taken back: not twice
+        rows = sum(entry[0] for entry in taken)
+        first, last = taken[0][1], taken[-1][2]
+        assert first >= 0 and last >= first, (first, last)  # every handed batch's seqs are known
+        self._decider.counts["unhanded"] += rows
+        note = getattr(self.audit, "unhanded", None)
+        if note is not None:
+            note(first, last, rows)
         # the rest of the pass, never to be read: noted as a pass left early is, and closed
         self._passes.close_active(
             "discard_last() ended it (EqualSteps ended the epoch): the batch read last was not trained"

@@ -1,5 +1,6 @@
 """Sifting on every rank: real processes, gloo backend, each test bounded in time."""
 
+import collections
 import os
 import socket
 
@@ -163,7 +164,19 @@ def test_ranks_draw_independently_and_log_their_own_partitions(tmp_path):
     assert sp.whatif(str(tmp_path), [sp.Uniform(0.5)])[0].flips == 0
 
 
-def _discarded_batch_audit(rank, world, root, batched):
+def _prefetched(batches, depth):
+    """A same-thread prefetcher reading ``depth`` batches ahead and copying each (as one that
+    moves batches to the GPU does): the batch the consumer discards is not the stage's last."""
+    ahead: collections.deque = collections.deque()
+    for batch in batches:
+        ahead.append({k: (v.clone() if isinstance(v, torch.Tensor) else list(v)) for k, v in batch.items()})
+        if len(ahead) > depth:
+            yield ahead.popleft()
+    while ahead:
+        yield ahead.popleft()
+
+
+def _discarded_batch_audit(rank, world, root, batched, prefetch=0):
     # rank 1 has more data, so its pass ends with a batch fetched for a step rank 0 cannot take
     log = sp.AuditLog(root, flush_every=50)
     samples = make_samples(120 + 80 * rank, seed=rank)
@@ -181,7 +194,7 @@ def _discarded_batch_audit(rank, world, root, batched):
     )  # fmt: skip
     trained, discarded = [], 0
     for _epoch in range(2):
-        equal = sp.EqualSteps(sifter(data), sifter=sifter)
+        equal = sp.EqualSteps(_prefetched(sifter(data), prefetch), sifter=sifter)
         for batch in equal:
             trained += list(batch["__key__"])
         discarded += equal.discarded
@@ -194,12 +207,14 @@ def _discarded_batch_audit(rank, world, root, batched):
     )
 
 
-@pytest.mark.parametrize("batched", [False, True])
-def test_a_batch_equal_steps_discards_reads_as_not_kept(tmp_path, batched):
+@pytest.mark.parametrize("batched, prefetch", [(False, 0), (True, 0), (False, 1), (True, 2)])
+def test_a_batch_equal_steps_discards_reads_as_not_kept(tmp_path, batched, prefetch):
     """Found by a session's note: the batch EqualSteps fetched for a step no rank takes (the one
     that ends the epoch on a rank with more data) was recorded as kept, so read_log and replay
-    listed never-trained samples as trained. Given the sifter, it is noted as never handed on."""
-    launch(_discarded_batch_audit, 2, str(tmp_path), batched)
+    listed never-trained samples as trained. Given the sifter, it is noted as never handed on;
+    with a prefetcher between them, so are the batches it read after that one (before, the
+    stage noted its own last batch, and the discarded one read as kept)."""
+    launch(_discarded_batch_audit, 2, str(tmp_path), batched, prefetch)
     trained = {r: (tmp_path / f"trained{r}.txt").read_text().split() for r in range(2)}
     discarded, kept, unhanded, n = np.load(tmp_path / "rank1.npy").tolist()
     assert discarded == 2 and unhanded > 0 and kept == n + unhanded  # one batch per epoch

@@ -401,14 +401,70 @@ def test_a_batch_taken_back_reads_as_not_kept_also_after_a_resume(tmp_path, resu
     assert sp.verify_log(root).ok
 
 
-def test_discard_last_after_the_stage_moved_on_is_refused_and_notes_nothing(tmp_path):
+def _kept_keys(root):
+    table = sp.read_log(root)
+    return [k for k, keep in zip(*(table.column(c).to_pylist() for c in ("key", "kept"))) if keep]
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_batch_taken_back_after_a_checkpoint_or_a_prefetcher_read_on_reads_as_not_kept(tmp_path, batched):
+    """discard_last finds the batch by its seqs, not by the pending groups: after state_dict() (or
+    consumed) forgot its group it notes that batch (before, SiftError: it could not find it), and
+    given ``fetched`` it notes the batch the consumer read and those a prefetcher read after it
+    (before, the prefetcher's batch alone, and the discarded one read as kept)."""
+    root = str(tmp_path / "log")
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=None if batched else 40,
+                  output_batch=None if batched else 8, batched=batched, seed=3,
+                  audit=sp.AuditLog(root, run_id="r"))  # fmt: skip
+    data = collated(SAMPLES[:400], 50) if batched else SAMPLES[:400]
+    it = s(data)
+    read = [list(next(it)["__key__"]) for _ in range(4)]  # the consumer trains the first two
+    s.state_dict()  # puts the handed-on rows behind the stage
+    assert s.discard_last(fetched=3) == len(read[2]) + len(read[3])  # the 4th: a prefetcher's
+    assert s.discard_last() == 0  # taken back once
+    with pytest.raises(sp.PassClosedError, match="discard_last"):
+        next(it)
+    s.close()
+    assert s.stats.unhanded >= len(read[2]) + len(read[3])
+    kept = _kept_keys(root)
+    assert kept == read[0] + read[1]
+    assert sp.verify_log(root).ok
+
+
+def test_a_prefetcher_that_read_the_pass_to_its_end_still_has_its_batch_taken_back(tmp_path):
+    root = str(tmp_path / "log")
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=None, batched=True, seed=3,
+                  audit=sp.AuditLog(root, run_id="r"))  # fmt: skip
+    got = [list(b["__key__"]) for b in s(collated(SAMPLES[:200], 50))]  # the pass read to its end
+    assert len(got) == 4
+    assert s.discard_last(fetched=3) == len(got[2]) + len(got[3])
+    s.close()
+    assert _kept_keys(root) == got[0] + got[1] and s.stats.unhanded == len(got[2]) + len(got[3])
+    assert sp.verify_log(root).ok
+
+
+def test_discard_last_that_cannot_be_the_stages_batch_is_refused_and_notes_nothing(tmp_path):
     s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=None, batched=True, seed=3)
     it = s(collated(SAMPLES[:200], 50))
     next(it)
-    s.state_dict()  # puts the handed-on rows behind it
-    with pytest.raises(sp.SiftError, match="right after reading the batch"):
-        s.discard_last()
+    # the consumer read more batches than the stage handed on: something between them re-batches
+    with pytest.raises(sp.SiftError, match="the stage handed on 1"):
+        s.discard_last(fetched=2)
+    with pytest.raises(sp.SiftError, match="the stage handed on 1"):
+        s.discard_last(fetched=0)
     assert s.stats.unhanded == 0
+    # more than RECENT_BATCHES behind the last batch handed on
+    s = sp.Sifter(None, loss_field, sp.Uniform(1.0), micro_batch=None, batched=True, seed=3)
+    it = s(collated(SAMPLES, 5))
+    for _ in range(70):
+        next(it)
+    with pytest.raises(sp.SiftError, match="remembers the last 64"):
+        s.discard_last(fetched=3)
+    assert s.discard_last(fetched=7) == 5 * 64 and s.stats.unhanded == 5 * 64
+    # a stage handing on single samples has no batch to take back
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=40, seed=3)
+    next(iter(s(SAMPLES[:100])))
+    assert s.discard_last() == 0 and s.discard_last(fetched=1) == 0
 
 
 _CHECKPOINT_AFTER_THE_LAST_FULL_BATCH = """
