@@ -334,11 +334,15 @@ class Decider:
     #: ``ScoreMemory.persistent_hard()`` from which the stage logs that sifting may not pay.
     HARD_WARN = 0.15
 
+    def epoch_changes(self) -> None:
+        """``set_epoch`` moves to another epoch: in one endless pass the only boundary there is."""
+        self._warn_hard()
+
     def _warn_hard(self) -> None:
-        """Log once when a pass begins or ends with ``HARD_WARN`` or more of the training losses
-        of known samples persistently hard (mislabeled samples, most often): sifting trains all
-        of them while it drops easy ones, and on siftpipe's noisy benchmark tasks it did not
-        reliably pay there."""
+        """Log once when a pass begins or ends, or the epoch changes, with ``HARD_WARN`` or more
+        of the training losses of known samples persistently hard (mislabeled samples, most
+        often): sifting trains all of them while it drops easy ones, and on siftpipe's noisy
+        benchmark tasks it did not reliably pay there."""
         memory = self.memory
         if self._warned_hard or memory is None or self.stopped:
             return

@@ -401,9 +401,15 @@ class Sifter:
         self._passes.steps = int(steps)
 
     def set_epoch(self, epoch: int) -> None:
-        """Record ``epoch`` with the decisions from now on (the next pass does not add one)."""
+        """Record ``epoch`` with the decisions from now on (the next pass does not add one).
+
+        Also where one endless pass (``fixed_steps`` over resampled shards) numbers its epochs:
+        the stage says then, as at a pass's begin and end, what the score memory's last epoch
+        showed (``stats.persistent_hard``'s warning)."""
         if self.memory is not None:
             check_epoch(int(epoch))
+        if int(epoch) != self.epoch:
+            self._decider.epoch_changes()
         self.epoch = int(epoch)
         self._passes.epoch_set = True
 

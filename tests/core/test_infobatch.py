@@ -420,6 +420,34 @@ def test_the_stage_says_when_samples_stay_hard_as_mislabeled_ones_do(caplog, noi
         assert hard is not None and hard < 0.05 and not said, (hard, said)
 
 
+def test_one_endless_pass_that_numbers_its_epochs_is_told_too(caplog):
+    """fixed_steps over an endless stream: no pass begins or ends, so the warning that samples
+    stay hard came never; set_epoch, the only epoch boundary there, now says it."""
+    n = 1000
+    rng = np.random.default_rng(1)
+    base = rng.uniform(0.5, 1.5, n)
+
+    def endless():
+        while True:
+            yield from _batches(list(range(n)))
+
+    stage = _stage(n, budget=100 * n, graded=True)
+    seen = 0
+    with caplog.at_level(logging.WARNING, logger="siftpipe"):
+        stage.set_epoch(0)
+        for batch in sp.fixed_steps(stage(endless()), 10**6):
+            ks = batch["__key__"]
+            e = stage.epoch
+            stage.observe(ks, np.array([6.0 * base[int(k)] if int(k) % 5 == 0 else base[int(k)] * 0.6**e for k in ks]))
+            seen = stage.stats.seen
+            if seen >= n * (e + 1):
+                if e == 4:
+                    break
+                stage.set_epoch(e + 1)
+    said = [r.message for r in caplog.records if "persistent_hard" in r.message]
+    assert len(said) == 1 and stage.stats.persistent_hard >= 0.15, (said, stage.stats.persistent_hard)
+
+
 @pytest.mark.parametrize("noise_drop", [None, 0.9])
 def test_noise_drop_prunes_samples_that_stay_hard_once_they_abound(noise_drop):
     """Opt-in: with persistently hard samples (wrong labels) past InfoBatch.NOISE_AT, samples
