@@ -438,7 +438,8 @@ def test_one_endless_pass_that_numbers_its_epochs_is_told_too(caplog):
         for batch in sp.fixed_steps(stage(endless()), 10**6):
             ks = batch["__key__"]
             e = stage.epoch
-            stage.observe(ks, np.array([6.0 * base[int(k)] if int(k) % 5 == 0 else base[int(k)] * 0.6**e for k in ks]))
+            losses = [6.0 * base[int(k)] if int(k) % 5 == 0 else base[int(k)] * 0.6**e for k in ks]
+            stage.observe(ks, np.array(losses))
             seen = stage.stats.seen
             if seen >= n * (e + 1):
                 if e == 4:
