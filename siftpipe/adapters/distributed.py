@@ -196,8 +196,10 @@ class EqualSteps(Iterable[T]):
     never handed on (``Sifter.discard_last``: ``stats.unhanded``, and the audit log reads them as
     not kept), with those of the batches a prefetcher between them had read after it; each item
     of ``source`` must then be one batch of the stage's (a ``SiftError`` at the epoch's end says
-    otherwise). Without it, or for a stage that hands on single samples that something else
-    batches, the audit log reads them as kept.
+    otherwise), and a prefetching *thread* between them must not be reading the stage when the
+    epoch ends (``PassClosedError`` then: stop it first, or pass no ``sifter``). Without it, or
+    for a stage that hands on single samples that something else batches, the audit log reads
+    them as kept.
 
     Args:
         source: What each rank iterates (a sifted loader, typically yielding batches).
@@ -215,6 +217,9 @@ class EqualSteps(Iterable[T]):
             epoch is decided by what it showed here. ``None`` (default): when ``sifter`` has a
             memory. ``False`` where each rank always reads the same samples (its own shards,
             Lightning's ``RankShareSampler``): sharing then costs memory and traffic for nothing.
+        replayed: How many of ``source``'s first items are not the stage's batches of its pass
+            (a trainer integration's stream replays the batches a checkpoint's trainer had not
+            yet trained before it reads the stage): ``sifter``'s batches are counted after them.
     """
 
     def __init__(
@@ -226,6 +231,7 @@ class EqualSteps(Iterable[T]):
         sync_every: int | None = None,
         quantiles: int = 256,
         sync_memory: bool | None = None,
+        replayed: int = 0,
     ) -> None:
         if sync_every is not None and (sifter is None or sync_every < 1):
             raise ConfigError("sync_every needs the sifter whose history to share, and a step count >= 1")
@@ -237,6 +243,7 @@ class EqualSteps(Iterable[T]):
         self.sync_every = sync_every
         self.quantiles = quantiles
         self.sync_memory = sync_memory
+        self.replayed = replayed
         #: Entries the last end-of-epoch memory sync received from other ranks.
         self.merged = 0
         #: Steps taken in the last epoch, the same on every rank (with ``sifter``, counted from the
@@ -284,12 +291,14 @@ class EqualSteps(Iterable[T]):
             dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
             if int(flag.item()) == 0:
                 self.discarded += have
-                discard = getattr(sifter, "discard_last", None) if have else None
+                # a replayed item (not the stage's) is not the stage's to take back
+                mine = fetched - self.replayed
+                discard = getattr(sifter, "discard_last", None) if have and mine > 0 else None
                 if discard is not None:
                     # fetched, and now never trained: the stage notes its rows (and those of any
                     # batch a prefetcher between them read after it) as not handed on, and ends
                     # the pass
-                    discard(fetched=fetched)
+                    discard(fetched=mine)
                 share = self.sync_memory
                 if share is None:
                     share = sifter is not None and getattr(sifter, "memory", None) is not None

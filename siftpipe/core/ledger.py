@@ -112,11 +112,10 @@ class Output:
         self.resumed = resumed  # the pass resumed from a state (what it handed on before is not here)
         #: Batches handed on in this pass (by this process: a resumed pass counts from 0), and the
         #: last ``RECENT_BATCHES`` of them as (rows, first seq, last seq), for
-        #: ``Sifter.discard_last``; ``settled``: ``batches`` when ``state_dict()`` or ``consumed``
-        #: last put the rows handed on behind the stage (a checkpoint says they were handed on)
+        #: ``Sifter.discard_last``; ``pass_id``: the pass's (``Passes.run_begins``)
         self.batches = 0
         self.recent: deque[tuple[int, int, int]] = deque(maxlen=RECENT_BATCHES)
-        self.settled = 0
+        self.pass_id = -1
 
     def hand_on(self, group: Group) -> Iterator[Any]:
         s, ledger = self.scoring, self.ledger

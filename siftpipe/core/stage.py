@@ -728,7 +728,7 @@ class Sifter:
         out = Output(self._ledger, self._scoring, self.output_batch, resumed=resume is not None)
         self._output = out
         groups = self._reread(reader, resume) if resume is not None else []
-        this_pass = self._passes.run_begins(resume)
+        this_pass = out.pass_id = self._passes.run_begins(resume)
         finished = closed = False
         seen_before = self._decider.counts["seen"]
         self._account.pass_begins()
@@ -789,7 +789,12 @@ class Sifter:
         nothing) if ``fetched`` is more than the stage handed on (something between them cuts or
         joins its batches: each item the consumer reads must be one batch of the stage's), or the
         batch is too far behind; ``PassClosedError`` if another thread is reading the pass this
-        moment. Reading the ended pass's iterator again raises ``PassClosedError``."""
+        moment. Reading the ended pass's iterator again raises ``PassClosedError``.
+
+        A checkpoint taken between reading the batch and this call records it as handed on: a
+        job resumed from that checkpoint does not train it either, but its audit log reads the
+        rows its re-read groups hold as kept (take checkpoints where the consumer trained every
+        batch it read: no prefetcher holding one)."""
         out = self._output
         if out is None or not out.recent:
             return 0
@@ -820,10 +825,12 @@ class Sifter:
         note = getattr(self.audit, "unhanded", None)
         if note is not None:
             note(first, last, rows)
-        # the rest of the pass, never to be read: noted as a pass left early is, and closed
-        self._passes.close_active(
-            "discard_last() ended it (EqualSteps ended the epoch): the batch read last was not trained"
-        )
+        if self._passes.is_current(out.pass_id):
+            # the rest of the pass, never to be read: noted as a pass left early is, and closed
+            # (not a newer pass, opened after a prefetcher read this one to its end)
+            self._passes.close_active(
+                "discard_last() ended it (EqualSteps ended the epoch): the batch read last was not trained"
+            )
         return rows
 
     def _unhanded(self) -> None:

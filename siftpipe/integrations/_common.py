@@ -401,6 +401,7 @@ class SiftedStream:
             sifter=sifter,
             sync_every=self.sync_every,
             sync_memory=False if share is not None else None,
+            replayed=len(self._replay),  # yielded first by _one_pass, before the stage's batches
         )
         before = equal.discarded
         try:

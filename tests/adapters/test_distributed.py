@@ -259,6 +259,48 @@ def test_a_batch_equal_steps_discards_is_not_replayed_by_the_trainer_stream(tmp_
     assert rows[0][1] == rows[1][1] == 0  # everything fetched was trained: nothing to replay
 
 
+def _stream_discard_after_resume(rank, world, out_dir):
+    from siftpipe.integrations._common import SiftedStream
+
+    samples = make_samples(60 + 40 * rank, seed=rank)
+
+    def open_pass(epoch, skip):
+        return [samples[i : i + 10] for i in range(skip, len(samples), 10)], skip
+
+    def stage():
+        return sp.Sifter(None, loss_field, sp.Uniform(0.8), micro_batch=10, output_batch=5, seed=1)
+
+    stream = SiftedStream(stage(), open_pass, endless=False, lockstep=True)
+    it = iter(stream)
+    next(it)
+    stream.ack()
+    next(it)  # fetched ahead by the trainer, not trained when the checkpoint is taken
+    state = stream.state_dict()
+    sifter = stage()
+    resumed = SiftedStream(sifter, open_pass, endless=False, lockstep=True)
+    resumed.load_state_dict(state)
+    trained = 0
+    for _batch in resumed:  # the replayed batch first, then the stage's
+        resumed.ack()
+        trained += 1
+    np.save(
+        os.path.join(out_dir, f"rank{rank}.npy"),
+        np.array([len(state["unacked"]), trained, resumed.discarded, sifter.stats.unhanded]),
+    )
+
+
+def test_a_resumed_trainer_stream_takes_back_the_stages_batch_not_a_replayed_one(tmp_path):
+    """Found by review: a resumed trainer stream replays the batch its checkpoint's trainer had not
+    trained before it reads the stage; EqualSteps counted it among the stage's batches, so at the
+    epoch's end the stage refused the discard (SiftError: the consumer read one batch more than
+    it handed on) and the rank with more data failed."""
+    launch(_stream_discard_after_resume, 2, str(tmp_path))
+    rows = [np.load(tmp_path / f"rank{r}.npy").tolist() for r in range(2)]
+    assert rows[0][0] == rows[1][0] == 1  # each checkpoint held one batch to replay
+    assert rows[0][2] == 0 and rows[1][2] == 1  # the rank with more data discarded one batch
+    assert rows[1][3] > 0  # and the stage noted it (with the rest of its input) as not handed on
+
+
 def test_fixed_steps_and_single_process_fallback():
     stream = iter(range(10))
     assert list(sp.fixed_steps(stream, 4)) == [0, 1, 2, 3]

@@ -443,6 +443,22 @@ def test_a_prefetcher_that_read_the_pass_to_its_end_still_has_its_batch_taken_ba
     assert sp.verify_log(root).ok
 
 
+def test_taking_back_a_batch_of_an_ended_pass_leaves_the_next_pass_alone(tmp_path):
+    """Found by review: after a prefetcher read pass 1 to its end and the next pass was opened
+    (not read yet), taking a batch of pass 1 back dropped the stage's hold on pass 2 without
+    closing it: opening pass 3 then left pass 2 running, two passes on one ledger."""
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=None, batched=True, seed=3)
+    data = collated(SAMPLES[:400], 50)
+    first = list(s(data))
+    second = s(data)
+    assert s.discard_last(fetched=len(first) - 1) > 0
+    next(second)  # still the stage's current pass
+    third = s(data)  # ...so opening another closes it
+    with pytest.raises(sp.PassClosedError):
+        next(second)
+    assert len(list(third)) > 0
+
+
 def test_discard_last_that_cannot_be_the_stages_batch_is_refused_and_notes_nothing(tmp_path):
     s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=None, batched=True, seed=3)
     it = s(collated(SAMPLES[:200], 50))
