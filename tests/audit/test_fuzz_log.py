@@ -10,6 +10,7 @@ import io
 import json
 import os
 import pickle
+import random
 import shutil
 import warnings
 from pathlib import Path
@@ -129,7 +130,8 @@ def apply(path: Path, how: tuple) -> None:
         at = how[1] % len(data)
         path.write_bytes(data[:at] + bytes([data[at] ^ (1 + how[1] % 255)]) + data[at + 1 :])
     elif kind == "garbage":
-        path.write_bytes(os.urandom(64 + how[1] % 512))
+        # from the drawn seed, not os.urandom: a failing example replays with the same bytes
+        path.write_bytes(random.Random(how[1]).randbytes(64 + how[1] % 512))
     elif kind == "empty":
         path.write_bytes(b"")
     elif kind == "part":
