@@ -103,7 +103,7 @@ def keys_of(
                     raise MissingKeyError(
                         f"the input batch at sample seq {group.seq0} has no key field {spec!r}; "
                         f"{purpose} needs one key per sample: keep '__key__' in the batch, "
-                        "pass key=<field or callable>, or key=None to log without keys"
+                        f"pass key=<field or callable>{_without_keys(purpose)}"
                     ) from None
                 return None
             keys = key_list(keys)
@@ -124,9 +124,15 @@ def keys_of(
                 raise MissingKeyError(
                     f"sample seq {group.seq0 + i} has no key field {spec!r} (it has {have}); "
                     f"{purpose} needs one key per sample: keep '__key__' in the sample, "
-                    "pass key=<field, position or callable>, or key=None to log without keys"
+                    f"pass key=<field, position or callable>{_without_keys(purpose)}"
                 ) from None
         raise
+
+
+def _without_keys(purpose: str) -> str:
+    """The key=None way out, where there is one: an audit log can do without keys, a score
+    memory cannot (it refuses key=None)."""
+    return ", or key=None to log without keys" if purpose == "the audit log" else ""
 
 
 def field_of(group: Group, batched: bool, name: str) -> list[Any] | None:

@@ -17,6 +17,7 @@ from ..errors import (
     BatchShapeWarning,
     ConfigError,
     EmptyPassWarning,
+    MissingKeyError,
     PassClosedError,
     ResumeError,
     ScorerOutputError,
@@ -460,7 +461,15 @@ class Sifter:
         waited = memory.waited if memory is not None else 0.0
         t0 = time.perf_counter()
         # keys read as the stage reads a batch's keys, so both name each sample alike
-        self._decider.observe(memory_keys(keys), values, epoch)
+        named = memory_keys(keys)
+        if type(named) is list and None in named:
+            # refused now: deferred, it would fail at the stage's next decision, far from here
+            raise MissingKeyError(
+                f"observe(): the key is None at position {named.index(None)}; the score memory "
+                "would give every such sample one loss. Hand observe() the keys the stage handed "
+                "on with the batch (batch['__key__'], or sp.shard_key(batch))"
+            )
+        self._decider.observe(named, values, epoch)
         elapsed = time.perf_counter() - t0
         # waiting for a device copy (a flush of DEFER_ROWS losses) is the step's time, not the stage's
         self._account.observe += elapsed - ((memory.waited - waited) if memory is not None else 0.0)

@@ -706,6 +706,8 @@ def test_a_key_of_none_and_keys_observe_would_pair_wrongly_are_refused():
         with pytest.raises(error, match=match):
             stage.observe(keys, losses)
             len(stage.memory)  # applied at the memory's next read
+    with pytest.raises(sp.MissingKeyError, match="key is None at position 1"):
+        stage.observe(["a", None], torch.ones(2))  # refused by observe itself, not at the next read
     stage.observe(["a", "b"], torch.ones(2, 1))  # one loss per sample, in a column: fine
     stage.observe(torch.arange(2), np.ones((1, 2)))
     assert len(stage.memory) == 4

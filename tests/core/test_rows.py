@@ -41,8 +41,13 @@ def test_a_missing_key_is_none_unless_required_then_it_names_the_sample_and_the_
     assert keys_of(group, False, "__key__") is None
     with pytest.raises(
         sp.MissingKeyError, match=r"sample seq 11 has no key field '__key__'.*the score memory"
-    ):
+    ) as memory_error:
         keys_of(group, False, "__key__", required=True, purpose="the score memory")
+    # a score memory refuses key=None: its message must not offer it (found by review); an
+    # audit log can do without keys
+    assert "key=None" not in str(memory_error.value)
+    with pytest.raises(sp.MissingKeyError, match="key=None to log without keys"):
+        keys_of(group, False, "__key__", required=True)
     with pytest.raises(sp.MissingKeyError, match=r"input batch at sample seq 10 has no key field 'nope'"):
         keys_of(batched(), True, "nope", required=True)
 
