@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import SiftError
 from . import batch as _batch
 from .scoring import Scoring
 
@@ -63,12 +64,19 @@ class Ledger:
         self.pending: deque[Group] = deque()
         self.consumed = 0
         self.emitted = 0
+        #: Groups ``trim`` forgot, kept while their kept rows and ``emitted`` cover ``keep_rows``
+        #: (the rows of the last ``Sifter.hold`` batches handed on: ``state_dict(held=)``)
+        self.behind: deque[Group] = deque()
+        self.behind_rows = 0
+        self.keep_rows = 0
 
     def drop_pending(self, consumed: int | None = None) -> None:
         """Forget the pending groups (a pass ended or failed, or a state is loaded); ``consumed``:
         the position to stand at, if it moves too."""
         self.pending.clear()
         self.emitted = 0
+        self.behind.clear()
+        self.behind_rows = self.keep_rows = 0
         if consumed is not None:
             self.consumed = consumed
 
@@ -79,6 +87,30 @@ class Ledger:
             group = pending.popleft()
             self.emitted -= group.n_kept
             self.consumed += group.n_items
+            if self.keep_rows:
+                self.behind.append(group)
+                self.behind_rows += group.n_kept
+        behind = self.behind
+        while behind and self.behind_rows - behind[0].n_kept + self.emitted >= self.keep_rows:
+            self.behind_rows -= behind.popleft().n_kept
+
+    def held_back(self, rows: int) -> list[Group]:
+        """The groups ``trim`` forgot that hold the last ``rows`` rows handed on beyond the
+        pending groups' ``emitted`` (in order), or ``SiftError`` if it no longer keeps them."""
+        need = rows - self.emitted
+        out: list[Group] = []
+        for group in reversed(self.behind):
+            if need <= 0:
+                break
+            out.append(group)
+            need -= group.n_kept
+        if need > 0:
+            raise SiftError(
+                f"the stage no longer keeps the samples of the last {rows} rows handed on (it keeps "
+                "those of the last Sifter(hold=...) batches): nothing was written"
+            )
+        out.reverse()
+        return out
 
     def seq_at(self, pos: int) -> int:
         """The seq of kept row ``pos`` of the pending groups (in the order they are handed on;
@@ -100,7 +132,12 @@ class Output:
     """Hands kept samples on: one by one, as filtered batches, or as fixed-size batches."""
 
     def __init__(
-        self, ledger: Ledger, scoring: Scoring, output_batch: int | None, resumed: bool = False
+        self,
+        ledger: Ledger,
+        scoring: Scoring,
+        output_batch: int | None,
+        resumed: bool = False,
+        hold: int = 0,
     ) -> None:
         self.ledger = ledger
         self.scoring = scoring  # its batched and collate_fn (which a trainer integration may swap)
@@ -116,6 +153,7 @@ class Output:
         self.batches = 0
         self.recent: deque[tuple[int, int, int]] = deque(maxlen=RECENT_BATCHES)
         self.pass_id = -1
+        self.hold = hold  # Sifter.hold: the ledger keeps the groups of this many batches
 
     def hand_on(self, group: Group) -> Iterator[Any]:
         s, ledger = self.scoring, self.ledger
@@ -184,6 +222,8 @@ class Output:
         self.handed += rows
         self.batches += 1
         self.recent.append((rows, first, last))
+        if self.hold:
+            ledger.keep_rows = sum(entry[0] for entry in list(self.recent)[-self.hold :])
 
     def drop(self) -> None:
         """Forget the rows waiting for a full batch (``drop_last``): the ledger counts them as

@@ -195,12 +195,22 @@ class Passes:
         # left before the source's end: a restored source must be moved past that pass
         self.source_abandoned = not finished and self.source is not None and reader.ahead is not END
 
-    def position(self, keys: Callable[[Group], list[Any] | None], batched: bool, key: Any) -> dict[str, Any]:
+    def position(
+        self, keys: Callable[[Group], list[Any] | None], batched: bool, key: Any, held_rows: int = 0
+    ) -> dict[str, Any]:
         """The ``POSITION`` entries of the stage's state (``keys``: a group's sample keys; ``batched``
-        and ``key`` find the key of the item read ahead)."""
+        and ``key`` find the key of the item read ahead; ``held_rows``: the last rows handed on
+        that the state takes back, resuming before them: ``Sifter.state_dict(held=)``)."""
         ledger = self.ledger
         ledger.trim()
         restore = self.restore
+        groups = list(ledger.pending)
+        consumed, emitted = ledger.consumed, ledger.emitted
+        if held_rows:
+            back = ledger.held_back(held_rows)
+            groups = back + groups
+            consumed -= sum(g.n_items for g in back)
+            emitted += sum(g.n_kept for g in back) - held_rows
         if restore is not None:
             # loaded and not re-read yet: the checkpoint's position is still the position
             pending = [
@@ -226,17 +236,16 @@ class Passes:
                     "weight": None if g.weight is None else torch.from_numpy(g.weight.astype(np.float64)),
                     "keys": keys(g),
                 }
-                for g in ledger.pending
+                for g in groups
             ]
-            consumed, emitted = ledger.consumed, ledger.emitted
             source_state = self.source_restore
             next_key, ended = None, False
             reader = self.reader() if self.reader is not None and self.open else None
             if reader is not None and reader.it is None:
                 reader = None  # not read yet: reading ahead would start the source's pass
-            if ledger.pending:
+            if groups:
                 if self.source is not None:
-                    source_state = ledger.pending[0].snapshot
+                    source_state = groups[0].snapshot
             elif reader is not None:
                 # nothing pending: read the next item now, so that a resumed source fed from the
                 # wrong position is caught at once (its keys are checked against this one's)

@@ -105,6 +105,12 @@ class Sifter:
             log as not handed on (``read_log`` and ``replay`` read them as not kept); so is a pass
             that ends with an error. Like ``DataLoader(drop_last=True)``, a pass that keeps fewer
             than ``output_batch`` samples hands on nothing (an ``EmptyPassWarning`` says so once).
+        hold: Batches handed on that the consumer may still hold, untrained, when it takes a
+            state (a prefetcher between the stage and the training step: its depth). The stage
+            keeps the input samples they came from (their memory) until that many newer
+            batches are handed on, so that ``state_dict(held=k)``, ``k <= hold``, resumes
+            before the last ``k`` batches, which the resumed job then hands on and trains.
+            With ``output_batch``, or in ``batched`` mode. 0 (default): nothing kept.
         collate_fn: Collates a list of samples into a batch (default ``default_collate``).
         pad_micro_batch: Pad a short micro-batch to ``micro_batch`` rows by repeating its last
             row, so XLA/Neuron and ``torch.compile`` see one shape. Padding is never counted,
@@ -206,6 +212,7 @@ class Sifter:
         batched: bool = False,
         output_batch: int | None = None,
         drop_last: bool = False,
+        hold: int = 0,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         pad_micro_batch: bool = False,
         device: torch.device | str | None = None,
@@ -248,6 +255,9 @@ class Sifter:
         self._scoring.batched = batched  # fixed for the stage's life: positions count it
         self.output_batch = output_batch
         self.drop_last = drop_last
+        if isinstance(hold, bool) or not isinstance(hold, int | np.integer) or hold < 0:
+            raise ConfigError(f"hold is a number of batches >= 0 (a prefetcher's depth), got {hold!r}")
+        self.hold = int(hold)
         self.collate_fn = collate_fn or default_collate
         self.pad_micro_batch = pad_micro_batch
         self._device = torch.device(device) if device is not None else None
@@ -575,8 +585,15 @@ class Sifter:
         rank, world = dist_info()
         return self.seed if world <= 1 else [self.seed, int(rank)]
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, held: int = 0) -> dict[str, Any]:
         """Everything needed to continue exactly: plain tensors, lists, strings and numbers.
+
+        Args:
+            held: The last batches handed on that the consumer has not trained (a prefetcher
+                holds them), at most ``hold`` (the constructor's): the state resumes before
+                them, so the resumed job hands them on again. Raises ``SiftError`` if the stage
+                cannot (``hold`` smaller, fewer batches handed on in this pass, or the pass ended:
+                take that state before the prefetcher reads the pass to its end).
 
         It holds no sample data; samples decided but not yet handed on are described by their
         keep mask, weights and keys, and are re-read from the source on resume (never
@@ -598,7 +615,9 @@ class Sifter:
             "seconds": list(self._decider.seconds),
             "epoch": self.epoch,
             "model_version": self.model_version,
-            **self._passes.position(self._decider.keys, self.batched, self.key),  # _passes.POSITION
+            **self._passes.position(
+                self._decider.keys, self.batched, self.key, self._held_rows(held)
+            ),  # _passes.POSITION
             "audit": None if self.audit is None else self.audit.state_dict(),
             "memory": None if self.memory is None else self.memory.state_dict(),
             # wall time, like "seconds": not digested (it cannot be checked against anything)
@@ -608,6 +627,30 @@ class Sifter:
         # can look as well formed as the right one: the digests tell them apart.
         state["checks"] = {name: digest(value) for name, value in state.items() if name not in WALL_CLOCK}
         return state
+
+    def _held_rows(self, held: int) -> int:
+        """Rows of the last ``held`` batches handed on in the open pass (``state_dict(held=)``)."""
+        if isinstance(held, bool) or not isinstance(held, int | np.integer) or held < 0:
+            raise ConfigError(f"held is a number of batches >= 0, got {held!r}")
+        if not held:
+            return 0
+        out = self._output
+        if held > self.hold:
+            raise SiftError(
+                f"state_dict(held={held}): the stage keeps what resuming before {held} batches "
+                f"needs only with Sifter(..., hold={held}) or more (it has hold={self.hold})"
+            )
+        if out is None or not self._passes.is_current(out.pass_id) or not self._passes.open:
+            raise SiftError(
+                f"state_dict(held={held}): no pass is open; a state that resumes before batches "
+                "still held is taken inside their pass (before a prefetcher reads it to its end)"
+            )
+        if held > out.batches or self._passes.restore is not None:
+            raise SiftError(
+                f"state_dict(held={held}): this process handed on {out.batches} batches of the "
+                "pass since it opened (or resumed): it cannot resume before more"
+            )
+        return sum(entry[0] for entry in list(out.recent)[-held:])
 
     def load_state_dict(self, state: Mapping[str, Any], *, override: Iterable[str] = ()) -> None:
         """Restore a ``state_dict()``; the next ``sifter(source)`` call continues from it.
@@ -734,7 +777,9 @@ class Sifter:
         if not self._passes.is_current(opened):
             # never read before the stage opened another pass (or loaded a state, or closed)
             raise self._closed_error()
-        out = Output(self._ledger, self._scoring, self.output_batch, resumed=resume is not None)
+        out = Output(
+            self._ledger, self._scoring, self.output_batch, resumed=resume is not None, hold=self.hold
+        )
         self._output = out
         groups = self._reread(reader, resume) if resume is not None else []
         this_pass = out.pass_id = self._passes.run_begins(resume)
@@ -802,8 +847,8 @@ class Sifter:
 
         A checkpoint taken between reading the batch and this call records it as handed on: a
         job resumed from that checkpoint does not train it either, but its audit log reads the
-        rows its re-read groups hold as kept (take checkpoints where the consumer trained every
-        batch it read: no prefetcher holding one)."""
+        rows its re-read groups hold as kept (take checkpoints with ``state_dict(held=)``, which
+        resumes before the batches a prefetcher holds)."""
         out = self._output
         if out is None or not out.recent:
             return 0

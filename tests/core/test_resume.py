@@ -430,3 +430,80 @@ def test_a_source_that_fails_while_a_resumed_pass_re_reads_its_pending_samples_r
     again.load_state_dict(state)
     with pytest.raises(ConnectionResetError, match="reset the connection"):
         list(again(broken()))
+
+
+def _prefetched(batches, depth):
+    """A same-thread prefetcher ``depth`` batches ahead (as one that moves batches to the GPU)."""
+    import collections
+
+    ahead: collections.deque = collections.deque()
+    for batch in batches:
+        ahead.append(batch)
+        if len(ahead) > depth:
+            yield ahead.popleft()
+    while ahead:
+        yield ahead.popleft()
+
+
+def _keys_of(batch):
+    return [str(k) for k in batch["__key__"]]
+
+
+@pytest.mark.parametrize(
+    "batched, output_batch", [(True, None), (True, 16), (False, 16), (False, 5)], ids=str
+)
+def test_a_state_taken_behind_a_prefetcher_resumes_before_the_batches_it_held(
+    tmp_path, batched, output_batch
+):
+    """A prefetcher between the stage and the step holds batches the step has not trained: a
+    plain state_dict() records them as handed on, so a resumed job never trains them.
+    state_dict(held=k) with Sifter(hold=k) resumes before them: the job trains exactly what the
+    uninterrupted one does, and its audit log reads as kept exactly what was trained."""
+    data = BATCHES if batched else SAMPLES[:400]
+    depth = 2
+
+    def make(root):
+        return sp.Sifter(None, loss_field, sp.RelativeProbabilistic(1.0, 100),
+                         micro_batch=None if batched else 32, batched=batched,
+                         output_batch=output_batch, hold=depth, seed=5,
+                         audit=sp.AuditLog(root, run_id="r"))  # fmt: skip
+
+    reference = make(str(tmp_path / "ref"))
+    expected = [_keys_of(b) for b in reference(data)]
+    reference.close()
+    assert len(expected) > 8
+    for cut in (1, 3, len(expected) // 2, len(expected) - depth - 1):
+        root = str(tmp_path / f"cut{cut}")
+        s = make(root)
+        trained = []
+        for batch in _prefetched(s(data), depth):
+            trained.append(_keys_of(batch))
+            if len(trained) == cut:
+                state = roundtrip(s.state_dict(held=depth))  # the prefetcher holds `depth`
+                break
+        s.audit.flush()  # killed here: the next attempt resumes from the state
+        s = make(root)
+        s.load_state_dict(state)
+        source = data[s.resume_from or 0 :]
+        trained += [_keys_of(b) for b in _prefetched(s(source), depth)]
+        s.close()
+        assert trained == expected, cut
+        table = sp.read_log(root)
+        kept = sorted(k for k, keep in zip(*(table.column(c).to_pylist() for c in ("key", "kept"))) if keep)
+        assert kept == sorted(k for b in trained for k in b), cut
+
+
+def test_a_state_that_cannot_resume_before_held_batches_is_refused():
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=None, batched=True, hold=1, seed=5)
+    with pytest.raises(sp.SiftError, match="no pass is open"):
+        s.state_dict(held=1)
+    it = s(BATCHES)
+    next(it)
+    with pytest.raises(sp.SiftError, match=r"Sifter\(..., hold=2\)"):
+        s.state_dict(held=2)
+    assert s.state_dict(held=1)["emitted"] == 0  # the batch handed on is handed on again
+    list(it)  # a prefetcher read the pass to its end
+    with pytest.raises(sp.SiftError, match="no pass is open"):
+        s.state_dict(held=1)
+    with pytest.raises(sp.ConfigError, match="hold is a number of batches"):
+        sp.Sifter(None, loss_field, sp.Uniform(0.5), hold=-1)
