@@ -29,7 +29,7 @@ from .account import CostAccount
 from .decide import REASONS
 from .decider import Decider
 from .hostcopy import HostCopy, host_losses
-from .ledger import Group, Ledger, Output
+from .ledger import RECENT_BATCHES, Group, Ledger, Output
 from .memory import SOURCES, ScoreMemory, check_epoch
 from .passes import Passes, Superseded
 from .policies import Policy, get_policy
@@ -110,7 +110,7 @@ class Sifter:
             keeps the input samples they came from (their memory) until that many newer
             batches are handed on, so that ``state_dict(held=k)``, ``k <= hold``, resumes
             before the last ``k`` batches, which the resumed job then hands on and trains.
-            With ``output_batch``, or in ``batched`` mode. 0 (default): nothing kept.
+            With ``output_batch``, or in ``batched`` mode. 0 (default): nothing kept; at most 64.
         collate_fn: Collates a list of samples into a batch (default ``default_collate``).
         pad_micro_batch: Pad a short micro-batch to ``micro_batch`` rows by repeating its last
             row, so XLA/Neuron and ``torch.compile`` see one shape. Padding is never counted,
@@ -255,8 +255,15 @@ class Sifter:
         self._scoring.batched = batched  # fixed for the stage's life: positions count it
         self.output_batch = output_batch
         self.drop_last = drop_last
-        if isinstance(hold, bool) or not isinstance(hold, int | np.integer) or hold < 0:
-            raise ConfigError(f"hold is a number of batches >= 0 (a prefetcher's depth), got {hold!r}")
+        if (
+            isinstance(hold, bool)
+            or not isinstance(hold, int | np.integer)
+            or hold < 0
+            or hold > RECENT_BATCHES
+        ):
+            raise ConfigError(
+                f"hold is a number of batches from 0 to {RECENT_BATCHES} (a prefetcher's depth), got {hold!r}"
+            )
         self.hold = int(hold)
         self.collate_fn = collate_fn or default_collate
         self.pad_micro_batch = pad_micro_batch
