@@ -3,7 +3,7 @@ re-scored), and checking that the source is where the checkpoint left it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -24,17 +24,28 @@ def reread_groups(
     batched: bool,
     key: Any,
     weight_field: str | None,
+    snapshot: Callable[[], Any] | None = None,
 ) -> list[Group]:
     """Re-read from ``reader`` the groups the checkpoint ``state`` decided and had not handed on,
     with their decisions, into ``ledger``; ``ResumeError`` if the source does not give them.
-    ``weight_field``: put the decided weights on kept rows there (None: do not attach them)."""
-    groups = []
+    ``weight_field``: put the decided weights on kept rows there (None: do not attach them).
+    ``snapshot``: the tracked source's state now (None: not tracked), kept with each re-read
+    group as ``Sifter`` keeps it with each group it reads, so that a state taken while a re-read
+    group is still pending restores the source to that group's start."""
+    groups: list[Group] = []
     emitted = int(state["emitted"])
     for desc in state["pending"]:
+        if not groups:
+            before = state.get("source")  # the checkpoint's: its source before this group
+        elif snapshot is None:
+            before = None
+        else:
+            reader.iterate()
+            before = reader.ahead_snapshot if reader.has_ahead else snapshot()
         items = reader.take(desc["n_items"])
         if len(items) < desc["n_items"]:
             reader.raise_held()  # the source failed partway through the group: its own error
-        group = Group(items, desc["rows"], desc["seq0"], None)
+        group = Group(items, desc["rows"], desc["seq0"], before)
         if len(items) < desc["n_items"] or (batched and _batch.batch_size(items[0]) != desc["rows"]):
             raise ResumeError(
                 f"resuming needs the {desc['n_items']} input item(s) decided before the "
