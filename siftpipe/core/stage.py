@@ -264,6 +264,11 @@ class Sifter:
             raise ConfigError(
                 f"hold is a number of batches from 0 to {RECENT_BATCHES} (a prefetcher's depth), got {hold!r}"
             )
+        if hold and not batched and output_batch is None:
+            raise ConfigError(
+                "hold counts batches the stage hands on: it needs output_batch (or batched=True); "
+                "a stage handing on single samples has none to hold back"
+            )
         self.hold = int(hold)
         self.collate_fn = collate_fn or default_collate
         self.pad_micro_batch = pad_micro_batch
@@ -1107,7 +1112,11 @@ class Sifter:
         source does not give them."""
         try:
             weight_field = self.weight_field if self.attach_weight else None
-            groups = reread_groups(reader, state, self._ledger, self.batched, self.key, weight_field)
+            passes = self._passes
+            groups = reread_groups(
+                reader, state, self._ledger, self.batched, self.key, weight_field,
+                passes.snapshot if passes.source is not None else None,
+            )  # fmt: skip
             if not groups:
                 check_next(reader, state, self._passes.source, self.batched, self.key)
             return groups

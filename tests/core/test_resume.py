@@ -505,6 +505,8 @@ def test_a_state_that_cannot_resume_before_held_batches_is_refused():
     list(it)  # a prefetcher read the pass to its end
     with pytest.raises(sp.SiftError, match="no pass is open"):
         s.state_dict(held=1)
+    with pytest.raises(sp.ConfigError, match="needs output_batch"):
+        sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32, hold=2)  # single samples
     for hold in (-1, 65, 1.5, True):
         with pytest.raises(sp.ConfigError, match="hold is a number of batches from 0 to 64"):
             sp.Sifter(None, loss_field, sp.Uniform(0.5), hold=hold)
