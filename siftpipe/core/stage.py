@@ -654,8 +654,10 @@ class Sifter:
             )
         if out is None or not self._passes.is_current(out.pass_id) or not self._passes.open:
             raise SiftError(
-                f"state_dict(held={held}): no pass is open; a state that resumes before batches "
-                "still held is taken inside their pass (before a prefetcher reads it to its end)"
+                f"state_dict(held={held}): no pass is open (a prefetcher that read the pass to its "
+                "end closes it): a state that resumes before batches still held is taken inside "
+                "their pass. In an epoch's last steps, checkpoint after its last step instead "
+                "(state_dict(), nothing held then), or not at all"
             )
         if held > out.batches or self._passes.restore is not None:
             raise SiftError(
