@@ -102,9 +102,16 @@ PART_MUTATIONS = [
     "pickle-everywhere",
 ]
 
+
+def _nested(inner):
+    # a named function: hypothesis reads a lambda's source to check that it uses its argument,
+    # and misread this one ("doesn't use it's argument": a HypothesisDeprecationWarning)
+    return st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
+
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    _nested,
     max_leaves=12,
 )
 
