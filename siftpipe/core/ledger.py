@@ -4,6 +4,7 @@ on (emitted); and the output that hands kept rows on and moves the ledger forwar
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -223,7 +224,13 @@ class Output:
         self.batches += 1
         self.recent.append((rows, first, last))
         if self.hold:
-            ledger.keep_rows = sum(entry[0] for entry in list(self.recent)[-self.hold :])
+            ledger.keep_rows = sum(rows for rows, _, _ in self.last(self.hold))
+
+    def last(self, count: int) -> list[tuple[int, int, int]]:
+        """The last ``count`` batches handed on (at most ``RECENT_BATCHES``), oldest first, as
+        (rows, first seq, last seq)."""
+        recent = self.recent
+        return list(itertools.islice(recent, max(0, len(recent) - count), None))
 
     def drop(self) -> None:
         """Forget the rows waiting for a full batch (``drop_last``): the ledger counts them as

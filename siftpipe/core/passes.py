@@ -204,13 +204,6 @@ class Passes:
         ledger = self.ledger
         ledger.trim()
         restore = self.restore
-        groups = list(ledger.pending)
-        consumed, emitted = ledger.consumed, ledger.emitted
-        if held_rows:
-            back = ledger.held_back(held_rows)
-            groups = back + groups
-            consumed -= sum(g.n_items for g in back)
-            emitted += sum(g.n_kept for g in back) - held_rows
         if restore is not None:
             # loaded and not re-read yet: the checkpoint's position is still the position
             pending = [
@@ -223,6 +216,15 @@ class Passes:
             source_abandoned = bool(restore.get("source_abandoned", False))
             pass_read = bool(restore.get("pass_read", True))
         else:
+            groups = list(ledger.pending)
+            consumed, emitted = ledger.consumed, ledger.emitted
+            if held_rows:
+                # resume before the last rows handed on: the groups trim forgot that hold them
+                # are pending again (Sifter.state_dict(held=); never with a restore pending)
+                back = ledger.held_back(held_rows)
+                groups = back + groups
+                consumed -= sum(g.n_items for g in back)
+                emitted += sum(g.n_kept for g in back) - held_rows
             pass_read = not (self.open and self.unstarted)  # False only for an open, unread pass
             # set from a pass left mid-way until the next pass starts reading the source
             source_abandoned = self.source_abandoned

@@ -32,7 +32,7 @@ from .hostcopy import HostCopy, host_losses
 from .ledger import RECENT_BATCHES, Group, Ledger, Output
 from .memory import SOURCES, ScoreMemory, check_epoch
 from .passes import Passes, Superseded
-from .policies import Policy, get_policy
+from .policies import Policy, get_policy, integer_count
 from .ranks import dist_info
 from .resume import check_next, reread_groups
 from .rows import memory_keys
@@ -255,12 +255,8 @@ class Sifter:
         self._scoring.batched = batched  # fixed for the stage's life: positions count it
         self.output_batch = output_batch
         self.drop_last = drop_last
-        if (
-            isinstance(hold, bool)
-            or not isinstance(hold, int | np.integer)
-            or hold < 0
-            or hold > RECENT_BATCHES
-        ):
+        count = integer_count(hold)
+        if count is None or not 0 <= count <= RECENT_BATCHES:
             raise ConfigError(
                 f"hold is a number of batches from 0 to {RECENT_BATCHES} (a prefetcher's depth), got {hold!r}"
             )
@@ -269,7 +265,7 @@ class Sifter:
                 "hold counts batches the stage hands on: it needs output_batch (or batched=True); "
                 "a stage handing on single samples has none to hold back"
             )
-        self.hold = int(hold)
+        self.hold = count
         self.collate_fn = collate_fn or default_collate
         self.pad_micro_batch = pad_micro_batch
         self._device = torch.device(device) if device is not None else None
@@ -642,8 +638,10 @@ class Sifter:
 
     def _held_rows(self, held: int) -> int:
         """Rows of the last ``held`` batches handed on in the open pass (``state_dict(held=)``)."""
-        if isinstance(held, bool) or not isinstance(held, int | np.integer) or held < 0:
+        count = integer_count(held)
+        if count is None or count < 0:
             raise ConfigError(f"held is a number of batches >= 0, got {held!r}")
+        held = count
         if not held:
             return 0
         out = self._output
@@ -664,7 +662,7 @@ class Sifter:
                 f"state_dict(held={held}): this process handed on {out.batches} batches of the "
                 "pass since it opened (or resumed): it cannot resume before more"
             )
-        return sum(entry[0] for entry in list(out.recent)[-held:])
+        return sum(rows for rows, _, _ in out.last(held))
 
     def load_state_dict(self, state: Mapping[str, Any], *, override: Iterable[str] = ()) -> None:
         """Restore a ``state_dict()``; the next ``sifter(source)`` call continues from it.
@@ -884,7 +882,7 @@ class Sifter:
                 "ahead less between the stage and the consumer; nothing was noted"
             )
         self._passes.check_not_running()
-        taken = list(out.recent)[-(behind + 1) :]
+        taken = out.last(behind + 1)
         out.recent.clear()  # taken back: not twice
         rows = sum(entry[0] for entry in taken)
         first, last = taken[0][1], taken[-1][2]
