@@ -307,6 +307,16 @@ class SiftTrainerMixin(_Base):
                 "loss away from the model's own, which ModelLoss splits into per-sample terms: pass "
                 "sample_loss= an object whose terms(model, outputs, labels) match your loss"
             )
+        if isinstance(sifter.collate_fn, MetaCollate):
+            # its collate function, output batch and (when it follows one) model were set from
+            # the trainer it serves: a second trainer would collate with the first's collator and
+            # score with the first's model, from the first run's state
+            raise sp.ConfigError(
+                "this Sifter already serves another trainer (a SiftTrainer or SiftCallback set its "
+                "collate_fn, output_batch and model from that trainer): build a new Sifter for each "
+                "trainer; to carry the learned losses over, give the new one the same score memory "
+                "(sp.Sifter(..., memory=old.memory))"
+            )
         self.sifter = sifter
         self.sift_sample_loss = sample_loss or (
             sifter.scorer if isinstance(sifter.scorer, ModelLoss) else ModelLoss()

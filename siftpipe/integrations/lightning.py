@@ -195,6 +195,10 @@ class SiftCallback(Callback):
         self._restored_at_epoch_end = False
         self._pending_state: dict[str, Any] | None = None
         self._attached = False  # setup() ran: the callback is in the Trainer's callbacks
+        self._trainer: pl.Trainer | None = None  # the Trainer whose setup() ran last
+        self._module: pl.LightningModule | None = None  # the module setup() made the stage score with
+        self._new_module = False  # this fit trains another module than the last fit did
+        self._loaded = False  # a checkpoint's state was loaded since the last fit began
         self._use_distributed_sampler = True  # the Trainer's use_distributed_sampler
         self._sampler_kwargs: dict[str, Any] | None = None  # the Trainer's distributed_sampler_kwargs
         self._loss_called = False
@@ -263,6 +267,17 @@ class SiftCallback(Callback):
             raise sp.ConfigError(
                 "the sifted loader is iterated by a Trainer without its SiftCallback: pass the same "
                 "callback in L.Trainer(callbacks=[sift, ...])"
+            )
+        trainer = self._trainer
+        if trainer is not None and not trainer.training:
+            # validation, a sanity check, test or predict: sifting them would drop samples from the
+            # metric, decide them from the training samples' losses (the same index keys), and
+            # close the training pass the fit is in the middle of
+            raise sp.ConfigError(
+                "a DataLoader wrapped with SiftCallback.loader is iterated outside training (by "
+                f"the Trainer's {getattr(trainer.state.stage, 'value', 'current')} loop): sift the training "
+                "DataLoader only, and return plain DataLoaders from val_dataloader(), "
+                "test_dataloader() and predict_dataloader()"
             )
         if dataloader is not self._source:
             self._source = dataloader
@@ -466,13 +481,19 @@ class SiftCallback(Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._attached = True
+        self._trainer = trainer
         # read here, used when the loader is built: shard a map-style dataset as Lightning would
         connector = getattr(trainer, "_accelerator_connector", None)
         self._use_distributed_sampler = bool(getattr(connector, "use_distributed_sampler", True))
         self._sampler_kwargs = trainer.distributed_sampler_kwargs
         sifter = self.sifter
-        if sifter.model is None:
+        if sifter.model is None or (self._module is not None and sifter.model is self._module):
+            # the module being trained, this fit's (a callback reused for another module's fit
+            # follows it: scoring with the last fit's module would decide on stale weights)
             sifter.model = pl_module  # unwrapped: a DDP forward would be a collective
+            if self._module is not None and pl_module is not self._module:
+                self._new_module = True  # (on_train_start asks for a checkpoint's state)
+            self._module = pl_module
         rank, world = sp.dist_info()
         if world > 1 and sifter.rng_seed != [sifter.seed, rank]:
             warnings.warn(
@@ -515,6 +536,16 @@ class SiftCallback(Callback):
             )
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        new_module, self._new_module = self._new_module, False
+        if new_module and not self._loaded:
+            raise sp.ConfigError(
+                "this SiftCallback sifted the fit of another LightningModule: its stage holds that "
+                "run's state (score memory, counters, position in the data), and this fit would be "
+                "decided from the other model's losses. Give each model's fit its own SiftCallback "
+                "and Sifter, or continue a run with trainer.fit(model, ckpt_path=...), which loads "
+                "the stage's state from the checkpoint"
+            )
+        self._loaded = False
         # a checkpoint taken at an epoch's last batch: Lightning resets the epoch's batch count for
         # a loader with a length only, so with none (a sifted loader) the next epoch would count on
         # from the last one and step a partial accumulation early
@@ -569,6 +600,7 @@ class SiftCallback(Callback):
             )
         mine = state_dict["ranks"][rank]
         self._pending_state = mine["stream"]
+        self._loaded = True
         if self.restore_rng:
             self._rng_to_restore = decode_rng(mine["rng"])
 

@@ -454,6 +454,15 @@ def test_checkpoint_holds_the_stage_state_of_each_process(tmp_path):
 
 @pytest.mark.adversarial
 def test_bad_settings_and_checkpoints_get_errors_that_name_the_fix(tmp_path):
+    # a Sifter serves one trainer: a second would score with the first's model and collate with
+    # the first's collator
+    used = train(tmp_path / "first", steps=2, save_steps=10).sifter
+    args = TrainingArguments(str(tmp_path), max_steps=2, report_to="none", use_cpu=True)
+    with pytest.raises(sp.ConfigError, match="already serves another trainer.*memory=old.memory"):
+        SiftTrainer(model=gpt2(0.0), args=args, train_dataset=Listed(sequences(8)), sifter=used)
+    again = sp.Sifter(None, ModelLoss(), memory=used.memory)
+    second = SiftTrainer(model=gpt2(0.0), args=args, train_dataset=Listed(sequences(8)), sifter=again)
+    assert again.memory is used.memory and again.collate_fn.collate is second.data_collator.collate
     args = TrainingArguments(str(tmp_path), report_to="none", use_cpu=True)  # no max_steps
     sifter = sp.Sifter(None, ModelLoss())
     with pytest.raises(sp.ConfigError, match="max_steps"):

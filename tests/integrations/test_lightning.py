@@ -293,6 +293,57 @@ def test_misuse_and_bad_checkpoints_get_errors_that_name_the_fix(tmp_path):
     tried("malformed states tried", 2)
 
 
+class SiftedValidation(Net):
+    def val_dataloader(self):
+        return self.sift.loader(DataLoader(Points(60), batch_size=12))
+
+    def validation_step(self, batch, batch_idx):
+        pass
+
+
+def trainer_for(tmp: Path, sift: SiftCallback, steps: int = 6, **kw) -> L.Trainer:
+    checkpoints = L.callbacks.ModelCheckpoint(
+        dirpath=tmp, every_n_train_steps=3, save_top_k=-1, filename="{step}", enable_version_counter=False
+    )
+    return L.Trainer(
+        max_steps=steps,
+        default_root_dir=tmp,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[sift, checkpoints],
+        **kw,
+    )
+
+
+def test_a_sifted_validation_loader_and_a_callback_reused_for_another_model_are_refused(tmp_path):
+    # validation sifted: samples missing from the metric, and the training pass closed under the fit
+    sift = SiftCallback(sifter)
+    with pytest.raises(sp.ConfigError, match="outside training.*validate"):
+        trainer_for(tmp_path / "val", sift, val_check_interval=3).fit(SiftedValidation(sift, Points()))
+    # a second fit of the same module goes on with the stage's state; the stage scores with it
+    torch.manual_seed(0)
+    sift = SiftCallback(sifter)
+    first = Net(sift, Points())
+    trainer_for(tmp_path / "a", sift, steps=3).fit(first)
+    trainer_for(tmp_path / "a2", sift, steps=6).fit(first, ckpt_path=None)
+    assert sift.sifter.model is first and len(first.trained) == 3 + 6  # a new Trainer counts from 0
+    # another module: the stage would score with the old one and decide from its losses
+    second = Net(sift, Points())
+    with pytest.raises(sp.ConfigError, match="another LightningModule"):
+        trainer_for(tmp_path / "b", sift).fit(second)
+    # continued from a checkpoint, whose stage state it loads: it scores with the module trained
+    third = Net(sift, Points())
+    trainer_for(tmp_path / "c", sift, steps=6).fit(third, ckpt_path=tmp_path / "a" / "step=3.ckpt")
+    assert sift.sifter.model is third and len(third.trained) == 3
+    scored = []
+    third.forward = lambda x: scored.append(x.shape[0]) or third.net(x)
+    sift.sifter.scorer(sift.sifter.model, {"x": torch.zeros(2, 8), "y": torch.zeros(2, dtype=torch.long)})
+    assert scored == [2]
+
+
 class Forgetful(Net):
     def training_step(self, batch, batch_idx):
         return F.cross_entropy(self(batch["x"]), batch["y"])
