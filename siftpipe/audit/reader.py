@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import re
 import warnings
@@ -830,6 +831,9 @@ class StreamReport:
     missing_parts: list[str] = field(default_factory=list)
     unreadable_parts: list[str] = field(default_factory=list)
     count_mismatches: list[str] = field(default_factory=list)
+    #: Parts whose bytes or kept count differ from what their manifest recorded when they were
+    #: written: changed since (by hand, by a tool), not by a kill.
+    altered_parts: list[str] = field(default_factory=list)
     #: Findings that are expected after a kill and lose nothing (e.g. the last part of a killed
     #: attempt, readable, whose manifest was never written): reported, not problems.
     notes: list[str] = field(default_factory=list)
@@ -857,7 +861,15 @@ class StreamReport:
             or self.missing_parts
             or self.unreadable_parts
             or self.count_mismatches
+            or self.altered_parts
         )
+
+    @property
+    def closed(self) -> bool:
+        """The stream's latest attempt closed (wrote its end marker). If not, the log may lack its
+        last decisions: the job was killed and not resumed, is still running, or the log's tail
+        was deleted; what it holds can still be ``ok``."""
+        return not self.attempts or bool(self.attempts[-1]["ended"])
 
 
 @dataclass
@@ -870,6 +882,12 @@ class LogReport:
     @property
     def ok(self) -> bool:
         return bool(self.streams) and all(s.ok for s in self.streams)
+
+    @property
+    def complete(self) -> bool:
+        """``ok``, and every stream's latest attempt closed: the log holds every decision its runs
+        made (``siftpipe log verify`` exits 0 only then; 3 for a log that is ok but not closed)."""
+        return self.ok and all(s.closed for s in self.streams)
 
     @property
     def records(self) -> int:
@@ -885,7 +903,7 @@ class LogReport:
         if not self.streams:
             out.append("  no parts found")
         for s in self.streams:
-            status = "OK" if s.ok else "PROBLEMS"
+            status = "PROBLEMS" if not s.ok else "OK" if s.closed else "INCOMPLETE"
             out.append(
                 f"run={s.run} rank={s.rank}: {status}: {s.records} records, seq {s.first_seq}..{s.last_seq}, "
                 f"{len(s.attempts)} attempt(s), {s.superseded} superseded by a resume"
@@ -944,8 +962,28 @@ class LogReport:
             out.extend(f"  missing part: {m}" for m in s.missing_parts)
             out.extend(f"  unreadable part: {m}" for m in s.unreadable_parts)
             out.extend(f"  count mismatch: {m}" for m in s.count_mismatches)
+            out.extend(f"  altered part: {m}" for m in s.altered_parts)
+            if s.ok and not s.closed:
+                out.append(
+                    "  the latest attempt did not close: the log may lack its last decisions (the job "
+                    "was killed and not resumed, is still running, or the log's tail was deleted)"
+                )
             out.extend(f"  note: {m}" for m in s.notes)
         return out
+
+
+def _altered(manifest: Mapping[str, Any], table: Any, digest: str, size: int) -> str | None:
+    """How a readable part differs from what its manifest recorded when it was written (its
+    bytes' SHA-256 and size, where the manifest has them, and its kept count), or None."""
+    recorded = manifest.get("sha256")
+    if isinstance(recorded, str) and recorded != digest:
+        return "its bytes differ from the SHA-256 its manifest recorded"
+    if isinstance(manifest.get("bytes"), int) and manifest["bytes"] != size:
+        return f"manifest says {manifest['bytes']} bytes, part has {size}"
+    kept = int(table.column("kept").to_numpy(zero_copy_only=False).sum())
+    if isinstance(manifest.get("kept"), int) and manifest["kept"] != kept:
+        return f"manifest says {manifest['kept']} kept, part has {kept}"
+    return None
 
 
 def _died_writing(attempt: _Attempt, info: PartInfo) -> bool:
@@ -968,7 +1006,9 @@ def verify_log(
     writers = [a for a in attempts if a.claim_only is None]
     secrets = secret_values(storage_options, url)
     seqs = read_many(
-        fs, [p.path for p in infos if p.path is not None], lambda b: read_part(b, ["seq", "kept"])
+        fs,
+        [p.path for p in infos if p.path is not None],
+        lambda b: (read_part(b, ["seq", "kept"]), hashlib.sha256(b).hexdigest(), len(b)),
     )
     # records decided kept that read_log reads as not kept (never handed on), per attempt
     unhanded = unhanded_ranges(attempts)
@@ -987,11 +1027,16 @@ def verify_log(
         if info.path is None:
             report.missing_parts.append(f"{name}: manifest found, Parquet object missing")
             continue
-        table = seq_of[id(info)]
-        if isinstance(table, Exception):
-            report.unreadable_parts.append(f"{redact(info.path, secrets)}: {type(table).__name__}")
+        read = seq_of[id(info)]
+        if isinstance(read, Exception):
+            report.unreadable_parts.append(f"{redact(info.path, secrets)}: {type(read).__name__}")
             continue
+        table, digest, size = read
         seq = table.column("seq").to_numpy()
+        if info.manifest is not None:
+            altered = _altered(info.manifest, table, digest, size)
+            if altered:
+                report.altered_parts.append(f"{name}: {altered} (changed since it was written)")
         owner = owners.get((info.run, info.rank, info.attempt))
         if info.manifest is None and owner is not None and _died_writing(owner, info):
             # S3 puts are atomic and the part is readable Parquet: its records are all there
@@ -1112,6 +1157,8 @@ def verify_log(
                 report.gaps.append((0, int(seq[0]) - 1))
             for at in np.flatnonzero(step > 1):
                 report.gaps.append((int(seq[at]) + 1, int(seq[at + 1]) - 1))
+    if rank is None:
+        _missing_ranks(infos, attempts, streams)
     _verify_predecode(fs, url, storage_options, run, rank, streams, secrets)
     # records lost after the last one found: the latest attempt's end marker says where it ended
     latest: dict[tuple[str, int], _Attempt] = {(a.run, a.rank): a for a in writers}  # in start order
@@ -1124,6 +1171,29 @@ def verify_log(
             if stop - 1 > after:
                 report.gaps.append((after + 1, stop - 1))
     return LogReport(redact(url, secrets), [streams[k] for k in sorted(streams)])
+
+
+def _missing_ranks(
+    infos: Sequence[PartInfo], attempts: Sequence[_Attempt], streams: dict[tuple[str, int], StreamReport]
+) -> None:
+    """A report for each rank of a run that left no part, claim or end marker, though the run's
+    manifests record a world size that includes it (its folder deleted, or the rank never wrote)."""
+    world: dict[str, int] = {}
+    for info in infos:
+        stage = (info.manifest or {}).get("stage")
+        size = stage.get("world_size") if isinstance(stage, Mapping) else None
+        if isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= 1 << 20:
+            world[info.run] = max(world.get(info.run, 1), size)
+    present = {(a.run, a.rank) for a in attempts} | set(streams)
+    for run_id, size in world.items():
+        for r in range(size):
+            if (run_id, r) not in present:
+                report = streams.setdefault((run_id, r), StreamReport(run_id, r))
+                report.missing_parts.append(
+                    f"rank {r} left nothing in the log (no part, claim or end marker), though the "
+                    f"run's manifests record {size} processes: its folder was deleted, or it never "
+                    "wrote (started without the audit log, or killed before its first part)"
+                )
 
 
 def _verify_predecode(

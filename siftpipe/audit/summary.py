@@ -3,6 +3,7 @@ shards; and its plot."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -149,12 +150,18 @@ def print_summary(s: Mapping[str, Any], out: Any) -> None:
             )
 
 
-def plot_log(table: Any, path: str) -> None:
-    """Write a PNG: keep rate over sequence, loss histograms kept vs dropped, prob vs score."""
+def plot_log(table: Any, path: str) -> str:
+    """Write a figure: keep rate over sequence, loss histograms kept vs dropped, prob vs score.
+
+    ``path``: the file; its suffix picks the format (``.png``, ``.svg``, ``.pdf``, ...); none
+    means ``.png``, and a folder (an existing one, or a path ending in ``/``) gets ``sift.png``
+    in it. Returns the path written; an unknown suffix raises ``ConfigError`` (nothing written)."""
     from .._optional import require
 
     require("matplotlib", "siftpipe log plot").use("Agg")
     import matplotlib.pyplot as plt
+
+    path = _plot_path(path, plt)
 
     kept = table.column("kept").to_numpy(zero_copy_only=False)
     loss = table.column("loss").to_numpy()
@@ -197,3 +204,21 @@ def plot_log(table: Any, path: str) -> None:
         ) from None
     finally:
         plt.close(fig)
+    return path
+
+
+def _plot_path(path: str, plt: Any) -> str:
+    """Where ``plot_log`` writes for ``path`` (see there)."""
+    if path.endswith(("/", os.sep)) or os.path.isdir(path):
+        return os.path.join(path, "sift.png")
+    suffix = os.path.splitext(path)[1].lower().lstrip(".")
+    if not suffix:
+        return path + ".png"
+    known = plt.figure().canvas.get_supported_filetypes()
+    plt.close("all")
+    if suffix not in known:
+        raise ConfigError(
+            f"cannot write the plot as {path!r}: matplotlib writes no .{suffix} files; end the path "
+            f"with one of {', '.join('.' + k for k in sorted(known))} (siftpipe log plot -o)"
+        )
+    return path

@@ -12,6 +12,7 @@ payload is the raw column buffers. No pickle, in the log or on the wire.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import re
 import signal
@@ -491,6 +492,10 @@ class PartWriter:
             "last_seq": int(seq[-1]) if seq.size else None,
             "kept": int(kept.sum()),
             "bytes": len(data),
+            # the part's bytes as written: verify_log finds a part changed since (an edited flag
+            # or loss, a part swapped for another); not a signature (whoever can write the part
+            # can write its manifest)
+            "sha256": hashlib.sha256(data).hexdigest(),
             "urls": sorted(v for v in header["url_values"] if v is not None),
             "created": time.time(),
             # when the part's last record was decided (unix s): a later attempt of the same job

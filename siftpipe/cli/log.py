@@ -86,8 +86,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     table = _read(args, ["seq", "kept", "loss", "score", "prob"])
     if table.num_rows == 0:
         return _no_log(args, "no records to plot")
-    plot_log(table, args.output)
-    print(f"wrote {args.output}")
+    print(f"wrote {plot_log(table, args.output)}")
     return 0
 
 
@@ -138,7 +137,9 @@ def _cmd_keys(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     report = verify_log(args.url, parse_storage_options(args.storage_option), run=args.run, rank=args.rank)
     print("\n".join(report.lines()))
-    return 0 if report.ok else 1
+    # 3: nothing wrong with what is there, but a stream's latest attempt never closed, so the
+    # log cannot say it holds every decision (a killed job not resumed, or a deleted tail)
+    return 0 if report.complete else 1 if not report.ok else 3
 
 
 def _cmd_whatif(args: argparse.Namespace) -> int:
@@ -197,6 +198,10 @@ def add_cli(commands: Any) -> None:
     group.add_argument("--kept", action="store_true", help="keys of kept samples (the default)")
     p.set_defaults(func=_cmd_keys)
 
-    p = sub.add_parser("verify", help="gaps, duplicates, missing or unreadable parts; exit 1 on problems")
+    p = sub.add_parser(
+        "verify",
+        help="gaps, duplicates, missing, unreadable or altered parts; exit 1 on problems, "
+        "3 if a stream's latest attempt never closed (the log may lack its last decisions)",
+    )
     _common(p)
     p.set_defaults(func=_cmd_verify)

@@ -50,6 +50,9 @@ class StageInfo:
     #: short last batch is dropped (its rows then read as not kept: ``Sifter(drop_last=True)``).
     output_batch: int | None = None
     drop_last: bool = False
+    #: Processes of the job (``torch.distributed``'s world size when the stage was bound; 1
+    #: without one): ``verify_log`` reports a rank that left nothing in the log.
+    world_size: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as plain JSON values (the audit log's manifests record this as ``stage``):

@@ -387,6 +387,7 @@ class Sifter:
             scorer=repr(self.scorer)[:200],
             output_batch=self.output_batch,
             drop_last=bool(self.drop_last),
+            world_size=dist_info()[1],
         )
 
     def shard_stats(self) -> ShardStats | None:

@@ -2,6 +2,7 @@
 
 import collections
 import os
+import shutil
 import socket
 
 import numpy as np
@@ -162,6 +163,13 @@ def test_ranks_draw_independently_and_log_their_own_partitions(tmp_path):
     assert report.ok and [s.records for s in report.streams] == [400, 400]
     # what-if reproduces each rank with its own generator
     assert sp.whatif(str(tmp_path), [sp.Uniform(0.5)])[0].flips == 0
+    # a rank's whole folder gone: the manifests say the run had 2 processes, so it is missed
+    (run_dir,) = tmp_path.glob("run=*")
+    shutil.rmtree(run_dir / "rank=1")
+    report = sp.verify_log(str(tmp_path))
+    assert not report.ok and [(s.rank, s.ok) for s in report.streams] == [(0, True), (1, False)]
+    assert "rank 1 left nothing in the log" in report.streams[1].missing_parts[0]
+    assert sp.verify_log(str(tmp_path), rank=0).complete  # asked for rank 0 only
 
 
 def _prefetched(batches, depth):

@@ -48,6 +48,17 @@ def test_plot_writes_a_png(s3_log, tmp_path, capsys):
     assert main(["log", "plot", root, *opts, "-o", str(tmp_path / "nope" / "sift.png")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot write the plot to" in err and "nope" in err
+    # the path said is the path written: no suffix means .png, a folder gets sift.png in it
+    for given, written in (("noext", "noext.png"), ("folder/", "folder/sift.png"), ("v.svg", "v.svg")):
+        (tmp_path / "folder").mkdir(exist_ok=True)
+        assert main(["log", "plot", root, *opts, "-o", str(tmp_path / given)]) == 0
+        assert capsys.readouterr().out == f"wrote {tmp_path / written}\n"
+        assert (tmp_path / written).stat().st_size > 10_000
+    # a suffix matplotlib cannot write: one line naming the ones it can, nothing written
+    assert main(["log", "plot", root, *opts, "-o", str(tmp_path / "out.txt")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no .txt files" in err and ".png" in err
+    assert not (tmp_path / "out.txt").exists()
 
 
 def test_keys_kept_and_dropped(s3_log, capsys):
@@ -90,8 +101,40 @@ def test_storage_option_parsing():
     assert parse_storage_options(
         ["endpoint_url=http://x:1", "anon=true", "client_kwargs.region_name=eu", "n=3"]
     ) == {"endpoint_url": "http://x:1", "anon": True, "client_kwargs": {"region_name": "eu"}, "n": 3}
-    with pytest.raises(SystemExit, match="KEY=VALUE"):
+    with pytest.raises(sp.ConfigError, match="KEY=VALUE"):
         parse_storage_options(["novalue"])
+    # credentials stay text; only plain integers convert; other shapes stay text too
+    assert parse_storage_options(
+        [
+            "secret=000123",
+            "password=TRUE",
+            "client_kwargs.aws_secret_access_key=42",
+            "code=007",
+            "x=--5",
+            "y=²",
+        ]
+    ) == {
+        "secret": "000123",
+        "password": "TRUE",
+        "client_kwargs": {"aws_secret_access_key": "42"},
+        "code": "007",
+        "x": "--5",
+        "y": "²",
+    }
+    assert parse_storage_options(["n=-12", "z=0"]) == {"n": -12, "z": 0}
+    # a key given a value and nested keys (either order), an empty part: refused, value unshown
+    for pairs in (["a=S3CRETV", "a.b=S3CRETV"], ["a.b=S3CRETV", "a=S3CRETV"], ["a.=S3CRETV"], [".a=S3CRETV"]):
+        with pytest.raises(sp.ConfigError, match="storage-option") as caught:
+            parse_storage_options(pairs)
+        assert "S3CRETV" not in str(caught.value)
+
+
+def test_a_malformed_storage_option_is_one_line_and_exit_2(capsys):
+    assert (
+        main(["log", "verify", "/nonexistent", "--storage-option", "a=1", "--storage-option", "a.b=2"]) == 2
+    )
+    err = capsys.readouterr().err
+    assert err.startswith("siftpipe: error: --storage-option a.b=...") and err.count("\n") == 1
 
 
 def losses_only(items):

@@ -1,0 +1,100 @@
+"""``verify_log`` and ``siftpipe log verify`` against a log changed after it was written: a kept
+flag flipped, two flags swapped, a loss edited, the tail cut off with its end marker. Each must
+read as not OK (or, for a tail cut with its end marker, as incomplete: exit 3), never as OK."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import siftpipe as sp
+from siftpipe.cli import main as cli
+from tests.common import loss_field, make_samples
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tamper") / "log"
+    log = sp.AuditLog(str(root), run_id="t", flush_every=40)
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=20, audit=log)
+    list(s(make_samples(160)))
+    s.close()
+    return root
+
+
+def copy_of(pristine, tmp_path):
+    root = tmp_path / "log"
+    shutil.copytree(pristine, root)
+    return root, root / "run=t" / "rank=0"
+
+
+def rewrite(part, edit):
+    table = pq.read_table(part)
+    columns = {name: table.column(name).to_pylist() for name in table.column_names}
+    edit(columns)
+    pq.write_table(pa.table(columns, schema=table.schema), part)
+
+
+def flip_one(columns):
+    columns["kept"][3] = not columns["kept"][3]
+
+
+def swap_two(columns):
+    kept = columns["kept"]
+    i, j = kept.index(True), kept.index(False)
+    kept[i], kept[j] = kept[j], kept[i]
+
+
+def edit_loss(columns):
+    columns["loss"][0] = 1e-9
+
+
+def test_the_log_as_written_verifies_complete(pristine, capsys):
+    report = sp.verify_log(str(pristine))
+    assert report.ok and report.complete and report.records == 160
+    assert cli(["log", "verify", str(pristine)]) == 0
+    assert "run=t rank=0: OK: 160 records" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("edit", [flip_one, swap_two, edit_loss])
+def test_a_part_edited_after_it_was_written_is_reported(pristine, tmp_path, capsys, edit):
+    root, stream = copy_of(pristine, tmp_path)
+    part = sorted(stream.glob("part-*.parquet"))[1]
+    rewrite(part, edit)
+    assert sp.read_log(str(root)).num_rows == 160  # readable as ever: only verify can tell
+    (report,) = sp.verify_log(str(root)).streams
+    assert not report.ok and len(report.altered_parts) == 1
+    assert report.altered_parts[0].startswith("part 1 of attempt") and "SHA-256" in report.altered_parts[0]
+    assert cli(["log", "verify", str(root)]) == 1
+    assert "altered part: part 1" in capsys.readouterr().out
+
+
+def test_an_edited_part_whose_manifest_lost_its_digest_is_caught_by_its_counts(pristine, tmp_path):
+    root, stream = copy_of(pristine, tmp_path)
+    part = sorted(stream.glob("part-*.parquet"))[2]
+    rewrite(part, flip_one)
+    manifest = next(stream.glob(f"_manifest-{part.name[5:13]}-*.json"))
+    body = json.loads(manifest.read_text())
+    del body["sha256"]  # a manifest written before parts had digests
+    body["bytes"] = part.stat().st_size  # and its size made to match
+    manifest.write_text(json.dumps(body))
+    (report,) = sp.verify_log(str(root)).streams
+    assert not report.ok and "kept, part has" in report.altered_parts[0]
+
+
+def test_a_tail_cut_off_with_its_end_marker_is_incomplete_not_ok(pristine, tmp_path, capsys):
+    root, stream = copy_of(pristine, tmp_path)
+    last = sorted(stream.glob("part-*.parquet"))[-1]
+    last.unlink()
+    next(stream.glob(f"_manifest-{last.name[5:13]}-*.json")).unlink()
+    next(stream.glob("_end-*.json")).unlink()
+    report = sp.verify_log(str(root))
+    # nothing left to contradict (the gap is at the end), but nothing says the log is whole
+    assert report.ok and not report.complete and not report.streams[0].closed
+    assert cli(["log", "verify", str(root)]) == 3
+    out = capsys.readouterr().out
+    assert "run=t rank=0: INCOMPLETE: 120 records" in out and "may lack its last decisions" in out
