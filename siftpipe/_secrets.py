@@ -58,6 +58,7 @@ _SECRET_WORDS = frozenset(
         "auth",
         "authorization",
         "code",
+        "cookie",
         "credential",
         "credentials",
         "key",
@@ -66,14 +67,17 @@ _SECRET_WORDS = frozenset(
         "pwd",
         "sas",
         "secret",
+        "session",
+        "sessionid",
         "sig",
         "signature",
         "token",
     }
 )
 _SECRET_NAMES = frozenset(
-    {"awsaccesskeyid", "connection_string", "connectionstring", "apikey", "accountkey", "sastoken"}
-)
+    {"awsaccesskeyid", "connection_string", "connectionstring", "apikey", "accountkey", "sastoken",
+     "session_id", "session-id", "sessionid", "jsessionid", "phpsessid"}
+)  # fmt: skip
 _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z0-9]+")
 _SENSITIVE_ENV = re.compile(
     r"(^|_)(SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIALS?|SAS)(_|$)|ACCESS_KEY|ACCOUNT_KEY|API_KEY|"
@@ -220,10 +224,13 @@ PIPE = "pipe:"
 # (--password, --token, --s3-secret-access-key, ...), and the value of a credential header
 _SECRET_WORD = (
     r"(?:secret|token|password|passwd|pwd|credential|signature|access[_-]?key|account[_-]?key"
-    r"|api[_-]?key|auth|sas)"
+    r"|api[_-]?key|auth|sas|session)"
 )
 _VALUE = r"(\"[^\"]*\"|'[^']*'|[^\s;&|]+)"
 _COMMAND_SECRETS = (
+    # a cookie header's value (every cookie in it, to the quote or the line's end) and curl's -b
+    re.compile(r"(?i)((?:set-)?cookie\s*:\s*)([^\"'\n]+)"),
+    re.compile(rf"(?i)((?:^|\s)(?:-b|--cookie)(?:\s+|=)){_VALUE}"),
     re.compile(rf"(?i)(\b[A-Z0-9_]*{_SECRET_WORD}[A-Z0-9_]*=){_VALUE}"),
     re.compile(rf"(?i)((?:^|\s)(?:-u|--user|--[\w-]*{_SECRET_WORD}[\w-]*|--key)(?:\s+|=)){_VALUE}"),
     re.compile(

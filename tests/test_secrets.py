@@ -564,7 +564,7 @@ def test_credentials_in_urls_and_options_never_reach_errors_reprs_or_the_command
         out = capsys.readouterr()
         assert code == 2 and out.err.startswith("siftpipe: error: ") and out.err.count("\n") == 1, out.err
         texts[" ".join(argv[:2])] = out.out + out.err
-    with pytest.raises(SystemExit) as exit_:
+    with pytest.raises(sp.ConfigError) as exit_:
         parse_storage_options([OPTION_SECRETS["token"]])
     texts["--storage-option SECRET"] = str(exit_.value)
     assert "KEY=VALUE" in texts["--storage-option SECRET"]

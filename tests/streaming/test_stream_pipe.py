@@ -137,6 +137,16 @@ def test_credentials_in_a_command_never_reach_errors_warnings_or_samples(shards,
         ),
         ("curl -H 'Content-Type: text/plain' https://h/x", "curl -H 'Content-Type: text/plain' https://h/x"),
         ("aws s3 cp s3://b/x.tar - --profile research", "aws s3 cp s3://b/x.tar - --profile research"),
+        # a session cookie is a credential: every cookie of the header, and curl's -b / --cookie
+        (
+            "curl -s -H 'Cookie: sid=abcd; theme=abcd' https://h/x.tar",
+            "curl -s -H 'Cookie: ***' https://h/x.tar",
+        ),
+        ("curl -b sid=abcd https://h/x.tar", "curl -b *** https://h/x.tar"),
+        ("curl --cookie 'a=1; b=abcd' https://h/x.tar", "curl --cookie *** https://h/x.tar"),
+        ("curl https://h/x.tar?sessionid=abcd&part=3", "curl https://h/x.tar?sessionid=***&part=3"),
+        ("curl https://h/x.tar?session_id=abcd", "curl https://h/x.tar?session_id=***"),
+        ("SESSION_TOKEN=abcd cat x", "SESSION_TOKEN=*** cat x"),
     ],
 )
 def test_redact_command(command, shown):
