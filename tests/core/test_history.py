@@ -28,6 +28,27 @@ def test_window_matches_brute_force(size):
         assert h.mean() == pytest.approx(np.mean(window))
 
 
+@pytest.mark.parametrize("size", [7, 500, 4096])
+def test_percentile_is_the_mid_rank_with_and_without_equal_losses(size):
+    # continuous losses (no loss equal to one in the window), and a few probes equal to one
+    # there (or to a 0 the window holds several of) among fresh ones: both searches' cases
+    rng = np.random.default_rng(size)
+    h = sp.LossHistory(size)
+    everything: list[float] = []
+    for step in range(30):
+        batch = rng.exponential(size=int(rng.integers(1, 300)))
+        if step % 3 == 0:
+            batch[: batch.size // 4] = 0.0
+        h.extend(batch)
+        everything.extend(batch)
+        window = np.asarray(everything[-size:])
+        fresh = rng.exponential(size=64)
+        np.testing.assert_array_equal(h.percentile(fresh), brute_percentile(window, fresh))
+        mixed = np.concatenate([fresh, rng.choice(window, 3), [0.0]])
+        rng.shuffle(mixed)
+        np.testing.assert_array_equal(h.percentile(mixed), brute_percentile(window, mixed))
+
+
 def test_state_roundtrip_continues_identically():
     rng = np.random.default_rng(1)
     a = sp.LossHistory(50)
