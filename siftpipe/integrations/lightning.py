@@ -192,6 +192,10 @@ class SiftCallback(Callback):
         self._rank_share = False  # the inner loader deals with a RankShareSampler
         self._in_batch = False
         self._rng_to_restore: dict[str, Any] | None = None
+        # the random states as the last training batch ended, put back after a validation run
+        # inside the fit (see on_validation_start)
+        self._rng_after_batch: dict[str, Any] | None = None
+        self._validated = False
         self._restored_at_epoch_end = False
         self._pending_state: dict[str, Any] | None = None
         self._attached = False  # setup() ran: the callback is in the Trainer's callbacks
@@ -509,6 +513,9 @@ class SiftCallback(Callback):
         if self._rng_to_restore is not None:
             restore_rng(self._rng_to_restore)
             self._rng_to_restore = None
+        elif self._validated and self._rng_after_batch is not None:
+            restore_rng(self._rng_after_batch)
+        self._validated = False
         if self._restored_at_epoch_end:
             self._restored_at_epoch_end = False
             _restart_epoch_progress(trainer)
@@ -529,11 +536,22 @@ class SiftCallback(Callback):
         stream = self.stream
         stream.ack()
         self.sifter.model_version = trainer.global_step
+        if self.restore_rng:
+            # a checkpoint of this step holds these states; validation may run next (below)
+            self._rng_after_batch = capture_rng(cuda=True)
         if self.log_metrics:
             metrics = stream.metrics(window=False)
             pl_module.log_dict(
                 {f"sift/{k}": v for k, v in metrics.items()}, on_step=True, on_epoch=False, batch_size=1
             )
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # validation inside the fit draws from the process's random states (its DataLoader's
+        # iterator seeds its workers); a checkpoint of the step before it holds the states from
+        # before, and the job resumed from it does not validate again. So the next training batch
+        # starts from the states the last one ended with, resumed or not (restore_rng)
+        if trainer.state.fn == "fit":
+            self._validated = True
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         new_module, self._new_module = self._new_module, False

@@ -105,6 +105,7 @@ def fit(
     every: int = 1,
     accumulate: int = 1,
     net: type = Net,
+    trainer_kw: dict | None = None,
     **kw,
 ):
     torch.manual_seed(0)
@@ -124,6 +125,7 @@ def fit(
         num_sanity_val_steps=0,
         callbacks=[sift, checkpoints],
         accumulate_grad_batches=accumulate,
+        **(trainer_kw or {}),
     )
     trainer.fit(model, ckpt_path=ckpt)
     return trainer, model, sift
@@ -150,6 +152,29 @@ def test_resume_from_any_checkpoint_equals_the_uninterrupted_run(tmp_path):
         assert counters(resumed) == counters(sift)
     metrics = trainer.callback_metrics
     assert 0 < float(metrics["sift/keep_rate"]) < 1 and float(metrics["sift/from_memory"]) > 0
+
+
+class Validated(Net):
+    def val_dataloader(self):
+        return DataLoader(Points(36), batch_size=12)
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", F.cross_entropy(self(batch["x"]), batch["y"]))
+
+
+def test_resume_from_a_step_that_validation_followed_equals_the_uninterrupted_run(tmp_path):
+    # validation draws from the process's random states (its DataLoader seeds its iterator); the
+    # checkpoint of the step before it holds the states from before, and the resumed job does not
+    # validate again: the callback starts each training batch from the states the last one ended
+    # with, so dropout after the cut draws the same masks either way
+    every = {"val_check_interval": 5}
+    _, full, sift = fit(tmp_path / "full", steps=16, net=Validated, trainer_kw=every)
+    for cut in (5, 7, 10):
+        ckpt = str(tmp_path / "full" / f"step={cut}.ckpt")
+        _, part, resumed = fit(tmp_path / f"cut{cut}", steps=16, ckpt=ckpt, net=Validated, trainer_kw=every)
+        assert part.trained == full.trained[cut:], cut
+        assert torch.equal(weights(part), weights(full)), cut
+        assert counters(resumed) == counters(sift)
 
 
 def test_without_restoring_the_random_states_dropout_diverges(tmp_path):
