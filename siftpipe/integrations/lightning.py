@@ -423,6 +423,13 @@ class SiftCallback(Callback):
         for owner in owners:
             if hasattr(owner, "set_epoch"):
                 owner.set_epoch(epoch)
+        reused = getattr(inner, "_iterator", None) is not None
+        if inner.persistent_workers and inner.num_workers > 0 and reused:
+            # a persistent loader's next pass reuses its iterator and workers and draws no base
+            # seed, where a fresh iterator (a resumed job's) draws one before the sampler draws
+            # its own: drawn here too, so that both shuffle alike (the workers' own random
+            # states still differ after a resume: docs/integrations.md)
+            torch.empty((), dtype=torch.int64).random_(generator=inner.generator)
         dataset = inner.dataset
         if isinstance(dataset, IterableDataset):
             if hasattr(dataset, "set_epoch"):

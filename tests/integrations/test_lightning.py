@@ -177,6 +177,25 @@ def test_resume_from_a_step_that_validation_followed_equals_the_uninterrupted_ru
         assert counters(resumed) == counters(sift)
 
 
+class PersistentWorkers(Net):
+    def train_dataloader(self):
+        loader = DataLoader(self.data, batch_size=12, shuffle=True, num_workers=2, persistent_workers=True)
+        return self.sift.loader(loader)
+
+
+def test_resume_with_persistent_workers_equals_the_uninterrupted_run(tmp_path):
+    # a persistent loader's later passes reuse their iterator (no base seed drawn), where the
+    # resumed job's is fresh: before, a cut in the second epoch on raised ResumeError
+    trainer, full, sift = fit(tmp_path / "full", steps=26, net=PersistentWorkers)
+    assert trainer.current_epoch >= 2
+    for cut in (14, 22):
+        ckpt = str(tmp_path / "full" / f"step={cut}.ckpt")
+        _, part, resumed = fit(tmp_path / f"cut{cut}", steps=26, ckpt=ckpt, net=PersistentWorkers)
+        assert part.trained == full.trained[cut:], cut
+        assert torch.equal(weights(part), weights(full)), cut
+        assert counters(resumed) == counters(sift)
+
+
 def test_without_restoring_the_random_states_dropout_diverges(tmp_path):
     """Why the callback saves the random states: Lightning does not, and dropout then draws other
     masks after a resume. (The data order and the decisions are the stage's and still resume.)"""
