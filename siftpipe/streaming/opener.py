@@ -448,7 +448,19 @@ class ShardOpener:
         protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
         if self.block_size is not None and "file" not in protocols:
             kwargs["block_size"] = self.block_size
-        f = fs.open(path, "rb", **kwargs)
+        try:
+            f = fs.open(path, "rb", **kwargs)
+        except TypeError as exc:
+            # a client setting the backend takes only when it first connects (s3fs builds its
+            # client at the first request: client_kwargs={"region": ...} or a misspelt
+            # config_kwargs key fail here, not when the filesystem is made): a setting, not a bad
+            # shard, so never skipped by a handler nor retried
+            raise ConfigError(
+                f"the storage options were rejected when the {protocols[0]}:// "
+                f"filesystem first connected (opening {self.redact(redact_url(url))}): "
+                f"{type(exc).__name__}: {self.redact(str(exc))}; storage options were "
+                f"{redact_options(self.storage_options)}"
+            ) from None
         if offset:
             try:
                 f.seek(offset)
@@ -658,6 +670,35 @@ class PipeStream(_Readable):
         return f"<siftpipe pipe stream {self.shown}>"
 
 
+def _version_of(f: Any) -> tuple[Any, ...] | None:
+    """What tells one version of an opened object from another: an fsspec file's ``details``
+    (size, ETag, version id or generation: what the store gives), a local file's size,
+    modification time and inode; ``None`` when nothing is known (a ``pipe:`` stream)."""
+    details = getattr(f, "details", None)
+    if isinstance(details, Mapping):
+        found = tuple(
+            (name, str(details[name]))
+            for name in ("size", "ETag", "etag", "VersionId", "generation")
+            if details.get(name) is not None
+        )
+        if found:
+            return found
+    fileno = getattr(f, "fileno", None)
+    if callable(fileno) and not isinstance(f, PipeStream):
+        try:
+            st = os.fstat(fileno())
+        except (OSError, ValueError, io.UnsupportedOperation, AttributeError):
+            return None
+        return (("size", st.st_size), ("mtime_ns", st.st_mtime_ns), ("inode", st.st_ino))
+    return None
+
+
+def _describe_change(before: tuple[Any, ...], after: tuple[Any, ...]) -> str:
+    was, now = dict(before), dict(after)
+    changed = [f"{k} {was.get(k)!s} -> {now.get(k)!s}" for k in {**was, **now} if was.get(k) != now.get(k)]
+    return ", ".join(changed) or "its version changed"
+
+
 class RetryingFile(_Readable):
     """A read-only stream over one shard that survives dropped connections.
 
@@ -670,12 +711,32 @@ class RetryingFile(_Readable):
         self.url = url
         self.pos = offset
         self.size: int | None = None
+        #: what identifies the object's version (size, ETag or version id, modification time), as
+        #: first opened: a reconnect onto another version is an error, not a silent splice
+        self.version: tuple[Any, ...] | None = None
         self._f: Any = None
 
     def _connect(self) -> None:
         self._f = self.opener._raw_open(self.url, self.pos)
         size = getattr(self._f, "size", None)
         self.size = size if isinstance(size, int) else None
+        version = _version_of(self._f)
+        if self.version is None:
+            self.version = version
+        elif version is not None and version != self.version:
+            # reopened after a dropped connection onto another object under the same name: the
+            # bytes from here on are not the rest of what was read, and a sample could mix both
+            self._drop()
+            shown = self.opener.redact(redact_url(self.url))
+            raise ShardError(
+                f"reading shard {shown} failed: the object changed while it was read (it was "
+                f"replaced between the first open and the reconnect at byte {self.pos}; "
+                f"{_describe_change(self.version, version)}): the samples handed on from it come "
+                "from the version before. Write new shards under new names rather than over ones "
+                "a job may be reading, or pass handler=warn_and_continue to skip such a shard",
+                url=shown,
+                kind="corrupt",
+            )
 
     def _drop(self) -> None:
         f, self._f = self._f, None

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import siftpipe as sp
-from siftpipe.errors import ShardWarning
+from siftpipe.errors import CorruptShardError, ShardWarning
 from siftpipe.streaming.opener import (
     ShardOpener,
     ShardReader,
@@ -247,6 +247,41 @@ def test_a_connection_that_dies_mid_stream_is_reopened_at_its_byte_offset(own_s3
     assert decode_sample(tail[-1])["x.npy"].shape == (256,)
 
 
+def test_a_shard_replaced_while_the_connection_was_down_is_an_error_not_a_splice(own_s3):
+    # the reader reopens the object at its byte offset after a dropped connection: if another
+    # object now has its name, the bytes from there on are not the rest of the one read (a sample
+    # could hold fields of both): it is a CorruptShardError naming what changed, not a silent mix
+    bucket = own_s3.new_bucket()
+    options = {"endpoint_url": own_s3.endpoint}
+    url = f"s3://{bucket}/big"
+    shards = write_shards(
+        synthetic_classification(400, dim=256),
+        url,
+        samples_per_shard=400,
+        storage_options=options,
+        progress=False,
+    )
+    opener = ShardOpener(s3_options(own_s3.endpoint), retries=30, block_size=64 * 1024, **FAST)
+    it = ShardReader(opener)(shards.urls)
+    head = [next(it) for _ in range(50)]
+    write_shards(  # the same name, other contents
+        synthetic_classification(400, dim=256, seed=9),
+        url,
+        samples_per_shard=400,
+        storage_options=options,
+        progress=False,
+    )
+    own_s3.stop()
+    restarter = threading.Timer(1.0, own_s3.start)
+    restarter.start()
+    try:
+        with pytest.raises(CorruptShardError, match="the object changed while it was read") as caught:
+            list(it)
+    finally:
+        restarter.join()
+    assert "ETag" in str(caught.value) and caught.value.kind == "corrupt" and len(head) == 50
+
+
 @pytest.fixture
 def proxy(local_s3):
     p = FaultProxy(local_s3.port)
@@ -367,6 +402,24 @@ def test_warn_and_continue_skips_a_bad_shard_warns_naming_it_and_counts_it(local
     assert len(out) == 300
     stats = shard_stats()
     assert stats.skipped == 1 and stats.failed == 0 and stats.completed == 3
+
+
+@pytest.mark.parametrize(
+    "bad", [{"client_kwargs": {"region": "us-east-1"}}, {"config_kwargs": {"read_timout": 5}}]
+)
+def test_client_settings_the_backend_rejects_at_its_first_request_are_a_config_error(
+    local_s3, s3_shards, bad
+):
+    # s3fs builds its client at the first request: a misspelt client setting fails there, for
+    # every shard alike. Not a bad shard: a handler that skips bad shards must not skip them all
+    # (and a resampled stream would skip forever)
+    options = {"endpoint_url": local_s3.endpoint, **bad}
+    reset_shard_stats()
+    with pytest.raises(sp.ConfigError, match="storage options were rejected when the s3:// filesystem first"):
+        list(ShardReader(ShardOpener(options), warn_and_continue)(list(s3_shards.urls)))
+    assert shard_stats().skipped == 0
+    with pytest.raises(sp.ConfigError, match="unexpected keyword argument|read_timout"):
+        list(ShardReader(ShardOpener(options))(list(s3_shards.urls)))
 
 
 def test_a_stopping_handler_ends_the_pass_and_reraise_counts_a_failure(local_shards, tmp_path):
