@@ -98,7 +98,11 @@ def check_next(reader: Reader, state: Mapping[str, Any], source: Any, batched: b
     ahead = reader.look_ahead(source.state_dict() if source is not None else None)
     if isinstance(ahead, Raised):
         return  # raised where the pass reads it
-    where = f"feed the source from item {state['consumed']} (state['consumed']) in the same order"
+    where = (
+        f"feed the source from item {state['consumed']} (state['consumed']) in the same order: "
+        "every shuffle before the stage seeded (a WebDataset's shardshuffle and .shuffle() with "
+        "seed=, a DataLoader's generator=), the same shards, workers and batch sizes"
+    )
     if ended and ahead is not END:
         raise ResumeError(
             f"the source is not where the checkpoint left it: the checkpoint's source had ended "
