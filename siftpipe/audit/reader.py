@@ -606,6 +606,29 @@ def read_log(
             if on_bad_part == "raise":
                 raise AuditError(message)
             warnings.warn(message, RuntimeWarning, stacklevel=2)
+    # what a listing shows without reading a part: parts gone with their manifests, and jobs that
+    # wrote under one run id (their records overlap); verify_log reports these and more
+    jobs: dict[tuple[str, int], set[str | None]] = {}
+    for attempt in attempts:
+        if attempt.claim_only is None:
+            jobs.setdefault((attempt.run, attempt.rank), set()).add(attempt.origin)
+        for missing in _missing_parts(attempt):
+            message = (
+                f"audit log run={attempt.run} rank={attempt.rank}: {missing}: their records are not in "
+                "what was read; the rest of the log was read (siftpipe log verify reports the log)"
+            )
+            if on_bad_part == "raise":
+                raise AuditError(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+    for (run_id, rank_id), origins in jobs.items():
+        if len(origins) > 1:
+            warnings.warn(
+                f"audit log run={run_id} rank={rank_id}: {len(origins)} jobs wrote under this run id "
+                "and rank; their records overlap and none supersedes another's (siftpipe log verify "
+                "names them): give each job its own run id",
+                RuntimeWarning,
+                stacklevel=2,
+            )
     need = list(columns) if columns is not None else None
     if need is not None:
         for extra in ("seq",) if not include_superseded else ():
@@ -972,6 +995,30 @@ class LogReport:
         return out
 
 
+def _missing_parts(attempt: _Attempt) -> list[str]:
+    """The runs of part numbers of ``attempt`` with neither part nor manifest (between its parts,
+    and up to the count its end marker gives), described."""
+    numbers = sorted({p.part for p in attempt.parts})
+    end = attempt.end or {}
+    closed_at = _number(end.get("parts"), None)
+    bounds = list(numbers)
+    if isinstance(closed_at, int):  # the end marker says which parts the attempt made
+        start = _number(end.get("first_part"), numbers[0] if numbers else closed_at)
+        bounds = sorted({*numbers, int(start) - 1, closed_at})
+    dropped = int(_number(end.get("dropped_records"), 0))
+    why = " (the attempt dropped parts on purpose: on_full='drop')" if dropped else ""
+    out = []
+    for lo, hi in pairwise(bounds):  # runs of missing part numbers, however long
+        if hi - lo == 2:
+            out.append(f"part {lo + 1} of attempt {attempt.attempt}: neither part nor manifest{why}")
+        elif hi - lo > 2:
+            out.append(
+                f"parts {lo + 1}..{hi - 1} of attempt {attempt.attempt} ({hi - lo - 1} parts): "
+                f"neither part nor manifest{why}"
+            )
+    return out
+
+
 def _altered(manifest: Mapping[str, Any], table: Any, digest: str, size: int) -> str | None:
     """How a readable part differs from what its manifest recorded when it was written (its
     bytes' SHA-256 and size, where the manifest has them, and its kept count), or None."""
@@ -1063,25 +1110,9 @@ def verify_log(
         canonical.setdefault(key, []).append(live)
     for attempt in attempts:
         report = streams.setdefault((attempt.run, attempt.rank), StreamReport(attempt.run, attempt.rank))
-        numbers = sorted({p.part for p in attempt.parts})
         end = attempt.end or {}
-        closed_at = _number(end.get("parts"), None)
-        bounds = list(numbers)
-        if isinstance(closed_at, int):  # the end marker says which parts the attempt made
-            start = _number(end.get("first_part"), numbers[0] if numbers else closed_at)
-            bounds = sorted({*numbers, int(start) - 1, closed_at})
         dropped = int(_number(end.get("dropped_records"), 0))
-        why = " (the attempt dropped parts on purpose: on_full='drop')" if dropped else ""
-        for lo, hi in pairwise(bounds):  # runs of missing part numbers, however long
-            if hi - lo == 2:
-                report.missing_parts.append(
-                    f"part {lo + 1} of attempt {attempt.attempt}: neither part nor manifest{why}"
-                )
-            elif hi - lo > 2:
-                report.missing_parts.append(
-                    f"parts {lo + 1}..{hi - 1} of attempt {attempt.attempt} ({hi - lo - 1} parts): "
-                    f"neither part nor manifest{why}"
-                )
+        report.missing_parts.extend(_missing_parts(attempt))
         report.dropped_records += dropped
         if attempt.claim_only is not None:
             report.notes.append(

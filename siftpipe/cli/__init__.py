@@ -9,6 +9,7 @@ import importlib
 import os
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,6 +55,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if program and args.command == "log":
+        # a reader's warning (a part missing or unreadable) is a line of the command's output, not
+        # Python's warning with a source line of the library's
+        secrets = argv_secrets(argv)
+
+        def show(message: Any, category: Any, *rest: Any, **kw: Any) -> None:
+            print(f"siftpipe: warning: {redact(str(message), secrets)}", file=sys.stderr)
+
+        warnings.showwarning = show
     code = _run(args, argv)
     # an interrupted command too (its own cleanup has run): the threads a DataLoader's workers
     # left printed their tracebacks while the interpreter was torn down

@@ -5,7 +5,10 @@ read as not OK (or, for a tail cut with its end marker, as incomplete: exit 3), 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,7 +16,7 @@ import pytest
 
 import siftpipe as sp
 from siftpipe.cli import main as cli
-from tests.common import loss_field, make_samples
+from tests.common import REPO, loss_field, make_samples
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +101,30 @@ def test_a_tail_cut_off_with_its_end_marker_is_incomplete_not_ok(pristine, tmp_p
     assert cli(["log", "verify", str(root)]) == 3
     out = capsys.readouterr().out
     assert "run=t rank=0: INCOMPLETE: 120 records" in out and "may lack its last decisions" in out
+
+
+def test_readers_warn_of_parts_gone_with_their_manifests(pristine, tmp_path):
+    # verify reports the gap; summary, keys, whatif and read_log read the rest, and now say so
+    root, stream = copy_of(pristine, tmp_path)
+    middle = sorted(stream.glob("part-*.parquet"))[1]
+    middle.unlink()
+    next(stream.glob(f"_manifest-{middle.name[5:13]}-*.json")).unlink()
+    with pytest.warns(
+        RuntimeWarning, match=r"run=t rank=0: part 1 of attempt \w+: neither part nor manifest"
+    ):
+        table = sp.read_log(str(root))
+    assert table.num_rows == 120
+    with pytest.raises(sp.AuditError, match="part 1 of attempt"):
+        sp.read_log(str(root), on_bad_part="raise")
+    # the command line says it as one line of its own, not Python's warning with a source line
+    out = subprocess.run(
+        [sys.executable, "-m", "siftpipe", "log", "summary", str(root)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": REPO},
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    (line,) = [x for x in out.stderr.splitlines() if x]
+    assert line.startswith("siftpipe: warning: audit log run=t rank=0: part 1 of attempt"), out.stderr
