@@ -557,11 +557,13 @@ class SiftCallback(Callback):
         # iterator seeds its workers); a checkpoint of the step before it holds the states from
         # before, and the job resumed from it does not validate again. So the next training batch
         # starts from the states the last one ended with, resumed or not (restore_rng)
-        if trainer.state.fn == "fit":
-            self._validated = True
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._validated = True  # (Lightning runs the sanity check on states of its own)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         new_module, self._new_module = self._new_module, False
+        # a fit starts from the states it is given (seed_everything), not the last fit's end
+        self._rng_after_batch, self._validated = None, False
         if new_module and not self._loaded:
             raise sp.ConfigError(
                 "this SiftCallback sifted the fit of another LightningModule: its stage holds that "

@@ -177,6 +177,34 @@ def test_resume_from_a_step_that_validation_followed_equals_the_uninterrupted_ru
         assert counters(resumed) == counters(sift)
 
 
+class Drawing(Validated):
+    draws: list[float]
+
+    def training_step(self, batch, batch_idx):
+        self.draws.append(float(torch.rand(())))
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_second_fit_after_a_sanity_check_starts_from_its_own_random_states(tmp_path):
+    # the states kept for after a validation run belong to one fit: the next fit of the same module
+    # starts from the states it is given (seed_everything), sanity check (Lightning isolates its
+    # draws) or not
+    first: dict[int, float] = {}
+    for sanity in (0, 2):
+        torch.manual_seed(0)
+        sift = SiftCallback(sifter)
+        model = Drawing(sift, Points())
+        model.draws = []
+        trainer_for(tmp_path / f"a{sanity}", sift, steps=3).fit(model)
+        L.seed_everything(7, verbose=False)
+        model.draws = []
+        again = trainer_for(tmp_path / f"b{sanity}", sift, steps=2, num_sanity_val_steps=sanity)
+        again.fit(model)
+        first[sanity] = model.draws[0]
+    L.seed_everything(7, verbose=False)
+    assert first[0] == first[2] == float(torch.rand(()))
+
+
 class PersistentWorkers(Net):
     def train_dataloader(self):
         loader = DataLoader(self.data, batch_size=12, shuffle=True, num_workers=2, persistent_workers=True)
@@ -356,9 +384,8 @@ def trainer_for(tmp: Path, sift: SiftCallback, steps: int = 6, **kw) -> L.Traine
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        num_sanity_val_steps=0,
         callbacks=[sift, checkpoints],
-        **kw,
+        **{"num_sanity_val_steps": 0, **kw},
     )
 
 
