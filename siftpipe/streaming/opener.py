@@ -671,25 +671,28 @@ class PipeStream(_Readable):
 
 
 def _version_of(f: Any) -> tuple[Any, ...] | None:
-    """What tells one version of an opened object from another: an fsspec file's ``details``
-    (size, ETag, version id or generation: what the store gives), a local file's size,
-    modification time and inode; ``None`` when nothing is known (a ``pipe:`` stream)."""
+    """What tells one version of an opened object from another: its size and the first the
+    file's details give of generation (GCS: changes with the contents only), ETag (S3, Azure),
+    version id (an S3 object rewritten with the same bytes keeps its ETag: the same contents, not
+    a change); a local file's size and modification time (not its inode, which FUSE mounts may
+    not keep); ``None`` when nothing is known (a ``pipe:`` stream). An http(s) file's details hold
+    its size only, and that is all compared: an ETag there would cost a request per open and can
+    differ between the servers behind one name for the same bytes."""
     details = getattr(f, "details", None)
     if isinstance(details, Mapping):
-        found = tuple(
-            (name, str(details[name]))
-            for name in ("size", "ETag", "etag", "VersionId", "generation")
-            if details.get(name) is not None
-        )
-        if found:
-            return found
+        size = details.get("size")
+        for name in ("generation", "ETag", "etag", "VersionId"):
+            if details.get(name) is not None:
+                return (("size", str(size)), (name, str(details[name])))
+        if size is not None:
+            return (("size", str(size)),)
     fileno = getattr(f, "fileno", None)
     if callable(fileno) and not isinstance(f, PipeStream):
         try:
             st = os.fstat(fileno())
         except (OSError, ValueError, io.UnsupportedOperation, AttributeError):
             return None
-        return (("size", st.st_size), ("mtime_ns", st.st_mtime_ns), ("inode", st.st_ino))
+        return (("size", st.st_size), ("mtime_ns", st.st_mtime_ns))
     return None
 
 
