@@ -228,9 +228,8 @@ _SECRET_WORD = (
 )
 _VALUE = r"(\"[^\"]*\"|'[^']*'|[^\s;&|]+)"
 _COMMAND_SECRETS = (
-    # a cookie header's value (every cookie in it, to the quote or the line's end) and curl's -b
+    # a cookie header's value (every cookie in it, to the quote or the line's end)
     re.compile(r"(?i)((?:set-)?cookie\s*:\s*)([^\"'\n]+)"),
-    re.compile(rf"(?i)((?:^|\s)(?:-b|--cookie)(?:\s+|=)){_VALUE}"),
     re.compile(rf"(?i)(\b[A-Z0-9_]*{_SECRET_WORD}[A-Z0-9_]*=){_VALUE}"),
     re.compile(rf"(?i)((?:^|\s)(?:-u|--user|--[\w-]*{_SECRET_WORD}[\w-]*|--key)(?:\s+|=)){_VALUE}"),
     re.compile(
@@ -248,9 +247,16 @@ def redact_command(command: str) -> str:
     return redact(_redact_flags(command), secret_values())
 
 
+# curl's cookie flag: -b means other things to other tools (tar's blocking factor, cut's bytes)
+_CURL_COOKIE = re.compile(rf"(?i)((?:^|\s)(?:-b|--cookie)(?:\s+|=)){_VALUE}")
+_CURL = re.compile(r"(?:^|[\s/;&|(])curl(?:\s|$)")
+
+
 def _redact_flags(command: str) -> str:
     for pattern in _COMMAND_SECRETS:
         command = pattern.sub(rf"\1{REDACTED}", command)
+    if "--cookie" in command or _CURL.search(command):
+        command = _CURL_COOKIE.sub(rf"\1{REDACTED}", command)
     return command
 
 

@@ -617,8 +617,8 @@ def read_log(
                 f"audit log run={attempt.run} rank={attempt.rank}: {missing}: their records are not in "
                 "what was read; the rest of the log was read (siftpipe log verify reports the log)"
             )
-            if on_bad_part == "raise":
-                raise AuditError(message)
+            if on_bad_part == "raise" and "on purpose" not in missing:
+                raise AuditError(message)  # (parts on_full='drop' dropped: the run chose that)
             warnings.warn(message, RuntimeWarning, stacklevel=2)
     for (run_id, rank_id), origins in jobs.items():
         if len(origins) > 1:
@@ -1217,14 +1217,24 @@ def _missing_ranks(
             world[info.run] = max(world.get(info.run, 1), size)
     present = {(a.run, a.rank) for a in attempts} | set(streams)
     for run_id, size in world.items():
+        live = [a for a in attempts if a.run == run_id and not a.ended]
         for r in range(size):
-            if (run_id, r) not in present:
-                report = streams.setdefault((run_id, r), StreamReport(run_id, r))
-                report.missing_parts.append(
-                    f"rank {r} left nothing in the log (no part, claim or end marker), though the "
-                    f"run's manifests record {size} processes: its folder was deleted, or it never "
-                    "wrote (started without the audit log, or killed before its first part)"
-                )
+            if (run_id, r) in present:
+                continue
+            if live:
+                # the run has not closed (still running?): a rank may not have written yet; the
+                # open streams read INCOMPLETE, and say this
+                for a in live:
+                    streams[(a.run, a.rank)].notes.append(
+                        f"rank {r} of this run ({size} processes) has left nothing in the log yet"
+                    )
+                continue
+            report = streams.setdefault((run_id, r), StreamReport(run_id, r))
+            report.missing_parts.append(
+                f"rank {r} left nothing in the log (no part, claim or end marker), though the "
+                f"run's manifests record {size} processes: its folder was deleted, or it never "
+                "wrote (started without the audit log, or killed before its first part)"
+            )
 
 
 def _verify_predecode(

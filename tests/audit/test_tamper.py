@@ -128,3 +128,21 @@ def test_readers_warn_of_parts_gone_with_their_manifests(pristine, tmp_path):
     assert out.returncode == 0, out.stderr
     (line,) = [x for x in out.stderr.splitlines() if x]
     assert line.startswith("siftpipe: warning: audit log run=t rank=0: part 1 of attempt"), out.stderr
+
+
+def test_a_rank_the_manifests_count_is_missing_or_not_yet_written(pristine, tmp_path):
+    # the manifests say the run had 2 processes and rank 1 left nothing: a problem once the run
+    # closed; while it has not (still running?), a note, and the stream reads INCOMPLETE
+    root, stream = copy_of(pristine, tmp_path)
+    for manifest in stream.glob("_manifest-*.json"):
+        body = json.loads(manifest.read_text())
+        body["stage"]["world_size"] = 2
+        manifest.write_text(json.dumps(body))
+    report = sp.verify_log(str(root))
+    assert [(s.rank, s.ok) for s in report.streams] == [(0, True), (1, False)]
+    assert "rank 1 left nothing in the log" in report.streams[1].missing_parts[0]
+    next(stream.glob("_end-*.json")).unlink()
+    report = sp.verify_log(str(root))
+    (only,) = report.streams
+    assert only.ok and not only.closed and not report.complete
+    assert any("rank 1 of this run (2 processes) has left nothing in the log yet" in n for n in only.notes)
