@@ -563,10 +563,10 @@ class SiftCallback(Callback):
             self._validated = True  # (Lightning runs the sanity check on states of its own)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        new_module, self._new_module = self._new_module, False
         # a fit starts from the states it is given (seed_everything), not the last fit's end
         self._rng_after_batch, self._validated = None, False
-        if new_module and not self._loaded:
+        if self._new_module and not self._loaded:
+            # (the flag stays: a fit of this module tried again without a checkpoint is refused too)
             raise sp.ConfigError(
                 "this SiftCallback sifted the fit of another LightningModule: its stage holds that "
                 "run's state (score memory, counters, position in the data), and this fit would be "
@@ -574,7 +574,7 @@ class SiftCallback(Callback):
                 "and Sifter, or continue a run with trainer.fit(model, ckpt_path=...), which loads "
                 "the stage's state from the checkpoint"
             )
-        self._loaded = False
+        self._new_module = self._loaded = False
         # a checkpoint taken at an epoch's last batch: Lightning resets the epoch's batch count for
         # a loader with a length only, so with none (a sifted loader) the next epoch would count on
         # from the last one and step a partial accumulation early

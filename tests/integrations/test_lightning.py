@@ -403,8 +403,9 @@ def test_a_sifted_validation_loader_and_a_callback_reused_for_another_model_are_
     assert sift.sifter.model is first and len(first.trained) == 3 + 6  # a new Trainer counts from 0
     # another module: the stage would score with the old one and decide from its losses
     second = Net(sift, Points())
-    with pytest.raises(sp.ConfigError, match="another LightningModule"):
-        trainer_for(tmp_path / "b", sift).fit(second)
+    for attempt in ("b", "b2"):  # and again: the refusal is not used up by the first
+        with pytest.raises(sp.ConfigError, match="another LightningModule"):
+            trainer_for(tmp_path / attempt, sift).fit(second)
     # continued from a checkpoint, whose stage state it loads: it scores with the module trained
     third = Net(sift, Points())
     trainer_for(tmp_path / "c", sift, steps=6).fit(third, ckpt_path=tmp_path / "a" / "step=3.ckpt")
