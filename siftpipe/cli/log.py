@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any
 
@@ -11,6 +12,7 @@ import numpy as np
 
 from .._secrets import redact, secret_values
 from ..audit.reader import (
+    _filesystem,
     describe_missing,
     list_parts,
     not_handed_on,
@@ -59,11 +61,39 @@ def _no_log(args: argparse.Namespace, what: str = "no audit log") -> int:
     """Say on stderr that ``args.url`` holds nothing to work on; the exit status (1, as verify)."""
     shown = redact(args.url, secret_values(parse_storage_options(args.storage_option), args.url))
     where = "".join(f" --run {r}" for r in args.run or ()) + "".join(f" --rank {r}" for r in args.rank or ())
-    print(
-        f"siftpipe: {what} at {shown}{where}: check the URL, the storage options and --run/--rank",
-        file=sys.stderr,
-    )
+    print(f"siftpipe: {what} at {shown}{where}: {_why_nothing(args)}", file=sys.stderr)
     return 1
+
+
+def _why_nothing(args: argparse.Namespace) -> str:
+    """The likeliest reason a URL holds no log, and its fix."""
+    if _INSIDE_LOG.search(args.url.rstrip("/")):
+        return (
+            "the URL points inside a log (a run=.../rank=... folder): give the log's root, the "
+            "folder that holds the run=... folders, and pick streams with --run/--rank"
+        )
+    bucket = _missing_bucket(args)
+    if bucket is not None:
+        return f"the bucket {bucket!r} does not exist at this endpoint: check its name and the endpoint"
+    return "check the URL, the storage options and --run/--rank"
+
+
+# a URL that names a run's or a stream's folder, not the log's root
+_INSIDE_LOG = re.compile(r"/run=[^/]+(?:/rank=-?\d+)?$")
+
+
+def _missing_bucket(args: argparse.Namespace) -> str | None:
+    """The bucket of an object-store URL, if the store says it does not exist (None otherwise, or
+    if it cannot be asked)."""
+    scheme, sep, rest = args.url.partition("://")
+    if not sep or scheme not in ("s3", "s3a", "gs", "gcs", "az", "abfs"):
+        return None
+    bucket = rest.split("/", 1)[0].rpartition("@")[2]
+    try:
+        fs, _ = _filesystem(f"{scheme}://{bucket}", parse_storage_options(args.storage_option))
+        return None if fs.exists(bucket) else bucket
+    except Exception:
+        return None
 
 
 def _nothing(attempts: list[Any]) -> str:
@@ -137,6 +167,8 @@ def _cmd_keys(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     report = verify_log(args.url, parse_storage_options(args.storage_option), run=args.run, rank=args.rank)
     print("\n".join(report.lines()))
+    if not report.streams:
+        print(f"siftpipe: {_why_nothing(args)}", file=sys.stderr)
     # 3: nothing wrong with what is there, but a stream's latest attempt never closed, so the
     # log cannot say it holds every decision (a killed job not resumed, or a deleted tail)
     return 0 if report.complete else 1 if not report.ok else 3

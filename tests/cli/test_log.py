@@ -61,6 +61,21 @@ def test_plot_writes_a_png(s3_log, tmp_path, capsys):
     assert not (tmp_path / "out.txt").exists()
 
 
+def test_a_url_that_holds_no_log_says_the_likely_reason(s3_log, capsys):
+    root, opts, _ = s3_log
+    for command in (["summary"], ["keys"], ["verify"]):
+        for inside in ("/run=cli", "/run=cli/rank=0/"):
+            assert main(["log", command[0], root + inside, *opts]) == 1
+            err = capsys.readouterr().err
+            assert "points inside a log" in err and "--run/--rank" in err, (command, inside, err)
+    assert main(["log", "summary", "s3://no-such-bucket-4c1/sift", *opts]) == 1
+    err = capsys.readouterr().err
+    assert "the bucket 'no-such-bucket-4c1' does not exist at this endpoint" in err and err.count("\n") == 1
+    bucket = root.split("/")[2]
+    assert main(["log", "summary", f"s3://{bucket}/elsewhere", *opts]) == 1
+    assert "check the URL, the storage options and --run/--rank" in capsys.readouterr().err
+
+
 def test_keys_kept_and_dropped(s3_log, capsys):
     root, opts, kept = s3_log
     assert main(["log", "keys", root, *opts]) == 0
