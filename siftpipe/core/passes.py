@@ -14,7 +14,7 @@ import torch
 
 from ..errors import PassClosedError, ResumeError
 from .ledger import Group, Ledger
-from .resume import first_key
+from .resume import first_key, first_url, shard_urls
 from .source import END, Raised, Reader
 
 __all__ = ["POSITION", "Passes", "Superseded"]
@@ -38,6 +38,7 @@ POSITION = (
     "pass_open",
     "source",
     "next_key",
+    "next_url",  # optional when read, as steps
     "ended",
     "source_abandoned",
     "steps",  # optional when read: states written before it lack it
@@ -213,6 +214,7 @@ class Passes:
             consumed, emitted = int(restore["consumed"]), int(restore["emitted"])
             source_state = restore["source"]
             next_key, ended = restore.get("next_key"), bool(restore.get("ended", False))
+            next_url = restore.get("next_url")
             source_abandoned = bool(restore.get("source_abandoned", False))
             pass_read = bool(restore.get("pass_read", True))
         else:
@@ -237,11 +239,13 @@ class Passes:
                     # float64, as handed on: a float32 copy made resumed weights differ in the last bits
                     "weight": None if g.weight is None else torch.from_numpy(g.weight.astype(np.float64)),
                     "keys": keys(g),
+                    # the shards they came from: keys that shards number alike match elsewhere
+                    "urls": shard_urls(g, batched),
                 }
                 for g in groups
             ]
             source_state = self.source_restore
-            next_key, ended = None, False
+            next_key, next_url, ended = None, None, False
             reader = self.reader() if self.reader is not None and self.open else None
             if reader is not None and reader.it is None:
                 reader = None  # not read yet: reading ahead would start the source's pass
@@ -262,6 +266,7 @@ class Passes:
                         source_state = reader.ahead_snapshot
                     if not isinstance(ahead, Raised):
                         next_key = first_key(ahead, batched, key)
+                        next_url = first_url(ahead, batched)
             elif self.source is not None:
                 source_state = self.snapshot()
         return {
@@ -275,6 +280,7 @@ class Passes:
             "pass_open": self.open,
             "source": source_state,
             "next_key": next_key,
+            "next_url": next_url,
             "ended": ended,
             "source_abandoned": source_abandoned,
             # states written before it lack it: a consumer then counts from 0 (as it did)

@@ -8,13 +8,14 @@ from typing import Any
 
 import numpy as np
 
+from .._secrets import redact_url
 from ..errors import ResumeError
 from . import batch as _batch
 from .ledger import Group, Ledger
-from .rows import attach_weights, keys_of
+from .rows import attach_weights, field_of, keys_of
 from .source import END, Raised, Reader
 
-__all__ = ["check_next", "first_key", "reread_groups"]
+__all__ = ["check_next", "first_key", "first_url", "reread_groups", "shard_urls"]
 
 
 def reread_groups(
@@ -71,6 +72,18 @@ def reread_groups(
                     f"expected {desc['keys'][first]!r}; feed the source from item "
                     f"{state['consumed']} (state['consumed']) with the same order"
                 )
+        want = desc.get("urls")  # states written before 2026-12-04 lack it
+        got_urls = shard_urls(group, batched) if want is not None else None
+        if got_urls is not None and list(got_urls) != list(want):
+            first = next(i for i, (a, b) in enumerate(zip(got_urls, want, strict=False)) if a != b)
+            raise ResumeError(
+                f"the source is not where the checkpoint left it: sample {first} of the in-flight "
+                f"micro-batch (key {describe(group, batched, key, first)}) comes from shard "
+                f"{got_urls[first]!r}, the checkpoint's came from {want[first]!r} (keys alone "
+                f"matched: shards that number their samples alike); feed the source from item "
+                f"{state['consumed']} (state['consumed']) in the same order: every shuffle "
+                "before the stage seeded, the same shards, workers and batch sizes"
+            )
         group.keep = desc["keep"].numpy().astype(bool)
         group.weight = None if desc["weight"] is None else desc["weight"].numpy().astype(np.float64)
         group.kept_index = np.flatnonzero(group.keep)
@@ -88,7 +101,8 @@ def check_next(reader: Reader, state: Mapping[str, Any], source: Any, batched: b
     """``ResumeError`` unless the resumed source starts with the item the checkpoint ``state``
     saw next (or has ended, if the checkpoint's had). ``source``: the tracked source, or None."""
     want, ended = state.get("next_key"), bool(state.get("ended", False))
-    if want is None and not ended:
+    want_url = state.get("next_url")  # states written before 2026-12-04 lack it
+    if want is None and want_url is None and not ended:
         return  # the checkpoint did not see the next item (no keys, or nothing pending)
     if ended and source is not None:
         # a tracked source restored at its end: reading it now would start its next pass
@@ -109,6 +123,13 @@ def check_next(reader: Reader, state: Mapping[str, Any], source: Any, batched: b
             f"after item {state['consumed']}, but this one gives more (key "
             f"{first_key(ahead, batched, key)!r}); {where}"
         )
+    if want_url is not None and ahead is not END:
+        got_url = first_url(ahead, batched)
+        if got_url is not None and got_url != want_url:
+            raise ResumeError(
+                f"the source is not where the checkpoint left it: its next item comes from shard "
+                f"{got_url!r}, the checkpoint's next came from {want_url!r}; {where}"
+            )
     if want is None or key is None:
         return
     if ahead is END:
@@ -122,6 +143,37 @@ def check_next(reader: Reader, state: Mapping[str, Any], source: Any, batched: b
             f"the source is not where the checkpoint left it: its next item has key {got!r}, "
             f"the checkpoint expected {want!r}; {where}"
         )
+
+
+def shard_urls(group: Group, batched: bool) -> list[str | None] | None:
+    """The shard URL each sample of ``group`` came from (its ``__url__``), credentials redacted,
+    or None where the samples carry none: what a checkpoint records besides their keys."""
+    urls = field_of(group, batched, "__url__")
+    if urls is None:
+        return None
+    shown: dict[Any, str | None] = {}
+    for url in urls:
+        if url not in shown:
+            shown[url] = redact_url(url) if isinstance(url, str) else None
+    return [shown[url] for url in urls]
+
+
+def first_url(item: Any, batched: bool) -> str | None:
+    """The shard URL of an input item (the first row's, for a batch), redacted, or None."""
+    try:
+        urls = shard_urls(Group([item], 1, 0, None), batched)
+    except Exception:
+        return None
+    return urls[0] if urls else None
+
+
+def describe(group: Group, batched: bool, key: Any, i: int) -> str:
+    """Row ``i``'s key in a message (``?`` when it has none)."""
+    try:
+        keys = keys_of(group, batched, key)
+    except Exception:
+        keys = None
+    return repr(keys[i]) if keys else "?"
 
 
 def first_key(item: Any, batched: bool, key: Any) -> Any:
