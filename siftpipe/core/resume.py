@@ -3,6 +3,7 @@ re-scored), and checking that the source is where the checkpoint left it."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -15,7 +16,7 @@ from .ledger import Group, Ledger
 from .rows import attach_weights, field_of, keys_of
 from .source import END, Raised, Reader
 
-__all__ = ["check_next", "first_key", "first_url", "reread_groups", "shard_urls"]
+__all__ = ["check_next", "first_key", "first_url", "reread_groups", "shard_name", "shard_urls"]
 
 
 def reread_groups(
@@ -146,20 +147,34 @@ def check_next(reader: Reader, state: Mapping[str, Any], source: Any, batched: b
 
 
 def shard_urls(group: Group, batched: bool) -> list[str | None] | None:
-    """The shard URL each sample of ``group`` came from (its ``__url__``), credentials redacted,
-    or None where the samples carry none: what a checkpoint records besides their keys."""
+    """The shard each sample of ``group`` came from (the file name in its ``__url__``: see
+    ``shard_name``), or None where the samples carry none: what a checkpoint records besides
+    their keys."""
     urls = field_of(group, batched, "__url__")
     if urls is None:
         return None
-    shown: dict[Any, str | None] = {}
+    names: dict[Any, str | None] = {}
     for url in urls:
-        if url not in shown:
-            shown[url] = redact_url(url) if isinstance(url, str) else None
-    return [shown[url] for url in urls]
+        if url not in names:
+            names[url] = shard_name(url) if isinstance(url, str) else None
+    return [names[url] for url in urls]
+
+
+# a file name in a URL or a command: up to a /, whitespace, a quote, a query or a fragment
+_FILE_NAME = re.compile(r"[^/\s'\"?#=&]+\.[^/\s'\"?#=&]+")
+
+
+def shard_name(url: str) -> str | None:
+    """The shard's file name in ``url`` (``shard-000001.tar`` of ``s3://b/train/shard-000001.tar``,
+    of ``https://.../shard-000001.tar?X-Amz-Signature=...`` and of ``pipe:aws s3 cp
+    s3://b/shard-000001.tar -``): what tells shards apart across a restart, where the rest of a
+    URL may change (a mount point, a presigned URL's date and signature); None if none is found."""
+    found = _FILE_NAME.findall(url.split("?", 1)[0] if "://" in url and not url.startswith("pipe:") else url)
+    return redact_url(found[-1]) if found else None
 
 
 def first_url(item: Any, batched: bool) -> str | None:
-    """The shard URL of an input item (the first row's, for a batch), redacted, or None."""
+    """The shard of an input item (the first row's, for a batch: ``shard_name``), or None."""
     try:
         urls = shard_urls(Group([item], 1, 0, None), batched)
     except Exception:
