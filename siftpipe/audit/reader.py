@@ -108,6 +108,11 @@ def _with_s3_defaults(url: str, storage_options: Mapping[str, Any] | None) -> di
     return options
 
 
+def log_filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
+    """The filesystem and root path a log URL is read through (the readers' own settings)."""
+    return _filesystem(url, storage_options)
+
+
 def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
     import fsspec
 

@@ -12,9 +12,9 @@ import numpy as np
 
 from .._secrets import redact, secret_values
 from ..audit.reader import (
-    _filesystem,
     describe_missing,
     list_parts,
+    log_filesystem,
     not_handed_on,
     predecode_tables,
     read_log,
@@ -90,7 +90,7 @@ def _missing_bucket(args: argparse.Namespace) -> str | None:
         return None
     bucket = rest.split("/", 1)[0].rpartition("@")[2]
     try:
-        fs, _ = _filesystem(f"{scheme}://{bucket}", parse_storage_options(args.storage_option))
+        fs, _ = log_filesystem(f"{scheme}://{bucket}", parse_storage_options(args.storage_option))
         return None if fs.exists(bucket) else bucket
     except Exception:
         return None

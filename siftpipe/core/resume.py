@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from .._secrets import redact_url
 from ..errors import ResumeError
 from . import batch as _batch
 from .ledger import Group, Ledger
@@ -160,17 +159,19 @@ def shard_urls(group: Group, batched: bool) -> list[str | None] | None:
     return [names[url] for url in urls]
 
 
-# a file name in a URL or a command: up to a /, whitespace, a quote, a query or a fragment
-_FILE_NAME = re.compile(r"[^/\s'\"?#=&]+\.[^/\s'\"?#=&]+")
+# a shard's file name in a URL or a command: a tar archive's (WebDataset's shards), up to a /,
+# whitespace, a quote, a query or a fragment; nothing else in a command (a header's token) is taken
+_SHARD_FILE = re.compile(r"[^/\s'\"?#=&:@]+\.(?:tar|tgz|tar\.(?:gz|bz2|xz|zst|lz4))(?=$|[\s'\"?#;|&)])")
 
 
 def shard_name(url: str) -> str | None:
     """The shard's file name in ``url`` (``shard-000001.tar`` of ``s3://b/train/shard-000001.tar``,
     of ``https://.../shard-000001.tar?X-Amz-Signature=...`` and of ``pipe:aws s3 cp
     s3://b/shard-000001.tar -``): what tells shards apart across a restart, where the rest of a
-    URL may change (a mount point, a presigned URL's date and signature); None if none is found."""
-    found = _FILE_NAME.findall(url.split("?", 1)[0] if "://" in url and not url.startswith("pipe:") else url)
-    return redact_url(found[-1]) if found else None
+    URL may change (a mount point, a presigned URL's date and signature). Only a tar archive's
+    name is taken; None if there is none."""
+    found = _SHARD_FILE.findall(url)
+    return found[-1] if found else None
 
 
 def first_url(item: Any, batched: bool) -> str | None:
