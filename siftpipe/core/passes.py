@@ -14,7 +14,7 @@ import torch
 
 from ..errors import PassClosedError, ResumeError
 from .ledger import Group, Ledger
-from .resume import first_key, first_url, shard_urls
+from .resume import first_key, first_shard, shard_names
 from .source import END, Raised, Reader
 
 __all__ = ["POSITION", "Passes", "Superseded"]
@@ -38,7 +38,7 @@ POSITION = (
     "pass_open",
     "source",
     "next_key",
-    "next_url",  # optional when read, as steps
+    "next_shard",  # optional when read, as steps
     "ended",
     "source_abandoned",
     "steps",  # optional when read: states written before it lack it
@@ -214,7 +214,7 @@ class Passes:
             consumed, emitted = int(restore["consumed"]), int(restore["emitted"])
             source_state = restore["source"]
             next_key, ended = restore.get("next_key"), bool(restore.get("ended", False))
-            next_url = restore.get("next_url")
+            next_shard = restore.get("next_shard")
             source_abandoned = bool(restore.get("source_abandoned", False))
             pass_read = bool(restore.get("pass_read", True))
         else:
@@ -240,12 +240,12 @@ class Passes:
                     "weight": None if g.weight is None else torch.from_numpy(g.weight.astype(np.float64)),
                     "keys": keys(g),
                     # the shards they came from: keys that shards number alike match elsewhere
-                    "urls": shard_urls(g, batched),
+                    "shards": shard_names(g, batched),
                 }
                 for g in groups
             ]
             source_state = self.source_restore
-            next_key, next_url, ended = None, None, False
+            next_key, next_shard, ended = None, None, False
             reader = self.reader() if self.reader is not None and self.open else None
             if reader is not None and reader.it is None:
                 reader = None  # not read yet: reading ahead would start the source's pass
@@ -266,7 +266,7 @@ class Passes:
                         source_state = reader.ahead_snapshot
                     if not isinstance(ahead, Raised):
                         next_key = first_key(ahead, batched, key)
-                        next_url = first_url(ahead, batched)
+                        next_shard = first_shard(ahead, batched)
             elif self.source is not None:
                 source_state = self.snapshot()
         return {
@@ -280,7 +280,7 @@ class Passes:
             "pass_open": self.open,
             "source": source_state,
             "next_key": next_key,
-            "next_url": next_url,
+            "next_shard": next_shard,
             "ended": ended,
             "source_abandoned": source_abandoned,
             # states written before it lack it: a consumer then counts from 0 (as it did)

@@ -15,7 +15,7 @@ from .ledger import Group, Ledger
 from .rows import attach_weights, field_of, keys_of
 from .source import END, Raised, Reader
 
-__all__ = ["check_next", "first_key", "first_url", "reread_groups", "shard_name", "shard_urls"]
+__all__ = ["check_next", "first_key", "first_shard", "reread_groups", "shard_name", "shard_names"]
 
 
 def reread_groups(
@@ -72,14 +72,14 @@ def reread_groups(
                     f"expected {desc['keys'][first]!r}; feed the source from item "
                     f"{state['consumed']} (state['consumed']) with the same order"
                 )
-        want = desc.get("urls")  # states written before 2026-12-04 lack it
-        got_urls = shard_urls(group, batched) if want is not None else None
-        if got_urls is not None and list(got_urls) != list(want):
-            first = next(i for i, (a, b) in enumerate(zip(got_urls, want, strict=False)) if a != b)
+        want = desc.get("shards")  # states written before 2026-12-04 lack it
+        got_shards = shard_names(group, batched) if want is not None else None
+        if got_shards is not None and list(got_shards) != list(want):
+            first = next(i for i, (a, b) in enumerate(zip(got_shards, want, strict=False)) if a != b)
             raise ResumeError(
                 f"the source is not where the checkpoint left it: sample {first} of the in-flight "
                 f"micro-batch (key {describe(group, batched, key, first)}) comes from shard "
-                f"{got_urls[first]!r}, the checkpoint's came from {want[first]!r} (keys alone "
+                f"{got_shards[first]!r}, the checkpoint's came from {want[first]!r} (keys alone "
                 f"matched: shards that number their samples alike); feed the source from item "
                 f"{state['consumed']} (state['consumed']) in the same order: every shuffle "
                 "before the stage seeded, the same shards, workers and batch sizes"
@@ -101,8 +101,8 @@ def check_next(reader: Reader, state: Mapping[str, Any], source: Any, batched: b
     """``ResumeError`` unless the resumed source starts with the item the checkpoint ``state``
     saw next (or has ended, if the checkpoint's had). ``source``: the tracked source, or None."""
     want, ended = state.get("next_key"), bool(state.get("ended", False))
-    want_url = state.get("next_url")  # states written before 2026-12-04 lack it
-    if want is None and want_url is None and not ended:
+    want_shard = state.get("next_shard")  # states written before 2026-12-04 lack it
+    if want is None and want_shard is None and not ended:
         return  # the checkpoint did not see the next item (no keys, or nothing pending)
     if ended and source is not None:
         # a tracked source restored at its end: reading it now would start its next pass
@@ -123,12 +123,12 @@ def check_next(reader: Reader, state: Mapping[str, Any], source: Any, batched: b
             f"after item {state['consumed']}, but this one gives more (key "
             f"{first_key(ahead, batched, key)!r}); {where}"
         )
-    if want_url is not None and ahead is not END:
-        got_url = first_url(ahead, batched)
-        if got_url is not None and got_url != want_url:
+    if want_shard is not None and ahead is not END:
+        got_shard = first_shard(ahead, batched)
+        if got_shard is not None and got_shard != want_shard:
             raise ResumeError(
                 f"the source is not where the checkpoint left it: its next item comes from shard "
-                f"{got_url!r}, the checkpoint's next came from {want_url!r}; {where}"
+                f"{got_shard!r}, the checkpoint's next came from {want_shard!r}; {where}"
             )
     if want is None or key is None:
         return
@@ -145,7 +145,7 @@ def check_next(reader: Reader, state: Mapping[str, Any], source: Any, batched: b
         )
 
 
-def shard_urls(group: Group, batched: bool) -> list[str | None] | None:
+def shard_names(group: Group, batched: bool) -> list[str | None] | None:
     """The shard each sample of ``group`` came from (the file name in its ``__url__``: see
     ``shard_name``), or None where the samples carry none: what a checkpoint records besides
     their keys."""
@@ -174,13 +174,13 @@ def shard_name(url: str) -> str | None:
     return found[-1] if found else None
 
 
-def first_url(item: Any, batched: bool) -> str | None:
+def first_shard(item: Any, batched: bool) -> str | None:
     """The shard of an input item (the first row's, for a batch: ``shard_name``), or None."""
     try:
-        urls = shard_urls(Group([item], 1, 0, None), batched)
+        names = shard_names(Group([item], 1, 0, None), batched)
     except Exception:
         return None
-    return urls[0] if urls else None
+    return names[0] if names else None
 
 
 def describe(group: Group, batched: bool, key: Any, i: int) -> str:

@@ -241,13 +241,13 @@ def check_state(state: Any, batched: bool) -> None:
         keys = desc["keys"]
         if keys is not None and not (isinstance(keys, list | tuple) and len(keys) == rows):
             raise bad(f"{where}['keys']", f"None or a list of {rows} sample keys")
-        urls = desc.get("urls")  # (states written before 2026-12-04 lack it)
-        if urls is not None and not (
-            isinstance(urls, list | tuple)
-            and len(urls) == rows
-            and all(u is None or isinstance(u, str) for u in urls)
+        shards = desc.get("shards")  # (states written before 2026-12-04 lack it)
+        if shards is not None and not (
+            isinstance(shards, list | tuple)
+            and len(shards) == rows
+            and all(u is None or isinstance(u, str) for u in shards)
         ):
-            raise bad(f"{where}['urls']", f"None or a list of {rows} shard URLs (or None each)")
+            raise bad(f"{where}['shards']", f"None or a list of {rows} shard file names (or None each)")
         kept += int(keep.sum())
     if seq is not None and seq != seen:
         raise bad("counts['seen']", f"{seq}, where the last pending group ends")
@@ -327,9 +327,9 @@ def check_flags(state: Mapping[str, Any], bad: Callable[[str, str], ResumeError]
         raise bad("ended", "False unless an open pass has nothing pending and its source had ended")
     if state.get("next_key") is not None and (pending or not open_):
         raise bad("next_key", "None unless an open pass has nothing pending")
-    next_url = state.get("next_url")
-    if next_url is not None and (not isinstance(next_url, str) or pending or not open_):
-        raise bad("next_url", "None, or a shard URL where an open pass has nothing pending")
+    next_shard = state.get("next_shard")
+    if next_shard is not None and (not isinstance(next_shard, str) or pending or not open_):
+        raise bad("next_shard", "None, or a shard file name where an open pass has nothing pending")
     if not state.get("pass_read", True) and (pending or state["consumed"] or not open_):
         raise bad("pass_read", "True for a pass that has read (or False only for an open, unread one)")
     if state.get("source_abandoned") and (open_ and state.get("pass_read", True)):

@@ -543,7 +543,7 @@ def test_a_source_whose_shards_come_in_another_order_is_refused_where_keys_alone
     for _ in range(2 if batched else 9):
         next(it)
     state = roundtrip(s.state_dict())
-    assert (state["next_url"] is not None) == batched and bool(state["pending"]) != batched
+    assert (state["next_shard"] is not None) == batched and bool(state["pending"]) != batched
     resumed = make()
     resumed.load_state_dict(state)
     with pytest.raises(sp.ResumeError, match=r"from shard 'shard-1.tar', the checkpoint's.*'shard-0.tar'"):
