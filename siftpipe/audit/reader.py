@@ -617,12 +617,13 @@ def read_log(
     for attempt in attempts:
         if attempt.claim_only is None:
             jobs.setdefault((attempt.run, attempt.rank), set()).add(attempt.origin)
-        for missing in _missing_parts(attempt):
+        missing_parts, deliberate = _missing_parts(attempt)
+        for missing in missing_parts:
             message = (
                 f"audit log run={attempt.run} rank={attempt.rank}: {missing}: their records are not in "
                 "what was read; the rest of the log was read (siftpipe log verify reports the log)"
             )
-            if on_bad_part == "raise" and "on purpose" not in missing:
+            if on_bad_part == "raise" and not deliberate:
                 raise AuditError(message)  # (parts on_full='drop' dropped: the run chose that)
             warnings.warn(message, RuntimeWarning, stacklevel=2)
     for (run_id, rank_id), origins in jobs.items():
@@ -1000,9 +1001,10 @@ class LogReport:
         return out
 
 
-def _missing_parts(attempt: _Attempt) -> list[str]:
+def _missing_parts(attempt: _Attempt) -> tuple[list[str], bool]:
     """The runs of part numbers of ``attempt`` with neither part nor manifest (between its parts,
-    and up to the count its end marker gives), described."""
+    and up to the count its end marker gives), described; and whether the attempt dropped parts
+    on purpose (``on_full="drop"``, counted in its end marker)."""
     numbers = sorted({p.part for p in attempt.parts})
     end = attempt.end or {}
     closed_at = _number(end.get("parts"), None)
@@ -1021,7 +1023,7 @@ def _missing_parts(attempt: _Attempt) -> list[str]:
                 f"parts {lo + 1}..{hi - 1} of attempt {attempt.attempt} ({hi - lo - 1} parts): "
                 f"neither part nor manifest{why}"
             )
-    return out
+    return out, bool(dropped)
 
 
 def _altered(manifest: Mapping[str, Any], table: Any, digest: str, size: int) -> str | None:
@@ -1117,7 +1119,7 @@ def verify_log(
         report = streams.setdefault((attempt.run, attempt.rank), StreamReport(attempt.run, attempt.rank))
         end = attempt.end or {}
         dropped = int(_number(end.get("dropped_records"), 0))
-        report.missing_parts.extend(_missing_parts(attempt))
+        report.missing_parts.extend(_missing_parts(attempt)[0])
         report.dropped_records += dropped
         if attempt.claim_only is not None:
             report.notes.append(

@@ -134,6 +134,9 @@ def test_a_full_queue_in_front_of_a_hung_destination_drops_whole_parts_and_count
     with pytest.warns(RuntimeWarning, match=r"parts 1\.\.9 of attempt .*dropped parts on purpose"):
         table = sp.read_log(root, local_s3.storage_options)
     assert table.column("seq").to_pylist() == list(range(64))
+    # parts the run chose to drop are no damage to raise on: warned of, as above
+    with pytest.warns(RuntimeWarning, match="dropped parts on purpose"):
+        assert sp.read_log(root, local_s3.storage_options, on_bad_part="raise").num_rows == 64
     report = sp.verify_log(root, local_s3.storage_options)
     (stream,) = report.streams
     # verify shows the loss: the dropped records as a gap, the dropped parts as missing, and why
