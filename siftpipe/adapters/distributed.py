@@ -106,10 +106,12 @@ def sync_memory(sifter: Any, group: Any = None) -> int:
     this, that rank knows nothing of it and keeps it unknown, unsifted: about ``(world - 1) /
     world`` of the samples. Called at the same point of the same epoch on every rank
     (``EqualSteps``, the Lightning callback), it leaves every rank holding the same entries (a
-    key trained on two ranks in one epoch, as ``DistributedSampler``'s padding does, keeps the
-    larger loss on all). An entry from a rank already in a later epoch (the Hugging Face
-    Trainer's passes do not end together) is stored as of the epoch before this rank's, usable
-    in its current pass; there, ranks' tables may differ for keys two ranks trained.
+    key trained on two ranks since the last sync, as ``DistributedSampler``'s padding does, keeps
+    the larger loss on all; one trained again after an earlier sync of the same epoch, every so
+    many steps, keeps its latest loss on all: before, the other ranks kept the stale one). An
+    entry from a rank already in a later epoch (the Hugging Face Trainer's passes do not end
+    together) is stored as of the epoch before this rank's, usable in its current pass; there,
+    ranks' tables may differ for keys two ranks trained.
     Each rank's memory then holds the whole dataset's losses: size ``capacity`` for every rank's
     samples, not this rank's share (keys beyond it are refused, counted in ``memory.refused``,
     with a ``ScoreMemoryWarning``). Only entries stored since the last sync travel (16 bytes
@@ -169,6 +171,7 @@ def sync_memory(sifter: Any, group: Any = None) -> int:
         (packed & 0xFF).astype(np.uint8).view(np.int8),
         # another rank's later pass is as recent as this rank's (HF's passes do not end together)
         now=None if sifter is memory else getattr(sifter, "epoch", None),
+        sent=hashes,  # a held entry not among them predates the last sync: what came is newer
     )
     if memory.refused > refused and not memory.warned_full_sync:
         memory.warned_full_sync = True  # once per memory, not at each epoch's sync
@@ -294,17 +297,21 @@ class EqualSteps(Iterable[T]):
                 # a replayed item (not the stage's) is not the stage's to take back
                 mine = fetched - self.replayed
                 discard = getattr(sifter, "discard_last", None) if have and mine > 0 else None
-                if discard is not None:
-                    # fetched, and now never trained: the stage notes its rows (and those of any
-                    # batch a prefetcher between them read after it) as not handed on, and ends
-                    # the pass
-                    discard(fetched=mine)
                 share = self.sync_memory
                 if share is None:
                     share = sifter is not None and getattr(sifter, "memory", None) is not None
-                if share:
-                    # after the last step's observe(): the epoch's training losses are all in
-                    self.merged = sync_memory(sifter, self.group)
+                try:
+                    if discard is not None:
+                        # fetched, and now never trained: the stage notes its rows (and those of
+                        # any batch a prefetcher between them read after it) as not handed on,
+                        # and ends the pass
+                        discard(fetched=mine)
+                finally:
+                    if share:
+                        # after the last step's observe(): the epoch's training losses are all
+                        # in. Also when the discard failed (its error follows): the other ranks
+                        # wait in this collective, until the process group's timeout otherwise
+                        self.merged = sync_memory(sifter, self.group)
                 return
             self.steps += 1
             if sifter is not None:

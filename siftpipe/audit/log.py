@@ -46,7 +46,7 @@ from .._secrets import (
     secret_values,
 )
 from ..core.sink import Decisions, StageInfo, set_url_sink
-from ..core.state import is_int
+from ..core.values import is_int
 from ..errors import AuditError, ResumeError
 from . import wire
 from .wire import COLUMNS

@@ -17,7 +17,7 @@ import json
 import secrets as _random
 import time
 import zipfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import repeat
 from typing import Any
 
@@ -25,9 +25,11 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, MissingKeyError, ResumeError
+from .exactsum import ExactSum
 from .files import put_whole
 from .history import check_fits
 from .hostcopy import HostCopy
+from .values import is_int, short_repr
 from .vocab import SOURCES
 
 __all__ = ["SOURCES", "Keys", "ScoreMemory", "key_hashes", "pick_keys"]
@@ -68,7 +70,7 @@ def key_hashes(keys: Iterable[Any]) -> np.ndarray:
     digests = b"".join(
         [
             blake(
-                (k if type(k) is str else str(k) if k is not None else _key_text(k)).encode(),
+                (k if type(k) is str else _key_text(k)).encode(),
                 digest_size=8,
             ).digest()
             for k in keys
@@ -79,8 +81,84 @@ def key_hashes(keys: Iterable[Any]) -> np.ndarray:
     return out
 
 
+def check_memory_state(memory: Any, bad: Callable[[str, str], ResumeError]) -> None:
+    if memory is None:
+        return
+    if not isinstance(memory, Mapping):
+        raise bad("memory", "None or a dict")
+    if not is_int(memory.get("capacity"), 1):
+        raise bad("memory['capacity']", "an integer >= 1")
+    if memory.get("max_age") is not None and not is_int(memory.get("max_age"), 1):
+        raise bad("memory['max_age']", "an integer >= 1, or None (never expires)")
+    if "drift" in memory and not (
+        isinstance(memory["drift"], torch.Tensor)
+        and memory["drift"].shape == (2, 2, 2)
+        and bool(torch.isfinite(memory["drift"]).all())
+        and is_int(memory.get("drift_epoch"), -32767)
+        and (
+            memory.get("drift_verdict") is None
+            or (isinstance(memory["drift_verdict"], float | int) and np.isfinite(memory["drift_verdict"]))
+        )
+    ):
+        raise bad("memory['drift']", "a finite 2x2x2 tensor with an integer drift_epoch")
+    if "hard" in memory and not (
+        isinstance(memory["hard"], torch.Tensor)
+        and memory["hard"].shape == (2, 2)
+        and bool(torch.isfinite(memory["hard"]).all())
+        and bool((memory["hard"] >= 0).all())
+        and bool((memory["hard"][:, 1] <= memory["hard"][:, 0]).all())
+    ):
+        raise bad("memory['hard']", "a finite 2x2 tensor of counts (losses, hard ones among them) >= 0")
+    verdict = memory.get("hard_verdict")
+    if verdict is not None and not (
+        isinstance(verdict, float | int) and not isinstance(verdict, bool) and 0.0 <= verdict <= 1.0
+    ):
+        raise bad("memory['hard_verdict']", "None or a share in [0, 1]")
+    means = memory.get("drift_mean")
+    if means is not None and not (
+        isinstance(means, list | tuple)
+        and len(means) == 2
+        and all(m is None or (isinstance(m, float | int) and np.isfinite(m)) for m in means)
+    ):
+        raise bad("memory['drift_mean']", "two finite numbers or None")
+    if not is_int(memory.get("refused")):
+        raise bad("memory['refused']", "a count >= 0")
+    if "repeated" in memory and not is_int(memory["repeated"]):
+        raise bad("memory['repeated']", "a count >= 0")
+    if "applied" in memory and not is_int(memory["applied"]):
+        raise bad("memory['applied']", "a count >= 0")
+    spread = memory.get("spread")
+    if spread is not None and not (isinstance(spread, float | int) and np.isfinite(spread) and spread >= 0):
+        raise bad("memory['spread']", "None or a finite number >= 0")
+    if memory.get("spread_at") is not None and not is_int(memory["spread_at"]):
+        raise bad("memory['spread_at']", "None or a count >= 0")
+    dtypes = {"keys": torch.int64, "loss": torch.float32, "epoch": torch.int16, "source": torch.int8}
+    sizes = set()
+    for name, dtype in dtypes.items():
+        t = memory.get(name)
+        if not (isinstance(t, torch.Tensor) and t.dtype == dtype and t.ndim == 1):
+            raise bad(f"memory[{name!r}]", f"a 1-d {dtype} tensor")
+        sizes.add(t.shape[0])
+    for name in ("unsynced", "merged"):  # states written before sync_memory lack them
+        t = memory.get(name)
+        if t is not None:
+            if not (isinstance(t, torch.Tensor) and t.dtype == torch.bool and t.ndim == 1):
+                raise bad(f"memory[{name!r}]", "a 1-d bool tensor")
+            sizes.add(t.shape[0])
+    if len(sizes) != 1:
+        raise bad("memory", f"tensors of one length (got lengths {sorted(sizes)})")
+    if not bool(torch.isfinite(memory["loss"]).all()):
+        raise bad("memory['loss']", "finite losses (a remembered loss is never NaN or infinite)")
+    if sizes.pop() > memory["capacity"]:
+        raise bad("memory['keys']", f"at most capacity={memory['capacity']} entries")
+
+
 def _key_text(key: Any) -> str:
-    """A key that is not a str, as text; None is refused (every such sample would share one loss)."""
+    """A key that is not a str, as text; None is refused (every such sample would share one loss).
+    A 0-d tensor or array is its value (``tensor(5)`` is the key ``5``, as a collated batch's
+    tensor of keys gives it)."""
+    if isinstance(key, torch.Tensor | np.ndarray) and key.ndim == 0:
+        key = key.item()
     if key is None:
         raise MissingKeyError(
             "a sample's key is None: the score memory would give every such sample one loss. Give "
@@ -156,7 +234,7 @@ class ScoreMemory:
                 f"a score memory of capacity {capacity:,} does not fit in memory; {fix}"
             ) from None
         self._count = 0
-        self._sum = 0.0  # of every remembered loss, for ``mean``
+        self._sum = ExactSum()  # of every remembered loss, for ``mean``
         self._refused = 0
         self._repeated = 0
         # losses handed over with defer_keys, applied in order at the next read (see flush)
@@ -280,6 +358,14 @@ class ScoreMemory:
         if not self._count:
             return 0
         return int(np.count_nonzero(self._usable(self._epoch, epoch) & (self._keys != _EMPTY)))
+
+    def newest_epoch(self) -> int | None:
+        """The latest epoch any remembered loss was stored in; None when empty. One pass over
+        the table."""
+        self.flush()
+        if not self._count:
+            return None
+        return int(self._epoch[self._keys != _EMPTY].max())
 
     def _usable(self, stored: np.ndarray, epoch: int) -> np.ndarray:
         """Whether losses stored in epochs ``stored`` may decide in ``epoch``: stored before it
@@ -509,7 +595,9 @@ class ScoreMemory:
         if counts[3]:
             self._repeated += int(counts[3])
         # hard then and hard now, against the mean when the epoch began (NaN: none is hard)
-        line = self.HARD_MULTIPLE * self._drift_mean[window]
+        # (a mean at or below 0, or NaN: no line; twice a negative mean is below every loss)
+        start = self._drift_mean[window]
+        line = self.HARD_MULTIPLE * start if start > 0 else np.nan
         before = age >= 1
         hard = self._hard[window]
         hard[0] += np.count_nonzero(before)
@@ -620,7 +708,7 @@ class ScoreMemory:
 
     def _mean(self) -> float:
         """``mean()`` of what has been applied (no flush)."""
-        return self._sum / self._count if self._count else float("nan")
+        return self._sum.mean(self._count)
 
     def _set(
         self,
@@ -635,9 +723,7 @@ class ScoreMemory:
         """Store entries at ``slot``; ``mine``: this process's own (``changes`` hands them on),
         not entries another rank sent (``merge``)."""
         fresh = self._keys[slot] == _EMPTY
-        self._sum += float(losses.astype(np.float64).sum()) - float(
-            self._loss[slot][~fresh].astype(np.float64).sum()
-        )
+        self._sum.change(losses, self._loss[slot][~fresh])
         self._keys[slot] = hashes
         self._loss[slot] = losses
         self._epoch[slot] = epoch
@@ -667,6 +753,7 @@ class ScoreMemory:
         sources: np.ndarray,
         *,
         now: int | None = None,
+        sent: np.ndarray | None = None,
     ) -> int:
         """Take entries another rank stored (its ``changes()``). An entry replaces the one held
         for its key when it is newer: a later epoch; in the same epoch a training loss over a
@@ -682,7 +769,14 @@ class ScoreMemory:
         (processes whose passes do not end together, as the Hugging Face Trainer's) is stored as
         of the epoch before ``now``: a loss as recent as any this process holds, usable in its
         current pass (stored as of its own later epoch, it would be unusable here until then,
-        and would replace a usable older loss)."""
+        and would replace a usable older loss).
+
+        ``sent``: the hashes this process handed on in the same exchange (its ``changes()``
+        then), so that exchanges inside an epoch (every so many steps) leave the ranks alike: a
+        held entry of the entry's epoch whose key is not among them was stored before the last
+        exchange, and every entry that came was stored since, so it replaces the held one
+        whatever its loss (the rank that sent it holds it). Only entries stored since the last
+        exchange on two ranks are ranked as above. ``None``: every held entry is ranked so."""
         self.flush()
         hashes = np.asarray(hashes, np.uint64).ravel()
         losses = np.asarray(losses, np.float32).ravel()
@@ -720,6 +814,9 @@ class ScoreMemory:
                 bits = l_in.view(np.uint32) > l_old.view(np.uint32)  # 0.0 and -0.0 compare equal
                 tie = (l_in == l_old) & ((s_in > s_old) | ((s_in == s_old) & bits))
                 better = (fb_in & ~fb_old) | ((fb_in == fb_old) & ((l_in > l_old) | tie))
+                if sent is not None:
+                    # held since before the last exchange: what came was stored after it
+                    better |= ~np.isin(self._keys[at], sent)
                 newer = (e_in > e_old) | ((e_in == e_old) & better)
                 pick = np.flatnonzero(present)[newer]
                 self._set(slot[pick], hashes[pick], losses[pick], as_of[pick], sources[pick], mine=False)
@@ -791,7 +888,7 @@ class ScoreMemory:
             return
         losses = np.asarray(losses, dtype=np.float32)
         n = slots.size
-        # a float64 sum is finite exactly when every loss is (and _sum needs it anyway)
+        # a float64 sum of float32 losses is finite exactly when every loss is
         total = float(losses.sum(dtype=np.float64))
         if (
             n
@@ -807,7 +904,7 @@ class ScoreMemory:
                 self._note_drift(slots, losses, epoch, old)
             else:
                 self._repeated += self._rescored(slots, epoch, source)
-            self._sum += total - float(old.sum(dtype=np.float64))
+            self._sum.change(losses, old)
             self._applied += n
             self._loss[slots] = losses
             self._epoch[slots] = epoch
@@ -851,25 +948,36 @@ class ScoreMemory:
 
     def load_state_dict(self, state: Mapping[str, Any], *, fit: bool = False) -> None:
         """Restore ``state_dict()``. ``fit``: load what fits into a smaller memory (the rest is
-        refused and counted) instead of raising ``ResumeError``."""
+        refused and counted) instead of raising ``ResumeError``. A damaged state (a missing or
+        malformed entry, tensors of different lengths, an empty-slot or repeated key) raises
+        ``ResumeError`` naming it, and the memory is left as it was."""
         self.flush()
+
+        def bad(entry: str, want: str) -> ResumeError:
+            entry = entry.replace("memory", "state", 1)
+            return ResumeError(
+                f"the score memory's {entry} must be {want}; the state is damaged, or not one "
+                "ScoreMemory.state_dict() wrote"
+            )
+
+        check_memory_state(state, bad)
         if not fit and int(state["capacity"]) > self.capacity:
             raise ResumeError(
                 f"the checkpoint's score memory holds up to {state['capacity']} samples; this one "
                 f"{self.capacity}: construct ScoreMemory(capacity={state['capacity']}) to resume"
             )
+        if not fit and state["max_age"] != self.max_age:
+            raise ResumeError(
+                f"the checkpoint's score memory uses its losses for max_age={state['max_age']!r} "
+                f"epochs; this one for {self.max_age!r}: construct ScoreMemory(max_age="
+                f"{state['max_age']!r}) to resume"
+            )
         keys = state["keys"].numpy().view(np.uint64)
-        marks = {}
-        for name in ("unsynced", "merged"):
-            mask = state.get(name)
-            if mask is not None and not (
-                isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.shape == (keys.size,)
-            ):
-                raise ResumeError(
-                    f"the score memory's state has a damaged {name!r} mask (a bool tensor of one "
-                    f"entry per key, {keys.size}, is needed); it is damaged"
-                )
-            marks[name] = None if mask is None else mask.numpy()
+        if keys.size and (not keys.all() or np.unique(keys).size != keys.size):
+            raise bad("memory['keys']", f"distinct non-zero key hashes, got {short_repr(keys[:8].tolist())}")
+        marks = {
+            name: None if state.get(name) is None else state[name].numpy() for name in ("unsynced", "merged")
+        }
         self._fill(keys, state["loss"].numpy(), state["epoch"].numpy(), state["source"].numpy())
         if keys.size:
             slot = self._slots(keys)
@@ -908,12 +1016,14 @@ class ScoreMemory:
         if self._slot_of_int is not None:
             self._slot_of_int.fill(-1)
         self._count = 0
-        self._sum = 0.0
+        self._sum.clear()
         self._refused = 0
         self._repeated = 0
         self._spread, self._spread_at = float("nan"), None
-        for e in np.unique(epoch):
-            for s in np.unique(source[epoch == e]):
+        # the newest epoch first, training losses before forwards: what a smaller memory refuses
+        # (load_state_dict(fit=True)) is the oldest, not the freshest
+        for e in np.unique(epoch)[::-1]:
+            for s in sorted(np.unique(source[epoch == e]).tolist(), key=lambda s: s != FEEDBACK):
                 pick = (epoch == e) & (source == s)
                 self.update(keys[pick], loss[pick], int(e), int(s))
         self._mark[:] = _SENT  # filled, not stored here (load_state_dict says which were)
@@ -1002,8 +1112,30 @@ class ScoreMemory:
                 f"the file is not a score memory file ScoreMemory.save wrote ({type(exc).__name__}: "
                 f"{exc}); pass the URL of a memory-*.npz that save or publish wrote"
             ) from None
+        keys, loss, epoch, source = (arrays[n] for n in ("keys", "loss", "epoch", "source"))
+        kinds = {"keys": np.uint64, "loss": np.float32, "epoch": np.int16, "source": np.int8}
+        wrong = [n for n, kind in kinds.items() if arrays[n].dtype != kind or arrays[n].ndim != 1]
+        if wrong or len({keys.size, loss.size, epoch.size, source.size}) != 1:
+            problem = (
+                f"its {wrong[0]!r} array is not 1-d {kinds[wrong[0]].__name__}"
+                if wrong
+                else ("its arrays differ in length")
+            )
+        elif not (capacity >= 1 and max_age >= 0 and refused >= 0 and keys.size <= capacity):
+            problem = f"its capacity, max_age and refused count ({capacity}, {max_age}, {refused}) do not fit"
+        elif not np.isfinite(loss).all():
+            problem = "it holds a loss that is not finite"
+        elif not keys.all() or np.unique(keys).size != keys.size:
+            problem = "it holds an empty-slot or repeated key"
+        else:
+            problem = ""
+        if problem:
+            raise ConfigError(
+                f"the score memory file is damaged: {problem}; pass the URL of a memory-*.npz that "
+                "save or publish wrote"
+            )
         if lookups_only:
-            capacity = max(1, int(arrays["keys"].size))
+            capacity = max(1, int(keys.size))
         memory = cls(capacity, max_age or None)
         memory._fill(arrays["keys"], arrays["loss"], arrays["epoch"], arrays["source"])
         memory._refused = refused

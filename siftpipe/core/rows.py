@@ -109,11 +109,11 @@ def keys_of(
             keys = key_list(keys)
         return keys
     items = group.items
-    if callable(spec):
-        return [spec(s) for s in items]
     try:
-        return [s[spec] for s in items]
+        keys = [spec(s) for s in items] if callable(spec) else [s[spec] for s in items]
     except (KeyError, IndexError, TypeError):
+        if callable(spec):
+            raise
         if not required:
             return None
         for i, sample in enumerate(items):
@@ -127,6 +127,18 @@ def keys_of(
                     f"pass key=<field, position or callable>{_without_keys(purpose)}"
                 ) from None
         raise
+    if keys and isinstance(keys[0], torch.Tensor | np.ndarray):
+        # a sample's key as a 0-d tensor (torch.tensor(i)): its value, as the collated batch's
+        # tensor of keys gives it, not the text "tensor(5)" (another key, found by nothing)
+        keys = [scalar_key(k) for k in keys]
+    return keys
+
+
+def scalar_key(key: Any) -> Any:
+    """A 0-d tensor or array key as its Python value (``tensor(5)`` is the key ``5``)."""
+    if isinstance(key, torch.Tensor | np.ndarray) and key.ndim == 0:
+        return key.item()
+    return key
 
 
 def _without_keys(purpose: str) -> str:

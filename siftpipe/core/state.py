@@ -12,7 +12,9 @@ import torch
 
 from ..errors import ConfigError, ResumeError
 from .account import CostAccount
+from .memory import check_memory_state
 from .policies import HistoryPolicy, Policy
+from .values import is_int, short_repr
 
 #: The version of the state dicts ``Sifter.state_dict()`` writes.
 STATE_VERSION = 2
@@ -98,10 +100,6 @@ ENTRIES = (
     "audit",
     "memory",
 )
-
-
-def is_int(value: Any, low: int = 0) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool) and bool(value >= low)
 
 
 def check_state(state: Any, batched: bool) -> None:
@@ -336,83 +334,6 @@ def check_flags(state: Mapping[str, Any], bad: Callable[[str, str], ResumeError]
         raise bad("source_abandoned", "False for a pass that has read its source")
     if not state.get("opened", True) and (open_ or state["counts"]["seen"]):
         raise bad("opened", "True for a stage that has opened a pass")
-
-
-def check_memory_state(memory: Any, bad: Callable[[str, str], ResumeError]) -> None:
-    if memory is None:
-        return
-    if not isinstance(memory, Mapping):
-        raise bad("memory", "None or a dict")
-    if not is_int(memory.get("capacity"), 1):
-        raise bad("memory['capacity']", "an integer >= 1")
-    if memory.get("max_age") is not None and not is_int(memory.get("max_age"), 1):
-        raise bad("memory['max_age']", "an integer >= 1, or None (never expires)")
-    if "drift" in memory and not (
-        isinstance(memory["drift"], torch.Tensor)
-        and memory["drift"].shape == (2, 2, 2)
-        and bool(torch.isfinite(memory["drift"]).all())
-        and is_int(memory.get("drift_epoch"), -32767)
-        and (
-            memory.get("drift_verdict") is None
-            or (isinstance(memory["drift_verdict"], float | int) and np.isfinite(memory["drift_verdict"]))
-        )
-    ):
-        raise bad("memory['drift']", "a finite 2x2x2 tensor with an integer drift_epoch")
-    if "hard" in memory and not (
-        isinstance(memory["hard"], torch.Tensor)
-        and memory["hard"].shape == (2, 2)
-        and bool(torch.isfinite(memory["hard"]).all())
-        and bool((memory["hard"] >= 0).all())
-        and bool((memory["hard"][:, 1] <= memory["hard"][:, 0]).all())
-    ):
-        raise bad("memory['hard']", "a finite 2x2 tensor of counts (losses, hard ones among them) >= 0")
-    verdict = memory.get("hard_verdict")
-    if verdict is not None and not (
-        isinstance(verdict, float | int) and not isinstance(verdict, bool) and 0.0 <= verdict <= 1.0
-    ):
-        raise bad("memory['hard_verdict']", "None or a share in [0, 1]")
-    means = memory.get("drift_mean")
-    if means is not None and not (
-        isinstance(means, list | tuple)
-        and len(means) == 2
-        and all(m is None or (isinstance(m, float | int) and np.isfinite(m)) for m in means)
-    ):
-        raise bad("memory['drift_mean']", "two finite numbers or None")
-    if not is_int(memory.get("refused")):
-        raise bad("memory['refused']", "a count >= 0")
-    if "repeated" in memory and not is_int(memory["repeated"]):
-        raise bad("memory['repeated']", "a count >= 0")
-    if "applied" in memory and not is_int(memory["applied"]):
-        raise bad("memory['applied']", "a count >= 0")
-    spread = memory.get("spread")
-    if spread is not None and not (isinstance(spread, float | int) and np.isfinite(spread) and spread >= 0):
-        raise bad("memory['spread']", "None or a finite number >= 0")
-    if memory.get("spread_at") is not None and not is_int(memory["spread_at"]):
-        raise bad("memory['spread_at']", "None or a count >= 0")
-    dtypes = {"keys": torch.int64, "loss": torch.float32, "epoch": torch.int16, "source": torch.int8}
-    sizes = set()
-    for name, dtype in dtypes.items():
-        t = memory.get(name)
-        if not (isinstance(t, torch.Tensor) and t.dtype == dtype and t.ndim == 1):
-            raise bad(f"memory[{name!r}]", f"a 1-d {dtype} tensor")
-        sizes.add(t.shape[0])
-    for name in ("unsynced", "merged"):  # states written before sync_memory lack them
-        t = memory.get(name)
-        if t is not None:
-            if not (isinstance(t, torch.Tensor) and t.dtype == torch.bool and t.ndim == 1):
-                raise bad(f"memory[{name!r}]", "a 1-d bool tensor")
-            sizes.add(t.shape[0])
-    if len(sizes) != 1:
-        raise bad("memory", f"tensors of one length (got lengths {sorted(sizes)})")
-    if not bool(torch.isfinite(memory["loss"]).all()):
-        raise bad("memory['loss']", "finite losses (a remembered loss is never NaN or infinite)")
-    if sizes.pop() > memory["capacity"]:
-        raise bad("memory['keys']", f"at most capacity={memory['capacity']} entries")
-
-
-def short_repr(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def override_names(override: Iterable[str]) -> set[str]:

@@ -446,3 +446,67 @@ def test_a_shared_memory_too_small_for_every_ranks_samples_refuses_counts_and_wa
         # each epoch: 100 own, and of the other's 100 the 50 that fit (updated in epoch 1) and
         # 50 refused; one warning, not one per epoch
         assert held == 150 and refused == 50 + 50 and warned == 1
+
+
+def _resync(rank, world, out_dir, retrainer):
+    from siftpipe.core.memory import FEEDBACK
+
+    memory = sp.ScoreMemory(100, max_age=None)
+    if rank == 0:  # early in epoch 1, on rank 0
+        memory.update_keys(["k", "a"], np.array([0.9, 0.5], np.float32), 1, FEEDBACK)
+    sp.sync_memory(memory)  # a sync inside the epoch (every so many steps)
+    if rank == retrainer:  # k trained again later in the epoch: padding, or sampling with replacement
+        memory.update_keys(["k"], np.array([0.1], np.float32), 1, FEEDBACK)
+    if rank == 1:  # both ranks train b in the same stretch: the larger loss, on both
+        memory.update_keys(["b"], np.array([0.2], np.float32), 1, FEEDBACK)
+    if rank == 0:
+        memory.update_keys(["b"], np.array([0.7], np.float32), 1, FEEDBACK)
+    sp.sync_memory(memory)
+    sp.sync_memory(memory)
+    np.save(os.path.join(out_dir, f"rank{rank}.npy"), memory.lookup_keys(["k", "a", "b"], 2)[0])
+
+
+@pytest.mark.parametrize("retrainer", [0, 1])
+def test_syncs_inside_an_epoch_leave_every_rank_the_latest_loss(tmp_path, retrainer):
+    # before: the rank that did not retrain k kept the stale 0.9 (the larger loss of one epoch won)
+    launch(_resync, 2, str(tmp_path), retrainer)
+    for r in range(2):
+        assert np.load(tmp_path / f"rank{r}.npy").tolist() == pytest.approx([0.1, 0.5, 0.7])
+
+
+def _halved(stream):
+    """Something between the stage and EqualSteps that cuts each batch in two (not allowed)."""
+    for b in stream:
+        n = len(b["__key__"]) // 2
+        yield {k: v[:n] for k, v in b.items()}
+        yield {k: v[n:] for k, v in b.items()}
+
+
+def _discard_fails(rank, world, out_dir):
+    n = 32 if rank == 0 else 48  # rank 1 holds a fetched batch when rank 0 runs out
+    batches = [
+        {"__key__": torch.arange(rank * 1000 + i, rank * 1000 + i + 8), "x": torch.zeros(8, 1)}
+        for i in range(0, n, 8)
+    ]
+    sifter = sp.recipe(None, _no_forward, budget=10_000, batched=True, cost_guard=False, seed=0)
+    sifter.set_epoch(0)
+    said = ""
+    try:
+        for b in sp.EqualSteps(_halved(sifter(batches)), sifter=sifter):
+            sifter.observe(b["__key__"], torch.ones(len(b["__key__"])))
+    except sp.SiftError as e:
+        said = str(e)
+    # the job goes on (the error caught and logged): the next collective meets every rank
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
+        f.write(f"{t.item()}|{len(sifter.memory)}|{said}")
+
+
+def test_a_rank_whose_epoch_end_fails_still_takes_part_in_the_memory_sync(tmp_path):
+    # before: rank 1 raised before the sync and rank 0 waited in it until the gloo timeout
+    launch(_discard_fails, 2, str(tmp_path), timeout=60)
+    got = [(tmp_path / f"rank{r}.txt").read_text().split("|") for r in range(2)]
+    assert got[0][0] == got[1][0] == "2.0"
+    assert got[0][1] == got[1][1]  # both merged each other's losses
+    assert got[0][2] == "" and "discard_last(fetched=" in got[1][2]

@@ -176,6 +176,30 @@ def test_a_pruned_sample_keeps_its_last_loss_and_the_mean_counts_every_remembere
     assert (loss == 1.0).all()  # never expired, never re-scored
 
 
+def test_one_diverged_loss_that_came_and_went_leaves_the_mean_and_a_resume_exact():
+    # a running float sum of the memory cancelled: after one loss of 3e30 was replaced, it read a
+    # mean of 0, pruning stopped for the rest of the run, and a resumed stage (which summed its
+    # memory afresh) kept other samples than the uninterrupted one
+    n = 2000
+    base = np.random.default_rng(0).exponential(size=n)
+
+    def loss(k, e):
+        return 3e30 if (k == 0 and e == 1) else float(base[k])
+
+    keys = list(range(n))
+    whole = _stage(n, budget=10 * n, graded=True)
+    kept_whole = [len(_epoch(whole, e, keys, loss)) for e in range(5)]
+    assert whole.memory.mean() == pytest.approx(float(whole.memory.losses().mean()), rel=1e-6)
+    assert 1000 < kept_whole[3] < 1900 and 1000 < kept_whole[4] < 1900  # still pruning
+    cut = _stage(n, budget=10 * n, graded=True)
+    kept_cut = [len(_epoch(cut, e, keys, loss)) for e in range(3)]
+    resumed = _stage(n, budget=10 * n, graded=True)
+    resumed.load_state_dict(roundtrip(cut.state_dict()))
+    kept_cut += [len(_epoch(resumed, e, keys, loss)) for e in range(3, 5)]
+    assert kept_cut == kept_whole
+    assert resumed.memory.mean() == whole.memory.mean()  # to the bit
+
+
 def test_nothing_is_pruned_after_the_anneal_point_of_the_budget(tmp_path):
     n = 400
     keys = list(range(n))

@@ -532,7 +532,7 @@ def test_which_entries_are_still_to_send_survives_a_checkpoint():
     # a damaged mask is refused before anything changes
     bad = roundtrip(memory.state_dict())
     bad["unsynced"] = bad["unsynced"][:1]
-    with pytest.raises(sp.ResumeError, match="'unsynced' mask"):
+    with pytest.raises(sp.ResumeError, match="tensors of one length"):
         resumed.load_state_dict(bad)
     assert len(resumed) == 3
 
@@ -568,3 +568,85 @@ def test_a_merged_loss_trained_here_in_the_same_epoch_is_not_a_repeat():
     assert memory.repeated == 0
     memory.update_keys(["k"], np.array([1.5]), 3, FEEDBACK)  # this rank's own, twice: a repeat
     assert memory.repeated == 1
+
+
+def _ten():
+    memory = sp.ScoreMemory(capacity=100, max_age=None)
+    memory.update_keys([str(i) for i in range(10)], np.arange(1, 11, dtype=np.float32), 0, FEEDBACK)
+    return memory
+
+
+@pytest.mark.parametrize(
+    "damage, says",
+    [
+        (lambda s: s.update(loss=s["loss"][:5]), "one length"),
+        (lambda s: s.update(epoch=s["epoch"][:5]), "one length"),
+        (lambda s: s.update(loss=torch.full_like(s["loss"], float("nan"))), "finite losses"),
+        (lambda s: s.update(keys=torch.zeros_like(s["keys"])), "distinct non-zero"),
+        (lambda s: s.update(keys=torch.full_like(s["keys"], 1234)), "distinct non-zero"),
+        (lambda s: s.update(keys=s["keys"].int()), r"state\['keys'\] must be a 1-d torch.int64"),
+        (lambda s: s.update(loss=s["loss"].numpy()), r"state\['loss'\] must be a 1-d torch.float32"),
+        (lambda s: s.pop("refused"), r"state\['refused'\]"),
+    ],
+)
+def test_a_damaged_state_is_refused_by_name_and_the_memory_is_left_as_it_was(damage, says):
+    # before: IndexErrors, AttributeErrors, or a silently emptied memory
+    memory = _ten()
+    state = dict(_ten().state_dict())
+    damage(state)
+    with pytest.raises(sp.ResumeError, match=says):
+        memory.load_state_dict(state)
+    assert len(memory) == 10 and memory.mean() == 5.5
+
+
+def test_a_state_of_another_max_age_is_refused_unless_fitted():
+    old = sp.ScoreMemory(100, max_age=None)
+    old.update_keys(["a"], np.array([1.0], np.float32), 0, FEEDBACK)
+    with pytest.raises(sp.ResumeError, match="max_age=None.*this one for 1"):
+        sp.ScoreMemory(100, max_age=1).load_state_dict(old.state_dict())
+    fitted = sp.ScoreMemory(100, max_age=1)
+    fitted.load_state_dict(old.state_dict(), fit=True)
+    assert len(fitted) == 1
+
+
+def test_a_state_fitted_into_a_smaller_memory_keeps_the_freshest_losses():
+    big = sp.ScoreMemory(capacity=200, max_age=1)
+    big.update_keys([f"old{i}" for i in range(100)], np.ones(100, np.float32), 0, FEEDBACK)
+    big.update_keys([f"new{i}" for i in range(100)], np.full(100, 2.0, np.float32), 5, FEEDBACK)
+    small = sp.ScoreMemory(capacity=100, max_age=1)
+    small.load_state_dict(big.state_dict(), fit=True)
+    # before: the 100 epoch-0 losses were held (already expired) and the epoch-5 ones refused
+    loss, _ = small.lookup_keys([f"new{i}" for i in range(100)], 6)
+    assert len(small) == 100 and small.refused == 100 and (loss == 2.0).all()
+
+
+def test_a_damaged_memory_file_is_a_config_error(tmp_path):
+    import io
+
+    url = str(tmp_path / "memory.npz")
+    _ten().save(url)
+    arrays = dict(np.load(url))
+    arrays["keys"] = np.zeros_like(arrays["keys"])
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    (tmp_path / "bad.npz").write_bytes(buffer.getvalue())
+    with pytest.raises(sp.ConfigError, match="damaged: it holds an empty-slot or repeated key"):
+        sp.ScoreMemory.load(str(tmp_path / "bad.npz"))
+    assert len(sp.ScoreMemory.load(url)) == 10
+
+
+def test_a_key_given_as_a_0d_tensor_is_its_value():
+    # before: str(tensor(5)) was the key "tensor(5)", which the batch's tensor of keys never named
+    assert (
+        key_hashes([torch.tensor(5), torch.tensor(5, dtype=torch.int32), np.int64(5), 5, "5"]).tolist()
+        == [int(key_hashes(["5"])[0])] * 5
+    )
+    n = 64
+    samples = [{"__key__": torch.tensor(i), "x": torch.zeros(2), "y": i % 2} for i in range(n)]
+    stage = sp.recipe(None, "cross_entropy", budget=10 * n, micro_batch=16, seed=0, min_spread=None)
+    losses = np.random.default_rng(0).exponential(size=n)
+    for epoch in range(3):
+        stage.set_epoch(epoch)
+        for sample in stage(samples):
+            stage.observe([sample["__key__"]], np.array([losses[int(sample["__key__"])]]))
+    assert stage.stats.unknown == n  # the first epoch only
