@@ -161,6 +161,17 @@ class CostAccount:
             return self.judge(stopping)
         return False
 
+    def epoch_ends(self, stopping: bool = False) -> bool:
+        """One endless pass moved on to another epoch (``set_epoch`` inside it): judge the run so
+        far as at a pass's end, an epoch that dropped samples counting as a pass that did; the
+        time is charged as it goes. True if it found, for the first time, that sifting is not
+        paying."""
+        if self.dropped > self._pass:
+            self._pass = self.dropped  # the pass's end counts what it drops from here on
+            self.dropping_passes += 1
+            return self.judge(stopping)
+        return False
+
     #: Passes that dropped samples before the stage judges whether it pays: a first pass that only
     #: learns losses (``siftpipe.recipe``'s) is a debt the next ones pay back.
     JUDGE_AFTER = 2

@@ -111,7 +111,11 @@ def decide_rows(
             stop = min(rows, start + chunk)
             sub = np.arange(start, stop) if all_finite else finite[start:stop].nonzero()[0] + start
             if sub.size:
-                d = policy.decide(losses[sub], rng, seq0 + start)
+                if policy.positional and not all_finite:
+                    # the rows the policy does not see lie between: it places each loss by its own
+                    d = policy.decide(losses[sub], rng, seq0 + start, positions=seq0 + sub)  # type: ignore[call-arg]
+                else:
+                    d = policy.decide(losses[sub], rng, seq0 + start)
                 if type(policy) not in _CHECKED_BY_TESTS:
                     check_decision(policy, d, sub.size, seq0 + start)
                 keep[sub], prob[sub], score[sub] = d.keep, d.prob, d.score

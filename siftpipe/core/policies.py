@@ -91,6 +91,10 @@ class Policy(abc.ABC):
     #: (the same draws, nothing learned between calls): the stage then decides an input batch
     #: that needed no scoring forward in one call, not one per ``micro_batch`` rows.
     chunk_free: ClassVar[bool] = False
+    #: True if ``decide`` takes ``positions=``: each loss's place in the stream (samples seen
+    #: before it), where rows the policy does not see (unknown, NaN, kept upstream) lie between
+    #: the ones it does, so a schedule by position (an anneal point) holds for the real rows.
+    positional: ClassVar[bool] = False
 
     @abc.abstractmethod
     def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
@@ -287,6 +291,7 @@ class PruneEasy(HistoryPolicy):
 
     name = "prune_easy"
     weighted = True
+    positional = True
 
     def __init__(self, ratio: float = 0.5, anneal: int | None = None, history: int = 10000) -> None:
         if real_number(ratio) is None or not (0.0 <= float(ratio) < 1.0):
@@ -300,14 +305,16 @@ class PruneEasy(HistoryPolicy):
     def config(self) -> dict[str, Any]:
         return {"ratio": self.ratio, "anneal": self.anneal, "history": self.history.size}
 
-    def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
+    def decide(
+        self, losses: np.ndarray, rng: np.random.Generator, seen: int, positions: np.ndarray | None = None
+    ) -> Decision:
         n = losses.size
         self.history.extend(losses)
         draw = rng.random(n)
         mean = self._reference_mean()
         easy = losses < (self.history.mean() if mean is None else mean)
         if self.anneal is not None:
-            easy &= (seen + np.arange(n)) < self.anneal
+            easy &= (seen + np.arange(n) if positions is None else positions) < self.anneal
         prob = np.where(easy, 1.0 - self.ratio, 1.0)
         keep = draw < prob
         weight = np.where(easy, 1.0 / (1.0 - self.ratio), 1.0)
@@ -396,6 +403,11 @@ class InfoBatch(Policy):
     spread 0.12-0.19, pruning 5-9% a pass ended 0.05 nats worse than full data; on the
     classification tasks the spread is 0.31-0.9). Pruning resumes once the spread reaches it.
 
+    Losses are expected to be >= 0 (cross-entropy, squared error). While the mean remembered
+    loss is below 0 (a log-likelihood that goes negative), the graded rule and the spread floor,
+    which measure in units of the mean, keep every sample (``stats.sifting_scale`` 0, logged
+    once); the step rule (``graded=False``, no ``min_spread``) only compares with the mean.
+
     Args:
         ratio: Probability of pruning a below-mean sample (graded: one with loss 0), in [0, 1).
         budget: Samples this stage will see over the whole run (epochs x samples per epoch on
@@ -419,6 +431,7 @@ class InfoBatch(Policy):
     name = "infobatch"
     weighted = True
     uses_memory = True
+    positional = True
     # one draw per row, the memory's mean (unchanged while a batch is decided), positions by seq
     chunk_free = True
     #: The least share of ``ratio`` a guarded policy keeps pruning with, to go on measuring.
@@ -442,6 +455,8 @@ class InfoBatch(Policy):
             raise ConfigError(f"noise_drop must be a probability in (0, 1) or None, got {noise_drop!r}")
         self.noise_drop = None if noise_drop is None else float(noise_drop)
         self._noisy = False  # noise_drop acts (latched once persistent_hard reached NOISE_AT)
+        self._negative_mean = False  # the memory's mean at the last decision was below 0
+        self._negative_warned = False
         if budget is not None and ((integer_count(budget) or 0) < 1):
             raise ConfigError(
                 f"budget must be the samples the stage will see in the run (>= 1) or None, got {budget!r}"
@@ -492,18 +507,29 @@ class InfoBatch(Policy):
         self._memory = memory
 
     def state_dict(self) -> dict[str, Any]:
-        # only with noise_drop: the state of every other InfoBatch stays what it was
-        return {} if self.noise_drop is None else {"noisy": self._noisy}
+        # only with noise_drop, or a mean below 0: the state of every other InfoBatch stays what
+        # it was (stats.sifting_scale reads the flag before the resumed stage's first decision)
+        state: dict[str, Any] = {} if self.noise_drop is None else {"noisy": self._noisy}
+        if self._negative_mean:
+            state["negative_mean"] = True
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         noisy = state.get("noisy", False)
-        if not isinstance(noisy, bool):
-            raise ResumeError(f"InfoBatch's state entry 'noisy' must be True or False, got {noisy!r}")
+        negative = state.get("negative_mean", False)
+        if not isinstance(noisy, bool) or not isinstance(negative, bool):
+            raise ResumeError(
+                f"InfoBatch's state entries 'noisy' and 'negative_mean' must be True or False, got "
+                f"{noisy!r} and {negative!r}"
+            )
         self._noisy = noisy
+        self._negative_mean = negative
 
     def sifting_scale(self) -> float:
         if self._memory is None:
             return 1.0
+        if self._negative_mean and (self.graded or self.min_spread is not None):
+            return 0.0
         if self.min_spread is not None:
             spread = self._memory.measured_spread
             if spread is not None and spread < self.min_spread:
@@ -536,7 +562,9 @@ class InfoBatch(Policy):
             )
         return scale
 
-    def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
+    def decide(
+        self, losses: np.ndarray, rng: np.random.Generator, seen: int, positions: np.ndarray | None = None
+    ) -> Decision:
         n = losses.size
         draw = rng.random(n)
         if self._memory is None:
@@ -544,20 +572,36 @@ class InfoBatch(Policy):
                 "InfoBatch needs the stage's score memory: use it through sp.Sifter(memory=...)"
             )
         mean = self._memory.mean()
+        # the graded rule and the spread floor measure losses in units of their mean: below 0
+        # (a log-likelihood that goes negative) those units mean nothing, and nothing is pruned
+        self._negative_mean = mean < 0.0
+        if self._negative_mean and (self.graded or self.min_spread is not None) and not self._negative_warned:
+            self._negative_warned = True
+            _log.warning(
+                "siftpipe: the remembered losses average %.4g, below 0: InfoBatch's graded rule and "
+                "spread floor measure a loss's distance below the mean in units of the mean, which "
+                "means nothing for a mean below 0, so every sample is kept while this lasts "
+                "(stats.sifting_scale 0). Hand observe() losses that are >= 0 (add a constant to a "
+                "negative log-likelihood), or use the paper's step rule (graded=False, "
+                "min_spread=None), which only compares a loss with the mean",
+                mean,
+            )
         if self.min_spread is not None:
             self._memory.spread()  # measured again if enough losses came since (sifting_scale reads it)
         easy = losses < mean if math.isfinite(mean) else np.zeros(n, dtype=bool)
         if self._anneal_at is not None:
-            easy &= (seen + np.arange(n)) < self._anneal_at
+            at = seen + np.arange(n) if positions is None else positions
+            easy &= at < self._anneal_at
+            end = int(at[-1]) + 1 if n else seen
             # a tenth over is a slip worth a line (a sampler's padding, a rounding, is not)
-            if seen + n > 1.1 * self.budget and not self._over_budget_warned:  # type: ignore[operator]
+            if end > 1.1 * self.budget and not self._over_budget_warned:  # type: ignore[operator]
                 self._over_budget_warned = True
                 _log.warning(
                     "siftpipe: the stage has seen at least %d samples, more than the budget of %d it "
                     "was given: pruning stopped at %d (anneal %.3g of the budget) and every sample "
                     "is kept since. The budget is the samples this stage sees over the whole run "
                     "(epochs x samples per epoch on this rank), not steps or batches",
-                    seen + n,
+                    end,
                     self.budget,
                     self._anneal_at,
                     self.anneal,

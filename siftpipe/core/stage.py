@@ -20,6 +20,7 @@ from ..errors import (
     MissingKeyError,
     PassClosedError,
     ResumeError,
+    ScoreMemoryWarning,
     ScorerOutputError,
     SiftError,
     SiftInWorkerError,
@@ -153,7 +154,8 @@ class Sifter:
         cost_guard: Stop sifting for the rest of the run once it is not paying for itself: when
             the stage's own time has exceeded the training time its dropped samples would have
             cost (``stats.net_seconds`` < 0, judged at the end of the second and later passes
-            that dropped samples), every later sample is handed on with weight 1, no loss looked
+            that dropped samples; in one endless pass, at each ``set_epoch`` after an epoch that
+            dropped samples), every later sample is handed on with weight 1, no loss looked
             up and ``observe()`` a no-op (``stats.sifting_scale`` 0, ``stats.stopped_at`` the
             sample it stopped at, kept in the state; logged; in the audit log as kept, reason
             ``unknown``, no loss). When that happens depends on
@@ -299,6 +301,7 @@ class Sifter:
         self._shards = ShardWatch()  # see watch_shards
         self._warned_empty = False  # EmptyPassWarning given
         self._warned_shapes = False  # BatchShapeWarning given
+        self._warned_backwards = False  # ScoreMemoryWarning for set_epoch going back given
         self._output: Output | None = None  # the last pass's output (Sifter.discard_last)
         self._warned_all_dropped = False  # EmptyPassWarning for a pass drop_last emptied given
 
@@ -428,8 +431,26 @@ class Sifter:
         showed (``stats.persistent_hard``'s warning)."""
         if self.memory is not None:
             check_epoch(int(epoch))
+            newest = self.memory.newest_epoch()
+            if newest is not None and int(epoch) < newest and not self._warned_backwards:
+                self._warned_backwards = True
+                warnings.warn(
+                    f"siftpipe: set_epoch({int(epoch)}) goes back before epoch {newest}, in which the "
+                    "score memory stored losses: a loss decides only later epochs, so every sample "
+                    f"it holds from epochs {int(epoch)}..{newest} counts as unknown (kept or scored, "
+                    "not sifted) until the epochs pass it. Number epochs upward over the whole run "
+                    "(a resumed run goes on from its checkpoint's epoch; a run that carries over "
+                    "another's memory goes on from that run's last epoch + 1)",
+                    ScoreMemoryWarning,
+                    stacklevel=2,
+                )
         if int(epoch) != self.epoch:
             self._decider.epoch_changes()
+            if self._passes.open:
+                # one endless pass numbering its epochs: the cost guard judges each, as a pass
+                stopping = self.cost_guard and not self._decider.counts["stopped_at"]
+                if self._account.epoch_ends(stopping=stopping) and stopping:
+                    self._decider.counts["stopped_at"] = self._decider.counts["seen"]
         self.epoch = int(epoch)
         self._passes.epoch_set = True
 

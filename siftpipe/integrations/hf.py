@@ -313,9 +313,9 @@ class SiftTrainerMixin(_Base):
             # score with the first's model, from the first run's state
             raise sp.ConfigError(
                 "this Sifter already serves another trainer (a SiftTrainer or SiftCallback set its "
-                "collate_fn, output_batch and model from that trainer): build a new Sifter for each "
-                "trainer; to carry the learned losses over, give the new one the same score memory "
-                "(sp.Sifter(..., memory=old.memory))"
+                "collate_fn, output_batch and model from that trainer): build a new Sifter, with a "
+                "new score memory, for each trainer (a new run numbers its epochs from 0 again, and "
+                "a loss remembered from a later epoch of the other run decides nothing in them)"
             )
         self.sifter = sifter
         self.sift_sample_loss = sample_loss or (

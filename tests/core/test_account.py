@@ -189,6 +189,30 @@ def test_cost_guard_stops_sifting_from_the_pass_after_it_judged_and_the_state_ke
     assert len(list(t(samples()))) == N and t.stats.stopped_at == 2 * N
 
 
+def test_cost_guard_judges_each_epoch_of_one_endless_pass_that_set_epoch_numbers(caplog, monkeypatch):
+    # before, one endless pass (fixed_steps over resampled shards) was never judged: only a
+    # pass's end judged, and the same work split into passes stopped at its second
+    monkeypatch.setattr(CostAccount, "MIN_EVIDENCE_SECONDS", 0.1)
+    s = stage(slow_scorer, cost_guard=True)
+
+    def endless():
+        while True:
+            yield from samples()
+
+    stream = s(endless())
+    with caplog.at_level(logging.WARNING, logger="siftpipe"):
+        for epoch in range(3):
+            s.set_epoch(epoch)
+            while s.stats.seen < (epoch + 1) * N:
+                next(stream)
+    assert s.stats.stopped_at == 2 * N  # judged when the third epoch began
+    assert sum("not paying for itself" in r.getMessage() for r in caplog.records) == 1
+    dropped = s.stats.dropped
+    for _ in range(2 * N):
+        next(stream)
+    assert s.stats.dropped == dropped  # nothing dropped since
+
+
 def test_without_cost_guard_a_stage_that_does_not_pay_only_says_so(caplog, monkeypatch):
     monkeypatch.setattr(CostAccount, "MIN_EVIDENCE_SECONDS", 0.1)
     s = stage(slow_scorer)

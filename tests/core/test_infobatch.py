@@ -215,6 +215,71 @@ def test_nothing_is_pruned_after_the_anneal_point_of_the_budget(tmp_path):
     assert kept[seq >= 1400].all() and (seq >= 1400).sum() == 200
 
 
+def test_rows_the_policy_does_not_see_do_not_move_the_anneal_point():
+    # unknown rows (kept, unscored) before the known ones: the policy was told the known rows
+    # began where the batch did, and pruned 8 samples at positions past the anneal point
+    n = 100
+    stage = _stage(n, budget=2 * n)  # anneal at 87.5%: nothing pruned from sample 175 on
+    losses = np.r_[np.zeros(75), np.linspace(0.0, 10.0, 25)]
+    stage.set_epoch(0)
+    for batch in stage(_batches(list(range(n)), size=n)):
+        known = [k for k in batch["__key__"] if int(k) >= 75]  # only 75..99 get a loss back
+        stage.observe(known, losses[[int(k) for k in known]])
+    stage.set_epoch(1)
+    for _ in stage(_batches(list(range(n)), size=n)):
+        pass
+    assert stage.stats.dropped == 0
+    # the same rows before the anneal point are pruned as before
+    early = _stage(n, budget=4 * n)
+    early.set_epoch(0)
+    for batch in early(_batches(list(range(n)), size=n)):
+        known = [k for k in batch["__key__"] if int(k) >= 75]
+        early.observe(known, losses[[int(k) for k in known]])
+    early.set_epoch(1)
+    for _ in early(_batches(list(range(n)), size=n)):
+        pass
+    assert early.stats.dropped > 3
+
+
+def test_set_epoch_going_back_before_the_memorys_losses_warns_once():
+    # before, epochs 0,1,2,0,1 silently trained every sample of the second epoch 0: the losses
+    # stored at epochs 1 and 2 decide only later epochs
+    n = 300
+    keys = list(range(n))
+    base = np.random.default_rng(0).exponential(size=n)
+    stage = _stage(n, budget=100 * n)
+    for epoch in (0, 1, 3):  # skipping an epoch is fine
+        _epoch(stage, epoch, keys, lambda k, e: float(base[k]))
+    with pytest.warns(sp.ScoreMemoryWarning, match=r"set_epoch\(1\) goes back before epoch 3"):
+        stage.set_epoch(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stage.set_epoch(0)  # once
+        stage.set_epoch(7)
+
+
+def test_losses_below_zero_on_average_keep_every_sample_under_the_recipes_rules(caplog):
+    # before, a negative mean made the spread undefined, which read as "no evidence": the floor
+    # and the guard turned off silently and flat losses shifted by -5 were pruned by a quarter
+    n = 1000
+    flat = 1.0 + 0.05 * np.random.default_rng(0).standard_normal(n)
+    keys = list(range(n))
+    for shift in (0.0, -5.0):
+        stage = sp.recipe(None, _never, budget=10 * n, batched=True, cost_guard=False, seed=0)
+        with caplog.at_level(logging.WARNING, logger="siftpipe"):
+            kept = [len(_epoch(stage, e, keys, lambda k, e, shift=shift: flat[k] + shift)) for e in range(3)]
+        assert kept == [n, n, n] and stage.stats.sifting_scale == 0.0
+        assert stage.stats.persistent_hard in (None, 0.0)  # twice a negative mean is no line
+        resumed = sp.recipe(None, _never, budget=10 * n, batched=True, cost_guard=False, seed=0)
+        resumed.load_state_dict(roundtrip(stage.state_dict()))
+        assert resumed.stats.sifting_scale == 0.0
+    assert sum("average -4" in r.getMessage() for r in caplog.records) == 1
+    # the paper's step rule only compares with the mean: it prunes below-mean samples still
+    step = _stage(n, budget=10 * n)
+    kept = [len(_epoch(step, e, keys, lambda k, e: flat[k] - 5.0)) for e in range(3)]
+    assert kept[0] == n and kept[1] < 0.85 * n
+
+
 def test_unknown_keep_is_logged_as_reason_unknown_source_none_and_verifies(tmp_path):
     n = 300
     keys = list(range(n))

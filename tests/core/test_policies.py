@@ -82,6 +82,20 @@ def test_prune_easy_stops_after_anneal():
     assert all(np.all(d.weight == 1.0) for d in decisions[5000 // 64 + 1 :])
 
 
+def test_prune_easy_anneals_by_each_rows_place_when_nan_rows_lie_between():
+    from siftpipe.core.decide import decide_rows
+
+    policy = sp.PruneEasy(ratio=0.9, anneal=50, history=1000)
+    policy.history.extend(np.full(1000, 5.0))  # mean 5: every loss of 0 is easy
+    losses = np.r_[np.full(50, np.nan), np.zeros(50)]  # rows 50..99, past the anneal point, finite
+    d = decide_rows(policy, np.random.default_rng(0), losses, seq0=0, chunk=100, delay=0, nan_kept=True)
+    # before, the finite rows were placed at 0..49 and 44 of them were pruned, weighing 10
+    assert d.keep.all() and (d.weight == 1.0).all()
+    before = np.r_[np.zeros(50), np.full(50, np.nan)]  # the same rows before the anneal point
+    d = decide_rows(policy, np.random.default_rng(0), before, seq0=0, chunk=100, delay=0, nan_kept=True)
+    assert (~d.keep[:50]).sum() > 30 and d.keep[50:].all()
+
+
 @pytest.mark.parametrize(
     "make",
     [

@@ -237,6 +237,10 @@ def test_stats_track_time_and_counts(samples):
     st = s.stats
     assert st.seen == 600 and st.score_seconds > 0 and st.decide_seconds > 0
     assert st.keep_rate == st.kept / 600
+    # two stages that decided alike compare equal, however long each took
+    again = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=100)
+    list(again(samples))
+    assert again.stats == st and again.stats.decide_seconds != st.decide_seconds
 
 
 def test_epochs_count_passes_unless_set(samples):

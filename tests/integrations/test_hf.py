@@ -458,7 +458,7 @@ def test_bad_settings_and_checkpoints_get_errors_that_name_the_fix(tmp_path):
     # the first's collator
     used = train(tmp_path / "first", steps=2, save_steps=10).sifter
     args = TrainingArguments(str(tmp_path), max_steps=2, report_to="none", use_cpu=True)
-    with pytest.raises(sp.ConfigError, match="already serves another trainer.*memory=old.memory"):
+    with pytest.raises(sp.ConfigError, match="already serves another trainer.*new score memory"):
         SiftTrainer(model=gpt2(0.0), args=args, train_dataset=Listed(sequences(8)), sifter=used)
     again = sp.Sifter(None, ModelLoss(), memory=used.memory)
     second = SiftTrainer(model=gpt2(0.0), args=args, train_dataset=Listed(sequences(8)), sifter=again)
