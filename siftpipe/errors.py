@@ -92,7 +92,9 @@ class PassClosedError(SiftError, RuntimeError):
 
 
 class SiftInWorkerError(SiftError):
-    """The stage runs inside a DataLoader worker, where the model is a stale copy."""
+    """The stage runs inside a DataLoader worker, where the model is a stale copy, or its pass is
+    read in a thread other than the training thread that opened it (a prefetching thread), where
+    it would use the model and the score memory while the training step does."""
 
 
 class AuditError(SiftError):

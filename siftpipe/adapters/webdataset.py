@@ -14,8 +14,9 @@ The pattern (sifting needs the live model, which only the training process has):
     )
     loader = (
         WebLoader(dataset, batch_size=None, num_workers=8)   # batches -> the training process
-        .sift(sp.Sifter(model, "cross_entropy", batched=True, micro_batch=None))
-        .unbatched().shuffle(1000).batched(128)   # as needed
+        # the sifter re-batches the kept rows to 128 (output_batch): that resumes exactly, where
+        # a later .unbatched()...batched(128) holds rows no checkpoint of the sifter records
+        .sift(sp.Sifter(model, "cross_entropy", batched=True, micro_batch=None, output_batch=128))
     )
 
 ``WebDataset`` and ``WebLoader`` are webdataset's classes with a ``.sift()`` method that survives
@@ -301,7 +302,13 @@ def expand_urls(urls: Any) -> list[str]:
     if isinstance(urls, str):
         expanded = shardlists.expand_urls(urls)
     else:
-        expanded = list(urls)
+        try:
+            expanded = list(urls)
+        except TypeError:
+            raise ConfigError(
+                f"shard URLs must be a brace pattern ('prefix-{{000000..000009}}.tar'), a list of "
+                f"URLs or write_shards' result, got a {type(urls).__name__}"
+            ) from None
     if not expanded:
         raise ConfigError(
             f"no shard URLs in {urls!r}: pass a brace pattern such as 'prefix-{{000000..000009}}.tar'"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import threading
 import time
 import warnings
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
@@ -607,7 +608,7 @@ class Sifter:
             self.audit.start()
         self._scoring.device = CPU if device.type == "cpu" else device
         reader = Reader(source, self._passes.began_reading)
-        gen = self._run(reader, resume, surface, self._passes.id)
+        gen = self._run(reader, resume, surface, self._passes.id, threading.get_ident())
         self._passes.attach(gen, reader)
         return gen
 
@@ -806,11 +807,13 @@ class Sifter:
     # ------------------------------------------------------------------ the pass
 
     def _run(
-        self, reader: Reader, resume: dict[str, Any] | None, surface: bool, opened: int
+        self, reader: Reader, resume: dict[str, Any] | None, surface: bool, opened: int, thread: int
     ) -> Generator[Any, None, None]:
         if not self._passes.is_current(opened):
             # never read before the stage opened another pass (or loaded a state, or closed)
             raise self._closed_error()
+        if threading.get_ident() != thread and (self.model is not None or self.memory is not None):
+            raise SiftInWorkerError(_OTHER_THREAD.format(thread=threading.current_thread().name))
         out = Output(
             self._ledger, self._scoring, self.output_batch, resumed=resume is not None, hold=self.hold
         )
@@ -1182,6 +1185,18 @@ def _directory_of(sink: Any) -> str | None:
     """The audit log's directory (where workers put their ``_predecode`` records), if the sink has one."""
     directory = getattr(sink, "directory", None)
     return directory if isinstance(directory, str) else None
+
+
+_OTHER_THREAD = (
+    "siftpipe.Sifter's pass is read in thread {thread!r}, not in the thread that opened it (called "
+    "sifter(...), or reset the SiftNode): a prefetching thread (torchdata's Prefetcher, PinMemory or "
+    "ParallelMapper(method='thread') above a SiftNode, a background generator around the sifted "
+    "stream) would score with the model while the training step uses it (the stage switches it "
+    "to eval mode to score) and decide from the score memory while observe() writes to it. Read "
+    "the sifted stream in the training thread: put thread-based nodes below the SiftNode "
+    "(prefetch and pin the decoded input, not the sifted output), or open the pass in the thread "
+    "that reads it and trains"
+)
 
 
 def _check_not_in_worker() -> None:

@@ -60,6 +60,15 @@ class ShardSet:
         """Samples written, in all shards."""
         return sum(self.counts)
 
+    def __iter__(self) -> Iterator[str]:
+        """The shards' URLs, in order: a ``ShardSet`` is a list of URLs wherever one is taken
+        (``WebDataset(shards)``, ``ShardSource(shards)``)."""
+        return iter(self.urls)
+
+    def __len__(self) -> int:
+        """Shards written."""
+        return len(self.urls)
+
 
 # ---------------------------------------------------------------------------------- encoding
 

@@ -349,3 +349,67 @@ def test_the_opener_settings_are_keyword_arguments_checked_by_name(tmp_path):
         WebDataset(str(tmp_path / "s-000000.tar"), shardshuffle=False, timeout_s=2)
     with pytest.raises(sp.ConfigError, match="retries"):
         ShardSource(str(tmp_path / "s-000000.tar"), retries=-1)
+
+
+def _dropout_scorer(model, batch):
+    return torch.nn.functional.cross_entropy(model(batch["x"]), batch["y"], reduction="none")
+
+
+def _xy(n: int = 64) -> list[dict]:
+    return [{"__key__": f"{i:04d}", "x": torch.randn(4), "y": i % 4} for i in range(n)]
+
+
+@pytest.mark.adversarial
+def test_a_sift_node_read_from_a_prefetching_thread_is_refused_and_below_one_it_runs():
+    from torchdata.nodes import Prefetcher
+
+    # before: a Prefetcher above the node scored in its thread, switching the shared model to
+    # eval mode while the training step ran (a review's Dropout model trained in eval mode in
+    # 396 of 460 checks), and decided from the memory while observe() wrote to it
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5)).train()
+    sifter = sp.Sifter(model, _dropout_scorer, sp.RelativeProbabilistic(1.0, 50), micro_batch=8, seed=0)
+    loader = Loader(Prefetcher(SiftNode(IterableWrapper(_xy()), sifter), 4))
+    with pytest.raises(sp.SiftInWorkerError, match="read in thread .* Prefetcher.*below the SiftNode"):
+        list(loader)
+    assert model.training
+    # below the node the prefetching thread reads the plain source: fine
+    sifter = sp.Sifter(model, _dropout_scorer, sp.RelativeProbabilistic(1.0, 50), micro_batch=8, seed=0)
+    out = list(Loader(SiftNode(Prefetcher(IterableWrapper(_xy()), 4), sifter)))
+    assert 0 < len(out) < 64 and sifter.stats.seen == 64 and model.training
+
+
+def test_a_pass_read_by_a_background_thread_is_refused_when_the_stage_has_a_memory():
+    import threading
+
+    stage = sp.recipe(None, "cross_entropy", budget=1000, batched=True, seed=0)
+    it = stage([{"__key__": torch.arange(4), "x": torch.zeros(4, 2), "y": torch.zeros(4, dtype=torch.long)}])
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            list(it)
+        except BaseException as e:
+            failed.append(e)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    reader.join(30)
+    assert len(failed) == 1 and isinstance(failed[0], sp.SiftInWorkerError)
+    # opened in the thread that reads it: fine
+    done: list[int] = []
+    batch = {"__key__": torch.arange(4), "x": torch.zeros(4, 2), "y": torch.zeros(4, dtype=torch.long)}
+    reader = threading.Thread(target=lambda: done.append(len(list(stage([batch])))))
+    reader.start()
+    reader.join(30)
+    assert done == [1]
+
+
+def test_write_shards_result_is_taken_as_its_urls_and_a_non_list_is_a_config_error(shards):
+    from siftpipe.webdataset import WebDataset
+
+    # before: a bare "TypeError: 'ShardSet' object is not iterable" from list()
+    assert ShardSource(shards).urls == shards.urls and len(shards) == N // PER_SHARD
+    assert len(list(WebDataset(shards, shardshuffle=False))) == N
+    for bad in (42, None):
+        with pytest.raises(sp.ConfigError, match="brace pattern.*list of URLs"):
+            ShardSource(bad)
