@@ -19,6 +19,7 @@ from ..core.decide import (
     decide_rows,
 )
 from ..core.policies import Policy
+from ..core.rows import scalar_key
 from ..core.vocab import loggable_text
 from ..errors import AuditError, ConfigError, MissingKeyError
 from .reader import (
@@ -51,8 +52,9 @@ class _ShardDecisions:
 
 def _key_text(key: Any) -> str:
     """A sample key as the audit log writes it: ``str`` of it (a Python or numpy integer, a
-    map-style dataset's index, as its digits; a batch's key column gives Python values)."""
-    return loggable_text(key if type(key) is str else str(key))
+    map-style dataset's index, as its digits; a batch's key column gives Python values; a 0-d
+    tensor is its value, as the stage reads it)."""
+    return loggable_text(key if type(key) is str else str(scalar_key(key)))
 
 
 class _Unlogged(float):

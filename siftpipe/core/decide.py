@@ -5,6 +5,7 @@ Shared by the stage and by offline what-if replays of logged losses, so both dec
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,6 +53,20 @@ class Decided:
     micro_batches: int
     nan: int
     warmup: int
+
+
+_TAKES_POSITIONS: dict[type, bool] = {}
+
+
+def _takes_positions(policy: Policy) -> bool:
+    """Whether ``policy.decide`` takes ``positions=``: a positional policy's, unless a subclass
+    overrode ``decide`` with the three-argument signature (it is given none)."""
+    kind = type(policy)
+    known = _TAKES_POSITIONS.get(kind)
+    if known is None:
+        known = kind.positional and "positions" in inspect.signature(kind.decide).parameters
+        _TAKES_POSITIONS[kind] = known
+    return known
 
 
 def decide_rows(
@@ -111,7 +126,7 @@ def decide_rows(
             stop = min(rows, start + chunk)
             sub = np.arange(start, stop) if all_finite else finite[start:stop].nonzero()[0] + start
             if sub.size:
-                if policy.positional and not all_finite:
+                if not all_finite and _takes_positions(policy):
                     # the rows the policy does not see lie between: it places each loss by its own
                     d = policy.decide(losses[sub], rng, seq0 + start, positions=seq0 + sub)  # type: ignore[call-arg]
                 else:

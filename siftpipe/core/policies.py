@@ -404,7 +404,7 @@ class InfoBatch(Policy):
     classification tasks the spread is 0.31-0.9). Pruning resumes once the spread reaches it.
 
     Losses are expected to be >= 0 (cross-entropy, squared error). While the mean remembered
-    loss is below 0 (a log-likelihood that goes negative), the graded rule and the spread floor,
+    loss is not above 0 (a log-likelihood that goes negative), the graded rule and the spread floor,
     which measure in units of the mean, keep every sample (``stats.sifting_scale`` 0, logged
     once); the step rule (``graded=False``, no ``min_spread``) only compares with the mean.
 
@@ -455,7 +455,7 @@ class InfoBatch(Policy):
             raise ConfigError(f"noise_drop must be a probability in (0, 1) or None, got {noise_drop!r}")
         self.noise_drop = None if noise_drop is None else float(noise_drop)
         self._noisy = False  # noise_drop acts (latched once persistent_hard reached NOISE_AT)
-        self._negative_mean = False  # the memory's mean at the last decision was below 0
+        self._negative_mean = False  # the memory's mean at the last decision was not above 0
         self._negative_warned = False
         if budget is not None and ((integer_count(budget) or 0) < 1):
             raise ConfigError(
@@ -574,13 +574,13 @@ class InfoBatch(Policy):
         mean = self._memory.mean()
         # the graded rule and the spread floor measure losses in units of their mean: below 0
         # (a log-likelihood that goes negative) those units mean nothing, and nothing is pruned
-        self._negative_mean = mean < 0.0
+        self._negative_mean = mean <= 0.0
         if self._negative_mean and (self.graded or self.min_spread is not None) and not self._negative_warned:
             self._negative_warned = True
             _log.warning(
-                "siftpipe: the remembered losses average %.4g, below 0: InfoBatch's graded rule and "
-                "spread floor measure a loss's distance below the mean in units of the mean, which "
-                "means nothing for a mean below 0, so every sample is kept while this lasts "
+                "siftpipe: the remembered losses average %.4g, not above 0: InfoBatch's graded rule "
+                "and spread floor measure a loss's distance below the mean in units of the mean, "
+                "which means nothing for a mean at or below 0, so every sample is kept while this lasts "
                 "(stats.sifting_scale 0). Hand observe() losses that are >= 0 (add a constant to a "
                 "negative log-likelihood), or use the paper's step rule (graded=False, "
                 "min_spread=None), which only compares a loss with the mean",

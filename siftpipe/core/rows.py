@@ -94,7 +94,8 @@ def keys_of(
     if batched:
         batch = group.items[0]
         if callable(spec):
-            keys = list(spec(batch))
+            # a tensor's values, as a key field's (a list of 0-d tensors: each its value)
+            keys = [scalar_key(k) for k in key_list(spec(batch))]
         else:
             try:
                 keys = batch[spec]

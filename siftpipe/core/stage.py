@@ -812,8 +812,7 @@ class Sifter:
         if not self._passes.is_current(opened):
             # never read before the stage opened another pass (or loaded a state, or closed)
             raise self._closed_error()
-        if threading.get_ident() != thread and (self.model is not None or self.memory is not None):
-            raise SiftInWorkerError(_OTHER_THREAD.format(thread=threading.current_thread().name))
+        self._check_thread(thread)
         out = Output(
             self._ledger, self._scoring, self.output_batch, resumed=resume is not None, hold=self.hold
         )
@@ -825,7 +824,7 @@ class Sifter:
         self._account.pass_begins()
         self._decider.pass_begins(whole=resume is None)
         try:
-            mark = yield from self._account.timed(self._outputs(out, reader, groups, surface), out)
+            mark = yield from self._account.timed(self._outputs(out, reader, groups, surface, thread), out)
             self._ledger.trim()
             finished = True
             self._pass_ended(mark)
@@ -1002,15 +1001,23 @@ class Sifter:
         if self._account.pass_ends(mark, stopping=stopping) and stopping:
             self._decider.counts["stopped_at"] = self._decider.counts["seen"]
 
+    def _check_thread(self, thread: int) -> None:
+        """``SiftInWorkerError`` if the pass opened in ``thread`` is read in another thread and the
+        stage would use the model or the score memory there."""
+        if threading.get_ident() != thread and (self.model is not None or self.memory is not None):
+            raise SiftInWorkerError(_OTHER_THREAD.format(thread=threading.current_thread().name))
+
     def _outputs(
-        self, out: Output, reader: Reader, groups: list[Group], surface: bool = False
+        self, out: Output, reader: Reader, groups: list[Group], surface: bool, thread: int
     ) -> Iterator[Iterator[Any]]:
         """The items to hand on, group by group: the re-read groups', then each fresh group's
         once decided, then what the output still holds. ``surface``: an error reading the source
-        is handed on as a ``Raised`` item and the pass goes on (``_surviving``)."""
+        is handed on as a ``Raised`` item and the pass goes on (``_surviving``). ``thread``: the
+        one that opened the pass, which every group is decided in (``_check_thread``)."""
         for group in groups:
             yield out.hand_on(group)
         while True:
+            self._check_thread(thread)  # a pass handed to another thread after its first items
             try:
                 fresh = self._read(reader)
             except Exception as exc:

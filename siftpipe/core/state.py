@@ -303,7 +303,7 @@ def digest(tree: Any) -> str:
         elif isinstance(x, torch.Tensor):
             t = x.detach().cpu().contiguous()
             h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
         else:
             h.update(f"{type(x).__name__}:{x!r};".encode())
 

@@ -395,6 +395,16 @@ def test_a_pass_read_by_a_background_thread_is_refused_when_the_stage_has_a_memo
     reader.start()
     reader.join(30)
     assert len(failed) == 1 and isinstance(failed[0], sp.SiftInWorkerError)
+    # handed to another thread after its first items: refused there too, before it decides more
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5)).train()
+    sifter = sp.Sifter(model, _dropout_scorer, sp.RelativeProbabilistic(1.0, 50), micro_batch=8, seed=0)
+    it = sifter(_xy())
+    next(it)
+    failed.clear()
+    reader = threading.Thread(target=read)
+    reader.start()
+    reader.join(30)
+    assert len(failed) == 1 and isinstance(failed[0], sp.SiftInWorkerError) and sifter.stats.seen == 8
     # opened in the thread that reads it: fine
     done: list[int] = []
     batch = {"__key__": torch.arange(4), "x": torch.zeros(4, 2), "y": torch.zeros(4, dtype=torch.long)}

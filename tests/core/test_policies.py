@@ -82,6 +82,18 @@ def test_prune_easy_stops_after_anneal():
     assert all(np.all(d.weight == 1.0) for d in decisions[5000 // 64 + 1 :])
 
 
+def test_a_subclass_deciding_with_the_three_argument_signature_is_not_given_positions():
+    # before: a PruneEasy subclass overriding decide(losses, rng, seen) got a TypeError at the
+    # first micro-batch with a row the policy does not see
+    class Logged(sp.PruneEasy):
+        def decide(self, losses, rng, seen):
+            return super().decide(losses, rng, seen)
+
+    losses = np.r_[np.nan, np.random.default_rng(0).exponential(size=31)]
+    s = sp.Sifter(None, lambda m, b: torch.from_numpy(losses), Logged(0.5), batched=True, on_nan="keep")
+    assert len(next(iter(s([{"x": torch.zeros(32)}])))["x"]) >= 1 and s.stats.nan == 1
+
+
 def test_prune_easy_anneals_by_each_rows_place_when_nan_rows_lie_between():
     from siftpipe.core.decide import decide_rows
 
