@@ -33,28 +33,20 @@ class ExactSum:
 
     def change(self, added: np.ndarray, removed: np.ndarray | None = None) -> None:
         """Add the float32 values ``added`` and take away ``removed`` (values added before)."""
-        bits = np.ascontiguousarray(added, dtype=np.float32).view(np.uint32).ravel()
+        self._add(added, 1)
         if removed is not None and removed.size:
-            gone = np.ascontiguousarray(removed, dtype=np.float32).view(np.uint32).ravel()
-            bits = np.concatenate([bits, gone])
-            away = np.zeros(bits.size, dtype=bool)
-            away[-gone.size :] = True
-        else:
-            away = None
+            self._add(removed, -1)
+
+    def _add(self, values: np.ndarray, sign: int) -> None:
+        bits = np.ascontiguousarray(values, dtype=np.float32).view(np.int32).ravel()
         if not bits.size:
             return
-        exponent = (bits >> np.uint32(23)) & np.uint32(0xFF)
-        mantissa = (bits & np.uint32(0x7FFFFF)).astype(np.int64)
-        mantissa[exponent > 0] += 1 << 23
-        negative = (bits >> np.uint32(31)).astype(bool)
-        if away is not None:
-            negative ^= away
-        mantissa[negative] *= -1
-        # float64 weights sum integers below 2**53 exactly: 2**29 values of < 2**24 each at once
-        for at in range(0, bits.size, 1 << 29):
-            part = slice(at, at + (1 << 29))
-            summed = np.bincount(exponent[part], weights=mantissa[part], minlength=_EXPONENTS)
-            self._acc += summed.astype(np.int64)
+        exponent = (bits >> 23) & 0xFF
+        mantissa = (bits & 0x7FFFFF) | ((exponent != 0) << 23)  # the implicit bit of normal values
+        if bits.min() < 0:  # (losses are rarely below 0)
+            np.negative(mantissa, out=mantissa, where=bits < 0)
+        # integer adds, exact: int64 holds 2**39 mantissas of < 2**24 in one exponent's sum
+        (np.add if sign > 0 else np.subtract).at(self._acc, exponent, mantissa)
         self._mean = None
 
     def total(self) -> int:

@@ -62,6 +62,10 @@ def check_epoch(epoch: int) -> None:
         )
 
 
+# key types whose text is str(key) as it is (no 0-d tensor to unwrap, never None): the fast path
+_TEXT_IS_STR = {int, float, np.int64, np.int32, np.int16, np.int8, np.uint64, np.uint32, np.uint16, np.uint8}
+
+
 def key_hashes(keys: Iterable[Any]) -> np.ndarray:
     """Stable 64-bit hashes (BLAKE2b) of sample keys, the same in every process and run; never 0."""
     blake = hashlib.blake2b
@@ -70,7 +74,7 @@ def key_hashes(keys: Iterable[Any]) -> np.ndarray:
     digests = b"".join(
         [
             blake(
-                (k if type(k) is str else _key_text(k)).encode(),
+                (k if type(k) is str else str(k) if type(k) in _TEXT_IS_STR else _key_text(k)).encode(),
                 digest_size=8,
             ).digest()
             for k in keys
