@@ -18,6 +18,7 @@ __all__ = [
     "MissingKeyError",
     "NonFiniteLossError",
     "PolicyError",
+    "PreDecodeWarning",
     "RegistryError",
     "RepeatedKeyWarning",
     "ResumeError",
@@ -266,6 +267,10 @@ class BatchShapeWarning(UserWarning):
     """A pass ends with a short output batch whose size changes every epoch while
     ``torch.backends.cudnn.benchmark`` is on: each new size is autotuned again. Pass
     ``Sifter(..., drop_last=True)`` to hand on only full batches."""
+
+
+class PreDecodeWarning(UserWarning):
+    """A ``PreDecodeFilter`` finds no publication: every sample goes on to the stage undecided."""
 
 
 class ScoreMemoryWarning(UserWarning):

@@ -29,6 +29,7 @@ import io
 import json
 import secrets as _random
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import islice
 from typing import Any
@@ -38,8 +39,9 @@ import numpy as np
 from .._secrets import redact, redact_url, secret_values
 from ..core.files import put_whole
 from ..core.memory import ScoreMemory, key_hashes
+from ..core.ranks import dist_info
 from ..core.vocab import PRE_KEPT, PRE_LOSS, PRE_PROB, loggable_text
-from ..errors import MissingKeyError
+from ..errors import ConfigError, MissingKeyError, PreDecodeWarning
 
 __all__ = ["PRE_KEPT", "PreDecodeFilter"]
 
@@ -68,6 +70,10 @@ class PreDecodeFilter:
         storage_options: fsspec options for ``url`` and for the audit records.
         key: Field holding the sample key.
         chunk: Samples looked up together (one vectorised lookup per chunk).
+        rank: The rank whose publications it reads (a publication names the rank that wrote
+            it, and one of another rank is refused: two ranks publishing to one URL would mix
+            their memories, draws and audit folders); ``None``: this process's rank
+            (``torch.distributed``, else 0) when the filter is made, in the training process.
     """
 
     def __init__(
@@ -77,8 +83,10 @@ class PreDecodeFilter:
         *,
         key: str = "__key__",
         chunk: int = 64,
+        rank: int | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        self.rank = dist_info()[0] if rank is None else int(rank)
         self.storage_options = dict(storage_options or {})
         self.key = key
         self.chunk = chunk
@@ -86,6 +94,10 @@ class PreDecodeFilter:
         self._memory: ScoreMemory | None = None
         self._sorted: np.ndarray = np.zeros(0)
         self._meta: dict[str, Any] = {}
+        # the epoch of the pass a Sifter starts over this filter (follow_sifter_epoch: handed on
+        # before the pass's DataLoader workers are made from copies of it); None: never told
+        self._epoch: int | None = None
+        self._warned_missing = False
         #: Samples this process saw, dropped, and passed on (kept or unknown), all epochs.
         self.stats = {"seen": 0, "dropped": 0, "kept": 0, "unknown": 0}
         #: Names this filter's records in the audit log, the same in every DataLoader worker it is
@@ -95,20 +107,72 @@ class PreDecodeFilter:
         self.recording = _random.token_hex(8)
 
     def __repr__(self) -> str:
-        shown = redact(redact_url(self.url), secret_values(self.storage_options))
-        return f"PreDecodeFilter({shown!r}, version={self._loaded!r})"
+        return f"PreDecodeFilter({self._shown()!r}, version={self._loaded!r})"
+
+    def follow_sifter_epoch(self, epoch: int) -> None:
+        """The epoch of the pass the ``Sifter`` over this filter starts: it hands it on before the
+        pass (so that a ``DataLoader``'s fresh workers copy it) to every filter it can reach (in a
+        ``WebDataset``/``DataPipeline``, a DataLoader's ``dataset``). Decisions draw for it and are
+        recorded under it; the losses' age is counted from the publication's epoch. Never told
+        (persistent workers, a filter held where the stage does not look), the filter takes the
+        epoch after the publication's, which is wrong for an epoch that followed no publication:
+        call ``set_epoch`` then."""
+        self._epoch = int(epoch)
+
+    #: ``Sifter.set_epoch`` hands its epoch on through this too, to a filter in a pipeline given
+    #: to ``watch_shards`` (a ``.sift()`` chain's): its DataLoader's workers start before the
+    #: stage opens its pass, so the pass's own hand-over would come too late for them.
+    follow_sifter_set_epoch = follow_sifter_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """``follow_sifter_epoch``, for a dataset of your own that holds the filter where the
+        stage does not look: call it with the ``Sifter``'s epoch before each pass's workers start."""
+        self.follow_sifter_epoch(epoch)
+
+    def _shown(self) -> str:
+        return redact(redact_url(self.url), secret_values(self.storage_options))
 
     def _refresh(self) -> None:
         import fsspec
 
         try:
             with fsspec.open(f"{self.url}/latest.json", "rb", **self.storage_options) as f:
-                meta = json.loads(f.read())
+                raw = f.read()
         except FileNotFoundError:
-            self._memory, self._meta = None, {}  # nothing published yet: pass everything on
+            # nothing published yet (the first epoch): pass everything on. Said once from the
+            # second epoch on, as a mistyped URL or a server that cannot be reached reads the same
+            self._memory, self._meta = None, {}
+            if not self._warned_missing and self._epoch is not None and self._epoch > 0:
+                self._warned_missing = True
+                warnings.warn(
+                    f"siftpipe: PreDecodeFilter finds no publication at {self._shown()}/latest.json "
+                    f"in epoch {self._epoch}: every sample is passed on for the stage to decide. "
+                    "Publish with Sifter.publish_memory(url) at each epoch's end, to the URL the "
+                    "filter reads (or check that it can be reached)",
+                    PreDecodeWarning,
+                    stacklevel=3,
+                )
             return
-        if meta["version"] == self._loaded:
+        try:
+            meta = json.loads(raw)
+            version, file = str(meta["version"]), str(meta["file"])
+            int(meta["epoch"]), int(meta["seed"]), float(meta["beta"])
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+            raise ConfigError(
+                f"the publication at {self._shown()}/latest.json is damaged ({type(exc).__name__}: "
+                f"{exc}); publish again with Sifter.publish_memory(url)"
+            ) from None
+        published = meta.get("rank")
+        if published is not None and published != self.rank:
+            raise ConfigError(
+                f"the publication at {self._shown()}/latest.json was written by rank {published}, "
+                f"and this filter serves rank {self.rank}: ranks publishing to one URL mix their "
+                "memories, draws and audit folders. Give each rank its own URL (publish_memory and "
+                "PreDecodeFilter both at f'{url}/rank={rank}')"
+            )
+        if version == self._loaded:
             return
+        meta["file"] = file
         # sized to the losses it holds: every worker loads each publication
         self._memory = ScoreMemory.load(f"{self.url}/{meta['file']}", self.storage_options, lookups_only=True)
         self._sorted = np.sort(self._memory.losses())
@@ -143,7 +207,9 @@ class PreDecodeFilter:
             for s in batch:
                 yield {**s, PRE_KEPT: 0, PRE_LOSS: float("nan"), PRE_PROB: float("nan")}
             return
-        epoch = int(self._meta["epoch"]) + 1
+        # the stage's epoch (the losses' age is counted from the publication's); the epoch after
+        # the publication's if no Sifter said
+        epoch = self._epoch if self._epoch is not None else int(self._meta["epoch"]) + 1
         # key_hashes, not the memory's cache: a worker sees each key once per epoch, and the memory is
         # reloaded with each publication, so a cache would only cost memory
         loss, _ = memory.lookup(key_hashes(keys), epoch)

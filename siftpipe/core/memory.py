@@ -1066,11 +1066,13 @@ class ScoreMemory:
         seed: int | None,
         beta: float,
         audit_directory: str | None = None,
+        rank: int | None = None,
     ) -> str:
         """Publish this memory for ``PreDecodeFilter`` stages (``siftpipe.predecode``) under ``url``:
         ``memory-<version>.npz`` and then ``latest.json`` naming it, with the ``epoch``, ``seed``
-        and ``beta`` workers decide with and the audit log ``audit_directory`` their records go
-        next to. Returns the version (``<epoch>-<random>``)."""
+        and ``beta`` workers decide with, the audit log ``audit_directory`` their records go
+        next to and the ``rank`` that published (a filter of another rank refuses it). Returns
+        the version (``<epoch>-<random>``)."""
 
         version = f"{epoch:06d}-{_random.token_hex(4)}"
         url = url.rstrip("/")
@@ -1082,6 +1084,7 @@ class ScoreMemory:
             "seed": seed,
             "beta": float(beta),
             "audit": None if audit_directory is None else {"directory": audit_directory},
+            "rank": rank,
             "published": time.time(),
         }
         # whole or not at all: workers read it at any moment (rewritten in place, a reader

@@ -258,19 +258,21 @@ def find_shard_counts(*objects: Any) -> list[SharedShardCounts]:
     return list(found.values())
 
 
-def follow_epoch(source: Any, epoch: int) -> int:
+def follow_epoch(source: Any, epoch: int, hook: str = "follow_sifter_epoch") -> int:
     """Hand ``epoch`` to every object in ``source``'s graph (see ``reachable``) whose class
     follows the sifter's epoch (has ``follow_sifter_epoch``: ``ShardSource``, whose shard order
     is the epoch's), before a pass starts; returns how many there were.
 
     A ``DataLoader`` without persistent workers starts each epoch's workers from copies of the
     objects in the training process, which never read: this is how their copies learn the
-    epoch. Negative epochs (which a ``ShardSource`` has no order for) are not handed on."""
+    epoch. Negative epochs (which a ``ShardSource`` has no order for) are not handed on.
+    ``hook``: the method to call (``follow_sifter_set_epoch``: what ``Sifter.set_epoch`` hands
+    on, before a pipeline that starts its workers before the stage opens its pass)."""
     if epoch < 0:
         return 0
     n = 0
     for obj in reachable(source):
-        follow = getattr(type(obj), "follow_sifter_epoch", None)
+        follow = getattr(type(obj), hook, None)
         if callable(follow):
             follow(obj, epoch)
             n += 1

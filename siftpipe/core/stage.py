@@ -300,6 +300,7 @@ class Sifter:
         self._ledger = Ledger()  # groups decided and not yet all handed on; positions in the pass
         self._passes = Passes(self._ledger)  # the pass open, its source; a loaded checkpoint's place
         self._shards = ShardWatch()  # see watch_shards
+        self._watched: list[Any] = []  # the pipelines watch_shards was given, for set_epoch
         self._warned_empty = False  # EmptyPassWarning given
         self._warned_shapes = False  # BatchShapeWarning given
         self._warned_backwards = False  # ScoreMemoryWarning for set_epoch going back given
@@ -372,8 +373,11 @@ class Sifter:
         holding one), a ``ShardSource`` or the torchdata nodes above it. Their counters live in
         shared memory, so shards skipped inside DataLoader workers are counted too. ``.sift()``
         and ``SiftNode`` call this for you, and so does each pass for the source it is given.
+        ``set_epoch`` hands its epoch to the ``PreDecodeFilter``s in them (a ``.sift()`` chain over
+        a ``WebLoader`` starts its workers before the stage opens its pass).
         """
         self._shards.watch(*pipelines)
+        self._watched += [p for p in pipelines if all(p is not q for q in self._watched)]
 
     def describe(self) -> StageInfo:
         """The settings that decide, as plain data (what a sink records about the stage)."""
@@ -445,6 +449,8 @@ class Sifter:
                     ScoreMemoryWarning,
                     stacklevel=2,
                 )
+        for pipeline in self._watched:
+            follow_epoch(pipeline, int(epoch), hook="follow_sifter_set_epoch")
         if int(epoch) != self.epoch:
             self._decider.epoch_changes()
             if self._passes.open:
@@ -521,7 +527,8 @@ class Sifter:
         Call it at the end of each epoch; workers load the newest publication when they next
         start iterating and decide from it (see ``siftpipe.predecode``). Returns its version.
         Once ``cost_guard`` has stopped sifting, the publication tells workers to keep every
-        sample (beta 0).
+        sample (beta 0). Each rank publishes to its own ``url``: the publication names its rank,
+        and a filter of another rank refuses it.
         """
         if self.memory is None:
             raise ConfigError(
@@ -543,6 +550,7 @@ class Sifter:
             seed=self.seed,
             beta=float(beta),
             audit_directory=_directory_of(self.audit),
+            rank=dist_info()[0],
         )
 
     def __call__(self, source: Iterable[Any]) -> Iterator[Any]:
@@ -600,7 +608,7 @@ class Sifter:
             # workers learn the epoch from the object here (a pass resumed mid-way from the
             # source's own state reads the epoch that state says)
             follow_epoch(source, self.epoch)
-        self.watch_shards(source)
+        self._shards.watch(source)  # (not kept for set_epoch: a pass's source is the pass's)
         if self.audit is not None:
             if not self._sink_bound:  # once: what the log records about the stage is its first pass's
                 self.audit.bind(self.describe(), self._shards.report)

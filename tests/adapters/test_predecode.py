@@ -1,11 +1,13 @@
 """Sifting before decode: workers drop samples by key from the published memory; nothing is lost."""
 
+import collections
 import json
+import warnings
 
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, default_collate
 
 import siftpipe as sp
 from siftpipe.cli import main
@@ -144,30 +146,36 @@ def test_filter_passes_everything_before_a_publication_and_needs_keys(tmp_path):
         sp.Sifter(None, scorer).publish_memory(str(tmp_path / "m"))
 
 
-def test_before_decode_in_a_webdataset_chain_with_batching_workers(tmp_path):
-    from torch.utils.data import default_collate
+def _to_xy(s):
+    return {k: v for k, v in s.items() if k.startswith("__")} | {
+        "x": torch.from_numpy(s["x.npy"]),
+        "y": int(s["cls"]),
+    }
 
-    from siftpipe.adapters.webdataset import WebDataset, WebLoader
+
+def _prefiltered_shards(tmp_path, n, published):
+    """A WebDataset of ``n`` synthetic samples in shards of 100, filtered before decode from
+    ``published``, decoded and batched by 50 in the workers."""
+    from siftpipe.adapters.webdataset import WebDataset
     from siftpipe.streaming.shards import synthetic_classification, write_shards
 
     shards = write_shards(
-        synthetic_classification(600, dim=4), str(tmp_path / "train"), samples_per_shard=100, progress=False
+        synthetic_classification(n, dim=4), str(tmp_path / "train"), samples_per_shard=100, progress=False
     )
-    published = str(tmp_path / "memory")
-
-    def to_xy(s):
-        return {k: v for k, v in s.items() if k.startswith("__")} | {
-            "x": torch.from_numpy(s["x.npy"]),
-            "y": int(s["cls"]),
-        }
-
-    dataset = (
+    return (
         WebDataset(shards.pattern, shardshuffle=False)
         .compose(sp.PreDecodeFilter(published))
         .decode()
-        .map(to_xy)
+        .map(_to_xy)
         .batched(50, collation_fn=default_collate)
     )
+
+
+def test_before_decode_in_a_webdataset_chain_with_batching_workers(tmp_path):
+    from siftpipe.adapters.webdataset import WebLoader
+
+    published = str(tmp_path / "memory")
+    dataset = _prefiltered_shards(tmp_path, 600, published)
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 4)
     sifter = sp.Sifter(
@@ -291,3 +299,71 @@ def test_a_resumed_job_records_each_sample_dropped_before_decode_once(tmp_path):
     dropped = sp.read_log(log_root, include_predecode=True, kept=False, columns=["key", "reason"])
     assert dropped.column_names == ["key", "reason", "run", "rank"]
     assert "predecode" in dropped.column("reason").to_pylist()
+
+
+@pytest.mark.parametrize("form", ["sifter(loader)", "loader.sift(sifter)"])
+def test_workers_decide_and_record_each_epoch_under_the_stages_epoch_not_the_publications(tmp_path, form):
+    # before: workers took the epoch after the publication's, so an epoch that followed no new
+    # publication drew exactly the previous epoch's drops again and recorded them under that
+    # epoch (662 records in epoch 1 of a 400-sample set, 138 in epoch 2), and verify said OK
+    from siftpipe.adapters.webdataset import WebLoader
+
+    published, log = str(tmp_path / "memory"), str(tmp_path / "audit")
+    dataset = _prefiltered_shards(tmp_path, 400, published)
+    torch.manual_seed(0)
+    sifter = sp.Sifter(
+        torch.nn.Linear(4, 4),
+        sp.CrossEntropy("x", "y"),
+        sp.RelativeProbabilistic(2.0, 300),
+        batched=True,
+        micro_batch=None,
+        memory=sp.ScoreMemory(5000, max_age=3),
+        audit=sp.AuditLog(log, run_id="p", flush_every=10_000),
+    )
+    loader = WebLoader(dataset, batch_size=None, num_workers=2)
+    chain = loader.sift(sifter) if form == "loader.sift(sifter)" else None
+
+    def epoch(e):
+        sifter.set_epoch(e)  # the chain's workers start before its stage: set_epoch tells them
+        return sorted(k for b in (chain if chain is not None else sifter(loader)) for k in b["__key__"])
+
+    epoch(0)
+    sifter.publish_memory(published)  # once, after epoch 0: epochs 1 and 2 decide from it
+    kept = [epoch(1), epoch(2)]
+    sifter.close()
+    assert kept[0] != kept[1]  # each epoch its own draws
+    table = sp.read_log(log, include_predecode=True)
+    per_epoch = collections.Counter(table.column("epoch").to_pylist())
+    assert per_epoch == {0: 400, 1: 400, 2: 400}
+    assert sp.verify_log(log).ok
+
+
+def test_a_missing_publication_warns_once_and_a_damaged_one_is_a_config_error(tmp_path):
+    f = sp.PreDecodeFilter(str(tmp_path / "typo"))
+    f.set_epoch(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(list(f(iter(RAW)))) == len(RAW)  # the first epoch: nothing published yet
+    f.set_epoch(1)
+    with pytest.warns(sp.PreDecodeWarning, match="no publication at .*typo/latest.json in epoch 1"):
+        assert len(list(f(iter(RAW)))) == len(RAW)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(f(iter(RAW)))  # once
+    (tmp_path / "typo").mkdir()
+    (tmp_path / "typo" / "latest.json").write_text('{"version": "1", "file"')
+    with pytest.raises(sp.ConfigError, match="latest.json is damaged.*publish again"):
+        list(f(iter(RAW)))
+
+
+def test_a_publication_of_another_rank_is_refused(tmp_path):
+    # before: two ranks publishing to one URL mixed silently (rank 0's workers decided from rank
+    # 1's memory and seed and wrote their drop records into rank 1's audit folder)
+    published = str(tmp_path / "memory")
+    sifter = relative_stage()
+    list(sifter(Shards()))
+    sifter.publish_memory(published)  # rank 0 (one process)
+    assert json.loads((tmp_path / "memory" / "latest.json").read_text())["rank"] == 0
+    assert len(list(sp.PreDecodeFilter(published)(iter(RAW)))) < len(RAW)
+    with pytest.raises(sp.ConfigError, match="written by rank 0, and this filter serves rank 1.*own URL"):
+        list(sp.PreDecodeFilter(published, rank=1)(iter(RAW)))
