@@ -14,6 +14,20 @@ from . import batch as _batch
 from .ledger import Group, Ledger
 from .rows import attach_weights, field_of, keys_of
 from .source import END, Raised, Reader
+from .vocab import PRE_KEPT
+
+#: Said of a source whose items a ``PreDecodeFilter`` decided: what reaches the stage depends on
+#: the publication the workers read, not only on the order
+_PUBLISHED = (
+    "; its items passed a PreDecodeFilter, which decides from the newest publication: one "
+    "published after the checkpoint changes which samples come (resume before publishing again)"
+)
+
+
+def _published(item: Any) -> str:
+    """``_PUBLISHED`` if ``item`` (a sample or a collated batch) passed a ``PreDecodeFilter``."""
+    return _PUBLISHED if isinstance(item, Mapping) and PRE_KEPT in item else ""
+
 
 __all__ = ["check_next", "first_key", "first_shard", "reread_groups", "shard_name", "shard_names"]
 
@@ -71,6 +85,7 @@ def reread_groups(
                     f"in-flight micro-batch has key {got[first]!r}, the checkpoint "
                     f"expected {desc['keys'][first]!r}; feed the source from item "
                     f"{state['consumed']} (state['consumed']) with the same order"
+                    f"{_published(items[0])}"
                 )
         want = desc.get("shards")  # states written before 2026-12-04 lack it
         got_shards = shard_names(group, batched) if want is not None else None
@@ -116,6 +131,7 @@ def check_next(reader: Reader, state: Mapping[str, Any], source: Any, batched: b
         f"feed the source from item {state['consumed']} (state['consumed']) in the same order: "
         "every shuffle before the stage seeded (a WebDataset's shardshuffle and .shuffle() with "
         "seed=, a DataLoader's generator=), the same shards, workers and batch sizes"
+        f"{_published(ahead)}"
     )
     if ended and ahead is not END:
         raise ResumeError(
