@@ -19,7 +19,7 @@ from ..core.decide import (
     decide_rows,
 )
 from ..core.policies import Policy
-from ..core.rows import scalar_key
+from ..core.values import scalar_key
 from ..core.vocab import loggable_text
 from ..errors import AuditError, ConfigError, MissingKeyError
 from .reader import (

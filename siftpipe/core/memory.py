@@ -29,7 +29,7 @@ from .exactsum import ExactSum
 from .files import put_whole
 from .history import check_fits
 from .hostcopy import HostCopy
-from .values import is_int, short_repr
+from .values import is_int, scalar_key, short_repr
 from .vocab import SOURCES
 
 __all__ = ["SOURCES", "Keys", "ScoreMemory", "key_hashes", "pick_keys"]
@@ -157,12 +157,15 @@ def check_memory_state(memory: Any, bad: Callable[[str, str], ResumeError]) -> N
         raise bad("memory['keys']", f"at most capacity={memory['capacity']} entries")
 
 
+def _distinct_keys(hashes: np.ndarray) -> bool:
+    """Whether stored key hashes (a state's, a file's) are distinct and none is the empty-slot 0."""
+    return bool(hashes.all()) and np.unique(hashes).size == hashes.size
+
+
 def _key_text(key: Any) -> str:
-    """A key that is not a str, as text; None is refused (every such sample would share one loss).
-    A 0-d tensor or array is its value (``tensor(5)`` is the key ``5``, as a collated batch's
-    tensor of keys gives it)."""
-    if isinstance(key, torch.Tensor | np.ndarray) and key.ndim == 0:
-        key = key.item()
+    """A key that is not a str, as text (a 0-d tensor as its value: ``scalar_key``); None is
+    refused (every such sample would share one loss)."""
+    key = scalar_key(key)
     if key is None:
         raise MissingKeyError(
             "a sample's key is None: the score memory would give every such sample one loss. Give "
@@ -977,7 +980,7 @@ class ScoreMemory:
                 f"{state['max_age']!r}) to resume"
             )
         keys = state["keys"].numpy().view(np.uint64)
-        if keys.size and (not keys.all() or np.unique(keys).size != keys.size):
+        if not _distinct_keys(keys):
             raise bad("memory['keys']", f"distinct non-zero key hashes, got {short_repr(keys[:8].tolist())}")
         marks = {
             name: None if state.get(name) is None else state[name].numpy() for name in ("unsynced", "merged")
@@ -1132,7 +1135,7 @@ class ScoreMemory:
             problem = f"its capacity, max_age and refused count ({capacity}, {max_age}, {refused}) do not fit"
         elif not np.isfinite(loss).all():
             problem = "it holds a loss that is not finite"
-        elif not keys.all() or np.unique(keys).size != keys.size:
+        elif not _distinct_keys(keys):
             problem = "it holds an empty-slot or repeated key"
         else:
             problem = ""

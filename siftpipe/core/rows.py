@@ -12,6 +12,7 @@ import torch
 from ..errors import MissingKeyError
 from . import batch as _batch
 from .ledger import Group
+from .values import scalar_key
 from .vocab import PRE_KEPT, PRE_LOSS, PRE_PROB
 
 __all__ = ["attach_weights", "field_of", "keys_of", "shard_key", "upstream_of"]
@@ -133,13 +134,6 @@ def keys_of(
         # tensor of keys gives it, not the text "tensor(5)" (another key, found by nothing)
         keys = [scalar_key(k) for k in keys]
     return keys
-
-
-def scalar_key(key: Any) -> Any:
-    """A 0-d tensor or array key as its Python value (``tensor(5)`` is the key ``5``)."""
-    if isinstance(key, torch.Tensor | np.ndarray) and key.ndim == 0:
-        return key.item()
-    return key
 
 
 def _without_keys(purpose: str) -> str:

@@ -820,7 +820,6 @@ class Sifter:
         if not self._passes.is_current(opened):
             # never read before the stage opened another pass (or loaded a state, or closed)
             raise self._closed_error()
-        self._check_thread(thread)
         out = Output(
             self._ledger, self._scoring, self.output_batch, resumed=resume is not None, hold=self.hold
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 
 def is_int(value: Any, low: int = 0) -> bool:
@@ -14,3 +15,11 @@ def is_int(value: Any, low: int = 0) -> bool:
 def short_repr(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def scalar_key(key: Any) -> Any:
+    """A 0-d tensor or array key as its Python value (``tensor(5)`` is the key ``5``, as a
+    collated batch's tensor of keys gives it); any other key as it is."""
+    if isinstance(key, torch.Tensor | np.ndarray) and key.ndim == 0:
+        return key.item()
+    return key
