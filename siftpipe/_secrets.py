@@ -76,7 +76,7 @@ _SECRET_WORDS = frozenset(
 )
 _SECRET_NAMES = frozenset(
     {"awsaccesskeyid", "connection_string", "connectionstring", "apikey", "accountkey", "sastoken",
-     "session_id", "session-id", "sessionid", "jsessionid", "phpsessid"}
+     "session_id", "session-id", "jsessionid", "phpsessid"}
 )  # fmt: skip
 _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z0-9]+")
 _SENSITIVE_ENV = re.compile(

@@ -108,12 +108,20 @@ def _with_s3_defaults(url: str, storage_options: Mapping[str, Any] | None) -> di
     return options
 
 
+def _jobs(attempts: Iterable[_Attempt]) -> dict[tuple[str, int], dict[str | None, list[str]]]:
+    """Per stream (run, rank), the jobs (origins) that wrote attempts, and their attempts' names:
+    more than one job under one run id and rank is a collision (claim-only attempts aside)."""
+    jobs: dict[tuple[str, int], dict[str | None, list[str]]] = {}
+    for attempt in attempts:
+        if attempt.claim_only is None:
+            jobs.setdefault((attempt.run, attempt.rank), {}).setdefault(attempt.origin, []).append(
+                attempt.attempt
+            )
+    return jobs
+
+
 def log_filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
     """The filesystem and root path a log URL is read through (the readers' own settings)."""
-    return _filesystem(url, storage_options)
-
-
-def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
     import fsspec
 
     refuse_credentials_in_url(url)
@@ -137,7 +145,7 @@ def list_parts(
     the attempts they belong to; optionally only some runs and ranks."""
     secrets = secret_values(storage_options, url)
     try:
-        fs, root = _filesystem(url, storage_options)
+        fs, root = log_filesystem(url, storage_options)
         files = fs.find(root)
     except FileNotFoundError:
         files = []
@@ -613,10 +621,7 @@ def read_log(
             warnings.warn(message, RuntimeWarning, stacklevel=2)
     # what a listing shows without reading a part: parts gone with their manifests, and jobs that
     # wrote under one run id (their records overlap); verify_log reports these and more
-    jobs: dict[tuple[str, int], set[str | None]] = {}
     for attempt in attempts:
-        if attempt.claim_only is None:
-            jobs.setdefault((attempt.run, attempt.rank), set()).add(attempt.origin)
         missing_parts, deliberate = _missing_parts(attempt)
         for missing in missing_parts:
             message = (
@@ -626,7 +631,7 @@ def read_log(
             if on_bad_part == "raise" and not deliberate:
                 raise AuditError(message)  # (parts on_full='drop' dropped: the run chose that)
             warnings.warn(message, RuntimeWarning, stacklevel=2)
-    for (run_id, rank_id), origins in jobs.items():
+    for (run_id, rank_id), origins in _jobs(attempts).items():
         if len(origins) > 1:
             warnings.warn(
                 f"audit log run={run_id} rank={rank_id}: {len(origins)} jobs wrote under this run id "
@@ -694,7 +699,7 @@ def predecode_files(
 ) -> list[tuple[str, int, str | None, str]]:
     """``(run, rank, recording, path)`` of each file DataLoader workers wrote under the log's
     ``_predecode`` folders (records of samples dropped before decode)."""
-    root = _filesystem(url, storage_options)[1]
+    root = log_filesystem(url, storage_options)[1]
     runs = {run} if isinstance(run, str) else (set(run) if run is not None else None)
     ranks = {rank} if isinstance(rank, int) else (set(rank) if rank is not None else None)
     found = []
@@ -1034,9 +1039,10 @@ def _altered(manifest: Mapping[str, Any], table: Any, digest: str, size: int) ->
         return "its bytes differ from the SHA-256 its manifest recorded"
     if isinstance(manifest.get("bytes"), int) and manifest["bytes"] != size:
         return f"manifest says {manifest['bytes']} bytes, part has {size}"
-    kept = int(table.column("kept").to_numpy(zero_copy_only=False).sum())
-    if isinstance(manifest.get("kept"), int) and manifest["kept"] != kept:
-        return f"manifest says {manifest['kept']} kept, part has {kept}"
+    if isinstance(manifest.get("kept"), int):  # (manifests written before it lack it)
+        kept = int(table.column("kept").to_numpy(zero_copy_only=False).sum())
+        if manifest["kept"] != kept:
+            return f"manifest says {manifest['kept']} kept, part has {kept}"
     return None
 
 
@@ -1148,11 +1154,7 @@ def verify_log(
                 "samples_skipped": int(_number(shards.get("samples_skipped"), 0)),
             }
         )
-    jobs: dict[tuple[str, int], dict[str | None, list[str]]] = {}
-    for attempt in writers:
-        jobs.setdefault((attempt.run, attempt.rank), {}).setdefault(attempt.origin, []).append(
-            attempt.attempt
-        )
+    jobs = _jobs(writers)
     by_stream: dict[tuple[str, int], list[_Attempt]] = {}
     for attempt in writers:  # in start order
         by_stream.setdefault((attempt.run, attempt.rank), []).append(attempt)

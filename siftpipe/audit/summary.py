@@ -214,8 +214,10 @@ def _plot_path(path: str, plt: Any) -> str:
     suffix = os.path.splitext(path)[1].lower().lstrip(".")
     if not suffix:
         return path + ".png"
-    known = plt.figure().canvas.get_supported_filetypes()
-    plt.close("all")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    # (a classmethod: no figure made, none of the caller's closed)
+    known = FigureCanvasBase.get_supported_filetypes()
     if suffix not in known:
         raise ConfigError(
             f"cannot write the plot as {path!r}: matplotlib writes no .{suffix} files; end the path "

@@ -24,6 +24,16 @@ _PUBLISHED = (
 )
 
 
+def _where(state: Mapping[str, Any], item: Any) -> str:
+    """What a resume refused for the source's position says to do (``item``: what it gave)."""
+    return (
+        f"feed the source from item {state['consumed']} (state['consumed']) in the same order: "
+        "every shuffle before the stage seeded (a WebDataset's shardshuffle and .shuffle() with "
+        "seed=, a DataLoader's generator=), the same shards, workers and batch sizes"
+        f"{_published(item)}"
+    )
+
+
 def _published(item: Any) -> str:
     """``_PUBLISHED`` if ``item`` (a sample or a collated batch) passed a ``PreDecodeFilter``."""
     return _PUBLISHED if isinstance(item, Mapping) and PRE_KEPT in item else ""
@@ -83,21 +93,19 @@ def reread_groups(
                 raise ResumeError(
                     f"the source is not where the checkpoint left it: sample {first} of the "
                     f"in-flight micro-batch has key {got[first]!r}, the checkpoint "
-                    f"expected {desc['keys'][first]!r}; feed the source from item "
-                    f"{state['consumed']} (state['consumed']) with the same order"
-                    f"{_published(items[0])}"
+                    f"expected {desc['keys'][first]!r}; {_where(state, items[0])}"
                 )
         want = desc.get("shards")  # states written before 2026-12-04 lack it
         got_shards = shard_names(group, batched) if want is not None else None
         if got_shards is not None and list(got_shards) != list(want):
             first = next(i for i, (a, b) in enumerate(zip(got_shards, want, strict=False)) if a != b)
+            # (the keys were compared above: where both are known they are the checkpoint's)
+            shown = repr(desc["keys"][first]) if desc["keys"] is not None and key is not None else "?"
             raise ResumeError(
                 f"the source is not where the checkpoint left it: sample {first} of the in-flight "
-                f"micro-batch (key {describe(group, batched, key, first)}) comes from shard "
-                f"{got_shards[first]!r}, the checkpoint's came from {want[first]!r} (keys alone "
-                f"matched: shards that number their samples alike); feed the source from item "
-                f"{state['consumed']} (state['consumed']) in the same order: every shuffle "
-                "before the stage seeded, the same shards, workers and batch sizes"
+                f"micro-batch (key {shown}) comes from shard {got_shards[first]!r}, the "
+                f"checkpoint's came from {want[first]!r} (keys alone matched: shards that number "
+                f"their samples alike); {_where(state, items[0])}"
             )
         group.keep = desc["keep"].numpy().astype(bool)
         group.weight = None if desc["weight"] is None else desc["weight"].numpy().astype(np.float64)
@@ -127,12 +135,7 @@ def check_next(reader: Reader, state: Mapping[str, Any], source: Any, batched: b
     ahead = reader.look_ahead(source.state_dict() if source is not None else None)
     if isinstance(ahead, Raised):
         return  # raised where the pass reads it
-    where = (
-        f"feed the source from item {state['consumed']} (state['consumed']) in the same order: "
-        "every shuffle before the stage seeded (a WebDataset's shardshuffle and .shuffle() with "
-        "seed=, a DataLoader's generator=), the same shards, workers and batch sizes"
-        f"{_published(ahead)}"
-    )
+    where = _where(state, ahead)
     if ended and ahead is not END:
         raise ResumeError(
             f"the source is not where the checkpoint left it: the checkpoint's source had ended "
@@ -197,15 +200,6 @@ def first_shard(item: Any, batched: bool) -> str | None:
     except Exception:
         return None
     return names[0] if names else None
-
-
-def describe(group: Group, batched: bool, key: Any, i: int) -> str:
-    """Row ``i``'s key in a message (``?`` when it has none)."""
-    try:
-        keys = keys_of(group, batched, key)
-    except Exception:
-        keys = None
-    return repr(keys[i]) if keys else "?"
 
 
 def first_key(item: Any, batched: bool, key: Any) -> Any:
