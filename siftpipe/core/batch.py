@@ -35,6 +35,8 @@ def _find_size(batch: Batch, nested: bool = False) -> int | None:
         return None
     if isinstance(batch, torch.Tensor | np.ndarray):
         return int(batch.shape[0]) if batch.ndim > 0 else None
+    if type(batch) is list and not _is_columns(batch, nested):
+        return len(batch)  # before the slow isinstance(x, Mapping)
     if isinstance(batch, Mapping):
         for value in batch.values():
             n = _find_size(value, True)
@@ -77,6 +79,9 @@ def rows(batch: Batch, seq: int) -> int:
 
 def _wrong_rows(batch: Batch, n: int, path: str, nested: bool = False) -> tuple[str, int] | None:
     """The first per-row field of ``batch`` (its path) whose row count is not ``n``, and that count."""
+    if type(batch) is list and not _is_columns(batch, nested):
+        # a field of one entry per row (keys, urls): before the slow isinstance(x, Mapping)
+        return (path, len(batch)) if len(batch) != n else None
     if type(batch) is dict or isinstance(batch, Mapping):
         for k, v in batch.items():
             found = _wrong_rows(v, n, f"{path}[{k!r}]" if path else repr(k), True)
@@ -131,6 +136,8 @@ def _take(batch: Batch, index: np.ndarray, tindex: torch.Tensor | None, nested: 
         return batch.index_select(0, tindex)
     if isinstance(batch, np.ndarray):
         return batch[index] if batch.ndim else batch
+    if type(batch) is list and not _is_columns(batch, nested):
+        return _take_rows(batch, index)  # before the slow isinstance(x, Mapping)
     if isinstance(batch, Mapping):
         if tindex is None:
             tindex = torch.from_numpy(index)
@@ -141,11 +148,16 @@ def _take(batch: Batch, index: np.ndarray, tindex: torch.Tensor | None, nested: 
         parts = [_take(v, index, tindex, True) for v in batch]
         return type(batch)(*parts) if hasattr(batch, "_fields") else type(batch)(parts)
     if isinstance(batch, list):
-        if index.size == 0:
-            return []
-        picked = itemgetter(*index.tolist())(batch)
-        return list(picked) if index.size > 1 else [picked]
+        return _take_rows(batch, index)
     return batch
+
+
+def _take_rows(rows: list[Any], index: np.ndarray) -> list[Any]:
+    """Entries ``index`` of a list holding one entry per row."""
+    if index.size == 0:
+        return []
+    picked = itemgetter(*index.tolist())(rows)
+    return list(picked) if index.size > 1 else [picked]
 
 
 def split(batch: Batch, size: int, nested: bool = False) -> tuple[Batch, Batch]:

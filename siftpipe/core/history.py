@@ -34,6 +34,16 @@ def _gib(nbytes: float) -> str:
 
 # windows up to this many losses are re-sorted on each update (cheaper than inserting there)
 _RESORT_BELOW = 2048
+# after a window with equal losses, extend_percentile searches for this many calls before it
+# tries the one-pass way again (which costs a little more than the searches when it fails)
+_TIED_CALLS = 64
+_POSITIONS = np.arange(_RESORT_BELOW, dtype=np.intp)
+_POSITIONS.flags.writeable = False
+
+
+def _positions(count: int) -> np.ndarray:
+    """0, 1, ..., count - 1 (count <= _RESORT_BELOW), without allocating them each time."""
+    return _POSITIONS[:count]
 
 
 class LossHistory:
@@ -63,6 +73,7 @@ class LossHistory:
         self._sorted = np.zeros(0, dtype=np.float64)
         self._sum: float | None = 0.0
         self._total = 0  # losses ever added: the state says how many of them the window holds
+        self._tied = 0  # extend_percentile calls left that skip the one-pass way (ties were seen)
 
     def __len__(self) -> int:
         return self._count
@@ -118,6 +129,48 @@ class LossHistory:
             self._sum = float(self._sorted.sum())
         else:
             self._sum += float(new.sum())
+
+    def extend_percentile(self, losses: np.ndarray) -> np.ndarray:
+        """``extend(losses)``, then ``percentile(losses)``: the same result, in one pass where it can.
+
+        A small window is re-sorted on every update anyway; sorted indirectly instead, it says
+        where each new loss landed, which is its rank when no two losses in the window are
+        equal, so the binary searches (and the sort of the new losses they need) are skipped."""
+        new = np.asarray(losses, dtype=np.float64)
+        k = new.size
+        size = self.size
+        if new.ndim != 1 or not 0 < k < size or size > _RESORT_BELOW or self._tied:
+            # equal losses lately (bf16 or rounded losses tie often): the searches, for a while
+            self._tied = max(0, self._tied - 1)
+            self.extend(new)
+            return self.percentile(new)
+        self._total += k
+        start = self._pos
+        end = start + k
+        ring = self._ring
+        if end <= size:
+            ring[start:end] = new
+        else:
+            cut = size - start
+            ring[start:] = new[:cut]
+            ring[: end - size] = new[cut:]
+        self._pos = end % size
+        count = self._count = min(size, self._count + k)
+        self._sum = None  # summed when asked: most policies never ask
+        window = ring[:count]
+        order = window.argsort()
+        ordered = self._sorted = window[order]
+        # count_nonzero: one C call, where ndarray.any() goes through a ufunc reduction
+        if count > 1 and np.count_nonzero(ordered[1:] == ordered[:-1]):
+            self._tied = _TIED_CALLS
+            return self.percentile(new)  # equal losses: their mid-rank needs the searches
+        where = np.empty(count, dtype=np.intp)
+        where[order] = _positions(count)
+        # the new losses sit at ring slots start..end (wrapping); no ties: mid-rank = rank + 1/2
+        rank = where[start:end] if end <= size else np.concatenate((where[start:], where[: end - size]))
+        rank *= 2
+        rank += 1
+        return rank / (2.0 * count)
 
     def percentile(self, losses: np.ndarray) -> np.ndarray:
         """Mid-rank percentile in [0, 1] of each loss among the window (0.5 if it is empty)."""

@@ -242,10 +242,11 @@ class RelativeProbabilistic(HistoryPolicy):
         return 1.0 / (1.0 + self.beta)
 
     def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
-        self.history.extend(losses)
-        pct = self._reference_percentile(losses)
+        pct = None if self._reference is None else self._reference_percentile(losses)
         if pct is None:
-            pct = self.history.percentile(losses)
+            pct = self.history.extend_percentile(losses)
+        else:
+            self.history.extend(losses)
         prob = pct**self.beta
         keep = rng.random(losses.size) < prob
         return Decision(keep, prob, pct)

@@ -89,3 +89,40 @@ def test_large_windows_update_incrementally_and_match(size):
         probe = rng.integers(-1, 51, size=10).astype(float)
         np.testing.assert_allclose(h.percentile(probe), brute_percentile(window, probe))
         assert h.mean() == pytest.approx(np.mean(window))
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 500, 2048, 3000])
+@pytest.mark.parametrize("kind", ["continuous", "ties", "mixed"])
+def test_extend_percentile_equals_extend_then_percentile(size, kind):
+    """The one-pass update-and-rank gives exactly what extend() then percentile() gives, while
+    the window fills, wraps, takes batches larger than itself, and holds equal losses (after
+    which it searches for a while, then tries the one-pass way again)."""
+    rng = np.random.default_rng(size)
+    fused, plain = sp.LossHistory(size), sp.LossHistory(size)
+    everything: list[float] = []
+    for step in range(200):
+        n = int(rng.choice([1, 3, 64, 256, size - 1 if size > 1 else 1, size, size + 5]))
+        batch = rng.exponential(size=n)
+        if kind == "ties" or (kind == "mixed" and 100 <= step < 110):
+            batch = np.round(batch, 1)  # a few dozen distinct values: ties in every window
+        got = fused.extend_percentile(batch)
+        plain.extend(batch)
+        want = plain.percentile(batch)
+        everything.extend(batch)
+        everything = everything[-size:]
+        np.testing.assert_array_equal(got, want)
+        if step % 10 == 0:
+            np.testing.assert_array_equal(got, brute_percentile(everything, batch))
+        np.testing.assert_array_equal(fused.values(), plain.values())
+        np.testing.assert_array_equal(fused._sorted, plain._sorted)
+        assert fused.mean() == plain.mean()
+        assert fused.state_dict()["total"] == plain.state_dict()["total"]
+
+
+def test_extend_percentile_of_a_two_dimensional_batch_keeps_its_shape():
+    h, plain = sp.LossHistory(50), sp.LossHistory(50)
+    batch = np.random.default_rng(0).exponential(size=(4, 3))
+    got = h.extend_percentile(batch)
+    plain.extend(batch)
+    assert got.shape == (4, 3)
+    np.testing.assert_array_equal(got, plain.percentile(batch))
