@@ -360,15 +360,38 @@ class SiftedStream:
         self._unacked: deque[Any] = deque()
         self._replay: deque[Any] = deque()
         self._active: Iterator[Any] | None = None
+        self._acked_since_iter = False  # the trainer acked a batch since __iter__ last ran
         self._last = (0, 0)  # (seen, kept) at the last metrics() call
 
     # ------------------------------------------------------------------ iterating
 
     def __iter__(self) -> Iterator[Any]:
-        self.close()
-        gen = self._endless() if self.endless else self._pass()
-        self._active = gen
+        active = self._active
+        if active is not None and self._unacked and not self._acked_since_iter:
+            # the last iteration handed on batches and the trainer trained none of them: it
+            # fetched ahead and then began iterating again (Lightning's reload_dataloaders_every_
+            # n_epochs fetches one batch in setup, then iterates anew for the epoch). Continue
+            # that pass, those batches first: a new one would decide the fetched samples and
+            # never train them, and number one pass too many
+            gen = self._continued(active, list(self._unacked))
+        else:
+            self.close()
+            gen = self._active = self._endless() if self.endless else self._pass()
+        self._acked_since_iter = False
         return gen
+
+    @staticmethod
+    def _continued(active: Iterator[Any], fetched: list[Any]) -> Iterator[Any]:
+        """``fetched`` (handed on before, still unacked), then the rest of ``active``'s pass.
+        ``next()``, not ``yield from``: an abandoned continuation, closed when it is collected,
+        must not close the pass with it (``close()`` does that)."""
+        yield from fetched
+        while True:
+            try:
+                batch = next(active)
+            except StopIteration:
+                return
+            yield batch
 
     def _endless(self) -> Iterator[Any]:
         while True:
@@ -487,11 +510,13 @@ class SiftedStream:
 
     def ack(self, batches: int = 1) -> None:
         """The trainer has trained the oldest ``batches`` batches handed on."""
+        self._acked_since_iter = True
         for _ in range(min(batches, len(self._unacked))):
             self._unacked.popleft()
 
     def ack_all(self) -> None:
         """Every batch handed on so far has been trained."""
+        self._acked_since_iter = True
         self._unacked.clear()
 
     def close(self) -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import IterableDataset, default_collate
+from torch.utils.data import BatchSampler, IterableDataset, default_collate
 
 import siftpipe as sp
 
@@ -83,6 +83,17 @@ _PROBLEMS = {
     "single_label_classification": "classification",
     "multi_label_classification": "multi_label",
 }
+
+
+def _even_batches(loader: Any, size: int) -> bool:
+    """Whether every batch of ``loader`` but the last holds ``size`` samples: its batch sampler
+    (under accelerate's wrappers) is a torch ``BatchSampler`` of that size. Another one (the
+    Trainer's ``train_sampling_strategy="batch_rebalance"``) makes batches of other sizes, and
+    skipping ``skip // size`` of them would land elsewhere than ``skip`` samples in."""
+    sampler = getattr(loader, "batch_sampler", None)
+    while sampler is not None and type(sampler) is not BatchSampler and hasattr(sampler, "batch_sampler"):
+        sampler = sampler.batch_sampler  # accelerate's BatchSamplerShard, SkipBatchSampler
+    return type(sampler) is BatchSampler and sampler.batch_size == size
 
 
 class ModelLoss:
@@ -383,7 +394,8 @@ class SiftTrainerMixin(_Base):
         if hasattr(underlying, "set_epoch"):
             underlying.set_epoch(epoch)
         size = self.args.train_batch_size
-        if skip < size or isinstance(inner.dataset, IterableDataset):
+        if skip < size or isinstance(inner.dataset, IterableDataset) or not _even_batches(inner, size):
+            # the stream drops the first `skip` samples itself (they are loaded, not decided)
             return inner, 0
         # a map-style pass skips whole batches in the sampler, without loading them
         whole = skip // size

@@ -193,6 +193,29 @@ def test_resume_from_any_checkpoint_equals_the_uninterrupted_run(tmp_path):
     assert 0 < logged[-1]["sift/keep_rate"] < 1
 
 
+def test_resume_with_batches_of_other_sizes_equals_the_uninterrupted_run(tmp_path):
+    """train_sampling_strategy="batch_rebalance": the Trainer's batch sampler makes batches of
+    other sizes than train_batch_size. Before, a resumed pass skipped skip // size of them,
+    landed on other samples and raised ResumeError (blaming the shuffle)."""
+
+    def make():
+        return sp.Sifter(
+            None, ModelLoss(), sp.RelativeProbabilistic(1.0, history=64), micro_batch=7, delay=16,
+            memory=sp.ScoreMemory(1000),
+        )  # fmt: skip
+
+    kw = {"train_sampling_strategy": "batch_rebalance", "make_sifter": make, "steps": 13}
+    full = train(tmp_path / "full", **kw)
+    sizes = [len(b) for _, b in zip(range(8), full._sift_inner.batch_sampler)]
+    assert len(set(sizes)) > 1, sizes  # the batches differ in size
+    keys = [b["keys"] for b in full.batches]
+    for cut in (6, 9, 12):
+        part = resumed_from(tmp_path / "full", cut, tmp_path / f"cut{cut}", **kw)
+        assert [b["keys"] for b in part.batches] == keys[2 * cut :], cut
+        assert torch.equal(weights(part), weights(full)), cut
+        assert counters(part) == counters(full), cut
+
+
 def test_the_default_recipe_learns_from_the_steps_losses_alone_and_resumes_exactly(tmp_path):
     def make():
         # the step rule with no spread floor: an untrained LM's losses sit close to their mean,

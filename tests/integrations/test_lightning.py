@@ -205,6 +205,27 @@ def test_a_second_fit_after_a_sanity_check_starts_from_its_own_random_states(tmp
     assert first[0] == first[2] == float(torch.rand(()))
 
 
+def test_reloading_the_dataloader_each_epoch_sifts_one_pass_per_epoch_and_resumes_exactly(tmp_path):
+    """reload_dataloaders_every_n_epochs: Lightning fetches a batch while it sets the loader up,
+    then iterates it anew for the epoch. Before, the second iteration opened another pass: the
+    fetched samples were decided and never trained (stats.unhanded), the pass count doubled, and
+    a resume at the end of an epoch or inside one trained other batches than the uninterrupted run."""
+    reload = {"reload_dataloaders_every_n_epochs": 1}
+    trainer, plain, plain_sift = fit(tmp_path / "plain", steps=24)
+    _, full, sift = fit(tmp_path / "full", steps=24, trainer_kw=reload)
+    assert trainer.current_epoch >= 2
+    assert full.trained == plain.trained
+    assert counters(sift) == counters(plain_sift)
+    assert sift.stream.epoch == plain_sift.stream.epoch
+    assert sift.sifter.stats.unhanded == plain_sift.sifter.stats.unhanded
+    for cut in (10, 17):  # the last step of epoch 0; inside epoch 1
+        ckpt = str(tmp_path / "full" / f"step={cut}.ckpt")
+        _, part, resumed = fit(tmp_path / f"cut{cut}", steps=24, ckpt=ckpt, trainer_kw=reload)
+        assert part.trained == full.trained[cut:], cut
+        assert torch.equal(weights(part), weights(full)), cut
+        assert counters(resumed) == counters(sift), cut
+
+
 class PersistentWorkers(Net):
     def train_dataloader(self):
         loader = DataLoader(self.data, batch_size=12, shuffle=True, num_workers=2, persistent_workers=True)
