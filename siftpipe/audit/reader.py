@@ -1225,8 +1225,13 @@ def _missing_ranks(
         if isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= 1 << 20:
             world[info.run] = max(world.get(info.run, 1), size)
     present = {(a.run, a.rank) for a in attempts} | set(streams)
+    # a stream is open when its latest attempt is: a killed attempt that a later one resumed
+    # and closed leaves no run running (it would hide a deleted rank's folder for ever)
+    latest: dict[tuple[str, int], _Attempt] = {}
+    for a in sorted(attempts, key=lambda a: (a.started, a.attempt)):
+        latest[(a.run, a.rank)] = a
     for run_id, size in world.items():
-        live = [a for a in attempts if a.run == run_id and not a.ended]
+        live = [a for a in latest.values() if a.run == run_id and not a.ended]
         for r in range(size):
             if (run_id, r) in present:
                 continue

@@ -146,3 +146,50 @@ def test_a_rank_the_manifests_count_is_missing_or_not_yet_written(pristine, tmp_
     (only,) = report.streams
     assert only.ok and not only.closed and not report.complete
     assert any("rank 1 of this run (2 processes) has left nothing in the log yet" in n for n in only.notes)
+
+
+_KILLED_THEN_RESUMED = """
+import os, signal, sys, torch
+import siftpipe as sp
+from tests.common import loss_field, make_samples
+root, ckpt, killed = sys.argv[1], sys.argv[2], sys.argv[3] == "kill"
+log = sp.AuditLog(root, run_id="k", flush_every=40)
+s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=20, audit=log)
+samples = make_samples(300)
+if killed:
+    for i, _ in enumerate(s(samples)):
+        if i == 60:
+            torch.save(s.state_dict(), ckpt)
+            log.flush()
+        if i == 110:
+            os.kill(os.getpid(), signal.SIGKILL)
+else:
+    state = torch.load(ckpt, weights_only=True)
+    s.load_state_dict(state)
+    list(s(samples[int(state["consumed"]):]))
+    s.close()
+"""
+
+
+def test_a_missing_rank_is_a_problem_though_another_rank_was_killed_and_resumed(tmp_path):
+    # rank 0's first attempt was SIGKILLed and never closed; its resumed attempt closed. The run
+    # is over, so rank 1 (in the manifests' world size) having left nothing is a problem. Before,
+    # the killed attempt read as a run still going, and verify said OK with a note
+    root, ckpt = tmp_path / "log", tmp_path / "ckpt.pt"
+    env = {**os.environ, "PYTHONPATH": REPO}
+    for how in ("kill", "resume"):
+        done = subprocess.run(
+            [sys.executable, "-c", _KILLED_THEN_RESUMED, str(root), str(ckpt), how],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == (-9 if how == "kill" else 0), done.stderr
+    report = sp.verify_log(str(root))
+    assert report.ok and report.complete and len(report.streams[0].attempts) == 2
+    for manifest in (root / "run=k" / "rank=0").glob("_manifest-*.json"):
+        body = json.loads(manifest.read_text())
+        body["stage"]["world_size"] = 2
+        manifest.write_text(json.dumps(body))
+    report = sp.verify_log(str(root))
+    assert [(s.rank, s.ok) for s in report.streams] == [(0, True), (1, False)]
+    assert "rank 1 left nothing in the log" in report.streams[1].missing_parts[0]
+    assert cli(["log", "verify", str(root)]) == 1
