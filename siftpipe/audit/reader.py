@@ -619,27 +619,10 @@ def read_log(
             if on_bad_part == "raise":
                 raise AuditError(message)
             warnings.warn(message, RuntimeWarning, stacklevel=2)
-    # what a listing shows without reading a part: parts gone with their manifests, and jobs that
-    # wrote under one run id (their records overlap); verify_log reports these and more
-    for attempt in attempts:
-        missing_parts, deliberate = _missing_parts(attempt)
-        for missing in missing_parts:
-            message = (
-                f"audit log run={attempt.run} rank={attempt.rank}: {missing}: their records are not in "
-                "what was read; the rest of the log was read (siftpipe log verify reports the log)"
-            )
-            if on_bad_part == "raise" and not deliberate:
-                raise AuditError(message)  # (parts on_full='drop' dropped: the run chose that)
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
-    for (run_id, rank_id), origins in _jobs(attempts).items():
-        if len(origins) > 1:
-            warnings.warn(
-                f"audit log run={run_id} rank={rank_id}: {len(origins)} jobs wrote under this run id "
-                "and rank; their records overlap and none supersedes another's (siftpipe log verify "
-                "names them): give each job its own run id",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+    for message, deliberate in listing_problems(attempts):
+        if on_bad_part == "raise" and not deliberate:
+            raise AuditError(message)  # (parts on_full='drop' dropped: the run chose that)
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
     need = list(columns) if columns is not None else None
     if need is not None:
         for extra in ("seq",) if not include_superseded else ():
@@ -680,6 +663,35 @@ def read_log(
     if not out:
         return _empty_table(columns)
     return pa.concat_tables(out, promote_options="permissive")
+
+
+def listing_problems(attempts: Sequence[_Attempt]) -> list[tuple[str, bool]]:
+    """What a listing shows without reading a part, for a reader to warn of (``verify_log``
+    reports these and more): parts gone with their manifests, and jobs that wrote under one run
+    id (their records overlap). Each as (message, deliberate): ``deliberate`` for parts the run
+    chose to drop (``on_full="drop"``), which ``on_bad_part="raise"`` does not refuse."""
+    problems = []
+    for attempt in attempts:
+        missing_parts, deliberate = _missing_parts(attempt)
+        for missing in missing_parts:
+            problems.append(
+                (
+                    f"audit log run={attempt.run} rank={attempt.rank}: {missing}: their records are not "
+                    "in what was read; the rest of the log was read (siftpipe log verify reports the log)",
+                    deliberate,
+                )
+            )
+    for (run_id, rank_id), origins in _jobs(attempts).items():
+        if len(origins) > 1:
+            problems.append(
+                (
+                    f"audit log run={run_id} rank={rank_id}: {len(origins)} jobs wrote under this run "
+                    "id and rank; their records overlap and none supersedes another's (siftpipe log "
+                    "verify names them): give each job its own run id",
+                    True,
+                )
+            )
+    return problems
 
 
 _PREDECODE = re.compile(

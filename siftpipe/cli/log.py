@@ -6,6 +6,7 @@ import argparse
 import json
 import re
 import sys
+import warnings
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ from .._secrets import redact, secret_values
 from ..audit.reader import (
     describe_missing,
     list_parts,
+    listing_problems,
     log_filesystem,
     not_handed_on,
     predecode_tables,
@@ -130,6 +132,9 @@ def _cmd_keys(args: argparse.Namespace) -> int:
     want_kept = not args.dropped
     out = sys.stdout
     keyless = 0
+    read = 0
+    for message, _ in listing_problems(attempts):
+        warnings.warn(message, RuntimeWarning, stacklevel=2)  # as read_log (and summary) warn
     for info in infos:
         if info.path is None:
             if not wholly_superseded(info):
@@ -140,6 +145,7 @@ def _cmd_keys(args: argparse.Namespace) -> int:
             shown = redact(str(info.path), secret_values(options, args.url))
             print(f"skipping unreadable part {shown}: {type(table).__name__}", file=sys.stderr)
             continue
+        read += 1
         table = not_handed_on(table, unhanded.get((info.run, info.rank, info.attempt)))
         seq = table.column("seq").to_numpy()
         kept = table.column("kept").to_numpy(zero_copy_only=False)
@@ -152,6 +158,8 @@ def _cmd_keys(args: argparse.Namespace) -> int:
         # and the samples DataLoader workers dropped before decode (PreDecodeFilter), after them
         for table in predecode_tables(fs, args.url, options, args.run, args.rank, ["key"], False):
             out.writelines(f"{k}\n" for k in table.column("key").to_pylist())
+    if not read:
+        return _no_log(args, "no readable part")  # every part gone or unreadable: not an empty list
     if keyless:
         # a record without a key (a stage run with key=None) printed as "None", which a real
         # key "None" could not be told from

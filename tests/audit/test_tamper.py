@@ -193,3 +193,26 @@ def test_a_missing_rank_is_a_problem_though_another_rank_was_killed_and_resumed(
     assert [(s.rank, s.ok) for s in report.streams] == [(0, True), (1, False)]
     assert "rank 1 left nothing in the log" in report.streams[1].missing_parts[0]
     assert cli(["log", "verify", str(root)]) == 1
+
+
+def test_keys_warns_of_parts_gone_and_of_two_jobs_and_fails_with_no_readable_part(pristine, tmp_path, capsys):
+    # before, `siftpipe log keys` read around a part gone with its manifest, and through a second
+    # job's part under the same run id, silently with exit 0; with every part gone it exited 0
+    root, stream = copy_of(pristine, tmp_path)
+    assert cli(["log", "keys", str(root)]) == 0
+    everything = capsys.readouterr().out.splitlines()
+    middle = sorted(stream.glob("part-*.parquet"))[1]
+    middle.unlink()
+    next(stream.glob(f"_manifest-{middle.name[5:13]}-*.json")).unlink()
+    with pytest.warns(RuntimeWarning, match=r"run=t rank=0: part 1 of attempt \w+: neither part nor"):
+        assert cli(["log", "keys", str(root)]) == 0
+    assert 0 < len(capsys.readouterr().out.splitlines()) < len(everything)
+    root2, stream2 = copy_of(pristine, tmp_path / "two")
+    first = sorted(stream2.glob("part-*.parquet"))[0]
+    shutil.copy(first, first.with_name(first.name.rsplit("-", 1)[0] + "-deadbeef.parquet"))
+    with pytest.warns(RuntimeWarning, match="2 jobs wrote under this run id"):
+        assert cli(["log", "keys", str(root2)]) == 0
+    for part in stream2.glob("part-*.parquet"):
+        part.unlink()
+    assert cli(["log", "keys", str(root2)]) == 1
+    assert "no readable part" in capsys.readouterr().err
