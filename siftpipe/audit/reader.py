@@ -377,6 +377,7 @@ _MANIFEST_CHECKS: dict[str, Callable[[Any], bool]] = {
     "resumed_from": _count_like,
     "attempt_started": lambda v: isinstance(v, _NUMBER) and not isinstance(v, bool),
     "urls": lambda v: isinstance(v, list) and all(isinstance(u, str | None) for u in v),
+    "no_url": lambda v: isinstance(v, bool),
     "stage": _stage_ok,
     "shards": lambda v: isinstance(v, dict),
     "origin": lambda v: isinstance(v, str | None),

@@ -146,8 +146,13 @@ class Replay:
             if urls is None:
                 self._unindexed.append(info)  # no manifest: may hold any shard
                 continue
-            for u in urls or [None]:
+            for u in urls:
                 self._by_url.setdefault(u, []).append(info)
+            # rows without a URL: a part that says it holds some, or lists no URL at all; a
+            # manifest from before it said (2026-12-04) cannot rule them out
+            no_url = (info.manifest or {}).get("no_url")
+            if not urls or no_url is not False:
+                self._by_url.setdefault(None, []).append(info)
         if attach_weight is None:
             attach_weight = any(bool(((p.manifest or {}).get("stage") or {}).get("weighted")) for p in infos)
         self.attach_weight = attach_weight

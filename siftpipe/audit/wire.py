@@ -127,8 +127,10 @@ def encode_part(
             codes.append(np.full(c["n"], code(urls[0]), np.int32))
         else:
             codes.append(np.fromiter((code(u) for u in urls), np.int32, c["n"]))
-    buffers.append(("url_codes", np.concatenate(codes) if codes else np.zeros(0, np.int32)))
+    url_codes = np.concatenate(codes) if codes else np.zeros(0, np.int32)
+    buffers.append(("url_codes", url_codes))
     url_values: list[str | None] = list(uniques)
+    no_url = bool(np.count_nonzero(url_codes < 0))  # rows that carried no __url__
 
     # keys: one NUL-joined UTF-8 blob, split again by the writer
     key_format = "none"
@@ -157,6 +159,7 @@ def encode_part(
         "micro_batch0": [int(c["micro_batch0"]) for c in chunks],
         "chunk": [int(c["chunk"]) for c in chunks],
         "url_values": url_values,
+        "no_url": no_url,
         "key_format": key_format,
         "buffers": [
             [name, str(value.dtype) if isinstance(value, np.ndarray) else "bytes", nbytes(value)]
@@ -497,6 +500,9 @@ class PartWriter:
             # can write its manifest)
             "sha256": hashlib.sha256(data).hexdigest(),
             "urls": sorted(v for v in header["url_values"] if v is not None),
+            # rows without a shard URL (samples that carried no __url__): replay looks them up
+            # under none, also in a part that holds shards' rows
+            "no_url": bool(header.get("no_url", False)),
             "created": time.time(),
             # when the part's last record was decided (unix s): a later attempt of the same job
             # that started before it means two processes ran the job at once

@@ -37,6 +37,28 @@ def test_replay_yields_exactly_what_the_run_kept_over_epochs(tmp_path):
     assert r.stats["missing"] == 0 and r.stats["kept"] == len(outs[0]) + len(outs[1])
 
 
+def test_samples_without_a_url_among_shard_samples_replay_exactly(tmp_path):
+    # a stream mixing shard samples with samples that carry no __url__ (in-memory extras chained
+    # in): before, a part holding both was indexed under its shards only, so replay found no
+    # decision for the url-less samples (AuditError), or kept/dropped them all with on_missing
+    samples = make_samples(400, seed=3)
+    for i, sample in enumerate(samples):
+        if i % 2:
+            del sample["__url__"]
+
+    def collate(batch):  # the default collate needs every field in every sample
+        plain = [{k: v for k, v in x.items() if k != "__url__"} for x in batch]
+        return torch.utils.data.default_collate(plain)
+
+    _, (out,) = logged_run(str(tmp_path), samples=samples, collate_fn=collate)
+    table = sp.read_log(str(tmp_path))
+    assert table.column("url").null_count == 200 and 0 < len(out) < 400
+    for how in ("raise", "keep", "drop"):
+        r = sp.replay(str(tmp_path), on_missing=how)
+        assert output_keys(r(samples)) == out, how
+        assert r.stats["missing"] == 0
+
+
 def test_replay_matches_repeated_keys_by_occurrence(tmp_path):
     repeated = SAMPLES[:200] + SAMPLES[:200]  # resampled shards give a key twice in an epoch
     _, (out,) = logged_run(str(tmp_path), samples=repeated)
