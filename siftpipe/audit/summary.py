@@ -80,7 +80,12 @@ def summarize(table: Any, *, buckets: int = 10, top_shards: int = 10) -> dict[st
         ranks = [int(np.floor(p * (values.size - 1))) for p in q]
         values.partition(ranks)
         p = values[ranks]
-        return {"p10": float(p[0]), "p50": float(p[1]), "p90": float(p[2]), "mean": float(values.mean())}
+        with np.errstate(over="ignore"):
+            mean = float(values.mean())
+        if not np.isfinite(mean):
+            # the sum overflowed (finite losses near the float maximum): their mean does not
+            mean = float(np.mean(values / values.size)) * values.size
+        return {"p10": float(p[0]), "p50": float(p[1]), "p90": float(p[2]), "mean": mean}
 
     out["loss_kept"] = quantiles(kept)
     out["loss_dropped"] = quantiles(~kept)

@@ -249,6 +249,26 @@ def test_summary_buckets_are_labelled_with_the_seqs_they_count():
             assert b["keep_rate"] == sum(kept[i] for i in inside) / len(inside)
 
 
+def test_the_mean_loss_of_losses_near_the_float_maximum_is_finite_and_the_json_valid():
+    # found by review: the mean's sum overflowed to inf, and `summary --json` printed Infinity
+    import pyarrow as pa
+
+    from siftpipe.audit.summary import summarize
+
+    n = 10
+    table = pa.table(
+        {
+            "seq": pa.array(range(n), pa.int64()),
+            "kept": [True] * n,
+            "loss": [1.5e308] * (n - 1) + [0.5e308],
+            "reason": ["policy"] * n,
+        }
+    )
+    mean = summarize(table)["loss_kept"]["mean"]
+    assert mean == pytest.approx(1.4e308, rel=1e-12)
+    json.loads(json.dumps(summarize(table)), parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
+
+
 def test_keys_of_a_log_without_keys_says_so_instead_of_printing_none(tmp_path, capsys):
     # found by review: a stage run with key=None logged null keys, printed as the text "None",
     # which a real key "None" could not be told from
