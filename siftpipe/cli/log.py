@@ -133,6 +133,8 @@ def _cmd_keys(args: argparse.Namespace) -> int:
     out = sys.stdout
     keyless = 0
     read = 0
+    broken = 0  # keys holding a line break
+    end = "\0" if args.null else "\n"
     for message, _ in listing_problems(attempts):
         warnings.warn(message, RuntimeWarning, stacklevel=2)  # as read_log (and summary) warn
     for info in infos:
@@ -153,11 +155,22 @@ def _cmd_keys(args: argparse.Namespace) -> int:
         keys = table.column("key").to_pylist()
         picked = [keys[i] for i in np.flatnonzero(mask)]
         keyless += sum(k is None for k in picked)
-        out.writelines(f"{k}\n" for k in picked if k is not None)
+        picked = [k for k in picked if k is not None]
+        broken += sum(1 for k in picked if "\n" in k or "\r" in k)
+        out.writelines(f"{k}{end}" for k in picked)
     if args.dropped:
         # and the samples DataLoader workers dropped before decode (PreDecodeFilter), after them
         for table in predecode_tables(fs, args.url, options, args.run, args.rank, ["key"], False):
-            out.writelines(f"{k}\n" for k in table.column("key").to_pylist())
+            dropped = [str(k) for k in table.column("key").to_pylist()]
+            broken += sum(1 for k in dropped if "\n" in k or "\r" in k)
+            out.writelines(f"{k}{end}" for k in dropped)
+    if broken and not args.null:
+        # a key with a line break reads as two keys, one per line
+        print(
+            f"siftpipe: {broken} key(s) hold a line break, so the lines above are not one key each: "
+            "pass -0 (--null) to end each key with a NUL byte instead",
+            file=sys.stderr,
+        )
     if not read:
         return _no_log(args, "no readable part")  # every part gone or unreadable: not an empty list
     if keyless:
@@ -233,6 +246,12 @@ def add_cli(commands: Any) -> None:
 
     p = sub.add_parser("keys", help="print sample keys, one per line")
     _common(p)
+    p.add_argument(
+        "-0",
+        "--null",
+        action="store_true",
+        help="end each key with a NUL byte, not a newline (keys that hold line breaks; xargs -0)",
+    )
     group = p.add_mutually_exclusive_group()
     group.add_argument("--dropped", action="store_true", help="keys of dropped samples")
     group.add_argument("--kept", action="store_true", help="keys of kept samples (the default)")

@@ -269,6 +269,24 @@ def test_the_mean_loss_of_losses_near_the_float_maximum_is_finite_and_the_json_v
     json.loads(json.dumps(summarize(table)), parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
 
 
+def test_keys_holding_line_breaks_are_said_and_listed_whole_with_null(tmp_path, capsys):
+    # found by review: a tar member name may hold a newline; `keys` printed such a key as two
+    # lines with nothing said
+    root = str(tmp_path / "log")
+    samples = make_samples(60)
+    for i in (3, 17):
+        samples[i]["__key__"] = f"two\nlines{i}"
+    s = sp.Sifter(None, loss_field, sp.Uniform(1.0), micro_batch=20, seed=1, audit=sp.AuditLog(root))
+    list(s(samples))
+    s.close()
+    assert main(["log", "keys", root]) == 0
+    out = capsys.readouterr()
+    assert len(out.out.splitlines()) == 62 and "2 key(s) hold a line break" in out.err and "-0" in out.err
+    assert main(["log", "keys", "-0", root]) == 0
+    out = capsys.readouterr()
+    assert out.out.split("\0")[:-1] == [x["__key__"] for x in samples] and not out.err
+
+
 def test_keys_of_a_log_without_keys_says_so_instead_of_printing_none(tmp_path, capsys):
     # found by review: a stage run with key=None logged null keys, printed as the text "None",
     # which a real key "None" could not be told from
