@@ -467,9 +467,11 @@ class Sifter:
         They go into the score memory (``memory=``), tagged with the epoch of the pass that
         handed the samples on; from the next epoch until ``memory.max_age`` epochs later, these
         samples are decided from them with no scoring forward (audit source ``feedback``).
-        Non-finite losses are ignored. The memory applies them before it is next read (the
-        stage's next decision, at the latest: see ``ScoreMemory.defer_keys``), so the several
-        training steps one input batch feeds cost one update.
+        Non-finite losses are ignored, and so are losses beyond float32's range (above about
+        3.4e38 in size), which the memory's float32 holds as infinite. The memory applies them
+        before it is next read (the stage's next decision, at the latest: see
+        ``ScoreMemory.defer_keys``), so the several training steps one input batch feeds cost
+        one update.
 
         Args:
             keys: The samples' keys (``batch["__key__"]``): a list, or an integer tensor or
@@ -1181,7 +1183,7 @@ def _check_observed(keys: Any, losses: Any) -> None:
     """Refuse what ``observe()`` would pair wrongly: keys that are not one ordered sequence of
     keys (a string would be split into letters, a set pairs keys and losses in no order), and
     losses with more than one dimension longer than 1 (flattening a (batch, tokens) loss pairs
-    tokens with keys). A (B, 1) key tensor is read row by row, as the stage reads the batch's."""
+    tokens with keys). A (B, 1) key tensor is B keys, as the stage reads the batch's."""
     if not isinstance(keys, Iterable) or isinstance(keys, str | bytes | set | frozenset | Mapping):
         raise ConfigError(
             f"observe() takes the batch's keys as one ordered sequence (a list, a tuple, or an "

@@ -18,8 +18,11 @@ def short_repr(value: Any) -> str:
 
 
 def scalar_key(key: Any) -> Any:
-    """A 0-d tensor or array key as its Python value (``tensor(5)`` is the key ``5``, as a
-    collated batch's tensor of keys gives it); any other key as it is."""
-    if isinstance(key, torch.Tensor | np.ndarray) and key.ndim == 0:
+    """A tensor or array key of one element as its Python value (``tensor(5)`` and
+    ``tensor([5])`` are the key ``5``, as a collated batch's column of keys gives it, (B,) or
+    (B, 1)); any other key as it is."""
+    if isinstance(key, torch.Tensor):
+        return key.item() if key.numel() == 1 else key
+    if isinstance(key, np.ndarray) and key.size == 1:
         return key.item()
     return key

@@ -635,6 +635,28 @@ def test_a_damaged_memory_file_is_a_config_error(tmp_path):
     assert len(sp.ScoreMemory.load(url)) == 10
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["per_sample", "batched"])
+def test_a_key_given_as_a_one_element_tensor_is_its_value(batched):
+    # found by review: a sample key tensor([i]) was looked up as the text "tensor([5])" while the
+    # (B, 1) column observe() got was stored as "[5]": nothing was ever found, nothing sifted
+    assert key_hashes([torch.tensor([5]), np.array([5]), 5]).tolist() == [int(key_hashes(["5"])[0])] * 3
+    n = 64
+    samples = [{"__key__": torch.tensor([i]), "x": torch.zeros(2), "y": i % 2} for i in range(n)]
+    if batched:
+        samples = [torch.utils.data.default_collate(samples[i : i + 16]) for i in range(0, n, 16)]
+    stage = sp.recipe(
+        None, "cross_entropy", budget=10 * n, micro_batch=16, output_batch=8, seed=0, min_spread=None,
+        batched=batched, cost_guard=False,
+    )  # fmt: skip
+    for epoch in range(3):
+        stage.set_epoch(epoch)
+        for batch in stage(samples):
+            rows, width = batch["__key__"].shape
+            assert width == 1
+            stage.observe(batch["__key__"], torch.rand(rows))
+    assert stage.stats.unknown == n and stage.stats.from_memory == 2 * n  # the first epoch only unknown
+
+
 def test_a_key_given_as_a_0d_tensor_is_its_value():
     # before: str(tensor(5)) was the key "tensor(5)", which the batch's tensor of keys never named
     assert (
