@@ -8,6 +8,7 @@ import math
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -264,15 +265,30 @@ class TopFraction(_KeepFraction):
 
     name = "top_fraction"
 
+    def __init__(self, keep: float = 0.5) -> None:
+        super().__init__(keep)
+        self._counts: dict[int, int] = {}  # micro-batch size -> samples kept
+
     def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
         n = losses.size
-        k = math.floor(self.keep * n + 0.5)
+        k = self._count(n)
         order = np.argsort(-losses, kind="stable")
         keep = np.zeros(n, dtype=bool)
         keep[order[:k]] = True
         rank = np.empty(n)
         rank[order] = np.arange(n, 0, -1) / n  # highest loss scores 1
         return Decision(keep, keep.astype(np.float64), rank)
+
+    def _count(self, n: int) -> int:
+        """``round(keep * n)``, half up, of ``keep`` as written: ``0.29 * 50`` is 14.5, where the
+        float product is 14.4999... and rounded to 14. Kept per ``n`` (a few sizes recur)."""
+        counts = self._counts
+        k = counts.get(n)
+        if k is None:
+            if len(counts) > 64:
+                counts.clear()
+            k = counts[n] = math.floor(Fraction(repr(self.keep)) * n + Fraction(1, 2))
+        return k
 
 
 @register_policy("prune_easy")

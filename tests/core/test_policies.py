@@ -231,3 +231,13 @@ def test_a_well_formed_user_policy_passes_in_any_float_width():
 
     out = list(sp.Sifter(None, loss_field, Broken(narrow), micro_batch=16, seed=0)(make_samples(64)))
     assert 0 < len(out) < 64
+
+
+@pytest.mark.parametrize(
+    ("keep", "n", "kept"), [(0.29, 50, 15), (0.145, 100, 15), (0.35, 90, 32), (0.5, 3, 2)]
+)
+def test_top_fraction_rounds_half_up_the_fraction_as_written(keep, n, kept):
+    # found by review: the float product 0.29 * 50 is 14.4999..., and it kept 14
+    losses = np.random.default_rng(n).exponential(size=n)
+    d = sp.TopFraction(keep).decide(losses, np.random.default_rng(0), 0)
+    assert int(d.keep.sum()) == kept
