@@ -199,7 +199,8 @@ class ShardSource(BaseNode[dict[str, Any]]):
     next sample of an uncompressed shard (a compressed one is re-read from its start and the
     samples before skipped), never re-reading the epoch from its beginning. The shard URL, the
     next sample's key and the worker are checked on resume
-    (``ResumeError`` if the shards changed since the checkpoint).
+    (``ResumeError`` if the shards changed since the checkpoint, or the shard holds no tar
+    member at the saved offset any more).
 
     Args:
         urls: A brace pattern (``s3://bucket/train-{000000..000099}.tar``) or a list of URLs
@@ -489,6 +490,32 @@ class ShardSource(BaseNode[dict[str, Any]]):
             if self._shard == index:  # an empty or failed shard: move on
                 self._advance()
 
+    def _resumed_at(self, samples: Iterator[Any], url: str, offset: int) -> Iterator[Any]:
+        """``samples``; when resuming inside a shard (at the checkpoint's byte ``offset``), a tar
+        that cannot be read there before its first sample is a ``ResumeError``: the checkpoint's
+        offset began a sample, so the shard changed since (rewritten, shorter) or was damaged
+        there. Not a corrupt shard for the handler to skip: the rest of it would be lost."""
+        if not offset or self._next_key is None:
+            yield from samples
+            return
+        try:
+            first = next(iter(samples), None)
+        except (ResumeError, ConfigError):
+            raise
+        except Exception as exc:
+            err = self.opener.error(exc, url, None)
+            if err.kind != "corrupt":
+                raise
+            raise ResumeError(
+                f"shard {self._shown(url)} holds no tar member at the checkpoint's position (byte "
+                f"{offset}, the sample {self._next_key!r} after {self._sample} sample(s); "
+                f"{type(exc).__name__} there): it changed since the checkpoint (rewritten, or "
+                "shorter), or was damaged there; resume with the shards the checkpoint was made with"
+            ) from None
+        if first is not None:
+            yield first
+            yield from samples
+
     def _shard_samples(self, url: str) -> Iterator[dict[str, Any]]:
         """The rest of one shard from the current position; advances the position as it yields."""
         skip = 0
@@ -501,7 +528,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
         expected = self._next_key
         stream = self.opener.open(url, offset)
         try:
-            samples = self.reader.tar_samples(stream, url, start=offset)
+            samples = self._resumed_at(self.reader.tar_samples(stream, url, start=offset), url, offset)
             for n, (sample, next_offset, next_key) in enumerate(samples):
                 if n < skip:
                     continue

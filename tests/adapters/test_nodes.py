@@ -151,6 +151,31 @@ def test_resuming_on_other_shards_is_refused(shards, tmp_path):
         list(changed)
 
 
+@pytest.mark.parametrize("change", ["shorter", "other_sizes"])
+def test_resuming_inside_a_shard_rewritten_since_is_refused_not_skipped_as_corrupt(tmp_path, change):
+    # found by review: the checkpoint's byte offset fell past the rewritten shard's end or inside
+    # a member, so tar failed before the key check: a CorruptShardError advising to rewrite a good
+    # shard, and with warn_and_continue the rest of the shard skipped quietly as "corrupt"
+    url = write_shards(
+        synthetic_classification(40, dim=6, seed=1), str(tmp_path / "a" / "t"), progress=False
+    ).urls[0]
+    loader = Loader(ShardSource([url], handler=warn_and_continue))
+    it = iter(loader)
+    for _ in range(25):
+        next(it)
+    state = roundtrip(loader.state_dict())
+    assert state["root"]["offset"] > 0
+    n, dim = (10, 6) if change == "shorter" else (40, 400)  # fewer samples; the same keys, larger
+    again = write_shards(
+        synthetic_classification(n, dim=dim, seed=2), str(tmp_path / "b" / "t"), progress=False
+    )
+    Path(again.urls[0]).replace(url)
+    resumed = Loader(ShardSource([url], handler=warn_and_continue))
+    resumed.load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match=r"holds no tar member at the checkpoint's position"):
+        list(resumed)
+
+
 def test_ranks_share_the_shards_and_shuffling_is_per_epoch(shards):
     per_rank = []
     for rank in range(3):
