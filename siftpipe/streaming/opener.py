@@ -353,6 +353,16 @@ class ShardOpener:
             raise ConfigError(
                 f"storage_options must be a dict of fsspec options, got {type(storage_options).__name__}"
             )
+        for name, value in (storage_options or {}).items():
+            if isinstance(name, str) and name.endswith("_kwargs") and not isinstance(value, Mapping):
+                # (s3fs's client_kwargs, config_kwargs, s3_additional_kwargs): given as text, the
+                # client failed at each shard's first request with an AttributeError that read as
+                # a bad shard, and a handler skipped every shard
+                raise ConfigError(
+                    f"storage_options[{name!r}] must be a dict of options, got {type(value).__name__}: "
+                    f"pass it as a dict (on the command line, as dotted keys: --storage-option "
+                    f"{name}.<option>=<value>)"
+                )
         if not isinstance(retries, int) or retries < 0:
             raise ConfigError(f"retries must be a number of retries >= 0, got {retries!r}")
         if backoff < 0 or max_backoff < 0:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import siftpipe as sp
+from siftpipe.adapters.webdataset import WebDataset
 from siftpipe.errors import CorruptShardError, ShardWarning
 from siftpipe.streaming.opener import (
     ShardOpener,
@@ -420,6 +421,18 @@ def test_client_settings_the_backend_rejects_at_its_first_request_are_a_config_e
     assert shard_stats().skipped == 0
     with pytest.raises(sp.ConfigError, match="unexpected keyword argument|read_timout"):
         list(ShardReader(ShardOpener(options))(list(s3_shards.urls)))
+
+
+@pytest.mark.parametrize("bad", [{"config_kwargs": '{"connect_timeout": 5}'}, {"client_kwargs": "us-east-1"}])
+def test_client_settings_given_as_text_are_a_config_error_not_every_shard_skipped(local_s3, s3_shards, bad):
+    # found by review: s3fs failed at each shard's first request with an AttributeError that read
+    # as a bad shard, so warn_and_continue skipped every shard and the pass yielded nothing
+    options = {"endpoint_url": local_s3.endpoint, **bad}
+    (name,) = bad
+    with pytest.raises(sp.ConfigError, match=rf"storage_options\['{name}'\] must be a dict"):
+        ShardOpener(options)
+    with pytest.raises(sp.ConfigError, match="must be a dict"):
+        WebDataset(list(s3_shards.urls), storage_options=options, handler=warn_and_continue)
 
 
 def test_a_stopping_handler_ends_the_pass_and_reraise_counts_a_failure(local_shards, tmp_path):
