@@ -65,8 +65,13 @@ class _Unlogged(float):
 _UNLOGGED = _Unlogged(1.0)
 
 
-def _is_column(value: Any) -> bool:
-    """A batch's key column (a list, tuple, 1-d tensor or array) rather than one sample's key."""
+def _is_column(value: Any, batched: bool | None) -> bool:
+    """A batch's key column rather than one sample's key: as the logged run read its items
+    (``batched``, from its manifests: a batched run's items are batches, whose key column may be
+    (B,) or (B, 1); a per-sample run's are samples, whose key may be a tensor of one element);
+    when the log does not say, a list, tuple, 1-d tensor or array."""
+    if batched is not None:
+        return batched and (isinstance(value, list | tuple) or getattr(value, "ndim", 0) >= 1)
     if isinstance(value, list | tuple):
         return True
     return getattr(value, "ndim", 0) == 1
@@ -153,6 +158,12 @@ class Replay:
             no_url = (info.manifest or {}).get("no_url")
             if not urls or no_url is not False:
                 self._by_url.setdefault(None, []).append(info)
+        modes = {
+            bool(stage["batched"])
+            for stage in (((p.manifest or {}).get("stage") or {}) for p in infos)
+            if isinstance(stage, Mapping) and "batched" in stage
+        }
+        self._batched: bool | None = modes.pop() if len(modes) == 1 else None
         if attach_weight is None:
             attach_weight = any(bool(((p.manifest or {}).get("stage") or {}).get("weighted")) for p in infos)
         self.attach_weight = attach_weight
@@ -197,7 +208,7 @@ class Replay:
                     f"replay needs a key in every sample, but a sample has no field {self.key!r}; "
                     "pass key=<field> or keep '__key__' in the pipeline up to the replay stage"
                 ) from None
-            if _is_column(k):
+            if _is_column(k, self._batched):
                 # a collated batch (a run with batched=True): its kept rows, in one batch
                 kept_rows = self._batch(item, k)
                 if kept_rows is not None:

@@ -65,27 +65,17 @@ def integer_keys(keys: Any) -> np.ndarray | None:
         except OverflowError:  # beyond 64 bits: hashed one by one, as any other key
             return None
     if isinstance(keys, torch.Tensor):
-        keys = _column(keys)
         if keys.ndim != 1 or keys.dtype == torch.bool or keys.is_floating_point() or keys.is_complex():
             return None
         keys = keys.cpu().numpy()
-    if isinstance(keys, np.ndarray):
-        keys = _column(keys)
-        if keys.ndim == 1 and keys.dtype.kind in "iu":
-            return keys
+    if isinstance(keys, np.ndarray) and keys.ndim == 1 and keys.dtype.kind in "iu":
+        return keys
     return None
 
 
-def _column(keys: Any) -> Any:
-    """A (B, 1) tensor or array of keys as (B,): samples whose key is a one-element tensor
-    collate to it, and each sample's key is its value (``scalar_key``)."""
-    return keys.reshape(-1) if keys.ndim == 2 and keys.shape[1] == 1 else keys
-
-
 def key_list(keys: Any) -> list[Any]:
-    """A batch's key column as a list of its values (a tensor or array gives Python values;
-    one of shape (B, 1) gives B values, as its samples' one-element keys are)."""
-    return _column(keys).tolist() if isinstance(keys, torch.Tensor | np.ndarray) else list(keys)
+    """A batch's key column as a list of its values (a tensor or array gives Python values)."""
+    return keys.tolist() if isinstance(keys, torch.Tensor | np.ndarray) else list(keys)
 
 
 def memory_keys(keys: Any) -> np.ndarray | list[Any]:

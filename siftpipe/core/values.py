@@ -18,11 +18,9 @@ def short_repr(value: Any) -> str:
 
 
 def scalar_key(key: Any) -> Any:
-    """A tensor or array key of one element as its Python value (``tensor(5)`` and
-    ``tensor([5])`` are the key ``5``, as a collated batch's column of keys gives it, (B,) or
-    (B, 1)); any other key as it is."""
-    if isinstance(key, torch.Tensor):
-        return key.item() if key.numel() == 1 else key
-    if isinstance(key, np.ndarray) and key.size == 1:
-        return key.item()
+    """A tensor or array key as its Python value(s), as a collated batch's column of keys gives
+    each row: a 0-d one (``tensor(5)``) as its value ``5`` (a (B,) column's row), any other as
+    its list (``tensor([5])`` as ``[5]``, a (B, 1) column's row); any other key as it is."""
+    if isinstance(key, torch.Tensor | np.ndarray):
+        return key.item() if key.ndim == 0 else key.tolist()
     return key

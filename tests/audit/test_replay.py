@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import default_collate
 
 import siftpipe as sp
 from tests.common import loss_field, make_samples, roundtrip
@@ -57,6 +58,31 @@ def test_samples_without_a_url_among_shard_samples_replay_exactly(tmp_path):
         r = sp.replay(str(tmp_path), on_missing=how)
         assert output_keys(r(samples)) == out, how
         assert r.stats["missing"] == 0
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["per_sample", "batched"])
+def test_samples_keyed_by_one_element_tensors_are_logged_as_their_rows_and_replayed(tmp_path, batched):
+    # found by review: replay told a batch from a sample by the key's ndim, so a per-sample run's
+    # tensor([i]) keys read as a column of one (weights came back as tensors) and a batched run's
+    # (B, 1) column as one sample's key (AuditError); it now reads items as the logged run did
+    samples = [{"__key__": torch.tensor([i]), "x": torch.zeros(2), "loss": float(i % 7)} for i in range(96)]
+    stream = [default_collate(samples[i : i + 32]) for i in range(0, 96, 32)] if batched else samples
+    root = str(tmp_path)
+    s = sp.Sifter(
+        None, loss_field, sp.PruneEasy(0.5, history=64), micro_batch=None if batched else 32,
+        batched=batched, audit=sp.AuditLog(root, run_id="r", flush_every=40), seed=3,
+    )  # fmt: skip
+    run = list(s(stream))
+    s.close()
+    assert sp.read_log(root).column("key").to_pylist()[:2] == ["[0]", "[1]"]  # as before for (B, 1)
+    replayed = list(sp.replay(root)(stream))
+    if batched:
+        assert [b["__key__"].tolist() for b in replayed] == [b["__key__"].tolist() for b in run]
+        assert all(torch.equal(a["__sift_weight__"], b["__sift_weight__"]) for a, b in zip(replayed, run))
+    else:
+        assert [x["__key__"].tolist() for x in replayed] == [x["__key__"].tolist() for x in run]
+        assert [x["__sift_weight__"] for x in replayed] == [x["__sift_weight__"] for x in run]
+        assert all(type(x["__sift_weight__"]) is float for x in replayed)
 
 
 def test_replay_matches_repeated_keys_by_occurrence(tmp_path):
