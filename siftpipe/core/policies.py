@@ -267,7 +267,7 @@ class TopFraction(_KeepFraction):
 
     def __init__(self, keep: float = 0.5) -> None:
         super().__init__(keep)
-        self._counts: dict[int, int] = {}  # micro-batch size -> samples kept
+        self._counts: dict[tuple[float, int], int] = {}  # (keep, micro-batch size) -> samples kept
 
     def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
         n = losses.size
@@ -283,11 +283,11 @@ class TopFraction(_KeepFraction):
         """``round(keep * n)``, half up, of ``keep`` as written: ``0.29 * 50`` is 14.5, where the
         float product is 14.4999... and rounded to 14. Kept per ``n`` (a few sizes recur)."""
         counts = self._counts
-        k = counts.get(n)
+        k = counts.get((self.keep, n))  # (keep is a plain attribute: it may be set anew)
         if k is None:
             if len(counts) > 64:
                 counts.clear()
-            k = counts[n] = math.floor(Fraction(repr(self.keep)) * n + Fraction(1, 2))
+            k = counts[(self.keep, n)] = math.floor(Fraction(repr(self.keep)) * n + Fraction(1, 2))
         return k
 
 

@@ -241,3 +241,12 @@ def test_top_fraction_rounds_half_up_the_fraction_as_written(keep, n, kept):
     losses = np.random.default_rng(n).exponential(size=n)
     d = sp.TopFraction(keep).decide(losses, np.random.default_rng(0), 0)
     assert int(d.keep.sum()) == kept
+
+
+def test_top_fraction_follows_keep_set_anew():
+    # found by review: the count cached per micro-batch size ignored a later policy.keep = ...
+    policy = sp.TopFraction(0.5)
+    losses = np.arange(10.0)
+    assert policy.decide(losses, np.random.default_rng(0), 0).keep.sum() == 5
+    policy.keep = 0.2
+    assert policy.decide(losses, np.random.default_rng(0), 0).keep.sum() == 2
