@@ -92,6 +92,8 @@ def _even_batches(loader: Any, size: int) -> bool:
     skipping ``skip // size`` of them would land elsewhere than ``skip`` samples in."""
     sampler = getattr(loader, "batch_sampler", None)
     while sampler is not None and type(sampler) is not BatchSampler and hasattr(sampler, "batch_sampler"):
+        if getattr(sampler, "split_batches", False):
+            return False  # accelerate's split_batches: each process takes a slice of each batch
         sampler = sampler.batch_sampler  # accelerate's BatchSamplerShard, SkipBatchSampler
     return type(sampler) is BatchSampler and sampler.batch_size == size
 

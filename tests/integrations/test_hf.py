@@ -638,3 +638,21 @@ def test_killed_training_resumes_from_its_checkpoint_exactly(tmp_path):
     for name in ("steps", "seen", "kept", "eval_loss_easy", "eval_loss_hard"):
         assert resumed[name] == straight[name], name
     assert straight["hard_share_in_kept"] > straight["hard_share_in_data"]
+
+
+def test_whole_batches_are_skipped_in_the_sampler_only_where_each_holds_train_batch_size():
+    # found by review: under accelerate's split_batches each process's batches hold a slice of the
+    # sampler's, and a resume that skipped skip // size of them landed early
+    from types import SimpleNamespace
+
+    from accelerate.data_loader import BatchSamplerShard
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    from siftpipe.integrations.hf import _even_batches
+
+    plain = BatchSampler(SequentialSampler(range(40)), 4, False)
+    assert _even_batches(SimpleNamespace(batch_sampler=plain), 4)
+    assert not _even_batches(SimpleNamespace(batch_sampler=plain), 8)
+    for split in (False, True):
+        shard = BatchSamplerShard(plain, num_processes=2, process_index=0, split_batches=split)
+        assert _even_batches(SimpleNamespace(batch_sampler=shard), 4) is not split
