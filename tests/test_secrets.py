@@ -567,7 +567,7 @@ def test_credentials_in_urls_and_options_never_reach_errors_reprs_or_the_command
     with pytest.raises(sp.ConfigError) as exit_:
         parse_storage_options([OPTION_SECRETS["token"]])
     texts["--storage-option SECRET"] = str(exit_.value)
-    assert "KEY=VALUE" in texts["--storage-option SECRET"]
+    assert "NAME=VALUE" in texts["--storage-option SECRET"]
     for where, text in texts.items():
         for secret in (URL_SECRET, ENDPOINT_PASSWORD, *OPTION_SECRETS.values(), "CoNnEcTiOnKeY0123"):
             assert secret not in text, f"a credential leaked into {where}: {text}"

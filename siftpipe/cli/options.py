@@ -1,4 +1,4 @@
-"""Command-line pieces every command group shares: the ``--storage-option KEY=VALUE`` flag and its parsing."""
+"""Command-line pieces every command group shares: ``--storage-option NAME=VALUE`` and its parsing."""
 
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ def parse_storage_options(pairs: Sequence[str] | None) -> dict[str, Any]:
         if not equals or not all(parts):
             # not echoed: a value given without its name may well be the credential itself
             raise ConfigError(
-                "--storage-option takes KEY=VALUE (KEY may nest with dots: a.b=VALUE), got "
+                "--storage-option takes NAME=VALUE (NAME may nest with dots: a.b=VALUE), got "
                 + (
-                    f"a value of {len(pair)} characters without a KEY= before it"
+                    f"a value of {len(pair)} characters without a NAME= before it"
                     if not equals or not key
                     else f"the key {key!r}, which has an empty part"
                 )
@@ -70,7 +70,7 @@ def add_storage_option_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--storage-option",
         action="append",
-        metavar="KEY=VALUE",
+        metavar="NAME=VALUE",
         help="fsspec storage option (repeatable), e.g. endpoint_url=http://127.0.0.1:9000; "
         "S3 credentials come from the AWS environment",
     )

@@ -38,7 +38,10 @@ def add_cli(subparsers: Any) -> None:
 
 def _cli_write(args: argparse.Namespace) -> int:
     if args.samples < 1:
-        raise SystemExit(f"--samples must be >= 1, got {args.samples}")
+        # a usage error: exit status 2, as the other commands' (and argparse's)
+        raise ConfigError(f"shards write: --samples must be >= 1, got {args.samples}")
+    # a malformed --storage-option too; a shard that cannot be written is a failure (status 1)
+    storage_options = parse_storage_options(args.storage_option)
     samples = synthetic_classification(
         args.samples, dim=args.dim, classes=args.classes, hard_fraction=args.hard_fraction, seed=args.seed
     )
@@ -47,11 +50,11 @@ def _cli_write(args: argparse.Namespace) -> int:
             samples,
             args.url,
             samples_per_shard=args.per_shard,
-            storage_options=parse_storage_options(args.storage_option),
+            storage_options=storage_options,
             progress=not args.quiet,
             total=args.samples,
         )
-    except (ShardError, ConfigError) as exc:
+    except ShardError as exc:
         raise SystemExit(f"siftpipe shards write: {exc}") from None
     print(
         json.dumps(

@@ -116,7 +116,7 @@ def test_storage_option_parsing():
     assert parse_storage_options(
         ["endpoint_url=http://x:1", "anon=true", "client_kwargs.region_name=eu", "n=3"]
     ) == {"endpoint_url": "http://x:1", "anon": True, "client_kwargs": {"region_name": "eu"}, "n": 3}
-    with pytest.raises(sp.ConfigError, match="KEY=VALUE"):
+    with pytest.raises(sp.ConfigError, match="NAME=VALUE"):
         parse_storage_options(["novalue"])
     # credentials stay text; only plain integers convert; other shapes stay text too
     assert parse_storage_options(

@@ -211,3 +211,16 @@ def test_cli_errors_name_the_problem(local_s3):
                 f"endpoint_url={local_s3.endpoint}",
             ]
         )
+
+
+def test_cli_usage_errors_exit_2_unmangled_and_a_failed_write_1(local_s3, capsys):
+    # found by review: a malformed --storage-option and --samples 0 exited 1 in `shards write`
+    # (2 in `log`), and the redactor turned the message's own KEY=VALUE into KEY=***
+    write = ["shards", "write", "/tmp/x/t", "--quiet"]
+    assert main([*write, "--samples", "3", "--storage-option", "novalue"]) == 2
+    err = capsys.readouterr().err
+    assert "takes NAME=VALUE" in err and "***" not in err
+    assert main([*write, "--samples", "0"]) == 2
+    assert "--samples must be >= 1" in capsys.readouterr().err
+    assert main(["log", "verify", "/nonexistent", "--storage-option", "novalue"]) == 2
+    assert "takes NAME=VALUE" in capsys.readouterr().err
