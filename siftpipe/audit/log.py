@@ -211,6 +211,7 @@ class AuditLog:
         self._metadata: dict[str, Any] = {}
         self._shard_report: Callable[[], dict[str, Any] | None] | None = None
         self._transport: _Transport | None = None
+        self._restarts = 0  # writer processes started again after one exited (on_full="drop")
         self._space = threading.Condition()  # guards the counters below
         self._queued_bytes = 0
         self._queued = 0  # frames handed to the writer and not answered yet
@@ -494,6 +495,23 @@ class AuditLog:
     # ------------------------------------------------------------------ the writer
 
     def _writer(self) -> _Transport:
+        gone = self._transport is not None and getattr(self._transport, "gone", False)
+        if gone and self.on_full == "drop" and self._restarts < _WRITER_RESTARTS:
+            # the writer process exited under the run (the OOM killer, a signal): with
+            # on_full="drop" the run goes on, so a new one writes the rest and the end marker
+            # (the parts lost were counted dropped), where all would be lost and verify would
+            # read a run that never closed
+            self._restarts += 1
+            warnings.warn(
+                f"siftpipe: the audit writer process for {self._safe_url()} exited; starting "
+                f"another ({self._restarts} of {_WRITER_RESTARTS}); the parts it had not written are "
+                f"counted dropped ({self.stats.dropped_records} records so far, on_full='drop')",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            transport, self._transport = self._transport, None
+            assert transport is not None
+            transport.close(1.0)
         if self._transport is None:
             config = {
                 "url": self.url,
@@ -778,6 +796,15 @@ class _ProcessTransport(_Transport):
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.reader.join(timeout)
+        if not self.reader.is_alive():
+            for pipe in (self.proc.stdout, self.proc.stderr):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
+
+
+#: Writer processes an AuditLog with on_full="drop" starts again after one exited, at most.
+_WRITER_RESTARTS = 3
 
 
 def _stopped_by() -> str | None:

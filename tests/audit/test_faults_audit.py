@@ -287,3 +287,38 @@ def test_reading_a_log_through_an_endpoint_that_never_answers_fails_with_a_named
             sp.verify_log(f"s3://{bucket}/log", {"endpoint_url": proxy.endpoint})
     finally:
         proxy.release()
+
+
+@pytest.mark.parametrize("flushed", [True, False], ids=["flushed", "parts_in_flight"])
+def test_a_writer_process_killed_under_drop_mode_is_started_again_and_the_log_closes(tmp_path, flushed):
+    # found by review: SIGKILL the writer process (the OOM killer's pick) while training goes on
+    # with on_full="drop": every later part and the end marker were lost, and verify read a run
+    # that never closed (killed?). A new writer takes over; what the dead one held is counted
+    import os
+    import signal
+    import time
+
+    root = str(tmp_path / "log")
+    samples = make_samples(3000)
+    log = sp.AuditLog(root, run_id="w", flush_every=64, on_full="drop")
+    s = sp.Sifter(None, loss_field, sp.RelativeProbabilistic(1.0, 100), micro_batch=16, audit=log, seed=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i, _ in enumerate(s(samples)):
+            if i == 500:
+                if flushed:
+                    log.flush()
+                os.kill(log._transport.proc.pid, signal.SIGKILL)
+                time.sleep(0.5)
+        s.close()
+    assert any("starting another (1 of 3)" in str(w.message) for w in caught)
+    report = sp.verify_log(root)
+    (stream,) = report.streams
+    assert stream.closed, report.lines()  # the end marker was written: the run ended, not killed
+    written = sp.read_log(root).num_rows
+    assert written + log.stats.dropped_records == 3000
+    if flushed:
+        assert report.ok and report.complete and written == 3000
+    else:  # the parts the dead writer held: missing, and said to be dropped on purpose
+        assert log.stats.dropped_records > 0
+        assert any("dropped on purpose" in line for line in report.lines())
