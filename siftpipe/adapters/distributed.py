@@ -278,6 +278,7 @@ class EqualSteps(Iterable[T]):
         self.steps = 0
         first = True
         fetched = 0  # items read from source this epoch: the stage's batches, one for one
+        failure: Exception | None = None
         while True:
             try:
                 item = next(it)
@@ -285,6 +286,11 @@ class EqualSteps(Iterable[T]):
                 fetched += 1
             except StopIteration:
                 have = 0
+            except Exception as exc:
+                # this rank's source or stage failed: the others are told in the step's agreement
+                # (-1), so that every rank ends the epoch at this step and the collectives that
+                # follow (the memory sync here, the job's own) meet in the same order
+                failure, have = exc, -1
             if first and sifter is not None:
                 # the sifter's pass has opened by now: resumed mid-way, it says how many steps
                 # the checkpoint's run had taken in it, and the syncs fall where they fell there
@@ -292,11 +298,12 @@ class EqualSteps(Iterable[T]):
             first = False
             flag.fill_(have)
             dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
-            if int(flag.item()) == 0:
-                self.discarded += have
+            agreed = int(flag.item())
+            if agreed <= 0:
+                self.discarded += have == 1
                 # a replayed item (not the stage's) is not the stage's to take back
                 mine = fetched - self.replayed
-                discard = getattr(sifter, "discard_last", None) if have and mine > 0 else None
+                discard = getattr(sifter, "discard_last", None) if have == 1 and mine > 0 else None
                 share = self.sync_memory
                 if share is None:
                     share = sifter is not None and getattr(sifter, "memory", None) is not None
@@ -312,6 +319,15 @@ class EqualSteps(Iterable[T]):
                         # in. Also when the discard failed (its error follows): the other ranks
                         # wait in this collective, until the process group's timeout otherwise
                         self.merged = sync_memory(sifter, self.group)
+                if failure is not None:
+                    raise failure
+                if agreed < 0:
+                    held = "with a batch fetched and not trained (noted unhanded)" if have == 1 else "too"
+                    raise SiftError(
+                        f"another rank's data or stage failed at step {self.steps + 1} of this epoch "
+                        f"(its own error says how): every rank ended the epoch there, this one {held}; "
+                        "catch SiftError on every rank to go on, as the failing rank must"
+                    )
                 return
             self.steps += 1
             if sifter is not None:

@@ -510,3 +510,43 @@ def test_a_rank_whose_epoch_end_fails_still_takes_part_in_the_memory_sync(tmp_pa
     assert got[0][0] == got[1][0] == "2.0"
     assert got[0][1] == got[1][1]  # both merged each other's losses
     assert got[0][2] == "" and "discard_last(fetched=" in got[1][2]
+
+
+def _stage_fails_on_one_rank(rank, world, out_dir):
+    calls = [0]
+
+    def scorer(model, batch):
+        calls[0] += 1
+        if rank == 1 and calls[0] == 3:
+            raise ValueError("a corrupt sample on rank 1")
+        return batch["loss"].double()
+
+    samples = make_samples(200, seed=rank)
+    sifter = sp.Sifter(None, scorer, sp.Uniform(0.9), micro_batch=10, output_batch=8)
+    steps, said = [0, 0], ""
+    try:
+        for _ in sp.EqualSteps(sifter(samples), sifter=sifter):
+            dist.all_reduce(torch.ones(1))  # the training step's gradient all-reduce
+            steps[0] += 1
+    except sp.SiftError as e:
+        said = f"{type(e).__name__}: {e}"
+    # the job goes on (the error caught and logged): the next epoch's collectives meet in step
+    sifter.set_epoch(1)
+    for _ in sp.EqualSteps(sifter(samples), sifter=sifter):
+        t = torch.full((1,), float(rank + 1))
+        dist.all_reduce(t)
+        steps[1] += 1
+    with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
+        f.write(f"{steps[0]}|{steps[1]}|{t.item()}|{said}")
+
+
+def test_a_stage_failing_on_one_rank_ends_the_epoch_on_every_rank_at_that_step(tmp_path):
+    # found by review: the failing rank left EqualSteps before the step's agreement, so the other
+    # rank's agreement was paired with its next collective: epochs out of step, gradients averaged
+    # across epochs, or a crash on mismatched tensors
+    launch(_stage_fails_on_one_rank, 2, str(tmp_path), timeout=90)
+    got = [(tmp_path / f"rank{r}.txt").read_text().split("|") for r in range(2)]
+    assert got[0][0] == got[1][0] == "3" and got[0][1] == got[1][1]
+    assert got[0][2] == got[1][2] == "3.0"  # the second epoch's all-reduces met each other
+    assert got[1][3].startswith("ScorerError") and "a corrupt sample on rank 1" in got[1][3]
+    assert got[0][3].startswith("SiftError: another rank's data or stage failed at step 4")
