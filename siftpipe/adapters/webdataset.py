@@ -98,15 +98,67 @@ class SiftStage:
         if not isinstance(sifter, Sifter):
             raise ConfigError(f"SiftStage needs a siftpipe.Sifter, got {type(sifter).__name__}")
         self.sifter = sifter
+        #: The pipeline holding this stage cuts its output into epochs (``.with_epoch(n)``),
+        #: outside the stage's state: a checkpoint cannot say where such an epoch stood
+        self.cut = False
+        self._warned_cut = False
+        #: What comes before the stage draws shards at random by design (webdataset's
+        #: ``resampled=True``): it cannot be read again as it was, so no pass resumes inside
+        self.random_source = False
 
     def __call__(self, source: Iterable[Any]) -> Iterator[Any]:
         skip = self.sifter.resume_from
+        if self.cut:
+            if skip is not None:
+                raise ResumeError(_CUT + "; this resume would hand on other batches than the run did")
+            if not self._warned_cut:
+                self._warned_cut = True
+                warnings.warn(f"siftpipe: {_CUT}", UserWarning, stacklevel=2)
+        if skip and self.random_source:
+            raise ResumeError(
+                f"the checkpoint resumes a pass {skip} input items in, but the shards before the "
+                "stage are drawn at random by design (webdataset's resampled=True mixes the process "
+                "id, the time and os.urandom into its seed): they cannot be read again as they were. "
+                "Resume from checkpoints taken between passes (set_epoch at each), or read the "
+                "shards with siftpipe's ShardSource and SiftNode, whose state holds the position"
+            )
         if skip:
             source = _skip(iter(source), skip)
         return self.sifter(source)
 
     def __repr__(self) -> str:
         return f"SiftStage({self.sifter!r})"
+
+
+_CUT = (
+    "a pipeline that holds .sift() is cut into epochs by .with_epoch(n) on the pipeline, which "
+    "counts the stage's output outside its state (webdataset's islice over passes repeated for "
+    "ever): a checkpoint cannot say where such an epoch stood, so it cannot resume. Bound the "
+    "input instead (.with_epoch(n) on the WebDataset that the loader's workers read: each pass "
+    "the stage sees then ends with it), or count steps with siftpipe.fixed_steps"
+)
+
+
+def _cut(pipeline: Any) -> None:
+    """Mark the sift stages of ``pipeline`` (a DataPipeline) as cut into epochs by it."""
+    if getattr(pipeline, "nsamples", 0) > 0 and getattr(pipeline, "repetitions", 1) != 1:
+        for stage in getattr(pipeline, "pipeline", ()):
+            if isinstance(stage, SiftStage):
+                stage.cut = True
+
+
+def _random_shards(pipeline: Any, depth: int = 0) -> bool:
+    """Whether ``pipeline`` (a DataPipeline, a DataLoader over one) draws its shards at random
+    by design: webdataset's ``ResampledShards`` without ``deterministic=True``."""
+    if depth > 8:
+        return False
+    if isinstance(pipeline, shardlists.ResampledShards):
+        return not pipeline.deterministic
+    inner = getattr(pipeline, "dataset", None)  # a DataLoader (WebLoader's first stage)
+    if inner is not None and inner is not pipeline and _random_shards(inner, depth + 1):
+        return True
+    stages = getattr(pipeline, "pipeline", None)
+    return isinstance(stages, list) and any(_random_shards(stage, depth + 1) for stage in stages)
 
 
 def _skip(it: Iterator[Any], n: int) -> Iterator[Any]:
@@ -153,6 +205,17 @@ class SiftFluid:
         sifter.watch_shards(self)
         result = self.compose(SiftStage(sifter))  # type: ignore[attr-defined]
         result.sifter = sifter
+        _cut(result)  # a .with_epoch(n) before .sift() carries over to the copy
+        stage = result.pipeline[-1]
+        stage.random_source = _random_shards(self)
+        return result
+
+    def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> Any:
+        """webdataset's ``with_epoch``; on a pipeline that holds ``.sift()``, its stage learns
+        that the pipeline cuts its output into epochs, which no checkpoint can resume (it warns
+        once when a pass opens, and refuses a resume with ``ResumeError``)."""
+        result = super().with_epoch(nsamples, nbatches)  # type: ignore[misc]
+        _cut(result)
         return result
 
     def shard_stats(self) -> ShardStats:

@@ -440,3 +440,67 @@ def test_counters_moved_to_shared_memory_leave_views_in_other_threads_valid():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "51"  # the copy kept the counts made before it
+
+
+@pytest.mark.parametrize("where", ["after", "before"])
+def test_with_epoch_on_a_pipeline_holding_sift_warns_and_refuses_a_resume(shards, where):
+    # found by review: webdataset counts .with_epoch(n) in an islice over passes repeated for ever,
+    # outside the stage's state: a resumed epoch was n items long again from the checkpoint, and
+    # a checkpoint after an epoch's last item resumed the old pass, all silently
+    def build():
+        dataset = decoded(shards.pattern).batched(8, collation_fn=default_collate)
+        sifter = make_sifter(batched=True)
+        loader = WebLoader(dataset, batch_size=None, num_workers=0)
+        if where == "after":
+            return loader.sift(sifter).with_epoch(4), sifter
+        return loader.with_epoch(4).sift(sifter), sifter
+
+    loader, sifter = build()
+    with pytest.warns(UserWarning, match=r"cut into epochs by \.with_epoch\(n\).*cannot resume"):
+        it = iter(loader)
+        next(it)
+        next(it)
+    state = roundtrip(sifter.state_dict())
+    loader, sifter = build()
+    sifter.load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match=r"with_epoch\(n\) on the WebDataset"):
+        next(iter(loader))
+
+
+def test_with_epoch_on_the_dataset_before_the_loader_bounds_each_pass_and_resumes(shards):
+    # the remedy the error names: the input is bounded, so each pass the stage sees ends with it
+    def build():
+        dataset = decoded(shards.pattern).batched(8, collation_fn=default_collate).with_epoch(5)
+        sifter = make_sifter(batched=True)
+        return WebLoader(dataset, batch_size=None, num_workers=0).sift(sifter), sifter
+
+    loader, sifter = build()
+    full = [list(b["__key__"]) for b in loader]
+    loader, sifter = build()
+    it = iter(loader)
+    head = [list(next(it)["__key__"]) for _ in range(2)]
+    state = roundtrip(sifter.state_dict())
+    loader, sifter = build()
+    sifter.load_state_dict(state)
+    assert head + [list(b["__key__"]) for b in loader] == full
+
+
+def test_a_pass_over_resampled_shards_is_not_resumed_inside_with_advice_that_cannot_work(shards):
+    # found by review: webdataset's resampled=True seeds its draw with the process id, the time
+    # and os.urandom, so re-reading the pass to skip what the checkpoint had done met other
+    # samples: a ResumeError advising a seed= the user had already passed (or, by luck, a resume)
+    def build():
+        dataset = WebDataset(shards.pattern, resampled=True, seed=5).decode()
+        dataset = dataset.batched(8, collation_fn=default_collate).with_epoch(5)
+        sifter = make_sifter(batched=True)
+        return WebLoader(dataset, batch_size=None, num_workers=0).sift(sifter), sifter
+
+    loader, sifter = build()
+    it = iter(loader)
+    next(it)
+    next(it)
+    state = roundtrip(sifter.state_dict())
+    loader, sifter = build()
+    sifter.load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match="drawn at random by design.*ShardSource and SiftNode"):
+        next(iter(loader))
