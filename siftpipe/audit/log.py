@@ -512,6 +512,10 @@ class AuditLog:
             transport, self._transport = self._transport, None
             assert transport is not None
             transport.close(1.0)
+            if self._claim != "ok":
+                # the dead process held the claim's answer, or its retry (a deferred claim):
+                # the new one claims afresh, and is refused if another job holds the directory
+                self._claim = None
         if self._transport is None:
             config = {
                 "url": self.url,

@@ -40,7 +40,9 @@ def _cli_write(args: argparse.Namespace) -> int:
     if args.samples < 1:
         # a usage error: exit status 2, as the other commands' (and argparse's)
         raise ConfigError(f"shards write: --samples must be >= 1, got {args.samples}")
-    # a malformed --storage-option too; a shard that cannot be written is a failure (status 1)
+    # a malformed --storage-option too, and any settings error write_shards raises (ConfigError:
+    # no filesystem for the URL's protocol, options of the wrong type); a shard the destination
+    # did not take (ShardError) is a failure, status 1
     storage_options = parse_storage_options(args.storage_option)
     samples = synthetic_classification(
         args.samples, dim=args.dim, classes=args.classes, hard_fraction=args.hard_fraction, seed=args.seed

@@ -322,3 +322,29 @@ def test_a_writer_process_killed_under_drop_mode_is_started_again_and_the_log_cl
     else:  # the parts the dead writer held: missing, and said to be dropped on purpose
         assert log.stats.dropped_records > 0
         assert any("dropped on purpose" in line for line in report.lines())
+
+
+def test_a_writer_restarted_before_its_claim_was_answered_claims_again_and_is_refused(tmp_path):
+    # found by review: the dead process held the deferred claim; the new one never claimed, so a
+    # second job under a used run id wrote its records into the first job's directory
+    import os
+    import signal
+    import time
+
+    root = str(tmp_path / "log")
+    first = sp.AuditLog(root, run_id="w", flush_every=64)
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=16, audit=first, seed=3)
+    list(s(make_samples(200)))
+    s.close()
+    second = sp.AuditLog(root, run_id="w", flush_every=64, on_full="drop")
+    second._writer()  # the claim is on its way to the writer process...
+    os.kill(second._transport.proc.pid, signal.SIGKILL)  # ...which dies
+    time.sleep(0.5)
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=16, audit=second, seed=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(sp.AuditError, match="collides"):
+            list(s(make_samples(300)))
+        second.close()
+    report = sp.verify_log(root)
+    assert report.ok and [st.records for st in report.streams] == [200]
