@@ -331,7 +331,8 @@ FLUID_METHODS: tuple[str, ...] = ("sift", "replay")
 
 def install() -> None:
     """Add ``.sift`` (every method of ``FLUID_METHODS``) to webdataset's ``FluidInterface``,
-    so that ``wds.WebDataset(...)...sift(sifter)`` works on webdataset's own classes.
+    so that ``wds.WebDataset(...)...sift(sifter)`` works on webdataset's own classes, and wrap
+    ``DataPipeline.with_epoch`` so that a sift stage learns of it (``SiftFluid.with_epoch``).
 
     Opt-in and idempotent; ``uninstall()`` undoes it. Raises ``ConfigError`` rather than
     replacing a method of that name that is not siftpipe's.
@@ -347,6 +348,10 @@ def install() -> None:
                 f"replacing it: use siftpipe.webdataset.WebDataset/WebLoader instead"
             )
         setattr(wds.FluidInterface, name, ours)
+    if wds.DataPipeline.__dict__.get("with_epoch") is _WDS_WITH_EPOCH:
+        # webdataset's own with_epoch, so that its classes' stages learn of it as siftpipe's do
+        # (SiftFluid.with_epoch): DataPipeline's comes before FluidInterface's in their order
+        wds.DataPipeline.with_epoch = _with_epoch
 
 
 def uninstall() -> None:
@@ -354,6 +359,18 @@ def uninstall() -> None:
     for name in FLUID_METHODS:
         if wds.FluidInterface.__dict__.get(name) is SiftFluid.__dict__[name]:
             delattr(wds.FluidInterface, name)
+    if wds.DataPipeline.__dict__.get("with_epoch") is _with_epoch:
+        wds.DataPipeline.with_epoch = _WDS_WITH_EPOCH
+
+
+_WDS_WITH_EPOCH = wds.DataPipeline.__dict__.get("with_epoch")
+
+
+def _with_epoch(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """webdataset's ``DataPipeline.with_epoch``, then ``_cut`` (what ``install()`` puts there)."""
+    result = _WDS_WITH_EPOCH(self, *args, **kwargs)  # type: ignore[misc]
+    _cut(result)
+    return result
 
 
 def is_installed() -> bool:

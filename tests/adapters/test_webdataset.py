@@ -177,6 +177,7 @@ def test_install_is_opt_in_idempotent_and_undone_by_uninstall(shards):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", "importing siftpipe.webdataset must not change webdataset"
     assert not is_installed()
+    with_epoch = wds.DataPipeline.with_epoch
     try:
         install()
         install()
@@ -185,9 +186,15 @@ def test_install_is_opt_in_idempotent_and_undone_by_uninstall(shards):
         chain = wds.WebDataset(shards.urls, shardshuffle=False).decode().map(lambda s: s).sift(make_sifter())
         assert type(chain) is wds.WebDataset and isinstance(chain.sifter, sp.Sifter)
         assert len(list(chain)) == chain.sifter.stats.kept > 0
+        # webdataset's own with_epoch after .sift() tells the stage, as siftpipe's classes do
+        plain = wds.WebDataset(shards.urls, shardshuffle=False).with_epoch(7)
+        assert type(plain) is wds.WebDataset and plain.nsamples == 7
+        cut = wds.WebDataset(shards.urls, shardshuffle=False).decode().sift(make_sifter()).with_epoch(5)
+        assert cut.pipeline[-1].cut and cut.nsamples == 5
     finally:
         uninstall()
     uninstall()
+    assert wds.DataPipeline.with_epoch is with_epoch  # webdataset's own again
     assert not is_installed() and not hasattr(wds.FluidInterface, "sift")
     assert not hasattr(wds.FluidInterface, "replay")
     assert hasattr(WebDataset, "sift")  # siftpipe's own classes keep it
