@@ -449,6 +449,19 @@ def test_counters_moved_to_shared_memory_leave_views_in_other_threads_valid():
     assert done.stdout.strip() == "51"  # the copy kept the counts made before it
 
 
+def resumed_after_two_batches(build):
+    """A pipeline from ``build()`` (returning it and its sifter) loaded with the state its twin
+    had after handing on two batches."""
+    loader, sifter = build()
+    it = iter(loader)
+    next(it)
+    next(it)
+    state = roundtrip(sifter.state_dict())
+    loader, sifter = build()
+    sifter.load_state_dict(state)
+    return loader
+
+
 @pytest.mark.parametrize("where", ["after", "before"])
 def test_with_epoch_on_a_pipeline_holding_sift_warns_and_refuses_a_resume(shards, where):
     # found by review: webdataset counts .with_epoch(n) in an islice over passes repeated for ever,
@@ -462,16 +475,10 @@ def test_with_epoch_on_a_pipeline_holding_sift_warns_and_refuses_a_resume(shards
             return loader.sift(sifter).with_epoch(4), sifter
         return loader.with_epoch(4).sift(sifter), sifter
 
-    loader, sifter = build()
     with pytest.warns(UserWarning, match=r"cut into epochs by \.with_epoch\(n\).*cannot resume"):
-        it = iter(loader)
-        next(it)
-        next(it)
-    state = roundtrip(sifter.state_dict())
-    loader, sifter = build()
-    sifter.load_state_dict(state)
+        resumed = resumed_after_two_batches(build)
     with pytest.raises(sp.ResumeError, match=r"with_epoch\(n\) on the WebDataset"):
-        next(iter(loader))
+        next(iter(resumed))
 
 
 def test_with_epoch_on_the_dataset_before_the_loader_bounds_each_pass_and_resumes(shards):
@@ -502,12 +509,5 @@ def test_a_pass_over_resampled_shards_is_not_resumed_inside_with_advice_that_can
         sifter = make_sifter(batched=True)
         return WebLoader(dataset, batch_size=None, num_workers=0).sift(sifter), sifter
 
-    loader, sifter = build()
-    it = iter(loader)
-    next(it)
-    next(it)
-    state = roundtrip(sifter.state_dict())
-    loader, sifter = build()
-    sifter.load_state_dict(state)
     with pytest.raises(sp.ResumeError, match="drawn at random by design.*ShardSource and SiftNode"):
-        next(iter(loader))
+        next(iter(resumed_after_two_batches(build)))
