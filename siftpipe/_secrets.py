@@ -371,14 +371,16 @@ _NO_URL_CREDENTIALS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"
 def refuse_credentials_in_url(url: str) -> None:
     """Raise ``AuditError`` for an object-store URL with credentials in it (they would reach
     error messages); say where credentials go instead."""
-    protocol, sep, rest = url.partition("://")
-    if sep and protocol.lower() in _NO_URL_CREDENTIALS and url_secrets(url.split("?", 1)[0]):
-        # imported here: the audit writer process loads this module without the rest of the
-        # package, and siftpipe.errors imports webdataset (and with it torch: 1.4 s, ~200 MiB)
-        from .errors import AuditError
+    # each link of a chained URL (simplecache::s3://...), and its query too (?token=...)
+    for link in url.split("::"):
+        protocol, sep, rest = link.partition("://")
+        if sep and protocol.lower() in _NO_URL_CREDENTIALS and url_secrets(link):
+            # imported here: the audit writer process loads this module without the rest of the
+            # package, and siftpipe.errors imports webdataset (and with it torch: 1.4 s, ~200 MiB)
+            from .errors import AuditError
 
-        raise AuditError(
-            f"the URL {redact(url)} holds credentials; {protocol}:// URLs cannot carry them: pass "
-            "them as storage options (e.g. key=, secret=, token=) or through the provider's "
-            "standard environment or profile"
-        )
+            raise AuditError(
+                f"the URL {redact(url)} holds credentials; {protocol}:// URLs cannot carry them: pass "
+                "them as storage options (e.g. key=, secret=, token=) or through the provider's "
+                "standard environment or profile"
+            )

@@ -621,3 +621,31 @@ def test_secret_environment_values_in_a_pipe_command_never_reach_the_url_of_a_sa
     pipe = f"pipe:cat {url} # X-Session: envS3cretValue42xyz"
     urls = {s["__url__"] for s in WebDataset(pipe, shardshuffle=False)}
     assert len(urls) == 1 and "envS3cretValue42xyz" not in urls.pop()
+
+
+def test_no_credentials_reach_a_memory_publication_or_pass_a_chained_or_query_url(tmp_path):
+    # found by review: publish_memory wrote the audit log's directory, credentials and all, into
+    # latest.json (stored for every worker to read); a chained URL (simplecache::s3://KEY:SECRET@)
+    # or a token in the query passed the audit log's own refusal
+    for url in (
+        f"simplecache::s3://AKIAX:{URL_SECRET}@bucket/audit",
+        f"s3://bucket/audit?token={URL_SECRET}",
+    ):
+        with pytest.raises(sp.AuditError, match="holds credentials") as err:
+            sp.AuditLog(url, run_id="p")
+        assert URL_SECRET not in str(err.value)
+    log = sp.AuditLog(f"ftp://carol:{URL_SECRET}@127.0.0.1:1/audit", run_id="p")  # ftp may carry them
+    policy, memory = sp.RelativeProbabilistic(1.0), sp.ScoreMemory(100, 3)
+    sifter = sp.Sifter(None, loss_field, policy, memory=memory, audit=log)
+    publication = tmp_path / "pub"
+    with pytest.raises(sp.ConfigError, match="give the AuditLog its credentials as storage options") as err:
+        sifter.publish_memory(str(publication))
+    assert URL_SECRET not in str(err.value)
+    written = [p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()]
+    assert not any(URL_SECRET.encode() in data for data in written)
+    clean = sp.Sifter(
+        None, loss_field, sp.RelativeProbabilistic(1.0), memory=sp.ScoreMemory(100, 3),
+        audit=sp.AuditLog(str(tmp_path / "audit"), run_id="p"),
+    )  # fmt: skip
+    clean.publish_memory(str(publication))
+    assert (publication / "latest.json").exists()

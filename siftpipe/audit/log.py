@@ -44,10 +44,11 @@ from .._secrets import (
     refuse_credentials_in_url,
     safe_options,
     secret_values,
+    url_secrets,
 )
 from ..core.sink import Decisions, StageInfo, set_url_sink
 from ..core.values import is_int
-from ..errors import AuditError, ResumeError
+from ..errors import AuditError, ConfigError, ResumeError
 from . import wire
 from .wire import COLUMNS
 
@@ -236,6 +237,20 @@ class AuditLog:
     def directory(self) -> str:
         """This rank's directory in the log: ``<root>/run=<id>/rank=<rank>``."""
         return f"{self.url}/run={self.run_id}/rank={self.rank}"
+
+    @property
+    def shared_directory(self) -> str:
+        """``directory``, to be written where others read it (a ``PreDecodeFilter`` publication,
+        stored beside the memory for every worker): ``ConfigError`` if the log's URL carries
+        credentials (an ftp:// or https:// password, a token in its query), which it would copy
+        there in the clear."""
+        if url_secrets(self.url):
+            raise ConfigError(
+                f"the audit log's URL {redact(self.url)} holds credentials, and publishing the "
+                "memory for PreDecodeFilter workers would write it (with them) into the publication "
+                "they read: give the AuditLog its credentials as storage options, not in its URL"
+            )
+        return self.directory
 
     def __repr__(self) -> str:
         return (

@@ -1198,8 +1198,11 @@ def _check_observed(keys: Any, losses: Any) -> None:
 
 
 def _directory_of(sink: Any) -> str | None:
-    """The audit log's directory (where workers put their ``_predecode`` records), if the sink has one."""
-    directory = getattr(sink, "directory", None)
+    """The audit log's directory (where workers put their ``_predecode`` records), if the sink has
+    one: the one it lets others read (an ``AuditLog`` refuses to share a URL with credentials)."""
+    directory = getattr(sink, "shared_directory", None)
+    if directory is None:
+        directory = getattr(sink, "directory", None)
     return directory if isinstance(directory, str) else None
 
 
