@@ -94,17 +94,8 @@ class LossHistory:
         k = new.size
         if self.size <= _RESORT_BELOW:
             # small windows: writing the ring and re-sorting it beats moving entries around
-            end = self._pos + k
-            if end <= self.size:
-                self._ring[self._pos : end] = new
-            else:
-                cut = self.size - self._pos
-                self._ring[self._pos :] = new[:cut]
-                self._ring[: end - self.size] = new[cut:]
-            self._pos = end % self.size
-            self._count = min(self.size, self._count + k)
+            self._write_ring(new)
             self._sorted = np.sort(self._ring[: self._count])
-            self._sum = None  # summed when asked: most policies never ask
             return
         slots = (self._pos + np.arange(k)) % self.size
         evict = self._count + k - self.size
@@ -130,6 +121,21 @@ class LossHistory:
         else:
             self._sum += float(new.sum())
 
+    def _write_ring(self, new: np.ndarray) -> None:
+        """Write ``new`` (fewer than ``size`` losses) into the ring after its newest entry,
+        wrapping round; the sorted copy is the caller's to make."""
+        k, size, start = new.size, self.size, self._pos
+        end = start + k
+        if end <= size:
+            self._ring[start:end] = new
+        else:
+            cut = size - start
+            self._ring[start:] = new[:cut]
+            self._ring[: end - size] = new[cut:]
+        self._pos = end % size
+        self._count = min(size, self._count + k)
+        self._sum = None  # summed when asked: most policies never ask
+
     def extend_percentile(self, losses: np.ndarray) -> np.ndarray:
         """``extend(losses)``, then ``percentile(losses)``: the same result, in one pass where it can.
 
@@ -147,17 +153,9 @@ class LossHistory:
         self._total += k
         start = self._pos
         end = start + k
-        ring = self._ring
-        if end <= size:
-            ring[start:end] = new
-        else:
-            cut = size - start
-            ring[start:] = new[:cut]
-            ring[: end - size] = new[cut:]
-        self._pos = end % size
-        count = self._count = min(size, self._count + k)
-        self._sum = None  # summed when asked: most policies never ask
-        window = ring[:count]
+        self._write_ring(new)
+        count = self._count
+        window = self._ring[:count]
         order = window.argsort()
         ordered = self._sorted = window[order]
         # count_nonzero: one C call, where ndarray.any() goes through a ufunc reduction
