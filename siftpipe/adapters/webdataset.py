@@ -214,9 +214,7 @@ class SiftFluid:
         """webdataset's ``with_epoch``; on a pipeline that holds ``.sift()``, its stage learns
         that the pipeline cuts its output into epochs, which no checkpoint can resume (it warns
         once when a pass opens, and refuses a resume with ``ResumeError``)."""
-        result = super().with_epoch(nsamples, nbatches)  # type: ignore[misc]
-        _cut(result)
-        return result
+        return _with_epoch(self, nsamples, nbatches)
 
     def shard_stats(self) -> ShardStats:
         """Shard counters of this pipeline's shard readers, summed over every process that read

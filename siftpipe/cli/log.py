@@ -135,6 +135,12 @@ def _cmd_keys(args: argparse.Namespace) -> int:
     read = 0
     broken = 0  # keys holding a line break
     end = "\0" if args.null else "\n"
+
+    def write(keys: list[str]) -> None:
+        nonlocal broken
+        broken += sum(1 for k in keys if "\n" in k or "\r" in k)
+        out.writelines(f"{k}{end}" for k in keys)
+
     for message, _ in listing_problems(attempts):
         warnings.warn(message, RuntimeWarning, stacklevel=2)  # as read_log (and summary) warn
     for info in infos:
@@ -155,15 +161,11 @@ def _cmd_keys(args: argparse.Namespace) -> int:
         keys = table.column("key").to_pylist()
         picked = [keys[i] for i in np.flatnonzero(mask)]
         keyless += sum(k is None for k in picked)
-        picked = [k for k in picked if k is not None]
-        broken += sum(1 for k in picked if "\n" in k or "\r" in k)
-        out.writelines(f"{k}{end}" for k in picked)
+        write([k for k in picked if k is not None])
     if args.dropped:
         # and the samples DataLoader workers dropped before decode (PreDecodeFilter), after them
         for table in predecode_tables(fs, args.url, options, args.run, args.rank, ["key"], False):
-            dropped = [str(k) for k in table.column("key").to_pylist()]
-            broken += sum(1 for k in dropped if "\n" in k or "\r" in k)
-            out.writelines(f"{k}{end}" for k in dropped)
+            write([str(k) for k in table.column("key").to_pylist()])
     if broken and not args.null:
         # a key with a line break reads as two keys, one per line
         print(
