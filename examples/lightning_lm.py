@@ -192,6 +192,7 @@ def main() -> None:
     if dist.is_available() and dist.is_initialized():
         ranks = [{} for _ in range(dist.get_world_size())]
         dist.all_gather_object(ranks, mine)
+        dist.destroy_process_group()  # Lightning leaves it up: its threads end before the interpreter
     model.eval()
     with torch.inference_mode():
         losses = {}

@@ -150,6 +150,7 @@ def main() -> None:
     if dist.is_available() and dist.is_initialized():
         ranks = [{} for _ in range(dist.get_world_size())]
         dist.all_gather_object(ranks, mine)
+        dist.destroy_process_group()  # Lightning leaves it up: its threads end before the interpreter
     model.eval()
     clear = accuracy(model, Bars(600, seed=10_001, clear_only=True))
     faint = accuracy(model, Bars(600, seed=10_002, faint_only=True))
