@@ -308,17 +308,24 @@ class EqualSteps(Iterable[T]):
                 if share is None:
                     share = sifter is not None and getattr(sifter, "memory", None) is not None
                 try:
-                    if discard is not None:
-                        # fetched, and now never trained: the stage notes its rows (and those of
-                        # any batch a prefetcher between them read after it) as not handed on,
-                        # and ends the pass
-                        discard(fetched=mine)
-                finally:
-                    if share:
-                        # after the last step's observe(): the epoch's training losses are all
-                        # in. Also when the discard failed (its error follows): the other ranks
-                        # wait in this collective, until the process group's timeout otherwise
-                        self.merged = sync_memory(sifter, self.group)
+                    try:
+                        if discard is not None:
+                            # fetched, and now never trained: the stage notes its rows (and those
+                            # of any batch a prefetcher between them read after it) as not handed
+                            # on, and ends the pass
+                            discard(fetched=mine)
+                    finally:
+                        if share:
+                            # after the last step's observe(): the epoch's training losses are
+                            # all in. Also when the discard failed (its error follows): the other
+                            # ranks wait in this collective, until the process group's timeout
+                            self.merged = sync_memory(sifter, self.group)
+                except Exception as later:
+                    if failure is None:
+                        raise
+                    # this rank's own first error is the one to see (it names the sample and
+                    # the fix); what failed while ending the epoch after it rides along
+                    failure.add_note(f"siftpipe: ending the epoch after it failed too: {later!r}")
                 if failure is not None:
                     raise failure
                 if agreed < 0:

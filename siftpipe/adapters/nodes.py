@@ -276,6 +276,9 @@ class ShardSource(BaseNode[dict[str, Any]]):
         self._sample = 0
         self._offset: int | None = 0
         self._next_key: str | None = None
+        #: the current shard's version as opened (size, and ETag, generation or version id, or a
+        #: local file's modification time: ``_version_of``), as pairs; ``None`` before it opens
+        self._shard_version: list[list[Any]] | None = None
         self._worker = (0, 1)  # (DataLoader worker, workers) the current order was made for
         self._gen: Generator[dict[str, Any], None, None] | None = None
 
@@ -357,6 +360,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
         self._order = self.order(epoch)
         self._worker = _worker()
         self._shard, self._sample, self._offset, self._next_key = 0, 0, 0, None
+        self._shard_version = None
         self._gen = self._samples()
 
     def reset(self, initial_state: dict[str, Any] | None = None) -> None:
@@ -419,6 +423,8 @@ class ShardSource(BaseNode[dict[str, Any]]):
         self._sample = int(state["sample"])
         self._offset = None if state["offset"] is None else int(state["offset"])
         self._next_key = state["next_key"]
+        version = state.get("shard_version")  # (states before 2026-12-05 have none)
+        self._shard_version = [list(pair) for pair in version] if version else None
         self._started = bool(state["started"])
 
     def next(self) -> dict[str, Any]:
@@ -448,6 +454,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
             "sample": self._sample,
             "offset": self._offset,
             "next_key": self._next_key,
+            "shard_version": self._shard_version,
             "started": self._started,
             "worker": self._worker[0],
             "num_workers": self._worker[1],
@@ -458,6 +465,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
     def _advance(self) -> None:
         self._shard += 1
         self._sample, self._offset, self._next_key = 0, 0, None
+        self._shard_version = None
 
     def _samples(self) -> Generator[dict[str, Any], None, None]:
         while self._shard < len(self._order):
@@ -486,6 +494,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
                 if state.get("stop"):
                     self._shard = len(self._order)
                     self._sample, self._offset, self._next_key = 0, 0, None
+                    self._shard_version = None
                     return
             if self._shard == index:  # an empty or failed shard: move on
                 self._advance()
@@ -516,6 +525,26 @@ class ShardSource(BaseNode[dict[str, Any]]):
             yield first
             yield from samples
 
+    def _check_version(self, stream: Any, url: str) -> None:
+        """Note the opened shard's version; resuming inside it, it must be the checkpoint's."""
+        opened = [[str(k), str(v)] for k, v in stream.version] if stream.version else None
+        saved = self._shard_version if self._sample > 0 else None
+        if saved and opened and saved != opened:
+            was: dict[str, str] = {str(k): str(v) for k, v in saved}
+            now: dict[str, str] = {k: v for k, v in opened}
+            changed = ", ".join(
+                f"{k} {was.get(k)} -> {now.get(k)}" for k in {**was, **now} if was.get(k) != now.get(k)
+            )
+            raise ResumeError(
+                f"shard {self._shown(url)} changed since the checkpoint ({changed}): the checkpoint, "
+                f"taken after {self._sample} of its samples, expected {self._next_key!r} next, and "
+                "what it holds from there now is not the rest of what was read then. Resume with "
+                "the shards the checkpoint was made with; "
+                "a local shard copied again over itself counts as changed (its modification time), "
+                "so write new shards under new names, or start the pass again (reset(None))"
+            )
+        self._shard_version = opened
+
     def _shard_samples(self, url: str) -> Iterator[dict[str, Any]]:
         """The rest of one shard from the current position; advances the position as it yields."""
         skip = 0
@@ -528,6 +557,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
         expected = self._next_key
         stream = self.opener.open(url, offset)
         try:
+            self._check_version(stream, url)
             samples = self._resumed_at(self.reader.tar_samples(stream, url, start=offset), url, offset)
             for n, (sample, next_offset, next_key) in enumerate(samples):
                 if n < skip:

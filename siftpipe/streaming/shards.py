@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ConfigError, SampleError
+from ..errors import ConfigError, SampleError, ShardError
 from .opener import ShardOpener, redact_url
 
 __all__ = [
@@ -298,17 +298,28 @@ def write_shards(
     try:
         while True:
             url = _shard_url(prefix, len(urls))
-            if local:  # next to the shard, so that the final rename is atomic
-                path = fs._strip_protocol(url)
-                if os.path.dirname(path):
-                    os.makedirs(os.path.dirname(path), exist_ok=True)
-                tmp = f"{path}.partial-{os.getpid()}"
-            else:
-                tmp = os.path.join(tmpdir, "shard.tar")
+            tmp = os.path.join(tmpdir, "shard.tar")
             try:
+                if local:  # next to the shard, so that the final rename is atomic
+                    path = fs._strip_protocol(url)
+                    if os.path.dirname(path):
+                        os.makedirs(os.path.dirname(path), exist_ok=True)
+                    tmp = f"{path}.partial-{os.getpid()}"
                 count = _write_tar(tmp, it, samples_per_shard, sum(counts), mtime, bar)
                 if count:
                     _upload(opener, fs, tmp, url, local)
+            except OSError as exc:
+                if isinstance(exc, ShardError):
+                    raise
+                # the local disk: a folder that cannot be made, no permission, no space
+                where = opener.redact(redact_url(url))
+                raise ShardError(
+                    f"cannot write shard {where}: {exc.strerror or exc} ({exc.filename or tmp}); "
+                    "check that the destination folder can be created and written and that its "
+                    "disk (and the temporary folder's) has space",
+                    url=where,
+                    kind="denied" if isinstance(exc, PermissionError) else "other",
+                ) from exc
             finally:
                 if os.path.exists(tmp):
                     os.remove(tmp)

@@ -550,3 +550,40 @@ def test_a_stage_failing_on_one_rank_ends_the_epoch_on_every_rank_at_that_step(t
     assert got[0][2] == got[1][2] == "3.0"  # the second epoch's all-reduces met each other
     assert got[1][3].startswith("ScorerError") and "a corrupt sample on rank 1" in got[1][3]
     assert got[0][3].startswith("SiftError: another rank's data or stage failed at step 4")
+
+
+def _failure_then_sync_fails(rank, world, out_dir):
+    import warnings
+
+    warnings.simplefilter("error", sp.ScoreMemoryWarning)  # a job run with -W error
+
+    def scorer(model, batch):
+        if rank == 1 and batch["__key__"][0].startswith("s00040"):
+            raise ValueError("a corrupt sample on rank 1")
+        return batch["loss"].double()
+
+    samples = make_samples(80, seed=rank)
+    for i, s in enumerate(samples):
+        s["__key__"] = f"s{i:05d}-r{rank}"
+    # too small for both ranks' samples: the epoch-end sync warns, here an error, on both ranks
+    sifter = sp.Sifter(
+        None, scorer, sp.Uniform(0.9), micro_batch=10, output_batch=8, memory=sp.ScoreMemory(50, max_age=None)
+    )
+    said = ""
+    try:
+        for _ in sp.EqualSteps(sifter(samples), sifter=sifter, sync_memory=True):
+            dist.all_reduce(torch.ones(1))
+    except Exception as e:
+        said = f"{type(e).__name__}: {e} || {' '.join(getattr(e, '__notes__', []))}"
+    with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
+        f.write(said)
+
+
+def test_a_ranks_own_error_survives_a_memory_sync_that_fails_after_it(tmp_path):
+    # found 2026-12-04: the epoch-end memory sync ran in a finally; when it raised too, the
+    # failing rank's own error (the one naming the sample) was replaced by the sync's
+    launch(_failure_then_sync_fails, 2, str(tmp_path), timeout=90)
+    said = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
+    assert said[1].startswith("ScorerError") and "a corrupt sample on rank 1" in said[1], said[1]
+    assert "ending the epoch after it failed too" in said[1] and "ScoreMemoryWarning" in said[1]
+    assert said[0].startswith("ScoreMemoryWarning"), said[0]  # rank 0's own error: the sync's

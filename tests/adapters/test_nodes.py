@@ -172,8 +172,47 @@ def test_resuming_inside_a_shard_rewritten_since_is_refused_not_skipped_as_corru
     Path(again.urls[0]).replace(url)
     resumed = Loader(ShardSource([url], handler=warn_and_continue))
     resumed.load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match=r"changed since the checkpoint \(size "):
+        list(resumed)
+    # a state without the shard's version (written before 2026-12-05): the tar read says so
+    del state["root"]["shard_version"]
+    resumed = Loader(ShardSource([url], handler=warn_and_continue))
+    resumed.load_state_dict(state)
     with pytest.raises(sp.ResumeError, match=r"holds no tar member at the checkpoint's position"):
         list(resumed)
+
+
+def test_resuming_inside_a_shard_rewritten_with_the_same_keys_and_sizes_is_refused(
+    tmp_path, local_s3, bucket
+):
+    # left open 2026-12-04: other contents under the same keys, every member the same size, read
+    # on from the checkpoint's offset as if they were the rest of the shard it had read
+    def rewrite(seed):
+        return synthetic_classification(40, dim=6, seed=seed)
+
+    options = {"endpoint_url": local_s3.endpoint}
+    for where, storage in ((str(tmp_path / "t"), None), (f"s3://{bucket}/same/t", options)):
+        url = write_shards(rewrite(1), where, storage_options=storage, progress=False).urls[0]
+        loader = Loader(ShardSource([url], storage_options=storage))
+        it = iter(loader)
+        for _ in range(25):
+            next(it)
+        state = roundtrip(loader.state_dict())
+        # the same bytes again (S3: the same ETag) is the same shard: the resume reads on
+        if storage is not None:
+            write_shards(rewrite(1), where, storage_options=storage, progress=False)
+            again = Loader(ShardSource([url], storage_options=storage))
+            again.load_state_dict(state)
+            assert [s["__key__"] for s in again] == [f"{i:09d}" for i in range(25, 40)]
+        time.sleep(0.01)  # a local rewrite within the clock's tick would keep its mtime
+        write_shards(rewrite(2), where, storage_options=storage, progress=False)
+        resumed = Loader(ShardSource([url], storage_options=storage))
+        resumed.load_state_dict(state)
+        with pytest.raises(
+            sp.ResumeError,
+            match=r"changed since the checkpoint \((mtime_ns|ETag) .*expected '000000025' next",
+        ):
+            list(resumed)
 
 
 def test_ranks_share_the_shards_and_shuffling_is_per_epoch(shards):

@@ -224,3 +224,16 @@ def test_cli_usage_errors_exit_2_unmangled_and_a_failed_write_1(local_s3, capsys
     assert "--samples must be >= 1" in capsys.readouterr().err
     assert main(["log", "verify", "/nonexistent", "--storage-option", "novalue"]) == 2
     assert "takes NAME=VALUE" in capsys.readouterr().err
+
+
+def test_a_local_destination_that_cannot_be_made_is_a_shard_error_naming_it(tmp_path, capsys):
+    # found 2026-12-04: a folder that could not be created gave a raw FileNotFoundError /
+    # NotADirectoryError traceback from `siftpipe shards write`, naming no shard and no fix
+    blocker = tmp_path / "a_file"
+    blocker.write_bytes(b"")
+    with pytest.raises(sp.ShardError, match=r"cannot write shard .*a_file/sub/t-000000\.tar") as caught:
+        write_shards(synthetic_classification(5), str(blocker / "sub" / "t"), progress=False)
+    assert "folder can be created" in str(caught.value)
+    assert caught.value.url.endswith("a_file/sub/t-000000.tar")
+    with pytest.raises(SystemExit, match="cannot write shard"):
+        main(["shards", "write", str(blocker / "sub" / "t"), "--samples", "5", "--quiet"])
