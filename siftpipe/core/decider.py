@@ -153,19 +153,26 @@ class Decider:
                 np.full(rows, UNKNOWN, dtype=np.int8), 1, 0, 0,
             )  # fmt: skip
         else:
-            scored = counts["scored"]
+            scored, from_memory, unknown = counts["scored"], counts["from_memory"], counts["unknown"]
             memory = self.memory
             waited = memory.waited if memory is not None else 0.0
-            losses, sources = self._losses(group)
-            t1 = time.perf_counter()
-            # waiting for losses on their way from the device is the steps' time, not scoring
-            self.device_wait = (memory.waited - waited) if memory is not None else 0.0
-            t0 += self.device_wait
-            if counts["scored"] == scored and self.policy.chunk_free:
-                # no scoring forward, so no scoring micro-batches: one call decides the batch as
-                # micro-batches would (the audit log's micro_batch is then the input batch's)
-                chunk = rows
-            d = self._decide_losses(group, losses, chunk)
+            try:
+                losses, sources = self._losses(group)
+                t1 = time.perf_counter()
+                # waiting for losses on their way from the device is the steps' time, not scoring
+                self.device_wait = (memory.waited - waited) if memory is not None else 0.0
+                t0 += self.device_wait
+                if counts["scored"] == scored and self.policy.chunk_free:
+                    # no scoring forward, so no scoring micro-batches: one call decides the batch
+                    # as micro-batches would (the audit log's micro_batch is then the input batch's)
+                    chunk = rows
+                d = self._decide_losses(group, losses, chunk)
+            except BaseException:
+                # a group that was not decided (a scorer error, a non-finite loss raised) is not
+                # counted, in part or whole: seen, scored and the rest stay one account, and the
+                # state the stage writes next loads (it refuses more scored than seen)
+                counts["scored"], counts["from_memory"], counts["unknown"] = scored, from_memory, unknown
+                raise
         keep, weight = d.keep, d.weight
         counts["micro_batches"] += d.micro_batches
         counts["nan"] += d.nan

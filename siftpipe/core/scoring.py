@@ -208,6 +208,10 @@ class Scoring:
         finally:
             if switched is not None:
                 switched.leave()
+            elif model is not None and self.eval_mode and model.training:
+                # every module was in eval mode (nothing to undo), and the scorer put the model in
+                # training mode (model.train()): every module back in eval mode, as it was
+                EvalMode.restore_eval(model)
 
     def _check_losses(
         self, out: Any, n: int, rows: int, device: torch.device, group: Any, offset: int
@@ -300,6 +304,13 @@ class EvalMode:
             if m.training:  # False already for the children of a module whose own train() ran
                 _set_mode(m, False)
         return cls(modules, was)
+
+    @staticmethod
+    def restore_eval(model: nn.Module) -> None:
+        """Every module of ``model`` back in eval mode (each was before a scorer switched it)."""
+        for m in _modules_of(model):
+            if m.training:
+                _set_mode(m, False)
 
     def leave(self) -> None:
         """Put each module back in the mode it was in (parents first: a module's own ``train()``

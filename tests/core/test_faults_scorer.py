@@ -123,3 +123,38 @@ def test_rows_kept_before_a_scoring_error_are_handed_on_before_it(failure, tmp_p
     assert got == [x["__key__"] for x in SAMPLES[:8]]
     log = sp.read_log(str(tmp_path), kept=True)
     assert log.column("key").to_pylist() == got  # what the log says was kept was handed on
+
+
+@pytest.mark.parametrize("failure", ["nan", "raises"])
+@pytest.mark.parametrize("memory", [False, True])
+def test_the_state_after_a_failed_group_loads_and_counts_only_decided_rows(failure, memory):
+    # found by review (2026-12-05): scoring forwards were counted before the group was decided;
+    # a NaN raised (on_nan="raise", the default) or a scorer error left scored > seen, and the
+    # stage's own state_dict() was refused by load_state_dict() as "damaged"
+    samples = make_samples(12, seed=3)
+    calls = []
+
+    def scorer(model, batch):
+        calls.append(len(batch["__key__"]))
+        losses = batch["loss"].double().clone()
+        if len(calls) == 3:
+            if failure == "raises":
+                raise RuntimeError("a transient fault")
+            losses[1] = float("nan")
+        return losses
+
+    def make():
+        return sp.Sifter(
+            None, scorer, sp.Uniform(0.5), micro_batch=4, memory=sp.ScoreMemory(100) if memory else None
+        )
+
+    sifter = make()
+    error = sp.NonFiniteLossError if failure == "nan" else sp.ScorerError
+    with pytest.raises(error):
+        for _ in sifter(samples):
+            pass
+    stats = sifter.stats
+    assert stats.seen == 8 and stats.scored == 8 and stats.kept + stats.dropped == 8
+    again = make()
+    again.load_state_dict(sifter.state_dict())  # refused as damaged before
+    assert again.stats.seen == 8 and again.stats.scored == 8

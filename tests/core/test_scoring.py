@@ -279,3 +279,29 @@ def test_a_module_registered_inside_its_own_subtree_is_switched_once_and_does_no
     Scoring(model, scorer, micro_batch=4).rows(Group(samples(4), rows=4, seq0=0, snapshot=None), None, names)
     assert during == [[False, False, False]]
     assert [model.training, model[0].training, model[1].training] == [True, False, True]
+
+
+def test_a_model_in_eval_mode_is_put_back_in_it_when_the_scorer_switches_it_to_training():
+    # found by review (2026-12-05): with every module in eval mode there was nothing to undo, so a
+    # scorer that called model.train() left dropout and batch norm in training mode afterwards
+    model = ModeProbe().eval()
+
+    def switches(m, b):
+        m.train()
+        return m(b["x"])
+
+    for raising in (False, True):
+
+        def scorer(m, b, raising=raising):
+            out = switches(m, b)
+            if raising:
+                raise ValueError("boom")
+            return out
+
+        try:
+            Scoring(model, scorer, micro_batch=4).rows(
+                Group(samples(4), rows=4, seq0=0, snapshot=None), None, names
+            )
+        except ScorerError:
+            assert raising
+        assert not any(modes(model)), raising
