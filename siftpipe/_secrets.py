@@ -368,9 +368,9 @@ safe_options = redact_options
 _NO_URL_CREDENTIALS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"})
 
 
-def refuse_credentials_in_url(url: str) -> None:
-    """Raise ``AuditError`` for an object-store URL with credentials in it (they would reach
-    error messages); say where credentials go instead."""
+def refuse_credentials_in_url(url: str, error: type[Exception] | None = None) -> None:
+    """Raise ``error`` (default ``AuditError``) for an object-store URL with credentials in it
+    (they would reach error messages); say where credentials go instead."""
     # each link of a chained URL (simplecache::s3://...), and its query too (?token=...)
     for link in url.split("::"):
         protocol, sep, rest = link.partition("://")
@@ -379,7 +379,7 @@ def refuse_credentials_in_url(url: str) -> None:
             # package, and siftpipe.errors imports webdataset (and with it torch: 1.4 s, ~200 MiB)
             from .errors import AuditError
 
-            raise AuditError(
+            raise (error or AuditError)(
                 f"the URL {redact(url)} holds credentials; {protocol}:// URLs cannot carry them: pass "
                 "them as storage options (e.g. key=, secret=, token=) or through the provider's "
                 "standard environment or profile"

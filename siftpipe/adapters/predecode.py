@@ -36,10 +36,11 @@ from typing import Any
 
 import numpy as np
 
-from .._secrets import redact, redact_url, secret_values
+from .._secrets import redact, redact_url, refuse_credentials_in_url, secret_values
 from ..core.files import put_whole
 from ..core.memory import ScoreMemory, key_hashes
 from ..core.ranks import dist_info
+from ..core.values import scalar_key
 from ..core.vocab import PRE_KEPT, PRE_LOSS, PRE_PROB, loggable_text
 from ..errors import ConfigError, MissingKeyError, PreDecodeWarning
 
@@ -86,6 +87,9 @@ class PreDecodeFilter:
         rank: int | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        # s3fs would take s3://KEY:SECRET@bucket for a bucket named KEY:SECRET and name it in its
+        # errors, and every DataLoader worker holds a copy of the URL
+        refuse_credentials_in_url(self.url, ConfigError)
         self.rank = dist_info()[0] if rank is None else int(rank)
         self.storage_options = dict(storage_options or {})
         self.key = key
@@ -97,6 +101,10 @@ class PreDecodeFilter:
         # the epoch of the pass a Sifter starts over this filter (follow_sifter_epoch: handed on
         # before the pass's DataLoader workers are made from copies of it); None: never told
         self._epoch: int | None = None
+        # passes this copy of the filter began since it was last told the epoch: a second one in
+        # a DataLoader worker is a persistent worker's next epoch, which nobody told it
+        self._passes_since_told = 0
+        self._secrets: list[str] = []  # values never written to the records (set per pass)
         self._warned_missing = False
         #: Samples this process saw, dropped, and passed on (kept or unknown), all epochs.
         self.stats = {"seen": 0, "dropped": 0, "kept": 0, "unknown": 0}
@@ -113,11 +121,14 @@ class PreDecodeFilter:
         """The epoch of the pass the ``Sifter`` over this filter starts: it hands it on before the
         pass (so that a ``DataLoader``'s fresh workers copy it) to every filter it can reach (in a
         ``WebDataset``/``DataPipeline``, a DataLoader's ``dataset``). Decisions draw for it and are
-        recorded under it; the losses' age is counted from the publication's epoch. Never told
-        (persistent workers, a filter held where the stage does not look), the filter takes the
-        epoch after the publication's, which is wrong for an epoch that followed no publication:
-        call ``set_epoch`` then."""
+        recorded under it; the losses' age is counted from the publication's epoch. Never told (a
+        filter held where the stage does not look), or told too long ago (a persistent DataLoader
+        worker's copy is told once, when the workers start: from its second pass on), or told an
+        epoch older than the publication's, the filter takes the epoch after the publication's,
+        which is right when each epoch's end publishes and wrong for an epoch that followed no
+        publication: call ``set_epoch`` then (with persistent workers, publish every epoch)."""
         self._epoch = int(epoch)
+        self._passes_since_told = 0
 
     #: ``Sifter.set_epoch`` hands its epoch on through this too, to a filter in a pipeline given
     #: to ``watch_shards`` (a ``.sift()`` chain's): its DataLoader's workers start before the
@@ -128,6 +139,17 @@ class PreDecodeFilter:
         """``follow_sifter_epoch``, for a dataset of your own that holds the filter where the
         stage does not look: call it with the ``Sifter``'s epoch before each pass's workers start."""
         self.follow_sifter_epoch(epoch)
+
+    def epoch(self) -> int | None:
+        """The epoch this filter decides for: the one the stage told it, unless that is stale (a
+        persistent DataLoader worker's copy begins its next pass told nothing new, or the
+        publication is newer than the epoch told), then the epoch after the publication's, as
+        for a filter never told; ``None`` before any publication is loaded."""
+        published = self._meta.get("epoch")
+        if published is None:
+            return self._epoch
+        stale = self._epoch is None or self._passes_since_told > 1 or self._epoch < int(published)
+        return int(published) + 1 if stale else self._epoch
 
     def _shown(self) -> str:
         return redact(redact_url(self.url), secret_values(self.storage_options))
@@ -174,16 +196,29 @@ class PreDecodeFilter:
             return
         meta["file"] = file
         # sized to the losses it holds: every worker loads each publication
-        self._memory = ScoreMemory.load(f"{self.url}/{meta['file']}", self.storage_options, lookups_only=True)
+        try:
+            self._memory = ScoreMemory.load(f"{self.url}/{file}", self.storage_options, lookups_only=True)
+        except OSError as exc:
+            # (not the raw error: its text holds the URL, which may hold credentials)
+            raise ConfigError(
+                f"the publication {self._shown()}/latest.json names {loggable_text(file)!r}, which "
+                f"cannot be read ({type(exc).__name__}: "
+                f"{redact(str(exc), secret_values(self.storage_options, self.url))}): deleted or "
+                "moved since it was published? Publish again with Sifter.publish_memory(url)"
+            ) from None
         self._sorted = np.sort(self._memory.losses())
         self._meta = meta
         self._loaded = meta["version"]
 
     def __call__(self, samples: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        self._passes_since_told += 1
         self._refresh()
         it = iter(samples)
         dropped: list[dict[str, Any]] = []
         worker = _worker_id()
+        # the records' URLs as the stage's audit log writes them: no credentials, and none of
+        # the values of credential-like storage options and environment variables
+        self._secrets = secret_values(self.storage_options, self.url)
         try:
             while batch := list(islice(it, self.chunk)):
                 yield from self._decide(batch, dropped, worker)
@@ -194,7 +229,8 @@ class PreDecodeFilter:
         self, batch: list[dict[str, Any]], dropped: list[dict[str, Any]], worker: int
     ) -> Iterator[dict[str, Any]]:
         try:
-            keys = [s[self.key] for s in batch]
+            # a tensor key as its value, as the stage and the audit log take it (tensor(5): 5)
+            keys = [scalar_key(s[self.key]) for s in batch]
         except (KeyError, TypeError):
             raise MissingKeyError(
                 f"PreDecodeFilter finds samples by key but a sample has no field {self.key!r}; place it "
@@ -207,9 +243,8 @@ class PreDecodeFilter:
             for s in batch:
                 yield {**s, PRE_KEPT: 0, PRE_LOSS: float("nan"), PRE_PROB: float("nan")}
             return
-        # the stage's epoch (the losses' age is counted from the publication's); the epoch after
-        # the publication's if no Sifter said
-        epoch = self._epoch if self._epoch is not None else int(self._meta["epoch"]) + 1
+        epoch = self.epoch()
+        assert epoch is not None  # a publication is loaded
         # key_hashes, not the memory's cache: a worker sees each key once per epoch, and the memory is
         # reloaded with each publication, so a cache would only cost memory
         loss, _ = memory.lookup(key_hashes(keys), epoch)
@@ -234,7 +269,7 @@ class PreDecodeFilter:
                         "key": loggable_text(str(k)),
                         "url": None
                         if s.get("__url__") is None
-                        else loggable_text(redact_url(str(s["__url__"]))),
+                        else loggable_text(redact(redact_url(str(s["__url__"])), self._secrets)),
                         "loss": float(lo),
                         "prob": float(pr),
                         "epoch": epoch,

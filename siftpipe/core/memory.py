@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._secrets import refuse_credentials_in_url
 from ..errors import ConfigError, MissingKeyError, ResumeError
 from .exactsum import ExactSum
 from .files import put_whole
@@ -1077,6 +1078,9 @@ class ScoreMemory:
         next to and the ``rank`` that published (a filter of another rank refuses it). Returns
         the version (``<epoch>-<random>``)."""
 
+        # refused, as the filters reading it refuse it: s3fs would take s3://KEY:SECRET@bucket
+        # for a bucket named KEY:SECRET and name it in its errors
+        refuse_credentials_in_url(url, ConfigError)
         version = f"{epoch:06d}-{_random.token_hex(4)}"
         url = url.rstrip("/")
         self.save(f"{url}/memory-{version}.npz", storage_options)

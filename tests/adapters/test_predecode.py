@@ -393,3 +393,87 @@ def test_a_resume_refused_after_a_later_publication_says_so(tmp_path):
     fresh = DataLoader(Shards(sp.PreDecodeFilter(published)), batch_size=None)
     with pytest.raises(sp.ResumeError, match="PreDecodeFilter.*resume before publishing again"):
         list(resumed(itertools.islice(fresh, resumed.resume_from, None)))
+
+
+def test_persistent_workers_decide_for_each_new_epoch_and_record_it(tmp_path):
+    # found by review (2026-12-05): a persistent worker's copy was told the epoch once, when the
+    # workers started; from the second epoch on every remembered loss looked newer than that
+    # epoch, unusable, and the filter dropped nothing (every sample decoded again), silently
+    from siftpipe.adapters.webdataset import WebLoader
+
+    published, log = str(tmp_path / "memory"), str(tmp_path / "audit")
+    dataset = _prefiltered_shards(tmp_path, 400, published)
+    torch.manual_seed(0)
+    sifter = sp.Sifter(
+        torch.nn.Linear(4, 4),
+        sp.CrossEntropy("x", "y"),
+        sp.RelativeProbabilistic(2.0, 300),
+        batched=True,
+        micro_batch=None,
+        memory=sp.ScoreMemory(5000, max_age=3),
+        audit=sp.AuditLog(log, run_id="p", flush_every=10_000),
+    )
+    loader = WebLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True)
+    reached = []
+    for e in range(3):
+        sifter.set_epoch(e)
+        seen = sifter.stats.seen
+        for _ in sifter(loader):
+            pass
+        reached.append(sifter.stats.seen - seen)
+        sifter.publish_memory(published)  # every epoch's end, as persistent workers need
+    sifter.close()
+    assert reached[0] == 400 and reached[1] < 300 and reached[2] < 300, reached
+    per_epoch = collections.Counter(sp.read_log(log, include_predecode=True).column("epoch").to_pylist())
+    assert per_epoch == {0: 400, 1: 400, 2: 400}
+    assert sp.verify_log(log).ok
+
+
+def test_drop_records_hold_no_secret_and_tensor_keys_read_as_the_stages(tmp_path, monkeypatch):
+    # found by review (2026-12-05): the workers' records kept a credential-like environment
+    # variable's value in the shard URL (the stage's own records redacted it), and wrote a
+    # tensor key as "tensor(5)" where the stage writes "5"
+    token = "tok_9f8e7d6c5b4a3921"
+    monkeypatch.setenv("DATA_TOKEN", token)
+    published, log = str(tmp_path / "memory"), str(tmp_path / "audit")
+    raw = [
+        {**s, "__key__": torch.tensor(i), "__url__": f"https://cdn.example.com/{token}/shard-{i // 100}.tar"}
+        for i, s in enumerate(RAW)
+    ]
+
+    class TensorKeyed(Shards):
+        def __iter__(self):
+            stream = self.prefilter(iter(raw)) if self.prefilter is not None else iter(raw)
+            for sample in stream:
+                decoded = {**sample, "loss": float(sample["loss.txt"].decode())}
+                del decoded["loss.txt"]
+                yield decoded
+
+    sifter = relative_stage(audit=sp.AuditLog(log, run_id="t", flush_every=10_000))
+    list(sifter(TensorKeyed()))
+    sifter.publish_memory(published)
+    sifter.set_epoch(1)
+    list(sifter(TensorKeyed(sp.PreDecodeFilter(published))))
+    sifter.close()
+    table = sp.read_log(log, include_predecode=True)
+    epoch1 = [k for k, e in zip(table.column("key").to_pylist(), table.column("epoch").to_pylist()) if e == 1]
+    assert sorted(epoch1, key=int) == [str(i) for i in range(400)]  # one record per sample, one spelling
+    assert "predecode" in table.column("reason").to_pylist()
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert token.encode() not in path.read_bytes(), path
+
+
+@pytest.mark.parametrize(
+    "url", ["s3://AKIAEXAMPLEKEY:wJalrXUtnFEMIsecretKEY@bucket/memory", "s3://bucket/m?token=abcdef123456"]
+)
+def test_a_publication_url_with_credentials_is_refused_before_any_request(url):
+    # found by review (2026-12-05): publish_memory and the filter took s3://KEY:SECRET@bucket,
+    # and botocore's error named the secret as a bucket name
+    with pytest.raises(sp.ConfigError, match="holds credentials") as caught:
+        sp.PreDecodeFilter(url)
+    assert "wJalrXUtnFEMIsecretKEY" not in str(caught.value) and "abcdef123456" not in str(caught.value)
+    sifter = relative_stage()
+    list(sifter(Shards()))
+    with pytest.raises(sp.ConfigError, match="holds credentials"):
+        sifter.publish_memory(url)
