@@ -421,13 +421,24 @@ def run_arm(
             )
         else:
             sifter.set_epoch(epoch)
-            at_start = sifter.stats.seen
+            at_start = sifter.stats
 
             def sifted(
-                s: sp.Sifter = sifter, src: Iterator[Any] = source, at_start: int = at_start, base: int = base
+                s: sp.Sifter = sifter,
+                src: Iterator[Any] = source,
+                at_start: sp.SiftStats = at_start,
+                base: int = base,
             ) -> Iterator[Any]:
+                handed = 0
                 for b in s(src):
-                    yield b, base + min(s.stats.seen - at_start, n)
+                    now = s.stats
+                    seen, kept = now.seen - at_start.seen, now.kept - at_start.kept
+                    handed += int(b["i"].numel())
+                    # the samples seen up to this step's: the stage decides a whole input batch
+                    # before it hands its first rows on, so its seen count runs ahead by up to an
+                    # input batch (the learning rate and the evaluation points would run ahead of
+                    # the full arm's); the rows handed on, scaled by the pass's seen/kept, do not
+                    yield b, base + min(seen, n, round(handed * seen / max(kept, 1)))
 
             stream = sifted()
         it = iter(stream)

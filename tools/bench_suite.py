@@ -443,7 +443,7 @@ ARM_KINDS = {
         *("ratio", "warmup", "anneal", "guard", "cost_guard", "graded", "feed", "min_spread", "noise_drop")
     },
     "infobatch_ref": {"ratio", "anneal"},
-    "uniform": {"keep"},
+    "uniform": {"keep", "feed"},
 }
 
 
@@ -547,6 +547,12 @@ def run_arm(
         )
     elif arm.kind == "uniform":
         keep = arm.params.get("keep", 0.5)
+        # fed as the recipe is (until 2026-12-05 one training batch at a time: 8x the stage's
+        # calls, a cost the control paid and the recipe did not)
+        times = arm.params.get("feed", FEED)
+        if times != int(times) or times < 1:
+            raise ValueError(f"arm {arm.label!r}: feed is a whole number of training batches >= 1: {times}")
+        feed = batch * int(times)
         sifter = sp.Sifter(
             None,
             _free_scorer,
@@ -572,6 +578,9 @@ def run_arm(
         nonlocal paused
         t0 = time.perf_counter()
         got = task.evaluate(model, data.xt, data.yt)
+        if sifter is not None and arm.kind != "uniform":
+            # scoring forwards so far (the units to target count them): none in today's arms
+            state["scored"] = sifter.stats.scored
         points.append(
             {
                 "seen": state["seen"],
@@ -914,9 +923,12 @@ def markdown(report: dict[str, Any]) -> str:
             return "—" if v is None else format(v, p)
 
         for arm, s in t["summary"].items():
+            got, runs = (int(v) for v in s["reached"].split("/"))
+            # a seed that never reached the target is the worst: "never", not a blank
+            worst = "never" if got < runs else f(s["worst_time_ratio"])
             lines.append(
                 f"| {arm} | {s['reached']} | {f(s['time_ratio'])} | {f(s['units_ratio'])} | "
-                f"{f(s['seen_ratio'])} | {f(s['trained_ratio'])} | {f(s['worst_time_ratio'])} | "
+                f"{f(s['seen_ratio'])} | {f(s['trained_ratio'])} | {worst} | "
                 f"{f(s['keep_rate'], '.3f')} | {f(s['scored'], '.0f')} | {f(s['final_metric'], '.4f')} | "
                 f"{f(s.get('final_gap'), '+.4f')} | "
                 f"{f(s['seconds'], '.1f')} | "

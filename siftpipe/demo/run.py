@@ -387,7 +387,7 @@ def train_run(
     while not done:
         if sifter is not None:
             sifter.set_epoch(epoch)
-        seen_at_start = sifter.stats.seen if sifter is not None else state["seen"]
+        at_start = sifter.stats if sifter is not None else None
         last_reported = state["seen"]
         read_by_worker: dict[int, int] = {}
         rows_in_epoch = 0
@@ -401,8 +401,14 @@ def train_run(
                         read_by_worker.get(int(w), 0), int(reads[workers_ == w].max())
                     )
                 in_epoch = sum(read_by_worker.values())
-            elif sifter is not None:
-                in_epoch = sifter.stats.seen - seen_at_start
+            elif sifter is not None and at_start is not None:
+                # the stage decides a whole input batch before it hands its first rows on, so its
+                # seen count runs ahead by up to one (the learning rate would run ahead of the
+                # full arm's): the rows handed on, scaled by the epoch's seen/kept, do not
+                now = sifter.stats
+                seen_now, kept_now = now.seen - at_start.seen, now.kept - at_start.kept
+                rows_in_epoch += len(step_batch["y"])
+                in_epoch = min(seen_now, round(rows_in_epoch * seen_now / max(kept_now, 1)))
             else:
                 rows_in_epoch += len(step_batch["y"])
                 in_epoch = rows_in_epoch

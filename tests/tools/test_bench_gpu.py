@@ -159,3 +159,33 @@ def test_input_batches_must_be_a_whole_number_of_batches(capsys):
     with pytest.raises(SystemExit):
         bench.parse(["--input-batches", "0"])
     assert "--input-batches is a whole number" in capsys.readouterr().err
+
+
+def test_every_arm_follows_the_same_learning_rate_schedule_while_all_is_kept(monkeypatch, capsys):
+    # found by review (2026-12-05): the sifted arms placed each step by the stage's count of
+    # samples seen, which runs ahead of the rows handed on by up to one input batch (8 training
+    # batches): they skipped the warm-up's first steps and trained their last ones at a learning
+    # rate near 0, where the full arm counted per step
+    progress: dict[str, list[float]] = {}
+    arm = ["?"]
+    real = bench.lr_at
+
+    def recording(p, peak):
+        progress.setdefault(arm[0], []).append(p)
+        return real(p, peak)
+
+    real_run = bench.run_arm
+
+    def run(name, *a, **kw):
+        arm[0] = name
+        return real_run(name, *a, **kw)
+
+    monkeypatch.setattr(bench, "lr_at", recording)
+    monkeypatch.setattr(bench, "run_arm", run)
+    bench.main(["--quick", "--device", "cpu", "--arms", "full", "recipe", "infobatch"])
+    capsys.readouterr()
+    epoch0 = 1536 // 128  # the first epoch: nothing known yet, every sample kept, by every arm
+    full = progress["full"][:epoch0]
+    for name in ("recipe", "infobatch"):
+        assert progress[name][:epoch0] == pytest.approx(full), name
+        assert progress[name][0] == pytest.approx(128 / QUICK_SEEN)
