@@ -60,21 +60,71 @@ def _find_size(batch: Batch, nested: bool = False) -> int | None:
     return None
 
 
-def rows(batch: Batch, seq: int) -> int:
+class RowList(list):  # type: ignore[type-arg]
+    """A batch field's list of one entry per row whose entries are tensors or lists of different
+    sizes (detection boxes, token lists, from a collate_fn of one's own): ``rows`` marks such a
+    field so that taking, splitting and joining rows never read it as ``default_collate``'s
+    columns (a list of tensors that each hold every row). A plain ``list`` otherwise."""
+
+    __slots__ = ()
+
+
+def rows(batch: Batch, seq: int) -> tuple[Batch, int]:
     """Number of rows in a collated batch, every per-row field checked to hold that many
     (``BatchError`` names the first that does not: rows would be paired with another row's
-    key or label, or picked out of range). ``seq``: the batch's first sample, for the message."""
+    key or label, or picked out of range), and the batch with its per-row lists of tensors or
+    lists of different sizes marked (``RowList``). ``seq``: the batch's first sample, for the
+    message."""
     n = batch_size(batch)
     wrong = _wrong_rows(batch, n, "")
+    if wrong is not None and type(batch) is dict:
+        # (only then: a list of tensors not all of n rows is not default_collate's columns)
+        marked = mark_row_lists(batch, n)
+        if marked is not batch:
+            batch, wrong = marked, _wrong_rows(marked, n, "")
     if wrong is not None:
         where, got = wrong
         raise BatchError(
             f"the input batch at sample seq {seq} holds {n} rows by its first field but "
             f"{where or 'a field'} has {got}: every per-sample field of a collated batch needs one "
             "entry per sample (a collate_fn that drops or adds rows, or keys collated apart from "
-            "their samples?)"
+            "their samples?). A field of one tensor (or list) per sample is read as one per row "
+            "when their sizes differ; ones of one size are read as default_collate's columns: "
+            "stack them, or hold them in a numpy object array"
         )
-    return n
+    return batch, n
+
+
+def mark_row_lists(batch: dict[Any, Any], n: int) -> dict[Any, Any]:
+    """``batch`` with each field that is a list of ``n`` tensors or lists not all of ``n`` rows
+    (so not default_collate's columns) as a ``RowList``; the same dict if there is none."""
+    out = None
+    for k, v in batch.items():
+        if (
+            type(v) is list
+            and len(v) == n
+            and n
+            and isinstance(v[0], torch.Tensor | np.ndarray | list | tuple)
+        ):
+            if not _all_of_length(v, n):
+                if out is None:
+                    out = dict(batch)
+                out[k] = RowList(v)
+        elif type(v) is dict:
+            marked = mark_row_lists(v, n)
+            if marked is not v:
+                if out is None:
+                    out = dict(batch)
+                out[k] = marked
+    return batch if out is None else out
+
+
+def _all_of_length(values: list[Any], n: int) -> bool:
+    """Whether every entry holds ``n`` rows (a 0-d tensor holds none)."""
+    try:
+        return all(len(v) == n for v in values)
+    except TypeError:
+        return False
 
 
 def _wrong_rows(batch: Batch, n: int, path: str, nested: bool = False) -> tuple[str, int] | None:
@@ -108,7 +158,7 @@ def _is_columns(batch: list[Any], nested: bool = False) -> bool:
     ``nested``: the list is a field of the batch, not the batch: a list of dicts there holds one
     dict per sample (WebDataset's collation of a ``json`` field, detection labels), where the
     batch itself, collated from (dict, ...) tuples, holds a dict of columns first."""
-    if not batch:
+    if not batch or type(batch) is RowList:
         return False
     first = batch[0]
     return isinstance(first, torch.Tensor | np.ndarray | tuple | list) or (
@@ -148,7 +198,8 @@ def _take(batch: Batch, index: np.ndarray, tindex: torch.Tensor | None, nested: 
         parts = [_take(v, index, tindex, True) for v in batch]
         return type(batch)(*parts) if hasattr(batch, "_fields") else type(batch)(parts)
     if isinstance(batch, list):
-        return _take_rows(batch, index)
+        taken = _take_rows(batch, index)
+        return RowList(taken) if type(batch) is RowList else taken
     return batch
 
 
@@ -174,6 +225,8 @@ def split(batch: Batch, size: int, nested: bool = False) -> tuple[Batch, Batch]:
         if hasattr(batch, "_fields"):
             return type(batch)(*heads), type(batch)(*tails)
         return type(batch)(heads), type(batch)(tails)
+    if type(batch) is RowList:
+        return RowList(batch[:size]), RowList(batch[size:])
     if isinstance(batch, list):
         return batch[:size], batch[size:]
     return batch, batch
@@ -194,7 +247,7 @@ def concat(batches: Sequence[Batch], nested: bool = False) -> Batch:
         parts = [concat([b[i] for b in batches], True) for i in range(len(first))]
         return type(first)(*parts) if hasattr(first, "_fields") else type(first)(parts)
     if isinstance(first, list):
-        out: list[Any] = []
+        out: list[Any] = RowList() if any(type(b) is RowList for b in batches) else []
         for b in batches:
             out.extend(b)
         return out

@@ -70,6 +70,9 @@ def reread_groups(
         items = reader.take(desc["n_items"])
         if len(items) < desc["n_items"]:
             reader.raise_held()  # the source failed partway through the group: its own error
+        if batched and len(items) == 1 and type(items[0]) is dict:
+            # re-read as first read: per-row lists of tensors of different sizes marked (RowList)
+            items = [_batch.mark_row_lists(items[0], desc["rows"])]
         group = Group(items, desc["rows"], desc["seq0"], before)
         if len(items) < desc["n_items"] or (batched and _batch.batch_size(items[0]) != desc["rows"]):
             raise ResumeError(

@@ -1130,7 +1130,8 @@ class Sifter:
             if batch is END:
                 return None
             seen = self._decider.counts["seen"]
-            group = Group([batch], _batch.rows(batch, seen), seen, snapshot)
+            batch, n = _batch.rows(batch, seen)
+            group = Group([batch], n, seen, snapshot)
         else:
             try:
                 items = reader.take(self.micro_batch)  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ from siftpipe.core.rows import (
     upstream_of,
 )
 from siftpipe.core.vocab import PRE_KEPT, PRE_LOSS, PRE_PROB
+from tests.common import roundtrip
 
 
 def per_sample(n=3):
@@ -163,3 +164,49 @@ def test_a_field_holding_one_dict_per_sample_is_taken_row_by_row(tags):
     columns = [torch.zeros(8, 2), {"y": torch.arange(8)}]  # a (tensor, dict) sample collated
     t = sp.Sifter(None, lambda m, b: b[1]["y"].double(), sp.Uniform(1.0), batched=True, key=None)
     assert torch.equal(next(iter(t([columns])))[1]["y"], torch.arange(8))
+
+
+def test_a_field_holding_one_tensor_or_list_per_sample_of_different_sizes_is_taken_row_by_row():
+    """Detection boxes or token lists from a collate_fn of one's own (a list of one tensor, or
+    list, per sample) were read as default_collate's columns: a BatchError blaming the collate_fn,
+    or, where each held as many rows as the batch, every sample's value cut to the kept rows
+    silently (found by review, 2026-12-05). Different sizes now mark the field as one per row,
+    through micro-batches, re-batching and a checkpoint that holds rows waiting for a batch."""
+
+    def batches():
+        for i in range(6):
+            yield {
+                "__key__": [f"{i}-{j}" for j in range(8)],
+                "x": torch.arange(8, dtype=torch.float64) + i,
+                "boxes": [torch.full((j % 3 + 1, 4), float(10 * i + j)) for j in range(8)],
+                "tokens": [list(range(j + 1)) for j in range(8)],
+                "size": [torch.tensor(10 * i + j) for j in range(8)],  # 0-d: one per row too
+            }
+
+    def check(out):
+        for b in out:
+            ids = [10 * int(k.split("-")[0]) + int(k.split("-")[1]) for k in b["__key__"]]
+            assert [int(t[0, 0]) for t in b["boxes"]] == ids
+            assert [t.shape[0] for t in b["boxes"]] == [i % 10 % 3 + 1 for i in ids]
+            assert [len(t) for t in b["tokens"]] == [i % 10 + 1 for i in ids]
+            assert [int(t) for t in b["size"]] == ids
+
+    def make():
+        return sp.Sifter(
+            None, lambda m, b: b["x"], sp.Uniform(0.5), batched=True, micro_batch=3, output_batch=5, seed=1
+        )
+
+    s = make()
+    whole = list(s(batches()))
+    check(whole)
+    assert sum(len(b["__key__"]) for b in whole) == s.stats.kept < 48
+    # a checkpoint between output batches holds kept rows that wait for the next one
+    s2 = make()
+    it = s2(batches())
+    head = [next(it), next(it)]
+    state = roundtrip(s2.state_dict())
+    s3 = make()
+    s3.load_state_dict(state)
+    rest = list(s3(list(batches())[s3.resume_from :]))
+    check(head + rest)
+    assert [b["__key__"] for b in head + rest] == [b["__key__"] for b in whole]
