@@ -71,6 +71,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sync-every", type=int, default=20, help="steps between loss-history syncs (0: local)")
     ap.add_argument("--resume", action="store_true", help="continue from --checkpoint to --epochs in all")
     args = ap.parse_args(argv)
+    for name in ("samples", "shards", "epochs", "batch", "worker_batch"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    per_shard = -(-args.samples // args.shards)
+    if -(-args.samples // per_shard) != args.shards:
+        # (100 samples over 16 shards of 7 fill 15: rank 1 then asked for a 16th that was never written)
+        ap.error(
+            f"--samples {args.samples} in shards of {per_shard} fill {-(-args.samples // per_shard)} "
+            f"shards, not --shards {args.shards}: give at least as many samples as shards, e.g. a "
+            "multiple of --shards"
+        )
     for name in ("store", "audit", "checkpoint"):
         if getattr(args, name) is None:
             setattr(
@@ -98,9 +109,19 @@ def main() -> None:
 
     per_shard = -(-args.samples // args.shards)
     urls = [f"{args.store}-{i:06d}.tar" for i in range(args.shards)]
+    problem = [None]
     if rank == 0:
-        fs, path = fsspec.core.url_to_fs(urls[-1], **options)
-        if not fs.exists(path):
+        # what was written, beside the shards: a later run with other --samples or --shards must
+        # not read the earlier shards as its own (it reported the old sample count, silently)
+        wanted = {"samples": args.samples, "shards": args.shards, "seed": 0}
+        fs, manifest = fsspec.core.url_to_fs(f"{args.store}.json", **options)
+        have = json.loads(fs.cat_file(manifest)) if fs.exists(manifest) else None
+        if have is not None and have != wanted:
+            problem[0] = (
+                f"{args.store} holds shards of {have}, not {wanted}: give another --store (or --dir), "
+                "or delete them"
+            )
+        elif have is None:
             write_shards(
                 synthetic_classification(args.samples, seed=0),
                 args.store,
@@ -108,7 +129,11 @@ def main() -> None:
                 storage_options=options,
                 progress=False,
             )
-    dist.barrier()
+            fs.pipe_file(manifest, json.dumps(wanted).encode())
+    dist.broadcast_object_list(problem, src=0)  # every rank stops together, none waits forever
+    if problem[0] is not None:
+        dist.destroy_process_group()
+        raise SystemExit(f"ddp_sift: {problem[0]}")
 
     dataset = (
         WebDataset(urls, shardshuffle=False, nodesplitter=wds.split_by_node, storage_options=options)

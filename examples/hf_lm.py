@@ -2,7 +2,8 @@
 
     python examples/hf_lm.py                                   # about a minute on 2 cores
     torchrun --nproc_per_node=2 examples/hf_lm.py              # 2 CPU processes (gloo)
-    python examples/hf_lm.py --steps 300 --resume              # continue from the last checkpoint
+    python examples/hf_lm.py --output runs/lm                  # checkpoints and audit log kept there
+    python examples/hf_lm.py --output runs/lm --steps 300 --resume  # continue from its last checkpoint
 
 The data: token sequences of 10 to 24 tokens that count up by 1 (90%, learned in a few dozen
 steps) and, the hard tail, sequences that count up by 3, 5 or 7 (the first two tokens tell which).
@@ -90,6 +91,12 @@ def main() -> None:
     )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if args.resume == "last" and not args.output:
+        # each run without --output writes to a new temporary directory: no last checkpoint there
+        ap.error(
+            "--resume continues from the last checkpoint under --output: "
+            "give --output DIR (the same as the run's)"
+        )
     logging.set_verbosity_error()
     torch.set_num_threads(1)
     output = args.output or tempfile.mkdtemp(prefix="siftpipe-hf-lm-")

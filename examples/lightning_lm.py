@@ -2,7 +2,8 @@
 
     python examples/lightning_lm.py                        # about a minute on 2 cores
     python examples/lightning_lm.py --devices 2            # DDP on 2 CPU processes (gloo)
-    python examples/lightning_lm.py --resume last          # continue from the last checkpoint
+    python examples/lightning_lm.py --output runs/lm       # checkpoints kept there
+    python examples/lightning_lm.py --output runs/lm --resume last  # continue from its last checkpoint
 
 The data: token sequences of 10 to 24 tokens that count up by 1 (90%, learned fast) and, the hard
 tail, sequences that count up by 3, 5 or 7 (the first two tokens tell which). The model is a
@@ -139,6 +140,12 @@ def main() -> None:
     ap.add_argument("--resume", default=None, help="a checkpoint path, or 'last'")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if args.resume == "last" and not args.output:
+        # each run without --output writes to a new temporary directory: no last checkpoint there
+        ap.error(
+            "--resume continues from the last checkpoint under --output: "
+            "give --output DIR (the same as the run's)"
+        )
     warnings.filterwarnings("ignore", module="lightning")
     torch.set_num_threads(1)
     output = args.output or tempfile.mkdtemp(prefix="siftpipe-lightning-lm-")

@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--beta", type=float, default=1.0, help="RelativeProbabilistic beta (keeps 1/(1+beta))")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    for name in ("samples", "per_shard", "dim", "classes", "epochs", "worker_batch", "batch"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
 
     server = None
     options = parse_storage_options(args.storage_option)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -91,3 +93,42 @@ def test_the_examples_outputs_are_ignored_by_git(tmp_path):
         ["git", "check-ignore", *names], cwd=ROOT, capture_output=True, text=True, check=False
     )
     assert done.stdout.split() == names
+
+
+def test_the_ddp_example_refuses_shards_it_would_not_write_or_that_are_another_runs(tmp_path):
+    # found by review (2026-12-05): --samples 100 --shards 16 wrote 15 shards of 7 and a rank
+    # then failed on the 16th; a second run with other --samples read the first run's shards as
+    # its own and reported their sample count, silently
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ddp_sift_example", ROOT / "examples" / "ddp_sift.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    with pytest.raises(SystemExit):
+        example.parse_args(["--samples", "100", "--shards", "16", "--dir", str(tmp_path)])
+    (tmp_path / "train.json").write_text(json.dumps({"samples": 4000, "shards": 16, "seed": 0}))
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(ROOT / "examples" / "ddp_sift.py"), "--dir", str(tmp_path), "--samples", "8000"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "holds shards of {'samples': 4000" in done.stderr and "give another --store" in done.stderr
+    assert not list(tmp_path.glob("train-*.tar"))  # nothing written over them
+
+
+@pytest.mark.parametrize(
+    "name, resume", [("hf_lm.py", ["--resume"]), ("lightning_lm.py", ["--resume", "last"])]
+)
+def test_the_lm_examples_refuse_resuming_the_last_checkpoint_without_output(name, resume):
+    # found by review (2026-12-05): their docstrings' resume commands had no --output, so each
+    # run looked for its last checkpoint in a new temporary directory and failed with a traceback
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name), *resume],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, check=False,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )  # fmt: skip
+    assert done.returncode == 2 and "give --output DIR" in done.stderr and "Traceback" not in done.stderr
+    doc = (ROOT / "examples" / name).read_text().split('"""')[1]
+    assert all("--output" in line for line in doc.splitlines() if "--resume" in line)

@@ -7,7 +7,9 @@ import argparse
 import contextlib
 import importlib
 import os
+import signal
 import sys
+import threading
 import traceback
 import warnings
 from collections.abc import Sequence
@@ -43,6 +45,16 @@ def argv_secrets(argv: Sequence[str]) -> list[str]:
     return secret_values(options, *argv)
 
 
+class SIGTERM(KeyboardInterrupt):
+    """SIGTERM (what a scheduler, ``kill`` or a container stop sends), raised in the main thread:
+    the command stops as Ctrl-C stops it, its audit log closed whole, with exit status 143."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise SIGTERM()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a command; a siftpipe error is printed as one line naming the problem (exit status 2),
     any other error as its traceback (exit status 1), both without credentials.
@@ -51,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a ``log`` command, which only reads, then ends the process with ``os._exit`` once its output
     is flushed, so that no native thread of the libraries it used (Arrow's, the S3 client's) can
     abort the process while the interpreter is being torn down; so does a command interrupted
-    with Ctrl-C (exit status 130), once its own cleanup has run."""
+    with Ctrl-C (exit status 130) or SIGTERM (143), once its own cleanup has run."""
     program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -64,10 +76,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"siftpipe: warning: {redact(str(message), secrets)}", file=sys.stderr)
 
         warnings.showwarning = show
+    if program and threading.current_thread() is threading.main_thread():
+        # before 2026-12-05 SIGTERM killed `siftpipe demo` where it stood: its audit log held no
+        # record and `log verify` said INCOMPLETE; now it stops as Ctrl-C does
+        signal.signal(signal.SIGTERM, _on_sigterm)
     code = _run(args, argv)
     # an interrupted command too (its own cleanup has run): the threads a DataLoader's workers
     # left printed their tracebacks while the interpreter was torn down
-    if program and (args.command == "log" or code == 130):
+    if program and (args.command == "log" or code in (130, 143)):
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
@@ -92,14 +108,15 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     except SiftError as exc:
         print(f"siftpipe: error: {redact(str(exc), argv_secrets(argv))}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         # Ctrl-C: what the command wrote so far is closed (its audit log included: the program
         # ends with os._exit, which runs no exit handler); no traceback
         from ..audit.log import close_open_logs
 
         close_open_logs()
-        print("siftpipe: interrupted", file=sys.stderr)
-        return 130  # 128 + SIGINT, as a shell reports it
+        terminated = isinstance(exc, SIGTERM)
+        print(f"siftpipe: {'terminated (SIGTERM)' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130  # 128 + the signal, as a shell reports it
     except Exception as exc:
         secrets = argv_secrets(argv)
         text = "".join(traceback.format_exception(exc))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from typing import Any
 
@@ -87,17 +88,23 @@ def _cli_demo(args: argparse.Namespace) -> int:
         "worker_batch",
         "evals",
         "threads",
+        "width",
     ):
         if getattr(args, name) < (0 if name == "workers" else 1):
             raise SystemExit(f"--{name.replace('_', '-')} must be >= {0 if name == 'workers' else 1}")
     if args.epochs < 1 and not args.budget_seconds:
         raise SystemExit("--epochs must be >= 1 (or give --budget-seconds)")
-    if args.beta <= 0:
-        raise SystemExit(f"--beta must be > 0, got {args.beta}")
+    # (NaN and infinity too: found by review, 2026-12-05, refused only after the full run had
+    # trained, or trained on NaN losses without a word)
+    if not (args.beta > 0 and math.isfinite(args.beta)):
+        raise SystemExit(f"--beta must be a finite number > 0, got {args.beta}")
+    for name in ("seed", "task_seed"):
+        if getattr(args, name) < 0:
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.budget_seconds is not None and not args.budget_seconds > 0:
         raise SystemExit(f"--budget-seconds must be > 0, got {args.budget_seconds}")
-    if not args.lr > 0:
-        raise SystemExit(f"--lr must be > 0, got {args.lr}")
+    if not (args.lr > 0 and math.isfinite(args.lr)):
+        raise SystemExit(f"--lr must be a finite number > 0, got {args.lr}")
     for name in ("hard_fraction", "label_noise"):
         value = getattr(args, name)
         if not 0 <= value < 1:

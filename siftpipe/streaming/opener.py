@@ -547,6 +547,12 @@ class ShardOpener:
             tries = f" after {attempts} attempt(s) over {seconds:.1f} s ({limit})"
         bucket = urlsplit(url).netloc.rpartition("@")[2] or "(none)"
         fix = _FIX[kind].format(bucket=repr(bucket))
+        if what != "reading":
+            # a reader's way out (skip the shard) is no fix for a write (found by review, 2026-12-05)
+            fix = fix.split(", or pass handler=warn_and_continue")[0].split("pass handler=warn_and_continue")[
+                0
+            ]
+            fix = fix.rstrip(", ") or "check the destination URL, the storage options and the permissions"
         return ShardError(f"{what} {where} failed{tries}: {cause}; {fix}", url=shown, key=key, kind=kind)
 
 

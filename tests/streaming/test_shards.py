@@ -237,3 +237,25 @@ def test_a_local_destination_that_cannot_be_made_is_a_shard_error_naming_it(tmp_
     assert caught.value.url.endswith("a_file/sub/t-000000.tar")
     with pytest.raises(SystemExit, match="cannot write shard"):
         main(["shards", "write", str(blocker / "sub" / "t"), "--samples", "5", "--quiet"])
+
+
+def test_a_failed_write_gives_no_readers_advice(local_s3):
+    # found by review (2026-12-05): a write that failed (an endpoint that does not answer) ended
+    # with "pass handler=warn_and_continue to skip shards that cannot be read": no fix for a write
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens there once closed
+    with pytest.raises(sp.ShardError, match=r"writing shard s3://some-bucket/t-000000\.tar failed") as caught:
+        write_shards(
+            synthetic_classification(5),
+            "s3://some-bucket/t",
+            storage_options={
+                "endpoint_url": dead,
+                "config_kwargs": {"connect_timeout": 1, "retries": {"max_attempts": 1}},
+            },
+            retries=0,
+            progress=False,
+        )
+    assert "warn_and_continue" not in str(caught.value)
