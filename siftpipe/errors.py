@@ -264,9 +264,13 @@ class EmptyPassWarning(UserWarning):
 
 
 class BatchShapeWarning(UserWarning):
-    """A pass ends with a short output batch whose size changes every epoch while
-    ``torch.backends.cudnn.benchmark`` is on: each new size is autotuned again. Pass
-    ``Sifter(..., drop_last=True)`` to hand on only full batches."""
+    """A batch's shape costs or may mean something it should not: a pass ends with a short
+    output batch whose size changes every epoch while ``torch.backends.cudnn.benchmark`` is on
+    (each new size is autotuned again: pass ``Sifter(..., drop_last=True)`` to hand on only full
+    batches), or a batched field is a list of as many tensors (or lists) as the batch has rows,
+    each holding that many rows: read as ``default_collate``'s columns (a tuple field), it would be
+    cut wrongly if it held one value per sample (stack those, or hold them in a numpy object
+    array)."""
 
 
 class PreDecodeWarning(UserWarning):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import BatchError
+from ..errors import BatchError, BatchShapeWarning
 
 Batch = Any
 
@@ -147,6 +148,8 @@ def _wrong_rows(batch: Batch, n: int, path: str, nested: bool = False) -> tuple[
             found = _wrong_rows(v, n, f"{path}[{i}]" if path else f"position {i}", True)
             if found is not None:
                 return found
+        if nested and type(batch) is list and len(batch) == n > 1:
+            _warn_square(path, n)
         return None
     if isinstance(batch, list) and len(batch) != n:
         return path, len(batch)
@@ -163,6 +166,21 @@ def _is_columns(batch: list[Any], nested: bool = False) -> bool:
     first = batch[0]
     return isinstance(first, torch.Tensor | np.ndarray | tuple | list) or (
         not nested and isinstance(first, Mapping)
+    )
+
+
+def _warn_square(path: str, n: int) -> None:
+    """A field that is a list of ``n`` values of ``n`` rows each, in a batch of ``n`` rows: columns
+    or one value per sample, the shapes cannot tell (said once per field and place)."""
+    warnings.warn(
+        f"siftpipe: the batch field {path} is a list of {n} tensors (or lists) of {n} rows each, "
+        f"in a batch of {n} rows: it is read as default_collate's columns (a tuple field), each "
+        "cut to the kept rows. If it holds one value per sample instead (boxes, token lists), "
+        "they would be cut wrongly: stack them, or hold them in a numpy object array. A tuple "
+        "field as long as the batch is read right: filter this warning then "
+        "(warnings.filterwarnings('ignore', category=siftpipe.BatchShapeWarning))",
+        BatchShapeWarning,
+        stacklevel=2,
     )
 
 

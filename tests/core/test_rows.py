@@ -210,3 +210,24 @@ def test_a_field_holding_one_tensor_or_list_per_sample_of_different_sizes_is_tak
     rest = list(s3(list(batches())[s3.resume_from :]))
     check(head + rest)
     assert [b["__key__"] for b in head + rest] == [b["__key__"] for b in whole]
+
+
+def test_a_field_of_as_many_values_of_as_many_rows_as_the_batch_is_said_to_be_ambiguous():
+    """Columns (a tuple field collated) or one value per sample: when every value holds as many
+    rows as the batch and there are as many values, the shapes cannot tell; it is read as columns
+    and said (found by review, 2026-12-05: cut silently)."""
+    import warnings
+
+    square = {
+        "__key__": ["a", "b", "c"],
+        "x": torch.arange(3.0),
+        "boxes": [torch.zeros(3, 4) for _ in range(3)],
+    }
+    s = sp.Sifter(None, lambda m, b: b["x"].double(), sp.Uniform(1.0), batched=True, micro_batch=None)
+    with pytest.warns(sp.BatchShapeWarning, match=r"'boxes' is a list of 3 tensors .* of 3 rows each"):
+        list(s([square]))
+    collated = {"__key__": ["a", "b", "c"], "x": torch.arange(3.0), "pair": [torch.zeros(3), torch.ones(3)]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = list(s([collated]))
+    assert torch.equal(out[0]["pair"][1], torch.ones(3))
