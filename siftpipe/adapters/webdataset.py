@@ -142,7 +142,14 @@ _CUT = (
 def _cut(pipeline: Any) -> None:
     """Mark the sift stages of ``pipeline`` (a DataPipeline) as cut into epochs by it."""
     if getattr(pipeline, "nsamples", 0) > 0 and getattr(pipeline, "repetitions", 1) != 1:
-        for stage in getattr(pipeline, "pipeline", ()):
+        stages = getattr(pipeline, "pipeline", None)
+        if not isinstance(stages, list):
+            return
+        for i, stage in enumerate(stages):
+            if isinstance(stage, Sifter):
+                # a bare .compose(sifter): the stage .sift() adds, which knows it is cut (a
+                # Sifter called directly would resume such an epoch silently wrong)
+                stage = stages[i] = SiftStage(stage)
             if isinstance(stage, SiftStage):
                 stage.cut = True
 
@@ -208,6 +215,14 @@ class SiftFluid:
         _cut(result)  # a .with_epoch(n) before .sift() carries over to the copy
         stage = result.pipeline[-1]
         stage.random_source = _random_shards(self)
+        return result
+
+    def compose(self, *args: Any) -> Any:
+        """webdataset's ``compose``; a ``Sifter`` composed in (``.compose(sifter)``) after or
+        before ``.with_epoch(n)`` becomes the stage ``.sift()`` adds, which knows the pipeline
+        cuts its output into epochs (a bare Sifter resumed such an epoch silently wrong)."""
+        result = super().compose(*args)  # type: ignore[misc]
+        _cut(result)
         return result
 
     def with_epoch(self, nsamples: int = -1, nbatches: int = -1) -> Any:

@@ -462,7 +462,7 @@ def resumed_after_two_batches(build):
     return loader
 
 
-@pytest.mark.parametrize("where", ["after", "before"])
+@pytest.mark.parametrize("where", ["after", "before", "compose_after", "compose_before"])
 def test_with_epoch_on_a_pipeline_holding_sift_warns_and_refuses_a_resume(shards, where):
     # found by review: webdataset counts .with_epoch(n) in an islice over passes repeated for ever,
     # outside the stage's state: a resumed epoch was n items long again from the checkpoint, and
@@ -473,7 +473,12 @@ def test_with_epoch_on_a_pipeline_holding_sift_warns_and_refuses_a_resume(shards
         loader = WebLoader(dataset, batch_size=None, num_workers=0)
         if where == "after":
             return loader.sift(sifter).with_epoch(4), sifter
-        return loader.with_epoch(4).sift(sifter), sifter
+        if where == "before":
+            return loader.with_epoch(4).sift(sifter), sifter
+        # a bare Sifter composed in (left open 2026-12-04, mended 2026-12-05)
+        if where == "compose_after":
+            return loader.compose(sifter).with_epoch(4), sifter
+        return loader.with_epoch(4).compose(sifter), sifter
 
     with pytest.warns(UserWarning, match=r"cut into epochs by \.with_epoch\(n\).*cannot resume"):
         resumed = resumed_after_two_batches(build)
