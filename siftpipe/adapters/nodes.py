@@ -128,6 +128,11 @@ class SiftNode(BaseNode[Any]):
         # "SystemError: AST constructor recursion depth mismatch" inside np.load).
         gc.collect()
         if initial_state is None:
+            # from the beginning (torchdata's reset(None)), also right after a reset(state) of a
+            # pass still open, nothing read since (MultiNodeWeightedSampler does that): that pass
+            # is given up, as one left early is, and the next begins. Before 2026-12-05 it was
+            # resumed against the source reset here: a ResumeError, or an empty epoch
+            self.sifter._give_up_loaded_pass()
             # the call first hands the source a between-passes checkpoint's state (if one was
             # loaded); resetting it then starts the epoch after that one
             self._it = self.sifter._surviving(self._wrapped)

@@ -566,6 +566,31 @@ class Sifter:
         """
         return self._open(source, surface=False)
 
+    def _give_up_loaded_pass(self) -> bool:
+        """A mid-pass checkpoint loaded and not read from since, given up for a new pass (a
+        torchdata node's ``reset(None)`` after ``reset(state)``: "from the beginning"): its rows
+        decided kept and never handed on are noted as a pass left early notes them
+        (``stats.unhanded``, the audit log), and the next call starts the pass after it. True if
+        there was one to give up."""
+        passes = self._passes
+        restore = passes.restore
+        if restore is None or not restore.get("pass_open"):
+            return False
+        passes.close_active("the checkpoint's pass was given up for a new one before it was read")
+        ledger = self._ledger
+        ledger.drop_pending(consumed=int(restore["consumed"]))
+        for desc in restore["pending"]:
+            group = Group([], int(desc["rows"]), int(desc["seq0"]), None)
+            group.keep = desc["keep"].numpy().astype(bool)
+            group.kept_index = np.flatnonzero(group.keep)
+            ledger.pending.append(group)
+        ledger.emitted = int(restore["emitted"])
+        self._unhanded()
+        ledger.drop_pending()
+        passes.restore = None
+        passes.open = False
+        return True
+
     def _surviving(self, source: Iterable[Any]) -> Iterator[Any]:
         """``self(source)``, whose pass outlives an error its source raises: the error comes out
         as a ``Raised`` item (its consumer raises it), after the samples read before it are

@@ -487,3 +487,92 @@ def test_write_shards_result_is_taken_as_its_urls_and_a_non_list_is_a_config_err
     for bad in (42, None):
         with pytest.raises(sp.ConfigError, match="brace pattern.*list of URLs"):
             ShardSource(bad)
+
+
+def _wrapped(n, seed):
+    from tests.common import make_samples
+
+    return IterableWrapper(make_samples(n, seed=seed))
+
+
+def _loss(model, batch):
+    return batch["loss"].double()
+
+
+def test_reset_none_right_after_reset_state_begins_the_next_pass_as_an_abandoned_one_would():
+    # found by review with torchdata's own MultiNodeWeightedSampler test (2026-12-05): reset(None)
+    # straight after reset(state) of a pass still open resumed that pass against the source just
+    # reset to its start (a ResumeError, or an empty epoch); torchdata's reset(None) means "from
+    # the beginning", which for the stage is the next pass, the loaded one left as if abandoned
+    def node():
+        return SiftNode(
+            _wrapped(40, 3),
+            sp.Sifter(None, _loss, sp.RelativeProbabilistic(1.0, 20), micro_batch=3, output_batch=4, seed=1),
+        )
+
+    def drain(n):
+        out = []
+        while True:
+            try:
+                out.append(list(n.next()["__key__"]))
+            except StopIteration:
+                return out
+
+    unhanded = []
+    for k in range(1, 7):
+        a = node()
+        a.reset(None)
+        for _ in range(k):
+            a.next()
+        state = roundtrip(a.state_dict())
+        a.reset(None)  # the pass left mid-way, the next one read whole
+        second = drain(a)
+        b = node()
+        b.reset(state)
+        b.reset(None)
+        assert drain(b) == second and len(second) > 0, k
+        assert b.sifter.epoch == a.sifter.epoch == 1
+        assert b.sifter.stats.unhanded == a.sifter.stats.unhanded, k  # the loaded pass's waiting rows
+        unhanded.append(a.sifter.stats.unhanded)
+    assert any(unhanded)
+
+
+def test_multi_node_weighted_sampler_over_sift_nodes_restarts_an_epoch_whole():
+    from torchdata.nodes import MultiNodeWeightedSampler, Prefetcher, StopCriteria
+
+    def samples(i):  # as the review's repro had them
+        losses = torch.rand(10 + 3 * i, generator=torch.Generator().manual_seed(0))
+        return [
+            {"__key__": f"ds{i}-k{j:04d}", "x": torch.tensor([float(j)]), "loss": float(v)}
+            for j, v in enumerate(losses)
+        ]
+
+    def sources():
+        return {
+            f"ds{i}": SiftNode(
+                IterableWrapper(samples(i)),
+                sp.Sifter(None, _loss, sp.RelativeProbabilistic(1.0, 20), micro_batch=3, seed=i),
+            )
+            for i in range(3)
+        }
+
+    weights = {f"ds{i}": 0.1 * (i + 1) for i in range(3)}
+    node = Prefetcher(
+        MultiNodeWeightedSampler(sources(), weights, StopCriteria.ALL_DATASETS_EXHAUSTED, seed=0), 3
+    )
+    x = Loader(node)
+    list(x)
+    end = x.state_dict()
+    first_again = list(x)
+    # torchdata's run_test_save_load_state, steps 6 and 7: the end state loaded without restarting
+    # (nothing), then restarting (the next epoch whole)
+    y = Loader(node, restart_on_stop_iteration=False)
+    y.load_state_dict(end)
+    assert list(y) == []
+    z = Loader(node)
+    z.load_state_dict(end)
+    got = list(z)
+    # (ds2's pass was still open in the end state, and the sampler resets it with that state and
+    # then with None, nothing read between: it vanished from the epoch, 13 items of 21)
+    assert len(got) == len(first_again) > 0
+    assert {k["__key__"][:3] for k in got} == {"ds0", "ds1", "ds2"}
