@@ -137,8 +137,15 @@ def test_ctrl_c_mid_run_is_one_line_and_leaves_a_log_that_verifies(tmp_path, sig
 
     out = tmp_path / "demo"
     args = [a if a != "2" else "20" for a in TINY]  # --epochs 20: still running when interrupted
+    # `python -m siftpipe demo ...`, with Ctrl-C's handler put back first: a suite started in the
+    # background by a shell without job control runs with SIGINT ignored, and a child inherits it
+    # (Python then never raises KeyboardInterrupt)
+    start = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "sys.argv[0] = 'siftpipe'; runpy.run_module('siftpipe', run_name='__main__', alter_sys=True)"
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "siftpipe", "demo", "--out", str(out), "--quiet", *args],
+        [sys.executable, "-c", start, "demo", "--out", str(out), "--quiet", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )  # fmt: skip
