@@ -424,9 +424,10 @@ class WebDataset(SiftFluid, wds.WebDataset):
             ``key``/``secret``/``token``, ``profile``, ``anon``, ``client_kwargs``,
             ``config_kwargs``; ``None``: the standard AWS environment and config files.
             Filesystems are created lazily in each DataLoader worker, never shipped to it.
-        handler: What to do with a shard that cannot be opened or read after retries (and,
-            as in webdataset, the default handler of the chain): ``reraise_exception``
-            (default), ``warn_and_continue`` (skip it with a ``ShardWarning``), ...
+        handler: What to do with a shard that cannot be opened or read after retries:
+            ``reraise_exception`` (default), ``warn_and_continue`` (skip it with a
+            ``ShardWarning``), ... As in webdataset, it covers reading shards only: ``.decode()``
+            and ``.to_tuple()`` take their own ``handler=`` and re-raise by default.
         retries: Retries of a failed open or read (transient errors: connection errors,
             timeouts, 5xx and throttling answers) with exponential backoff; a read that fails
             mid-shard reopens the object at the same byte offset.
@@ -541,7 +542,10 @@ class WebDataset(SiftFluid, wds.WebDataset):
         stages[at : at + 3] = [reader]
 
     def _sample_handler(self, handler: Callable[[BaseException], bool] | None) -> _SampleHandler:
-        return _SampleHandler(handler or self.reader.handler, [self.opener.counts])
+        # webdataset's own default for a sample step, whatever the dataset's handler (until
+        # 2026-12-05 the dataset's: a webdataset user's handler=warn_and_continue, meant for
+        # shards, then skipped every sample that failed to decode, where webdataset raises)
+        return _SampleHandler(handler or reraise_exception, [self.opener.counts])
 
     def decode(
         self,
@@ -553,9 +557,9 @@ class WebDataset(SiftFluid, wds.WebDataset):
         handler: Callable[[BaseException], bool] | None = None,
     ) -> Any:
         """webdataset's ``.decode()``. A field that cannot be decoded raises ``SampleError`` naming
-        the shard, the sample and the field, or goes to ``handler`` (default: the dataset's
-        ``handler``): ``warn_and_continue`` skips the sample with a ``ShardWarning``, counted in
-        ``shard_stats().samples_skipped``."""
+        the shard, the sample and the field, or goes to ``handler`` (default, as in webdataset:
+        re-raise, whatever the dataset's ``handler``): ``warn_and_continue`` skips the sample with
+        a ``ShardWarning``, counted in ``shard_stats().samples_skipped``."""
         handlers = [autodecode.ImageHandler(x) if isinstance(x, str) else x for x in args]
         decoder = autodecode.Decoder(handlers, pre=pre, post=post, only=only, partial=partial)
         return self.compose(filters.map(_Decode(decoder), handler=self._sample_handler(handler)))
@@ -568,8 +572,8 @@ class WebDataset(SiftFluid, wds.WebDataset):
         none_is_error: bool | None = None,
     ) -> Any:
         """webdataset's ``.to_tuple()``. A sample missing a field raises ``SampleError`` naming the
-        shard, the sample, the field and the fields it has, or goes to ``handler`` (default: the
-        dataset's ``handler``), counted in ``shard_stats().samples_skipped`` when skipped."""
+        shard, the sample, the field and the fields it has, or goes to ``handler`` (default, as in
+        webdataset: re-raise), counted in ``shard_stats().samples_skipped`` when skipped."""
         step = _ToTuple(args, missing_is_error, none_is_error)
         return self.compose(filters.map(step, handler=self._sample_handler(handler)))
 

@@ -52,6 +52,10 @@ class SIGTERM(KeyboardInterrupt):
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    if hasattr(signal, "SIGCHLD"):
+        # a SIGTERM sent to the process group stops the DataLoader workers too, and torch's
+        # SIGCHLD handler would then raise "worker killed" in the middle of closing the log
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     raise SIGTERM()
 
 

@@ -78,11 +78,11 @@ def test_a_missing_field_names_the_field_and_what_the_sample_has(odd):
     assert got[2] == ("k02", None) and len(got) == 8
 
 
-def test_the_datasets_handler_skips_bad_samples_warns_naming_them_and_counts(odd):
+def test_the_steps_handlers_skip_bad_samples_warn_naming_them_and_count(odd):
     dataset = (
-        WebDataset(odd, shardshuffle=False, handler=warn_and_continue)
-        .decode()
-        .to_tuple("__key__", "x.npy", "cls")
+        WebDataset(odd, shardshuffle=False)
+        .decode(handler=warn_and_continue)
+        .to_tuple("__key__", "x.npy", "cls", handler=warn_and_continue)
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -104,11 +104,22 @@ def test_a_handler_given_to_one_call_applies_to_that_call(odd):
         list(dataset.to_tuple("__key__", "cls"))  # the dataset's own handler: raise
 
 
+def test_the_datasets_handler_is_for_shards_and_decode_re_raises_as_in_webdataset(odd):
+    # found by review (2026-12-05): the dataset's handler was the default of .decode() and
+    # .to_tuple(): a webdataset user's handler=warn_and_continue, meant for bad shards, skipped
+    # every sample that failed to decode, where webdataset 1.0.2 raises
+    for cls, error in ((WebDataset, sp.SampleError), (wds.WebDataset, wds.DecodingError)):
+        with pytest.raises(error):
+            list(cls(odd, shardshuffle=False, handler=warn_and_continue).decode())
+    with pytest.raises(sp.SampleError, match="k02"):
+        list(WebDataset(odd, shardshuffle=False, handler=warn_and_continue).to_tuple("__key__", "cls"))
+
+
 def test_the_sifter_counts_what_the_pipeline_skipped(odd):
     dataset = (
-        WebDataset(odd, shardshuffle=False, handler=warn_and_continue)
-        .decode()
-        .to_tuple("__key__", "x.npy", "cls")
+        WebDataset(odd, shardshuffle=False)
+        .decode(handler=warn_and_continue)
+        .to_tuple("__key__", "x.npy", "cls", handler=warn_and_continue)
     )
 
     def scorer(model, batch):

@@ -132,8 +132,8 @@ def pipeline(store, endpoint, handler, **kw):
         WebDataset(
             urls, shardshuffle=False, handler=handler, storage_options=s3_options(endpoint), **FAST, **kw
         )
-        .decode()
-        .to_tuple("__key__", "x.npy", "cls")
+        .decode(handler=handler)
+        .to_tuple("__key__", "x.npy", "cls", handler=handler)
         .batched(8, collation_fn=default_collate)
     )
 
