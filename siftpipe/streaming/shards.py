@@ -294,7 +294,7 @@ def write_shards(
         total=n if n is not None else total, unit="sample", desc=f"writing {shown}", disable=not progress
     )
     tmpdir = tempfile.mkdtemp(prefix="siftpipe-shard-")
-    it = iter(rows)
+    it = _own_errors(iter(rows))
     try:
         while True:
             url = _shard_url(prefix, len(urls))
@@ -308,6 +308,8 @@ def write_shards(
                 count = _write_tar(tmp, it, samples_per_shard, sum(counts), mtime, bar)
                 if count:
                     _upload(opener, fs, tmp, url, local)
+            except _SampleSourceError as wrapped:
+                raise wrapped.error from None  # the caller's samples failed, not the destination
             except OSError as exc:
                 if isinstance(exc, ShardError):
                     raise
@@ -337,6 +339,27 @@ def write_shards(
     last = len(urls) - 1
     pattern = _shard_url(prefix, 0) if last == 0 else f"{prefix}-{{{0:0{DIGITS}d}..{last:0{DIGITS}d}}}.tar"
     return ShardSet(urls=urls, counts=counts, pattern=pattern)
+
+
+class _SampleSourceError(Exception):
+    """An error the caller's samples raised (reading an input file, say): handed back as it was,
+    never taken for a failure to write the shard."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _own_errors(it: Iterator[Any]) -> Iterator[Any]:
+    """``it``, with what its ``next()`` raises wrapped in ``_SampleSourceError``."""
+    while True:
+        try:
+            sample = next(it)
+        except StopIteration:
+            return
+        except Exception as exc:
+            raise _SampleSourceError(exc) from exc
+        yield sample
 
 
 def _write_tar(tmp: str, it: Iterator[Any], limit: int, index: int, mtime: float, bar: Any) -> int:

@@ -259,3 +259,16 @@ def test_a_failed_write_gives_no_readers_advice(local_s3):
             progress=False,
         )
     assert "warn_and_continue" not in str(caught.value)
+
+
+def test_an_error_of_the_callers_own_samples_comes_back_as_it_was(tmp_path):
+    # found by review (2026-12-05): an input file the caller's generator could not open came
+    # back as a ShardError blaming the destination, no longer a FileNotFoundError
+    def samples():
+        yield from synthetic_classification(3)
+        open(tmp_path / "no-such-input.jpg", "rb")  # noqa: SIM115
+
+    with pytest.raises(FileNotFoundError, match="no-such-input.jpg") as caught:
+        write_shards(samples(), str(tmp_path / "out" / "t"), progress=False)
+    assert not isinstance(caught.value, sp.ShardError)
+    assert not list((tmp_path / "out").glob("*"))  # nothing partial left
