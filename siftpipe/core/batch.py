@@ -79,10 +79,14 @@ def rows(batch: Batch, seq: int) -> tuple[Batch, int]:
     n = batch_size(batch)
     wrong = _wrong_rows(batch, n, "")
     if wrong is not None and type(batch) is dict:
-        # (only then: a list of tensors not all of n rows is not default_collate's columns)
-        marked = mark_row_lists(batch, n)
-        if marked is not batch:
-            batch, wrong = marked, _wrong_rows(marked, n, "")
+        # (only then: a list of tensors not all of n rows is not default_collate's columns). The
+        # first field may be such a list, whose first entry's rows were taken for the batch's:
+        # the first tensor field's rows are tried too
+        for m in (n, *_tensor_rows(batch, n)):
+            marked = mark_row_lists(batch, m)
+            if marked is not batch and _wrong_rows(marked, m, "") is None:
+                batch, n, wrong = marked, m, None
+                break
     if wrong is not None:
         where, got = wrong
         raise BatchError(
@@ -94,6 +98,14 @@ def rows(batch: Batch, seq: int) -> tuple[Batch, int]:
             "stack them, or hold them in a numpy object array"
         )
     return batch, n
+
+
+def _tensor_rows(batch: dict[Any, Any], n: int) -> list[int]:
+    """The rows of the first tensor (or array) field of ``batch``, if not ``n``."""
+    for v in batch.values():
+        if isinstance(v, torch.Tensor | np.ndarray) and v.ndim:
+            return [int(v.shape[0])] if int(v.shape[0]) != n else []
+    return []
 
 
 def mark_row_lists(batch: dict[Any, Any], n: int) -> dict[Any, Any]:
@@ -148,8 +160,14 @@ def _wrong_rows(batch: Batch, n: int, path: str, nested: bool = False) -> tuple[
             found = _wrong_rows(v, n, f"{path}[{i}]" if path else f"position {i}", True)
             if found is not None:
                 return found
-        if nested and type(batch) is list and len(batch) == n > 1:
-            _warn_square(path, n)
+        if nested and type(batch) is list:
+            if not _all_of_length(batch, n):
+                # default_collate's columns each hold every row: a list of 0-d tensors, of pairs
+                # (h, w) or of numbers is one entry per sample, and handed on uncut it would
+                # misalign its samples (found by review, 2026-12-05)
+                return path, len(batch)
+            if len(batch) == n > 1:
+                _warn_square(path, n)
         return None
     if isinstance(batch, list) and len(batch) != n:
         return path, len(batch)

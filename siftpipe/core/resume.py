@@ -71,8 +71,8 @@ def reread_groups(
         if len(items) < desc["n_items"]:
             reader.raise_held()  # the source failed partway through the group: its own error
         if batched and len(items) == 1 and type(items[0]) is dict:
-            # re-read as first read: per-row lists of tensors of different sizes marked (RowList)
-            items = [_batch.mark_row_lists(items[0], desc["rows"])]
+            # re-read as first read: the same row check, the same per-row lists marked (RowList)
+            items = [_batch.rows(items[0], int(desc["seq0"]))[0]]
         group = Group(items, desc["rows"], desc["seq0"], before)
         if len(items) < desc["n_items"] or (batched and _batch.batch_size(items[0]) != desc["rows"]):
             raise ResumeError(

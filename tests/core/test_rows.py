@@ -231,3 +231,46 @@ def test_a_field_of_as_many_values_of_as_many_rows_as_the_batch_is_said_to_be_am
         warnings.simplefilter("error")
         out = list(s([collated]))
     assert torch.equal(out[0]["pair"][1], torch.ones(3))
+
+
+@pytest.mark.parametrize("boxes_first", [False, True])
+def test_per_row_lists_are_cut_the_same_whatever_the_other_fields_and_after_a_resume(boxes_first):
+    """Found by review (2026-12-05): a list of 0-d tensors or of (h, w) pairs was cut to the kept
+    rows only when another field was ragged, else handed on whole (6 labels for 4 keys); a
+    resume re-read marked them regardless; a ragged field first in the batch gave its first
+    entry's size as the batch's. Now each such list is one entry per row in every case."""
+
+    def batches(ragged):
+        for i in range(4):
+            fields = {
+                "__key__": [f"{i}-{j}" for j in range(6)],
+                "x": torch.arange(6, dtype=torch.float64) + i,
+                "label": [torch.tensor(10 * i + j) for j in range(6)],
+                "hw": [(10 * i + j, 1) for j in range(6)],
+            }
+            if ragged:
+                boxes = {"boxes": [torch.full((j % 4 + 1, 4), float(10 * i + j)) for j in range(6)]}
+                fields = {**boxes, **fields} if boxes_first else {**fields, **boxes}
+            yield fields
+
+    def make():
+        return sp.Sifter(
+            None, lambda m, b: b["x"], sp.Uniform(0.5), batched=True, micro_batch=None, output_batch=4, seed=3
+        )
+
+    for ragged in (False, True):
+        whole = list(make()(batches(ragged)))
+        for b in whole:
+            ids = [10 * int(k.split("-")[0]) + int(k.split("-")[1]) for k in b["__key__"]]
+            assert [int(t) for t in b["label"]] == ids and [h for h, _ in b["hw"]] == ids
+            if ragged:
+                assert [int(t[0, 0]) for t in b["boxes"]] == ids
+        s = make()
+        it = s(batches(ragged))
+        head = [next(it)]
+        state = roundtrip(s.state_dict())
+        again = make()
+        again.load_state_dict(state)
+        rest = list(again(list(batches(ragged))[again.resume_from :]))
+        assert [b["__key__"] for b in head + rest] == [b["__key__"] for b in whole]
+        assert [len(b["label"]) for b in head + rest] == [len(b["__key__"]) for b in whole]
