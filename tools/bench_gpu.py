@@ -429,7 +429,7 @@ def run_arm(
                 at_start: sp.SiftStats = at_start,
                 base: int = base,
             ) -> Iterator[Any]:
-                handed = 0
+                handed = at = 0
                 for b in s(src):
                     now = s.stats
                     seen, kept = now.seen - at_start.seen, now.kept - at_start.kept
@@ -438,7 +438,9 @@ def run_arm(
                     # before it hands its first rows on, so its seen count runs ahead by up to an
                     # input batch (the learning rate and the evaluation points would run ahead of
                     # the full arm's); the rows handed on, scaled by the pass's seen/kept, do not
-                    yield b, base + min(seen, n, round(handed * seen / max(kept, 1)))
+                    # (never back: the scale moves when a batch keeps another share)
+                    at = max(at, min(seen, n, round(handed * seen / max(kept, 1))))
+                    yield b, base + at
 
             stream = sifted()
         it = iter(stream)

@@ -635,7 +635,7 @@ def run_arm(
                 def sifted(
                     s: sp.Sifter = sifter, start: sp.SiftStats = start_stats, base: int = seen_before
                 ) -> Iterator[Any]:
-                    handed = 0
+                    handed = at = 0
                     for b in s(batches()):
                         now = s.stats
                         seen, kept = now.seen - start.seen, now.kept - start.kept
@@ -643,7 +643,8 @@ def run_arm(
                         # the samples seen up to this step's: the stage decides a whole input batch
                         # before it hands the first rows on, so its seen count runs ahead by up to an
                         # input batch; the rows handed on, scaled by the pass's seen/kept, do not
-                        at = min(seen, n, round(handed * seen / max(kept, 1)))
+                        # (never back: the scale moves when a batch keeps another share)
+                        at = max(at, min(seen, n, round(handed * seen / max(kept, 1))))
                         yield b["__key__"], b.get("__sift_weight__"), base + at
 
                 steps = sifted()

@@ -390,7 +390,7 @@ def train_run(
         at_start = sifter.stats if sifter is not None else None
         last_reported = state["seen"]
         read_by_worker: dict[int, int] = {}
-        rows_in_epoch = 0
+        rows_in_epoch = placed = 0
         for step_batch in _steps(loader, sifter is None, batch):
             # samples read from the shards so far (before-decode drops included)
             if arm.predecode:
@@ -408,7 +408,9 @@ def train_run(
                 now = sifter.stats
                 seen_now, kept_now = now.seen - at_start.seen, now.kept - at_start.kept
                 rows_in_epoch += len(step_batch["y"])
-                in_epoch = min(seen_now, round(rows_in_epoch * seen_now / max(kept_now, 1)))
+                # (never back: the scale moves when a batch keeps another share)
+                placed = max(placed, min(seen_now, round(rows_in_epoch * seen_now / max(kept_now, 1))))
+                in_epoch = placed
             else:
                 rows_in_epoch += len(step_batch["y"])
                 in_epoch = rows_in_epoch

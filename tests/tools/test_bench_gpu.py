@@ -189,3 +189,5 @@ def test_every_arm_follows_the_same_learning_rate_schedule_while_all_is_kept(mon
     for name in ("recipe", "infobatch"):
         assert progress[name][:epoch0] == pytest.approx(full), name
         assert progress[name][0] == pytest.approx(128 / QUICK_SEEN)
+        # the schedule never goes back (a batch keeping another share moves the scale)
+        assert all(a <= b for a, b in itertools.pairwise(progress[name])), name
