@@ -486,8 +486,9 @@ class WebDataset(SiftFluid, wds.WebDataset):
         # webdataset builds the pipeline: the shard list, node and worker splitting, shard
         # shuffling, the seed (WDS_SEED), its warnings. What is ours is how a shard is opened and
         # read, swapped in below.
-        wds.WebDataset.__init__(
-            self,
+        # (super(), not wds.WebDataset: code that sets wds.WebDataset = siftpipe's class, to
+        # retrofit it, recursed here for ever)
+        super().__init__(
             urls if self.urls is None else self.urls,
             handler=handler,
             mode=mode,

@@ -516,3 +516,12 @@ def test_a_pass_over_resampled_shards_is_not_resumed_inside_with_advice_that_can
 
     with pytest.raises(sp.ResumeError, match="drawn at random by design.*ShardSource and SiftNode"):
         next(iter(resumed_after_two_batches(build)))
+
+
+def test_siftpipes_class_set_in_place_of_webdatasets_works(shards, monkeypatch):
+    # found by review (2026-12-05): retrofitting code that sets wds.WebDataset to siftpipe's
+    # class got a RecursionError (its __init__ called wds.WebDataset.__init__ by name)
+    import siftpipe.webdataset as swds
+
+    monkeypatch.setattr(wds, "WebDataset", swds.WebDataset)
+    assert len(list(wds.WebDataset(shards.pattern, shardshuffle=False))) == N
