@@ -192,6 +192,9 @@ class Passes:
         if self.id != pass_id:
             return
         self.open = False
+        # what was fully handed on before it ended (a pass that failed hands on its waiting
+        # rows first): consumed stands after it (the group that failed is not pending)
+        self.ledger.trim()
         self.ledger.drop_pending()
         # left before the source's end: a restored source must be moved past that pass
         self.source_abandoned = not finished and self.source is not None and reader.ahead is not END

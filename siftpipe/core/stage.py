@@ -1072,7 +1072,10 @@ class Sifter:
             except Exception:
                 # a scorer's error, a non-finite loss: the pass ends with it, but the rows kept
                 # before it and waiting for a full output batch are handed on first (recorded as
-                # kept, they are trained; with drop_last noted unhanded), as on a source's error
+                # kept, they are trained; with drop_last noted unhanded), as on a source's error.
+                # The group that failed was not decided: not pending (consumed stops before it)
+                if self._ledger.pending and self._ledger.pending[-1] is fresh:
+                    self._ledger.pending.pop()
                 yield self._finish(out)
                 raise
             if self._decider.device_wait:

@@ -158,3 +158,22 @@ def test_the_state_after_a_failed_group_loads_and_counts_only_decided_rows(failu
     again = make()
     again.load_state_dict(sifter.state_dict())  # refused as damaged before
     assert again.stats.seen == 8 and again.stats.scored == 8
+
+
+@pytest.mark.parametrize("kwargs", [{"output_batch": 5}, {"output_batch": 5, "drop_last": True}, {}])
+def test_consumed_after_a_failed_pass_stands_after_the_groups_decided(kwargs):
+    # found by review (2026-12-05): after a NaN ended the pass, consumed said 4 (the rows handed
+    # on with the error not counted) or 12 (the group that failed, never decided, counted)
+    samples = make_samples(12, seed=5)
+
+    def scorer(model, batch):
+        losses = batch["loss"].double().clone()
+        if "s000008" in list(batch["__key__"]):  # the third micro-batch: s000008..s000011
+            losses[1] = float("nan")
+        return losses
+
+    s = sp.Sifter(None, scorer, sp.Uniform(1.0), micro_batch=4, **kwargs)
+    with pytest.raises(sp.NonFiniteLossError):
+        for _ in s(samples):
+            pass
+    assert s.stats.seen == 8 and s.consumed == 8
