@@ -549,10 +549,9 @@ class ShardOpener:
         fix = _FIX[kind].format(bucket=repr(bucket))
         if what != "reading":
             # a reader's way out (skip the shard) is no fix for a write (found by review, 2026-12-05)
-            fix = fix.split(", or pass handler=warn_and_continue")[0].split("pass handler=warn_and_continue")[
-                0
-            ]
-            fix = fix.rstrip(", ") or "check the destination URL, the storage options and the permissions"
+            head = fix.partition("pass handler=warn_and_continue")[0].rstrip()
+            fix = head.removesuffix(" or").rstrip(",; ")
+            fix = fix or "check the destination URL, the storage options and the permissions"
         return ShardError(f"{what} {where} failed{tries}: {cause}; {fix}", url=shown, key=key, kind=kind)
 
 

@@ -302,6 +302,20 @@ def test_a_resumed_job_records_each_sample_dropped_before_decode_once(tmp_path):
     assert "predecode" in dropped.column("reason").to_pylist()
 
 
+def _logged_batched_stage(log):
+    """The stage over `_prefiltered_shards`' batches: scored by a model, its decisions logged."""
+    torch.manual_seed(0)
+    return sp.Sifter(
+        torch.nn.Linear(4, 4),
+        sp.CrossEntropy("x", "y"),
+        sp.RelativeProbabilistic(2.0, 300),
+        batched=True,
+        micro_batch=None,
+        memory=sp.ScoreMemory(5000, max_age=3),
+        audit=sp.AuditLog(log, run_id="p", flush_every=10_000),
+    )
+
+
 @pytest.mark.parametrize("form", ["sifter(loader)", "loader.sift(sifter)"])
 def test_workers_decide_and_record_each_epoch_under_the_stages_epoch_not_the_publications(tmp_path, form):
     # before: workers took the epoch after the publication's, so an epoch that followed no new
@@ -311,16 +325,7 @@ def test_workers_decide_and_record_each_epoch_under_the_stages_epoch_not_the_pub
 
     published, log = str(tmp_path / "memory"), str(tmp_path / "audit")
     dataset = _prefiltered_shards(tmp_path, 400, published)
-    torch.manual_seed(0)
-    sifter = sp.Sifter(
-        torch.nn.Linear(4, 4),
-        sp.CrossEntropy("x", "y"),
-        sp.RelativeProbabilistic(2.0, 300),
-        batched=True,
-        micro_batch=None,
-        memory=sp.ScoreMemory(5000, max_age=3),
-        audit=sp.AuditLog(log, run_id="p", flush_every=10_000),
-    )
+    sifter = _logged_batched_stage(log)
     loader = WebLoader(dataset, batch_size=None, num_workers=2)
     chain = loader.sift(sifter) if form == "loader.sift(sifter)" else None
 
@@ -403,16 +408,7 @@ def test_persistent_workers_decide_for_each_new_epoch_and_record_it(tmp_path):
 
     published, log = str(tmp_path / "memory"), str(tmp_path / "audit")
     dataset = _prefiltered_shards(tmp_path, 400, published)
-    torch.manual_seed(0)
-    sifter = sp.Sifter(
-        torch.nn.Linear(4, 4),
-        sp.CrossEntropy("x", "y"),
-        sp.RelativeProbabilistic(2.0, 300),
-        batched=True,
-        micro_batch=None,
-        memory=sp.ScoreMemory(5000, max_age=3),
-        audit=sp.AuditLog(log, run_id="p", flush_every=10_000),
-    )
+    sifter = _logged_batched_stage(log)
     loader = WebLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True)
     reached = []
     for e in range(3):
