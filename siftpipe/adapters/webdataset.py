@@ -254,7 +254,8 @@ class SiftFluid:
 
 
 _SKIP_HINT = (
-    "or pass handler=warn_and_continue (to the WebDataset, or to this call) to skip such samples, "
+    "or pass handler=warn_and_continue to this call (.decode(handler=...), .to_tuple(handler=...)) "
+    "to skip such samples, "
     "counted in shard_stats().samples_skipped"
 )
 

@@ -594,11 +594,7 @@ def serve(stdin: IO[bytes], stdout: IO[bytes]) -> int:
     The first frame configures the writer. At the end of input (the training process closed the
     pipe, or died) every part that arrived whole has been written.
     """
-    # Ctrl-C, and SIGTERM sent to the whole process group (a scheduler's stop), are the trainer's
-    # to handle, not ours: it closes the log, and a trainer that dies closes our input, after
-    # which every part that arrived is written (killed by a group SIGTERM, its parts were lost)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle, not ours
     first = read_frame(stdin)
     if first is None:
         return 1

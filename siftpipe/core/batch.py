@@ -87,6 +87,13 @@ def rows(batch: Batch, seq: int) -> tuple[Batch, int]:
             if marked is not batch and _wrong_rows(marked, m, "") is None:
                 batch, n, wrong = marked, m, None
                 break
+    if wrong is not None and wrong[1] == NOT_COLUMNS:
+        raise BatchError(
+            f"the input batch at sample seq {seq} holds {n} rows, and {wrong[0]} is a list whose "
+            "entries are not columns of them (0-d tensors, numbers or pairs: one value per "
+            "sample?). In a dict batch such a field is taken row by row; in a tuple or list batch "
+            "it cannot be told from columns: use a dict batch, or stack the values"
+        )
     if wrong is not None:
         where, got = wrong
         raise BatchError(
@@ -119,7 +126,7 @@ def mark_row_lists(batch: dict[Any, Any], n: int) -> dict[Any, Any]:
             and n
             and isinstance(v[0], torch.Tensor | np.ndarray | list | tuple)
         ):
-            if not _all_of_length(v, n):
+            if not all(_is_column(e, n) for e in v):
                 if out is None:
                     out = dict(batch)
                 out[k] = RowList(v)
@@ -130,6 +137,36 @@ def mark_row_lists(batch: dict[Any, Any], n: int) -> dict[Any, Any]:
                     out = dict(batch)
                 out[k] = marked
     return batch if out is None else out
+
+
+#: ``_wrong_rows``' count for a list whose entries are not columns (0-d tensors, scalars, pairs)
+NOT_COLUMNS = -1
+
+
+def _is_column(value: Any, n: int) -> bool:
+    """Whether ``value`` holds ``n`` rows as default_collate builds a column: a tensor or array of
+    ``n`` rows, ``n`` scalars (strings collated), or a sequence or mapping of such columns."""
+    if isinstance(value, torch.Tensor | np.ndarray):
+        return bool(value.ndim) and int(value.shape[0]) == n
+    if isinstance(value, list | tuple):
+        if not value:
+            return False
+        if len(value) == n and not any(isinstance(v, _NESTED) for v in value):
+            return True
+        return all(_is_column(v, n) for v in value)
+    if isinstance(value, Mapping):
+        return bool(value) and all(_is_column(v, n) for v in value.values())
+    return False
+
+
+_NESTED = (torch.Tensor, np.ndarray, list, tuple, Mapping)
+
+
+def _scalar_tuple(value: Any) -> bool:
+    """A plain tuple of scalars: what default_collate makes of a string field inside a sequence
+    (``("b0", "b1", ...)``), one entry per row (until 2026-12-05 its entries were read as
+    columns and never cut)."""
+    return type(value) is tuple and bool(value) and not isinstance(value[0], _NESTED)
 
 
 def _all_of_length(values: list[Any], n: int) -> bool:
@@ -155,18 +192,21 @@ def _wrong_rows(batch: Batch, n: int, path: str, nested: bool = False) -> tuple[
         if batch.ndim and batch.shape[0] != n:
             return path, int(batch.shape[0])
         return None
+    if nested and _scalar_tuple(batch):
+        # default_collate's column of strings (a str field inside a sequence): one per row
+        return (path, len(batch)) if len(batch) != n else None
     if isinstance(batch, tuple) or (isinstance(batch, list) and _is_columns(batch, nested)):
         for i, v in enumerate(batch):
             found = _wrong_rows(v, n, f"{path}[{i}]" if path else f"position {i}", True)
             if found is not None:
                 return found
         if nested and type(batch) is list:
-            if not _all_of_length(batch, n):
-                # default_collate's columns each hold every row: a list of 0-d tensors, of pairs
-                # (h, w) or of numbers is one entry per sample, and handed on uncut it would
-                # misalign its samples (found by review, 2026-12-05)
-                return path, len(batch)
-            if len(batch) == n > 1:
+            if not _is_column(batch, n):
+                # default_collate's columns hold every row down to their leaves: a list of 0-d
+                # tensors, of pairs (h, w) or of numbers is one entry per sample, and handed on
+                # uncut it would misalign its samples (found by review, 2026-12-05)
+                return path, NOT_COLUMNS
+            if len(batch) == n > 1 and _all_of_length(batch, n):
                 _warn_square(path, n)
         return None
     if isinstance(batch, list) and len(batch) != n:
@@ -228,6 +268,8 @@ def _take(batch: Batch, index: np.ndarray, tindex: torch.Tensor | None, nested: 
         if tindex is None:
             tindex = torch.from_numpy(index)
         return {k: _take(v, index, tindex, True) for k, v in batch.items()}
+    if nested and _scalar_tuple(batch):
+        return tuple(_take_rows(batch, index))  # (strings collated: one per row)
     if isinstance(batch, tuple) or (isinstance(batch, list) and _is_columns(batch, nested)):
         if tindex is None:
             tindex = torch.from_numpy(index)
@@ -255,6 +297,8 @@ def split(batch: Batch, size: int, nested: bool = False) -> tuple[Batch, Batch]:
         return {k: v[0] for k, v in parts.items()}, {k: v[1] for k, v in parts.items()}
     if isinstance(batch, torch.Tensor | np.ndarray):
         return (batch[:size], batch[size:]) if batch.ndim else (batch, batch)
+    if nested and _scalar_tuple(batch):
+        return batch[:size], batch[size:]
     if isinstance(batch, tuple) or (isinstance(batch, list) and _is_columns(batch, nested)):
         pairs = [split(v, size, True) for v in batch]
         heads, tails = [p[0] for p in pairs], [p[1] for p in pairs]
@@ -279,6 +323,8 @@ def concat(batches: Sequence[Batch], nested: bool = False) -> Batch:
         return np.concatenate(list(batches)) if first.ndim else first
     if isinstance(first, Mapping):
         return {k: concat([b[k] for b in batches], True) for k in first}
+    if nested and _scalar_tuple(first):
+        return tuple(x for b in batches for x in b)
     if isinstance(first, tuple) or (isinstance(first, list) and _is_columns(first, nested)):
         parts = [concat([b[i] for b in batches], True) for i in range(len(first))]
         return type(first)(*parts) if hasattr(first, "_fields") else type(first)(parts)

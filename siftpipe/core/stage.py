@@ -1067,15 +1067,18 @@ class Sifter:
                 continue
             if fresh is None:
                 break
+            seen = self._decider.counts["seen"]
             try:
                 self._decider.decide(fresh)
             except Exception:
                 # a scorer's error, a non-finite loss: the pass ends with it, but the rows kept
                 # before it and waiting for a full output batch are handed on first (recorded as
                 # kept, they are trained; with drop_last noted unhanded), as on a source's error.
-                # The group that failed was not decided: not pending (consumed stops before it)
-                if self._ledger.pending and self._ledger.pending[-1] is fresh:
-                    self._ledger.pending.pop()
+                # A group that failed before it was counted (its scoring, its losses) is not
+                # pending (consumed stops before it); one counted is (its kept rows unhanded)
+                pending = self._ledger.pending
+                if self._decider.counts["seen"] == seen and pending and pending[-1] is fresh:
+                    pending.pop()
                 yield self._finish(out)
                 raise
             if self._decider.device_wait:

@@ -7,6 +7,7 @@ Shards hold no pickle: each field is stored in a plain format chosen by its exte
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -308,11 +309,9 @@ def write_shards(
                 count = _write_tar(tmp, it, samples_per_shard, sum(counts), mtime, bar)
                 if count:
                     _upload(opener, fs, tmp, url, local)
-            except _SampleSourceError as wrapped:
-                raise wrapped.error from None  # the caller's samples failed, not the destination
             except OSError as exc:
-                if isinstance(exc, ShardError):
-                    raise
+                if isinstance(exc, ShardError) or getattr(exc, _FROM_SAMPLES, False):
+                    raise  # (the caller's samples failed, not the destination: as it was)
                 # the local disk: a folder that cannot be made, no permission, no space
                 where = opener.redact(redact_url(url))
                 raise ShardError(
@@ -341,24 +340,22 @@ def write_shards(
     return ShardSet(urls=urls, counts=counts, pattern=pattern)
 
 
-class _SampleSourceError(Exception):
-    """An error the caller's samples raised (reading an input file, say): handed back as it was,
-    never taken for a failure to write the shard."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
+#: Set on an error the caller's samples raised (reading an input file, say): handed back as it
+#: was, never taken for a failure to write the shard.
+_FROM_SAMPLES = "_siftpipe_from_samples"
 
 
 def _own_errors(it: Iterator[Any]) -> Iterator[Any]:
-    """``it``, with what its ``next()`` raises wrapped in ``_SampleSourceError``."""
+    """``it``, with what its ``next()`` raises marked as the caller's (``_FROM_SAMPLES``)."""
     while True:
         try:
             sample = next(it)
         except StopIteration:
             return
-        except Exception as exc:
-            raise _SampleSourceError(exc) from exc
+        except OSError as exc:
+            with contextlib.suppress(AttributeError):
+                setattr(exc, _FROM_SAMPLES, True)
+            raise
         yield sample
 
 

@@ -177,3 +177,32 @@ def test_consumed_after_a_failed_pass_stands_after_the_groups_decided(kwargs):
         for _ in s(samples):
             pass
     assert s.stats.seen == 8 and s.consumed == 8
+
+
+def test_a_group_that_fails_after_it_was_counted_has_its_kept_rows_counted_unhanded(tmp_path):
+    # found by review (2026-12-05): a group counted (seen, kept) whose audit keys then failed was
+    # taken off the pending list with the groups never decided: its kept rows neither handed on
+    # nor counted unhanded
+    samples = make_samples(12, seed=5)
+
+    def key(sample):
+        if sample["__key__"] == "s000009":
+            raise ValueError("no key for s000009")
+        return sample["__key__"]
+
+    s = sp.Sifter(
+        None,
+        lambda m, b: b["loss"].double(),
+        sp.Uniform(1.0),
+        micro_batch=4,
+        output_batch=5,
+        key=key,
+        audit=sp.AuditLog(str(tmp_path / "log"), run_id="k"),
+    )
+    handed = 0
+    with pytest.raises(Exception, match="no key for s000009"):
+        for batch in s(samples):
+            handed += len(batch["__key__"])
+    stats = s.stats
+    assert stats.kept == handed + stats.unhanded
+    s.close()

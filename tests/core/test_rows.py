@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import default_collate
 
 import siftpipe as sp
 from siftpipe.core.ledger import Group
@@ -274,3 +275,22 @@ def test_per_row_lists_are_cut_the_same_whatever_the_other_fields_and_after_a_re
         rest = list(again(list(batches(ragged))[again.resume_from :]))
         assert [b["__key__"] for b in head + rest] == [b["__key__"] for b in whole]
         assert [len(b["label"]) for b in head + rest] == [len(b["__key__"]) for b in whole]
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_default_collates_nested_columns_stay_columns(n):
+    """Found by review (2026-12-05): a sample field holding a list of pairs, collated by
+    default_collate into [[t(n), t(n)], ...], was refused, or (with as many samples as pairs)
+    marked one per row and its points cut instead of its samples."""
+    samples = [
+        {"__key__": f"k{i}", "x": float(i), "pts": [(i, 100 + i)] * 3, "tag": ("a", f"b{i}")}
+        for i in range(n)
+    ]
+    batch = default_collate(samples)
+    s = sp.Sifter(None, lambda m, b: b["x"].double(), sp.TopFraction(0.5), batched=True, micro_batch=None)
+    out = next(iter(s([batch])))
+    kept = [int(k[1:]) for k in out["__key__"]]
+    assert len(out["pts"]) == 3 and all(
+        p[0].tolist() == kept and p[1].tolist() == [100 + i for i in kept] for p in out["pts"]
+    )
+    assert list(out["tag"][1]) == [f"b{i}" for i in kept]
