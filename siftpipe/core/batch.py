@@ -163,10 +163,11 @@ _NESTED = (torch.Tensor, np.ndarray, list, tuple, Mapping)
 
 
 def _scalar_tuple(value: Any) -> bool:
-    """A plain tuple of scalars: what default_collate makes of a string field inside a sequence
+    """A plain tuple of strings: what default_collate makes of a string field inside a sequence
     (``("b0", "b1", ...)``), one entry per row (until 2026-12-05 its entries were read as
-    columns and never cut)."""
-    return type(value) is tuple and bool(value) and not isinstance(value[0], _NESTED)
+    columns and never cut). Not a tuple of numbers: default_collate makes tensors of those, and
+    webdataset's collation keeps each sample's own ``(h, w)`` pair as it was."""
+    return type(value) is tuple and bool(value) and isinstance(value[0], str | bytes)
 
 
 def _all_of_length(values: list[Any], n: int) -> bool:

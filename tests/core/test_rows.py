@@ -294,3 +294,26 @@ def test_default_collates_nested_columns_stay_columns(n):
         p[0].tolist() == kept and p[1].tolist() == [100 + i for i in kept] for p in out["pts"]
     )
     assert list(out["tag"][1]) == [f"b{i}" for i in kept]
+
+
+def test_webdatasets_collated_pairs_are_one_per_row_and_never_cut_inside():
+    """webdataset's default collation keeps each sample's (h, w) tuple as it is: in a batch of 4
+    they are one entry per row; in a batch of 2, where the shapes cannot tell, they are said to
+    be ambiguous and never cut inside a pair (found by review, 2026-12-05)."""
+    from webdataset.filters import default_collation_fn
+
+    def batch(ids):
+        return default_collation_fn([{"__key__": f"k{i}", "x": float(i), "hw": (i, 100 + i)} for i in ids])
+
+    s = sp.Sifter(
+        None,
+        lambda m, b: torch.as_tensor(b["x"], dtype=torch.float64),
+        sp.TopFraction(0.5),
+        batched=True,
+        micro_batch=None,
+    )
+    out = next(iter(s([batch(range(4))])))
+    assert [tuple(p) for p in out["hw"]] == [(int(k[1:]), 100 + int(k[1:])) for k in out["__key__"]]
+    with pytest.warns(sp.BatchShapeWarning):
+        out = next(iter(s([batch([4, 5])])))
+    assert all(len(p) == 2 for p in out["hw"])  # whole pairs, whatever the reading
