@@ -88,11 +88,16 @@ def rows(batch: Batch, seq: int) -> tuple[Batch, int]:
                 batch, n, wrong = marked, m, None
                 break
     if wrong is not None and wrong[1] == NOT_COLUMNS:
+        how = (
+            # (a dict batch's such list of n entries is taken row by row: this one's length is not n)
+            "nor one value per sample (its length is not the batch's rows): check the collate_fn"
+            if type(batch) is dict
+            else "and in a tuple or list batch one value per sample cannot be told from columns: "
+            "use a dict batch, or stack the values"
+        )
         raise BatchError(
             f"the input batch at sample seq {seq} holds {n} rows, and {wrong[0]} is a list whose "
-            "entries are not columns of them (0-d tensors, numbers or pairs: one value per "
-            "sample?). In a dict batch such a field is taken row by row; in a tuple or list batch "
-            "it cannot be told from columns: use a dict batch, or stack the values"
+            f"entries are not columns of them (0-d tensors, numbers or pairs?), {how}"
         )
     if wrong is not None:
         where, got = wrong
@@ -116,8 +121,8 @@ def _tensor_rows(batch: dict[Any, Any], n: int) -> list[int]:
 
 
 def mark_row_lists(batch: dict[Any, Any], n: int) -> dict[Any, Any]:
-    """``batch`` with each field that is a list of ``n`` tensors or lists not all of ``n`` rows
-    (so not default_collate's columns) as a ``RowList``; the same dict if there is none."""
+    """``batch`` with each field that is a list of ``n`` values not all columns of ``n`` rows
+    (``_is_column``: so not default_collate's) as a ``RowList``; the same dict if there is none."""
     out = None
     for k, v in batch.items():
         if (

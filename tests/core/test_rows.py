@@ -317,3 +317,18 @@ def test_webdatasets_collated_pairs_are_one_per_row_and_never_cut_inside():
     with pytest.warns(sp.BatchShapeWarning):
         out = next(iter(s([batch([4, 5])])))
     assert all(len(p) == 2 for p in out["hw"])  # whole pairs, whatever the reading
+
+
+def test_a_list_that_is_neither_columns_nor_one_per_row_is_refused_saying_so():
+    # found by a last review (2026-12-05): a dict batch was told such a field "is taken row by
+    # row" in the very error that refused it
+    batch = {"__key__": ["a", "b", "c"], "x": torch.arange(3.0), "hw": [(1, 2), (3, 4)]}
+    s = sp.Sifter(None, lambda m, b: b["x"].double(), sp.Uniform(1.0), batched=True, micro_batch=None)
+    with pytest.raises(
+        sp.BatchError, match=r"'hw' is a list whose entries are not columns.*check the collate_fn"
+    ):
+        list(s([batch]))
+    pair = (torch.arange(3.0), [torch.tensor(1.0)] * 3)
+    t = sp.Sifter(None, lambda m, b: b[0].double(), sp.Uniform(1.0), batched=True, micro_batch=None, key=None)
+    with pytest.raises(sp.BatchError, match="use a dict batch"):
+        list(t([pair]))
