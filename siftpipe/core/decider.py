@@ -292,6 +292,9 @@ class Decider:
             losses[miss] = fresh
             sources[miss] = source
             if self.remember_forward:
+                if self.on_nan == "raise" and np.count_nonzero(np.isfinite(fresh)) != miss.size:
+                    # raised before the memory holds any loss of a group that is not decided
+                    self._raise_non_finite(group, losses, np.isfinite(losses))
                 memory.update_keys(pick_keys(keys, miss), fresh, self.epoch, source)
         self.counts["from_memory"] += group.rows - miss.size
         return losses, sources

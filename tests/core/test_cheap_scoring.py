@@ -2,6 +2,7 @@
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -185,3 +186,22 @@ def test_proxy_scores_a_downscaled_input_or_a_small_model(tmp_path):
     assert small.sizes == [(32, 32), (32, 32)] and len(model.sizes) == 2
     with pytest.raises(sp.ConfigError, match="scale_factor=, model="):
         sp.Proxy("cross_entropy")
+
+
+def test_a_raised_non_finite_loss_leaves_the_memory_as_the_decided_groups_left_it():
+    """on_nan='raise' (the default) raises for a micro-batch holding a NaN loss: that micro-batch
+    is not decided, so none of its scoring-forward losses may stay in the memory (found
+    2026-12-05: its finite ones did, and a later pass then decided those samples from a memory
+    entry of a micro-batch that never was)."""
+    samples = [dict(x) for x in SAMPLES[:200]]
+    samples[130]["loss"] = float("nan")  # in the third micro-batch of 50
+    memory = sp.ScoreMemory(10_000)
+    sifter = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, memory=memory)
+    with pytest.raises(sp.NonFiniteLossError, match="seq 130"):
+        list(sifter(samples))
+    assert sifter.stats.seen == 100 and sifter.stats.scored == 100
+    assert len(memory) == 100  # the two decided micro-batches, not the failed one's 49 finite losses
+    losses, _ = memory.lookup_keys([x["__key__"] for x in samples[100:150]], 1)
+    assert np.isnan(losses).all()
+    losses, _ = memory.lookup_keys([x["__key__"] for x in samples[:100]], 1)
+    assert np.isfinite(losses).all()
