@@ -40,11 +40,15 @@ from .._secrets import redact, redact_url, refuse_credentials_in_url, secret_val
 from ..core.files import put_whole
 from ..core.memory import ScoreMemory, key_hashes
 from ..core.ranks import dist_info
+from ..core.shardcounts import SharedCounters
 from ..core.values import scalar_key
 from ..core.vocab import PRE_KEPT, PRE_LOSS, PRE_PROB, loggable_text
 from ..errors import ConfigError, MissingKeyError, PreDecodeWarning
 
 __all__ = ["PRE_KEPT", "PreDecodeFilter"]
+
+#: What ``PreDecodeFilter.stats`` counts, in the order of its shared counters' cells.
+_COUNTED = ("seen", "dropped", "kept", "unknown")
 
 
 def hash_uniform(seed: int, epoch: int, keys: Iterable[Any]) -> np.ndarray:
@@ -106,8 +110,9 @@ class PreDecodeFilter:
         self._passes_since_told = 0
         self._secrets: list[str] = []  # values never written to the records (set per pass)
         self._warned_missing = False
-        #: Samples this process saw, dropped, and passed on (kept or unknown), all epochs.
-        self.stats = {"seen": 0, "dropped": 0, "kept": 0, "unknown": 0}
+        # what every copy of this filter decided (the training process's and each DataLoader
+        # worker's, forked or spawned), added up where read: a worker's own dict died with it
+        self._counts = SharedCounters(_COUNTED)
         #: Names this filter's records in the audit log, the same in every DataLoader worker it is
         #: copied to (forked or pickled) and new for a filter made again, by a resumed job say:
         #: a resumed job's workers drop the samples of the epoch again and record them again, and
@@ -116,6 +121,19 @@ class PreDecodeFilter:
 
     def __repr__(self) -> str:
         return f"PreDecodeFilter({self._shown()!r}, version={self._loaded!r})"
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Samples this filter saw, dropped, and passed on (``kept``: decided and kept;
+        ``unknown``: no remembered loss, passed on to be scored), over all epochs, summed over
+        every process that ran a copy of it: the training process and each DataLoader worker,
+        forked or spawned, persistent or not (one loader iterating at a time). The drops are
+        counted here even without an audit log to record them."""
+        return self._counts.totals()
+
+    def reset_stats(self) -> None:
+        """Zero ``stats`` (while no DataLoader worker is running)."""
+        self._counts.reset()
 
     def follow_sifter_epoch(self, epoch: int) -> None:
         """The epoch of the pass the ``Sifter`` over this filter starts: it hands it on before the
@@ -236,11 +254,12 @@ class PreDecodeFilter:
                 f"PreDecodeFilter finds samples by key but a sample has no field {self.key!r}; place it "
                 "right after the tar reader, where '__key__' is present"
             ) from None
-        self.stats["seen"] += len(batch)
+        counts = self._counts.row()  # this process's row: seen, dropped, kept, unknown
+        counts[0] += len(batch)
         memory = self._memory
         if memory is None or not self._sorted.size:
-            self.stats["unknown"] += len(batch)
             for s in batch:
+                counts[3] += 1  # as each is handed on: a consumer may stop inside the chunk
                 yield {**s, PRE_KEPT: 0, PRE_LOSS: float("nan"), PRE_PROB: float("nan")}
             return
         epoch = self.epoch()
@@ -257,13 +276,13 @@ class PreDecodeFilter:
         keep = hash_uniform(int(self._meta["seed"]), epoch, keys) < prob
         for s, k, kn, kp, lo, pr in zip(batch, keys, known, keep, loss, prob):
             if not kn:
-                self.stats["unknown"] += 1
+                counts[3] += 1
                 yield {**s, PRE_KEPT: 0, PRE_LOSS: float("nan"), PRE_PROB: float("nan")}
             elif kp:
-                self.stats["kept"] += 1
+                counts[2] += 1
                 yield {**s, PRE_KEPT: 1, PRE_LOSS: float(lo), PRE_PROB: float(pr)}
             else:
-                self.stats["dropped"] += 1
+                counts[1] += 1
                 dropped.append(
                     {
                         "key": loggable_text(str(k)),

@@ -15,6 +15,7 @@ import numpy as np
 __all__ = [
     "ShardStats",
     "ShardWatch",
+    "SharedCounters",
     "SharedShardCounts",
     "find_shard_counts",
     "merge_shard_stats",
@@ -85,7 +86,7 @@ def reset_shard_stats() -> None:
 
 
 # counters still in this process's own memory, shared before any fork (a DataLoader's workers)
-_UNSHARED: weakref.WeakSet[SharedShardCounts] = weakref.WeakSet()
+_UNSHARED: weakref.WeakSet[SharedShardCounts | SharedCounters] = weakref.WeakSet()
 
 
 def _share_before_fork() -> None:
@@ -204,6 +205,62 @@ class SharedShardCounts:
 
     def __repr__(self) -> str:
         return f"SharedShardCounts({self.stats()})"
+
+
+class SharedCounters:
+    """Named counters that every process running a copy of their owner adds to: the training
+    process and each of its DataLoader workers (a ``PreDecodeFilter``'s seen, dropped, kept).
+
+    Kept as ``SharedShardCounts`` keeps its counters: one row per process (row 0: a process that
+    is not a DataLoader worker; row ``1 + id``: worker ``id``), in the process's own memory until
+    a worker could need them (moved to shared memory before a fork, or as they are sent to a
+    spawned worker), summed when read. One loader iterating at a time counts exactly; two
+    iterating copies of one owner at once share worker rows and can lose counts."""
+
+    ROWS = SharedShardCounts.ROWS
+
+    def __init__(self, names: Iterable[str]) -> None:
+        import torch
+
+        self.names = tuple(names)
+        self._buffer = torch.zeros((self.ROWS, len(self.names)), dtype=torch.int64)
+        self._view: Any = None
+        _UNSHARED.add(self)
+
+    def share(self) -> None:
+        """Move the counters to shared memory (see ``SharedShardCounts.share``)."""
+        if not self._buffer.is_shared():
+            self._buffer = self._buffer.clone().share_memory_()
+            self._view = None
+        _UNSHARED.discard(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        self.share()
+        return {"names": self.names, "_buffer": self._buffer}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.names = state["names"]
+        self._buffer = state["_buffer"]
+        self._view = None
+
+    def row(self) -> Any:
+        """This process's counters (a numpy view, in the order of ``names``): add to its cells."""
+        if self._view is None:
+            self._view = self._buffer.numpy()
+        return self._view[SharedShardCounts._row()]
+
+    def totals(self) -> dict[str, int]:
+        """Each counter summed over every process."""
+        if self._view is None:
+            self._view = self._buffer.numpy()
+        return dict(zip(self.names, map(int, self._view.sum(0))))
+
+    def reset(self) -> None:
+        """Zero the counters (call it while no worker is running)."""
+        self._buffer.zero_()
+
+    def __repr__(self) -> str:
+        return f"SharedCounters({self.totals()})"
 
 
 #: The attributes a search of a source's graph follows: a DataLoader's dataset, a node's source,

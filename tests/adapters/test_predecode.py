@@ -473,3 +473,32 @@ def test_a_publication_url_with_credentials_is_refused_before_any_request(url):
     list(sifter(Shards()))
     with pytest.raises(sp.ConfigError, match="holds credentials"):
         sifter.publish_memory(url)
+
+
+@pytest.mark.parametrize(
+    "loader_kwargs",
+    [
+        {"num_workers": 2},
+        {"num_workers": 2, "persistent_workers": True, "multiprocessing_context": "spawn"},
+    ],
+    ids=["fork", "spawn-persistent"],
+)
+def test_the_filters_stats_add_up_what_every_worker_decided(tmp_path, loader_kwargs):
+    """The filter made in the training process counts the drops its DataLoader workers' copies
+    made (found 2026-12-05: each worker's copy counted its own and was gone with the worker, so
+    without an audit log the drops before decode were counted nowhere)."""
+    published = str(tmp_path / "memory")
+    sifter = relative_stage()
+    prefilter = sp.PreDecodeFilter(published)
+    loader = DataLoader(Shards(prefilter), batch_size=None, **loader_kwargs)
+    list(sifter(loader))  # epoch 0: nothing published, every sample passed on unknown
+    assert prefilter.stats == {"seen": 400, "dropped": 0, "kept": 0, "unknown": 400}
+    sifter.publish_memory(published)
+    seen_before = sifter.stats.seen
+    list(sifter(loader))
+    reached = sifter.stats.seen - seen_before
+    stats = prefilter.stats
+    assert stats["seen"] == 800 and stats["unknown"] == 400
+    assert stats["kept"] == reached and stats["dropped"] == 400 - reached > 100
+    prefilter.reset_stats()
+    assert prefilter.stats == dict.fromkeys(("seen", "dropped", "kept", "unknown"), 0)
