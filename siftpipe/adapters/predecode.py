@@ -49,6 +49,8 @@ __all__ = ["PRE_KEPT", "PreDecodeFilter"]
 
 #: What ``PreDecodeFilter.stats`` counts, in the order of its shared counters' cells.
 _COUNTED = ("seen", "dropped", "kept", "unknown")
+#: Publications a filter follows while loading one (each replaced, its file deleted, meanwhile)
+_NEWER_TRIES = 8
 
 
 def hash_uniform(seed: int, epoch: int, keys: Iterable[Any]) -> np.ndarray:
@@ -173,12 +175,8 @@ class PreDecodeFilter:
         return redact(redact_url(self.url), secret_values(self.storage_options))
 
     def _refresh(self) -> None:
-        import fsspec
-
-        try:
-            with fsspec.open(f"{self.url}/latest.json", "rb", **self.storage_options) as f:
-                raw = f.read()
-        except FileNotFoundError:
+        meta = self._read_latest()
+        if meta is None:
             # nothing published yet (the first epoch): pass everything on. Said once from the
             # second epoch on, as a mistyped URL or a server that cannot be reached reads the same
             self._memory, self._meta = None, {}
@@ -193,9 +191,51 @@ class PreDecodeFilter:
                     stacklevel=3,
                 )
             return
+        for _ in range(_NEWER_TRIES):
+            if meta["version"] == self._loaded:
+                return
+            file = meta["file"]
+            # sized to the losses it holds: every worker loads each publication
+            try:
+                memory = ScoreMemory.load(f"{self.url}/{file}", self.storage_options, lookups_only=True)
+                break
+            except OSError as exc:
+                # published again since latest.json was read, and the file it named deleted as
+                # the publisher's keep= asks: the newer one is what to load
+                newer = self._read_latest()
+                if newer is not None and newer["version"] != meta["version"]:
+                    meta = newer
+                    continue
+                # (not the raw error: its text holds the URL, which may hold credentials)
+                raise ConfigError(
+                    f"the publication {self._shown()}/latest.json names {loggable_text(file)!r}, "
+                    f"which cannot be read ({type(exc).__name__}: "
+                    f"{redact(str(exc), secret_values(self.storage_options, self.url))}): deleted "
+                    "or moved since it was published? Publish again with Sifter.publish_memory(url)"
+                ) from None
+        else:
+            raise ConfigError(
+                f"the publication at {self._shown()}/latest.json was replaced {_NEWER_TRIES} times "
+                "while this filter loaded it, each file deleted before it could be read: publish "
+                "less often than workers start, or with publish_memory(..., keep=None)"
+            )
+        self._memory = memory
+        self._sorted = np.sort(memory.losses())
+        self._meta = meta
+        self._loaded = meta["version"]
+
+    def _read_latest(self) -> dict[str, Any] | None:
+        """The publication ``latest.json`` names (checked), or None when there is none."""
+        import fsspec
+
+        try:
+            with fsspec.open(f"{self.url}/latest.json", "rb", **self.storage_options) as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return None
         try:
             meta = json.loads(raw)
-            version, file = str(meta["version"]), str(meta["file"])
+            meta["version"], meta["file"] = str(meta["version"]), str(meta["file"])
             int(meta["epoch"]), int(meta["seed"]), float(meta["beta"])
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
             raise ConfigError(
@@ -210,23 +250,7 @@ class PreDecodeFilter:
                 "memories, draws and audit folders. Give each rank its own URL (publish_memory and "
                 "PreDecodeFilter both at f'{url}/rank={rank}')"
             )
-        if version == self._loaded:
-            return
-        meta["file"] = file
-        # sized to the losses it holds: every worker loads each publication
-        try:
-            self._memory = ScoreMemory.load(f"{self.url}/{file}", self.storage_options, lookups_only=True)
-        except OSError as exc:
-            # (not the raw error: its text holds the URL, which may hold credentials)
-            raise ConfigError(
-                f"the publication {self._shown()}/latest.json names {loggable_text(file)!r}, which "
-                f"cannot be read ({type(exc).__name__}: "
-                f"{redact(str(exc), secret_values(self.storage_options, self.url))}): deleted or "
-                "moved since it was published? Publish again with Sifter.publish_memory(url)"
-            ) from None
-        self._sorted = np.sort(self._memory.losses())
-        self._meta = meta
-        self._loaded = meta["version"]
+        return meta
 
     def __call__(self, samples: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         self._passes_since_told += 1

@@ -248,6 +248,8 @@ class ScoreMemory:
         # losses handed over with defer_keys, applied in order at the next read (see flush)
         self._deferred: list[tuple[Keys, np.ndarray | HostCopy, int, int]] = []
         self._deferred_rows = 0
+        # the files publish() wrote, per publication URL, oldest first (pruned to its keep=)
+        self._published: dict[str, list[str]] = {}
         #: Seconds spent waiting for losses copied from a CUDA device (``HostCopy``) to arrive: the
         #: training step's kernels finishing, not the memory's work
         self.waited = 0.0
@@ -1071,16 +1073,27 @@ class ScoreMemory:
         beta: float,
         audit_directory: str | None = None,
         rank: int | None = None,
+        keep: int | None = 2,
     ) -> str:
         """Publish this memory for ``PreDecodeFilter`` stages (``siftpipe.predecode``) under ``url``:
         ``memory-<version>.npz`` and then ``latest.json`` naming it, with the ``epoch``, ``seed``
         and ``beta`` workers decide with, the audit log ``audit_directory`` their records go
         next to and the ``rank`` that published (a filter of another rank refuses it). Returns
-        the version (``<epoch>-<random>``)."""
+        the version (``<epoch>-<random>``).
+
+        ``keep``: publications (files) of this memory to keep under ``url``, the new one
+        included; older ones this memory published there are deleted once ``latest.json`` names
+        the new one (one publication is about 23 bytes a remembered sample: one an epoch of a
+        large dataset adds up). The default 2 keeps the one before, which a worker that read
+        the old ``latest.json`` a moment ago may still be loading. ``None``: delete nothing.
+        Files another process (an earlier run, a job before a restart) published are never
+        deleted here. A file that cannot be deleted is a ``PreDecodeWarning``, not an error."""
 
         # refused, as the filters reading it refuse it: s3fs would take s3://KEY:SECRET@bucket
         # for a bucket named KEY:SECRET and name it in its errors
         refuse_credentials_in_url(url, ConfigError)
+        if keep is not None and (not is_int(keep) or keep < 1):
+            raise ConfigError(f"keep must be a number of publications >= 1 or None, got {keep!r}")
         version = f"{epoch:06d}-{_random.token_hex(4)}"
         url = url.rstrip("/")
         self.save(f"{url}/memory-{version}.npz", storage_options)
@@ -1097,6 +1110,11 @@ class ScoreMemory:
         # whole or not at all: workers read it at any moment (rewritten in place, a reader
         # caught it empty: JSONDecodeError in a DataLoader worker)
         _put_whole(f"{url}/latest.json", json.dumps(meta).encode(), storage_options)
+        files = self._published.setdefault(url, [])
+        files.append(f"memory-{version}.npz")
+        if keep is not None and len(files) > keep:
+            _delete_files(url, files[:-keep], storage_options)
+            del files[:-keep]
         return version
 
     @classmethod
@@ -1167,6 +1185,30 @@ def _put_whole(url: str, data: bytes, storage_options: Mapping[str, Any] | None)
 
     fs, path = url_to_fs(url, **(storage_options or {}))
     put_whole(fs, path, data)
+
+
+def _delete_files(url: str, names: list[str], storage_options: Mapping[str, Any] | None) -> None:
+    """Delete the files ``names`` under ``url``; a ``PreDecodeWarning`` for any that cannot be."""
+    import warnings
+
+    from fsspec.core import url_to_fs
+
+    from ..errors import PreDecodeWarning
+
+    fs, root = url_to_fs(url, **(storage_options or {}))
+    for name in names:
+        try:
+            fs.rm_file(f"{root.rstrip('/')}/{name}")
+        except FileNotFoundError:
+            continue  # deleted already (by hand, by a lifecycle rule): what was wanted
+        except OSError as exc:
+            warnings.warn(
+                f"siftpipe: an old score-memory publication {name} could not be deleted "
+                f"({type(exc).__name__}); it stays, taking space: delete it by hand, or pass "
+                "keep=None to publish_memory to keep every publication",
+                PreDecodeWarning,
+                stacklevel=4,
+            )
 
 
 def _joined(run: list[tuple[Keys, np.ndarray, int, int]]) -> tuple[Keys, np.ndarray]:

@@ -523,14 +523,19 @@ class Sifter:
         # waiting for a device copy (a flush of DEFER_ROWS losses) is the step's time, not the stage's
         self._account.observe += elapsed - ((memory.waited - waited) if memory is not None else 0.0)
 
-    def publish_memory(self, url: str, storage_options: Mapping[str, Any] | None = None) -> str:
+    def publish_memory(
+        self, url: str, storage_options: Mapping[str, Any] | None = None, *, keep: int | None = 2
+    ) -> str:
         """Publish the score memory for ``PreDecodeFilter`` stages in DataLoader workers.
 
         Call it at the end of each epoch; workers load the newest publication when they next
         start iterating and decide from it (see ``siftpipe.predecode``). Returns its version.
         Once ``cost_guard`` has stopped sifting, the publication tells workers to keep every
         sample (beta 0). Each rank publishes to its own ``url``: the publication names its rank,
-        and a filter of another rank refuses it.
+        and a filter of another rank refuses it. ``keep``: how many of this memory's
+        publications under ``url`` to keep, the new one included (older ones are deleted; the
+        default 2 keeps the one a worker may still be loading; ``None``: delete none; see
+        ``ScoreMemory.publish``).
         """
         if self.memory is None:
             raise ConfigError(
@@ -553,6 +558,7 @@ class Sifter:
             beta=float(beta),
             audit_directory=_directory_of(self.audit),
             rank=dist_info()[0],
+            keep=keep,
         )
 
     def __call__(self, source: Iterable[Any]) -> Iterator[Any]:

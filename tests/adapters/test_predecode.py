@@ -19,6 +19,9 @@ RAW = [
     for s in make_samples(400, seed=12)
 ]
 
+# the same samples decoded, for a stage fed in the training process itself
+RAW_DECODED = [{"__key__": s["__key__"], "loss": float(s["loss.txt"].decode())} for s in RAW]
+
 
 class Shards(IterableDataset):
     """Raw samples split over DataLoader workers, filtered before a (counted) decode step."""
@@ -502,3 +505,51 @@ def test_the_filters_stats_add_up_what_every_worker_decided(tmp_path, loader_kwa
     assert stats["kept"] == reached and stats["dropped"] == 400 - reached > 100
     prefilter.reset_stats()
     assert prefilter.stats == dict.fromkeys(("seen", "dropped", "kept", "unknown"), 0)
+
+
+def test_publishing_keeps_the_newest_publications_of_this_memory_and_deletes_older_ones(tmp_path):
+    """One publication is about 23 bytes a remembered sample; one an epoch used to stay for ever
+    (found 2026-12-05). keep=2 (the default) keeps the newest and the one a worker may still be
+    loading; a file another process published is never deleted; keep=None deletes nothing."""
+    published = tmp_path / "memory"
+    published.mkdir()
+    foreign = published / "memory-000000-0a0b0c0d.npz"  # an earlier run's: not this memory's
+    foreign.write_bytes(b"not ours")
+    sifter = relative_stage()
+    list(sifter(RAW_DECODED))
+    versions = [sifter.publish_memory(str(published)) for _ in range(4)]
+    files = sorted(p.name for p in published.glob("memory-*.npz"))
+    assert files == sorted([foreign.name] + [f"memory-{v}.npz" for v in versions[-2:]])
+    assert json.loads((published / "latest.json").read_text())["version"] == versions[-1]
+    prefilter = sp.PreDecodeFilter(str(published))
+    assert len(list(prefilter(iter(RAW)))) < len(RAW)  # the newest loads and decides
+    sifter.publish_memory(str(published), keep=1)
+    assert len(list(published.glob("memory-*.npz"))) == 2  # the newest, and the foreign one
+    for _ in range(3):
+        sifter.publish_memory(str(published), keep=None)
+    assert len(list(published.glob("memory-*.npz"))) == 5
+    with pytest.raises(sp.ConfigError, match="keep must be"):
+        sifter.publish_memory(str(published), keep=0)
+
+
+def test_an_old_publication_that_cannot_be_deleted_warns_and_the_new_one_stands(local_s3, bucket):
+    """On the loopback S3 server, behind a proxy that refuses every DELETE: publishing still
+    succeeds (latest.json names the new file), and each file left behind is a PreDecodeWarning."""
+    from tests.faults import FaultProxy
+
+    proxy = FaultProxy(local_s3.port)
+    try:
+        options = {"endpoint_url": proxy.endpoint, "config_kwargs": {"retries": {"total_max_attempts": 1}}}
+        url = f"s3://{bucket}/memory"
+        sifter = relative_stage()
+        list(sifter(RAW_DECODED))
+        first = sifter.publish_memory(url, options)
+        sifter.publish_memory(url, options)
+        proxy.fail("status", 500, times=50, method="DELETE")
+        with pytest.warns(sp.PreDecodeWarning, match=f"memory-{first}.npz could not be deleted"):
+            third = sifter.publish_memory(url, options)
+        fs = local_s3.fs()
+        assert len(fs.glob(f"{bucket}/memory/memory-*.npz")) == 3
+        assert json.loads(fs.cat(f"{bucket}/memory/latest.json"))["version"] == third
+    finally:
+        proxy.stop()
