@@ -724,6 +724,7 @@ class _ProcessTransport(_Transport):
     def __init__(self, config: Mapping[str, Any], on_reply: Reply, where: str) -> None:
         self.on_reply = on_reply
         self.where = where
+        self.url, self.storage_options = str(config["url"]), dict(config["storage_options"])
         root = os.path.dirname(os.path.dirname(os.path.abspath(wire.__file__)))
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _BOOT, root],
@@ -748,6 +749,13 @@ class _ProcessTransport(_Transport):
 
     def _lost(self, header: Mapping[str, Any], size: int, rows: int) -> None:
         code = self.proc.poll()
+        if header.get("op") == "part" and self.unsent is None:
+            written = self._part_written(header)
+            if written is not None:
+                # the process died after it wrote this part, before it said so: its records are
+                # in the log, and counting them dropped (or unwritten) would say they are not
+                self.on_reply(header, size, rows, {"ok": True, "bytes": written, "retries": 0})
+                return
         self.on_reply(
             header,
             size,
@@ -758,6 +766,18 @@ class _ProcessTransport(_Transport):
                 or f"the audit writer process for {self.where} exited (code {code}) before writing this",
             },
         )
+
+    def _part_written(self, header: Mapping[str, Any]) -> int | None:
+        """The size of the part ``header`` names if it is in storage (the writer puts a part whole
+        or not at all), else None; None also when storage cannot say."""
+        try:
+            import fsspec
+
+            fs, _ = fsspec.core.url_to_fs(self.url, skip_instance_cache=True, **self.storage_options)
+            name = f"part-{int(header['part']):08d}-{header['identity']['attempt']}.parquet"
+            return int(fs.info(fs._strip_protocol(f"{header['directory']}/{name}"))["size"])
+        except Exception:  # not there, or storage cannot be asked: counted as not written
+            return None
 
     def _write(self, pieces: list[Any]) -> bool:
         stdin = self.proc.stdin
