@@ -16,7 +16,7 @@ from typing import Any, Literal
 import numpy as np
 
 from .._secrets import redact, refuse_credentials_in_url, secret_values
-from ..errors import AuditError
+from ..errors import AuditError, ConfigError
 
 __all__ = ["LogReport", "PartInfo", "list_parts", "predecode_tables", "read_log", "verify_log"]
 
@@ -610,6 +610,19 @@ def read_log(
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    from .wire import COLUMNS
+
+    if columns is not None:
+        if isinstance(columns, str):
+            columns = [columns]
+        unknown = [c for c in columns if c not in COLUMNS and c not in ("run", "rank")]
+        if unknown:
+            # Parquet's reader skips a name it does not know: a typo read as a column never logged
+            raise ConfigError(
+                f"read_log(columns=...) names {unknown}, which an audit log does not have; its "
+                f"columns are {[*COLUMNS, 'run', 'rank']}"
+            )
+        columns = [c for c in columns if c not in ("run", "rank")]  # (always added)
     fs, infos, attempts = list_parts(url, storage_options, run=run, rank=rank)
     readable = [p for p in infos if p.path is not None]
     secrets = secret_values(storage_options, url)

@@ -308,6 +308,7 @@ class Replay:
         parts = self._by_url.get(url, []) + self._unindexed
         keys: list[str] = []
         epochs, kept, weight, seqs = [], [], [], []
+        ranks: list[tuple[int, int]] = []  # (rank, rows) of each part that holds rows of the shard
         for info in parts:
             table = self._part(info)
             column = table.column("url")
@@ -323,6 +324,9 @@ class Replay:
             kept.append(rows.column("kept").to_numpy(zero_copy_only=False))
             weight.append(rows.column("weight").to_numpy())
             seqs.append(rows.column("seq").to_numpy())
+            ranks.append((info.rank, rows.num_rows))
+        if len({r for r, _ in ranks}) > 1:
+            self._check_ranks_apart(url, keys, epochs, ranks)
         if seqs:
             order = np.argsort(np.concatenate(seqs), kind="stable")
             keys = [keys[i] for i in order]
@@ -338,6 +342,26 @@ class Replay:
         while len(self._shards) > self.cache_shards:
             self._shards.popitem(last=False)
         return shard
+
+    def _check_ranks_apart(
+        self, url: Any, keys: list[str], epochs: list[Any], ranks: list[tuple[int, int]]
+    ) -> None:
+        """``AuditError`` if two ranks decided one (key, epoch) of shard ``url``: each rank numbers
+        its records from 0, so their decisions cannot be put in one order, and a rank's stream
+        would be matched with another rank's decisions (found by review, 2026-12-05)."""
+        owner: dict[tuple[str, int], int] = {}
+        at = 0
+        for (rank, n), part_epochs in zip(ranks, epochs):
+            for key, epoch in zip(keys[at : at + n], part_epochs.tolist()):
+                other = owner.setdefault((key, epoch), rank)
+                if other != rank:
+                    raise AuditError(
+                        f"ranks {sorted({other, rank})} of run {self.run!r} both decided the sample "
+                        f"{key!r} of shard {self._recorded_url(url) if url is not None else '(none)'} "
+                        f"in epoch {epoch}: their decisions cannot be told apart by key. Replay one "
+                        "rank's stream at a time: Replay(url, rank=<the rank that read it>)"
+                    )
+            at += n
 
     def _part(self, info: PartInfo) -> Any:
         path = str(info.path)

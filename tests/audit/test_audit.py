@@ -248,6 +248,11 @@ def test_filters_by_run_rank_and_kept(tmp_path):
     dropped = sp.read_log(str(tmp_path), kept=False, columns=["key"])
     assert dropped.column_names == ["key", "run", "rank"]
     assert dropped.num_rows == 1000 - sum(sp.read_log(str(tmp_path)).column("kept").to_pylist())
+    # a column name the log does not have is an error naming it (Parquet's reader skipped it,
+    # and a typo read as a column never logged; found by review, 2026-12-05)
+    with pytest.raises(sp.ConfigError, match=r"names \['los'\].*'loss'"):
+        sp.read_log(str(tmp_path), columns=["los", "kept"])
+    assert sp.read_log(str(tmp_path), columns="loss").column_names == ["loss", "run", "rank"]
 
 
 def test_storage_stopping_mid_run_loses_nothing(own_s3):

@@ -675,3 +675,32 @@ def test_keys_given_as_0d_tensors_or_by_a_callable_are_logged_and_replayed_as_th
     resumed = make(None)
     resumed.load_state_dict(state)
     assert keys(resumed(stream[state["consumed"] :])) == keys(rest)
+
+
+def test_replaying_all_ranks_of_shards_two_ranks_both_read_is_refused_not_mixed(tmp_path):
+    """Two ranks that read the same shards (resampled shards, a split that is not by shard):
+    each numbers its records from 0, so replay(rank=None) ordered both ranks' decisions by seq
+    and handed rank 1's stream rank 0's decisions, with no error and nothing missing (found by
+    review, 2026-12-05). Now that is an AuditError asking for rank=; one rank replays exactly, and
+    ranks that read apart shards still replay together."""
+    root = str(tmp_path / "log")
+    outs = {}
+    for rank in (0, 1):
+        log = sp.AuditLog(root, flush_every=128, run_id="r1", rank=rank, writer="thread")
+        s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32, audit=log, seed=3 + rank)
+        outs[rank] = output_keys(s(SAMPLES[:400]))
+        s.close()
+    assert outs[0] != outs[1]
+    with pytest.raises(sp.AuditError, match=r"ranks \[0, 1\] .* both decided .*rank="):
+        list(sp.replay(root)(SAMPLES[:400]))
+    assert output_keys(sp.replay(root, rank=1)(SAMPLES[:400])) == outs[1]
+
+    apart = str(tmp_path / "apart")
+    split = {0: [x for x in SAMPLES if x["__url__"].endswith(("0.tar", "2.tar"))]}
+    split[1] = [x for x in SAMPLES if x not in split[0]]
+    for rank in (0, 1):
+        log = sp.AuditLog(apart, flush_every=128, run_id="r1", rank=rank, writer="thread")
+        s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32, audit=log, seed=3 + rank)
+        outs[rank] = output_keys(s(split[rank]))
+        s.close()
+    assert output_keys(sp.replay(apart)(split[1])) == outs[1]
