@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -477,9 +477,10 @@ class SiftedStream:
             first = next(it, None)
         self._resumed()
         for batch in sifter(self._samples(first, it, skip - skipped)):
-            if isinstance(batch, dict):
-                # the pass that handed it on: a trainer that fetches ahead trains it after the next
-                # pass began, and its losses must still count for this one (Sifter.observe)
+            if isinstance(batch, MutableMapping):
+                # (any mapping: a BatchEncoding is a UserDict) the pass that handed it on: a trainer
+                # that fetches ahead trains it after the next pass began, and its losses must still
+                # count for this one (Sifter.observe)
                 batch[EPOCH_FIELD] = self.epoch
             self._unacked.append(batch)
             handed += 1

@@ -469,8 +469,14 @@ class SiftTrainerMixin(_Base):
             logs = {**logs, **{f"sift/{k}": v for k, v in self.sift_stream.metrics().items()}}
         super().log(logs, *args, **kwargs)
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+    def train(
+        self, resume_from_checkpoint: str | os.PathLike[str] | bool | None = None, *args: Any, **kwargs: Any
+    ) -> Any:
         """``Trainer.train``; resuming also restores the stage from the checkpoint folder."""
+        if isinstance(resume_from_checkpoint, os.PathLike):
+            # a pathlib.Path, as the Trainer takes it: the stage's state is in that folder too
+            # (found by review, 2026-12-05: the Trainer resumed and the stage started afresh)
+            resume_from_checkpoint = os.fspath(resume_from_checkpoint)
         if resume_from_checkpoint is True and self.args.output_dir and os.path.isdir(self.args.output_dir):
             resume_from_checkpoint = get_last_checkpoint(self.args.output_dir) or True
         if isinstance(resume_from_checkpoint, str):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -482,7 +482,7 @@ class SiftCallback(Callback):
         self._loss_called = True
         if self.feedback and keys is not None:
             # the epoch of the pass that handed the batch on (Lightning fetches one batch ahead)
-            epoch = batch.get(EPOCH_FIELD) if isinstance(batch, dict) else None
+            epoch = batch.get(EPOCH_FIELD) if isinstance(batch, Mapping) else None
             sifter.observe(keys, per_sample.detach(), epoch=epoch)
         if weights is None:
             return per_sample.mean()
@@ -606,7 +606,12 @@ class SiftCallback(Callback):
 
         A collective under DDP: every rank saves the checkpoint (as ``ModelCheckpoint`` does)."""
         stream_state = self._pending_state if self._pending_state is not None else self.stream.state_dict()
-        local = {"stream": stream_state, "rng": encode_rng(capture_rng(cuda=True))}
+        # a checkpoint written after validation (ModelCheckpoint's default, at an epoch's or a
+        # validation's end) holds the states the next training batch starts from: those the last
+        # batch ended with (on_train_batch_start restores them), not validation's draws since
+        after_batch = self._rng_after_batch if self._validated else None
+        rng = after_batch if after_batch is not None else capture_rng(cuda=True)
+        local = {"stream": stream_state, "rng": encode_rng(rng)}
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         ranks: list[Any] = [local]
         if world > 1:
@@ -679,7 +684,9 @@ class _OneSample:
 def _meta(batch: Any, sifter: sp.Sifter) -> tuple[Sequence[Any] | None, Any]:
     """The keys and weights a sifted batch carries (``None`` where it carries none)."""
     key = sifter.key
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
+        # (any mapping: HF collators return a BatchEncoding, a UserDict, whose weights and keys
+        # were read as none: trained unweighted, no feedback, nothing said)
         keys = batch.get(key) if isinstance(key, str) else None
         return keys, batch.get(sifter.weight_field)
     if isinstance(batch, tuple | list):

@@ -118,6 +118,7 @@ def train(
     trainer_cls: type = Recording,
     callbacks: list | None = None,
     make_sifter=None,
+    collator=pad,
     **arguments,
 ) -> Recording:
     model = gpt2(dropout)
@@ -151,7 +152,7 @@ def train(
         model=model,
         args=args,
         train_dataset=data if data is not None else Listed(sequences(48)),
-        data_collator=pad,
+        data_collator=collator,
         sifter=sifter,
         callbacks=callbacks,
     )
@@ -169,11 +170,13 @@ def counters(trainer: SiftTrainer) -> tuple:
     return (s.seen, s.kept, s.scored, s.from_memory, s.observed)
 
 
-def resumed_from(full: Path, cut: int, tmp: Path, **kw) -> Recording:
-    """Train from a copy of ``full``'s checkpoint ``cut`` alone (no later checkpoint to pick up)."""
+def resumed_from(full: Path, cut: int, tmp: Path, as_path: bool = False, **kw) -> Recording:
+    """Train from a copy of ``full``'s checkpoint ``cut`` alone (no later checkpoint to pick up);
+    ``as_path``: name it with a ``pathlib.Path``, not a string."""
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(full / f"checkpoint-{cut}", tmp / f"checkpoint-{cut}")
-    return train(tmp, resume=str(tmp / f"checkpoint-{cut}"), **kw)
+    folder = tmp / f"checkpoint-{cut}"
+    return train(tmp, resume=folder if as_path else str(folder), **kw)
 
 
 def test_resume_from_any_checkpoint_equals_the_uninterrupted_run(tmp_path):
@@ -182,7 +185,9 @@ def test_resume_from_any_checkpoint_equals_the_uninterrupted_run(tmp_path):
     assert full.state.global_step == 12 and len(keys) == 24  # 12 steps of 2 batches
     assert full.sift_stream.epoch >= 3  # the cuts below fall in different passes
     for cut in (3, 6, 9):
-        part = resumed_from(tmp_path / "full", cut, tmp_path / f"cut{cut}")
+        # cut 6 names its checkpoint with a pathlib.Path, as the Trainer takes it: the stage
+        # used to start afresh then, while the Trainer resumed (found by review, 2026-12-05)
+        part = resumed_from(tmp_path / "full", cut, tmp_path / f"cut{cut}", as_path=cut == 6)
         assert [b["keys"] for b in part.batches] == keys[2 * cut :], cut
         assert torch.equal(weights(part), weights(full)), cut  # dropout included: same masks
         assert counters(part) == counters(full)
@@ -238,17 +243,21 @@ def test_the_default_recipe_learns_from_the_steps_losses_alone_and_resumes_exact
     assert counters(part) == counters(full)
 
 
-def test_a_batch_trained_after_the_next_pass_began_counts_for_its_own_pass(tmp_path):
+@pytest.mark.parametrize("encoded", [False, True], ids=["dict", "BatchEncoding"])
+def test_a_batch_trained_after_the_next_pass_began_counts_for_its_own_pass(tmp_path, encoded):
     """With gradient accumulation the Trainer fetches a step's batches before it trains them, so
     a pass that ends inside a step has its last batch trained after the next pass began. Its
     losses are still stored under its own pass: next pass decides those samples from them, and
-    no loss counts as a repeat."""
+    no loss counts as a repeat. Also for a collator returning a BatchEncoding (a UserDict, as
+    transformers' collators return), whose batches were not stamped (found by review, 2026-12-05)."""
+    from transformers import BatchEncoding
 
     def make():
         return sp.recipe(None, ModelLoss(), budget=240, capacity=1000, micro_batch=16, min_spread=None)
 
+    collator = (lambda features: BatchEncoding(pad(features))) if encoded else pad
     # 44 samples: 11 batches of 4 in the first pass, so it ends inside a step of 2 batches
-    full = train(tmp_path / "full", make_sifter=make, data=Listed(sequences(44)))
+    full = train(tmp_path / "full", make_sifter=make, data=Listed(sequences(44)), collator=collator)
     stamps = [b["inputs"]["__sift_epoch__"] for b in full.batches]
     assert stamps == sorted(stamps) and stamps[-1] >= 2
     assert any(b["sifter_epoch"] > b["inputs"]["__sift_epoch__"] for b in full.batches)  # it happened

@@ -7,13 +7,15 @@ import os
 import subprocess
 import sys
 import warnings
+from collections import UserDict
+from collections.abc import Mapping
 from pathlib import Path
 
 import lightning.pytorch as L
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 import siftpipe as sp
 from siftpipe.integrations import MissingExtraError
@@ -66,7 +68,7 @@ class Net(L.LightningModule):
         return self.sift.loader(DataLoader(self.data, batch_size=12, shuffle=True))
 
     def training_step(self, batch, batch_idx):
-        if isinstance(batch, dict):
+        if isinstance(batch, Mapping):
             x, y, weight = batch["x"], batch["y"], batch.get("__sift_weight__")
             self.trained.append(list(batch["__key__"]))
         else:
@@ -106,13 +108,17 @@ def fit(
     accumulate: int = 1,
     net: type = Net,
     trainer_kw: dict | None = None,
+    monitor: str | None = None,
     **kw,
 ):
+    """A fit; ``monitor``: checkpoint when that metric is logged (at each validation's end), not
+    every ``every`` steps."""
     torch.manual_seed(0)
     sift = SiftCallback(make, **kw)
     model = net(sift, data if data is not None else Points())
+    when = {"monitor": monitor} if monitor is not None else {"every_n_train_steps": every}
     checkpoints = L.callbacks.ModelCheckpoint(
-        dirpath=tmp, every_n_train_steps=every, save_top_k=-1, filename="{step}", enable_version_counter=False
+        dirpath=tmp, save_top_k=-1, filename="{step}", enable_version_counter=False, **when
     )
     trainer = L.Trainer(
         max_steps=steps,
@@ -175,6 +181,19 @@ def test_resume_from_a_step_that_validation_followed_equals_the_uninterrupted_ru
         assert part.trained == full.trained[cut:], cut
         assert torch.equal(weights(part), weights(full)), cut
         assert counters(resumed) == counters(sift)
+
+
+def test_resume_from_a_checkpoint_written_at_validations_end_equals_the_uninterrupted_run(tmp_path):
+    """ModelCheckpoint(monitor=...) writes its checkpoint when validation ends: it held the random
+    states validation left, while the uninterrupted run's next training batch starts from those
+    the last batch ended with, so dropout diverged after a resume (found by review, 2026-12-05)."""
+    every = {"val_check_interval": 6, "check_val_every_n_epoch": None}
+    kw = {"steps": 24, "net": Validated, "trainer_kw": every, "monitor": "val_loss"}
+    _, full, sift = fit(tmp_path / "full", **kw)
+    _, part, resumed = fit(tmp_path / "cut", ckpt=str(tmp_path / "full" / "step=12.ckpt"), **kw)
+    assert part.trained == full.trained[12:]
+    assert torch.equal(weights(part), weights(full))
+    assert counters(resumed) == counters(sift)
 
 
 class Drawing(Validated):
@@ -266,6 +285,26 @@ def test_the_optimised_loss_is_the_weighted_mean_of_the_kept_samples(tmp_path, t
     used = {w for *_, ws in model.losses for w in ws}
     assert used == {1.0, 2.0}  # hard samples, and easy ones kept with probability 1/2
     assert sift.sifter.stats.dropped > 0
+
+
+class Encoded(Net):
+    """Batches collated into a mapping that is not a dict (a UserDict, as transformers'
+    BatchEncoding is: what Hugging Face collators return)."""
+
+    def train_dataloader(self):
+        collate = lambda samples: UserDict(default_collate(samples))  # noqa: E731
+        return self.sift.loader(DataLoader(self.data, batch_size=12, shuffle=True, collate_fn=collate))
+
+
+def test_a_batch_collated_into_a_mapping_that_is_not_a_dict_gets_its_weights_and_feedback(tmp_path):
+    """A BatchEncoding-like batch: its weights were not applied and its losses not fed back, with
+    nothing said (found by review, 2026-12-05: a dict test of the type)."""
+    make = lambda: sifter(sp.PruneEasy(0.5, history=64))  # noqa: E731
+    _, model, sift = fit(tmp_path, steps=16, make=make, every=100, net=Encoded)
+    for got, want, _ in model.losses:
+        assert got == pytest.approx(want, rel=1e-6)
+    assert {w for *_, ws in model.losses for w in ws} == {1.0, 2.0}
+    assert sift.sifter.stats.observed == sum(len(t) for t in model.trained) > 0
 
 
 def test_accumulation_counts_kept_samples(tmp_path):
