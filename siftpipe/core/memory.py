@@ -154,8 +154,26 @@ def check_memory_state(memory: Any, bad: Callable[[str, str], ResumeError]) -> N
         raise bad("memory", f"tensors of one length (got lengths {sorted(sizes)})")
     if not bool(torch.isfinite(memory["loss"]).all()):
         raise bad("memory['loss']", "finite losses (a remembered loss is never NaN or infinite)")
+    if memory["epoch"].numel() and int(memory["epoch"].to(torch.int32).abs().max()) > _MAX_EPOCH:
+        # (-32768 fits the int16 column and no epoch the memory records: refused here, before
+        # anything is loaded, not halfway through filling the table)
+        raise bad("memory['epoch']", f"epochs within +-{_MAX_EPOCH}")
     if sizes.pop() > memory["capacity"]:
         raise bad("memory['keys']", f"at most capacity={memory['capacity']} entries")
+
+
+def _check_pairs(keys: Keys, n: int) -> None:
+    """``ConfigError`` unless ``keys`` holds one key per loss of ``n``: a 1-d array or a sequence
+    (a (B, 1) array of integer keys was stored, then broke the key cache, and applied twice)."""
+    if isinstance(keys, np.ndarray) and keys.ndim != 1:
+        raise ConfigError(
+            f"the score memory got keys as an array of shape {keys.shape}; pass one key per loss, "
+            "a 1-d array or a list (keys.ravel())"
+        )
+    if len(keys) != n:
+        raise ConfigError(
+            f"the score memory got {len(keys)} keys for {n} losses; pass one loss per key (reduction='none')"
+        )
 
 
 def _distinct_keys(hashes: np.ndarray) -> bool:
@@ -308,6 +326,7 @@ class ScoreMemory:
         keys = keys.copy() if isinstance(keys, np.ndarray) else list(keys)
         if not isinstance(losses, HostCopy):
             losses = np.array(losses, dtype=np.float32).reshape(-1)
+        _check_pairs(keys, losses.size)  # here, not when applied: then it would lose the hand-over
         self._deferred.append((keys, losses, epoch, source))
         self._deferred_rows += losses.size
         if self._deferred_rows >= self.DEFER_ROWS:
@@ -492,23 +511,31 @@ class ScoreMemory:
         self.flush()
         check_epoch(epoch)
         losses = np.asarray(losses, dtype=np.float32)
+        hashes = np.asarray(hashes, np.uint64)
+        _check_pairs(hashes, losses.size)
         finite = np.isfinite(losses)
-        hashes, losses = np.asarray(hashes, np.uint64)[finite], losses[finite]
+        hashes, losses = hashes[finite], losses[finite]
         if not hashes.size:
             return
         self._applied += hashes.size
         if source == FEEDBACK:
             self._drift_to(epoch)
-        # the last occurrence of each key in this batch wins
+        # the last occurrence of each key in this batch wins; the keys are taken in the order of
+        # their first occurrence, as updates applied one at a time would take them: a memory that
+        # fills up keeps the same keys however deferred updates were grouped (a checkpoint's read
+        # applies them early; found by review, 2026-12-05: in hash order it kept others)
+        _, first_at, occurrences = np.unique(hashes, return_index=True, return_counts=True)
         _, last = np.unique(hashes[::-1], return_index=True)
-        keep = hashes.size - 1 - last
+        order = np.argsort(first_at, kind="stable")
+        keep = (hashes.size - 1 - last)[order]
+        occurrences = occurrences[order]
         moved = None  # the losses a known key's forgetting evidence is read from: its stored ones
         if last.size < hashes.size:
             self._repeated += hashes.size - last.size
             if source == FEEDBACK:
                 # a key's first loss meets the remembered one, as it would applied on its own (the
                 # later ones would meet this epoch's): the same evidence however updates are grouped
-                moved = losses[np.unique(hashes, return_index=True)[1]]
+                moved = losses[first_at[order]]
         hashes, losses = hashes[keep], losses[keep]
         while hashes.size:
             slot = self._slots(hashes)
@@ -521,32 +548,38 @@ class ScoreMemory:
                     self._repeated += self._rescored(slot[present], epoch, source)
             self._set(slot[present], hashes[present], losses[present], epoch, source)
             hashes, losses, slot = hashes[~present], losses[~present], slot[~present]
+            occurrences = occurrences[~present]
             if moved is not None:
                 moved = moved[~present]
+            room = self.capacity - self._count
+            if hashes.size > room:
+                # more new keys than room: the first to come are taken, each occurrence of the
+                # rest refused (none of them replaced a remembered loss: no repeat), as one at a
+                # time would have it
+                refused = occurrences[room:]
+                self._refused += int(refused.sum())
+                self._repeated -= int(refused.sum()) - refused.size
+                hashes, losses, slot = hashes[:room], losses[:room], slot[:room]
+                occurrences = occurrences[:room]
+                if moved is not None:
+                    moved = moved[:room]
             if not hashes.size:
                 return
-            first, full = self._claim(slot)
+            first = self._claim(slot)
             self._set(slot[first], hashes[first], losses[first], epoch, source)
             self._count += first.size
-            if full:
-                return
             rest = np.ones(hashes.size, dtype=bool)
             rest[first] = False
-            hashes, losses = hashes[rest], losses[rest]
+            hashes, losses, occurrences = hashes[rest], losses[rest], occurrences[rest]
             if moved is not None:
                 moved = moved[rest]
 
-    def _claim(self, slot: np.ndarray) -> tuple[np.ndarray, bool]:
+    def _claim(self, slot: np.ndarray) -> np.ndarray:
         """Which of the new keys probing to the empty slots ``slot`` take them now: two racing for
-        one slot, the first (the rest probe on in the next round); at most the room left. True
-        when that fills the memory: the rest are refused, and counted."""
+        one slot, the first (the rest probe on in the next round). The caller has refused the
+        keys there is no room for."""
         _, first = np.unique(slot, return_index=True)
-        first = np.sort(first)
-        room = self.capacity - self._count
-        if first.size >= room:
-            self._refused += slot.size - room
-            return first[:room], True
-        return first, False
+        return np.sort(first)
 
     def _rescored(self, slot: np.ndarray, epoch: int, source: int) -> int:
         """Held keys at ``slot`` scored again in the epoch they were scored in, the same way
@@ -561,8 +594,12 @@ class ScoreMemory:
         """Training losses of ``epoch`` are about to be applied: move the forgetting evidence on
         to it if it is a newer epoch than the one observed (before anything of it is applied, so
         the mean it starts from does not depend on how its updates are grouped)."""
-        if epoch == self._drift_epoch or epoch == self._drift_epoch - 1:
-            return  # this epoch, or a late hand-over of the one before (see _note_drift)
+        if epoch <= self._drift_epoch:
+            # this epoch, or a late hand-over of the one before (see _note_drift); or of an epoch
+            # older still, whose losses are no evidence of anything now: the window stays (moved
+            # back to it, the next loss of this epoch began the epoch again, mid-pass, and the
+            # evidence gathered so far was lost; found by review, 2026-12-05)
+            return
         if epoch > self._drift_epoch:
             verdict = self._forgetting_of(self._drift[0])
             if verdict is not None:
@@ -588,6 +625,12 @@ class ScoreMemory:
         # 1: a late hand-over, the last batches of the pass before, trained after this pass began
         # (a trainer that fetches ahead; Sifter.observe(epoch=...)): evidence of that epoch
         window = 1 if epoch == self._drift_epoch - 1 else 0
+        if epoch < self._drift_epoch - 1:
+            # older still: no evidence of this epoch or the last; a repeat all the same
+            repeat = (self._epoch[slot] == epoch) & (self._source[slot] == FEEDBACK)
+            repeat &= self._mark[slot] != _MERGED
+            self._repeated += int(np.count_nonzero(repeat))
+            return
         if old is None:
             old = self._loss[slot]
         # int32: two 16-bit epochs can be 65,534 apart
@@ -835,14 +878,20 @@ class ScoreMemory:
             hashes, losses, epochs, as_of, sources, slot = (
                 hashes[absent], losses[absent], epochs[absent], as_of[absent], sources[absent], slot[absent]
             )  # fmt: skip
+            room = self.capacity - self._count
+            if hashes.size > room:
+                # more new keys than room: those first in hash order are taken (every rank
+                # merging the same entries keeps the same ones), the rest refused
+                self._refused += hashes.size - room
+                hashes, losses, epochs, as_of, sources, slot = (
+                    hashes[:room], losses[:room], epochs[:room], as_of[:room], sources[:room], slot[:room]
+                )  # fmt: skip
             if not hashes.size:
                 break
-            first, full = self._claim(slot)
+            first = self._claim(slot)
             self._set(slot[first], hashes[first], losses[first], as_of[first], sources[first], mine=False)
             self._count += first.size
             stored += first.size
-            if full:
-                break
             rest = np.ones(hashes.size, dtype=bool)
             rest[first] = False
             hashes, losses, epochs, as_of, sources = (
@@ -892,6 +941,8 @@ class ScoreMemory:
         """``update(key_hashes(keys), losses, epoch, source)``, with no hashing or probing when
         every key is cached, distinct and has a finite loss (the training step's usual batch)."""
         self.flush()
+        losses = np.asarray(losses)
+        _check_pairs(keys, losses.size)
         slots = self._cached_slots(keys)
         if slots is None:
             self.update(key_hashes(keys), losses, epoch, source)

@@ -587,6 +587,9 @@ def _ten():
         (lambda s: s.update(keys=s["keys"].int()), r"state\['keys'\] must be a 1-d torch.int64"),
         (lambda s: s.update(loss=s["loss"].numpy()), r"state\['loss'\] must be a 1-d torch.float32"),
         (lambda s: s.pop("refused"), r"state\['refused'\]"),
+        # an int16 epoch no memory records: refused up front, where it half-loaded the table and
+        # raised a ConfigError from inside (found by review, 2026-12-05)
+        (lambda s: s["epoch"].__setitem__(9, -32768), r"state\['epoch'\] must be epochs within"),
     ],
 )
 def test_a_damaged_state_is_refused_by_name_and_the_memory_is_left_as_it_was(damage, says):
@@ -674,3 +677,94 @@ def test_a_key_given_as_a_0d_tensor_is_its_value():
         for sample in stage(samples):
             stage.observe([sample["__key__"]], np.array([losses[int(sample["__key__"])]]))
     assert stage.stats.unknown == n  # the first epoch only
+
+
+def test_a_full_memory_takes_new_keys_in_the_order_they_came_however_updates_are_grouped():
+    """Deferred losses are applied together at the next read: a full memory took the new keys of
+    one such batch in hash order, so a checkpoint's read (state_dict) between two hand-overs
+    changed which samples it kept, and the decisions of later epochs (found by review,
+    2026-12-05). Now the first to come are taken, and refused and repeated count the same."""
+    keys = [f"k{i}" for i in range(50)]
+    order = np.argsort(key_hashes(keys))
+    a, b, c = (keys[i] for i in order[[40, 0, 1]])  # a hashes above b and c
+
+    def fill(read_between):
+        memory = sp.ScoreMemory(2, max_age=None)
+        memory.defer_keys([a], np.array([1.0]), 0, FEEDBACK)  # a came first
+        if read_between:
+            memory.state_dict()
+        memory.defer_keys([b, c], np.array([2.0, 3.0]), 0, FEEDBACK)
+        return memory.lookup_keys([a, b, c], 1)[0].tolist(), memory.refused
+
+    for read_between in (False, True):
+        held, refused = fill(read_between)
+        assert held[:2] == [1.0, 2.0] and np.isnan(held[2]) and refused == 1, read_between
+
+    def run(seed, mode, capacity=120):
+        rng = np.random.default_rng(seed)
+        memory = sp.ScoreMemory(capacity, max_age=None)
+        epoch = 0
+        for step in range(120):
+            epoch += step % 30 == 29
+            picked = rng.integers(0, 300, size=int(rng.integers(1, 20)))
+            losses = rng.exponential(1.0, size=picked.size).astype(np.float32)
+            memory.defer_keys([f"k{x}" for x in picked], losses, epoch, FEEDBACK)
+            if mode == "eager":
+                memory.flush()
+            elif mode == "checkpoint" and step % 17 == 16:
+                again = sp.ScoreMemory(capacity, max_age=None)
+                again.load_state_dict(memory.state_dict())
+                memory = again
+        state = memory.state_dict()
+        held = dict(zip(state["keys"].numpy().tolist(), state["loss"].numpy().tolist()))
+        return held, memory.refused, memory.repeated, len(memory)
+
+    for seed in range(6):
+        lazy = run(seed, "lazy")
+        assert lazy[1] > 0 and lazy[3] == 120  # it filled up
+        assert run(seed, "eager") == lazy == run(seed, "checkpoint"), seed
+
+
+def test_a_loss_handed_over_two_epochs_late_leaves_the_forgetting_evidence_as_it_was():
+    """One training loss tagged two epochs back (Sifter.observe(..., epoch=e - 2) is accepted)
+    moved the forgetting window back to that epoch: the next loss of this epoch began it again
+    mid-pass, and the evidence the guard reads was lost (found by review, 2026-12-05)."""
+    keys = [f"k{i}" for i in range(400)]
+
+    def losses(seed):
+        return np.random.default_rng(seed).exponential(1.0, 400).astype(np.float32)
+
+    def run(stray):
+        memory = sp.ScoreMemory(1000, max_age=None)
+        memory.update_keys(keys, losses(0), 0, FEEDBACK)  # epoch 0: every sample trained
+        memory.update_keys(keys[:200], losses(1)[:200], 1, FEEDBACK)  # epoch 1: half skipped
+        memory.update_keys(keys[:100], losses(2)[:100], 2, FEEDBACK)
+        if stray:
+            memory.update_keys(["late"], np.array([1.0], np.float32), 0, FEEDBACK)
+        memory.update_keys(keys[100:], losses(3)[100:], 2, FEEDBACK)
+        state = memory.state_dict()
+        return memory.forgetting(), memory.persistent_hard(), state["drift_epoch"], state["drift"].tolist()
+
+    late, plain = run(True), run(False)
+    assert late[1:] == plain[1:]  # the evidence and its epoch as they were
+    # (the forgetting figure is in units of the mean remembered loss, which the late loss joins)
+    assert plain[0] is not None and late[0] == pytest.approx(plain[0], rel=1e-3)
+
+
+def test_keys_that_are_not_one_per_loss_are_refused_before_anything_is_stored():
+    """A (B, 1) array of integer keys was stored, then broke the key cache with a numpy error,
+    and a deferred hand-over retried applied it twice; keys and losses of different counts were
+    a numpy IndexError, or, deferred, dropped at the next read (found by review, 2026-12-05)."""
+    memory = sp.ScoreMemory(100, max_age=None)
+    with pytest.raises(sp.ConfigError, match=r"shape \(2, 1\).*ravel"):
+        memory.update_keys(np.array([[1], [2]]), np.array([1.0, 2.0]), 0, FEEDBACK)
+    with pytest.raises(sp.ConfigError, match=r"shape \(2, 1\)"):
+        memory.defer_keys(np.array([[1], [2]]), np.array([1.0, 2.0]), 0, FEEDBACK)
+    for keys, losses in ((["a", "b"], [1.0, 2.0, 3.0]), (["a", "b", "c"], [1.0, 2.0])):
+        with pytest.raises(sp.ConfigError, match=f"{len(keys)} keys for {len(losses)} losses"):
+            memory.update_keys(keys, np.array(losses), 0, FEEDBACK)
+        with pytest.raises(sp.ConfigError, match=f"{len(keys)} keys for {len(losses)} losses"):
+            memory.defer_keys(keys, np.array(losses), 0, FEEDBACK)
+    assert len(memory) == 0 and memory.repeated == 0 and memory.refused == 0
+    memory.update_keys(np.array([1, 2]), np.array([1.0, 2.0]), 0, FEEDBACK)  # 1-d: taken
+    assert len(memory) == 2
