@@ -524,19 +524,20 @@ class ScoreMemory:
         # their first occurrence, as updates applied one at a time would take them: a memory that
         # fills up keeps the same keys however deferred updates were grouped (a checkpoint's read
         # applies them early; found by review, 2026-12-05: in hash order it kept others)
-        _, first_at, occurrences = np.unique(hashes, return_index=True, return_counts=True)
-        _, last = np.unique(hashes[::-1], return_index=True)
-        order = np.argsort(first_at, kind="stable")
-        keep = (hashes.size - 1 - last)[order]
-        occurrences = occurrences[order]
+        _, first_at = np.unique(hashes, return_index=True)
         moved = None  # the losses a known key's forgetting evidence is read from: its stored ones
-        if last.size < hashes.size:
-            self._repeated += hashes.size - last.size
+        occurrences = None  # of each key, where a key came more than once
+        if first_at.size < hashes.size:
+            _, last, counts = np.unique(hashes[::-1], return_index=True, return_counts=True)
+            order = np.argsort(first_at, kind="stable")
+            keep = (hashes.size - 1 - last)[order]
+            occurrences = counts[order]
+            self._repeated += hashes.size - first_at.size
             if source == FEEDBACK:
                 # a key's first loss meets the remembered one, as it would applied on its own (the
                 # later ones would meet this epoch's): the same evidence however updates are grouped
                 moved = losses[first_at[order]]
-        hashes, losses = hashes[keep], losses[keep]
+            hashes, losses = hashes[keep], losses[keep]
         while hashes.size:
             slot = self._slots(hashes)
             present = self._keys[slot] == hashes
@@ -548,7 +549,8 @@ class ScoreMemory:
                     self._repeated += self._rescored(slot[present], epoch, source)
             self._set(slot[present], hashes[present], losses[present], epoch, source)
             hashes, losses, slot = hashes[~present], losses[~present], slot[~present]
-            occurrences = occurrences[~present]
+            if occurrences is not None:
+                occurrences = occurrences[~present]
             if moved is not None:
                 moved = moved[~present]
             room = self.capacity - self._count
@@ -556,11 +558,14 @@ class ScoreMemory:
                 # more new keys than room: the first to come are taken, each occurrence of the
                 # rest refused (none of them replaced a remembered loss: no repeat), as one at a
                 # time would have it
-                refused = occurrences[room:]
-                self._refused += int(refused.sum())
-                self._repeated -= int(refused.sum()) - refused.size
+                if occurrences is None:
+                    self._refused += hashes.size - room
+                else:
+                    refused = occurrences[room:]
+                    self._refused += int(refused.sum())
+                    self._repeated -= int(refused.sum()) - refused.size
+                    occurrences = occurrences[:room]
                 hashes, losses, slot = hashes[:room], losses[:room], slot[:room]
-                occurrences = occurrences[:room]
                 if moved is not None:
                     moved = moved[:room]
             if not hashes.size:
@@ -570,7 +575,9 @@ class ScoreMemory:
             self._count += first.size
             rest = np.ones(hashes.size, dtype=bool)
             rest[first] = False
-            hashes, losses, occurrences = hashes[rest], losses[rest], occurrences[rest]
+            hashes, losses = hashes[rest], losses[rest]
+            if occurrences is not None:
+                occurrences = occurrences[rest]
             if moved is not None:
                 moved = moved[rest]
 
