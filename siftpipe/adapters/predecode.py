@@ -110,6 +110,10 @@ class PreDecodeFilter:
         # passes this copy of the filter began since it was last told the epoch: a second one in
         # a DataLoader worker is a persistent worker's next epoch, which nobody told it
         self._passes_since_told = 0
+        # when the run of the Sifter over this filter began (follow_sifter_run): a publication
+        # made before it is another run's; None: any publication is taken
+        self._run_began: float | None = None
+        self._warned_other_run = False
         self._secrets: list[str] = []  # values never written to the records (set per pass)
         self._warned_missing = False
         # what every copy of this filter decided (the training process's and each DataLoader
@@ -150,6 +154,14 @@ class PreDecodeFilter:
         self._epoch = int(epoch)
         self._passes_since_told = 0
 
+    def follow_sifter_run(self, began: float | None) -> None:
+        """When the run of the ``Sifter`` over this filter began (unix seconds; ``None`` for a run
+        resumed from a checkpoint): the stage hands it on, as it hands on its epoch. A
+        publication made before then is another run's, at the same URL (a job started again
+        from scratch): its losses come from another model, so the filter passes every sample on
+        (``PreDecodeWarning``, once) until this run publishes its own."""
+        self._run_began = began
+
     #: ``Sifter.set_epoch`` hands its epoch on through this too, to a filter in a pipeline given
     #: to ``watch_shards`` (a ``.sift()`` chain's): its DataLoader's workers start before the
     #: stage opens its pass, so the pass's own hand-over would come too late for them.
@@ -176,6 +188,22 @@ class PreDecodeFilter:
 
     def _refresh(self) -> None:
         meta = self._read_latest()
+        began = self._run_began
+        if meta is not None and began is not None and float(meta.get("published") or began) < began:
+            # another run's publication at this URL: nothing of it is this run's to decide by
+            self._memory, self._meta, self._loaded = None, {}, None
+            if not self._warned_other_run:
+                self._warned_other_run = True
+                warnings.warn(
+                    f"siftpipe: PreDecodeFilter ignores the publication at {self._shown()}: it was "
+                    "made before this run's Sifter was created, by another run, whose losses came "
+                    "from another model. Every sample is passed on for the stage to decide until "
+                    "this run publishes its own. Publish to a URL of each run's own (the run id in "
+                    "it), or resume that run with load_state_dict to go on from it",
+                    PreDecodeWarning,
+                    stacklevel=3,
+                )
+            return
         if meta is None:
             # nothing published yet (the first epoch): pass everything on. Said once from the
             # second epoch on, as a mistyped URL or a server that cannot be reached reads the same

@@ -18,6 +18,7 @@ __all__ = [
     "SharedCounters",
     "SharedShardCounts",
     "find_shard_counts",
+    "hand_on",
     "merge_shard_stats",
     "reset_shard_stats",
     "shard_stats",
@@ -327,11 +328,17 @@ def follow_epoch(source: Any, epoch: int, hook: str = "follow_sifter_epoch") -> 
     on, before a pipeline that starts its workers before the stage opens its pass)."""
     if epoch < 0:
         return 0
+    return hand_on(source, hook, epoch)
+
+
+def hand_on(source: Any, hook: str, value: Any) -> int:
+    """Call ``hook(value)`` on every object in ``source``'s graph (see ``reachable``) whose class
+    has that method; returns how many there were."""
     n = 0
     for obj in reachable(source):
         follow = getattr(type(obj), hook, None)
         if callable(follow):
-            follow(obj, epoch)
+            follow(obj, value)
             n += 1
     return n
 

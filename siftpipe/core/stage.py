@@ -52,7 +52,7 @@ from .settings import (
     resolve_scorer,
     stage_config,
 )
-from .shardcounts import ShardStats, ShardWatch, follow_epoch
+from .shardcounts import ShardStats, ShardWatch, follow_epoch, hand_on
 from .sink import StageInfo, make_sink
 from .source import END, Raised, Reader, StatefulSource
 from .state import (
@@ -301,6 +301,9 @@ class Sifter:
         self._passes = Passes(self._ledger)  # the pass open, its source; a loaded checkpoint's place
         self._shards = ShardWatch()  # see watch_shards
         self._watched: list[Any] = []  # the pipelines watch_shards was given, for set_epoch
+        # when this run began (a PreDecodeFilter takes no publication made before it, which
+        # another run made); None once a checkpoint is loaded: the run goes on from before
+        self._run_began: float | None = time.time()
         self._warned_empty = False  # EmptyPassWarning given
         self._warned_shapes = False  # BatchShapeWarning given
         self._warned_backwards = False  # ScoreMemoryWarning for set_epoch going back given
@@ -451,6 +454,7 @@ class Sifter:
                 )
         for pipeline in self._watched:
             follow_epoch(pipeline, int(epoch), hook="follow_sifter_set_epoch")
+            hand_on(pipeline, "follow_sifter_run", self._run_began)
         if int(epoch) != self.epoch:
             self._decider.epoch_changes()
             if self._passes.open:
@@ -641,6 +645,8 @@ class Sifter:
             # workers learn the epoch from the object here (a pass resumed mid-way from the
             # source's own state reads the epoch that state says)
             follow_epoch(source, self.epoch)
+        # (every pass: a filter's copies in fresh workers learn it from the object here)
+        hand_on(source, "follow_sifter_run", self._run_began)
         self._shards.watch(source)  # (not kept for set_epoch: a pass's source is the pass's)
         if self.audit is not None:
             if not self._sink_bound:  # once: what the log records about the stage is its first pass's
@@ -821,6 +827,7 @@ class Sifter:
             self._account.load_state_dict(state["account"])
         self.epoch = int(state["epoch"])
         self.model_version = int(state["model_version"])
+        self._run_began = None  # a run resumed: the publications before this process are its own
         # the checkpoint's keys were read with another key setting: nothing to compare
         self._passes.load(state, forget_keys="key" in allowed and any(d[0] == "key" for d in differ))
 

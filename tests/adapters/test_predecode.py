@@ -553,3 +553,47 @@ def test_an_old_publication_that_cannot_be_deleted_warns_and_the_new_one_stands(
         assert json.loads(fs.cat(f"{bucket}/memory/latest.json"))["version"] == third
     finally:
         proxy.stop()
+
+
+def test_a_fresh_run_takes_no_publication_another_run_left_at_its_url(tmp_path):
+    """A job started again from scratch, publishing where the last one did: its workers decided
+    its first epoch from the old run's publication, the losses of another model (found
+    2026-12-05, a limit noted since 2026-12-04). Now a publication made before the Sifter over
+    the filter was created is ignored with a PreDecodeWarning until the run publishes its own;
+    a run resumed from a checkpoint (load_state_dict) takes it."""
+    published = str(tmp_path / "memory")
+
+    def stage():  # losses that stay usable (max_age None): a memory fit for sifting before decode
+        return sp.Sifter(
+            None, scorer, sp.RelativeProbabilistic(2.0, 200), micro_batch=20,
+            memory=sp.ScoreMemory(1000, max_age=None),
+        )  # fmt: skip
+
+    def loader(workers):
+        prefilter = sp.PreDecodeFilter(published)
+        dataset = Shards(prefilter)
+        dataset.pipeline = [prefilter]  # where the stage finds it, as in a WebDataset pipeline
+        return DataLoader(dataset, batch_size=None, num_workers=workers)
+
+    old = stage()
+    for _ in range(2):  # its last publication is of epoch 1: newer than a fresh run's epoch 0
+        list(old(loader(2)))
+        old.publish_memory(published)
+    state = old.state_dict()
+
+    fresh = stage()
+    list(fresh(loader(2)))
+    assert fresh.stats.seen == 400  # every sample reached the stage: none dropped by old losses
+    fresh.publish_memory(published)
+    seen = fresh.stats.seen
+    list(fresh(loader(2)))  # its own publication: taken
+    assert fresh.stats.seen - seen < 400 * 0.6
+    with pytest.warns(sp.PreDecodeWarning, match="made before this run's Sifter was created"):
+        list(stage()(loader(0)))  # (said where the filter runs: here, no workers)
+
+    resumed = stage()
+    resumed.load_state_dict(state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sp.PreDecodeWarning)
+        list(resumed(loader(0)))  # the resumed run goes on from the old run's last publication
+    assert resumed.stats.seen - state["counts"]["seen"] < 400 * 0.6
