@@ -1141,7 +1141,7 @@ class ScoreMemory:
 
         ``keep``: publications (files) of this memory to keep under ``url``, the new one
         included; older ones this memory published there are deleted once ``latest.json`` names
-        the new one (one publication is about 23 bytes a remembered sample: one an epoch of a
+        the new one (one publication is about 15 bytes a remembered sample: one an epoch of a
         large dataset adds up). The default 2 keeps the one before, which a worker that read
         the old ``latest.json`` a moment ago may still be loading. ``None``: delete nothing.
         Files another process (an earlier run, a job before a restart) published are never

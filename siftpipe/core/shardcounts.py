@@ -153,6 +153,10 @@ class SharedShardCounts:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._buffer = state["_buffer"]
         self._views = None
+        if not self._buffer.is_shared():
+            # a copy of its own (copy.deepcopy, pickle without torch's sharing): shared before a
+            # fork too, or its forked workers would count into memory that dies with them
+            _UNSHARED.add(self)
 
     def _arrays(self) -> tuple[Any, Any]:
         if self._views is None:
@@ -243,6 +247,8 @@ class SharedCounters:
         self.names = state["names"]
         self._buffer = state["_buffer"]
         self._view = None
+        if not self._buffer.is_shared():  # a copy of its own: see SharedShardCounts.__setstate__
+            _UNSHARED.add(self)
 
     def row(self) -> Any:
         """This process's counters (a numpy view, in the order of ``names``): add to its cells."""

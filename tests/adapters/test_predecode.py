@@ -507,6 +507,20 @@ def test_the_filters_stats_add_up_what_every_worker_decided(tmp_path, loader_kwa
     assert prefilter.stats == dict.fromkeys(("seen", "dropped", "kept", "unknown"), 0)
 
 
+@pytest.mark.parametrize("made", ["deepcopy", "pickled"])
+def test_a_copied_filters_stats_add_up_its_forked_workers_too(made):
+    """A deep copy or a plain pickle of a filter holds counters of its own, which were never
+    shared before a fork: its forked workers counted into memory that died with them, and stats
+    said 0 (found by review, 2026-12-05)."""
+    import copy
+    import pickle
+
+    original = sp.PreDecodeFilter("/nonexistent/memory")
+    prefilter = copy.deepcopy(original) if made == "deepcopy" else pickle.loads(pickle.dumps(original))
+    list(DataLoader(Shards(prefilter), batch_size=None, num_workers=2))
+    assert prefilter.stats["seen"] == prefilter.stats["unknown"] == 400
+
+
 def test_publishing_keeps_the_newest_publications_of_this_memory_and_deletes_older_ones(tmp_path):
     """One publication is about 23 bytes a remembered sample; one an epoch used to stay for ever
     (found 2026-12-05). keep=2 (the default) keeps the newest and the one a worker may still be
