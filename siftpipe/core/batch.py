@@ -319,7 +319,53 @@ def split(batch: Batch, size: int, nested: bool = False) -> tuple[Batch, Batch]:
 
 
 def concat(batches: Sequence[Batch], nested: bool = False) -> Batch:
-    """Concatenate batches of the same structure along rows."""
+    """Concatenate batches of the same structure along rows; ``BatchError`` naming the field
+    where they differ (a field missing from one, another shape past the rows)."""
+    try:
+        return _concat(batches, nested)
+    except (RuntimeError, KeyError, IndexError, TypeError, ValueError) as exc:
+        where = _mismatch(batches, "") or f"{type(exc).__name__}: {exc}"
+        raise BatchError(
+            f"the kept rows of {len(batches)} input batches cannot be joined into one output batch: "
+            f"{where}. Every input batch must hold the same fields, each of one shape past its rows "
+            "(a collate_fn that pads to each batch's longest? pad to one length), or pass "
+            "output_batch=None to hand on each input batch's kept rows as they are"
+        ) from None
+
+
+def _mismatch(batches: Sequence[Batch], path: str) -> str | None:
+    """Where ``batches`` first differ in structure, said (None: nowhere found)."""
+    first = batches[0]
+    shown = path or "the batch"
+    for i, b in enumerate(batches[1:], 1):
+        if type(b) is not type(first) and not (isinstance(b, Mapping) and isinstance(first, Mapping)):
+            return f"{shown} is a {type(first).__name__} in one input batch, a {type(b).__name__} in another"
+        if isinstance(first, torch.Tensor | np.ndarray):
+            if first.shape[1:] != b.shape[1:]:
+                return (
+                    f"{shown} holds {tuple(first.shape)} {first.dtype} in one input batch and "
+                    f"{tuple(b.shape)} {b.dtype} in another"
+                )
+        elif isinstance(first, Mapping) and set(first) != set(b):
+            missing = sorted(map(str, set(first) ^ set(b)))
+            return f"field(s) {missing} of one input batch are missing from another (batch {i})"
+    if isinstance(first, Mapping):
+        for k in first:
+            found = _mismatch([b[k] for b in batches], f"{path}[{k!r}]" if path else repr(k))
+            if found:
+                return found
+    elif isinstance(first, tuple | list) and all(len(b) == len(first) for b in batches):
+        if isinstance(first, tuple) or _is_columns(first, bool(path)):
+            for j in range(len(first)):
+                found = _mismatch([b[j] for b in batches], f"{path}[{j}]" if path else f"position {j}")
+                if found:
+                    return found
+    elif isinstance(first, tuple):
+        return f"{shown} has {len(first)} entries in one input batch and another count in another"
+    return None
+
+
+def _concat(batches: Sequence[Batch], nested: bool = False) -> Batch:
     first = batches[0]
     if len(batches) == 1:
         return first
@@ -328,11 +374,11 @@ def concat(batches: Sequence[Batch], nested: bool = False) -> Batch:
     if isinstance(first, np.ndarray):
         return np.concatenate(list(batches)) if first.ndim else first
     if isinstance(first, Mapping):
-        return {k: concat([b[k] for b in batches], True) for k in first}
+        return {k: _concat([b[k] for b in batches], True) for k in first}
     if nested and _scalar_tuple(first):
         return tuple(x for b in batches for x in b)
     if isinstance(first, tuple) or (isinstance(first, list) and _is_columns(first, nested)):
-        parts = [concat([b[i] for b in batches], True) for i in range(len(first))]
+        parts = [_concat([b[i] for b in batches], True) for i in range(len(first))]
         return type(first)(*parts) if hasattr(first, "_fields") else type(first)(parts)
     if isinstance(first, list):
         out: list[Any] = RowList() if any(type(b) is RowList for b in batches) else []

@@ -97,17 +97,21 @@ class Passes:
         with contextlib.suppress(StopIteration):  # (it yields once more: it never ends here)
             gen.throw(Superseded(why))
 
-    def check_not_running(self, gen: Generator[Any, None, None] | None = None) -> None:
+    def check_not_running(self, gen: Generator[Any, None, None] | None = None, doing: str = "") -> None:
         """``PassClosedError`` if the running pass's iterator is being read by another thread this
-        moment: closing it there would fail there (a raw "generator already executing")."""
+        moment: closing it there would fail there (a raw "generator already executing"), and a
+        state taken now would hold a group half decided. ``doing``: what was refused, said."""
         if gen is None:
             gen = self.active() if self.active is not None else None
         if gen is not None and inspect.getgeneratorstate(gen) == inspect.GEN_RUNNING:
             raise PassClosedError(
                 "a pass of this Sifter is being read by another thread: a Sifter runs one pass "
                 "at a time, read by one consumer; make one Sifter per pipeline (per thread), or "
-                "finish (or break out of) the running pass (a prefetching thread: stop it) "
-                "before opening the next or taking a batch back"
+                + (
+                    doing
+                    or "finish (or break out of) the running pass (a prefetching thread: stop it) "
+                    "before opening the next or taking a batch back"
+                )
             )
 
     def began_reading(self) -> None:

@@ -682,8 +682,18 @@ class Sifter:
         be handed on, it reads the next input item ahead (the pass takes it first) to record its
         key, so that a resumed source fed from the wrong position is caught. Taken after the pass
         ended, or after it was abandoned (``break`` out of the loop, ``close()``, an exception),
-        the next call starts a new pass, as it would in this process.
+        the next call starts a new pass, as it would in this process. Leaving a ``for`` loop with
+        ``break`` abandons the pass when the loop's iterator dies with it (``for x in
+        sifter(data)``); an iterator held in a variable lives on, and a state taken then continues
+        its pass: close it first (``batches.close()``) to take one that starts the next.
+
+        Take it between items: while another thread is reading the pass (inside ``next()``, a
+        group half decided) it raises ``PassClosedError`` (pause that thread first).
         """
+        # (before and after: a state taken while another thread decides a group would be refused
+        # only when loaded, as damaged; found by review, 2026-12-05)
+        waiting = "take the state between items: pause the thread reading the pass first"
+        self._passes.check_not_running(doing=waiting)
         state = {
             "version": self.STATE_VERSION,
             "config": stage_config(self),
@@ -704,6 +714,7 @@ class Sifter:
         # An entry damaged, or swapped in from another checkpoint (another rank's decisions, say),
         # can look as well formed as the right one: the digests tell them apart.
         state["checks"] = {name: digest(value) for name, value in state.items() if name not in WALL_CLOCK}
+        self._passes.check_not_running(doing=waiting)
         return state
 
     def _held_rows(self, held: int) -> int:
@@ -1083,16 +1094,18 @@ class Sifter:
             seen = self._decider.counts["seen"]
             try:
                 self._decider.decide(fresh)
-            except Exception:
+            except BaseException as exc:
                 # a scorer's error, a non-finite loss: the pass ends with it, but the rows kept
                 # before it and waiting for a full output batch are handed on first (recorded as
                 # kept, they are trained; with drop_last noted unhanded), as on a source's error.
                 # A group that failed before it was counted (its scoring, its losses) is not
-                # pending (consumed stops before it); one counted is (its kept rows unhanded)
+                # pending (consumed stops before it); one counted is (its kept rows unhanded).
+                # A KeyboardInterrupt too, though nothing more is handed on then
                 pending = self._ledger.pending
                 if self._decider.counts["seen"] == seen and pending and pending[-1] is fresh:
                     pending.pop()
-                yield self._finish(out)
+                if isinstance(exc, Exception):
+                    yield self._finish(out)
                 raise
             if self._decider.device_wait:
                 # waiting for the losses observe() queued on a CUDA device: the steps' time

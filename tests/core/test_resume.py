@@ -555,3 +555,51 @@ def test_a_source_whose_shards_come_in_another_order_is_refused_where_keys_alone
     same.load_state_dict(state)
     rest = list(same(_shards([0, 1, 2], batched, moved)[state["consumed"] :]))
     assert output_keys(rest) == output_keys(list(it))
+
+
+def test_a_state_asked_for_while_another_thread_decides_a_group_is_refused_then_not_later():
+    """A checkpoint thread took state_dict() while the reading thread was inside the scorer: the
+    state held scored 1 of 0 seen and was refused as damaged only when loaded (found by review,
+    2026-12-05). Now it is refused when asked for, and taken between items it loads."""
+    import threading
+
+    inside, release = threading.Event(), threading.Event()
+
+    def scorer(model, batch):
+        inside.set()
+        assert release.wait(30)
+        return batch["loss"].double()
+
+    s = sp.Sifter(None, scorer, sp.Uniform(0.6), micro_batch=4, seed=0)
+    passes = s(make_samples(16))
+    reader = threading.Thread(target=lambda: next(passes))
+    reader.start()
+    try:
+        assert inside.wait(30)
+        with pytest.raises(sp.PassClosedError, match="take the state between items"):
+            s.state_dict()
+    finally:
+        release.set()
+        reader.join(30)
+    state = roundtrip(s.state_dict())  # between items: whole
+    again = sp.Sifter(None, scorer, sp.Uniform(0.6), micro_batch=4, seed=0)
+    again.load_state_dict(state)
+    assert again.stats.seen == s.stats.seen == 4
+    passes.close()
+
+
+def test_a_keyboard_interrupt_in_the_scorer_leaves_consumed_at_what_was_decided():
+    """A KeyboardInterrupt (not an Exception) from the scorer left its undecided group pending:
+    consumed read 12 where 8 samples were seen (found by review, 2026-12-05)."""
+    calls = {"n": 0}
+
+    def scorer(model, batch):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return batch["loss"].double()
+
+    s = sp.Sifter(None, scorer, sp.Uniform(0.7), micro_batch=4, seed=0)
+    with pytest.raises(KeyboardInterrupt):
+        list(s(make_samples(40)))
+    assert s.stats.seen == 8 and s.consumed == 8

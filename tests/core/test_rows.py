@@ -332,3 +332,31 @@ def test_a_list_that_is_neither_columns_nor_one_per_row_is_refused_saying_so():
     t = sp.Sifter(None, lambda m, b: b[0].double(), sp.Uniform(1.0), batched=True, micro_batch=None, key=None)
     with pytest.raises(sp.BatchError, match="use a dict batch"):
         list(t([pair]))
+
+
+@pytest.mark.parametrize(
+    "second, says",
+    [
+        ({"x": torch.ones(4, 3)}, r"'x' holds \(\d+, 2\) torch.float32 in one input batch and \(\d+, 3\)"),
+        ({"x": None}, r"field\(s\) \['x'\] of one input batch are missing from another"),
+    ],
+    ids=["shape", "missing"],
+)
+def test_input_batches_that_cannot_be_joined_for_output_batch_name_the_field(second, says):
+    """Re-batched kept rows (output_batch) of input batches whose fields differ: a raw torch
+    RuntimeError or KeyError naming neither batch nor field (found by review, 2026-12-05)."""
+
+    def batch(i, **fields):
+        out = {
+            "__key__": [f"k{i}_{j}" for j in range(4)],
+            "x": torch.ones(4, 2),
+            "loss": torch.rand(4).double(),
+        }
+        out.update(fields)
+        return {k: v for k, v in out.items() if v is not None}
+
+    s = sp.Sifter(
+        None, lambda m, b: b["loss"], sp.Uniform(1.0), batched=True, micro_batch=None, output_batch=6
+    )
+    with pytest.raises(sp.BatchError, match=says):
+        list(s([batch(0), batch(1, **second)]))
