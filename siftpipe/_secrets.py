@@ -38,6 +38,7 @@ from urllib.parse import quote, quote_plus, unquote, unquote_plus
 __all__ = [
     "REDACTED",
     "Redactor",
+    "command_secrets",
     "is_secret_name",
     "redact",
     "redact_command",
@@ -245,6 +246,21 @@ def redact_command(command: str) -> str:
     credential headers (``Authorization:``, ``X-Api-Key:``, ``...-Token:``) and of secret
     environment variables are ``***``."""
     return redact(_redact_flags(command), secret_values())
+
+
+def command_secrets(command: str) -> set[str]:
+    """The values ``redact_command`` hides in ``command`` (and those of the URLs in it), unquoted
+    too: what the command's own output (its standard error, quoted in an error) must not show."""
+    found = set(url_secrets(command))
+    patterns = [
+        *_COMMAND_SECRETS,
+        *((_CURL_COOKIE,) if "--cookie" in command or _CURL.search(command) else ()),
+    ]
+    for pattern in patterns:
+        for m in pattern.finditer(command):
+            value = m.group(2)
+            found |= {value, value.strip("'\"")}
+    return {v for v in found if len(v) >= _MIN_SECRET and v != REDACTED}
 
 
 # curl's cookie flag: -b means other things to other tools (tar's blocking factor, cut's bytes)

@@ -518,7 +518,10 @@ class ShardSource(BaseNode[dict[str, Any]]):
             raise
         except Exception as exc:
             err = self.opener.error(exc, url, None)
-            if err.kind != "corrupt":
+            if err.kind != "corrupt" or self._sample_begins_at(url, offset):
+                # the checkpoint's sample begins where it said: the damage lies further on, and
+                # is the handler's, as in the uninterrupted pass (found by review, 2026-12-05:
+                # a corrupt header before the next sample's end was taken for a changed shard)
                 raise
             raise ResumeError(
                 f"shard {self._shown(url)} holds no tar member at the checkpoint's position (byte "
@@ -529,6 +532,22 @@ class ShardSource(BaseNode[dict[str, Any]]):
         if first is not None:
             yield first
             yield from samples
+
+    def _sample_begins_at(self, url: str, offset: int) -> bool:
+        """Whether the tar header at byte ``offset`` of ``url`` is whole and names a member of the
+        sample the checkpoint expected next (``_next_key``); False when it cannot be read."""
+        import tarfile
+
+        try:
+            stream = self.opener.open(url, offset)
+            try:
+                block = stream.read(tarfile.BLOCKSIZE)
+            finally:
+                stream.close()
+            info = tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
+        except Exception:  # unreadable there: not where the checkpoint said
+            return False
+        return bool(self._next_key) and info.name.startswith(f"{self._next_key}.")
 
     def _check_version(self, stream: Any, url: str) -> None:
         """Note the opened shard's version; resuming inside it, it must be the checkpoint's."""

@@ -40,6 +40,8 @@ def _cli_write(args: argparse.Namespace) -> int:
     if args.samples < 1:
         # a usage error: exit status 2, as the other commands' (and argparse's)
         raise ConfigError(f"shards write: --samples must be >= 1, got {args.samples}")
+    if args.seed < 0:  # (numpy's own error for it was a traceback, exit status 1)
+        raise ConfigError(f"shards write: --seed must be >= 0, got {args.seed}")
     # a malformed --storage-option too, and any settings error write_shards raises (ConfigError:
     # no filesystem for the URL's protocol, options of the wrong type); a shard the destination
     # did not take (ShardError) is a failure, status 1

@@ -39,6 +39,9 @@ class ShardStats:
         samples: Samples read from shards.
         samples_skipped: Samples skipped by the handler because a field could not be decoded or
             was missing (``WebDataset.decode()`` / ``.to_tuple()``).
+        members_skipped: Tar members skipped by the handler because ``rename_files`` or
+            ``select_files`` raised on their names (the sample goes on without them, or, if it
+            had no other member, is not read at all).
         skipped_urls: The skipped shards, ``"<url> (<kind>)"`` (only in a pipeline's own
             ``shard_stats()``, which counts across processes; at most about 2 KiB of URLs per
             process are kept, the count ``skipped`` is always exact).
@@ -52,6 +55,7 @@ class ShardStats:
     reopened: int = 0
     samples: int = 0
     samples_skipped: int = 0
+    members_skipped: int = 0
     skipped_urls: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 
 from .._secrets import (
     Redactor,
+    command_secrets,
     redact,
     redact_command,
     redact_options,
@@ -547,7 +548,7 @@ class ShardOpener:
             tries = f" after {attempts} attempt(s) over {seconds:.1f} s ({limit})"
         bucket = urlsplit(url).netloc.rpartition("@")[2] or "(none)"
         fix = _FIX[kind].format(bucket=repr(bucket))
-        if what != "reading":
+        if what == "writing":
             # a reader's way out (skip the shard) is no fix for a write (found by review, 2026-12-05)
             head = fix.partition("pass handler=warn_and_continue")[0].rstrip()
             fix = head.removesuffix(" or").rstrip(",; ")
@@ -654,7 +655,9 @@ class PipeStream(_Readable):
         size = self._stderr.tell()
         self._stderr.seek(max(0, size - self.STDERR_SHOWN))
         tail = self._stderr.read().decode(errors="replace").strip()
-        said = f"; it said: {redact_command(tail)!r}" if tail else " (and wrote nothing to standard error)"
+        # (the command's own secrets too: a tool may echo the key it was given; found by review)
+        tail = redact(redact_command(tail), command_secrets(self.command))
+        said = f"; it said: {tail!r}" if tail else " (and wrote nothing to standard error)"
         how = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
         raise ShardError(
             f"the command of shard {self.shown} {how}{said}; run it in a shell to check it: its "
@@ -977,6 +980,7 @@ def iter_tar_samples(
     seekable = not gzipped and getattr(tf.fileobj, "comptype", None) == "tar"
     current: dict[str, Any] | None = None
     held = 0  # bytes of the current sample's members, headers included
+    stopped: ShardError | None = None
     for info in tf:
         tf.members = []  # type: ignore[attr-defined]  # stream mode keeps every TarInfo otherwise
         if not info.isreg():
@@ -993,8 +997,13 @@ def iter_tar_samples(
             except Exception as exc:
                 if on_member_error is None:
                     raise
-                if on_member_error(exc, name):
-                    continue
+                try:
+                    if on_member_error(exc, name):
+                        continue
+                except ShardError as err:
+                    if not getattr(err, "_handler_stopped", False):
+                        raise
+                    stopped = err  # the handler said stop: the shard ends here, failed
                 break
         match = _BASE_EXT.match(name)
         if match is None:
@@ -1032,6 +1041,10 @@ def iter_tar_samples(
                 "be grouped by sample, one file per field"
             )
         current[suffix] = data
+    if stopped is not None:
+        if current is not None:  # whole: its members came before the one the handler stopped at
+            yield current, None, None
+        raise stopped
     if getattr(tf, "_siftpipe_truncated", False):
         raise tarfile.ReadError(
             f"the archive ends at byte {start + tf.offset} without its end-of-archive marker (truncated)"
@@ -1167,9 +1180,17 @@ class ShardReader:
 
         def member_error(exc: Exception, name: str) -> bool:
             # the handler judges one member, as webdataset's does: a bad one is skipped, not the
-            # rest of the shard (a handler that raises fails the shard, as before)
+            # rest of the shard (a handler that raises fails the shard, as before). Skipped, it is
+            # counted (members_skipped); a handler that says stop ends the shard there and the
+            # next is read, as in webdataset, the shard counted skipped (before, it was counted
+            # completed, and nothing said a member or the shard's rest was missing; found by
+            # review, 2026-12-05)
             err = self.opener.error(exc, url, what=f"renaming or selecting member {name!r} of")
-            return bool(self.handler(err))
+            if self.handler(err):
+                self.opener.count("members_skipped")
+                return True
+            err._handler_stopped = True  # type: ignore[attr-defined]  # (handle: asked already)
+            raise err
 
         return iter_tar_samples(
             stream,
@@ -1215,19 +1236,27 @@ class ShardReader:
         except Exception as exc:  # handed to the handler below
             err = self.opener.error(exc, url, key)
             if err.key is None and key is not None:
+                stopped = getattr(err, "_handler_stopped", False)
                 err = ShardError(f"{err} (last sample read: {key!r})", url=err.url, key=key, kind=err.kind)
+                if stopped:
+                    err._handler_stopped = True  # type: ignore[attr-defined]
             del exc
         self.handle(err, state)
 
     def handle(self, err: ShardError, state: dict[str, Any] | None = None) -> None:
         """Apply the handler to ``err``: count the shard as skipped or failed, or stop."""
-        if getattr(self.handler, "__name__", None) in _SKIPPING_HANDLERS:
-            err = _without_handler_hint(err)
-        try:
-            go_on = self.handler(err)
-        except BaseException:
-            self.opener.count("failed")
-            raise
+        if getattr(err, "_handler_stopped", False):
+            # a member's error the handler already answered with stop: as in webdataset, the
+            # shard ends there and the next one is read; the shard counts as skipped
+            go_on = True
+        else:
+            if getattr(self.handler, "__name__", None) in _SKIPPING_HANDLERS:
+                err = _without_handler_hint(err)
+            try:
+                go_on = self.handler(err)
+            except BaseException:
+                self.opener.count("failed")
+                raise
         count_here("skipped")
         self.opener.counts.note_skip(err.url, err.kind)
         log.info("skipped %s", err)

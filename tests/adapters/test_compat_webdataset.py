@@ -382,8 +382,21 @@ def test_a_rename_that_fails_on_one_member_costs_that_member_as_in_webdataset(tm
         warnings.simplefilter("ignore")
         options = {"shardshuffle": False, "handler": wds.warn_and_continue, "rename_files": rename}
         theirs = [s["__key__"] for s in wds.WebDataset(str(path), **options)]
-        ours = [s["__key__"] for s in WebDataset(str(path), **options)]
+        dataset = WebDataset(str(path), **options)
+        ours = [s["__key__"] for s in dataset]
         assert ours == theirs == [str(i) for i in range(6)]
+        # counted (found by review, 2026-12-05: the shard read as whole, nothing said a member went)
+        stats = dataset.shard_stats()
+        assert stats.members_skipped == 1 and stats.completed == 1 and stats.skipped == 0
+        # a handler that says stop ends the shard there and the next is read, as in webdataset;
+        # the shard counts as skipped, not completed
+        options = {**options, "handler": wds.warn_and_stop}
+        theirs = [s["__key__"] for s in wds.WebDataset([str(path), str(path)], **options)]
+        dataset = WebDataset([str(path), str(path)], **options)
+        ours = [s["__key__"] for s in dataset]
+        assert ours == theirs == ["0", "1", "2"] * 2
+        stats = dataset.shard_stats()
+        assert stats.skipped == 2 and stats.completed == 0 and stats.samples == 6
     err = raised(WebDataset(str(path), shardshuffle=False, rename_files=rename))
     assert isinstance(err, sp.ShardError) and "member 'odd.TXT.bak'" in str(err) and "unexpected" in str(err)
 

@@ -182,6 +182,47 @@ def test_resuming_inside_a_shard_rewritten_since_is_refused_not_skipped_as_corru
         list(resumed)
 
 
+def test_resuming_before_a_corrupt_header_further_on_reads_as_the_uninterrupted_pass(tmp_path):
+    """A checkpoint inside a shard whose later header is corrupt (before the next sample's end):
+    the uninterrupted pass skips the shard's rest as corrupt and goes on; the resumed one took the
+    failure for a shard changed since the checkpoint, a ResumeError, every time (found by review,
+    2026-12-05). The checkpoint's own header is read: whole and the expected sample's, the damage
+    is the handler's."""
+    import warnings
+
+    bad = write_shards(
+        [{"__key__": f"b{i}", "cls": i} for i in range(3)], str(tmp_path / "bad"), progress=False
+    ).urls[0]
+    good = write_shards(
+        [{"__key__": f"a{i}", "cls": i} for i in range(3)], str(tmp_path / "good"), progress=False
+    ).urls[0]
+    data = bytearray(Path(bad).read_bytes())
+    data[2048 + 148] ^= 1  # the checksum of b2's header: corrupt
+    Path(bad).write_bytes(bytes(data))
+
+    def keys(source):
+        out = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ShardWarning)
+            while True:
+                try:
+                    out.append(source.next()["__key__"])
+                except StopIteration:
+                    return out
+
+    whole = ShardSource([bad, good], handler=warn_and_continue)
+    whole.reset()
+    assert keys(whole) == ["b0", "a0", "a1", "a2"]
+    cut = ShardSource([bad, good], handler=warn_and_continue)
+    cut.reset()
+    assert cut.next()["__key__"] == "b0"
+    state = roundtrip(cut.get_state())
+    assert state["offset"] == 1024 and state["next_key"] == "b1"
+    resumed = ShardSource([bad, good], handler=warn_and_continue)
+    resumed.reset(state)
+    assert keys(resumed) == ["a0", "a1", "a2"]
+
+
 def test_resuming_inside_a_shard_rewritten_with_the_same_keys_and_sizes_is_refused(
     tmp_path, local_s3, bucket
 ):

@@ -222,6 +222,9 @@ def test_cli_usage_errors_exit_2_unmangled_and_a_failed_write_1(local_s3, capsys
     assert "takes NAME=VALUE" in err and "***" not in err
     assert main([*write, "--samples", "0"]) == 2
     assert "--samples must be >= 1" in capsys.readouterr().err
+    # a negative seed was numpy's traceback and exit 1 (found by review, 2026-12-05)
+    assert main([*write, "--samples", "3", "--seed", "-1"]) == 2
+    assert "--seed must be >= 0" in capsys.readouterr().err
     assert main(["log", "verify", "/nonexistent", "--storage-option", "novalue"]) == 2
     assert "takes NAME=VALUE" in capsys.readouterr().err
 
@@ -272,3 +275,16 @@ def test_an_error_of_the_callers_own_samples_comes_back_as_it_was(tmp_path):
         write_shards(samples(), str(tmp_path / "out" / "t"), progress=False)
     assert not isinstance(caught.value, sp.ShardError)
     assert not list((tmp_path / "out").glob("*"))  # nothing partial left
+
+
+def test_a_shard_that_cannot_be_opened_gets_a_readers_advice_not_a_writers(tmp_path):
+    """Opening a directory given as a shard, or a rename_files that raised, said "check the
+    destination URL": the advice of a failed write (found by review, 2026-12-05)."""
+    from siftpipe.streaming.opener import ShardOpener, ShardReader, reraise_exception
+
+    folder = tmp_path / "adir.tar"
+    folder.mkdir()
+    with pytest.raises(sp.ShardError) as caught:
+        list(ShardReader(ShardOpener(), reraise_exception)([str(folder)]))
+    text = str(caught.value)
+    assert "opening shard" in text and "destination" not in text and "warn_and_continue" in text

@@ -64,6 +64,17 @@ def test_a_failing_command_is_an_os_error_naming_the_command_status_and_stderr(s
         list(WebDataset("pipe:siftpipe-no-such-command", shardshuffle=False))
 
 
+def test_a_secret_the_command_carries_is_redacted_in_the_standard_error_it_quotes():
+    """A command's tool echoed the key it was given: the command shown had it as ***, the quoted
+    standard error in clear (found by review, 2026-12-05)."""
+    url = "pipe:API_TOKEN=Zq9SecretTok3n sh -c 'echo \"rejected credential $API_TOKEN\" >&2; exit 22'"
+    with pytest.raises(sp.ShardError) as caught:
+        list(WebDataset(url, shardshuffle=False))
+    text = str(caught.value)
+    assert "exited with status 22" in text and "rejected credential ***" in text
+    assert "Zq9SecretTok3n" not in text + repr(caught.value.url)
+
+
 def test_a_command_failing_after_a_whole_archive_still_fails_its_shard(shards):
     url = f"pipe:cat {shards.urls[0]}; exit 3"
     got: list[str] = []
