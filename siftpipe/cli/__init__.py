@@ -88,6 +88,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     # an interrupted command too (its own cleanup has run): the threads a DataLoader's workers
     # left printed their tracebacks while the interpreter was torn down
     if program and (args.command == "log" or code in (130, 143)):
+        if code in (130, 143):
+            # DataLoader workers still alive would outlive os._exit and print their broken
+            # connections' tracebacks after the command's last line (found by review, 2026-12-05)
+            import multiprocessing
+
+            for child in multiprocessing.active_children():
+                child.terminate()
+            for child in multiprocessing.active_children():
+                child.join(timeout=2.0)
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()

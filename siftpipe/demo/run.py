@@ -193,6 +193,31 @@ class _Counted:
             yield {**sample, "__read__": read, "__worker__": worker}
 
 
+def _quiet_broken_connections(worker_id: int) -> None:
+    """In a DataLoader worker: the training process stopped (Ctrl-C, SIGTERM) while it was taking
+    a batch's memory from the worker, and the worker's sharing thread printed that connection's
+    broken pipe as a traceback after the command said it stopped (found by review, 2026-12-05).
+    Only connection errors of the worker's own threads are quiet; its work errors are not."""
+    import sys
+    import threading
+
+    previous, previous_sys = threading.excepthook, sys.excepthook
+
+    def hook(args: Any) -> None:
+        if args.exc_type is not None and issubclass(args.exc_type, ConnectionError | EOFError):
+            return
+        previous(args)
+
+    def sys_hook(kind: Any, value: Any, tb: Any) -> None:
+        # (multiprocessing's resource sharer reports its thread's errors through sys.excepthook)
+        if kind is not None and issubclass(kind, ConnectionError | EOFError):
+            return
+        previous_sys(kind, value, tb)
+
+    threading.excepthook = hook
+    sys.excepthook = sys_hook
+
+
 def _free_scorer(model: nn.Module | None, batch: Any) -> torch.Tensor:
     """No forward pass: zeros (for rules that ignore the losses, such as ``Uniform``)."""
     return torch.zeros(len(batch["y"]), dtype=torch.float64)
@@ -338,6 +363,7 @@ def train_run(
         num_workers=workers,
         persistent_workers=workers > 0,
         prefetch_factor=4 if workers else None,
+        worker_init_fn=_quiet_broken_connections if workers else None,
     )
     if loader_stage is not None:
         loader = loader.compose(loader_stage)
