@@ -252,14 +252,16 @@ def command_secrets(command: str) -> set[str]:
     """The values ``redact_command`` hides in ``command`` (and those of the URLs in it), unquoted
     too: what the command's own output (its standard error, quoted in an error) must not show."""
     found = set(url_secrets(command))
-    patterns = [
-        *_COMMAND_SECRETS,
-        *((_CURL_COOKIE,) if "--cookie" in command or _CURL.search(command) else ()),
-    ]
-    for pattern in patterns:
+    # (not a bare --key's value, nor -b's: in a command they name data as often, an object's key
+    # or a buffer's size, which an error must still show; the command line hides them anyway)
+    for pattern in _COMMAND_SECRETS:
         for m in pattern.finditer(command):
-            value = m.group(2)
-            found |= {value, value.strip("'\"")}
+            if m.group(1).strip().lower().rstrip("=") == "--key":
+                continue
+            value = m.group(2).strip("'\"")
+            found.add(value)
+            if m.group(1).strip().lower().rstrip("=") in ("-u", "--user") and ":" in value:
+                found.add(value.partition(":")[2])  # user:password: the password alone too
     return {v for v in found if len(v) >= _MIN_SECRET and v != REDACTED}
 
 

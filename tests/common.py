@@ -56,7 +56,7 @@ def same_state(a, b, path="state"):
     if isinstance(a, dict):
         assert isinstance(b, dict) and set(a) == set(b), f"{path}: {sorted(a)} != {sorted(b)}"
         for k in a:
-            if k not in ("seconds", "account"):  # wall time
+            if k not in ("seconds", "account", "run_began"):  # wall time
                 same_state(a[k], b[k], f"{path}[{k!r}]")
     elif isinstance(a, list | tuple):
         assert isinstance(b, list | tuple) and len(a) == len(b), f"{path}: {a!r} != {b!r}"

@@ -324,13 +324,15 @@ def concat(batches: Sequence[Batch], nested: bool = False) -> Batch:
     try:
         return _concat(batches, nested)
     except (RuntimeError, KeyError, IndexError, TypeError, ValueError) as exc:
-        where = _mismatch(batches, "") or f"{type(exc).__name__}: {exc}"
+        where = _mismatch(batches, "")
+        if where is None:
+            raise  # not the batches' shapes (out of memory, say): the error as it came
         raise BatchError(
             f"the kept rows of {len(batches)} input batches cannot be joined into one output batch: "
             f"{where}. Every input batch must hold the same fields, each of one shape past its rows "
             "(a collate_fn that pads to each batch's longest? pad to one length), or pass "
             "output_batch=None to hand on each input batch's kept rows as they are"
-        ) from None
+        ) from exc
 
 
 def _mismatch(batches: Sequence[Batch], path: str) -> str | None:
@@ -354,6 +356,8 @@ def _mismatch(batches: Sequence[Batch], path: str) -> str | None:
             found = _mismatch([b[k] for b in batches], f"{path}[{k!r}]" if path else repr(k))
             if found:
                 return found
+    elif bool(path) and _scalar_tuple(first):
+        return None  # one string per row: any count joins
     elif isinstance(first, tuple | list) and all(len(b) == len(first) for b in batches):
         if isinstance(first, tuple) or _is_columns(first, bool(path)):
             for j in range(len(first)):

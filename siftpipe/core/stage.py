@@ -381,6 +381,8 @@ class Sifter:
         """
         self._shards.watch(*pipelines)
         self._watched += [p for p in pipelines if all(p is not q for q in self._watched)]
+        for pipeline in pipelines:  # (a .sift() chain's filters learn when the run began here)
+            hand_on(pipeline, "follow_sifter_run", self._run_began)
 
     def describe(self) -> StageInfo:
         """The settings that decide, as plain data (what a sink records about the stage)."""
@@ -687,8 +689,10 @@ class Sifter:
         sifter(data)``); an iterator held in a variable lives on, and a state taken then continues
         its pass: close it first (``batches.close()``) to take one that starts the next.
 
-        Take it between items: while another thread is reading the pass (inside ``next()``, a
-        group half decided) it raises ``PassClosedError`` (pause that thread first).
+        Take it between items, from the thread that reads the pass (or with that thread paused):
+        another thread caught inside ``next()`` (a group half decided) makes it raise
+        ``PassClosedError``. That is a check, not a lock: a read that begins and ends while the
+        state is being taken is not caught, and the state may then mix two moments.
         """
         # (before and after: a state taken while another thread decides a group would be refused
         # only when loaded, as damaged; found by review, 2026-12-05)
@@ -710,6 +714,8 @@ class Sifter:
             "memory": None if self.memory is None else self.memory.state_dict(),
             # wall time, like "seconds": not digested (it cannot be checked against anything)
             "account": self._account.state_dict(),
+            # when the run began (unix s): a resumed run takes no publication older than it
+            "run_began": self._run_began,
         }
         # An entry damaged, or swapped in from another checkpoint (another rank's decisions, say),
         # can look as well formed as the right one: the digests tell them apart.
@@ -838,7 +844,14 @@ class Sifter:
             self._account.load_state_dict(state["account"])
         self.epoch = int(state["epoch"])
         self.model_version = int(state["model_version"])
-        self._run_began = None  # a run resumed: the publications before this process are its own
+        # when the run the checkpoint is of began: its publications, and none older, are its own
+        # (a state written before 2026-12-05 does not say: any publication is taken)
+        began = state.get("run_began")
+        self._run_began = (
+            float(began) if isinstance(began, int | float) and not isinstance(began, bool) else None
+        )
+        for pipeline in self._watched:
+            hand_on(pipeline, "follow_sifter_run", self._run_began)
         # the checkpoint's keys were read with another key setting: nothing to compare
         self._passes.load(state, forget_keys="key" in allowed and any(d[0] == "key" for d in differ))
 

@@ -37,7 +37,7 @@ OVERRIDE_OF = {"policy_class": "policy", "policy_config": "policy", "world": "ra
 READ_VERSIONS = (1, 2)  # state versions load_state_dict reads
 # entries that hold wall time: not digested (nothing to check them against); "account" is optional
 # (states written before the cost account lack it)
-WALL_CLOCK = ("seconds", "account")
+WALL_CLOCK = ("seconds", "account", "run_began")
 
 
 COUNTS = (
@@ -268,6 +268,11 @@ def check_state(state: Any, batched: bool) -> None:
                 )
     check_flags(state, bad)
 
+    began = state.get("run_began")  # (wall time, not digested; states before 2026-12-05 lack it)
+    if began is not None and not (
+        isinstance(began, float | int) and not isinstance(began, bool) and np.isfinite(began) and began > 0
+    ):
+        raise bad("run_began", "None or the run's start, in seconds since the epoch (a number > 0)")
     if state["memory"] is not None and state["epoch"] > np.iinfo(np.int16).max:
         raise bad("epoch", "at most 32767 with a score memory (it records epochs in 16 bits)")
     if state["audit"] is not None and not isinstance(state["audit"], Mapping):

@@ -3,6 +3,7 @@
 import collections
 import itertools
 import json
+import types
 import warnings
 
 import numpy as np
@@ -606,8 +607,24 @@ def test_a_fresh_run_takes_no_publication_another_run_left_at_its_url(tmp_path):
         list(stage()(loader(0)))  # (said where the filter runs: here, no workers)
 
     resumed = stage()
-    resumed.load_state_dict(state)
+    resumed.load_state_dict(roundtrip(state))
     with warnings.catch_warnings():
         warnings.simplefilter("error", sp.PreDecodeWarning)
         list(resumed(loader(0)))  # the resumed run goes on from the old run's last publication
     assert resumed.stats.seen - state["counts"]["seen"] < 400 * 0.6
+
+    # a fresh run's checkpoint from before its first publication, resumed: still not the old
+    # run's publication (a review of the change found the resumed run taking it: 141 of 400)
+    again = stage()
+    state = roundtrip(again.state_dict())
+    later = stage()
+    later.load_state_dict(state)
+    list(later(loader(2)))
+    assert later.stats.seen == 400
+
+    # a .sift() chain without set_epoch: the filters in the watched pipeline learn when the run
+    # began as it is watched (the review found 304 of 600 reaching the stage)
+    prefilter = sp.PreDecodeFilter(published)
+    watched = stage()
+    watched.watch_shards(types.SimpleNamespace(pipeline=[prefilter]))  # as .sift() watches its chain
+    assert prefilter._run_began is not None

@@ -360,3 +360,15 @@ def test_input_batches_that_cannot_be_joined_for_output_batch_name_the_field(sec
     )
     with pytest.raises(sp.BatchError, match=says):
         list(s([batch(0), batch(1, **second)]))
+
+
+def test_a_join_error_blames_the_field_that_differs_not_a_column_of_strings():
+    """A review of the join error: a tuple of strings (one per row: any count joins) was blamed
+    for another field's shape."""
+    from siftpipe.core.batch import concat
+
+    a = {"__key__": ("a", "b"), "x": torch.ones(2, 3)}
+    b = {"__key__": ("c",), "x": torch.ones(1, 4)}
+    with pytest.raises(sp.BatchError, match=r"'x' holds \(2, 3\)"):
+        concat([a, b])
+    assert concat([a, {"__key__": ("c",), "x": torch.ones(1, 3)}])["__key__"] == ("a", "b", "c")

@@ -73,6 +73,16 @@ def test_a_secret_the_command_carries_is_redacted_in_the_standard_error_it_quote
     text = str(caught.value)
     assert "exited with status 22" in text and "rejected credential ***" in text
     assert "Zq9SecretTok3n" not in text + repr(caught.value.url)
+    # an object's --key is no secret to hide in what the command said (a review of the change
+    # found "Key *** does not exist"), nor a password's user; the password alone is
+    url = (
+        'pipe:sh -c \'echo "NoSuchKey: shards/train-000001.tar; bad password hunter22 for alice" >&2; '
+        "exit 254' get --key shards/train-000001.tar -u alice:hunter22"
+    )
+    with pytest.raises(sp.ShardError) as caught:
+        list(WebDataset(url, shardshuffle=False))
+    said = str(caught.value).partition("it said:")[2]
+    assert "NoSuchKey: shards/train-000001.tar" in said and "bad password *** for alice" in said
 
 
 def test_a_command_failing_after_a_whole_archive_still_fails_its_shard(shards):
