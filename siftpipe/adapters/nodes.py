@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
+from ..core.resume import shard_name
 from ..core.source import Raised
 from ..core.stage import Sifter
 from ..errors import ConfigError, ResumeError, ShardError
@@ -421,6 +422,14 @@ class ShardSource(BaseNode[dict[str, Any]]):
                 f"this source has {self._shown(order[shard])} there: resume with the same shard list, "
                 "seed, rank and world_size"
             )
+        digest = state.get("order")  # (states before 2026-12-05 have none)
+        if digest is not None and digest != self._order_digest(order):
+            raise ResumeError(
+                f"the checkpoint's epoch read its {len(order)} shard(s) in another order than this "
+                "source gives for it (a reordered shard list, another seed): resumed, it would read "
+                "some shards twice and others never. Resume with the same shard list, seed, rank "
+                "and world_size"
+            )
         self.epoch = int(state["epoch"])
         self._order = order
         self._worker = (worker, workers)
@@ -460,10 +469,30 @@ class ShardSource(BaseNode[dict[str, Any]]):
             "offset": self._offset,
             "next_key": self._next_key,
             "shard_version": self._shard_version,
+            # the epoch's whole shard order (found by review, 2026-12-05: a list reordered around
+            # the current shard resumed, reading some shards twice and others never)
+            "order": self._order_digest(self._order),
             "started": self._started,
             "worker": self._worker[0],
             "num_workers": self._worker[1],
         }
+
+    def _order_digest(self, order: list[str]) -> str:
+        """A digest of an epoch's shard order, by the shards' file names (what tells shards apart
+        across a restart, where a mount point or a presigned URL's signature may change; a URL
+        without a tar file name by its shown form, no credentials); kept for the order last asked
+        about (get_state runs after every item under a prefetcher)."""
+        cached = getattr(self, "_digested", None)
+        if cached is not None and cached[0] is order:
+            return str(cached[1])
+        import hashlib
+
+        h = hashlib.blake2b(digest_size=12)
+        for url in order:
+            name = shard_name(url) or self._shown(url)
+            h.update(name.encode(errors="surrogateescape") + b"\0")
+        self._digested = (order, h.hexdigest())
+        return self._digested[1]
 
     # ------------------------------------------------------------------ reading
 

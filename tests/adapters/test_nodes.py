@@ -223,6 +223,28 @@ def test_resuming_before_a_corrupt_header_further_on_reads_as_the_uninterrupted_
     assert keys(resumed) == ["a0", "a1", "a2"]
 
 
+def test_resuming_over_a_shard_list_in_another_order_is_refused(tmp_path):
+    """The same shards listed in another order, the current one at the same place (a glob listed
+    otherwise): the resume read shard 1 twice and shard 3 never (found by review, 2026-12-05).
+    The state holds a digest of the epoch's whole shard order now."""
+    urls = write_shards(
+        synthetic_classification(40, dim=2, seed=1), str(tmp_path / "o"), samples_per_shard=10,
+        progress=False,
+    ).urls  # fmt: skip
+    loader = Loader(ShardSource(urls))
+    it = iter(loader)
+    for _ in range(25):  # shards 0 and 1, half of shard 2
+        next(it)
+    state = roundtrip(loader.state_dict())
+    resumed = Loader(ShardSource([urls[0], urls[3], urls[2], urls[1]]))
+    with pytest.raises(sp.ResumeError, match="in another order"):
+        resumed.load_state_dict(state)
+        list(resumed)
+    same = Loader(ShardSource(urls))
+    same.load_state_dict(state)
+    assert len(list(same)) == 15  # the same list: the rest, exactly
+
+
 def test_resuming_inside_a_shard_rewritten_with_the_same_keys_and_sizes_is_refused(
     tmp_path, local_s3, bucket
 ):
