@@ -642,10 +642,13 @@ class Sifter:
         resume, advance = self._passes.begin(source, tracked, self.track_source)
         if advance:
             self.epoch += 1
-        if resume is None or not self._passes.source_restored:
+        unread = resume is not None and not resume.get("pass_read", True)
+        if resume is None or not self._passes.source_restored or unread:
             # a ShardSource's shard order is its epoch's: its copies in a DataLoader's fresh
             # workers learn the epoch from the object here (a pass resumed mid-way from the
-            # source's own state reads the epoch that state says)
+            # source's own state reads the epoch that state says; one that had read nothing
+            # holds the state the last epoch ended with, so it is told too: found by review,
+            # 2026-12-05, a resumed epoch 1 read in epoch 0's shard order)
             follow_epoch(source, self.epoch)
         # (every pass: a filter's copies in fresh workers learn it from the object here)
         hand_on(source, "follow_sifter_run", self._run_began)
