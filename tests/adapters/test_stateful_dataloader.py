@@ -297,24 +297,6 @@ def test_a_second_checkpoint_taken_while_the_resumed_pass_holds_re_read_samples_
         assert got == expected, cut
 
 
-class _NodeDataset(torch.utils.data.IterableDataset):
-    """A torchdata node as a StatefulDataLoader's dataset (docs/streaming.md's wrapper)."""
-
-    def __init__(self, node):
-        self.node, self.pending = node, None
-
-    def __iter__(self):
-        self.node.reset(self.pending)
-        self.pending = None
-        return self.node
-
-    def state_dict(self):
-        return self.node.state_dict()
-
-    def load_state_dict(self, state):
-        self.pending = state
-
-
 @pytest.mark.parametrize("early", [False, True], ids=["after_a_whole_epoch", "after_a_left_epoch"])
 def test_a_pass_opened_unread_and_resumed_reads_its_own_epochs_shard_order(tmp_path, early):
     """A checkpoint taken right after sifter(loader) opened the next pass, before its first batch,
@@ -322,6 +304,7 @@ def test_a_pass_opened_unread_and_resumed_reads_its_own_epochs_shard_order(tmp_p
     epoch 0's shard order, the restored loader state being the last epoch's, so the source the
     workers copy was never told the epoch (found by review, 2026-12-05)."""
     from siftpipe.nodes import ShardSource
+    from tests.adapters.test_compat_torchdata import NodeDataset  # docs/streaming.md's wrapper
 
     urls = write_shards(
         synthetic_classification(60, dim=2, seed=3), str(tmp_path / "s"), samples_per_shard=10,
@@ -333,7 +316,7 @@ def test_a_pass_opened_unread_and_resumed_reads_its_own_epochs_shard_order(tmp_p
             None, lambda m, items: torch.zeros(len(items), dtype=torch.float64), sp.Uniform(1.0),
             micro_batch=10, collate_fn=list, seed=0,
         )  # fmt: skip
-        data = _NodeDataset(ShardSource(urls, shuffle=True, seed=2))
+        data = NodeDataset(ShardSource(urls, shuffle=True, seed=2))
         return stage, StatefulDataLoader(data, batch_size=None, num_workers=2)
 
     def shard_order(items):
