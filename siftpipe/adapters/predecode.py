@@ -155,11 +155,12 @@ class PreDecodeFilter:
         self._passes_since_told = 0
 
     def follow_sifter_run(self, began: float | None) -> None:
-        """When the run of the ``Sifter`` over this filter began (unix seconds; ``None`` for a run
-        resumed from a checkpoint): the stage hands it on, as it hands on its epoch. A
-        publication made before then is another run's, at the same URL (a job started again
-        from scratch): its losses come from another model, so the filter passes every sample on
-        (``PreDecodeWarning``, once) until this run publishes its own."""
+        """When the run of the ``Sifter`` over this filter began (unix seconds: when the Sifter
+        was made, or, resumed, when the run its checkpoint is of began; ``None`` for a checkpoint
+        written before 2026-12-05, which does not say): the stage hands it on, as it hands on its
+        epoch. A publication made before then is another run's, at the same URL (a job started
+        again from scratch): its losses come from another model, so the filter passes every
+        sample on (``PreDecodeWarning``, once) until this run publishes its own."""
         self._run_began = began
 
     #: ``Sifter.set_epoch`` hands its epoch on through this too, to a filter in a pipeline given
@@ -196,10 +197,11 @@ class PreDecodeFilter:
                 self._warned_other_run = True
                 warnings.warn(
                     f"siftpipe: PreDecodeFilter ignores the publication at {self._shown()}: it was "
-                    "made before this run's Sifter was created, by another run, whose losses came "
-                    "from another model. Every sample is passed on for the stage to decide until "
-                    "this run publishes its own. Publish to a URL of each run's own (the run id in "
-                    "it), or resume that run with load_state_dict to go on from it",
+                    "made before this run began (its Sifter was created, or the run it resumes "
+                    "began), by another run, whose losses came from another model. Every sample "
+                    "is passed on for the stage to decide until this run publishes its own. "
+                    "Publish to a URL of each run's own (the run id in it), or resume that run "
+                    "with load_state_dict to go on from it",
                     PreDecodeWarning,
                     stacklevel=3,
                 )

@@ -302,7 +302,7 @@ class Sifter:
         self._shards = ShardWatch()  # see watch_shards
         self._watched: list[Any] = []  # the pipelines watch_shards was given, for set_epoch
         # when this run began (a PreDecodeFilter takes no publication made before it, which
-        # another run made); None once a checkpoint is loaded: the run goes on from before
+        # another run made); a loaded checkpoint's replaces it (None: one from before 2026-12-05)
         self._run_began: float | None = time.time()
         self._warned_empty = False  # EmptyPassWarning given
         self._warned_shapes = False  # BatchShapeWarning given

@@ -603,7 +603,7 @@ def test_a_fresh_run_takes_no_publication_another_run_left_at_its_url(tmp_path):
     seen = fresh.stats.seen
     list(fresh(loader(2)))  # its own publication: taken
     assert fresh.stats.seen - seen < 400 * 0.6
-    with pytest.warns(sp.PreDecodeWarning, match="made before this run's Sifter was created"):
+    with pytest.warns(sp.PreDecodeWarning, match="made before this run began"):
         list(stage()(loader(0)))  # (said where the filter runs: here, no workers)
 
     resumed = stage()
