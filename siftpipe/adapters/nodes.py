@@ -20,6 +20,7 @@ and resumes exactly from ``loader.state_dict()``::
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 from collections.abc import Callable, Generator, Iterator, Mapping
@@ -77,6 +78,15 @@ class _NodeSource:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.node.reset(state)
+
+    def ask_at_end(self) -> None:
+        """The node was restored at its end: ask it once more (its ``StopIteration``), as
+        torchdata's ``Loader`` asked the uninterrupted pipeline. A ``SamplerWrapper`` or a
+        ``MultiNodeWeightedSampler`` moves on to its next epoch at ``reset(None)`` only if
+        ``next()`` came after ``reset(state)``: without it, a resumed run's epochs went in the
+        checkpoint epoch's order (found by review, 2026-12-05)."""
+        with contextlib.suppress(StopIteration):
+            next(self.node)
 
 
 class SiftNode(BaseNode[Any]):
@@ -137,6 +147,8 @@ class SiftNode(BaseNode[Any]):
             # the call first hands the source a between-passes checkpoint's state (if one was
             # loaded); resetting it then starts the epoch after that one
             self._it = self.sifter._surviving(self._wrapped)
+            if self.sifter._passes.source_restored:
+                self._wrapped.ask_at_end()  # restored where the checkpoint's pass ended
             self.source.reset(None)
             return
         if not isinstance(initial_state, Mapping) or initial_state.get("version") != self.STATE_VERSION:

@@ -131,7 +131,12 @@ def check_next(reader: Reader, state: Mapping[str, Any], source: Any, batched: b
     if want is None and want_shard is None and not ended:
         return  # the checkpoint did not see the next item (no keys, or nothing pending)
     if ended and source is not None:
-        # a tracked source restored at its end: reading it now would start its next pass
+        # a tracked source restored at its end: reading it now would start its next pass (a
+        # StatefulDataLoader's iter()); a torchdata node is asked once, as its Loader asked it
+        # (ask_at_end: its samplers' next epoch depends on it)
+        ask = getattr(source, "ask_at_end", None)
+        if ask is not None:
+            ask()
         reader.ahead = END
         return
     reader.iterate()  # first: the snapshot below is the source's state inside this pass
