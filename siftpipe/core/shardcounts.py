@@ -91,7 +91,7 @@ def reset_shard_stats() -> None:
 
 
 # counters still in this process's own memory, shared before any fork (a DataLoader's workers)
-_UNSHARED: weakref.WeakSet[SharedShardCounts | SharedCounters] = weakref.WeakSet()
+_UNSHARED: weakref.WeakSet[_SharedBuffer] = weakref.WeakSet()
 
 
 def _share_before_fork() -> None:
@@ -106,7 +106,60 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_share_before_fork)
 
 
-class SharedShardCounts:
+class _SharedBuffer:
+    """A tensor every process running a copy of its owner writes its own row of: in the
+    process's own memory until a worker process could need it (shared memory holds a file
+    descriptor per buffer for as long as it lives, torch's default sharing strategy), moved to
+    shared memory before a fork (``_share_before_fork``) or as it is sent to a spawned worker.
+    Subclasses set ``_buffer`` and read it through ``_views`` (numpy views made where used,
+    ``None`` until then); row ``_row()`` is this process's."""
+
+    ROWS = 129  # the training process and 128 DataLoader workers
+
+    _buffer: Any
+    _views: Any
+
+    def _own(self, buffer: Any) -> None:
+        """Hold ``buffer`` (the process's own memory) until a worker could need it shared."""
+        self._buffer = buffer
+        self._views = None
+        _UNSHARED.add(self)
+
+    def share(self) -> None:
+        """Move the buffer to shared memory (before a worker process forks, or as it is sent
+        to a spawned one): from then on every process adds to the same one."""
+        if not self._buffer.is_shared():
+            # a shared copy swapped in, never the buffer moved in place: share_memory_() frees the
+            # old memory under any numpy view another thread still holds (a heap corrupted). A
+            # count such a thread adds to the old buffer while the copy is made is lost.
+            self._buffer = self._buffer.clone().share_memory_()
+            self._views = None
+        _UNSHARED.discard(self)
+
+    # the buffer travels (by handle to spawned workers); the numpy views are made where used
+    def __getstate__(self) -> dict[str, Any]:
+        self.share()
+        return {k: v for k, v in self.__dict__.items() if k != "_views"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._views = None
+        if not self._buffer.is_shared():
+            # a copy of its own (copy.deepcopy, pickle without torch's sharing): shared before a
+            # fork too, or its forked workers would count into memory that dies with them
+            _UNSHARED.add(self)
+
+    @staticmethod
+    def _row() -> int:
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        if info is None:
+            return 0
+        return 1 + int(info.id) % (_SharedBuffer.ROWS - 1)
+
+
+class SharedShardCounts(_SharedBuffer):
     """Shard counters of one pipeline, kept in shared memory so that every process reading
     through it adds to them: the training process and its DataLoader workers alike.
 
@@ -122,45 +175,17 @@ class SharedShardCounts:
     then be lost; one loader (any number of workers, persistent or not) counts exactly.
     """
 
-    ROWS = 129  # the training process and 128 DataLoader workers
     URL_BYTES = 2048
 
     def __init__(self) -> None:
         import torch
 
-        # one buffer (the counters, then the bytes of URLs used; then the URLs), in the process's
-        # own memory until a worker process could need it: shared memory holds a file descriptor
-        # per buffer for as long as it lives (torch's default sharing strategy), and a mix of
-        # hundreds of pipelines in one process ran out of them (webdataset's own hold none)
-        self._buffer = torch.zeros(self._COUNTER_BYTES + self.ROWS * self.URL_BYTES, dtype=torch.uint8)
-        self._views: tuple[Any, Any] | None = None
-        _UNSHARED.add(self)
+        # one buffer (the counters, then the bytes of URLs used; then the URLs), unshared until a
+        # worker could need it (a mix of hundreds of pipelines in one process ran out of file
+        # descriptors when each was shared at once; webdataset's own hold none)
+        self._own(torch.zeros(self._COUNTER_BYTES + self.ROWS * self.URL_BYTES, dtype=torch.uint8))
 
-    _COUNTER_BYTES = ROWS * (len(_FIELDS) + 1) * 8
-
-    def share(self) -> None:
-        """Move the counters to shared memory (before a worker process forks, or as they are sent
-        to a spawned one): from then on every process adds to the same ones."""
-        if not self._buffer.is_shared():
-            # a shared copy swapped in, never the buffer moved in place: share_memory_() frees the
-            # old memory under any numpy view another thread still holds (a heap corrupted). A
-            # count such a thread adds to the old buffer while the copy is made is lost.
-            self._buffer = self._buffer.clone().share_memory_()
-            self._views = None
-        _UNSHARED.discard(self)
-
-    # the buffer travels (by handle to spawned workers); the numpy views are made where used
-    def __getstate__(self) -> dict[str, Any]:
-        self.share()
-        return {"_buffer": self._buffer}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self._buffer = state["_buffer"]
-        self._views = None
-        if not self._buffer.is_shared():
-            # a copy of its own (copy.deepcopy, pickle without torch's sharing): shared before a
-            # fork too, or its forked workers would count into memory that dies with them
-            _UNSHARED.add(self)
+    _COUNTER_BYTES = _SharedBuffer.ROWS * (len(_FIELDS) + 1) * 8
 
     def _arrays(self) -> tuple[Any, Any]:
         if self._views is None:
@@ -169,15 +194,6 @@ class SharedShardCounts:
             urls = raw[self._COUNTER_BYTES :].reshape(self.ROWS, self.URL_BYTES)
             self._views = (counts, urls)
         return self._views
-
-    @staticmethod
-    def _row() -> int:
-        from torch.utils.data import get_worker_info
-
-        info = get_worker_info()
-        if info is None:
-            return 0
-        return 1 + int(info.id) % (SharedShardCounts.ROWS - 1)
 
     def add(self, name: str, n: int = 1) -> None:
         self._arrays()[0][self._row(), _INDEX[name]] += n
@@ -216,7 +232,7 @@ class SharedShardCounts:
         return f"SharedShardCounts({self.stats()})"
 
 
-class SharedCounters:
+class SharedCounters(_SharedBuffer):
     """Named counters that every process running a copy of their owner adds to: the training
     process and each of its DataLoader workers (a ``PreDecodeFilter``'s seen, dropped, kept).
 
@@ -226,45 +242,23 @@ class SharedCounters:
     spawned worker), summed when read. One loader iterating at a time counts exactly; two
     iterating copies of one owner at once share worker rows and can lose counts."""
 
-    ROWS = SharedShardCounts.ROWS
-
     def __init__(self, names: Iterable[str]) -> None:
         import torch
 
         self.names = tuple(names)
-        self._buffer = torch.zeros((self.ROWS, len(self.names)), dtype=torch.int64)
-        self._view: Any = None
-        _UNSHARED.add(self)
-
-    def share(self) -> None:
-        """Move the counters to shared memory (see ``SharedShardCounts.share``)."""
-        if not self._buffer.is_shared():
-            self._buffer = self._buffer.clone().share_memory_()
-            self._view = None
-        _UNSHARED.discard(self)
-
-    def __getstate__(self) -> dict[str, Any]:
-        self.share()
-        return {"names": self.names, "_buffer": self._buffer}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.names = state["names"]
-        self._buffer = state["_buffer"]
-        self._view = None
-        if not self._buffer.is_shared():  # a copy of its own: see SharedShardCounts.__setstate__
-            _UNSHARED.add(self)
+        self._own(torch.zeros((self.ROWS, len(self.names)), dtype=torch.int64))
 
     def row(self) -> Any:
         """This process's counters (a numpy view, in the order of ``names``): add to its cells."""
-        if self._view is None:
-            self._view = self._buffer.numpy()
-        return self._view[SharedShardCounts._row()]
+        if self._views is None:
+            self._views = self._buffer.numpy()
+        return self._views[self._row()]
 
     def totals(self) -> dict[str, int]:
         """Each counter summed over every process."""
-        if self._view is None:
-            self._view = self._buffer.numpy()
-        return dict(zip(self.names, map(int, self._view.sum(0))))
+        if self._views is None:
+            self._views = self._buffer.numpy()
+        return dict(zip(self.names, map(int, self._views.sum(0))))
 
     def reset(self) -> None:
         """Zero the counters (call it while no worker is running)."""
