@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import BatchError, BatchShapeWarning
+from ..errors import BatchError, BatchShapeWarning, ConfigError
 
 Batch = Any
 
@@ -421,17 +421,38 @@ def accelerator_of(batch: Batch) -> torch.device | None:
     return None
 
 
-def with_column(batch: Batch, name: str | None, column: torch.Tensor) -> Batch:
-    """Add a per-row column: a dict field ``name``, or a last element of a tuple/list batch."""
+def with_column(batch: Batch, name: str | None, column: Any) -> Batch:
+    """Add a per-row column (or one sample's value): a dict field ``name``, the field ``name`` of
+    a namedtuple (which must have one: ``check_column``), or a last element of a tuple/list."""
     if isinstance(batch, Mapping):
         out = dict(batch)
         out[name] = column
         return out
     if isinstance(batch, tuple):
+        if hasattr(batch, "_fields"):
+            check_column(batch, name)
+            replace: Callable[..., Batch] = getattr(batch, "_replace")  # noqa: B009 (a namedtuple's)
+            return replace(**{str(name): column})
         return (*batch, column)
     if isinstance(batch, list):
         return [*batch, column]
     return (batch, column)
+
+
+def check_column(batch: Batch, name: str | None) -> None:
+    """Raise ``ConfigError`` if ``with_column(batch, name, ...)`` cannot keep ``batch``'s type: a
+    namedtuple with no field ``name`` (one more element would make it a plain tuple, whose
+    fields the training step then reads as attributes that are not there)."""
+    fields = getattr(batch, "_fields", None)
+    if isinstance(batch, tuple) and fields is not None and name not in fields:
+        kind = type(batch).__name__
+        raise ConfigError(
+            f"the policy attaches a weight to each kept sample, and a {kind} (a namedtuple with "
+            f"fields {', '.join(fields)}) has no field {name!r} to hold it; an extra element would "
+            f"turn it into a plain tuple. Give {kind} a field for it and name it: "
+            f"namedtuple({kind!r}, [{', '.join(repr(f) for f in fields)}, 'weight'], defaults=[1.0]) "
+            "with Sifter(..., weight_field='weight'); or hand on dicts or plain tuples"
+        )
 
 
 def to_device(batch: Batch, device: torch.device, non_blocking: bool) -> Batch:

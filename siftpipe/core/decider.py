@@ -34,6 +34,7 @@ from .memory import (
 from .policies import Policy, RelativeProbabilistic
 from .rows import (
     attach_weights,
+    check_weightable,
     field_of,
     key_array,
     keys_of,
@@ -134,6 +135,8 @@ class Decider:
     def decide(self, group: Group) -> None:
         """Score (or look up) and decide every row of ``group``; count it and write it to the sink."""
         t0 = time.perf_counter()
+        if self.attach_weight:
+            check_weightable(group, self.scoring.batched, self.weight_field)
         rows = group.rows
         seq0 = group.seq0
         counts = self.counts

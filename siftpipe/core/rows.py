@@ -15,7 +15,7 @@ from .ledger import Group
 from .values import scalar_key
 from .vocab import PRE_KEPT, PRE_LOSS, PRE_PROB
 
-__all__ = ["attach_weights", "field_of", "keys_of", "shard_key", "upstream_of"]
+__all__ = ["attach_weights", "check_weightable", "field_of", "keys_of", "shard_key", "upstream_of"]
 
 
 def shard_key(item: Mapping[str, Any]) -> str | list[str]:
@@ -179,10 +179,24 @@ def attach_weights(group: Group, batched: bool, field: str | None) -> None:
         if isinstance(sample, dict):
             # a copy: the caller's sample (perhaps reused next epoch) stays as it was
             items[i] = {**sample, field: w}
+        elif isinstance(sample, tuple) and hasattr(sample, "_fields"):
+            items[i] = _batch.with_column(sample, field, w)  # its own field: a namedtuple stays one
         elif isinstance(sample, tuple | list):
             items[i] = (*sample, w)
         else:
             items[i] = (sample, w)
+
+
+def check_weightable(group: Group, batched: bool, field: str | None) -> None:
+    """Raise ``ConfigError`` before ``group`` is decided if ``attach_weights`` could not put a
+    weight on its rows without changing their type (a namedtuple with no field ``field``), so a
+    refusal leaves no decision half made: nothing counted, nothing logged."""
+    if batched:
+        _batch.check_column(group.items[0], field)
+        return
+    for sample in group.items:
+        if isinstance(sample, tuple) and hasattr(sample, "_fields"):
+            _batch.check_column(sample, field)
 
 
 def upstream_of(group: Group, batched: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:

@@ -691,6 +691,11 @@ def _meta(batch: Any, sifter: sp.Sifter) -> tuple[Sequence[Any] | None, Any]:
         return keys, batch.get(sifter.weight_field)
     if isinstance(batch, tuple | list):
         keys = batch[key] if isinstance(key, int) and not isinstance(key, bool) else None
-        weights = batch[-1] if sifter.attach_weight else None
+        if not sifter.attach_weight:
+            weights = None
+        elif hasattr(batch, "_fields"):
+            weights = getattr(batch, sifter.weight_field)  # a namedtuple holds it in its own field
+        else:
+            weights = batch[-1]
         return keys, weights
     return None, None

@@ -157,6 +157,45 @@ def test_weights_attach_to_every_format(samples):
     assert all(o["__sift_weight__"] == 1.0 for o in out)
 
 
+def test_a_namedtuple_keeps_its_type_with_weights_or_is_refused_before_anything_is_decided(tmp_path):
+    from collections import namedtuple
+
+    Weighted = namedtuple("Weighted", "x y weight", defaults=[1.0])
+    Pair = namedtuple("Pair", "x y")
+    rows = torch.rand(200)
+
+    def score(model, b):
+        return b.x.double()
+
+    # batched: the weight goes in the batch's own field, and the batch stays a Weighted
+    batches = [Weighted(rows[i : i + 50], torch.arange(i, i + 50)) for i in range(0, 200, 50)]
+    weighting = dict(key=None, weight_field="weight")
+    s = sp.Sifter(None, score, sp.PruneEasy(0.5), micro_batch=None, batched=True, **weighting)
+    out = list(s(batches))
+    assert out and all(type(b) is Weighted and b.weight.shape == b.x.shape for b in out)
+    assert {float(w) for b in out for w in b.weight} <= {1.0, 2.0}
+    # per sample: each sample stays a Weighted holding its weight
+    samples = [Weighted(rows[i], i) for i in range(200)]
+    s = sp.Sifter(None, score, sp.PruneEasy(0.5), micro_batch=50, **weighting)
+    out = list(s(samples))
+    assert out and all(type(o) is Weighted and o.weight in (1.0, 2.0) for o in out)
+    # a namedtuple with no field for it: refused before the first decision, nothing counted or logged
+    for batched, items in (
+        (True, [Pair(rows[i : i + 50], torch.arange(i, i + 50)) for i in range(0, 200, 50)]),
+        (False, [Pair(rows[i], i) for i in range(200)]),
+    ):
+        audit = tmp_path / f"log{batched}"
+        s = sp.Sifter(
+            None, score, sp.PruneEasy(0.5), micro_batch=None if batched else 50, batched=batched,
+            key=lambda x: [0] * 50 if batched else 0, audit=str(audit),
+        )  # fmt: skip
+        with pytest.raises(sp.ConfigError, match="Pair.*no field '__sift_weight__'.*weight_field='weight'"):
+            next(iter(s(items)))
+        assert (s.stats.seen, s.stats.kept, s.stats.dropped) == (0, 0, 0)
+        s.close()
+        assert len(sp.read_log(str(audit))) == 0
+
+
 class Recorder(torch.nn.Module):
     """Records the mode, grad mode and batch sizes it is called with."""
 

@@ -620,3 +620,19 @@ def test_under_ddp_with_a_score_memory_each_rank_keeps_its_share_of_the_dataset(
         picked = callback._shard(loader.sampler, data, False)
         assert type(picked) is kind and isinstance(loader.sampler, RandomSampler)
         assert callback._rank_share is memory  # each rank keeps its samples: no memory to share
+
+
+def test_the_weights_of_a_namedtuple_batch_are_read_from_its_own_field():
+    """A namedtuple batch holds its weight in its field ``weight_field`` (the stage refuses one
+    without it), not as a last element: the callback reads that field."""
+    from collections import namedtuple
+
+    from siftpipe.integrations.lightning import _meta
+
+    Weighted = namedtuple("Weighted", "x weight y", defaults=[1.0, None])
+    s = sp.Sifter(None, lambda m, b: b.x, sp.PruneEasy(0.5), batched=True, key=None, weight_field="weight")
+    w = torch.tensor([1.0, 2.0])
+    keys, weights = _meta(Weighted(torch.zeros(2), w, torch.ones(2)), s)
+    assert keys is None and weights is w
+    keys, weights = _meta((torch.zeros(2), torch.ones(2), w), s)  # a plain tuple: its last element
+    assert weights is w
