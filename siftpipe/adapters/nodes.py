@@ -580,7 +580,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
         import tarfile
 
         try:
-            stream = self.opener.open(url, offset)
+            stream = self.opener.open(url, offset, count=False)  # a peek, not a read of the shard
             try:
                 block = stream.read(tarfile.BLOCKSIZE)
             finally:

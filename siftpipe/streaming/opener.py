@@ -440,12 +440,14 @@ class ShardOpener:
             self._filesystems[slot] = fs
         return fs, fs._strip_protocol(url)
 
-    def open(self, url: str, offset: int = 0) -> RetryingFile:
+    def open(self, url: str, offset: int = 0, *, count: bool = True) -> RetryingFile:
         """A read-only binary stream of ``url`` from byte ``offset``, retried as configured.
 
-        Raises ``ShardError`` (naming the URL and the likely fix) when it cannot be opened."""
+        ``count=False`` leaves the ``opened`` counter alone (a peek at a few bytes, not a read of
+        the shard: the counters then match the uninterrupted pass's). Raises ``ShardError``
+        (naming the URL and the likely fix) when it cannot be opened."""
         stream = RetryingFile(self, url, offset)
-        stream.connect()
+        stream.connect(count)
         return stream
 
     def _raw_open(self, url: str, offset: int) -> Any:
@@ -765,8 +767,9 @@ class RetryingFile(_Readable):
             with contextlib.suppress(Exception):  # the old connection is broken anyway
                 f.close()
 
-    def connect(self) -> None:
-        """Open the object (with retries); raises ``ShardError`` if it cannot be opened."""
+    def connect(self, count: bool = True) -> None:
+        """Open the object (with retries), counted in ``opened`` if ``count``; raises
+        ``ShardError`` if it cannot be opened."""
 
         def attempt() -> None:
             try:
@@ -776,7 +779,8 @@ class RetryingFile(_Readable):
                 raise
 
         self.opener.retrying("opening", self.url, attempt)
-        self.opener.count("opened")
+        if count:
+            self.opener.count("opened")
 
     def tell(self) -> int:
         return self.pos

@@ -221,6 +221,9 @@ def test_resuming_before_a_corrupt_header_further_on_reads_as_the_uninterrupted_
     resumed = ShardSource([bad, good], handler=warn_and_continue)
     resumed.reset(state)
     assert keys(resumed) == ["a0", "a1", "a2"]
+    # the peek at the checkpoint's header is not an opening of the shard: each shard counts once,
+    # as in the uninterrupted pass (it counted the bad shard twice)
+    assert resumed.shard_stats().opened == whole.shard_stats().opened == 2
 
 
 def test_resuming_over_a_shard_list_in_another_order_is_refused(tmp_path):
