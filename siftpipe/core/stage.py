@@ -929,6 +929,18 @@ class Sifter:
             yield None
             raise self._closed_error()
 
+    def handed_on_seq(self, batches: int) -> int | None:
+        """Where the batch handed on ``batches`` batches ago began (1: the last one): the seq of
+        its first row, a position in the pass's input in samples. ``None`` if the stage does not
+        remember it: no batch handed on that far back in this process, a stage handing on
+        single samples, or more than ``RECENT_BATCHES`` (64) back. A trainer integration notes
+        with it where the batches it fetched and did not train begin."""
+        out = self._output
+        if out is None or batches < 1:
+            return None
+        recent = out.last(batches)
+        return int(recent[0][1]) if len(recent) == batches else None
+
     def discard_last(self, fetched: int | None = None) -> int:
         """The consumer did not train the batch it read last from this stage's pass, and will read
         no more of the pass: note that batch's rows, and those of any batch handed on after it,

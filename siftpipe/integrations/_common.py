@@ -361,6 +361,8 @@ class SiftedStream:
         self._replay: deque[Any] = deque()
         self._active: Iterator[Any] | None = None
         self._acked_since_iter = False  # the trainer acked a batch since __iter__ last ran
+        self._mine = 0  # batches the stage handed on in its current pass, in this process
+        self._replay_seq: int | None = None  # the first seq of the loaded state's unacked batches
         self._last = (0, 0)  # (seen, kept) at the last metrics() call
 
     # ------------------------------------------------------------------ iterating
@@ -476,6 +478,7 @@ class SiftedStream:
             # it must draw from the state the pass began with
             first = next(it, None)
         self._resumed()
+        self._mine = 0
         for batch in sifter(self._samples(first, it, skip - skipped)):
             if isinstance(batch, MutableMapping):
                 # (any mapping: a BatchEncoding is a UserDict) the pass that handed it on: a trainer
@@ -483,6 +486,7 @@ class SiftedStream:
                 # count for this one (Sifter.observe)
                 batch[EPOCH_FIELD] = self.epoch
             self._unacked.append(batch)
+            self._mine += 1
             handed += 1
             yield batch
         return handed
@@ -520,6 +524,24 @@ class SiftedStream:
         self._acked_since_iter = True
         self._unacked.clear()
 
+    def discard_unacked(self) -> int:
+        """The trainer will train none of the batches handed on and not acked (its fit ended
+        inside a pass with a batch fetched ahead: Lightning's ``max_steps``): the stage notes the
+        rows of those it handed on as never handed on and ends its pass (``Sifter.discard_last``:
+        ``stats.unhanded``; the audit log reads them as not kept), and a state taken from now on
+        does not replay them (a checkpoint taken before still does: the job resumed from it trains
+        them, and its audit log says so, ``rereads_from``). Batches replayed from a loaded state
+        were handed on by the stage of the run that saved it, not this one: they stay. Returns the
+        rows noted."""
+        ours = min(len(self._unacked), self._mine)
+        if not ours:
+            return 0
+        rows = self.sifter.discard_last(fetched=self._mine - ours + 1)
+        for _ in range(ours):
+            self._unacked.pop()
+        self._mine -= ours
+        return rows
+
     def close(self) -> None:
         """Stop the pass in progress (its DataLoader workers end with it)."""
         gen, self._active = self._active, None
@@ -538,8 +560,17 @@ class SiftedStream:
             "data_rng": encode_rng(self.data_rng.state),
             "pass_rng": None if self._pass_rng is None else encode_rng(self._pass_rng),
             "unacked": list(self._replay) + list(self._unacked),
+            "unacked_seq": self._unacked_seq(),
             "discarded": self.discarded,
         }
+
+    def _unacked_seq(self) -> int | None:
+        """The seq of the first row of the oldest batch handed on and not acked (None: none, or
+        not known), which a job resumed from this state hands on again."""
+        ours = min(len(self._unacked), self._mine)
+        if len(self._replay) + len(self._unacked) > ours:
+            return self._replay_seq  # the oldest is one the loaded state replays
+        return self.sifter.handed_on_seq(ours) if ours else None
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state_dict()``: the next iteration picks up where it was taken."""
@@ -559,6 +590,17 @@ class SiftedStream:
         self._resume_rng = current if self.sifter.resume_from is not None else None
         self._replay = deque(state["unacked"])
         self._unacked.clear()
+        self._mine = 0
+        seq = state.get("unacked_seq")
+        self._replay_seq = int(seq) if seq is not None and self._replay else None
+        rereads = getattr(self.sifter.audit, "rereads_from", None)
+        if self._replay_seq is not None and callable(rereads):
+            # this job hands those batches on again, and trains them: an earlier attempt's note
+            # that they were never handed on (written when its fit ended, after this state was
+            # taken: discard_unacked) no longer holds. From there the stage re-reads its pending
+            # rows too (Sifter.load_state_dict said where they begin)
+            pending = state["sifter"].get("pending") or []
+            rereads(min([self._replay_seq, *(int(g["seq0"]) for g in pending[:1])]))
         self.discarded = int(state.get("discarded", 0))
         stats = self.sifter.stats
         self._last = (stats.seen, stats.kept)

@@ -584,6 +584,20 @@ class SiftCallback(Callback):
         )
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._stream is not None:
+            # a fit ended inside a pass (max_steps, should_stop) with the batch Lightning fetched
+            # ahead handed on and never trained: noted so (stats.unhanded, the audit log), not
+            # counted as trained, and not replayed by a state taken after the fit
+            try:
+                self._stream.discard_unacked()
+            except sp.SiftError as exc:
+                # the fit itself is done: the note is bookkeeping, and without it the log reads
+                # the fetched rows as kept, as before 2026-12-05
+                warnings.warn(
+                    f"siftpipe: the batch fetched ahead of the fit's end could not be noted as never "
+                    f"trained (the audit log and stats count it as kept): {exc}",
+                    stacklevel=2,
+                )
         self._finish()
 
     def on_exception(

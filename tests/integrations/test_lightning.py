@@ -160,6 +160,36 @@ def test_resume_from_any_checkpoint_equals_the_uninterrupted_run(tmp_path):
     assert 0 < float(metrics["sift/keep_rate"]) < 1 and float(metrics["sift/from_memory"]) > 0
 
 
+def test_a_fit_ending_inside_a_pass_notes_the_batch_fetched_ahead_as_never_trained(tmp_path):
+    """max_steps inside a pass: Lightning has fetched the next batch to know whether the epoch
+    ends, and never trains it. Until 2026-12-05 the stage's stats and the audit log counted it as
+    kept and trained; it is noted unhanded now, and a fit resumed from the last step's checkpoint
+    (which replays it) trains it and its audit log reads it as kept again."""
+    log = str(tmp_path / "log")
+
+    def make():
+        return sp.Sifter(
+            None, sp.CrossEntropy("x", "y"), sp.RelativeProbabilistic(1.0, history=64), micro_batch=32,
+            delay=24, key="__key__", memory=sp.ScoreMemory(1000), audit=log,
+        )  # fmt: skip
+
+    _, cut, sift = fit(tmp_path / "cut", steps=5, make=make)
+    trained = [k for batch in cut.trained for k in batch]
+    stats = sift.sifter.stats
+    assert stats.kept - stats.unhanded == len(trained) == 60  # the fetched batch: unhanded
+    assert sift.stream.state_dict()["unacked"] == []  # nor replayed by a state taken after the fit
+
+    def kept_keys() -> list:
+        table = sp.read_log(log)
+        keys, kept = table.column("key").to_pylist(), table.column("kept").to_pylist()
+        return sorted(k for k, was_kept in zip(keys, kept, strict=True) if was_kept)
+
+    assert kept_keys() == sorted(trained)
+    _, rest, _ = fit(tmp_path / "rest", steps=10, make=make, ckpt=str(tmp_path / "cut" / "step=5.ckpt"))
+    assert rest.trained[0] not in cut.trained  # the checkpoint's fetched batch, trained first now
+    assert kept_keys() == sorted(trained + [k for batch in rest.trained for k in batch])
+
+
 class Validated(Net):
     def val_dataloader(self):
         return DataLoader(Points(36), batch_size=12)
