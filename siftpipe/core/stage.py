@@ -695,13 +695,15 @@ class Sifter:
 
         Take it between items, from the thread that reads the pass (or with that thread paused):
         another thread caught inside ``next()`` (a group half decided) makes it raise
-        ``PassClosedError``. That is a check, not a lock: a read that begins and ends while the
-        state is being taken is not caught, and the state may then mix two moments.
+        ``PassClosedError``, and so does a read that begins and ends while the state is being
+        taken (the state would mix two moments). These are checks, not a lock: pause the reading
+        thread, or take the state from it, rather than retry.
         """
         # (before and after: a state taken while another thread decides a group would be refused
         # only when loaded, as damaged; found by review, 2026-12-05)
         waiting = "take the state between items: pause the thread reading the pass first"
         self._passes.check_not_running(doing=waiting)
+        moment = self._moment()
         state = {
             "version": self.STATE_VERSION,
             "config": stage_config(self),
@@ -725,7 +727,23 @@ class Sifter:
         # can look as well formed as the right one: the digests tell them apart.
         state["checks"] = {name: digest(value) for name, value in state.items() if name not in WALL_CLOCK}
         self._passes.check_not_running(doing=waiting)
+        if self._moment() != moment:
+            # a read that began and ended while the entries above were taken (neither check saw
+            # it running): they may describe two moments (found by review, 2026-12-05)
+            raise PassClosedError(
+                "another thread read the pass while its state was being taken, so the state "
+                f"could mix two moments and is not returned; {waiting}"
+            )
         return state
+
+    def _moment(self) -> tuple[int, int, int, int, bool]:
+        """What a read of the pass moves: its position (rows and items handed on), the samples
+        decided, the pass. Equal before and after ``state_dict`` built its entries: no read
+        happened in between."""
+        ledger = self._ledger
+        ledger.trim()
+        passes = self._passes
+        return ledger.consumed, ledger.emitted, self._decider.counts["seen"], passes.id, passes.open
 
     def _held_rows(self, held: int) -> int:
         """Rows of the last ``held`` batches handed on in the open pass (``state_dict(held=)``)."""

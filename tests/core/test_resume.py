@@ -588,6 +588,47 @@ def test_a_state_asked_for_while_another_thread_decides_a_group_is_refused_then_
     passes.close()
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["samples", "batches"])
+def test_a_read_that_begins_and_ends_while_the_state_is_taken_is_refused(batched):
+    """Neither check saw the reading thread inside next(): a read that began after the first and
+    ended before the second gave a state whose entries described two moments (found by review,
+    2026-12-05; README called it a limit). What a read moves is compared too now."""
+    import threading
+
+    class Reading(sp.Uniform):
+        """Its state is taken while another thread reads the pass once, start to end."""
+
+        passes = None
+
+        def state_dict(self):
+            if self.passes is not None:
+                reader = threading.Thread(target=lambda: next(self.passes))
+                reader.start()
+                reader.join(30)
+            return super().state_dict()
+
+    def make():
+        if batched:
+            return sp.Sifter(None, loss_field, Reading(0.6), micro_batch=None, batched=True, seed=0)
+        return sp.Sifter(None, loss_field, Reading(0.6), micro_batch=4, seed=0)
+
+    samples = make_samples(64)
+    data = [default_collate(samples[i : i + 8]) for i in range(0, 64, 8)] if batched else samples
+    s = make()
+    passes = s(data)
+    next(passes)
+    s.policy.passes = passes
+    with pytest.raises(sp.PassClosedError, match="while its state was being taken"):
+        s.state_dict()
+    s.policy.passes = None
+    state = roundtrip(s.state_dict())  # between items, nothing reading: whole, and it resumes
+    again = make()
+    again.load_state_dict(state)
+    rest = list(again(data[again.resume_from :]))
+    assert len(list(passes)) == len(rest)
+    assert again.stats.seen == s.stats.seen
+
+
 def test_a_keyboard_interrupt_in_the_scorer_leaves_consumed_at_what_was_decided():
     """A KeyboardInterrupt (not an Exception) from the scorer left its undecided group pending:
     consumed read 12 where 8 samples were seen (found by review, 2026-12-05)."""
