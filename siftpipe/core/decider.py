@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import (
     ConfigError,
     NonFiniteLossError,
+    PreDecodeWarning,
     RepeatedKeyWarning,
     ScoreMemoryWarning,
     ScorerOutputError,
@@ -38,6 +39,7 @@ from .rows import (
     field_of,
     key_array,
     keys_of,
+    upstream_marked,
     upstream_of,
 )
 from .scoring import Scoring
@@ -90,6 +92,10 @@ class Decider:
         self._repeated = (0, 0)
         self._largest_observe = 0
         self._warned_repeats = False
+        #: The stage reached a ``PreDecodeFilter`` in its sources (it marks every row it hands on);
+        #: groups decided since without its marks, until one carries them (then: None, done)
+        self.upstream_filters = False
+        self._unmarked: int | None = 0
         #: Passes that ran to their end (a warning's evidence, not state: the stage counts one for
         #: a loaded state that had seen samples)
         self.passes_ended = 0
@@ -260,6 +266,8 @@ class Decider:
         source = self.loss_source
         memory = self.memory
         upstream = group.upstream = upstream_of(group, self.scoring.batched)
+        if self.upstream_filters and self._unmarked is not None:
+            self._check_marked(group)
         if upstream is not None:
             # kept before decode, from the published memory: no forward, no second decision
             mask, pre_loss, _ = upstream
@@ -346,6 +354,33 @@ class Decider:
 
     #: ``ScoreMemory.persistent_hard()`` from which the stage logs that sifting may not pay.
     HARD_WARN = 0.15
+
+    #: Groups without a ``PreDecodeFilter``'s marks, none marked yet, before the warning.
+    UNMARKED_GROUPS = 4
+
+    def _check_marked(self, group: Group) -> None:
+        """Warn once if the rows of a stage that reaches a ``PreDecodeFilter`` keep coming without
+        the marks it puts on every row it hands on: something between them (a ``.map()`` that
+        builds new dicts, ``to_tuple``) dropped them, so the rows the filter kept are decided
+        again here and about keep-rate squared of them trained (found by review, 2026-12-05)."""
+        if upstream_marked(group, self.scoring.batched):
+            self._unmarked = None  # they arrive: nothing more to check this run
+            return
+        assert self._unmarked is not None
+        self._unmarked += 1
+        if self._unmarked == self.UNMARKED_GROUPS:
+            warnings.warn(
+                f"this stage reaches a PreDecodeFilter, but the {self.UNMARKED_GROUPS} groups of "
+                "samples it decided first came without the __sift_prekept__, __sift_preloss__ and "
+                "__sift_preprob__ fields the filter puts on every sample it hands on: something "
+                "between them dropped them (a .map() that builds new dicts, to_tuple), so the "
+                "samples the filter kept are decided a second time here and far fewer are trained "
+                "than either decision meant. Carry every __sift_* field through, e.g. "
+                "{**new, **{k: v for k, v in s.items() if k.startswith('__sift_')}}, and keep dict "
+                "samples up to the stage (or, if the filter is not meant for this stream, ignore this)",
+                PreDecodeWarning,
+                stacklevel=2,
+            )
 
     def epoch_changes(self) -> None:
         """``set_epoch`` moves to another epoch: in one endless pass the only boundary there is."""

@@ -15,7 +15,15 @@ from .ledger import Group
 from .values import scalar_key
 from .vocab import PRE_KEPT, PRE_LOSS, PRE_PROB
 
-__all__ = ["attach_weights", "check_weightable", "field_of", "keys_of", "shard_key", "upstream_of"]
+__all__ = [
+    "attach_weights",
+    "check_weightable",
+    "upstream_marked",
+    "field_of",
+    "keys_of",
+    "shard_key",
+    "upstream_of",
+]
 
 
 def shard_key(item: Mapping[str, Any]) -> str | list[str]:
@@ -197,6 +205,13 @@ def check_weightable(group: Group, batched: bool, field: str | None) -> None:
     for sample in group.items:
         if isinstance(sample, tuple) and hasattr(sample, "_fields"):
             _batch.check_column(sample, field)
+
+
+def upstream_marked(group: Group, batched: bool) -> bool:
+    """Whether ``group``'s rows carry a ``PreDecodeFilter``'s marks (it marks every row it hands
+    on, kept before decode or not)."""
+    first = group.items[0]
+    return isinstance(first, Mapping) and PRE_KEPT in first
 
 
 def upstream_of(group: Group, batched: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:

@@ -383,7 +383,13 @@ class Sifter:
         self._shards.watch(*pipelines)
         self._watched += [p for p in pipelines if all(p is not q for q in self._watched)]
         for pipeline in pipelines:  # (a .sift() chain's filters learn when the run began here)
-            hand_on(pipeline, "follow_sifter_run", self._run_began)
+            self._tell_run(pipeline)
+
+    def _tell_run(self, pipeline: Any) -> None:
+        """Tell the ``PreDecodeFilter``s in ``pipeline`` when this run began; the decider then
+        knows filters mark the rows it is handed."""
+        if hand_on(pipeline, "follow_sifter_run", self._run_began):
+            self._decider.upstream_filters = True
 
     def describe(self) -> StageInfo:
         """The settings that decide, as plain data (what a sink records about the stage)."""
@@ -457,7 +463,7 @@ class Sifter:
                 )
         for pipeline in self._watched:
             follow_epoch(pipeline, int(epoch), hook="follow_sifter_set_epoch")
-            hand_on(pipeline, "follow_sifter_run", self._run_began)
+            self._tell_run(pipeline)
         if int(epoch) != self.epoch:
             self._decider.epoch_changes()
             if self._passes.open:
@@ -652,7 +658,7 @@ class Sifter:
             # 2026-12-05, a resumed epoch 1 read in epoch 0's shard order)
             follow_epoch(source, self.epoch)
         # (every pass: a filter's copies in fresh workers learn it from the object here)
-        hand_on(source, "follow_sifter_run", self._run_began)
+        self._tell_run(source)
         self._shards.watch(source)  # (not kept for set_epoch: a pass's source is the pass's)
         if self.audit is not None:
             if not self._sink_bound:  # once: what the log records about the stage is its first pass's
@@ -873,7 +879,7 @@ class Sifter:
             float(began) if isinstance(began, int | float) and not isinstance(began, bool) else None
         )
         for pipeline in self._watched:
-            hand_on(pipeline, "follow_sifter_run", self._run_began)
+            self._tell_run(pipeline)
         # the checkpoint's keys were read with another key setting: nothing to compare
         self._passes.load(state, forget_keys="key" in allowed and any(d[0] == "key" for d in differ))
 

@@ -628,3 +628,51 @@ def test_a_fresh_run_takes_no_publication_another_run_left_at_its_url(tmp_path):
     watched = stage()
     watched.watch_shards(types.SimpleNamespace(pipeline=[prefilter]))  # as .sift() watches its chain
     assert prefilter._run_began is not None
+
+
+def _to_xy_plain(s):
+    """A decode into a new dict that keeps the WebDataset fields only (``__key__``, ``__url__``):
+    the filter's ``__sift_*`` marks are left behind."""
+    return {
+        "__key__": s["__key__"],
+        "__url__": s["__url__"],
+        "x": torch.from_numpy(s["x.npy"]),
+        "y": int(s["cls"]),
+    }
+
+
+@pytest.mark.parametrize("to_xy", [_to_xy_plain, _to_xy], ids=["marks_lost", "marks_carried"])
+def test_a_stream_that_lost_the_filters_marks_is_warned_not_sifted_twice_in_silence(tmp_path, to_xy):
+    """A .map() between the filter and the stage that built new dicts dropped the marks: the stage
+    decided the rows the filter had kept a second time, 548 trained where 1,009 were meant, with
+    nothing said (found by review, 2026-12-05). It warns once; carried marks say nothing."""
+    from siftpipe.adapters.webdataset import WebDataset
+    from siftpipe.streaming.shards import synthetic_classification, write_shards
+
+    published = str(tmp_path / "memory")
+    shards = write_shards(
+        synthetic_classification(400, dim=4), str(tmp_path / "train"), samples_per_shard=100, progress=False
+    )
+    dataset = (
+        WebDataset(shards.pattern, shardshuffle=False)
+        .compose(sp.PreDecodeFilter(published))
+        .decode()
+        .map(to_xy)
+        .batched(50, collation_fn=default_collate)
+    )
+    sifter = sp.Sifter(
+        torch.nn.Linear(4, 4), sp.CrossEntropy("x", "y"), sp.RelativeProbabilistic(1.0, 300), batched=True,
+        micro_batch=None, memory=sp.ScoreMemory(5000),
+    )  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        list(sifter(dataset))  # epoch 0: nothing published yet, every row marked not kept
+        sifter.publish_memory(published)
+        sifter.set_epoch(1)
+        list(sifter(dataset))
+    said = [str(w.message) for w in caught if issubclass(w.category, sp.PreDecodeWarning)]
+    if to_xy is _to_xy_plain:
+        assert len(said) == 1 and "decided a second time" in said[0] and "__sift_prekept__" in said[0]
+    else:
+        assert said == []
+        assert sifter.stats.from_memory > 0  # the filter's losses were taken, not decided again
