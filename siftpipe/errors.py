@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tarfile
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from webdataset.autodecode import DecodingError
 
@@ -235,8 +235,9 @@ class SampleDecodeError(SampleError, DecodingError):
     """A field of a sample cannot be decoded (``corrupt``); also webdataset's ``DecodingError``."""
 
     default_kind = "corrupt"
-    #: webdataset's DecodingError attribute: the sample itself (never kept here: it may be large)
-    sample = None
+    #: webdataset's DecodingError attribute: the sample that failed (set where a ``.decode()``
+    #: raises it; ``None`` after the error crossed processes, as a DataLoader worker's does)
+    sample: Any = None
 
     @property
     def k(self) -> str | None:

@@ -282,7 +282,7 @@ class _Decode:
             key, url, where = _where(sample)
             field = getattr(exc, "k", None)
             cause = exc.__cause__ if isinstance(exc, autodecode.DecodingError) and exc.__cause__ else exc
-            raise SampleError(
+            err = SampleError(
                 f"decoding field {field!r} of {where} failed: {type(cause).__name__}: {cause}; the "
                 f"shard holds bad data for it: rewrite the shard, give .decode() a decoder for it, "
                 + _SKIP_HINT,
@@ -290,7 +290,10 @@ class _Decode:
                 key=key,
                 kind="corrupt",
                 field=field,
-            ) from cause
+            )
+            # as webdataset's DecodingError: a handler may read the sample (exn.sample["__key__"])
+            err.sample = sample  # type: ignore[attr-defined]
+            raise err from cause
 
 
 class _ToTuple:
@@ -312,8 +315,13 @@ class _ToTuple:
             if (missing and self.missing_is_error) or (value is None and self.none_is_error):
                 key, url, where = _where(sample)
                 have = sorted(k for k in sample if not (k.startswith("__") and k.endswith("__")))
+                what = (
+                    f"has no field {spec!r} (it has {have})"
+                    if missing
+                    else f"holds None in field {spec!r} (none_is_error=True; it has {have})"
+                )
                 raise SampleError(
-                    f"{where} has no field {spec!r} (it has {have}); check the names given to "
+                    f"{where} {what}; check the names given to "
                     f".to_tuple() against the shard's members (alternatives: 'jpg;png'), " + _SKIP_HINT,
                     url=None if url is None else redact_url(str(url)),
                     key=key,

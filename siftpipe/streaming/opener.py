@@ -939,6 +939,19 @@ def local_path(url: str) -> str | None:
     return None
 
 
+def _member_verdict(
+    on_member_error: Callable[[Exception, str, str], bool], exc: Exception, name: str, doing: str
+) -> tuple[bool, ShardError | None]:
+    """What the handler makes of one member's error: (skip the member, the error that ends the
+    shard as failed when the handler said stop). Neither: the shard ends there."""
+    try:
+        return on_member_error(exc, name, doing), None
+    except ShardError as err:
+        if not getattr(err, "_handler_stopped", False):
+            raise
+        return False, err
+
+
 def iter_tar_samples(
     stream: Any,
     url: str,
@@ -948,13 +961,14 @@ def iter_tar_samples(
     rename_files: Callable[[str], str] | None = None,
     max_member_bytes: int | None = MAX_MEMBER_BYTES,
     max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
-    on_member_error: Callable[[Exception, str], bool] | None = None,
+    on_member_error: Callable[[Exception, str, str], bool] | None = None,
 ) -> Iterator[tuple[dict[str, Any], int | None, str | None]]:
     """The samples of one tar stream, WebDataset style, each with where the next one starts.
 
-    ``on_member_error(exc, name)``: what an error of ``rename_files`` or ``select_files`` on one
-    member does, as webdataset's handler does per member: True skips that member, False ends the
-    shard there (``None``: the error is raised).
+    ``on_member_error(exc, name, doing)``: what an error on one member does (``doing``:
+    ``"renaming or selecting"`` when ``rename_files`` or ``select_files`` raised, ``"reading"``
+    for a second member of a sample's field), as webdataset's handler does per member: True
+    skips that member, False ends the shard there (``None``: the error is raised).
 
     Members are grouped into samples by their name up to the first dot of the base name
     (``dir/00012.x.npy`` -> key ``dir/00012``, field ``x.npy``); each sample is a dict with
@@ -1001,13 +1015,9 @@ def iter_tar_samples(
             except Exception as exc:
                 if on_member_error is None:
                     raise
-                try:
-                    if on_member_error(exc, name):
-                        continue
-                except ShardError as err:
-                    if not getattr(err, "_handler_stopped", False):
-                        raise
-                    stopped = err  # the handler said stop: the shard ends here, failed
+                skip, stopped = _member_verdict(on_member_error, exc, name, "renaming or selecting")
+                if skip:
+                    continue
                 break
         match = _BASE_EXT.match(name)
         if match is None:
@@ -1040,10 +1050,19 @@ def iter_tar_samples(
             if path is not None:
                 current["__local_path__"] = path
         if suffix in current:
-            raise tarfile.ReadError(
+            duplicate = tarfile.ReadError(
                 f"sample {prefix!r} has two members with field {suffix!r}: the shard's members must "
                 "be grouped by sample, one file per field"
             )
+            if on_member_error is None:
+                raise duplicate
+            # one bad member, as webdataset judges it: a handler that goes on skips this member
+            # only, and the sample keeps its first (found by review, 2026-12-05: the rest of the
+            # shard was lost)
+            skip, stopped = _member_verdict(on_member_error, duplicate, name, "reading")
+            if skip:
+                continue
+            break
         current[suffix] = data
     if stopped is not None:
         if current is not None:  # whole: its members came before the one the handler stopped at
@@ -1182,14 +1201,14 @@ class ShardReader:
     ) -> Iterator[tuple[dict[str, Any], int | None, str | None]]:
         """``iter_tar_samples`` of ``stream`` with this reader's member selection and limits."""
 
-        def member_error(exc: Exception, name: str) -> bool:
+        def member_error(exc: Exception, name: str, doing: str) -> bool:
             # the handler judges one member, as webdataset's does: a bad one is skipped, not the
             # rest of the shard (a handler that raises fails the shard, as before). Skipped, it is
             # counted (members_skipped); a handler that says stop ends the shard there and the
             # next is read, as in webdataset, the shard counted skipped (before, it was counted
             # completed, and nothing said a member or the shard's rest was missing; found by
             # review, 2026-12-05)
-            err = self.opener.error(exc, url, what=f"renaming or selecting member {name!r} of")
+            err = self.opener.error(exc, url, what=f"{doing} member {name!r} of")
             if self.handler(err):
                 self.opener.count("members_skipped")
                 return True

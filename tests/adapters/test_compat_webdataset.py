@@ -91,6 +91,50 @@ def test_a_missing_to_tuple_field_is_a_value_error_as_in_webdataset(odd):
     assert isinstance(err, ValueError) and isinstance(err, sp.SampleError)
     assert (err.kind, err.key, err.field) == ("missing_field", "k1", "cls")
     assert "has no field 'cls'" in str(err)
+    # a field there but None (none_is_error): said so, not "no field 'x' (it has ['x', ...])"
+    with pytest.raises(ValueError):
+        list(
+            wds.WebDataset(odd, shardshuffle=False).map(lambda s: {**s, "cls": None}).to_tuple("x.npy", "cls")
+        )
+    err = raised(
+        WebDataset(odd, shardshuffle=False).map(lambda s: {**s, "cls": None}).to_tuple("x.npy", "cls")
+    )
+    assert isinstance(err, ValueError) and "holds None in field 'cls'" in str(err)
+
+
+def test_a_second_member_of_one_field_is_skipped_alone_by_a_handler_that_goes_on(tmp_path):
+    """a.cls twice: webdataset's handler judges the member, skips it, and reads the rest of the
+    shard; ours failed the whole shard, and warn_and_continue lost every sample (found by review,
+    2026-12-05). Without a handler both raise (webdataset a ValueError, ours a corrupt-shard
+    ReadError naming the sample and the field)."""
+    path = tmp_path / "dup-000000.tar"
+    with tarfile.open(path, "w") as tf:
+        for name, data in [
+            ("a.cls", b"1"),
+            ("a.txt", b"t"),
+            ("a.cls", b"2"),
+            ("b.cls", b"3"),
+            ("c.cls", b"4"),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+    def read(cls):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dataset = cls(str(path), shardshuffle=False, handler=wds.warn_and_continue, empty_check=False)
+            return [(s["__key__"], s["cls"]) for s in dataset]
+
+    assert read(WebDataset) == read(wds.WebDataset) == [("a", b"1"), ("b", b"3"), ("c", b"4")]
+    dataset = WebDataset(str(path), shardshuffle=False, handler=wds.warn_and_continue, empty_check=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        list(dataset)
+    stats = dataset.shard_stats()
+    assert (stats.members_skipped, stats.samples, stats.completed) == (1, 3, 1)
+    err = raised(WebDataset(str(path), shardshuffle=False))
+    assert isinstance(err, tarfile.ReadError) and "sample 'a' has two members with field 'cls'" in str(err)
 
 
 def test_a_failing_decoder_is_webdatasets_decoding_error(odd):
@@ -101,6 +145,9 @@ def test_a_failing_decoder_is_webdatasets_decoding_error(odd):
     assert isinstance(ours, decoding_error) and isinstance(ours, sp.SampleError)
     assert (ours.k, ours.key, ours.field, ours.kind) == ("x.npy", "k2", "x.npy", "corrupt")
     assert "decoding field 'x.npy' of sample 'k2'" in str(ours)
+    # the sample rides on the error, as on webdataset's: a handler that logs exn.sample["__key__"]
+    # raised TypeError on ours (found by review, 2026-12-05)
+    assert theirs.sample["__key__"] == ours.sample["__key__"] == "k2"
 
     def failing(key, data):
         raise ValueError("nothing")
