@@ -451,6 +451,7 @@ class ShardOpener:
         return stream
 
     def _raw_open(self, url: str, offset: int) -> Any:
+        url = gopen_rewrite(url)  # the bytes come from there; errors, keys and logs name ``url``
         if url.startswith(PIPE):
             f: Any = PipeStream(url[len(PIPE) :], self.redact(redact_url(url)), self.timeout)
             if offset:
@@ -937,6 +938,36 @@ def local_path(url: str) -> str | None:
     if parsed.scheme == "file":
         return parsed.path
     return None
+
+
+def gopen_rewrite(url: str) -> str:
+    """``url`` rewritten by webdataset's ``GOPEN_REWRITE`` rules, as webdataset's ``gopen`` reads
+    them: ``"prefix1=replacement1;prefix2=replacement2"``, each prefix a regular expression
+    matched at the start, the first that changes ``url`` applied (a mirror, a local cache, a
+    ``pipe:`` command). A shard read through a rewrite keeps its own URL in ``__url__``, errors
+    and the audit log. With ``GOPEN_VERBOSE`` set it prints the rewrite; with ``WDS_SECURE`` set
+    rules are refused (``ConfigError``), as webdataset refuses them."""
+    rules = os.environ.get("GOPEN_REWRITE")
+    if not rules:
+        return url
+    if os.environ.get("WDS_SECURE", "0") not in ("", "0"):
+        raise ConfigError(
+            "GOPEN_REWRITE is set and so is WDS_SECURE, which refuses URL rewrites (as in "
+            "webdataset); unset one of them"
+        )
+    for rule in rules.split(";"):
+        prefix, sep, replacement = rule.partition("=")
+        if not sep:
+            raise ConfigError(
+                f"GOPEN_REWRITE rule {rule!r} has no '=': write rules as 'prefix=replacement', "
+                "separated by ';'"
+            )
+        rewritten = re.sub("^" + prefix, replacement, url)
+        if rewritten != url:
+            if os.environ.get("GOPEN_VERBOSE", "0") not in ("", "0"):
+                print(f"GOPEN REWRITE {redact_url(url)} -> {redact_url(rewritten)}")
+            return rewritten
+    return url
 
 
 def _member_verdict(

@@ -461,3 +461,23 @@ def test_repeat_true_is_ignored_as_webdataset_ignores_it_with_a_warning(tmp_path
     with pytest.warns(UserWarning, match=r"repeat=True\) is ignored.*\.repeat\(\)"):
         ours = WebDataset(written.urls, shardshuffle=False, repeat=True)
     assert [s["__key__"] for s in ours] == theirs and len(theirs) == 12
+
+
+def test_gopen_rewrite_rules_apply_as_in_webdataset_and_the_url_stays_the_given_one(shards, monkeypatch):
+    """GOPEN_REWRITE sends reads to a mirror or cache; ours ignored it, so a rewrite to a mirror
+    silently read from the origin, and an origin that does not exist failed (found by review,
+    2026-12-05)."""
+    folder = str(Path(shards.urls[0]).parent)
+    url = "http://mirror.invalid/" + Path(shards.urls[0]).name
+    monkeypatch.setenv("GOPEN_REWRITE", f"ftp://unused/=/nowhere/;http://mirror.invalid/=pipe:cat {folder}/")
+    theirs = [s["__key__"] for s in wds.WebDataset(url, shardshuffle=False)]
+    ours = list(WebDataset(url, shardshuffle=False))
+    assert [s["__key__"] for s in ours] == theirs and len(theirs) == PER_SHARD
+    assert {s["__url__"] for s in ours} == {url}  # named as given: the log and errors say so
+    monkeypatch.setenv("WDS_SECURE", "1")
+    with pytest.raises(sp.ConfigError, match="GOPEN_REWRITE is set and so is WDS_SECURE"):
+        list(WebDataset(url, shardshuffle=False))
+    monkeypatch.delenv("WDS_SECURE")
+    monkeypatch.setenv("GOPEN_REWRITE", "no rule here")
+    with pytest.raises(sp.ConfigError, match="has no '='"):
+        list(WebDataset(url, shardshuffle=False))
