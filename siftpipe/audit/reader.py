@@ -497,8 +497,45 @@ def not_handed_on(table: Any, ranges: Sequence[tuple[int, int]] | None) -> Any:
     return table.set_column(at, table.field(at), pa.array(kept, pa.bool_()))
 
 
+#: Errors that say the storage could not be reached or answer (a connection refused, reset or
+#: timed out), not that an object is damaged: botocore's, aiohttp's, urllib3's and fsspec's names
+_UNREACHABLE = frozenset(
+    {
+        "EndpointConnectionError",
+        "ConnectTimeoutError",
+        "ReadTimeoutError",
+        "ConnectionClosedError",
+        "ProxyConnectionError",
+        "ClientConnectorError",
+        "ClientConnectionError",
+        "ServerDisconnectedError",
+        "ServerTimeoutError",
+        "ClientOSError",
+        "NewConnectionError",
+        "FSTimeoutError",
+    }
+)
+
+
+def storage_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it was raised from) says the storage could not be reached."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, ConnectionError | TimeoutError) or any(
+            c.__name__ in _UNREACHABLE for c in type(e).__mro__
+        ):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def read_many(fs: Any, paths: Sequence[str], parse: Callable[[bytes], Any], workers: int = 8) -> list[Any]:
-    """``parse(bytes)`` of every path, read in parallel; an exception object where one failed."""
+    """``parse(bytes)`` of every path, read in parallel; an exception object where one failed.
+
+    Raises ``AuditError`` if the storage could not be reached for one (``storage_failed``): that
+    says nothing about the log, whose objects would otherwise each be reported unreadable."""
 
     def one(path: str) -> Any:
         try:
@@ -507,9 +544,20 @@ def read_many(fs: Any, paths: Sequence[str], parse: Callable[[bytes], Any], work
             return exc
 
     if len(paths) <= 1:
-        return [one(p) for p in paths]
-    with ThreadPoolExecutor(max_workers=min(workers, len(paths))) as pool:
-        return list(pool.map(one, paths))
+        out = [one(p) for p in paths]
+    else:
+        with ThreadPoolExecutor(max_workers=min(workers, len(paths))) as pool:
+            out = list(pool.map(one, paths))
+    for path, got in zip(paths, out, strict=True):
+        if isinstance(got, Exception) and storage_failed(got):
+            secrets = secret_values(getattr(fs, "storage_options", None))
+            raise AuditError(
+                f"the storage stopped answering while the audit log was read (at "
+                f"{redact(str(path), secrets)}: {redact(f'{type(got).__name__}: {got}', secrets)}); "
+                "the log is not known to be damaged: check the endpoint and the connection, and "
+                "read it again"
+            ) from None
+    return out
 
 
 def read_part(payload: bytes, columns: Sequence[str] | None) -> Any:
@@ -733,6 +781,13 @@ def predecode_files(
         paths = fs.find(root)
     except FileNotFoundError:  # no bucket, no directory: no records (list_parts says so too)
         paths = []
+    except Exception as exc:  # as list_parts: one line naming the log, not a traceback
+        secrets = secret_values(storage_options, url)
+        raise AuditError(
+            f"cannot list the audit log at {redact(url, secrets)} (its records of samples dropped "
+            f"before decode): {redact(f'{type(exc).__name__}: {exc}', secrets)}; check the URL, "
+            "storage options and credentials"
+        ) from None
     for path in paths:
         relative = path[len(root) + 1 :] if path.startswith(root + "/") else path
         m = _PREDECODE.fullmatch(relative)

@@ -381,3 +381,44 @@ def test_a_part_written_just_before_its_writer_was_killed_is_not_counted_dropped
     seqs = set(table.column("seq").to_pylist())
     assert set(range(100, 150)) <= seqs  # part 2's records are in the log
     assert table.num_rows + log.stats.dropped_records == 1000  # and none counted twice
+
+
+COMMANDS = [["summary"], ["verify"], ["keys", "--dropped"], ["whatif", "--prune", "0.5"]]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_storage_that_stops_answering_while_a_log_is_read_is_one_clear_error_not_damage(
+    own_s3, monkeypatch, capsys, command
+):
+    """The S3 server stopped after the log was listed and its manifests read: every part was
+    warned 'unreadable (truncated or corrupt?)', then a second listing's raw botocore traceback
+    ended the command with exit 1 (found by review, 2026-12-05). Now: one line saying the storage
+    stopped answering, exit 2, and no claim that the log is damaged."""
+    from siftpipe.audit import reader
+    from siftpipe.cli import main
+
+    bucket = own_s3.new_bucket()
+    options = {"endpoint_url": own_s3.endpoint}
+    log = sp.AuditLog(f"s3://{bucket}/logs", storage_options=options, run_id="t", flush_every=40)
+    s = sp.Sifter(None, loss_field, sp.RelativeProbabilistic(1.0, 500), micro_batch=20, audit=log)
+    list(s(make_samples(160)))
+    s.close()
+    real = reader.read_many
+    calls = []
+
+    def stops_after_the_first_reads(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if not calls:
+            own_s3.stop()  # the real server, gone mid-command
+        calls.append(1)
+        return out
+
+    monkeypatch.setattr(reader, "read_many", stops_after_the_first_reads)
+    argv = ["log", *command[:1], f"s3://{bucket}/logs", *command[1:], "--storage-option"]
+    code = main([*argv, f"endpoint_url={own_s3.endpoint}"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and "truncated or corrupt" not in err and "unreadable" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "siftpipe: error:" in lines[0]
+    assert "stopped answering" in lines[0] or "cannot list the audit log" in lines[0]
