@@ -75,6 +75,9 @@ class _Attempt:
     #: The ``unhanded`` entries of its ``_unhanded-*.json`` notes (written as each pass was left,
     #: so an attempt killed later still has them; the end marker repeats them).
     unhanded_notes: list[Any] = field(default_factory=list)
+    #: Other streams its own objects (manifests, claim, end marker) name, as ``"run=t rank=0"``:
+    #: objects copied or moved here from there (each names the run and rank that wrote it).
+    named: list[str] = field(default_factory=list)
 
 
 #: Per-request limits for reading a log from S3 when the storage options set none: botocore's
@@ -263,6 +266,17 @@ def list_parts(
             attempt.origin = origin if isinstance(origin, str) else None
             bare.append(attempt)
     for stream_key, attempt in attempts.items():
+        own = [p.manifest for p in attempt.parts] + [ends.get(stream_key), claims.get(stream_key)]
+        attempt.named = sorted(
+            {
+                f"run={d['run']} rank={d['rank']}"
+                for d in own
+                if d is not None
+                and isinstance(d.get("run"), str)
+                and _count_like(d.get("rank"))
+                and (d["run"], int(d["rank"])) != (attempt.run, attempt.rank)
+            }
+        )
         attempt.ended = stream_key in ended
         attempt.end = ends.get(stream_key)
         attempt.unhanded_notes = notes.get(stream_key, [])
@@ -727,6 +741,14 @@ def read_log(
     return pa.concat_tables(out, promote_options="permissive")
 
 
+def _misplaced(attempt: _Attempt) -> str:
+    return (
+        f"attempt {attempt.attempt}'s own objects say they were written by {', '.join(attempt.named)}: "
+        "copied or moved here from there, and read as this folder's, so records may be counted "
+        "twice; remove the copy (or move it back)"
+    )
+
+
 def listing_problems(attempts: Sequence[_Attempt]) -> list[tuple[str, bool]]:
     """What a listing shows without reading a part, for a reader to warn of (``verify_log``
     reports these and more): parts gone with their manifests, and jobs that wrote under one run
@@ -741,6 +763,21 @@ def listing_problems(attempts: Sequence[_Attempt]) -> list[tuple[str, bool]]:
                     f"audit log run={attempt.run} rank={attempt.rank}: {missing}: their records are not "
                     "in what was read; the rest of the log was read (siftpipe log verify reports the log)",
                     deliberate,
+                )
+            )
+    for attempt in attempts:
+        where = f"audit log run={attempt.run} rank={attempt.rank}"
+        if attempt.named:
+            problems.append((f"{where}: {_misplaced(attempt)}", False))
+        beyond = _beyond_end(attempt)
+        if beyond:
+            problems.append(
+                (
+                    f"{where}: part(s) {', '.join(map(str, beyond))} of attempt {attempt.attempt} lie "
+                    "outside the parts its end marker says it wrote: copies or foreign objects, read "
+                    "with the rest, so records may be counted twice (siftpipe log verify counts the "
+                    "duplicates); remove them",
+                    False,
                 )
             )
     for (run_id, rank_id), origins in _jobs(attempts).items():
@@ -943,6 +980,8 @@ class StreamReport:
     #: Attempts of different jobs under this run id and rank (the same run id used by two jobs):
     #: their records overlap and none supersedes another's.
     collisions: list[str] = field(default_factory=list)
+    #: Attempts whose own objects name another run or rank: copied or moved from there.
+    misplaced: list[str] = field(default_factory=list)
     missing_parts: list[str] = field(default_factory=list)
     unreadable_parts: list[str] = field(default_factory=list)
     count_mismatches: list[str] = field(default_factory=list)
@@ -973,6 +1012,7 @@ class StreamReport:
             self.gaps
             or self.duplicates
             or self.collisions
+            or self.misplaced
             or self.missing_parts
             or self.unreadable_parts
             or self.count_mismatches
@@ -1050,6 +1090,7 @@ class LogReport:
                         "read them as not kept"
                     )
             out.extend(f"  collision: {c}" for c in s.collisions)
+            out.extend(f"  misplaced: {m}" for m in s.misplaced)
             if s.skipped_shards:
                 out.append(
                     f"  {len(s.skipped_shards)} shard(s) skipped by the pipeline's handler (their samples "
@@ -1085,6 +1126,18 @@ class LogReport:
                 )
             out.extend(f"  note: {m}" for m in s.notes)
         return out
+
+
+def _beyond_end(attempt: _Attempt) -> list[int]:
+    """Numbers of ``attempt``'s parts outside the range its end marker says it wrote (none when
+    it has no readable end marker)."""
+    end = attempt.end or {}
+    closed_at = _number(end.get("parts"), None)
+    if not isinstance(closed_at, int):
+        return []
+    start = _number(end.get("first_part"), None)
+    low = int(start) if isinstance(start, int) else 0
+    return sorted(p.part for p in attempt.parts if p.path is not None and not low <= p.part < closed_at)
 
 
 def _missing_parts(attempt: _Attempt) -> tuple[list[str], bool]:
@@ -1239,6 +1292,8 @@ def verify_log(
     by_stream: dict[tuple[str, int], list[_Attempt]] = {}
     for attempt in writers:  # in start order
         by_stream.setdefault((attempt.run, attempt.rank), []).append(attempt)
+        if attempt.named:
+            streams[(attempt.run, attempt.rank)].misplaced.append(_misplaced(attempt))
     for key, chain in by_stream.items():
         for i, later in enumerate(chain):
             for earlier in chain[:i]:

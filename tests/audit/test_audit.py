@@ -216,6 +216,54 @@ def test_verify_finds_a_missing_and_a_truncated_part(tmp_path):
     assert "seq 256..383" in keys.stderr
 
 
+@pytest.mark.parametrize("copy_to", ["run=r1/rank=1", "run=r2/rank=0"])
+def test_a_stream_folder_copied_under_another_rank_or_run_is_a_problem_not_more_records(tmp_path, copy_to):
+    """A single-rank log's rank=0 folder copied to rank=1 (or its run to another run id):
+    verify said OK with twice the records and summary counted them twice, though every object
+    under the copy names the run and rank that wrote it (found by review, 2026-12-05)."""
+    import shutil
+
+    sift_all(str(tmp_path))
+    shutil.copytree(tmp_path / "run=r1" / "rank=0", tmp_path / copy_to)
+    report = sp.verify_log(str(tmp_path))
+    assert not report.ok and [s.ok for s in report.streams] == [True, False]
+    copied = report.streams[1]
+    assert copied.misplaced and "written by run=r1 rank=0" in copied.misplaced[0]
+    assert "misplaced: attempt" in "\n".join(report.lines())
+    with pytest.warns(RuntimeWarning, match="written by run=r1 rank=0: copied or moved here"):
+        sp.read_log(str(tmp_path))
+    with pytest.raises(sp.AuditError, match="copied or moved here"):
+        sp.read_log(str(tmp_path), on_bad_part="raise")
+    # the original alone reads as before
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sp.read_log(str(tmp_path), run="r1", rank=0).num_rows == 1000
+
+
+def test_a_part_copied_beyond_the_parts_its_end_marker_names_is_warned_by_every_reader(tmp_path):
+    """part 1 copied as part N (past the N its closed attempt wrote): verify counted duplicates,
+    but read_log, summary, keys and whatif counted its records again without a word (found by
+    review, 2026-12-05)."""
+    import shutil
+
+    sift_all(str(tmp_path))
+    rank_dir = tmp_path / "run=r1" / "rank=0"
+    parts = sorted(rank_dir.glob("part-*.parquet"))
+    copy = rank_dir / parts[1].name.replace(f"part-{1:08d}-", f"part-{len(parts):08d}-")
+    shutil.copy(parts[1], copy)
+    assert not sp.verify_log(str(tmp_path)).ok
+    with pytest.warns(RuntimeWarning, match=f"part\\(s\\) {len(parts)} of attempt .* lie outside the parts"):
+        assert sp.read_log(str(tmp_path)).num_rows == 1000 + 128
+    with pytest.raises(sp.AuditError, match="lie outside the parts"):
+        sp.read_log(str(tmp_path), on_bad_part="raise")
+    for command in (["summary"], ["keys", "--dropped"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "siftpipe", "log", command[0], str(tmp_path), *command[1:]],
+            check=False, capture_output=True, text=True,
+        )  # fmt: skip
+        assert "lie outside the parts its end marker says it wrote" in done.stderr, command
+
+
 def test_a_kill_between_the_last_part_and_its_manifest_loses_nothing_and_verify_says_so(tmp_path):
     """S3 puts are atomic and a part is written before its manifest: a SIGKILL between the two
     leaves a readable last part without manifest. Its records are all there (a note, not a
