@@ -75,9 +75,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # a reader's warning (a part missing or unreadable) is a line of the command's output, not
         # Python's warning with a source line of the library's
         secrets = argv_secrets(argv)
+        said: set[str] = set()
 
         def show(message: Any, category: Any, *rest: Any, **kw: Any) -> None:
-            print(f"siftpipe: warning: {redact(str(message), secrets)}", file=sys.stderr)
+            line = f"siftpipe: warning: {redact(str(message), secrets)}"
+            if line not in said:  # once: whatif lists the log for each policy it replays
+                said.add(line)
+                print(line, file=sys.stderr)
 
         warnings.showwarning = show
     if program and threading.current_thread() is threading.main_thread():

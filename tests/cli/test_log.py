@@ -312,3 +312,21 @@ def test_a_run_that_decided_nothing_says_no_records_not_no_log(tmp_path, capsys)
         assert main(["log", *command[:1], root, *command[1:]]) == 1
         err = capsys.readouterr().err
         assert "no records" in err and "no audit log" not in err, (command, err)
+
+
+def test_a_warning_about_the_log_is_printed_once_per_command(tmp_path):
+    """whatif lists the log once per policy it replays: a malformed manifest was warned three
+    times (found by review, 2026-12-05)."""
+    import subprocess
+    import sys
+
+    log = sp.AuditLog(str(tmp_path), run_id="t", flush_every=40)
+    s = sp.Sifter(None, loss_field, sp.RelativeProbabilistic(1.0, 500), micro_batch=20, audit=log)
+    list(s(make_samples(160)))
+    s.close()
+    manifest = sorted((tmp_path / "run=t" / "rank=0").glob("_manifest-*.json"))[1]
+    manifest.write_text("{not json")
+    argv = [sys.executable, "-m", "siftpipe", "log", "whatif", str(tmp_path), "--beta", "0.5", "1", "2"]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    said = [line for line in done.stderr.splitlines() if "is unreadable or malformed" in line]
+    assert len(said) == 1 and manifest.name in said[0], done.stderr
