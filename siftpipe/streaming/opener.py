@@ -1058,10 +1058,18 @@ def iter_tar_samples(
             yield current, (start + info.offset if seekable else None), prefix
             current = None
         if not _is_text(name):
-            raise tarfile.ReadError(
+            garbled = tarfile.ReadError(
                 f"member {name.encode('utf-8', 'surrogateescape')!r} has a name that is not valid "
                 "UTF-8: its key could not be recorded in logs; rename the member"
             )
+            if on_member_error is None:
+                raise garbled
+            # one member's fault: a handler that goes on skips it alone and reads the rest of
+            # the shard (until 2026-12-05 the shard's rest was lost with it)
+            skip, stopped = _member_verdict(on_member_error, garbled, repr(name), "reading")
+            if skip:
+                continue
+            break
         if current is None:
             held = 0
         if max_member_bytes is not None and info.size > max_member_bytes:

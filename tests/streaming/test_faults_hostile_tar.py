@@ -282,6 +282,14 @@ def test_a_name_that_is_not_utf8_is_refused_naming_it(tmp_path):
     got, err = read(url)
     assert [s["__key__"] for s in got] == ["k0"]
     assert err is not None and err.kind == "corrupt" and r"b'k\xff1.txt'" in str(err) and "UTF-8" in str(err)
+    # a handler that goes on skips that member alone, as any one member's fault: the rest of the
+    # shard is read (it was lost with it until 2026-12-05)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (webdataset's handler warns with a UserWarning)
+        opener = ShardOpener()
+        got = list(ShardReader(opener, handler=wds.warn_and_continue)([url]))
+    assert [s["__key__"] for s in got] == ["k0", "k9"]
+    assert (opener.stats().members_skipped, opener.stats().skipped) == (1, 0)
     tried("hostile tar members tried")
 
 
