@@ -512,10 +512,16 @@ def not_handed_on(table: Any, ranges: Sequence[tuple[int, int]] | None) -> Any:
 
 
 #: Errors that say the storage could not be reached or answer (a connection refused, reset or
-#: timed out), not that an object is damaged: botocore's, aiohttp's, urllib3's and fsspec's names
+#: timed out, a transfer broken off: what s3fs retries as network errors), not that an object is
+#: damaged: botocore's, aiohttp's, urllib3's, http.client's and fsspec's names
 _UNREACHABLE = frozenset(
     {
         "EndpointConnectionError",
+        "ResponseStreamingError",
+        "IncompleteReadError",
+        "IncompleteRead",
+        "ClientPayloadError",
+        "ProtocolError",
         "ConnectTimeoutError",
         "ReadTimeoutError",
         "ConnectionClosedError",
@@ -566,7 +572,7 @@ def read_many(fs: Any, paths: Sequence[str], parse: Callable[[bytes], Any], work
         if isinstance(got, Exception) and storage_failed(got):
             secrets = secret_values(getattr(fs, "storage_options", None))
             raise AuditError(
-                f"the storage stopped answering while the audit log was read (at "
+                f"the storage stopped answering (or broke off a transfer) while the audit log was read (at "
                 f"{redact(str(path), secrets)}: {redact(f'{type(got).__name__}: {got}', secrets)}); "
                 "the log is not known to be damaged: check the endpoint and the connection, and "
                 "read it again"

@@ -265,7 +265,7 @@ class Decider:
         """Losses for every row of ``group``, and where each came from (codes, or one code)."""
         source = self.loss_source
         memory = self.memory
-        upstream = group.upstream = upstream_of(group, self.scoring.batched)
+        upstream = group.upstream = upstream_of(group, self.scoring.batched, self.upstream_filters)
         if self.upstream_filters and self._unmarked is not None:
             self._check_marked(group)
         if upstream is not None:
@@ -355,8 +355,9 @@ class Decider:
     #: ``ScoreMemory.persistent_hard()`` from which the stage logs that sifting may not pay.
     HARD_WARN = 0.15
 
-    #: Groups without a ``PreDecodeFilter``'s marks, none marked yet, before the warning.
-    UNMARKED_GROUPS = 4
+    #: Groups without a ``PreDecodeFilter``'s marks, none marked yet, before the warning: enough
+    #: that a stream mixing a filter's samples into others' (``RandomMix``) shows some first.
+    UNMARKED_GROUPS = 64
 
     def _check_marked(self, group: Group) -> None:
         """Warn once if the rows of a stage that reaches a ``PreDecodeFilter`` keep coming without
@@ -377,7 +378,8 @@ class Decider:
                 "samples the filter kept are decided a second time here and far fewer are trained "
                 "than either decision meant. Carry every __sift_* field through, e.g. "
                 "{**new, **{k: v for k, v in s.items() if k.startswith('__sift_')}}, and keep dict "
-                "samples up to the stage (or, if the filter is not meant for this stream, ignore this)",
+                "samples up to the stage (or, if the filter's samples are a small part of a mix, "
+                "or the filter is not meant for this stream, ignore this)",
                 PreDecodeWarning,
                 stacklevel=2,
             )

@@ -208,14 +208,20 @@ def check_weightable(group: Group, batched: bool, field: str | None) -> None:
 
 
 def upstream_marked(group: Group, batched: bool) -> bool:
-    """Whether ``group``'s rows carry a ``PreDecodeFilter``'s marks (it marks every row it hands
-    on, kept before decode or not)."""
-    first = group.items[0]
-    return isinstance(first, Mapping) and PRE_KEPT in first
+    """Whether any of ``group``'s rows carry a ``PreDecodeFilter``'s marks (it marks every row it
+    hands on, kept before decode or not)."""
+    if batched:
+        first = group.items[0]
+        return isinstance(first, Mapping) and PRE_KEPT in first
+    return any(isinstance(s, Mapping) and PRE_KEPT in s for s in group.items)
 
 
-def upstream_of(group: Group, batched: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Rows a ``PreDecodeFilter`` already kept: (mask, their losses, their keep probabilities)."""
+def upstream_of(
+    group: Group, batched: bool, mixed: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Rows a ``PreDecodeFilter`` already kept: (mask, their losses, their keep probabilities).
+    ``mixed``: samples may come with and without the filter's marks (the stage reaches a filter,
+    and any sample may carry them, not only a group's first)."""
     if batched:
         batch = group.items[0]
         # (type() first: isinstance against the Mapping ABC is slow for everything else)
@@ -225,10 +231,18 @@ def upstream_of(group: Group, batched: bool) -> tuple[np.ndarray, np.ndarray, np
     else:
         items = group.items
         first = items[0]
-        if not (type(first) is dict or isinstance(first, Mapping)) or PRE_KEPT not in first:
+        unmarked_first = not (type(first) is dict or isinstance(first, Mapping)) or PRE_KEPT not in first
+        if unmarked_first and not (mixed and upstream_marked(group, batched)):
             return None
+        # a stream mixing a filter's samples with samples no filter saw: those hold no marks
+        # (read as not kept before decode; found by review, 2026-12-05: a KeyError)
+        unmarked = {PRE_KEPT: 0.0, PRE_LOSS: float("nan"), PRE_PROB: float("nan")}
         columns = [
-            np.fromiter((s[name] for s in items), np.float64, len(items))
+            np.fromiter(
+                (s.get(name, unmarked[name]) if isinstance(s, Mapping) else unmarked[name] for s in items),
+                np.float64,
+                len(items),
+            )
             for name in (PRE_KEPT, PRE_LOSS, PRE_PROB)
         ]
     mask = columns[0] == 1

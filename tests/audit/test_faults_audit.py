@@ -422,3 +422,36 @@ def test_storage_that_stops_answering_while_a_log_is_read_is_one_clear_error_not
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "siftpipe: error:" in lines[0]
     assert "stopped answering" in lines[0] or "cannot list the audit log" in lines[0]
+
+
+def _broken_transfers():
+    import http.client
+
+    import aiohttp
+    import botocore.exceptions
+
+    return [
+        aiohttp.ClientPayloadError("Response payload is not completed"),
+        botocore.exceptions.ResponseStreamingError(error="connection broken"),
+        http.client.IncompleteRead(b"abc", 10),
+        ConnectionResetError(104, "Connection reset by peer"),
+        botocore.exceptions.EndpointConnectionError(endpoint_url="http://127.0.0.1:1"),
+    ]
+
+
+def test_a_transfer_broken_off_is_a_storage_failure_and_damage_is_not():
+    """Only a refused connection was told apart at first: a transfer broken off mid-part (what
+    s3fs retries as a network error, and raises once its retries are spent) read as a damaged
+    part, every part warned 'truncated or corrupt?' (found by review, 2026-12-05)."""
+    import pyarrow as pa
+
+    from siftpipe.audit.reader import storage_failed
+
+    for exc in _broken_transfers():
+        assert storage_failed(exc), type(exc).__name__
+        try:
+            raise OSError("reading the part failed") from exc  # as a wrapper raises it
+        except OSError as wrapped:
+            assert storage_failed(wrapped), type(exc).__name__
+    for exc in (pa.ArrowInvalid("Parquet magic bytes not found"), ValueError("no column 'seq'"), EOFError()):
+        assert not storage_failed(exc), type(exc).__name__
