@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import BatchError, BatchShapeWarning, ConfigError
+from ..errors import BatchError, BatchShapeWarning
 
 Batch = Any
 
@@ -423,14 +423,14 @@ def accelerator_of(batch: Batch) -> torch.device | None:
 
 def with_column(batch: Batch, name: str | None, column: Any) -> Batch:
     """Add a per-row column (or one sample's value): a dict field ``name``, the field ``name`` of
-    a namedtuple (which must have one: ``check_column``), or a last element of a tuple/list."""
+    a namedtuple that has one, or a last element of a tuple/list (a namedtuple without the field
+    becomes a plain tuple then: ``lacks_column``)."""
     if isinstance(batch, Mapping):
         out = dict(batch)
         out[name] = column
         return out
     if isinstance(batch, tuple):
-        if hasattr(batch, "_fields"):
-            check_column(batch, name)
+        if lacks_column(batch, name) is None and hasattr(batch, "_fields"):
             replace: Callable[..., Batch] = getattr(batch, "_replace")  # noqa: B009 (a namedtuple's)
             return replace(**{str(name): column})
         return (*batch, column)
@@ -439,20 +439,22 @@ def with_column(batch: Batch, name: str | None, column: Any) -> Batch:
     return (batch, column)
 
 
-def check_column(batch: Batch, name: str | None) -> None:
-    """Raise ``ConfigError`` if ``with_column(batch, name, ...)`` cannot keep ``batch``'s type: a
-    namedtuple with no field ``name`` (one more element would make it a plain tuple, whose
-    fields the training step then reads as attributes that are not there)."""
+def lacks_column(batch: Batch, name: str | None) -> str | None:
+    """What ``with_column(batch, name, ...)`` makes of a namedtuple with no field ``name`` (a
+    plain tuple, whose fields the training step can no longer read as attributes), said with the
+    fix; ``None`` for anything else."""
     fields = getattr(batch, "_fields", None)
-    if isinstance(batch, tuple) and fields is not None and name not in fields:
-        kind = type(batch).__name__
-        raise ConfigError(
-            f"the policy attaches a weight to each kept sample, and a {kind} (a namedtuple with "
-            f"fields {', '.join(fields)}) has no field {name!r} to hold it; an extra element would "
-            f"turn it into a plain tuple. Give {kind} a field for it and name it: "
-            f"namedtuple({kind!r}, [{', '.join(repr(f) for f in fields)}, 'weight'], defaults=[1.0]) "
-            "with Sifter(..., weight_field='weight'); or hand on dicts or plain tuples"
-        )
+    if not (isinstance(batch, tuple) and fields is not None and name not in fields):
+        return None
+    kind = type(batch).__name__
+    return (
+        f"the policy attaches a weight to each kept sample, and a {kind} (a namedtuple with fields "
+        f"{', '.join(fields)}) has no field {name!r} to hold it: it is handed on as a plain tuple "
+        f"with the weight appended, ({', '.join(fields)}, weight), on which attribute access "
+        f"(.{fields[0]}) fails. To keep the {kind}, give it a field for the weight and name it: "
+        f"namedtuple({kind!r}, [{', '.join(repr(f) for f in fields)}, 'weight'], defaults=[1.0]) "
+        "with Sifter(..., weight_field='weight')"
+    )
 
 
 def to_device(batch: Batch, device: torch.device, non_blocking: bool) -> Batch:

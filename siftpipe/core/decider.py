@@ -35,12 +35,12 @@ from .memory import (
 from .policies import Policy, RelativeProbabilistic
 from .rows import (
     attach_weights,
-    check_weightable,
     field_of,
     key_array,
     keys_of,
     upstream_marked,
     upstream_of,
+    weight_changes_type,
 )
 from .scoring import Scoring
 from .sink import Decisions, DecisionSink
@@ -95,6 +95,7 @@ class Decider:
         #: The stage reached a ``PreDecodeFilter`` in its sources (it marks every row it hands on);
         #: groups decided since without its marks, until one carries them (then: None, done)
         self.upstream_filters = False
+        self._weight_type_checked = False  # attach_weight's rows checked for a type it changes
         self._unmarked: int | None = 0
         #: Passes that ran to their end (a warning's evidence, not state: the stage counts one for
         #: a loaded state that had seen samples)
@@ -141,8 +142,13 @@ class Decider:
     def decide(self, group: Group) -> None:
         """Score (or look up) and decide every row of ``group``; count it and write it to the sink."""
         t0 = time.perf_counter()
-        if self.attach_weight:
-            check_weightable(group, self.scoring.batched, self.weight_field)
+        if self.attach_weight and not self._weight_type_checked:
+            # once, on the first group (a stream's items are of one type): said, not refused, as
+            # code that unpacks the tuple (x, y, w = batch) works with it
+            self._weight_type_checked = True
+            why = weight_changes_type(group, self.scoring.batched, self.weight_field)
+            if why is not None:
+                warnings.warn(why, UserWarning, stacklevel=2)
         rows = group.rows
         seq0 = group.seq0
         counts = self.counts

@@ -17,7 +17,7 @@ from .vocab import PRE_KEPT, PRE_LOSS, PRE_PROB
 
 __all__ = [
     "attach_weights",
-    "check_weightable",
+    "weight_changes_type",
     "upstream_marked",
     "field_of",
     "keys_of",
@@ -195,16 +195,15 @@ def attach_weights(group: Group, batched: bool, field: str | None) -> None:
             items[i] = (sample, w)
 
 
-def check_weightable(group: Group, batched: bool, field: str | None) -> None:
-    """Raise ``ConfigError`` before ``group`` is decided if ``attach_weights`` could not put a
-    weight on its rows without changing their type (a namedtuple with no field ``field``), so a
-    refusal leaves no decision half made: nothing counted, nothing logged."""
+def weight_changes_type(group: Group, batched: bool, field: str | None) -> str | None:
+    """Why ``attach_weights`` would change the type of ``group``'s rows (a namedtuple with no
+    field ``field`` becomes a plain tuple), with the fix; ``None`` when it would not."""
     if batched:
-        _batch.check_column(group.items[0], field)
-        return
+        return _batch.lacks_column(group.items[0], field)
     for sample in group.items:
         if isinstance(sample, tuple) and hasattr(sample, "_fields"):
-            _batch.check_column(sample, field)
+            return _batch.lacks_column(sample, field)
+    return None
 
 
 def upstream_marked(group: Group, batched: bool) -> bool:

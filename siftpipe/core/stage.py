@@ -135,10 +135,10 @@ class Sifter:
             are required by the audit log.
         weight_field: Dict field (or namedtuple field) that carries a kept sample's weight.
         attach_weight: Attach weights to kept samples (dict samples: ``weight_field``; tuples:
-            an extra last element; namedtuples: their field ``weight_field``, which they must
-            have; tensors: a ``(tensor, weight)`` tuple; dict batches: a ``weight_field``
-            column; tuple batches: a last tensor). Default: if the policy reweights
-            (``PruneEasy``).
+            an extra last element; namedtuples: their field ``weight_field``, else a plain
+            tuple with the weight last, said once with a warning; tensors: a
+            ``(tensor, weight)`` tuple; dict batches: a ``weight_field`` column; tuple batches:
+            a last tensor). Default: if the policy reweights (``PruneEasy``).
         audit: An ``AuditLog`` or a URL to write one record per decided sample to.
         track_source: Save the source's own state (``state_dict``/``load_state_dict``, e.g. a
             ``StatefulDataLoader``) inside this stage's state, taken at micro-batch boundaries,
