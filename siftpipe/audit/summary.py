@@ -184,10 +184,13 @@ def plot_log(table: Any, path: str) -> str:
     )
     finite = np.isfinite(loss)
     if finite.any():
-        hi = np.quantile(loss[finite], 0.995)
-        bins = np.linspace(loss[finite].min(), hi, 60)
-        axes[1].hist(loss[finite & kept], bins=bins, alpha=0.6, label="kept", density=True)
-        axes[1].hist(loss[finite & ~kept], bins=bins, alpha=0.6, label="dropped", density=True)
+        lo, hi = float(loss[finite].min()), float(np.quantile(loss[finite], 0.995))
+        if not hi > lo:  # one loss, or all equal: a bin around it (not a division by zero)
+            lo, hi = lo - 0.5, hi + 0.5
+        bins = np.linspace(lo, hi, 60)
+        for rows, label in ((finite & kept, "kept"), (finite & ~kept, "dropped")):
+            if rows.any():  # a density of no samples divides by zero
+                axes[1].hist(loss[rows], bins=bins, alpha=0.6, label=label, density=True)
         axes[1].legend()
     axes[1].set(title="loss: kept vs dropped", xlabel="loss", ylabel="density")
     score = table.column("score").to_numpy()

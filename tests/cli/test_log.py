@@ -330,3 +330,22 @@ def test_a_warning_about_the_log_is_printed_once_per_command(tmp_path):
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     said = [line for line in done.stderr.splitlines() if "is unreadable or malformed" in line]
     assert len(said) == 1 and manifest.name in said[0], done.stderr
+
+
+def test_the_plot_of_a_log_of_one_record_says_no_numpy_warning(tmp_path):
+    """A one-record log (and one where nothing was dropped) printed six numpy 'divide by zero'
+    lines as siftpipe warnings: histograms of no samples, and of one loss (found by review,
+    2026-12-05)."""
+    import warnings
+
+    from siftpipe.audit.summary import plot_log
+
+    pytest.importorskip("matplotlib")
+    log = sp.AuditLog(str(tmp_path / "log"), run_id="k")
+    s = sp.Sifter(None, loss_field, sp.Uniform(1.0), micro_batch=1, audit=log)
+    list(s(make_samples(1)))
+    s.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plot_log(sp.read_log(str(tmp_path / "log")), str(tmp_path / "one.png"))
+    assert (tmp_path / "one.png").stat().st_size > 10_000
