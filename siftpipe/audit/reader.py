@@ -150,12 +150,22 @@ def list_parts(
     try:
         fs, root = log_filesystem(url, storage_options)
         files = fs.find(root)
+        if not files:
+            # fsspec's HTTP listing answers [] when the server cannot be reached at all: asked
+            # for the root itself, it says why (found by review, 2026-12-05: "no parts found")
+            try:
+                fs.info(root)
+            except Exception as probe:
+                if storage_failed(probe):
+                    cause = probe.__cause__ or probe.__context__ or probe
+                    raise _Unreachable(f"{type(cause).__name__}: {cause}") from None
     except FileNotFoundError:
         files = []
     except Exception as exc:
+        reason = str(exc) if isinstance(exc, _Unreachable) else f"{type(exc).__name__}: {exc}"
         raise AuditError(
             f"cannot list the audit log at {redact(url, secrets)}: "
-            f"{redact(f'{type(exc).__name__}: {exc}', secrets)}; "
+            f"{redact(reason, secrets)}; "
             "check the URL, storage options and credentials"
         ) from None
     runs = {run} if isinstance(run, str) else (set(run) if run is not None else None)
@@ -535,6 +545,11 @@ _UNREACHABLE = frozenset(
         "FSTimeoutError",
     }
 )
+
+
+class _Unreachable(ConnectionError):
+    """The storage could not be reached for a listing that came back empty (the message says
+    what the probe of the log's root met)."""
 
 
 def storage_failed(exc: BaseException) -> bool:

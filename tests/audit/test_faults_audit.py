@@ -455,3 +455,21 @@ def test_a_transfer_broken_off_is_a_storage_failure_and_damage_is_not():
             assert storage_failed(wrapped), type(exc).__name__
     for exc in (pa.ArrowInvalid("Parquet magic bytes not found"), ValueError("no column 'seq'"), EOFError()):
         assert not storage_failed(exc), type(exc).__name__
+
+
+def test_a_log_at_an_http_server_that_refuses_connections_is_unreachable_not_empty(capsys):
+    """fsspec's HTTP listing answers [] when the server cannot be reached: verify said "no parts
+    found" and summary "no records", as for an empty log (found by review, 2026-12-05)."""
+    import socket
+
+    from siftpipe.cli import main
+
+    with socket.socket() as free:  # a port nothing listens on
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with pytest.raises(sp.AuditError, match="cannot list the audit log.*ClientConnectorError"):
+        sp.read_log(f"http://127.0.0.1:{port}/log")
+    for command in ("verify", "summary"):
+        assert main(["log", command, f"http://127.0.0.1:{port}/log"]) == 2
+        err = capsys.readouterr().err
+        assert "Cannot connect to host" in err and "no parts found" not in err
