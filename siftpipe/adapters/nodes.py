@@ -427,8 +427,18 @@ class ShardSource(BaseNode[dict[str, Any]]):
             )
         shard = int(state["shard"])
         expected = state.get("url")
-        # (states written before secret values were redacted here too hold redact_url's form)
-        if shard < len(order) and expected not in (None, self._shown(order[shard]), redact_url(order[shard])):
+        # (states written before secret values were redacted here too hold redact_url's form;
+        # the same shard at another mount point, or a presigned URL signed again, has the same
+        # file name: as the order's digest, that is what must match; found by review, 2026-12-05)
+        if (
+            shard < len(order)
+            and expected not in (None, self._shown(order[shard]), redact_url(order[shard]))
+            and not (
+                isinstance(expected, str)
+                and shard_name(expected) is not None
+                and shard_name(expected) == shard_name(order[shard])
+            )
+        ):
             raise ResumeError(
                 f"the checkpoint was reading shard {self.opener.redact(str(expected))} at position {shard}, "
                 f"this source has {self._shown(order[shard])} there: resume with the same shard list, "

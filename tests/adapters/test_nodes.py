@@ -248,6 +248,39 @@ def test_resuming_over_a_shard_list_in_another_order_is_refused(tmp_path):
     assert len(list(same)) == 15  # the same list: the rest, exactly
 
 
+@pytest.mark.parametrize("cut", [20, 25], ids=["between_shards", "inside_a_shard"])
+def test_the_same_shards_at_another_mount_point_resume(tmp_path, cut):
+    """The same shards copied elsewhere (same bytes, names and modification times: another mount
+    point), or a presigned URL signed again: the order's digest went by file names, but the
+    check of the current shard compared whole URLs and refused (found by review, 2026-12-05)."""
+    import shutil
+
+    urls = write_shards(
+        synthetic_classification(40, dim=2, seed=1), str(tmp_path / "here"), samples_per_shard=10,
+        progress=False,
+    ).urls  # fmt: skip
+    whole = [s["__key__"] for s in Loader(ShardSource(urls, shuffle=True, seed=3))]
+    loader = Loader(ShardSource(urls, shuffle=True, seed=3))
+    it = iter(loader)
+    for _ in range(cut):
+        next(it)
+    state = roundtrip(loader.state_dict())
+    (tmp_path / "there").mkdir()
+    moved = [shutil.copy2(u, tmp_path / "there" / Path(u).name) for u in urls]
+    resumed = Loader(ShardSource([str(m) for m in moved], shuffle=True, seed=3))
+    resumed.load_state_dict(state)
+    assert [s["__key__"] for s in resumed] == whole[cut:]
+    # another shard under the same position is still refused
+    other = write_shards(
+        synthetic_classification(40, dim=2, seed=1), str(tmp_path / "other"), samples_per_shard=10,
+        progress=False,
+    ).urls  # fmt: skip
+    refused = Loader(ShardSource(other, shuffle=True, seed=3))
+    with pytest.raises(sp.ResumeError):
+        refused.load_state_dict(state)
+        list(refused)
+
+
 def test_resuming_inside_a_shard_rewritten_with_the_same_keys_and_sizes_is_refused(
     tmp_path, local_s3, bucket
 ):
