@@ -608,6 +608,10 @@ class Sifter:
         ledger.drop_pending()
         passes.restore = None
         passes.open = False
+        if not restore.get("pass_read", True):
+            # a pass that had read nothing, given up: the next one is the same epoch, as in the
+            # process that took the state (found by review, 2026-12-05: one epoch ahead)
+            passes.unstarted = True
         return True
 
     def _surviving(self, source: Iterable[Any]) -> Iterator[Any]:

@@ -715,3 +715,28 @@ def test_an_end_of_epoch_checkpoint_resumes_into_the_samplers_next_epoch(cut):
     resumed = build()
     resumed.load_state_dict(state)
     assert [keys(resumed), keys(resumed)] == [epoch1, epoch2]
+
+
+def test_a_state_taken_as_a_pass_opened_then_reset_again_resumes_in_that_pass_s_epoch(shards):
+    """reset(None) mid-epoch, a state, reset(None) again: uninterrupted, the pass that had read
+    nothing is replaced in the same epoch; resumed, giving up the loaded pass counted it, and the
+    next epoch was read in another shard order (found by review, 2026-12-05, from random traces
+    of next/reset/state)."""
+
+    def make():
+        sifter = sp.Sifter(None, norm_loss, sp.RelativeProbabilistic(1.0, 50), micro_batch=4, seed=0)
+        return SiftNode(Mapper(ShardSource(shards.pattern, shuffle=True, seed=2), decode), sifter)
+
+    node = make()
+    node.reset(None)
+    for _ in range(7):
+        node.next()
+    node.reset(None)  # the next pass, nothing read yet
+    state = roundtrip(node.state_dict())
+    node.reset(None)
+    want = [node.next()["__key__"] for _ in range(6)]
+    fresh = make()
+    fresh.reset(state)
+    fresh.reset(None)
+    assert [fresh.next()["__key__"] for _ in range(6)] == want
+    assert fresh.sifter.epoch == node.sifter.epoch
