@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import threading
 import time
 import warnings
@@ -75,6 +76,37 @@ __all__ = ["REASONS", "SiftStats", "Sifter"]
 OnNan = Literal["raise", "keep", "drop"]
 OnOom = Literal["raise", "split"]
 KeySpec = str | int | Callable[[Any], Any] | None
+
+
+def _model_version(value: Any) -> int:
+    """``value`` as the integer tag the audit log and the state record (int64), or a
+    ``ConfigError`` when it is set, not when a checkpoint written with it will not load (found
+    by review, 2026-12-05: a str or None lost every audit record, a tensor or numpy integer made a
+    state that would not load)."""
+    number = integer_count(value)
+    if number is None and not isinstance(value, bool | str | bytes):
+        # a whole number of another kind: torch.optim.Adam keeps its step as a float tensor
+        try:
+            as_float = float(value)
+        except (TypeError, ValueError, RuntimeError):
+            as_float = float("nan")
+        if math.isfinite(as_float) and abs(as_float) < 2.0**63 and as_float == int(as_float):
+            number = int(as_float)
+    if number is None or not -(2**63) <= number < 2**63:
+        raise ConfigError(
+            f"model_version is a tag recorded with each decision, an integer that fits in 64 bits "
+            f"(the optimizer step, say: sifter.model_version = step), got {value!r}"
+        )
+    return number
+
+
+def _epoch_number(value: Any) -> int:
+    """``value`` as a pass number (an integer >= 0, as a checkpoint holds it), or a ``ConfigError``
+    (found by review, 2026-12-05: -1 made a state that would not load, 1.5 became 1)."""
+    number = integer_count(value)
+    if number is None or number < 0:
+        raise ConfigError(f"the epoch is the pass number, an integer >= 0; got {value!r}")
+    return number
 
 
 class Sifter:
@@ -197,10 +229,11 @@ class Sifter:
     remember_forward = Setting("_decider", Decider)
     unknown = Setting("_decider", Decider)
     cost_guard = Setting("_decider", Decider)
-    #: A tag recorded with each decision (set it to the optimizer step, say).
-    model_version = Setting("_decider", Decider)
-    #: The pass (epoch) number recorded with each decision; see ``set_epoch``.
-    epoch = Setting("_decider", Decider)
+    #: A tag recorded with each decision (set it to the optimizer step, say): an integer, or a
+    #: whole number such as the float tensor ``torch.optim.Adam`` keeps its step in.
+    model_version = ByName("_decider", Decider, _model_version)
+    #: The pass (epoch) number recorded with each decision, an integer >= 0; see ``set_epoch``.
+    epoch = ByName("_decider", Decider, _epoch_number)
     #: Where decisions go (the audit log): a ``DecisionSink``; a URL given here became an ``AuditLog``.
     audit = Setting("_decider", Decider)
 
@@ -446,6 +479,7 @@ class Sifter:
         Also where one endless pass (``fixed_steps`` over resampled shards) numbers its epochs:
         the stage says then, as at a pass's begin and end, what the score memory's last epoch
         showed (``stats.persistent_hard``'s warning)."""
+        epoch = _epoch_number(epoch)
         if self.memory is not None:
             check_epoch(int(epoch))
             newest = self.memory.newest_epoch()

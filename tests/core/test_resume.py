@@ -644,3 +644,35 @@ def test_a_keyboard_interrupt_in_the_scorer_leaves_consumed_at_what_was_decided(
     with pytest.raises(KeyboardInterrupt):
         list(s(make_samples(40)))
     assert s.stats.seen == 8 and s.consumed == 8
+
+
+def test_model_version_and_epoch_are_checked_when_set_so_every_state_written_loads(tmp_path):
+    """A str or None model_version ran a whole pass and lost every audit record at close(); a
+    tensor step (Adam's) or a numpy integer, and set_epoch(-1), made states that would not load
+    (found by review, 2026-12-05). Integers of any kind and whole-number tensors are taken as
+    ints; anything else is refused when set."""
+    import numpy as np
+
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=8, audit=str(tmp_path / "log"))
+    for value, want in ((torch.tensor(3.0), 3), (np.int64(5), 5), (torch.tensor(7), 7), (9, 9)):
+        s.model_version = value
+        assert s.model_version == want and type(s.model_version) is int
+    for bad in ("step-5", None, 1.5, True, 2**63, float("nan"), torch.zeros(2)):
+        with pytest.raises(sp.ConfigError, match="model_version"):
+            s.model_version = bad
+    for bad in (-1, 1.5, "7", None, True):
+        with pytest.raises(sp.ConfigError, match="pass number"):
+            s.set_epoch(bad)
+        with pytest.raises(sp.ConfigError, match="pass number"):
+            s.epoch = bad
+    s.set_epoch(np.int64(2))
+    s.model_version = torch.tensor(12.0)
+    out = list(s(make_samples(40)))
+    state = roundtrip(s.state_dict())
+    s.close()
+    again = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=8)
+    again.load_state_dict(state)
+    assert (again.epoch, again.model_version) == (2, 12)
+    log = sp.read_log(str(tmp_path / "log"))
+    assert log.num_rows == 40 and sum(log.column("kept").to_pylist()) == len(out)
+    assert set(log.column("model_version").to_pylist()) == {12}
