@@ -3,6 +3,8 @@ object, and the settings a checkpoint must share with the stage that resumes it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import NoneType
 from typing import Any
 
 import numpy as np
@@ -35,10 +37,20 @@ def check_arguments(
     autocast: Any = None,
     policy: Any = None,
     drop_last: Any = False,
+    flags: Mapping[str, Any] | None = None,
 ) -> None:
-    """Raise ``ConfigError`` naming the first ``Sifter`` argument that is out of range."""
+    """Raise ``ConfigError`` naming the first ``Sifter`` argument that is out of range.
+
+    ``flags``: yes/no settings by name (``attach_weight`` may also be None: the policy says),
+    each True or False: a string such as ``"no"`` is truthy, and switched the feature on."""
     if drop_last not in (True, False):
         raise ConfigError(f"drop_last must be True or False, got {drop_last!r}")
+    for name, value in (flags or {}).items():
+        allowed: tuple[Any, ...] = (True, False, None) if name == "attach_weight" else (True, False)
+        # (0 and 1 too: as unambiguous as False and True)
+        if not (isinstance(value, bool | np.bool_ | int | NoneType) and value in allowed):
+            said = "True, False or None (the policy says)" if None in allowed else "True or False"
+            raise ConfigError(f"{name} must be {said}, got {value!r}")
     if drop_last and output_batch is None:
         raise ConfigError(
             "drop_last=True drops the short batch a pass ends with, so it needs output_batch= "

@@ -237,6 +237,13 @@ class Sifter:
     #: Where decisions go (the audit log): a ``DecisionSink``; a URL given here became an ``AuditLog``.
     audit = Setting("_decider", Decider)
 
+    #: The yes/no settings, checked to be True or False (``attach_weight``: or None) when made and
+    #: when a pass opens.
+    FLAGS: ClassVar[tuple[str, ...]] = (
+        "batched", "pad_micro_batch", "pin_memory", "eval_mode", "attach_weight", "remember_forward",
+        "cost_guard",
+    )  # fmt: skip
+
     def __init__(
         self,
         model: nn.Module | None,
@@ -268,9 +275,11 @@ class Sifter:
         unknown: Literal["score", "keep"] = "score",
         cost_guard: bool = False,
     ) -> None:
+        given = locals()
+        flags = {name: given[name] for name in self.FLAGS}
         check_arguments(
             model, micro_batch, batched, delay, output_batch, on_nan, on_oom, memory, key, unknown,
-            pad_micro_batch, seed, autocast, drop_last=drop_last,
+            pad_micro_batch, seed, autocast, drop_last=drop_last, flags=flags,
         )  # fmt: skip
         micro_batch = None if micro_batch is None else int(micro_batch)
         output_batch = None if output_batch is None else int(output_batch)
@@ -659,10 +668,11 @@ class Sifter:
         _check_not_in_worker()
         # settings may be set after construction (sifter.micro_batch = ...): checked as the
         # constructor checks them, before a pass runs with them (micro_batch = 0 trained nothing)
+        flags = {name: getattr(self, name) for name in self.FLAGS}
         check_arguments(
             self.model, self.micro_batch, self.batched, self.delay, self.output_batch, self.on_nan,
             self.on_oom, self.memory, self.key, self.unknown, self.pad_micro_batch, self.seed,
-            self.autocast, self.policy, drop_last=self.drop_last,
+            self.autocast, self.policy, drop_last=self.drop_last, flags=flags,
         )  # fmt: skip
         resolve_scorer(self.scorer)  # callable (set as a name, it was resolved then)
         if self.policy.uses_memory:  # set since: checked for a memory and bound to it, as made

@@ -104,3 +104,29 @@ def test_a_stage_pickles_after_a_pass_and_the_copy_decides_as_the_original():
     list(s(SAMPLES))
     copy = pickle.loads(pickle.dumps(s))
     assert [x["__key__"] for x in copy(SAMPLES)] == [x["__key__"] for x in s(SAMPLES)]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "batched",
+        "pad_micro_batch",
+        "pin_memory",
+        "eval_mode",
+        "attach_weight",
+        "remember_forward",
+        "cost_guard",
+    ],
+)
+def test_a_yes_no_setting_given_a_string_is_refused_not_read_as_yes(name):
+    """attach_weight="no" attached weights and cost_guard="false" left the guard on: a string is
+    truthy (found by review, 2026-12-05). Checked when made and again when a pass opens."""
+    with pytest.raises(sp.ConfigError, match=f"{name} must be True"):
+        sp.Sifter(None, scorer, micro_batch=8, **{name: "no"})
+    if name != "batched":  # (fixed for the stage's life: not settable)
+        s = sp.Sifter(None, scorer, micro_batch=8)
+        setattr(s, name, "false")
+        with pytest.raises(sp.ConfigError, match=f"{name} must be True"):
+            list(s(SAMPLES))
+    for fine in (True, False, 0, 1):
+        sp.Sifter(None, scorer, micro_batch=8, **{name: fine})
