@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
+import warnings
 from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +33,7 @@ from torchdata.nodes import BaseNode
 from ..core.resume import shard_name
 from ..core.source import Raised
 from ..core.stage import Sifter
-from ..errors import ConfigError, ResumeError, ShardError
+from ..errors import ConfigError, ResumeError, ShardError, ShardWarning
 from ..streaming import handlers
 from ..streaming.handlers import *  # noqa: F403  (the handler names, listed once in siftpipe.handlers)
 from ..streaming.handlers import reraise_exception
@@ -443,6 +444,22 @@ class ShardSource(BaseNode[dict[str, Any]]):
                 f"the checkpoint was reading shard {self.opener.redact(str(expected))} at position {shard}, "
                 f"this source has {self._shown(order[shard])} there: resume with the same shard list, "
                 "seed, rank and world_size"
+            )
+        if (
+            shard < len(order)
+            and isinstance(expected, str)
+            and expected not in (self._shown(order[shard]), redact_url(order[shard]))
+        ):
+            # the same file name elsewhere: another mount point, a URL signed again, or another
+            # dataset whose shards are named alike, which nothing here tells apart at a shard's
+            # start (found by review, 2026-12-05): said, so a wrong one does not pass unnoticed
+            warnings.warn(
+                f"resuming shard {shard} of the checkpoint's epoch from {self._shown(order[shard])}, "
+                f"where the checkpoint read {self.opener.redact(expected)}: taken as the same shard "
+                "(same file name) moved or signed again. If these are other shards, stop: the "
+                "resumed epoch would mix two datasets",
+                ShardWarning,
+                stacklevel=3,
             )
         digest = state.get("order")  # (states before 2026-12-05 have none)
         if digest is not None and digest != self._order_digest(order):

@@ -553,17 +553,21 @@ class _Unreachable(ConnectionError):
 
 
 def storage_failed(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an error it was raised from) says the storage could not be reached."""
-    seen: set[int] = set()
+    """Whether ``exc`` (or an error it was raised from) says the storage could not be reached.
+    Not a body that cannot be decoded (aiohttp raises ``ClientPayloadError`` for a content
+    encoding that does not decode too: that is the object, and it fails every time)."""
+    chain: list[BaseException] = []
     e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, ConnectionError | TimeoutError) or any(
-            c.__name__ in _UNREACHABLE for c in type(e).__mro__
-        ):
-            return True
+    while e is not None and all(e is not c for c in chain):
+        chain.append(e)
         e = e.__cause__ or e.__context__
-    return False
+    if any(type(c).__name__ == "ContentEncodingError" or "content-encoding" in str(c) for c in chain):
+        return False
+    return any(
+        isinstance(c, ConnectionError | TimeoutError)
+        or any(k.__name__ in _UNREACHABLE for k in type(c).__mro__)
+        for c in chain
+    )
 
 
 def read_many(fs: Any, paths: Sequence[str], parse: Callable[[bytes], Any], workers: int = 8) -> list[Any]:

@@ -188,8 +188,9 @@ def plot_log(table: Any, path: str) -> str:
         if not hi > lo:  # one loss, or all equal: a bin around it (not a division by zero)
             lo, hi = lo - 0.5, hi + 0.5
         bins = np.linspace(lo, hi, 60)
-        for rows, label in ((finite & kept, "kept"), (finite & ~kept, "dropped")):
-            if rows.any():  # a density of no samples divides by zero
+        shown = finite & (loss >= lo) & (loss <= hi)  # (the top 0.5% beyond the bins)
+        for rows, label in ((shown & kept, "kept"), (shown & ~kept, "dropped")):
+            if rows.any():  # a density of no samples in the bins divides by zero
                 axes[1].hist(loss[rows], bins=bins, alpha=0.6, label=label, density=True)
         axes[1].legend()
     axes[1].set(title="loss: kept vs dropped", xlabel="loss", ylabel="density")

@@ -455,6 +455,17 @@ def test_a_transfer_broken_off_is_a_storage_failure_and_damage_is_not():
             assert storage_failed(wrapped), type(exc).__name__
     for exc in (pa.ArrowInvalid("Parquet magic bytes not found"), ValueError("no column 'seq'"), EOFError()):
         assert not storage_failed(exc), type(exc).__name__
+    # aiohttp says ClientPayloadError for a body whose content encoding does not decode too: the
+    # object, which fails every time (a review of the first version found it called unreachable)
+    import aiohttp
+    from aiohttp.http_exceptions import ContentEncodingError
+
+    try:
+        raise aiohttp.ClientPayloadError("Can not decode content-encoding: gzip") from ContentEncodingError(
+            "x"
+        )
+    except aiohttp.ClientPayloadError as undecodable:
+        assert not storage_failed(undecodable)
 
 
 def test_a_log_at_an_http_server_that_refuses_connections_is_unreachable_not_empty(capsys):

@@ -332,7 +332,14 @@ def test_a_warning_about_the_log_is_printed_once_per_command(tmp_path):
     assert len(said) == 1 and manifest.name in said[0], done.stderr
 
 
-def test_the_plot_of_a_log_of_one_record_says_no_numpy_warning(tmp_path):
+@pytest.mark.parametrize(
+    "policy, samples",
+    # one record; and every kept loss beyond the bins' 99.5th percentile (the hardest 2 of 1,000
+    # kept: no sample of them inside the bins; a review of the first version found it)
+    [(sp.Uniform(1.0), 1), (sp.TopFraction(0.002), 1000)],
+    ids=["one_record", "kept_beyond_the_bins"],
+)
+def test_the_plot_of_a_log_of_one_record_says_no_numpy_warning(tmp_path, policy, samples):
     """A one-record log (and one where nothing was dropped) printed six numpy 'divide by zero'
     lines as siftpipe warnings: histograms of no samples, and of one loss (found by review,
     2026-12-05)."""
@@ -342,10 +349,10 @@ def test_the_plot_of_a_log_of_one_record_says_no_numpy_warning(tmp_path):
 
     pytest.importorskip("matplotlib")
     log = sp.AuditLog(str(tmp_path / "log"), run_id="k")
-    s = sp.Sifter(None, loss_field, sp.Uniform(1.0), micro_batch=1, audit=log)
-    list(s(make_samples(1)))
+    s = sp.Sifter(None, loss_field, policy, micro_batch=samples, audit=log)
+    list(s(make_samples(samples)))
     s.close()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        plot_log(sp.read_log(str(tmp_path / "log")), str(tmp_path / "one.png"))
-    assert (tmp_path / "one.png").stat().st_size > 10_000
+        plot_log(sp.read_log(str(tmp_path / "log")), str(tmp_path / "plot.png"))
+    assert (tmp_path / "plot.png").stat().st_size > 10_000
