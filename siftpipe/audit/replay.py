@@ -218,8 +218,13 @@ class Replay:
             decision = self._decision(_key_text(k), url)
             if decision is None:
                 continue
-            if self.attach_weight and isinstance(item, dict) and decision is not _UNLOGGED:
-                item = {**item, self.weight_field: decision}
+            if self.attach_weight and not (decision is _UNLOGGED and isinstance(item, Mapping)):
+                # as the run put it: a dict's field, a namedtuple's field, a tuple's last element
+                # (one the log lacks weighs 1 there: the tuples keep the run's shape; found by
+                # review, 2026-12-05, a tuple replayed without the weight the run gave it)
+                from ..core import batch as _batch
+
+                item = _batch.with_column(item, self.weight_field, float(decision))
             yield item
 
     def _decision(self, k: str, url: Any) -> float | None:

@@ -102,6 +102,30 @@ def test_replay_attaches_logged_weights(tmp_path):
     ]
 
 
+def test_replay_attaches_logged_weights_to_tuples_and_namedtuples_as_the_run_did(tmp_path):
+    """The run appends the weight to a tuple sample, or fills a namedtuple's field; replay
+    attached weights to dicts only, so a tuple came back without it (x, y, w = sample broke) and
+    a namedtuple's field kept its default (found by review, 2026-12-05)."""
+    from collections import namedtuple
+
+    Weighted = namedtuple("Weighted", "key x weight", defaults=[1.0])
+    for name, samples, field in (
+        ("tuples", [(s["__key__"], s["loss"]) for s in SAMPLES], "__sift_weight__"),
+        ("namedtuples", [Weighted(s["__key__"], s["loss"]) for s in SAMPLES], "weight"),
+    ):
+        log = sp.AuditLog(str(tmp_path / name), run_id="w", flush_every=100)
+        s = sp.Sifter(
+            None, lambda m, b: b[1].double(), sp.PruneEasy(0.5, history=100), micro_batch=32, audit=log,
+            key=0, weight_field=field,
+        )  # fmt: skip
+        out = list(s(samples))
+        s.close()
+        replayed = list(sp.replay(str(tmp_path / name), key=0, weight_field=field)(samples))
+        assert [type(o) for o in replayed] == [type(o) for o in out]
+        assert [(o[0], o[-1]) for o in replayed] == [(o[0], o[-1]) for o in out]
+        assert {o[-1] for o in out} == {1.0, 2.0}
+
+
 @pytest.mark.parametrize("mode", ["int keys", "batched", "batched output_batch"])
 def test_replay_reproduces_runs_keyed_by_index_and_runs_fed_batches(tmp_path, mode):
     """A map-style dataset's integer keys (logged as their digits) and a stream of collated
