@@ -257,9 +257,25 @@ class Decider:
             all_finite=all_finite,
         )
 
+    def _error_names(self, group: Group) -> list[Any] | None:
+        """The group's keys for an error message: ``None`` for a sample that lacks its key field
+        (``keys`` gives none at all then; found by review, 2026-12-05: an error said no sample
+        had a key when one of eight lacked it)."""
+        keys = self.keys(group)
+        spec = self.key
+        if keys is not None or self.scoring.batched or spec is None or callable(spec):
+            return keys
+        out: list[Any] = []
+        for sample in group.items:
+            try:
+                out.append(sample[spec])
+            except (KeyError, IndexError, TypeError):
+                out.append(None)
+        return out if any(k is not None for k in out) else None
+
     def _raise_non_finite(self, group: Group, losses: np.ndarray, finite: np.ndarray) -> None:
         bad = np.flatnonzero(~finite)
-        keys = self.keys(group)
+        keys = self._error_names(group)
         names = [keys[i] for i in bad] if keys else None
         raise NonFiniteLossError(
             f"{bad.size} non-finite loss(es) (e.g. {losses[bad[0]]}) at sample seq "
@@ -499,7 +515,7 @@ class Decider:
         self.counts["scored"] += group.rows if index is None else index.size
 
         def names(at: np.ndarray) -> list[Any] | None:
-            keys = self.keys(group)
+            keys = self._error_names(group)
             return [keys[i] for i in at.tolist()] if keys else None
 
         return self.scoring.rows(group, index, names)

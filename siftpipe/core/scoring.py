@@ -136,10 +136,17 @@ class Scoring:
             batch = self.collate_fn(items)
         except Exception as exc:
             at = np.arange(n) if index is None else index
+            said = names(at)
+            keyless = [int(a) for a, k in zip(at.tolist(), said or [], strict=False) if k is None]
+            fix = (
+                f"sample seq {group.seq0 + keyless[0]} has no key field while others do (None "
+                "above): give every sample its key, as a micro-batch's samples must share fields"
+                if keyless
+                else "give the Sifter a collate_fn that builds the batch your scorer expects"
+            )
             raise ScorerError(
                 f"collating micro-batch at sample seq {group.seq0 + int(at[0])} (keys "
-                f"{describe_keys(names(at))}) failed: {type(exc).__name__}: {exc}; "
-                "give the Sifter a collate_fn that builds the batch your scorer expects"
+                f"{describe_keys(said)}) failed: {type(exc).__name__}: {exc}; {fix}"
             ) from exc
         return self._score(batch, n, group, index, names, rows=len(items))
 

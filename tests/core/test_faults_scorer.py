@@ -206,3 +206,25 @@ def test_a_group_that_fails_after_it_was_counted_has_its_kept_rows_counted_unhan
     stats = s.stats
     assert stats.kept == handed + stats.unhanded
     s.close()
+
+
+def test_one_sample_without_its_key_is_named_in_the_error_not_every_sample():
+    """One of eight samples lacked '__key__' (no memory, no audit log): the collate error said
+    "no sample keys: samples carry no key field" and advised a collate_fn, and a NaN error said
+    the same though seven had keys (found by review, 2026-12-05)."""
+    model = torch.nn.Linear(4, 3)
+
+    def ce(m, b):
+        return torch.nn.functional.cross_entropy(m(b["x"]), b["y"], reduction="none")
+
+    data = [{"x": torch.randn(4), "y": torch.tensor(i % 3), "__key__": f"k{i}"} for i in range(8)]
+    del data[2]["__key__"]
+    with pytest.raises(sp.ScorerError, match=r"\['k0', 'k1', None, 'k3'\].*sample seq 2 has no key field"):
+        list(sp.Sifter(model, ce, micro_batch=4, seed=0)(data))
+
+    def nan(m, b):
+        return torch.full((len(b["x"]),), float("nan"))
+
+    xs = lambda items: {"x": torch.stack([s["x"] for s in items])}  # noqa: E731
+    with pytest.raises(sp.NonFiniteLossError, match=r"keys \['k0', 'k1', None, 'k3'\]"):
+        list(sp.Sifter(model, nan, micro_batch=4, seed=0, collate_fn=xs)(data))
