@@ -808,10 +808,13 @@ class Sifter:
         if not held:
             return 0
         out = self._output
-        if held > self.hold:
+        # (hold set after construction is not checked there: past RECENT_BATCHES the stage does
+        # not remember the batches, and a state would resume from the wrong row; review, 2026-12-05)
+        if held > min(self.hold, RECENT_BATCHES):
             raise SiftError(
                 f"state_dict(held={held}): the stage keeps what resuming before {held} batches "
-                f"needs only with Sifter(..., hold={held}) or more (it has hold={self.hold})"
+                f"needs only with Sifter(..., hold={held}) or more (it has hold={self.hold}; at "
+                f"most {RECENT_BATCHES})"
             )
         if out is None or not self._passes.is_current(out.pass_id) or not self._passes.open:
             raise SiftError(

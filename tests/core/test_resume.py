@@ -676,3 +676,17 @@ def test_model_version_and_epoch_are_checked_when_set_so_every_state_written_loa
     log = sp.read_log(str(tmp_path / "log"))
     assert log.num_rows == 40 and sum(log.column("kept").to_pylist()) == len(out)
     assert set(log.column("model_version").to_pylist()) == {12}
+
+
+def test_held_beyond_the_batches_the_stage_remembers_is_refused_though_hold_was_raised_later():
+    """hold set after construction is not checked; past the 64 batches the stage remembers,
+    state_dict(held=70) was taken, resuming before fewer batches than it said (found by review,
+    2026-12-05)."""
+    s = sp.Sifter(None, loss_field, sp.Uniform(1.0), micro_batch=4, output_batch=2, hold=2)
+    s.hold = 99
+    it = s(make_samples(400))
+    for _ in range(150):
+        next(it)
+    with pytest.raises(sp.SiftError, match="held=70.*at most 64"):
+        s.state_dict(held=70)
+    s.state_dict(held=64)  # what it remembers: fine
