@@ -214,7 +214,7 @@ class Replay:
                 if kept_rows is not None:
                     yield kept_rows
                 continue
-            url = item.get("__url__") if isinstance(item, dict) else None
+            url = item.get("__url__") if isinstance(item, Mapping) else None
             decision = self._decision(_key_text(k), url)
             if decision is None:
                 continue
@@ -222,9 +222,9 @@ class Replay:
                 # as the run put it: a dict's field, a namedtuple's field, a tuple's last element
                 # (one the log lacks weighs 1 there: the tuples keep the run's shape; found by
                 # review, 2026-12-05, a tuple replayed without the weight the run gave it)
-                from ..core import batch as _batch
+                from ..core.rows import weighted_sample
 
-                item = _batch.with_column(item, self.weight_field, float(decision))
+                item = weighted_sample(item, self.weight_field, float(decision))
             yield item
 
     def _decision(self, k: str, url: Any) -> float | None:

@@ -23,6 +23,7 @@ __all__ = [
     "keys_of",
     "shard_key",
     "upstream_of",
+    "weighted_sample",
 ]
 
 
@@ -182,17 +183,23 @@ def attach_weights(group: Group, batched: bool, field: str | None) -> None:
     # hands on is then exactly what this run trained with
     values = weight.astype(np.float32).tolist()
     for i in group.kept_index.tolist():
-        sample = items[i]
-        w = values[i]
-        if isinstance(sample, dict):
-            # a copy: the caller's sample (perhaps reused next epoch) stays as it was
-            items[i] = {**sample, field: w}
-        elif isinstance(sample, tuple) and hasattr(sample, "_fields"):
-            items[i] = _batch.with_column(sample, field, w)  # its own field: a namedtuple stays one
-        elif isinstance(sample, tuple | list):
-            items[i] = (*sample, w)
-        else:
-            items[i] = (sample, w)
+        items[i] = weighted_sample(items[i], field, values[i])
+
+
+def weighted_sample(sample: Any, field: str | None, weight: float) -> Any:
+    """One sample with its weight, where the stage puts it (and a replay of its log): a copy of a
+    mapping with the field ``field`` (a dict; the caller's sample, perhaps reused next epoch,
+    stays as it was), a namedtuple's field ``field`` (or a plain tuple, if it has none), a
+    tuple's or list's last element (a tuple), else ``(sample, weight)``."""
+    if isinstance(sample, Mapping):
+        # (any mapping: a UserDict was made a (sample, weight) tuple, and the audit log then
+        # found no key in it; found by review, 2026-12-05)
+        return {**sample, field: weight}
+    if isinstance(sample, tuple) and hasattr(sample, "_fields"):
+        return _batch.with_column(sample, field, weight)  # its own field: a namedtuple stays one
+    if isinstance(sample, tuple | list):
+        return (*sample, weight)
+    return (sample, weight)
 
 
 def weight_changes_type(group: Group, batched: bool, field: str | None) -> str | None:

@@ -139,9 +139,9 @@ class Scoring:
             said = names(at)
             keyless = [int(a) for a, k in zip(at.tolist(), said or [], strict=False) if k is None]
             fix = (
-                f"sample seq {group.seq0 + keyless[0]} has no key field while others do (None "
-                "above): give every sample its key, as a micro-batch's samples must share fields"
-                if keyless
+                f"sample seq {group.seq0 + keyless[0]} has no key while others do (None above): "
+                "give every sample its key, as a micro-batch's samples must share fields"
+                if keyless and isinstance(exc, KeyError)  # (what a missing field makes collating raise)
                 else "give the Sifter a collate_fn that builds the batch your scorer expects"
             )
             raise ScorerError(

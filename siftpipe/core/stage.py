@@ -78,13 +78,20 @@ OnOom = Literal["raise", "split"]
 KeySpec = str | int | Callable[[Any], Any] | None
 
 
+def _boolean(value: Any) -> bool:
+    """A yes/no value of any kind (Python's, numpy's, a bool tensor), which no number is."""
+    return isinstance(value, bool | np.bool_) or (
+        isinstance(value, torch.Tensor) and value.dtype == torch.bool
+    )
+
+
 def _model_version(value: Any) -> int:
     """``value`` as the integer tag the audit log and the state record (int64), or a
     ``ConfigError`` when it is set, not when a checkpoint written with it will not load (found
     by review, 2026-12-05: a str or None lost every audit record, a tensor or numpy integer made a
     state that would not load)."""
-    number = integer_count(value)
-    if number is None and not isinstance(value, bool | str | bytes):
+    number = None if _boolean(value) else integer_count(value)
+    if number is None and not isinstance(value, bool | np.bool_ | str | bytes) and not _boolean(value):
         # a whole number of another kind: torch.optim.Adam keeps its step as a float tensor
         try:
             as_float = float(value)
@@ -103,7 +110,7 @@ def _model_version(value: Any) -> int:
 def _epoch_number(value: Any) -> int:
     """``value`` as a pass number (an integer >= 0, as a checkpoint holds it), or a ``ConfigError``
     (found by review, 2026-12-05: -1 made a state that would not load, 1.5 became 1)."""
-    number = integer_count(value)
+    number = None if _boolean(value) else integer_count(value)
     if number is None or number < 0:
         raise ConfigError(f"the epoch is the pass number, an integer >= 0; got {value!r}")
     return number
@@ -675,6 +682,8 @@ class Sifter:
             self.autocast, self.policy, drop_last=self.drop_last, flags=flags,
         )  # fmt: skip
         resolve_scorer(self.scorer)  # callable (set as a name, it was resolved then)
+        if self.attach_weight is None:  # set since: the policy says, as the constructor reads None
+            self.attach_weight = bool(self.policy.weighted)
         if self.policy.uses_memory:  # set since: checked for a memory and bound to it, as made
             resolve_policy(self.policy, self.memory)
         # where this scorer's losses come from, for the audit log (a proxy scorer says "proxy")

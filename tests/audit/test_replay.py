@@ -91,15 +91,25 @@ def test_replay_matches_repeated_keys_by_occurrence(tmp_path):
     assert output_keys(sp.replay(str(tmp_path))(repeated)) == out
 
 
-def test_replay_attaches_logged_weights(tmp_path):
+def keyed_weights(samples):
+    """(key, weight) of each dict sample, in order."""
+    return [(o["__key__"], o["__sift_weight__"]) for o in samples]
+
+
+@pytest.mark.parametrize("mapping", ["dict", "UserDict"])
+def test_replay_attaches_logged_weights(tmp_path, mapping):
+    """A UserDict sample was made a (sample, weight) tuple before the audit log read its key:
+    the run failed with MissingKeyError (found by review, 2026-12-05). It gets the field, as a
+    dict does, and its replay hands on the same."""
+    from collections import UserDict
+
+    samples = SAMPLES if mapping == "dict" else [UserDict(s) for s in SAMPLES]
     log = sp.AuditLog(str(tmp_path), run_id="w", flush_every=100)
     s = sp.Sifter(None, loss_field, sp.PruneEasy(0.5, history=100), micro_batch=32, audit=log)
-    out = list(s(SAMPLES))
+    out = list(s(samples))
     s.close()
-    replayed = list(sp.replay(str(tmp_path))(SAMPLES))
-    assert [(o["__key__"], o["__sift_weight__"]) for o in replayed] == [
-        (o["__key__"], o["__sift_weight__"]) for o in out
-    ]
+    replayed = list(sp.replay(str(tmp_path))(samples))
+    assert keyed_weights(replayed) == keyed_weights(out)
 
 
 def test_replay_attaches_logged_weights_to_tuples_and_namedtuples_as_the_run_did(tmp_path):
@@ -111,6 +121,7 @@ def test_replay_attaches_logged_weights_to_tuples_and_namedtuples_as_the_run_did
     Weighted = namedtuple("Weighted", "key x weight", defaults=[1.0])
     for name, samples, field in (
         ("tuples", [(s["__key__"], s["loss"]) for s in SAMPLES], "__sift_weight__"),
+        ("lists", [[s["__key__"], s["loss"]] for s in SAMPLES], "__sift_weight__"),  # a tuple, both
         ("namedtuples", [Weighted(s["__key__"], s["loss"]) for s in SAMPLES], "weight"),
     ):
         log = sp.AuditLog(str(tmp_path / name), run_id="w", flush_every=100)
@@ -122,6 +133,7 @@ def test_replay_attaches_logged_weights_to_tuples_and_namedtuples_as_the_run_did
         s.close()
         replayed = list(sp.replay(str(tmp_path / name), key=0, weight_field=field)(samples))
         assert [type(o) for o in replayed] == [type(o) for o in out]
+        assert all(type(o) is (Weighted if name == "namedtuples" else tuple) for o in out)
         assert [(o[0], o[-1]) for o in replayed] == [(o[0], o[-1]) for o in out]
         assert {o[-1] for o in out} == {1.0, 2.0}
 

@@ -219,11 +219,21 @@ def test_one_sample_without_its_key_is_named_in_the_error_not_every_sample():
 
     data = [{"x": torch.randn(4), "y": torch.tensor(i % 3), "__key__": f"k{i}"} for i in range(8)]
     del data[2]["__key__"]
-    with pytest.raises(sp.ScorerError, match=r"\['k0', 'k1', None, 'k3'\].*sample seq 2 has no key field"):
+    with pytest.raises(
+        sp.ScorerError, match=r"\['k0', 'k1', None, 'k3'\].*sample seq 2 has no key while others do"
+    ):
         list(sp.Sifter(model, ce, micro_batch=4, seed=0)(data))
 
     def nan(m, b):
         return torch.full((len(b["x"]),), float("nan"))
+
+    # a failure the missing key did not cause (ragged tensors; default_collate takes the first
+    # sample's fields, so it never looked for the key): the usual advice
+    ragged = [dict(d, x=torch.randn(3 if i == 0 else 4)) for i, d in enumerate(data)]
+    del ragged[0]["__key__"]
+    with pytest.raises(sp.ScorerError, match="give the Sifter a collate_fn") as caught:
+        list(sp.Sifter(model, ce, micro_batch=4, seed=0)(ragged))
+    assert "has no key" not in str(caught.value)
 
     xs = lambda items: {"x": torch.stack([s["x"] for s in items])}  # noqa: E731
     with pytest.raises(sp.NonFiniteLossError, match=r"keys \['k0', 'k1', None, 'k3'\]"):

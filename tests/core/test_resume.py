@@ -657,10 +657,20 @@ def test_model_version_and_epoch_are_checked_when_set_so_every_state_written_loa
     for value, want in ((torch.tensor(3.0), 3), (np.int64(5), 5), (torch.tensor(7), 7), (9, 9)):
         s.model_version = value
         assert s.model_version == want and type(s.model_version) is int
-    for bad in ("step-5", None, 1.5, True, 2**63, float("nan"), torch.zeros(2)):
+    for bad in (
+        "step-5",
+        None,
+        1.5,
+        True,
+        np.bool_(True),
+        torch.tensor(True),
+        2**63,
+        float("nan"),
+        torch.zeros(2),
+    ):
         with pytest.raises(sp.ConfigError, match="model_version"):
             s.model_version = bad
-    for bad in (-1, 1.5, "7", None, True):
+    for bad in (-1, 1.5, "7", None, True, torch.tensor(True)):
         with pytest.raises(sp.ConfigError, match="pass number"):
             s.set_epoch(bad)
         with pytest.raises(sp.ConfigError, match="pass number"):

@@ -130,3 +130,12 @@ def test_a_yes_no_setting_given_a_string_is_refused_not_read_as_yes(name):
             list(s(SAMPLES))
     for fine in (True, False, 0, 1):
         sp.Sifter(None, scorer, micro_batch=8, **{name: fine})
+
+
+def test_attach_weight_set_to_none_later_means_the_policy_says_as_in_the_constructor():
+    """None given to the constructor is the policy's say; set later it meant no weights, with
+    a weighting policy: trained unweighted (found by review, 2026-12-05)."""
+    s = sp.Sifter(None, scorer, sp.PruneEasy(0.5, history=4), micro_batch=4)
+    s.attach_weight = None
+    out = list(s(SAMPLES))
+    assert s.attach_weight is True and all("__sift_weight__" in o for o in out)
