@@ -430,7 +430,7 @@ def with_column(batch: Batch, name: str | None, column: Any) -> Batch:
         out[name] = column
         return out
     if isinstance(batch, tuple):
-        if lacks_column(batch, name) is None and hasattr(batch, "_fields"):
+        if name in getattr(batch, "_fields", ()):  # a namedtuple with the field: it stays one
             replace: Callable[..., Batch] = getattr(batch, "_replace")  # noqa: B009 (a namedtuple's)
             return replace(**{str(name): column})
         return (*batch, column)

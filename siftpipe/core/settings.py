@@ -43,9 +43,7 @@ def check_arguments(
 
     ``flags``: yes/no settings by name (``attach_weight`` may also be None: the policy says),
     each True or False: a string such as ``"no"`` is truthy, and switched the feature on."""
-    if drop_last not in (True, False):
-        raise ConfigError(f"drop_last must be True or False, got {drop_last!r}")
-    for name, value in (flags or {}).items():
+    for name, value in {"drop_last": drop_last, **(flags or {})}.items():
         allowed: tuple[Any, ...] = (True, False, None) if name == "attach_weight" else (True, False)
         # (0 and 1 too: as unambiguous as False and True)
         if not (isinstance(value, bool | np.bool_ | int | NoneType) and value in allowed):

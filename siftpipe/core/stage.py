@@ -90,8 +90,8 @@ def _model_version(value: Any) -> int:
     ``ConfigError`` when it is set, not when a checkpoint written with it will not load (found
     by review, 2026-12-05: a str or None lost every audit record, a tensor or numpy integer made a
     state that would not load)."""
-    number = None if _boolean(value) else integer_count(value)
-    if number is None and not isinstance(value, bool | np.bool_ | str | bytes) and not _boolean(value):
+    number = None if _boolean(value) or isinstance(value, str | bytes) else integer_count(value)
+    if number is None and not (_boolean(value) or isinstance(value, str | bytes)):
         # a whole number of another kind: torch.optim.Adam keeps its step as a float tensor
         try:
             as_float = float(value)
