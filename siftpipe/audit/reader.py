@@ -162,12 +162,7 @@ def list_parts(
     except FileNotFoundError:
         files = []
     except Exception as exc:
-        reason = str(exc) if isinstance(exc, _Unreachable) else f"{type(exc).__name__}: {exc}"
-        raise AuditError(
-            f"cannot list the audit log at {redact(url, secrets)}: "
-            f"{redact(reason, secrets)}; "
-            "check the URL, storage options and credentials"
-        ) from None
+        raise _unlisted(url, secrets, exc) from None
     runs = {run} if isinstance(run, str) else (set(run) if run is not None else None)
     ranks = {rank} if isinstance(rank, int) else (set(rank) if rank is not None else None)
 
@@ -547,6 +542,15 @@ _UNREACHABLE = frozenset(
 )
 
 
+def _unlisted(url: str, secrets: Sequence[str], exc: Exception) -> AuditError:
+    """The error for a log that could not be listed: one line naming it and the cause."""
+    reason = str(exc) if isinstance(exc, _Unreachable) else f"{type(exc).__name__}: {exc}"
+    return AuditError(
+        f"cannot list the audit log at {redact(url, secrets)}: {redact(reason, secrets)}; check "
+        "the URL, storage options and credentials"
+    )
+
+
 class _Unreachable(ConnectionError):
     """The storage could not be reached for a listing that came back empty (the message says
     what the probe of the log's root met)."""
@@ -844,12 +848,7 @@ def predecode_files(
     except FileNotFoundError:  # no bucket, no directory: no records (list_parts says so too)
         paths = []
     except Exception as exc:  # as list_parts: one line naming the log, not a traceback
-        secrets = secret_values(storage_options, url)
-        raise AuditError(
-            f"cannot list the audit log at {redact(url, secrets)} (its records of samples dropped "
-            f"before decode): {redact(f'{type(exc).__name__}: {exc}', secrets)}; check the URL, "
-            "storage options and credentials"
-        ) from None
+        raise _unlisted(url, secret_values(storage_options, url), exc) from None
     for path in paths:
         relative = path[len(root) + 1 :] if path.startswith(root + "/") else path
         m = _PREDECODE.fullmatch(relative)
