@@ -428,36 +428,29 @@ class ShardSource(BaseNode[dict[str, Any]]):
             )
         shard = int(state["shard"])
         expected = state.get("url")
-        # (states written before secret values were redacted here too hold redact_url's form;
-        # the same shard at another mount point, or a presigned URL signed again, has the same
-        # file name: as the order's digest, that is what must match; found by review, 2026-12-05)
+        # (states written before secret values were redacted here too hold redact_url's form)
+        here = order[shard] if shard < len(order) else None
         if (
-            shard < len(order)
-            and expected not in (None, self._shown(order[shard]), redact_url(order[shard]))
-            and not (
-                isinstance(expected, str)
-                and shard_name(expected) is not None
-                and shard_name(expected) == shard_name(order[shard])
-            )
+            here is not None
+            and expected is not None
+            and expected not in (self._shown(here), redact_url(here))
         ):
-            raise ResumeError(
-                f"the checkpoint was reading shard {self.opener.redact(str(expected))} at position {shard}, "
-                f"this source has {self._shown(order[shard])} there: resume with the same shard list, "
-                "seed, rank and world_size"
-            )
-        if (
-            shard < len(order)
-            and isinstance(expected, str)
-            and expected not in (self._shown(order[shard]), redact_url(order[shard]))
-        ):
-            # the same file name elsewhere: another mount point, a URL signed again, or another
-            # dataset whose shards are named alike, which nothing here tells apart at a shard's
-            # start (found by review, 2026-12-05): said, so a wrong one does not pass unnoticed
+            # another URL: the same shard at another mount point, or a presigned URL signed again,
+            # has the same file name, as the order's digest goes by (found by review, 2026-12-05);
+            # so has another dataset's shard named alike, which nothing tells apart at a shard's
+            # start: said, so that a wrong one does not pass unnoticed
+            name = shard_name(str(expected))
+            if name is None or name != shard_name(here):
+                raise ResumeError(
+                    f"the checkpoint was reading shard {self.opener.redact(str(expected))} at position "
+                    f"{shard}, this source has {self._shown(here)} there: resume with the same shard "
+                    "list, seed, rank and world_size"
+                )
             warnings.warn(
-                f"resuming shard {shard} of the checkpoint's epoch from {self._shown(order[shard])}, "
-                f"where the checkpoint read {self.opener.redact(expected)}: taken as the same shard "
-                "(same file name) moved or signed again. If these are other shards, stop: the "
-                "resumed epoch would mix two datasets",
+                f"resuming shard {shard} of the checkpoint's epoch from {self._shown(here)}, where the "
+                f"checkpoint read {self.opener.redact(str(expected))}: taken as the same shard (same "
+                "file name) moved or signed again. If these are other shards, stop: the resumed "
+                "epoch would mix two datasets",
                 ShardWarning,
                 stacklevel=3,
             )
