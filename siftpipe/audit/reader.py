@@ -1152,15 +1152,24 @@ class LogReport:
         return out
 
 
-def _beyond_end(attempt: _Attempt) -> list[int]:
-    """Numbers of ``attempt``'s parts outside the range its end marker says it wrote (none when
-    it has no readable end marker)."""
+def _end_range(attempt: _Attempt, start: int) -> tuple[int, int] | None:
+    """The part numbers ``attempt``'s end marker says it wrote, ``[first, past the last)``
+    (``start`` where it gives no first part), or None without a readable end marker."""
     end = attempt.end or {}
     closed_at = _number(end.get("parts"), None)
     if not isinstance(closed_at, int):
+        return None
+    first = _number(end.get("first_part"), start)
+    return int(first), closed_at
+
+
+def _beyond_end(attempt: _Attempt) -> list[int]:
+    """Numbers of ``attempt``'s parts outside the range its end marker says it wrote (none when
+    it has no readable end marker)."""
+    made = _end_range(attempt, 0)
+    if made is None:
         return []
-    start = _number(end.get("first_part"), None)
-    low = int(start) if isinstance(start, int) else 0
+    low, closed_at = made
     return sorted(p.part for p in attempt.parts if p.path is not None and not low <= p.part < closed_at)
 
 
@@ -1170,11 +1179,11 @@ def _missing_parts(attempt: _Attempt) -> tuple[list[str], bool]:
     on purpose (``on_full="drop"``, counted in its end marker)."""
     numbers = sorted({p.part for p in attempt.parts})
     end = attempt.end or {}
-    closed_at = _number(end.get("parts"), None)
     bounds = list(numbers)
-    if isinstance(closed_at, int):  # the end marker says which parts the attempt made
-        start = _number(end.get("first_part"), numbers[0] if numbers else closed_at)
-        bounds = sorted({*numbers, int(start) - 1, closed_at})
+    closed_at = _number(end.get("parts"), None)
+    made = _end_range(attempt, numbers[0] if numbers else closed_at if isinstance(closed_at, int) else 0)
+    if made is not None:  # the end marker says which parts the attempt made
+        bounds = sorted({*numbers, made[0] - 1, made[1]})
     dropped = int(_number(end.get("dropped_records"), 0))
     why = " (the attempt dropped parts on purpose: on_full='drop')" if dropped else ""
     out = []

@@ -19,6 +19,7 @@ from ..core.decide import (
     decide_rows,
 )
 from ..core.policies import Policy
+from ..core.rows import weighted_sample
 from ..core.values import scalar_key
 from ..core.vocab import loggable_text
 from ..errors import AuditError, ConfigError, MissingKeyError
@@ -222,8 +223,6 @@ class Replay:
                 # as the run put it: a dict's field, a namedtuple's field, a tuple's last element
                 # (one the log lacks weighs 1 there: the tuples keep the run's shape; found by
                 # review, 2026-12-05, a tuple replayed without the weight the run gave it)
-                from ..core.rows import weighted_sample
-
                 item = weighted_sample(item, self.weight_field, float(decision))
             yield item
 

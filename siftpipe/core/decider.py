@@ -392,6 +392,7 @@ class Decider:
         assert self._unmarked is not None
         self._unmarked += 1
         if self._unmarked == self.UNMARKED_GROUPS:
+            self._unmarked = None  # said once: no more scanning of every group's samples for it
             warnings.warn(
                 f"this stage reaches a PreDecodeFilter, but the {self.UNMARKED_GROUPS} groups of "
                 "samples it decided first came without the __sift_prekept__, __sift_preloss__ and "
