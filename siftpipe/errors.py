@@ -78,8 +78,8 @@ class MissingExtraError(SiftError, ImportError):
 
 class PolicyError(SiftError):
     """A policy's ``decide`` returned a malformed ``Decision`` (wrong length, type or dtype, a keep
-    probability outside [0, 1], a NaN, negative or infinite weight); the message names the policy,
-    the micro-batch and what was wrong."""
+    probability outside [0, 1], a NaN, negative or infinite weight), or raised (the exception is
+    the cause); the message names the policy, the micro-batch and what was wrong."""
 
 
 class ResumeError(SiftError):

@@ -17,6 +17,14 @@ SAMPLES = make_samples(100)
         (lambda m, b: b["loss"].double().sum(), r"shape \[\].*expected \[64\]"),
         (lambda m, b: b["loss"].long(), r"dtype torch.int64.*floating point"),
         (lambda m, b: b["loss"].tolist(), r"returned a list.*torch.Tensor of shape \[64\]"),
+        # found 2026-12-05 (fourth session): numpy's TypeError, and torch's "Internal error"
+        (lambda m, b: b["loss"].double().to_sparse(), r"returned a sparse_coo tensor.*loss.to_dense\(\)"),
+        (
+            lambda m, b: torch.nested.nested_tensor(
+                [t.double().reshape(1) for t in b["loss"]], layout=torch.jagged
+            ),
+            r"returned a nested tensor.*torch.stack",
+        ),
     ],
 )
 def test_wrong_scorer_output_names_the_problem_and_the_fix(scorer, match):

@@ -15,10 +15,12 @@ import numpy as np
 from ..errors import (
     ConfigError,
     NonFiniteLossError,
+    PolicyError,
     PreDecodeWarning,
     RepeatedKeyWarning,
     ScoreMemoryWarning,
     ScorerOutputError,
+    SiftError,
     describe_keys,
 )
 from .decide import UNKNOWN, Decided, decide_rows
@@ -243,19 +245,31 @@ class Decider:
         ):
             self._raise_non_finite(group, losses, finite if unknown is None else finite | unknown)
         upstream = group.upstream
-        return decide_rows(
-            self.policy,
-            self.rng,
-            losses,
-            group.seq0,
-            chunk,
-            self.delay,
-            self.on_nan == "keep",
-            finite,
-            None if upstream is None else (upstream[0], upstream[2]),
-            unknown,
-            all_finite=all_finite,
-        )
+        try:
+            return decide_rows(
+                self.policy,
+                self.rng,
+                losses,
+                group.seq0,
+                chunk,
+                self.delay,
+                self.on_nan == "keep",
+                finite,
+                None if upstream is None else (upstream[0], upstream[2]),
+                unknown,
+                all_finite=all_finite,
+            )
+        except (SiftError, MemoryError):
+            raise
+        except Exception as exc:
+            # a policy of one's own that raised: said with the samples it was deciding, as a
+            # scorer's error is (the exception as raised is the cause)
+            keys = self._error_names(group)
+            raise PolicyError(
+                f"policy {self.policy!r} raised {type(exc).__name__}: {exc} while deciding the "
+                f"{rows} samples from seq {group.seq0} (keys {describe_keys(keys)}); fix its "
+                "decide(), which must return a siftpipe.Decision for any finite losses"
+            ) from exc
 
     def _error_names(self, group: Group) -> list[Any] | None:
         """The group's keys for an error message: ``None`` for a sample that lacks its key field

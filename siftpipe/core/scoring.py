@@ -25,6 +25,7 @@ from .scorers import Scorer
 __all__ = ["CPU", "ByName", "EvalMode", "Scoring", "Setting", "is_oom", "scoring_device"]
 
 CPU = torch.device("cpu")
+STRIDED = torch.strided
 
 #: Keys of a group's rows ``at``, for messages (``None``: the samples carry none).
 Names = Callable[[np.ndarray], "list[Any] | None"]
@@ -228,6 +229,7 @@ class Scoring:
             and out.ndim == 1
             and out.shape[0] == rows
             and out.is_floating_point()
+            and out.layout is STRIDED
             and (device is CPU and not out.is_cuda and out.device.type == "cpu")
         ):
             # the common case, checked with the cheapest attribute reads: a CPU stage, a plain
@@ -243,6 +245,18 @@ class Scoring:
             raise ScorerOutputError(
                 f"scorer {self.scorer!r} returned a {type(out).__name__} for the {where}; it must "
                 f"return a torch.Tensor of shape [{rows}] (one loss per sample)"
+            )
+        if out.is_nested or out.layout is not STRIDED:
+            # a sparse or nested tensor has no numpy view (and a nested one not even a shape)
+            kind = "nested" if out.is_nested else str(out.layout).removeprefix("torch.")
+            fix = (
+                "reduce each sample's losses to one and stack them (torch.stack)"
+                if out.is_nested
+                else "return loss.to_dense()"
+            )
+            raise ScorerOutputError(
+                f"scorer {self.scorer!r} returned a {kind} tensor for the {where}; it must return "
+                f"a dense 1-d tensor of shape [{rows}] (one loss per sample): {fix}"
             )
         if out.ndim != 1 or out.shape[0] != rows:
             fix = (

@@ -71,6 +71,11 @@ def check_arguments(
         raise ConfigError(f"on_nan must be 'raise', 'keep' or 'drop', got {on_nan!r}")
     if on_oom not in ("raise", "split"):
         raise ConfigError(f"on_oom must be 'raise' or 'split', got {on_oom!r}")
+    if memory is not None and not isinstance(memory, ScoreMemory):
+        raise ConfigError(
+            f"memory must be a siftpipe.ScoreMemory or None, got {type(memory).__name__}: "
+            "memory=sp.ScoreMemory(capacity=...)"
+        )
     if memory is not None and key is None:
         raise ConfigError(
             "a score memory finds samples by key: give key= a field, position or callable, not None"

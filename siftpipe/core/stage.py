@@ -1360,6 +1360,23 @@ def _check_observed(keys: Any, losses: Any) -> None:
             f"observe() takes the batch's keys as one ordered sequence (a list, a tuple, or an "
             f"integer tensor or array), got {type(keys).__name__}: pass batch['__key__']"
         )
+    if isinstance(losses, torch.Tensor):
+        if losses.is_meta:
+            what, fix = "on the meta device (shapes without values)", "compute them on a real device"
+        elif losses.is_nested:
+            what, fix = "as a nested tensor", "reduce each sample's losses to one, then torch.stack"
+        elif losses.layout is not torch.strided:
+            what, fix = f"as a {str(losses.layout).removeprefix('torch.')} tensor", "loss.to_dense()"
+        else:
+            what = fix = ""
+        if what:
+            raise ScorerOutputError(
+                f"observe() got the losses {what}; it takes one loss per key in a dense tensor "
+                f"or array: {fix}"
+            )
+    dtype = getattr(losses, "dtype", None)
+    if dtype is not None and (getattr(dtype, "is_complex", False) or getattr(dtype, "kind", "") == "c"):
+        raise ScorerOutputError(f"observe() got complex losses ({dtype}); pass one real loss per sample")
     shape = getattr(losses, "shape", None)
     if shape is not None and sum(1 for d in shape if d != 1) > 1:
         raise ScorerOutputError(

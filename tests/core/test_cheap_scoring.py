@@ -155,6 +155,34 @@ def test_memory_needs_keys_and_observe_needs_memory():
         s.observe(["a", "b"], torch.ones(3))
 
 
+@pytest.mark.parametrize(
+    "losses,match",
+    [
+        (torch.ones(2, device="meta"), "on the meta device"),
+        (torch.ones(2).to_sparse(), r"as a sparse_coo tensor.*loss.to_dense\(\)"),
+        (torch.ones(2, dtype=torch.complex64), "complex losses"),
+        (np.ones(2, dtype=np.complex128), "complex losses"),
+    ],
+)
+def test_observe_refuses_losses_without_real_values_by_name(losses, match):
+    # found 2026-12-05 (fourth session): NotImplementedError from torch for meta losses, numpy's
+    # TypeError for sparse ones, and complex ones lost their imaginary part with a warning
+    s = sp.Sifter(None, loss_field, memory=sp.ScoreMemory(10))
+    with pytest.raises(sp.ScorerOutputError, match=match):
+        s.observe(["a", "b"], losses)
+    assert s.stats.observed == 0
+
+
+def test_a_memory_that_is_not_a_score_memory_is_refused_made_or_set():
+    # found 2026-12-05 (fourth session): AttributeError 'persistent_hard' when the pass opened
+    with pytest.raises(sp.ConfigError, match="memory must be a siftpipe.ScoreMemory or None, got str"):
+        sp.Sifter(None, loss_field, memory="x")
+    s = sp.Sifter(None, loss_field, micro_batch=8)
+    s.memory = {"capacity": 10}
+    with pytest.raises(sp.ConfigError, match="got dict"):
+        list(s(SAMPLES[:8]))
+
+
 class TinyCNN(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -215,6 +215,26 @@ def test_a_malformed_decision_raises_policy_error_naming_the_policy_and_the_faul
     assert issubclass(sp.PolicyError, sp.SiftError)
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_policy_that_raises_is_named_with_the_samples_it_was_deciding(batched):
+    # found 2026-12-05 (fourth session): the policy's own exception came out bare, naming
+    # neither the policy nor the samples
+    def explode(d, n):
+        raise ValueError("no history yet")
+
+    samples = make_samples(64)
+    data = [default_collate(samples[i : i + 32]) for i in range(0, 64, 32)] if batched else samples
+    s = sp.Sifter(None, loss_field, Broken(explode), micro_batch=32, batched=batched, seed=0)
+    with pytest.raises(
+        sp.PolicyError,
+        match=r"policy Broken\(\) raised ValueError: no history yet while deciding the 32 samples "
+        r"from seq 0 \(keys \['s000000', 's000001'",
+    ) as caught:
+        list(s(data))
+    assert isinstance(caught.value.__cause__, ValueError)
+    assert s.stats.seen == 0  # the group was not decided, so it is not counted
+
+
 def test_a_subclass_of_a_builtin_policy_is_checked_too():
     class Greedy(sp.Uniform):
         def decide(self, losses, rng, seen):
