@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import sys
 import weakref
 from collections.abc import Callable, Generator, Mapping
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -104,6 +106,13 @@ class Passes:
         if gen is None:
             gen = self.active() if self.active is not None else None
         if gen is not None and inspect.getgeneratorstate(gen) == inspect.GEN_RUNNING:
+            if _on_this_stack(gen):
+                raise PassClosedError(
+                    "this Sifter was called back from inside its own running pass, in the thread "
+                    "reading it (by its scorer, its policy, its audit sink or the source it "
+                    "reads): it cannot open a pass, take its state or close while it decides a "
+                    "group; call it between items (after next() returns)"
+                )
             raise PassClosedError(
                 "a pass of this Sifter is being read by another thread: a Sifter runs one pass "
                 "at a time, read by one consumer; make one Sifter per pipeline (per thread), or "
@@ -324,3 +333,15 @@ class Passes:
 
 def _clone(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.clone()
+
+
+def _on_this_stack(gen: Generator[Any, None, None]) -> bool:
+    """Whether the running generator ``gen`` runs in this thread, below the caller (the caller
+    was called back from inside it), not in another thread."""
+    frame = getattr(gen, "gi_frame", None)
+    here: FrameType | None = sys._getframe(1)
+    while here is not None:
+        if here is frame:
+            return True
+        here = here.f_back
+    return False

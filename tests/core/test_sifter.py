@@ -556,6 +556,25 @@ def test_a_call_while_another_thread_reads_the_pass_is_refused_and_changes_nothi
     assert len(out) == 300 and s.stats.seen == 600 and s.epoch == 0
 
 
+@pytest.mark.parametrize("call", ["open", "state_dict", "close"])
+def test_a_call_back_from_inside_the_pass_says_so_not_another_thread(samples, call):
+    # found 2026-12-05 (fourth session): a scorer that called its own Sifter was told that
+    # another thread read the pass
+    def scorer(model, batch):
+        if call == "open":
+            s(samples[:4])
+        else:
+            getattr(s, call)()
+        return loss_field(model, batch)
+
+    s = sp.Sifter(None, scorer, sp.TopFraction(0.5), micro_batch=32, seed=1)
+    with pytest.raises(sp.ScorerError, match="called back from inside its own running pass") as caught:
+        list(s(samples))
+    assert isinstance(caught.value.__cause__, sp.PassClosedError)
+    assert "another thread" not in str(caught.value)
+    assert s.stats.seen == 0
+
+
 def _zeros(model, batch):
     return torch.zeros(len(batch["__key__"]))
 
