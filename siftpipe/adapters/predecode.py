@@ -39,7 +39,7 @@ import numpy as np
 from .._secrets import redact, redact_url, refuse_credentials_in_url, secret_values
 from ..core.files import put_whole
 from ..core.memory import ScoreMemory, key_hashes
-from ..core.ranks import dist_info
+from ..core.ranks import dist_info, rank_said
 from ..core.shardcounts import SharedCounters
 from ..core.values import scalar_key
 from ..core.vocab import PRE_KEPT, PRE_LOSS, PRE_PROB, loggable_text
@@ -80,7 +80,9 @@ class PreDecodeFilter:
         rank: The rank whose publications it reads (a publication names the rank that wrote
             it, and one of another rank is refused: two ranks publishing to one URL would mix
             their memories, draws and audit folders); ``None``: this process's rank
-            (``torch.distributed``, else 0) when the filter is made, in the training process.
+            (``torch.distributed``, else ``$RANK``, else 0) in the training process, read when
+            it is first needed or the filter is copied to a DataLoader worker, so a filter made
+            before ``init_process_group`` serves its own rank.
     """
 
     def __init__(
@@ -96,7 +98,9 @@ class PreDecodeFilter:
         # s3fs would take s3://KEY:SECRET@bucket for a bucket named KEY:SECRET and name it in its
         # errors, and every DataLoader worker holds a copy of the URL
         refuse_credentials_in_url(self.url, ConfigError)
-        self.rank = dist_info()[0] if rank is None else int(rank)
+        # None: read from torch.distributed when needed (found 2026-12-05: read here, a filter
+        # made before init_process_group in a spawned job served rank 0 on every rank)
+        self._rank: int | None = None if rank is None else int(rank)
         self.storage_options = dict(storage_options or {})
         self.key = key
         self.chunk = chunk
@@ -127,6 +131,28 @@ class PreDecodeFilter:
 
     def __repr__(self) -> str:
         return f"PreDecodeFilter({self._shown()!r}, version={self._loaded!r})"
+
+    @property
+    def rank(self) -> int:
+        """The rank whose publications this filter reads (see ``rank=``)."""
+        rank = self._rank
+        if rank is None:
+            rank = dist_info()[0]
+            if rank_said():
+                self._rank = rank  # settled: a process's rank does not change
+        return rank
+
+    @rank.setter
+    def rank(self, value: int) -> None:
+        self._rank = int(value)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # copied to a DataLoader worker (pickled in the training process): the worker, spawned,
+        # has no process group, so it gets the rank the training process has now
+        state = self.__dict__.copy()
+        if state["_rank"] is None:
+            state["_rank"] = dist_info()[0]
+        return state
 
     @property
     def stats(self) -> dict[str, int]:

@@ -194,6 +194,9 @@ class AuditLog:
         # shares rank 0's id cannot meet another rank's unrelated collective
         self.run_id, self._run_id_from = _resolve_run_id(run_id)
         self._rank = None if rank is None else _checked_rank(rank, "rank")
+        # a new id made before torch.distributed was initialised, not said to be one rank's own
+        # ($WORLD_SIZE unset: an mp.spawn job): said when the rank is read, if the job has ranks
+        self._split_unsaid = self._run_id_from == "a new id" and _env_world() <= 1
         self.stats = AuditStats()
         self.attempt = _random.token_hex(4)
         self._attempt_started = time.time_ns()
@@ -231,6 +234,10 @@ class AuditLog:
     def rank(self) -> int:
         if self._rank is None:
             self._rank = _checked_rank(_current_rank(), "this process's rank (torch.distributed or $RANK)")
+            if self._split_unsaid and self._run_id_from == "a new id" and _dist_world() > 1:
+                # found 2026-12-05: an mp.spawn job's ranks each wrote a run of their own, unsaid
+                self._split_unsaid = False
+                warnings.warn(_SPLIT_RUN.format(run_id=self.run_id), RuntimeWarning, stacklevel=2)
         return self._rank
 
     @property
@@ -940,15 +947,31 @@ def _shared_run_id() -> tuple[str, str]:
             return str(box[0]), "rank 0"
     except ImportError:
         pass
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
-        warnings.warn(
-            f"siftpipe: the AuditLog was made before torch.distributed was initialised and no run id "
-            f"was set, so this rank writes to a run of its own ({run_id}); construct it after "
-            "init_process_group, or set run_id= or $SIFTPIPE_RUN_ID to the same value on every rank",
-            RuntimeWarning,
-            stacklevel=4,
-        )
+    if _env_world() > 1:
+        warnings.warn(_SPLIT_RUN.format(run_id=run_id), RuntimeWarning, stacklevel=4)
     return run_id, "a new id"
+
+
+_SPLIT_RUN = (
+    "siftpipe: the AuditLog was made before torch.distributed was initialised and no run id was "
+    "set, so this rank writes to a run of its own ({run_id}), and readers see one run per rank, "
+    "each missing the other ranks' streams; construct it after init_process_group, or set run_id= "
+    "or $SIFTPIPE_RUN_ID to the same value on every rank"
+)
+
+
+def _env_world() -> int:
+    """``$WORLD_SIZE`` (1 if unset or empty)."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def _dist_world() -> int:
+    """The initialised torch.distributed job's world size (1 when there is none)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return 1
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _check_protocol(url: str) -> None:

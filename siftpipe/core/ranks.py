@@ -7,7 +7,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["dist_info"]
+__all__ = ["dist_info", "rank_said"]
 
 
 def dist_info(group: Any = None) -> tuple[int, int]:
@@ -16,3 +16,9 @@ def dist_info(group: Any = None) -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(group), dist.get_world_size(group)
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def rank_said() -> bool:
+    """Whether this process's rank is said (torch.distributed initialised, or ``$RANK`` set), so
+    that ``dist_info()[0]`` will not change: 0 otherwise may be a rank not yet initialised."""
+    return (dist.is_available() and dist.is_initialized()) or "RANK" in os.environ

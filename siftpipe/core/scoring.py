@@ -101,6 +101,7 @@ class Scoring:
         self.eval_mode = eval_mode
         self.on_oom = on_oom
         self.device: torch.device = CPU
+        self._plain_kind: type | None = None  # a model type scored as it is (not DDP, not sharded)
 
     def rows(self, group: Any, index: np.ndarray | None, names: Names) -> np.ndarray:
         """Losses of rows ``index`` of ``group`` (all rows if None), in micro-batches.
@@ -172,8 +173,11 @@ class Scoring:
             else:
                 rows = n
         device = self.device
+        model = self.model
+        if model is not None and type(model) is not self._plain_kind:
+            model = self._model_to_score(model)
         try:
-            out = self._forward(batch, device)
+            out = self._forward(batch, device, model)
         except Exception as exc:
             if at is None:
                 at = np.arange(group.rows)
@@ -197,12 +201,30 @@ class Scoring:
             ) from exc
         return self._check_losses(out, n, rows, device, group, 0 if at is None else int(at[0]))
 
-    def _forward(self, batch: Any, device: torch.device) -> Any:
+    def _model_to_score(self, model: nn.Module) -> nn.Module:
+        """The module a scoring forward calls for ``model``: the module a
+        ``DistributedDataParallel`` wraps (its forward would broadcast buffers, a collective,
+        and ranks score different numbers of micro-batches: a hang; found by review,
+        2026-12-05); ``ConfigError`` for a sharded model, whose forward gathers parameters."""
+        if isinstance(model, DistributedDataParallel):
+            return model.module  # type: ignore[no-any-return]
+        kind = type(model)
+        sharded = [c.__name__ for c in kind.__mro__ if c.__name__ in _SHARDED]
+        if sharded:
+            raise ConfigError(
+                f"the Sifter's model is a {sharded[0]} ({kind.__name__}): scoring it gathers its "
+                "parameters with collectives, and ranks score different numbers of micro-batches, "
+                "so the job would hang. Score with no forward (sp.recipe: losses handed back from "
+                "the training step with observe()), or use DistributedDataParallel"
+            )
+        self._plain_kind = kind
+        return model
+
+    def _forward(self, batch: Any, device: torch.device, model: nn.Module | None) -> Any:
         if device is not CPU and device.type != "cpu":
             if self.pin_memory:
                 batch = _batch.pin(batch)
             batch = _batch.to_device(batch, device, non_blocking=True)
-        model = self.model
         switched = EvalMode.enter(model) if self.eval_mode and model is not None else None
         try:
             # no_grad, not inference_mode: the scoring forward is often the model's first, and what
@@ -289,6 +311,9 @@ class Scoring:
             losses = losses.cpu()
         return losses.numpy()
 
+
+#: Classes of models whose forward makes collectives: refused for a scoring forward
+_SHARDED = frozenset({"FullyShardedDataParallel", "FSDPModule", "DeepSpeedEngine"})
 
 #: ``train()`` methods that only set ``training`` on the module and its children (nn.Module's own,
 #: and DistributedDataParallel's, which calls it): the switch sets those modules' flags directly

@@ -125,6 +125,9 @@ class Sifter:
 
     Args:
         model: The live ``nn.Module`` being trained (``None`` for scorers that need no model).
+            A ``DistributedDataParallel`` wrapper is scored through the module it wraps (the
+            scorer is given ``ddp.module``); a sharded model (FSDP, DeepSpeed) is refused for a
+            scoring forward, whose collectives ranks would make unequally (``ConfigError``).
         scorer: ``(model, batch) -> Tensor[n]`` losses, or a registered scorer name.
         policy: A ``Policy`` or registered policy name. Default: ``RelativeProbabilistic(1.0, 500)``.
         micro_batch: Samples per scoring forward pass. In ``batched`` mode an input batch larger

@@ -21,11 +21,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(fn, world, *args, timeout=90):
-    """Run ``fn(rank, world, port, *args)`` in ``world`` real processes; fail on a hang or error."""
+def launch(fn, world, *args, timeout=90, entry=None):
+    """Run ``fn(rank, world, port, *args)`` in ``world`` real processes; fail on a hang or error.
+    ``entry``: how each process starts (default: with torchrun's environment, ``_entry``)."""
     port = free_port()
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, args)) for r in range(world)]
+    procs = [ctx.Process(target=entry or _entry, args=(fn, r, world, port, args)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -44,6 +45,15 @@ def _entry(fn, rank, world, port, args):
         fn(rank, world, *args)
     finally:
         dist.destroy_process_group()
+
+
+def _bare_entry(fn, rank, world, port, args):
+    """An ``mp.spawn`` job's start: no $RANK or $WORLD_SIZE, the ranks given to
+    ``init_process_group``, which ``fn`` calls itself (so that it can make things before it)."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(name, None)
+    fn(rank, world, port, *args)
+    dist.destroy_process_group()
 
 
 def _equal_steps(rank, world, out_dir):
@@ -587,3 +597,88 @@ def test_a_ranks_own_error_survives_a_memory_sync_that_fails_after_it(tmp_path):
     assert said[1].startswith("ScorerError") and "a corrupt sample on rank 1" in said[1], said[1]
     assert "ending the epoch after it failed too" in said[1] and "ScoreMemoryWarning" in said[1]
     assert said[0].startswith("ScoreMemoryWarning"), said[0]  # rank 0's own error: the sync's
+
+
+def _ddp_wrapper_scored(rank, world, out_dir):
+    # the DDP wrapper itself given as the Sifter's model, the model with buffers (batch norm),
+    # the ranks' data unequal: DDP's forward broadcasts buffers, a collective the ranks would
+    # make different numbers of times, paired with EqualSteps' all-reduce: a hang before
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(4, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(), torch.nn.Linear(16, 3)
+    )
+    model = DistributedDataParallel(net)
+    g = torch.Generator().manual_seed(rank)
+    n = 200 + 150 * rank
+    x, y = torch.randn(n, 4, generator=g), torch.randint(0, 3, (n,), generator=g)
+    data = [{"__key__": f"r{rank}-{i}", "x": x[i], "y": int(y[i])} for i in range(n)]
+    given = []
+
+    def scorer(m, batch):
+        given.append(type(m).__name__)
+        return torch.nn.functional.cross_entropy(m(batch["x"]), batch["y"], reduction="none")
+
+    sifter = sp.Sifter(model, scorer, sp.RelativeProbabilistic(1.0, 200), micro_batch=32, output_batch=16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    steps = 0
+    for batch in sp.EqualSteps(sifter(data), sifter=sifter):
+        loss = torch.nn.functional.cross_entropy(model(batch["x"]), batch["y"])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        steps += 1
+    weights = torch.cat([p.detach().flatten() for p in net.parameters()])
+    every = [torch.empty_like(weights) for _ in range(world)]
+    dist.all_gather(every, weights)
+    assert all(torch.equal(every[0], w) for w in every)
+    assert set(given) == {"Sequential"}  # the scorer is given the module DDP wraps
+    np.save(os.path.join(out_dir, f"rank{rank}.npy"), np.array([steps, sifter.stats.micro_batches]))
+
+
+def test_a_ddp_wrapper_given_as_the_model_is_scored_through_its_module_without_a_hang(tmp_path):
+    # found 2026-12-05 (fourth session): both ranks timed out in EqualSteps' all-reduce
+    launch(_ddp_wrapper_scored, 2, str(tmp_path), timeout=120)
+    rows = [np.load(tmp_path / f"rank{r}.npy") for r in range(2)]
+    assert rows[0][0] == rows[1][0] > 0 and rows[0][1] != rows[1][1]  # same steps, unequal scoring
+
+
+def _sharded_scored(rank, world, out_dir):
+    from torch.distributed.fsdp import fully_shard
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    fully_shard(model)
+    sifter = sp.Sifter(model, lambda m, b: m(b["x"]).sum(1), micro_batch=4)
+    with pytest.raises(sp.ConfigError, match=r"FSDPModule.*gathers its parameters.*sp.recipe"):
+        list(sifter([{"__key__": f"k{i}", "x": torch.randn(4)} for i in range(8)]))
+    # with no scoring forward (losses handed back), a sharded model is no trouble
+    recipe = sp.recipe(model, "cross_entropy", budget=16, batched=False, micro_batch=4)
+    assert len(list(recipe([{"__key__": f"k{i}", "x": torch.randn(4)} for i in range(8)]))) == 8
+
+
+def test_a_sharded_model_is_refused_for_a_scoring_forward_not_for_feedback(tmp_path):
+    launch(_sharded_scored, 1, str(tmp_path))
+
+
+def _log_made_before_init(rank, world, port, out_dir):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as made:
+        warnings.simplefilter("always")
+        log = sp.AuditLog(out_dir, flush_every=50, writer="thread")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    with warnings.catch_warnings(record=True) as used:
+        warnings.simplefilter("always")
+        s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=20, audit=log)
+        list(s(make_samples(60, seed=rank)))
+        s.close()
+    said = [str(w.message) for w in made + used if "run of its own" in str(w.message)]
+    assert not made and len(said) == 1 and log.run_id in said[0], said
+
+
+def test_an_audit_log_made_before_init_in_a_spawned_job_says_each_rank_writes_its_own_run(tmp_path):
+    # found 2026-12-05 (fourth session): with no $WORLD_SIZE (an mp.spawn job) nothing was said,
+    # and verify then reported each run missing the other ranks' streams
+    launch(_log_made_before_init, 2, str(tmp_path / "log"), entry=_bare_entry)
+    assert len(list((tmp_path / "log").glob("run=*"))) == 2

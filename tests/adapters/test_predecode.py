@@ -379,6 +379,28 @@ def test_a_publication_of_another_rank_is_refused(tmp_path):
         list(sp.PreDecodeFilter(published, rank=1)(iter(RAW)))
 
 
+def test_a_filter_made_before_the_rank_is_known_serves_its_rank(tmp_path, monkeypatch):
+    # found 2026-12-05 (fourth session): a filter made before init_process_group in an mp.spawn
+    # job (no $RANK) read rank 0 when made, and refused its own rank's publication
+    import pickle
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    published = str(tmp_path / "rank=1")
+    early = sp.PreDecodeFilter(published)
+    monkeypatch.setenv("RANK", "1")  # the ranks are known now (as init_process_group says them)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    sifter = relative_stage()
+    list(sifter(Shards()))
+    sifter.publish_memory(published)
+    assert json.loads((tmp_path / "rank=1" / "latest.json").read_text())["rank"] == 1
+    worker_copy = pickle.dumps(early)  # what a DataLoader worker is given, in the training process
+    assert early.rank == 1 and len(list(early(iter(RAW)))) < len(RAW)
+    monkeypatch.delenv("RANK")  # a spawned worker: no process group, no $RANK
+    assert pickle.loads(worker_copy).rank == 1
+    assert len(list(pickle.loads(worker_copy)(iter(RAW)))) < len(RAW)
+
+
 def test_a_resume_refused_after_a_later_publication_says_so(tmp_path):
     # a checkpoint taken mid-epoch, then the run went on and published: the resumed workers read
     # the newer publication, so other samples reach the stage. Refused as before, but the
