@@ -207,6 +207,10 @@ class SiftCallback(Callback):
         self._sampler_kwargs: dict[str, Any] | None = None  # the Trainer's distributed_sampler_kwargs
         self._loss_called = False
         self._warned_no_loss = False
+        self._fits = 0  # fits begun (on_train_start)
+        self._read_in: tuple[int, Any] | None = None  # (fit, epoch) the stream was last read in
+        # (output_batch, drop_last) as taken from the DataLoader: a reloaded one's replace them
+        self._batching: tuple[int, bool] | None = None
         if self._sifter is not None:
             self._check(self._sifter)
 
@@ -283,6 +287,17 @@ class SiftCallback(Callback):
                 "DataLoader only, and return plain DataLoaders from val_dataloader(), "
                 "test_dataloader() and predict_dataloader()"
             )
+        epoch = (self._fits, getattr(trainer, "current_epoch", None))
+        if dataloader is not self._source and self._source is not None and epoch == self._read_in:
+            # found 2026-12-05: two loaders of one callback (a CombinedLoader) share its one
+            # stream, and opening the second closed the first's pass: it was never trained
+            raise sp.ConfigError(
+                "two DataLoaders wrapped by one SiftCallback are read in one epoch (a "
+                "CombinedLoader?): the callback sifts one training stream, and the second would "
+                "close the first's pass. Sift one of them (the others plain DataLoaders), or "
+                "join their datasets into one DataLoader (torch.utils.data.ConcatDataset)"
+            )
+        self._read_in = epoch
         if dataloader is not self._source:
             self._source = dataloader
             self._inner = None
@@ -299,16 +314,18 @@ class SiftCallback(Callback):
                 sifter.collate_fn = MetaCollate(
                     inner, sifter.weight_field, self.stream.data_rng, key_fields(sifter)
                 )
-            if sifter.output_batch is None:
+            if sifter.output_batch is None or self._batching == (sifter.output_batch, sifter.drop_last):
+                # unset, or set from the last DataLoader: a reloaded one's batch size and drop_last
+                # now (found 2026-12-05: a batch-size schedule through reloads kept the first's)
                 if dataloader.batch_size is None:
                     raise sp.ConfigError(
                         "the DataLoader has no batch_size (a batch_sampler, or batch_size=None): give "
                         "the Sifter output_batch= (kept samples per training batch)"
                     )
                 sifter.output_batch = dataloader.batch_size
-                if dataloader.drop_last:
-                    # the user asked for full batches only: so are the kept samples batched
-                    sifter.drop_last = True
+                # the user asked for full batches only: so are the kept samples batched
+                sifter.drop_last = bool(dataloader.drop_last)
+                self._batching = (sifter.output_batch, sifter.drop_last)
         if self._pending_state is not None:
             # restored only now: the stage's collate_fn and output_batch come from the DataLoader
             state, self._pending_state = self._pending_state, None
@@ -565,6 +582,7 @@ class SiftCallback(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # a fit starts from the states it is given (seed_everything), not the last fit's end
         self._rng_after_batch, self._validated = None, False
+        self._fits += 1
         if self._new_module and not self._loaded:
             # (the flag stays: a fit of this module tried again without a checkpoint is refused too)
             raise sp.ConfigError(

@@ -666,3 +666,69 @@ def test_the_weights_of_a_namedtuple_batch_are_read_from_its_own_field():
     assert keys is None and weights is w
     keys, weights = _meta((torch.zeros(2), torch.ones(2), w), s)  # a plain tuple: its last element
     assert weights is w
+
+
+def epochs_trainer(sift: SiftCallback, epochs: int) -> L.Trainer:
+    """A quiet Trainer of ``epochs`` epochs reloading its DataLoader each epoch, no checkpoints."""
+    return L.Trainer(
+        max_epochs=epochs, reload_dataloaders_every_n_epochs=1, accelerator="cpu", devices=1,
+        logger=False, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=False, callbacks=[sift],
+    )  # fmt: skip
+
+
+class GrowingBatches(Net):
+    """A batch-size schedule through reloads: 8, 16, 24 samples per batch, the last with drop_last."""
+
+    def train_dataloader(self):
+        size = 8 * (1 + self.current_epoch)
+        return self.sift.loader(DataLoader(self.data, batch_size=size, shuffle=True, drop_last=size == 24))
+
+    def training_step(self, batch, batch_idx):
+        self.sizes.setdefault(self.current_epoch, []).append(len(batch["__key__"]))
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_reloaded_dataloaders_batch_size_and_drop_last_are_the_stages(tmp_path):
+    # found 2026-12-05 (fourth session): the first DataLoader's batch size stayed for every
+    # reload (8, 8, 8 here), and a later drop_last=True was not followed
+    torch.manual_seed(0)
+    sift = SiftCallback(sifter)
+    model = GrowingBatches(sift, Points())
+    model.sizes = {}
+    epochs_trainer(sift, 3).fit(model)
+    assert {e: max(s) for e, s in model.sizes.items()} == {0: 8, 1: 16, 2: 24}
+    assert set(model.sizes[2]) == {24}  # drop_last: no short last batch of kept samples
+    assert sift.sifter.output_batch == 24 and sift.sifter.drop_last
+    # one the user set stays theirs
+    own = SiftCallback(lambda: sp.Sifter(None, sp.CrossEntropy("x", "y"), micro_batch=32, output_batch=5))
+    model = GrowingBatches(own, Points())
+    model.sizes = {}
+    epochs_trainer(own, 2).fit(model)
+    assert {e: max(s) for e, s in model.sizes.items()} == {0: 5, 1: 5}
+
+
+class TwoSifted(Net):
+    def train_dataloader(self):
+        from lightning.pytorch.utilities import CombinedLoader
+
+        return CombinedLoader(
+            {
+                "a": self.sift.loader(DataLoader(self.data, batch_size=12, shuffle=True)),
+                "b": self.sift.loader(DataLoader(Points(120), batch_size=12)),
+            },
+            mode="max_size",
+        )
+
+    def training_step(self, batch, batch_idx):
+        return sum(super(TwoSifted, self).training_step(b, batch_idx) for b in batch.values() if b)
+
+
+def test_two_loaders_of_one_callback_in_one_epoch_are_refused(tmp_path):
+    # found 2026-12-05 (fourth session): the second loader's pass closed the first's, whose
+    # samples were never trained, and nothing was said
+    torch.manual_seed(0)
+    sift = SiftCallback(sifter)
+    trainer = epochs_trainer(sift, 1)
+    with pytest.raises(sp.ConfigError, match="two DataLoaders wrapped by one SiftCallback.*ConcatDataset"):
+        trainer.fit(TwoSifted(sift, Points()))
