@@ -44,6 +44,7 @@ POSITION = (
     "ended",
     "source_abandoned",
     "steps",  # optional when read: states written before it lack it
+    "raised",  # optional when read, as steps
 )
 
 
@@ -56,6 +57,9 @@ class Passes:
         self.ledger = ledger if ledger is not None else Ledger()
         # a mid-pass checkpoint loaded by load_state_dict, until its pending groups are re-read
         self.restore: dict[str, Any] | None = None
+        #: where in the open pass (items read before it) the source raised errors its caller was
+        #: handed (SiftNode, ``surface``): a pass resumed from before them passes over them
+        self.raised: list[int] = []
         self.open = False
         self.count = 0  # passes opened (a loaded checkpoint whose stage had opened one: 1)
         self.epoch_set = False  # set_epoch was called for the pass that reads next
@@ -163,6 +167,7 @@ class Passes:
             self.ledger.drop_pending(consumed=0)  # positions count from the start of each pass
         self.unstarted = resume is None
         self.steps = 0 if resume is None else int(resume.get("steps", 0))
+        self.raised = [] if resume is None else [int(p) for p in resume.get("raised", ())]
         self.count += 1
         self.id += 1
         self.open = True
@@ -301,7 +306,24 @@ class Passes:
             "source_abandoned": source_abandoned,
             # states written before it lack it: a consumer then counts from 0 (as it did)
             "steps": int(restore.get("steps", 0)) if restore is not None else self.steps if self.open else 0,
+            # errors handed on after the position it resumes from: met again there, passed over
+            # (found by review, 2026-12-05: raised a second time after a resume)
+            "raised": [p for p in self._raised(restore) if p > consumed],
         }
+
+    def _raised(self, restore: Mapping[str, Any] | None) -> list[int]:
+        """Where the errors handed on stand: the loaded checkpoint's, or the open pass's."""
+        if restore is not None:
+            return [int(p) for p in restore.get("raised", ())]
+        return self.raised if self.open else []
+
+    def raised_at(self, position: int) -> None:
+        """The open pass handed its caller an error the source raised after ``position`` items."""
+        raised = self.raised
+        raised.append(position)
+        if len(raised) > _RAISED_KEPT:
+            # (no resume goes back further than the last groups: see Ledger.held_back)
+            del raised[: len(raised) - _RAISED_KEPT]
 
     def load(self, state: Mapping[str, Any], forget_keys: bool) -> None:
         """Take the checkpoint's position (checked already). ``forget_keys``: its keys were read
@@ -329,6 +351,11 @@ class Passes:
             self.restore = None
             self.source_restore = state["source"]
             self.open = False
+
+
+#: The most errors a pass remembers having handed on (the latest; a checkpoint holds those after
+#: its position only)
+_RAISED_KEPT = 4096
 
 
 def _clone(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -37,7 +37,7 @@ class Reader:
     the key of the item the resumed source must start with; the pass then takes that item first.
     """
 
-    __slots__ = ("__weakref__", "ahead", "ahead_snapshot", "began", "it", "source")
+    __slots__ = ("__weakref__", "ahead", "ahead_snapshot", "began", "it", "pulled", "skips", "source")
 
     def __init__(self, source: Iterable[Any], began: Callable[[], None]) -> None:
         self.source = source
@@ -47,6 +47,12 @@ class Reader:
         self.it: Iterator[Any] | None = None
         self.ahead: Any = _NOTHING  # an item, END, or the exception reading it raised
         self.ahead_snapshot: Any = None  # the tracked source's state before that item
+        #: items the source gave this pass (a resumed pass's count starts at the checkpoint's
+        #: ``consumed``): where an error it raises stands
+        self.pulled = 0
+        #: where errors the checkpoint's pass already raised to its caller stand (ascending): a
+        #: resumed pass re-reading from an earlier item meets them again and passes over them
+        self.skips: list[int] = []
 
     @property
     def has_ahead(self) -> bool:
@@ -72,12 +78,38 @@ class Reader:
         if self.ahead is _NOTHING:
             self.ahead_snapshot = snapshot
             try:
-                self.ahead = next(self.iterate())
+                self.ahead = self._pull()
             except StopIteration:
                 self.ahead = END
             except Exception as exc:  # raised again where the pass reads it
                 self.ahead = Raised(exc)
         return self.ahead
+
+    def _pull(self) -> Any:
+        """The source's next item (``StopIteration`` at its end), past errors already raised."""
+        it = self.iterate()
+        while True:
+            try:
+                item = next(it)
+            except StopIteration:
+                raise
+            except Exception:
+                if self.skips and self._raised_before():
+                    continue
+                raise
+            self.pulled += 1
+            return item
+
+    def _raised_before(self) -> bool:
+        """Whether the error the source raised at ``pulled`` is one the checkpoint's pass raised
+        to its caller already (it is then passed over: said once is enough)."""
+        skips = self.skips
+        while skips and skips[0] < self.pulled:
+            del skips[0]  # an error that did not come again (a transient one)
+        if skips and skips[0] == self.pulled:
+            del skips[0]
+            return True
+        return False
 
     def _take_ahead(self) -> Any:
         item = self.ahead
@@ -100,13 +132,20 @@ class Reader:
             if first is END:
                 return []
             items = [first]
-        try:
-            items.extend(islice(self.iterate(), n - len(items)))  # keeps what came before an error
-        except Exception as exc:
-            if not items:
-                raise
-            self.ahead = Raised(exc)
-            return items
+        while True:
+            had = len(items)
+            try:
+                items.extend(islice(self.iterate(), n - had))  # keeps what came before an error
+            except Exception as exc:
+                self.pulled += len(items) - had
+                if self.skips and self._raised_before():
+                    continue
+                if not items:
+                    raise
+                self.ahead = Raised(exc)
+                return items
+            self.pulled += len(items) - had
+            break
         if len(items) < n:
             self.ahead = END
         return items
@@ -124,7 +163,7 @@ class Reader:
         if self.ahead is not _NOTHING:
             return self._take_ahead()
         try:
-            return next(self.iterate())
+            return self._pull()
         except StopIteration:
             self.ahead = END
             return END

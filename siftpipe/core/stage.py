@@ -727,6 +727,11 @@ class Sifter:
             self.audit.start()
         self._scoring.device = CPU if device.type == "cpu" else device
         reader = Reader(source, self._passes.began_reading)
+        if resume is not None:
+            # its source gives the checkpoint's item `consumed` next: errors the checkpoint's pass
+            # handed on after it come again and are passed over
+            reader.pulled = int(resume["consumed"])
+            reader.skips = [p for p in self._passes.raised if p > reader.pulled]
         gen = self._run(reader, resume, surface, self._passes.id, threading.get_ident())
         self._passes.attach(gen, reader)
         return gen
@@ -1202,6 +1207,7 @@ class Sifter:
                     yield self._finish(out)
                     raise
                 # the pass goes on: waiting rows come out in the next output batch
+                self._passes.raised_at(reader.pulled)
                 yield iter((Raised(exc),))
                 del exc
                 continue

@@ -4,6 +4,7 @@ loads, digests of each entry, and the settings a resume may override on purpose.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -197,6 +198,13 @@ def check_state(state: Any, batched: bool) -> None:
     for name in ("consumed", "emitted", "epoch", *(n for n in ("read", "steps") if n in state)):
         if not is_int(state[name]):
             raise bad(name, "an integer >= 0")
+    raised = state.get("raised", [])
+    if not (
+        isinstance(raised, list | tuple)
+        and all(is_int(p) for p in raised)
+        and all(a <= b for a, b in itertools.pairwise(raised))
+    ):
+        raise bad("raised", "an ascending list of input item counts >= 0")
     if not is_int(state["model_version"], -(2**63)):
         raise bad("model_version", "an integer")
     for name in ("pass_open", "epoch_set", "ended", "source_abandoned", "opened", "pass_read"):

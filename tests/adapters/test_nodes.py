@@ -517,6 +517,57 @@ def test_an_error_from_the_source_is_the_callers_and_the_epoch_goes_on(after, fa
         assert account.source >= 0.3 and node.sifter.stats.stage_seconds < 0.3
 
 
+def _bad_sample(sample):
+    if sample["__key__"] in ("k010", "k011", "k023"):  # two failing side by side, one later
+        raise ValueError(f"cannot decode {sample['__key__']}")
+    return sample
+
+
+@pytest.mark.parametrize("output_batch", [None, 3, 8])
+@pytest.mark.parametrize("batched", [False, True])
+def test_an_error_already_handed_on_is_not_raised_again_by_a_resumed_pass(output_batch, batched):
+    """A checkpoint taken just after the caller got a source's error, with kept rows waiting for
+    a full output batch, resumes before the failing item: the resumed pass met it again and
+    raised it a second time (found by review, 2026-12-05: a loop that treats a source error as
+    fatal then crashed every resume from that checkpoint). Each error is raised once, over any
+    chain of resumes, and the samples handed on are the uninterrupted run's."""
+    samples = [{"__key__": f"k{i:03d}", "x.npy": torch.full((3,), float(i % 7))} for i in range(40)]
+
+    def make():
+        source = Mapper(IterableWrapper(samples), _bad_sample)
+        if batched:
+            source = Mapper(Batcher(source, 4, drop_last=False), default_collate)
+        sifter = sp.Sifter(
+            None, norm_loss, sp.TopFraction(0.5), micro_batch=None if batched else 4, seed=0,
+            batched=batched, output_batch=output_batch,
+        )  # fmt: skip
+        return SiftNode(source, sifter)  # (a Loader's iter() reads one item ahead, unguarded)
+
+    def run(resume_after_each_error):
+        node, out, errors = make(), [], []
+        node.reset(None)
+        while True:
+            try:
+                keys = node.next()["__key__"]
+            except StopIteration:
+                return out, errors
+            except ValueError as exc:
+                errors.append(str(exc))
+                assert len(errors) < 10, errors  # (before: each resume met its error again)
+                if resume_after_each_error:
+                    state = roundtrip(node.state_dict())
+                    node = make()
+                    node.reset(state)
+                continue
+            out.extend([keys] if isinstance(keys, str) else keys)
+
+    straight, straight_errors = run(False)
+    resumed, resumed_errors = run(True)
+    assert len(straight_errors) == 3  # (batched: torchdata's Batcher passes on each row's error)
+    assert resumed_errors == straight_errors
+    assert resumed == straight
+
+
 def test_the_opener_settings_are_keyword_arguments_checked_by_name(tmp_path):
     """``retries``, ``backoff``, ``max_backoff``, ``timeout`` and ``block_size`` reach the opener;
     a misspelt one is the TypeError Python gives for an unknown keyword, naming the class."""

@@ -92,6 +92,8 @@ def damaged():
         ("memory\\['hard_verdict'\\]", edit(["memory", "hard_verdict"], 3.0)),
         ("memory\\['hard_verdict'\\]", edit(["memory", "hard_verdict"], True)),
         ("entry steps must be", edit(["steps"], -3)),
+        ("entry raised must be an ascending list", edit(["raised"], [30, 20])),
+        ("entry raised must be an ascending list", edit(["raised"], "20")),
         ("entry audit", edit(["audit"], {"run_id": 3})),
         ("SiftNode's state", SiftNode.get_state.__get__(_node())()),
         ("loader's or a torchdata node's state", roundtrip(loader.state_dict())),
