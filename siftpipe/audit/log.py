@@ -50,11 +50,10 @@ from ..core.sink import Decisions, StageInfo, set_url_sink
 from ..core.values import is_int
 from ..errors import AuditError, ConfigError, ResumeError
 from . import wire
-from .wire import COLUMNS
+from .wire import COLUMNS, FORMAT_VERSION
 
 __all__ = ["COLUMNS", "AuditLog", "AuditStats"]
 
-FORMAT_VERSION = 1
 
 OnFull = Literal["block", "drop"]
 Writer = Literal["process", "thread"]

@@ -17,6 +17,7 @@ import numpy as np
 
 from .._secrets import redact, refuse_credentials_in_url, secret_values
 from ..errors import AuditError, ConfigError
+from .wire import FORMAT_VERSION
 
 __all__ = ["LogReport", "PartInfo", "list_parts", "predecode_tables", "read_log", "verify_log"]
 
@@ -199,6 +200,7 @@ def list_parts(
     if manifests or end_paths or claim_paths or note_paths:
         paths = [p for _, p in manifests] + list(end_paths.values()) + list(claim_paths.values())
         texts = read_many(fs, paths + [p for _, p in note_paths], _parse_json)
+        _refuse_newer(texts, paths + [p for _, p in note_paths], secrets_)
         for (stream_key, path), note in zip(note_paths, texts[len(paths) :]):
             note = _checked_manifest(note, path, secrets_, what="note")
             if note is not None and isinstance(note.get("unhanded"), list):
@@ -350,6 +352,19 @@ def _number(value: Any, default: Any) -> Any:
 
 def _parse_json(data: bytes) -> Any:
     return json.loads(data.decode())
+
+
+def _refuse_newer(texts: Sequence[Any], paths: Sequence[str], secrets: Sequence[str]) -> None:
+    """``AuditError`` if a log object says it was written in a later format than this reader's
+    (found by review, 2026-12-05: such a log verified OK and was read as this format)."""
+    for text, path in zip(texts, paths, strict=True):
+        said = text.get("format") if isinstance(text, dict) else None
+        if isinstance(said, int) and not isinstance(said, bool) and said > FORMAT_VERSION:
+            raise AuditError(
+                f"{redact(path, secrets)} was written in audit log format {said}, and this siftpipe "
+                f"reads format {FORMAT_VERSION} and earlier: read the log with the siftpipe that "
+                "wrote it, or a later one (pip install -U siftpipe)"
+            )
 
 
 _BIG = 2**62  # beyond any real count, sequence or part number: a damaged value

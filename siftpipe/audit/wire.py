@@ -29,6 +29,9 @@ from ..core.files import put_whole
 from ..core.vocab import REASONS, SOURCES, loggable_text
 
 _FRAME = struct.Struct("<II")
+#: The log's format, in every manifest, claim and end marker a writer makes (``"format"``); a
+#: reader refuses a log of a later one, which it would misread
+FORMAT_VERSION = 1
 #: Columns of every part, in order (``run`` and ``rank`` come from the path).
 COLUMNS: tuple[str, ...] = (
     "worker",

@@ -216,3 +216,24 @@ def test_keys_warns_of_parts_gone_and_of_two_jobs_and_fails_with_no_readable_par
         part.unlink()
     assert cli(["log", "keys", str(root2)]) == 1
     assert "no readable part" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("which", ["_manifest-*.json", "_end-*.json", "_claim-*.json"])
+def test_a_log_of_a_later_format_is_refused_not_misread(pristine, tmp_path, capsys, which):
+    # found 2026-12-05 (fourth session): no reader checked "format"; a log a later siftpipe wrote
+    # verified OK and was read as this format
+    from siftpipe.audit.wire import FORMAT_VERSION
+
+    root, stream = copy_of(pristine, tmp_path)
+    obj = sorted(stream.glob(which))[0]
+    said = json.loads(obj.read_text())
+    assert said["format"] == FORMAT_VERSION
+    obj.write_text(json.dumps({**said, "format": FORMAT_VERSION + 1}))
+    newer = rf"{obj.name} was written in audit log format {FORMAT_VERSION + 1}.*reads format {FORMAT_VERSION}"
+    for read in (sp.verify_log, sp.read_log, lambda url: sp.whatif(url, {"u": sp.Uniform(0.5)})):
+        with pytest.raises(sp.AuditError, match=newer):
+            read(str(root))
+    for command in ("verify", "summary"):
+        assert cli(["log", command, str(root)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "format" in err and "Traceback" not in err
