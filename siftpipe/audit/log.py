@@ -212,6 +212,7 @@ class AuditLog:
         self._buffer_rows = 0
         self._decided_until: float | None = None  # unix time of the last decision handed over
         self._metadata: dict[str, Any] = {}
+        self._merged = False  # some decision was made against a cross-rank history (sync_history)
         self._shard_report: Callable[[], dict[str, Any] | None] | None = None
         self._transport: _Transport | None = None
         self._restarts = 0  # writer processes started again after one exited (on_full="drop")
@@ -279,6 +280,8 @@ class AuditLog:
         if self._closed:
             raise AuditError(f"the audit log at {self._safe_url()} is closed; create a new AuditLog")
         d = decisions
+        if d.merged:
+            self._merged = True
         urls: Any = d.urls
         n = d.n
         if urls is not None and urls and urls.count(urls[0]) == n:
@@ -626,6 +629,9 @@ class AuditLog:
             "flush_every": self.flush_every,
             "stage": self._metadata,
         }
+        if self._merged:
+            # decisions made against histories merged across ranks: replays cannot redo them
+            identity["merged_history"] = True
         shards = self._shard_report() if self._shard_report is not None else None
         if shards is not None:
             # shards (and samples) the pipeline's handler skipped so far: they never reached the

@@ -1068,7 +1068,9 @@ class StreamReport:
 
 @dataclass
 class LogReport:
-    """What ``verify_log`` found."""
+    """What ``verify_log`` found: ``url``, the log's root as given (credentials redacted), and
+    ``streams``, one ``StreamReport`` per (run, rank) stream checked, in order; ``lines()`` says
+    it as ``siftpipe log verify`` prints it."""
 
     url: str
     streams: list[StreamReport]
@@ -1242,7 +1244,18 @@ def verify_log(
     rank: int | Sequence[int] | None = None,
 ) -> LogReport:
     """Check a log for gaps, duplicates, missing and unreadable parts, per (run, rank) stream; and
-    that every file of samples dropped before decode (``_predecode``) is readable and whole."""
+    that every file of samples dropped before decode (``_predecode``) is readable and whole.
+
+    Args:
+        url: The log's root (the folder or prefix holding its ``run=<id>`` folders), any fsspec
+            URL.
+        storage_options: fsspec options for ``url`` (credentials, ``endpoint_url``, ...).
+        run: Check only this run id, or these (None: every run in the log).
+        rank: Check only this rank, or these (None: every rank).
+
+    Returns a ``LogReport``: ``ok`` is True only when every stream checked is whole;
+    ``complete`` also needs each stream's latest attempt to have closed. ``AuditError`` when the
+    storage cannot be read (unreachable, refused), or the log is of a later format."""
     fs, infos, attempts = list_parts(url, storage_options, run=run, rank=rank)
     # those that left only a claim are noted below; they wrote nothing that could collide or end
     writers = [a for a in attempts if a.claim_only is None]

@@ -123,7 +123,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         os.close(devnull)
         return 141  # 128 + SIGPIPE: what a shell reports for a tool that a closed pipe ended
     except SiftError as exc:
-        print(f"siftpipe: error: {redact(str(exc), argv_secrets(argv))}", file=sys.stderr)
+        # one line: a cause's message may span lines (botocore's parameter checks do)
+        said = " ".join(redact(str(exc), argv_secrets(argv)).splitlines())
+        print(f"siftpipe: error: {said}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
         # Ctrl-C: what the command wrote so far is closed (its audit log included: the program

@@ -63,8 +63,23 @@ def _no_log(args: argparse.Namespace, what: str = "no audit log") -> int:
     """Say on stderr that ``args.url`` holds nothing to work on; the exit status (1, as verify)."""
     shown = redact(args.url, secret_values(parse_storage_options(args.storage_option), args.url))
     where = "".join(f" --run {r}" for r in args.run or ()) + "".join(f" --rank {r}" for r in args.rank or ())
-    print(f"siftpipe: {what} at {shown}{where}: {_why_nothing(args)}", file=sys.stderr)
+    why = (
+        "its runs wrote no records (they decided nothing, or kept nothing in storage)"
+        if what.startswith("no records")
+        else _why_nothing(args)
+    )
+    print(f"siftpipe: {what} at {shown}{where}: {why}", file=sys.stderr)
     return 1
+
+
+def _no_records(args: argparse.Namespace, what: str = "no records") -> int:
+    """``_no_log`` for a read that found no records: a log whose runs wrote none (``what``), or
+    no log at all, said apart (found by review, 2026-12-05: summary and plot said the former for
+    both)."""
+    _, _, attempts = list_parts(
+        args.url, parse_storage_options(args.storage_option), run=args.run, rank=args.rank
+    )
+    return _no_log(args, what if attempts else "no audit log")
 
 
 def _why_nothing(args: argparse.Namespace) -> str:
@@ -111,13 +126,13 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         print(json.dumps(s, indent=1))
     elif s.get("records"):
         print_summary(s, sys.stdout)
-    return 0 if s.get("records") else _no_log(args, "no records")
+    return 0 if s.get("records") else _no_records(args)
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
     table = _read(args, ["seq", "kept", "loss", "score", "prob"])
     if table.num_rows == 0:
-        return _no_log(args, "no records to plot")
+        return _no_records(args, "no records to plot")
     print(f"wrote {plot_log(table, args.output)}")
     return 0
 
@@ -239,7 +254,13 @@ def add_cli(commands: Any) -> None:
 
     p = sub.add_parser("whatif", help="re-run policies over the logged losses: keep rates and flips")
     _common(p)
-    p.add_argument("--beta", type=float, nargs="+", help="RelativeProbabilistic betas")
+    p.add_argument(
+        "--beta",
+        type=float,
+        nargs="+",
+        help="RelativeProbabilistic betas, over the logged policy's history window (with no "
+        "policy option at all: 0.5 1 3)",
+    )
     p.add_argument("--top", type=float, nargs="+", help="TopFraction keep fractions")
     p.add_argument("--uniform", type=float, nargs="+", help="Uniform keep fractions")
     p.add_argument("--prune", type=float, nargs="+", help="PruneEasy ratios")

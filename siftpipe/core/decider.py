@@ -226,6 +226,7 @@ class Decider:
                     micro_batch0=micro_batch0,
                     chunk=chunk,
                     source=sources,
+                    merged=bool(getattr(self.policy, "merged", False)),
                 )
             )
         self.seconds[0] += t1 - t0

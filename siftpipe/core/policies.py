@@ -161,6 +161,13 @@ class HistoryPolicy(Policy):
         self.history = LossHistory(history)
         self._reference: tuple[np.ndarray, np.ndarray] | None = None  # sorted values, cumulative weights
 
+    @property
+    def merged(self) -> bool:
+        """Whether it decides against a window merged across ranks (``sp.sync_history``), which
+        the audit log does not hold: a replay of its decisions uses this rank's own window."""
+        reference = self._reference
+        return reference is not None and bool(reference[0].size)
+
     def set_reference(self, values: np.ndarray, weights: np.ndarray) -> None:
         """Judge against a weighted sample of losses (each value standing for ``weight`` losses)."""
         finite = np.isfinite(values) & (weights > 0)

@@ -34,7 +34,16 @@ __all__ = ["DecisionSink", "Decisions", "StageInfo", "make_sink", "set_url_sink"
 @dataclass(frozen=True)
 class StageInfo:
     """How the stage decides, handed to a sink once, before its first decisions (settings changed
-    on the stage after its first pass are not in it)."""
+    on the stage after its first pass are not in it).
+
+    Fields: ``policy``, the policy's registered name (or class name) and ``policy_config`` its
+    settings (``Policy.config()``); ``weighted``, whether it attaches weights; ``micro_batch``,
+    samples per scoring forward (None: whole input batches); ``batched``, whether the input is
+    collated batches; ``delay``, samples kept unscored at the start (warm-up); ``seed``, the
+    ``Sifter``'s seed and ``rng_seed`` what seeded its generator (``[seed, rank]`` on a rank of a
+    job); ``on_nan``, what a non-finite loss does; ``scorer``, the scorer's repr; then the fields
+    documented below.
+    """
 
     policy: str
     policy_config: dict[str, Any]
@@ -64,7 +73,14 @@ class StageInfo:
 class Decisions:
     """One decided group of rows, in sequence order: rows ``seq0 .. seq0 + n - 1`` of this rank.
 
-    Arrays have one entry per row. ``keys``/``urls``/``workers`` are the samples' ``__key__``,
+    ``epoch`` is the pass (``Sifter.set_epoch``) and ``model_version`` the stage's tag
+    (``Sifter.model_version``, the optimizer step, say). Arrays have one entry per row: ``loss``
+    (the loss the decision used, NaN when none), ``score`` (what the policy ranks by: a
+    percentile in [0, 1] for the relative rule, a rank fraction for ``TopFraction``, the loss
+    itself for others), ``prob`` (the keep probability drawn against, in [0, 1]), ``kept``
+    (bool), ``weight`` (the weight attached to a kept row; None: all 1) and ``reason`` (an index
+    into ``siftpipe.REASONS``: policy, warmup, nan, predecode, unknown; None: all policy).
+    ``keys``/``urls``/``workers`` are the samples' ``__key__``,
     ``__url__`` and ``__worker__`` (``None`` when the samples carry none). ``source`` says where
     each loss came from (an index into ``siftpipe.memory.SOURCES``; one int for the whole group).
     ``micro_batch0`` is the stage's micro-batch counter at the group's first row and ``chunk`` the
@@ -86,6 +102,9 @@ class Decisions:
     micro_batch0: int
     chunk: int
     source: np.ndarray | int
+    #: Decided against loss histories merged across ranks (``sp.sync_history``), which the log
+    #: does not hold: replays of these rows use each rank's own window.
+    merged: bool = False
 
     @property
     def n(self) -> int:

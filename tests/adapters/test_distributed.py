@@ -682,3 +682,35 @@ def test_an_audit_log_made_before_init_in_a_spawned_job_says_each_rank_writes_it
     # and verify then reported each run missing the other ranks' streams
     launch(_log_made_before_init, 2, str(tmp_path / "log"), entry=_bare_entry)
     assert len(list((tmp_path / "log").glob("run=*"))) == 2
+
+
+def _synced_log(rank, world, root, sync_every):
+    rng = np.random.default_rng(rank)
+    losses = rng.exponential(size=400) * 10.0**rank
+    data = [{"__key__": f"r{rank}-{i:05d}", "loss": float(x)} for i, x in enumerate(losses)]
+    log = sp.AuditLog(root, flush_every=100, run_id="job", writer="thread")
+    s = sp.Sifter(
+        None, loss_field, sp.RelativeProbabilistic(1.0, 200), micro_batch=20, output_batch=10, audit=log
+    )
+    for _ in sp.EqualSteps(s(data), sifter=s, sync_every=sync_every):
+        pass
+    s.close()
+
+
+def test_whatif_says_when_the_run_decided_against_histories_merged_across_ranks(tmp_path):
+    # found 2026-12-05 (fourth session): the logged policy re-run flipped 143 of a complete log's
+    # decisions with sync_every, unsaid, where docs/audit.md calls zero flips a completeness check
+    import warnings
+
+    for sync_every in (None, 5):
+        root = str(tmp_path / f"log{sync_every}")
+        launch(_synced_log, 2, root, sync_every)
+        assert sp.verify_log(root).complete
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            (result,) = sp.whatif(root, [sp.RelativeProbabilistic(1.0, 200)])
+        merged = [w for w in said if "merged across ranks" in str(w.message)]
+        if sync_every is None:
+            assert result.flips == 0 and not merged
+        else:
+            assert result.flips > 0 and len(merged) == 1

@@ -210,7 +210,30 @@ def test_replay_holds_a_bounded_number_of_shards(tmp_path):
     logged_run(str(tmp_path))
     r = sp.replay(str(tmp_path), cache_shards=2)
     list(r(SAMPLES))
-    assert len(r._shards) == 2 and r.held_bytes < 2 * 100 * 200
+    assert len(r._shards) == 2 and r.held_bytes < 2 * 100 * 300
+
+
+def test_what_replay_holds_is_bounded_by_its_shards_not_the_epochs_samples(tmp_path):
+    # found 2026-12-05 (fourth session): every (key, epoch) handed on was counted in a dict of
+    # its own, about 200 bytes a sample, growing with the epoch however few shards were held
+    import tracemalloc
+
+    samples = make_samples(6000, seed=3)  # 60 shards of 100
+    logged_run(str(tmp_path), policy=sp.Uniform(1.0), samples=samples)
+    r = sp.replay(str(tmp_path), cache_shards=2)
+    tracemalloc.start()
+    try:
+        it = r(samples)
+        for _ in range(300):
+            next(it)
+        early = tracemalloc.get_traced_memory()[0]
+        rest = sum(1 for _ in it)
+        late = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert rest == 5700
+    # 2 shards held throughout; what grows is the evicted shards' used flags, a byte a sample
+    assert late - early < 20 * rest, (early, late)
 
 
 def test_replay_refuses_an_ambiguous_log(tmp_path):

@@ -312,6 +312,20 @@ def test_a_run_that_decided_nothing_says_no_records_not_no_log(tmp_path, capsys)
         assert main(["log", *command[:1], root, *command[1:]]) == 1
         err = capsys.readouterr().err
         assert "no records" in err and "no audit log" not in err, (command, err)
+        assert "wrote no records" in err  # not "check the URL": the URL is right
+        # and no log at all is said so (found 2026-12-05, fourth session: summary and plot said
+        # "no records" for both)
+        nowhere = str(tmp_path / "nothing-here")
+        assert main(["log", *command[:1], nowhere, *command[1:]]) == 1
+        err = capsys.readouterr().err
+        assert "no audit log at" in err and "no records" not in err, (command, err)
+
+
+def test_an_error_whose_cause_spans_lines_is_one_line(capsys):
+    # found 2026-12-05 (fourth session): botocore's parameter check spans two lines
+    assert main(["log", "summary", "s3://bad_bucket!!/x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("siftpipe: error: ") and err.count("\n") == 1 and "bad_bucket" in err
 
 
 def test_a_warning_about_the_log_is_printed_once_per_command(tmp_path):
