@@ -215,19 +215,18 @@ class PreDecodeFilter:
 
     def _refresh(self) -> None:
         meta = self._read_latest()
-        began = self._run_began
-        if meta is not None and began is not None and float(meta.get("published") or began) < began:
+        if meta is not None and self._other_run(meta):
             # another run's publication at this URL: nothing of it is this run's to decide by
             self._memory, self._meta, self._loaded = None, {}, None
             if not self._warned_other_run:
                 self._warned_other_run = True
                 warnings.warn(
-                    f"siftpipe: PreDecodeFilter ignores the publication at {self._shown()}: it was "
-                    "made before this run began (its Sifter was created, or the run it resumes "
-                    "began), by another run, whose losses came from another model. Every sample "
-                    "is passed on for the stage to decide until this run publishes its own. "
-                    "Publish to a URL of each run's own (the run id in it), or resume that run "
-                    "with load_state_dict to go on from it",
+                    f"siftpipe: PreDecodeFilter ignores the publication at {self._shown()}: "
+                    "another run made it (one before this one, or a job running now that "
+                    "publishes to this URL too), whose losses came from another model. Every "
+                    "sample is passed on for the stage to decide until this run publishes its "
+                    "own. Publish to a URL of each run's own (the run id in it), or resume that "
+                    "run with load_state_dict to go on from it",
                     PreDecodeWarning,
                     stacklevel=3,
                 )
@@ -279,6 +278,20 @@ class PreDecodeFilter:
         self._sorted = np.sort(memory.losses())
         self._meta = meta
         self._loaded = meta["version"]
+
+    def _other_run(self, meta: Mapping[str, Any]) -> bool:
+        """Whether another run than this filter's Sifter's (told, ``follow_sifter_run``) made
+        the publication ``meta``. The run that published says when it began (since 2026-12-05):
+        another value is another run, one running now included (found by review: two jobs
+        publishing to one URL decided each other's samples and wrote into each other's audit
+        logs); a publication that does not say is another run's if it is older than this run."""
+        began = self._run_began
+        if began is None:
+            return False
+        said = meta.get("run_began")
+        if said is not None:
+            return not isinstance(said, int | float) or float(said) != began
+        return float(meta.get("published") or began) < began
 
     def _read_latest(self) -> dict[str, Any] | None:
         """The publication ``latest.json`` names (checked), or None when there is none."""

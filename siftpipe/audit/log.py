@@ -212,6 +212,7 @@ class AuditLog:
         self._buffer_rows = 0
         self._decided_until: float | None = None  # unix time of the last decision handed over
         self._metadata: dict[str, Any] = {}
+        self._owner: weakref.ref[Any] | None = None  # what bound the log: one stage's shard watcher
         self._merged = False  # some decision was made against a cross-rank history (sync_history)
         self._shard_report: Callable[[], dict[str, Any] | None] | None = None
         self._transport: _Transport | None = None
@@ -270,9 +271,28 @@ class AuditLog:
 
     def bind(self, info: StageInfo, shard_report: Callable[[], dict[str, Any] | None]) -> None:
         """Take the stage's settings (recorded in every manifest) and where to read the shard
-        counters from (the stage calls this once, before its first decisions)."""
+        counters from (the stage calls this once, before its first decisions). ``AuditError``
+        if another stage bound this log: two stages number their records from 0 alike, and one
+        stream of both would read as duplicates and gaps, under one stage's settings (found by
+        review, 2026-12-05: accepted silently)."""
+        owner = getattr(shard_report, "__self__", shard_report)  # the stage's shard watcher
+        bound = self._owner() if self._owner is not None else None
+        if self._owner is not None and bound is not owner and (bound is not None or self._written()):
+            raise AuditError(
+                f"the audit log at {self._safe_url()} is bound to another Sifter already: two "
+                "Sifters writing to one AuditLog number their records alike. Give each Sifter an "
+                "AuditLog of its own (another run_id, or the same root: each run its own folder)"
+            )
+        try:
+            self._owner = weakref.ref(owner)
+        except TypeError:  # an owner that takes no weak reference: not checked
+            self._owner = None
         self._metadata = info.as_dict()
         self._shard_report = shard_report
+
+    def _written(self) -> bool:
+        """Whether any record was handed to this log."""
+        return bool(self._next_part or self._buffer or self.stats.records)
 
     def write(self, decisions: Decisions) -> None:
         """Record one decided group (called by the stage on the training thread)."""

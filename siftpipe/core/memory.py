@@ -1132,6 +1132,7 @@ class ScoreMemory:
         audit_directory: str | None = None,
         rank: int | None = None,
         keep: int | None = 2,
+        run_began: float | None = None,
     ) -> str:
         """Publish this memory for ``PreDecodeFilter`` stages (``siftpipe.predecode``) under ``url``:
         ``memory-<version>.npz`` and then ``latest.json`` naming it, with the ``epoch``, ``seed``
@@ -1145,7 +1146,9 @@ class ScoreMemory:
         large dataset adds up). The default 2 keeps the one before, which a worker that read
         the old ``latest.json`` a moment ago may still be loading. ``None``: delete nothing.
         Files another process (an earlier run, a job before a restart) published are never
-        deleted here. A file that cannot be deleted is a ``PreDecodeWarning``, not an error."""
+        deleted here. A file that cannot be deleted is a ``PreDecodeWarning``, not an error.
+        ``run_began``: when the publishing run began (``Sifter``'s, kept across resumes): a
+        filter told another run's refuses the publication."""
 
         # refused, as the filters reading it refuse it: s3fs would take s3://KEY:SECRET@bucket
         # for a bucket named KEY:SECRET and name it in its errors
@@ -1164,6 +1167,7 @@ class ScoreMemory:
             "audit": None if audit_directory is None else {"directory": audit_directory},
             "rank": rank,
             "published": time.time(),
+            "run_began": run_began,
         }
         # whole or not at all: workers read it at any moment (rewritten in place, a reader
         # caught it empty: JSONDecodeError in a DataLoader worker)

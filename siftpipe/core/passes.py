@@ -226,6 +226,9 @@ class Passes:
         ledger = self.ledger
         ledger.trim()
         restore = self.restore
+        # errors passed over at the position the state resumes from, after the source's state
+        # it restores was taken: met again there (a resumed pass's; found by review, 2026-12-05)
+        at_start: tuple[int, ...] = ()
         if restore is not None:
             # loaded and not re-read yet: the checkpoint's position is still the position
             pending = [
@@ -233,6 +236,7 @@ class Passes:
                 for desc in restore["pending"]
             ]
             consumed, emitted = int(restore["consumed"]), int(restore["emitted"])
+            at_start = tuple(int(p) for p in restore.get("raised", ()) if int(p) == consumed)
             source_state = restore["source"]
             next_key, ended = restore.get("next_key"), bool(restore.get("ended", False))
             next_shard = restore.get("next_shard")
@@ -271,6 +275,7 @@ class Passes:
             if reader is not None and reader.it is None:
                 reader = None  # not read yet: reading ahead would start the source's pass
             if groups:
+                at_start = groups[0].skipped
                 if self.source is not None:
                     source_state = groups[0].snapshot
             elif reader is not None:
@@ -283,6 +288,7 @@ class Passes:
                     ended = True
                     source_state = self.snapshot() if self.source is not None else source_state
                 else:
+                    at_start = tuple(reader.skipped)  # passed over since the look-ahead's state
                     if self.source is not None:
                         source_state = reader.ahead_snapshot
                     if not isinstance(ahead, Raised):
@@ -308,7 +314,8 @@ class Passes:
             "steps": int(restore.get("steps", 0)) if restore is not None else self.steps if self.open else 0,
             # errors handed on after the position it resumes from: met again there, passed over
             # (found by review, 2026-12-05: raised a second time after a resume)
-            "raised": [p for p in self._raised(restore) if p > consumed],
+            "raised": [p for p in at_start if p == consumed]
+            + [p for p in self._raised(restore) if p > consumed],
         }
 
     def _raised(self, restore: Mapping[str, Any] | None) -> list[int]:

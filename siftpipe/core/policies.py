@@ -601,15 +601,23 @@ class InfoBatch(Policy):
         self._negative_mean = mean <= 0.0
         if self._negative_mean and (self.graded or self.min_spread is not None) and not self._negative_warned:
             self._negative_warned = True
-            _log.warning(
-                "siftpipe: the remembered losses average %.4g, not above 0: InfoBatch's graded rule "
-                "and spread floor measure a loss's distance below the mean in units of the mean, "
-                "which means nothing for a mean at or below 0, so every sample is kept while this lasts "
-                "(stats.sifting_scale 0). Hand observe() losses that are >= 0 (add a constant to a "
-                "negative log-likelihood), or use the paper's step rule (graded=False, "
-                "min_spread=None), which only compares a loss with the mean",
-                mean,
-            )
+            if mean == 0.0:
+                # every loss 0 (a margin loss on separable data, a fitted model's cross-entropy
+                # underflowing): nothing tells samples apart; the advice below would not apply
+                _log.warning(
+                    "siftpipe: every remembered loss is 0: the losses no longer tell samples apart, "
+                    "so InfoBatch keeps every sample while this lasts (stats.sifting_scale 0)"
+                )
+            else:
+                _log.warning(
+                    "siftpipe: the remembered losses average %.4g, below 0: InfoBatch's graded rule "
+                    "and spread floor measure a loss's distance below the mean in units of the "
+                    "mean, which means nothing for a mean at or below 0, so every sample is kept "
+                    "while this lasts (stats.sifting_scale 0). Hand observe() losses that are >= 0 "
+                    "(add a constant to a negative log-likelihood), or use the paper's step rule "
+                    "(graded=False, min_spread=None), which only compares a loss with the mean",
+                    mean,
+                )
         if self.min_spread is not None:
             self._memory.spread()  # measured again if enough losses came since (sifting_scale reads it)
         easy = losses < mean if math.isfinite(mean) else np.zeros(n, dtype=bool)

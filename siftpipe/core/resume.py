@@ -64,9 +64,14 @@ def reread_groups(
             before = state.get("source")  # the checkpoint's: its source before this group
         elif snapshot is None:
             before = None
+            reader.snapshot_taken()
         else:
             reader.iterate()
-            before = reader.ahead_snapshot if reader.has_ahead else snapshot()
+            if reader.has_ahead:
+                before = reader.ahead_snapshot
+            else:
+                before = snapshot()
+                reader.snapshot_taken()
         items = reader.take(desc["n_items"])
         if len(items) < desc["n_items"]:
             reader.raise_held()  # the source failed partway through the group: its own error
@@ -74,6 +79,8 @@ def reread_groups(
             # re-read as first read: the same row check, the same per-row lists marked (RowList)
             items = [_batch.rows(items[0], int(desc["seq0"]))[0]]
         group = Group(items, desc["rows"], desc["seq0"], before)
+        if reader.skipped:
+            group.skipped = tuple(reader.skipped)
         if len(items) < desc["n_items"] or (batched and _batch.batch_size(items[0]) != desc["rows"]):
             raise ResumeError(
                 f"resuming needs the {desc['n_items']} input item(s) decided before the "

@@ -101,7 +101,8 @@ class Scoring:
         self.eval_mode = eval_mode
         self.on_oom = on_oom
         self.device: torch.device = CPU
-        self._plain_kind: type | None = None  # a model type scored as it is (not DDP, not sharded)
+        # the model last checked, and what scoring calls for it (its DDP module; not sharded)
+        self._checked: tuple[nn.Module | None, nn.Module | None] = (None, None)
 
     def rows(self, group: Any, index: np.ndarray | None, names: Names) -> np.ndarray:
         """Losses of rows ``index`` of ``group`` (all rows if None), in micro-batches.
@@ -174,8 +175,10 @@ class Scoring:
                 rows = n
         device = self.device
         model = self.model
-        if model is not None and type(model) is not self._plain_kind:
-            model = self._model_to_score(model)
+        if model is not None:
+            if model is not self._checked[0]:
+                self._checked = (model, self._model_to_score(model))
+            model = self._checked[1]
         try:
             out = self._forward(batch, device, model)
         except Exception as exc:
@@ -194,6 +197,16 @@ class Scoring:
                     ]
                 )
             hint = "; pass on_oom='split' to retry it in halves, or lower micro_batch" if is_oom(exc) else ""
+            if (
+                isinstance(exc, AttributeError)
+                and "'module'" in str(exc)
+                and isinstance(self.model, DistributedDataParallel)
+            ):
+                # a scorer written for the wrapper (m.module(x)), before 2026-12-05
+                hint = (
+                    "; the scorer is given the module DistributedDataParallel wraps (ddp.module), "
+                    "not the wrapper, whose forward would broadcast buffers: call the model given"
+                )
             raise ScorerError(
                 f"scorer {self.scorer!r} raised {type(exc).__name__}: {exc} on the micro-batch of "
                 f"{n} samples at seq {group.seq0 + int(at[0])} "
@@ -206,19 +219,19 @@ class Scoring:
         ``DistributedDataParallel`` wraps (its forward would broadcast buffers, a collective,
         and ranks score different numbers of micro-batches: a hang; found by review,
         2026-12-05); ``ConfigError`` for a sharded model, whose forward gathers parameters."""
-        if isinstance(model, DistributedDataParallel):
-            return model.module  # type: ignore[no-any-return]
-        kind = type(model)
-        sharded = [c.__name__ for c in kind.__mro__ if c.__name__ in _SHARDED]
-        if sharded:
-            raise ConfigError(
-                f"the Sifter's model is a {sharded[0]} ({kind.__name__}): scoring it gathers its "
-                "parameters with collectives, and ranks score different numbers of micro-batches, "
-                "so the job would hang. Score with no forward (sp.recipe: losses handed back from "
-                "the training step with observe()), or use DistributedDataParallel"
-            )
-        self._plain_kind = kind
-        return model
+        unwrapped = model.module if isinstance(model, DistributedDataParallel) else model
+        for module in unwrapped.modules():  # the root, or layers sharded one by one (review)
+            sharded = [c.__name__ for c in type(module).__mro__ if c.__name__ in _SHARDED]
+            if sharded:
+                where = "" if module is unwrapped else f", in its module {type(module).__name__}"
+                raise ConfigError(
+                    f"the Sifter's model ({type(model).__name__}) is sharded ({sharded[0]}{where}): "
+                    "scoring it gathers its parameters with collectives, and ranks score different "
+                    "numbers of micro-batches, so the job would hang. Score with no forward "
+                    "(sp.recipe: losses handed back from the training step with observe()), or "
+                    "use DistributedDataParallel"
+                )
+        return unwrapped  # type: ignore[no-any-return]
 
     def _forward(self, batch: Any, device: torch.device, model: nn.Module | None) -> Any:
         if device is not CPU and device.type != "cpu":

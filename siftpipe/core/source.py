@@ -37,7 +37,9 @@ class Reader:
     the key of the item the resumed source must start with; the pass then takes that item first.
     """
 
-    __slots__ = ("__weakref__", "ahead", "ahead_snapshot", "began", "it", "pulled", "skips", "source")
+    __slots__ = (
+        "__weakref__", "ahead", "ahead_snapshot", "began", "it", "pulled", "skipped", "skips", "source",
+    )  # fmt: skip
 
     def __init__(self, source: Iterable[Any], began: Callable[[], None]) -> None:
         self.source = source
@@ -53,6 +55,8 @@ class Reader:
         #: where errors the checkpoint's pass already raised to its caller stand (ascending): a
         #: resumed pass re-reading from an earlier item meets them again and passes over them
         self.skips: list[int] = []
+        #: where the errors it passed over since the last snapshot (``snapshot_taken``) stood
+        self.skipped: list[int] = []
 
     @property
     def has_ahead(self) -> bool:
@@ -77,6 +81,7 @@ class Reader:
         """The next item (read now, or earlier), ``END``, or the exception reading it raised."""
         if self.ahead is _NOTHING:
             self.ahead_snapshot = snapshot
+            self.snapshot_taken()
             try:
                 self.ahead = self._pull()
             except StopIteration:
@@ -100,6 +105,12 @@ class Reader:
             self.pulled += 1
             return item
 
+    def snapshot_taken(self) -> None:
+        """The source's state was just taken (the next group's): errors passed over from here on
+        stand after it."""
+        if self.skipped:
+            self.skipped = []
+
     def _raised_before(self) -> bool:
         """Whether the error the source raised at ``pulled`` is one the checkpoint's pass raised
         to its caller already (it is then passed over: said once is enough)."""
@@ -108,6 +119,7 @@ class Reader:
             del skips[0]  # an error that did not come again (a transient one)
         if skips and skips[0] == self.pulled:
             del skips[0]
+            self.skipped.append(self.pulled)
             return True
         return False
 

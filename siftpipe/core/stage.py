@@ -342,6 +342,7 @@ class Sifter:
         self.epoch = 0
         self.audit = None if audit is None else make_sink(audit)
         self._sink_bound = False
+        self._warned_gap = False  # set_epoch skipped epoch numbers (said once)
 
         #: The generator's seed: ``seed``, or ``[seed, rank]`` on a multi-process job so that ranks
         #: draw independently (read again when the first pass opens: a stage made before
@@ -514,6 +515,19 @@ class Sifter:
                     ScoreMemoryWarning,
                     stacklevel=2,
                 )
+            elif int(epoch) > self.epoch + 1 and self._passes.count and not self._warned_gap:
+                # found by review, 2026-12-05: with set_epoch(2 * e) every sample trained in the
+                # last pass counted as skipped, and the recipe's forgetting guard never acted
+                self._warned_gap = True
+                warnings.warn(
+                    f"siftpipe: set_epoch({int(epoch)}) after epoch {self.epoch} skips epoch numbers: "
+                    "the score memory counts a loss's age in epochs (max_age, and the forgetting "
+                    "guard's 'trained last epoch'), so with gaps every loss looks older than it is "
+                    "and the guard cannot tell trained samples from skipped ones. Number passes "
+                    "0, 1, 2, ... (set_epoch(epoch), not a step count)",
+                    ScoreMemoryWarning,
+                    stacklevel=2,
+                )
         for pipeline in self._watched:
             follow_epoch(pipeline, int(epoch), hook="follow_sifter_set_epoch")
             self._tell_run(pipeline)
@@ -625,6 +639,7 @@ class Sifter:
             audit_directory=_directory_of(self.audit),
             rank=dist_info()[0],
             keep=keep,
+            run_began=self._run_began,
         )
 
     def __call__(self, source: Iterable[Any]) -> Iterator[Any]:
@@ -731,7 +746,7 @@ class Sifter:
             # its source gives the checkpoint's item `consumed` next: errors the checkpoint's pass
             # handed on after it come again and are passed over
             reader.pulled = int(resume["consumed"])
-            reader.skips = [p for p in self._passes.raised if p > reader.pulled]
+            reader.skips = list(self._passes.raised)  # (the state holds only those it meets again)
         gen = self._run(reader, resume, surface, self._passes.id, threading.get_ident())
         self._passes.attach(gen, reader)
         return gen
@@ -1208,6 +1223,7 @@ class Sifter:
                     raise
                 # the pass goes on: waiting rows come out in the next output batch
                 self._passes.raised_at(reader.pulled)
+                self._ledger.error_held = False
                 yield iter((Raised(exc),))
                 del exc
                 continue
@@ -1300,6 +1316,7 @@ class Sifter:
                 # workers, a shard listing): charged to the stage, it stopped sifting that paid
                 self._account.source += time.perf_counter() - t0
             snapshot = self._passes.snapshot()
+            reader.snapshot_taken()
         t0 = time.perf_counter()
         if self.batched:
             try:
@@ -1311,6 +1328,8 @@ class Sifter:
             seen = self._decider.counts["seen"]
             batch, n = _batch.rows(batch, seen)
             group = Group([batch], n, seen, snapshot)
+            if reader.skipped:
+                group.skipped = tuple(reader.skipped)
         else:
             try:
                 items = reader.take(self.micro_batch)  # type: ignore[arg-type]
@@ -1318,11 +1337,16 @@ class Sifter:
                 self._account.source += time.perf_counter() - t0
             if not items:
                 return None
-            if isinstance(reader.ahead, Raised):
-                # the source raised after these: they are decided first, the error is raised at
-                # the next read, and a checkpoint until then resumes at the item that failed
-                reader.ahead_snapshot = self._passes.snapshot()
             group = Group(items, len(items), self._decider.counts["seen"], snapshot)
+            if reader.skipped:
+                group.skipped = tuple(reader.skipped)
+            if isinstance(reader.ahead, Raised):
+                # the source raised after these: they are decided first and the error is raised
+                # at the next read; a checkpoint until then resumes before this group (the
+                # ledger keeps it), so that the resumed pass meets the error too
+                reader.ahead_snapshot = self._passes.snapshot()
+                reader.snapshot_taken()
+                self._ledger.error_held = True
         self._ledger.pending.append(group)
         return group
 

@@ -652,6 +652,20 @@ def _sharded_scored(rank, world, out_dir):
     sifter = sp.Sifter(model, lambda m, b: m(b["x"]).sum(1), micro_batch=4)
     with pytest.raises(sp.ConfigError, match=r"FSDPModule.*gathers its parameters.*sp.recipe"):
         list(sifter([{"__key__": f"k{i}", "x": torch.randn(4)} for i in range(8)]))
+    # its layers sharded one by one, the root not (review of the first fix: scored, unrefused)
+    layers = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    fully_shard(layers[0])
+    fully_shard(layers[1])
+    sifter = sp.Sifter(layers, lambda m, b: m(b["x"]).sum(1), micro_batch=4)
+    with pytest.raises(sp.ConfigError, match=r"model \(Sequential\) is sharded \(FSDPModule, in its module"):
+        list(sifter([{"__key__": f"k{i}", "x": torch.randn(4)} for i in range(8)]))
+    # a scorer written for a DDP wrapper (m.module(x)) is told it is given the module
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = DistributedDataParallel(torch.nn.Linear(4, 2))
+    sifter = sp.Sifter(ddp, lambda m, b: m.module(b["x"]).sum(1), micro_batch=4)
+    with pytest.raises(sp.ScorerError, match=r"given the module DistributedDataParallel wraps"):
+        list(sifter([{"__key__": f"k{i}", "x": torch.randn(4)} for i in range(8)]))
     # with no scoring forward (losses handed back), a sharded model is no trouble
     recipe = sp.recipe(model, "cross_entropy", budget=16, batched=False, micro_batch=4)
     assert len(list(recipe([{"__key__": f"k{i}", "x": torch.randn(4)} for i in range(8)]))) == 8

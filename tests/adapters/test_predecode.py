@@ -592,6 +592,46 @@ def test_an_old_publication_that_cannot_be_deleted_warns_and_the_new_one_stands(
         proxy.stop()
 
 
+def test_two_runs_publishing_to_one_url_at_once_take_only_their_own(tmp_path):
+    """Two jobs running at the same time, each publishing to one URL: the second's workers
+    decided its samples from the first's memory (another model's) and wrote their drop records
+    into the first's audit log, and verify said OK for both (found by review, 2026-12-05: the
+    check by time let a run publishing later through). A publication names the run that made it
+    now (when it began), and a filter told another run ignores it."""
+    published = str(tmp_path / "memory")
+
+    def stage(name):
+        return sp.Sifter(
+            None, scorer, sp.RelativeProbabilistic(2.0, 200), micro_batch=20,
+            memory=sp.ScoreMemory(1000, max_age=None),
+            audit=sp.AuditLog(str(tmp_path / name), run_id=name, writer="thread"),
+        )  # fmt: skip
+
+    def loader():
+        prefilter = sp.PreDecodeFilter(published)
+        dataset = Shards(prefilter)
+        dataset.pipeline = [prefilter]  # where the stage finds it, as in a WebDataset pipeline
+        return DataLoader(dataset, batch_size=None, num_workers=0)
+
+    a, b = stage("a"), stage("b")
+    a_loader, b_loader = loader(), loader()
+    list(a(a_loader))
+    a.publish_memory(published)
+    with pytest.warns(sp.PreDecodeWarning, match="another run made it"):
+        list(b(b_loader))  # b's first epoch: a's publication is newer than b's start, not b's
+    assert b.stats.seen == 400
+    b.publish_memory(published)
+    with pytest.warns(sp.PreDecodeWarning, match="another run made it.*a job running now"):
+        list(a(a_loader))  # b's publication is the latest: a takes none of it
+    assert a.stats.seen == 800
+    for s in (a, b):
+        s.close()
+    for name in ("a", "b"):
+        table = sp.read_log(str(tmp_path / name), include_predecode=True)
+        assert set(table.column("run").to_pylist()) == {name}
+        assert len(table) == 800 if name == "a" else len(table) == 400
+
+
 def test_a_fresh_run_takes_no_publication_another_run_left_at_its_url(tmp_path):
     """A job started again from scratch, publishing where the last one did: its workers decided
     its first epoch from the old run's publication, the losses of another model (found
@@ -625,15 +665,21 @@ def test_a_fresh_run_takes_no_publication_another_run_left_at_its_url(tmp_path):
     seen = fresh.stats.seen
     list(fresh(loader(2)))  # its own publication: taken
     assert fresh.stats.seen - seen < 400 * 0.6
-    with pytest.warns(sp.PreDecodeWarning, match="made before this run began"):
+    with pytest.warns(sp.PreDecodeWarning, match="another run made it"):
         list(stage()(loader(0)))  # (said where the filter runs: here, no workers)
 
     resumed = stage()
     resumed.load_state_dict(roundtrip(state))
+    # the latest publication is the fresh run's, made after the old run began: another run's
+    # all the same (before 2026-12-05, judged by its time, the resumed old run decided from it)
+    with pytest.warns(sp.PreDecodeWarning, match="another run made it"):
+        list(resumed(loader(0)))
+    assert resumed.stats.seen - state["counts"]["seen"] == 400
+    resumed.publish_memory(published)  # its own: taken
     with warnings.catch_warnings():
         warnings.simplefilter("error", sp.PreDecodeWarning)
-        list(resumed(loader(0)))  # the resumed run goes on from the old run's last publication
-    assert resumed.stats.seen - state["counts"]["seen"] < 400 * 0.6
+        list(resumed(loader(0)))
+    assert resumed.stats.seen - state["counts"]["seen"] - 400 < 400 * 0.6
 
     # a fresh run's checkpoint from before its first publication, resumed: still not the old
     # run's publication (a review of the change found the resumed run taking it: 141 of 400)

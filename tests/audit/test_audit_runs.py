@@ -464,3 +464,18 @@ def test_every_accepted_run_id_reads_back_unchanged(tmp_path):
         shutil.rmtree(root)
 
     check()
+
+
+def test_one_audit_log_given_to_two_sifters_is_refused_for_the_second(tmp_path):
+    # found 2026-12-05 (fourth session): both numbered their records from 0 in one stream;
+    # verify blamed a gap, and every manifest held the second Sifter's settings
+    log = sp.AuditLog(str(tmp_path), run_id="shared", writer="thread")
+    first = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=20, seed=1, audit=log)
+    second = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=20, seed=2, audit=log)
+    list(first(make_samples(200)))
+    with pytest.raises(sp.AuditError, match="bound to another Sifter already.*an AuditLog of its own"):
+        list(second(make_samples(200)))
+    list(first(make_samples(200)))  # the first goes on
+    first.close()
+    report = sp.verify_log(str(tmp_path))
+    assert report.complete and report.streams[0].records == 400

@@ -233,3 +233,42 @@ def test_a_raised_non_finite_loss_leaves_the_memory_as_the_decided_groups_left_i
     assert np.isnan(losses).all()
     losses, _ = memory.lookup_keys([x["__key__"] for x in samples[:100]], 1)
     assert np.isfinite(losses).all()
+
+
+def _index_batches(n, size):
+    return [{"__key__": torch.arange(i, i + size)} for i in range(0, n, size)]
+
+
+def _never(model, batch):
+    raise AssertionError("the recipe scored")
+
+
+def test_set_epoch_skipping_epoch_numbers_is_said_once():
+    # found 2026-12-05 (fourth session): with set_epoch(2 * e) every sample trained in the last
+    # pass counted as skipped, and the forgetting guard never acted, unsaid
+    s = sp.recipe(None, _never, budget=400, batched=True, micro_batch=None, cost_guard=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s.set_epoch(0)
+        for batch in s(_index_batches(100, 20)):
+            s.observe(batch["__key__"], torch.rand(20))
+        s.set_epoch(1)  # the next: nothing said
+        list(s(_index_batches(100, 20)))
+    with pytest.warns(sp.ScoreMemoryWarning, match=r"set_epoch\(3\) after epoch 1 skips epoch numbers"):
+        s.set_epoch(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s.set_epoch(5)  # once
+
+
+def test_losses_all_zero_are_said_so_not_told_to_be_made_non_negative(caplog):
+    # found 2026-12-05 (fourth session): the log told the user to hand losses >= 0, which they did
+    s = sp.recipe(None, _never, budget=400, batched=True, micro_batch=None, cost_guard=False)
+    with caplog.at_level("WARNING", logger="siftpipe"):
+        for epoch in range(2):
+            s.set_epoch(epoch)
+            for batch in s(_index_batches(100, 20)):
+                s.observe(batch["__key__"], torch.zeros(20))
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "every remembered loss is 0" in said and "add a constant" not in said
+    assert s.stats.kept == s.stats.seen == 200
