@@ -179,6 +179,8 @@ class Scoring:
             if model is not self._checked[0]:
                 self._checked = (model, self._model_to_score(model))
             model = self._checked[1]
+        elif self._checked[0] is not None:
+            self._checked = (None, None)  # (holding the last model would keep it alive)
         try:
             out = self._forward(batch, device, model)
         except Exception as exc:
@@ -200,7 +202,7 @@ class Scoring:
             if (
                 isinstance(exc, AttributeError)
                 and "'module'" in str(exc)
-                and isinstance(self.model, DistributedDataParallel)
+                and self._checked[1] is not self.model  # a wrapper, scored through its module
             ):
                 # a scorer written for the wrapper (m.module(x)), before 2026-12-05
                 hint = (
@@ -219,7 +221,13 @@ class Scoring:
         ``DistributedDataParallel`` wraps (its forward would broadcast buffers, a collective,
         and ranks score different numbers of micro-batches: a hang; found by review,
         2026-12-05); ``ConfigError`` for a sharded model, whose forward gathers parameters."""
-        unwrapped = model.module if isinstance(model, DistributedDataParallel) else model
+        inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
+        if isinstance(inner, DistributedDataParallel):
+            unwrapped = inner.module  # torch.compile(DDP(m)): m, uncompiled (review, 2026-12-05)
+        elif isinstance(model, DistributedDataParallel):
+            unwrapped = model.module
+        else:
+            unwrapped = model
         for module in unwrapped.modules():  # the root, or layers sharded one by one (review)
             sharded = [c.__name__ for c in type(module).__mro__ if c.__name__ in _SHARDED]
             if sharded:

@@ -666,6 +666,24 @@ def _sharded_scored(rank, world, out_dir):
     sifter = sp.Sifter(ddp, lambda m, b: m.module(b["x"]).sum(1), micro_batch=4)
     with pytest.raises(sp.ScorerError, match=r"given the module DistributedDataParallel wraps"):
         list(sifter([{"__key__": f"k{i}", "x": torch.randn(4)} for i in range(8)]))
+    # compiled after wrapping (torch.compile(DDP(m))): scored through the module too (review)
+    given = []
+    compiled = torch.compile(ddp, backend="eager")
+    sifter = sp.Sifter(compiled, lambda m, b: given.append(m) or m(b["x"]).sum(1), micro_batch=4)
+    list(sifter([{"__key__": f"k{i}", "x": torch.randn(4)} for i in range(8)]))
+    assert given and all(m is ddp.module for m in given)
+    # a model set to None afterwards is not held by the stage (review: kept alive)
+    import gc
+    import weakref
+
+    held = weakref.ref(compiled)
+    sifter.model = None
+    sifter.scorer = lambda m, b: b["x"].sum(1)
+    list(sifter([{"__key__": f"k{i}", "x": torch.randn(4)} for i in range(8)]))
+    given.clear()
+    del compiled
+    gc.collect()
+    assert held() is None
     # with no scoring forward (losses handed back), a sharded model is no trouble
     recipe = sp.recipe(model, "cross_entropy", budget=16, batched=False, micro_batch=4)
     assert len(list(recipe([{"__key__": f"k{i}", "x": torch.randn(4)} for i in range(8)]))) == 8
