@@ -224,6 +224,7 @@ class Replay:
         self._used: dict[Any, np.ndarray] = {}
         self.epoch = 0
         self._passes = 0
+        self._read = False  # the last pass was read (its first next() came)
         self._epoch_set = False
         self.stats = {"seen": 0, "kept": 0, "dropped": 0, "missing": 0}
 
@@ -245,15 +246,18 @@ class Replay:
         return sum(s.nbytes for s in self._shards.values())
 
     def __call__(self, source: Iterable[Any]) -> Iterator[Any]:
-        """Replay over ``source``; a new call is a new pass (epoch + 1 unless ``set_epoch``)."""
-        if self._passes > 0 and not self._epoch_set:
+        """Replay over ``source``; a new call is a new pass (epoch + 1 unless ``set_epoch``, or
+        unless the last pass was never read: the ``Sifter`` does not count such a pass either)."""
+        if self._passes > 0 and not self._epoch_set and self._read:
             self.epoch += 1
             self._new_epoch()
         self._epoch_set = False
+        self._read = False
         self._passes += 1
         return self._run(source)
 
     def _run(self, source: Iterable[Any]) -> Iterator[Any]:
+        self._read = True  # (at the first next(): a pass opened and dropped unread is not an epoch)
         for item in source:
             try:
                 k = item[self.key]

@@ -763,3 +763,22 @@ def test_replaying_all_ranks_of_shards_two_ranks_both_read_is_refused_not_mixed(
         outs[rank] = output_keys(s(split[rank]))
         s.close()
     assert output_keys(sp.replay(apart)(split[1])) == outs[1]
+
+
+def test_a_pass_opened_and_never_read_is_not_an_epoch_in_replay_as_in_the_run(tmp_path):
+    # found 2026-12-05 (fourth session): the Sifter does not count an unread pass as an epoch,
+    # replay did, and the next pass was matched with epoch 1's (missing) decisions
+    samples = make_samples(200, seed=1)
+    s = sp.Sifter(
+        None, loss_field, sp.RelativeProbabilistic(2.0, 100), micro_batch=16, delay=32, seed=1,
+        audit=sp.AuditLog(str(tmp_path), run_id="r", flush_every=50),
+    )  # fmt: skip
+    s(samples)  # opened, never read (a probe)
+    run = output_keys(s(samples))
+    assert s.epoch == 0
+    s.close()
+    r = sp.replay(str(tmp_path))
+    r(samples)
+    assert output_keys(r(samples)) == run and r.epoch == 0
+    r(samples)
+    assert r.epoch == 1  # after a pass that was read, a new call is the next epoch
