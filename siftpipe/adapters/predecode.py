@@ -148,13 +148,11 @@ class PreDecodeFilter:
 
     def __getstate__(self) -> dict[str, Any]:
         # copied to a DataLoader worker (pickled in the training process): the worker, spawned,
-        # has no process group, so it gets the rank the training process has now
-        state = self.__dict__.copy()
-        if state["_rank"] is None and rank_said():
-            # (not before the rank is known: a copy pickled then, through mp.spawn's args, say,
-            # would serve rank 0 for good; found by review of this change, 2026-12-05)
-            state["_rank"] = dist_info()[0]
-        return state
+        # has no process group, so it gets the rank the training process has now: reading it
+        # settles it, once torch.distributed or $RANK says it (not before: a copy pickled then,
+        # through mp.spawn's args, say, would serve rank 0 for good; review, 2026-12-05)
+        self.rank  # noqa: B018
+        return self.__dict__.copy()
 
     @property
     def stats(self) -> dict[str, int]:

@@ -22,10 +22,21 @@ from ..errors import (
 from . import batch as _batch
 from .scorers import Scorer
 
-__all__ = ["CPU", "ByName", "EvalMode", "Scoring", "Setting", "is_oom", "scoring_device"]
+__all__ = ["CPU", "ByName", "EvalMode", "Scoring", "Setting", "is_oom", "not_dense", "scoring_device"]
 
 CPU = torch.device("cpu")
 STRIDED = torch.strided
+
+
+def not_dense(losses: torch.Tensor) -> tuple[str, str] | None:
+    """What kind of tensor ``losses`` is and the fix, when it is not a dense (strided) one: a
+    sparse or nested tensor has no numpy view (and a nested one not even a shape)."""
+    if losses.is_nested:
+        return "nested", "reduce each sample's losses to one and stack them (torch.stack)"
+    if losses.layout is not STRIDED:
+        return str(losses.layout).removeprefix("torch."), "loss.to_dense()"
+    return None
+
 
 #: Keys of a group's rows ``at``, for messages (``None``: the samples carry none).
 Names = Callable[[np.ndarray], "list[Any] | None"]
@@ -289,14 +300,9 @@ class Scoring:
                 f"scorer {self.scorer!r} returned a {type(out).__name__} for the {where}; it must "
                 f"return a torch.Tensor of shape [{rows}] (one loss per sample)"
             )
-        if out.is_nested or out.layout is not STRIDED:
-            # a sparse or nested tensor has no numpy view (and a nested one not even a shape)
-            kind = "nested" if out.is_nested else str(out.layout).removeprefix("torch.")
-            fix = (
-                "reduce each sample's losses to one and stack them (torch.stack)"
-                if out.is_nested
-                else "return loss.to_dense()"
-            )
+        problem = not_dense(out)
+        if problem is not None:
+            kind, fix = problem
             raise ScorerOutputError(
                 f"scorer {self.scorer!r} returned a {kind} tensor for the {where}; it must return "
                 f"a dense 1-d tensor of shape [{rows}] (one loss per sample): {fix}"

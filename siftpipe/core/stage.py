@@ -45,6 +45,7 @@ from .scoring import (
     ByName,
     Scoring,
     Setting,
+    not_dense,
     scoring_device,
 )
 from .settings import (
@@ -1394,15 +1395,12 @@ def _check_observed(keys: Any, losses: Any) -> None:
             f"integer tensor or array), got {type(keys).__name__}: pass batch['__key__']"
         )
     if isinstance(losses, torch.Tensor):
+        problem = not_dense(losses)
         if losses.is_meta:
             what, fix = "on the meta device (shapes without values)", "compute them on a real device"
-        elif losses.is_nested:
-            what, fix = "as a nested tensor", "reduce each sample's losses to one, then torch.stack"
-        elif losses.layout is not torch.strided:
-            what, fix = f"as a {str(losses.layout).removeprefix('torch.')} tensor", "loss.to_dense()"
-        else:
-            what = fix = ""
-        if what:
+        elif problem is not None:
+            what, fix = f"as a {problem[0]} tensor", problem[1]
+        if losses.is_meta or problem is not None:
             raise ScorerOutputError(
                 f"observe() got the losses {what}; it takes one loss per key in a dense tensor "
                 f"or array: {fix}"
