@@ -354,17 +354,26 @@ def _parse_json(data: bytes) -> Any:
     return json.loads(data.decode())
 
 
+def _later_format(text: Any) -> int | None:
+    """The format a log object says it was written in, if later than this reader's."""
+    said = text.get("format") if isinstance(text, dict) else None
+    if isinstance(said, int) and not isinstance(said, bool) and said > FORMAT_VERSION:
+        return said
+    return None
+
+
 def _refuse_newer(texts: Sequence[Any], paths: Sequence[str], secrets: Sequence[str]) -> None:
-    """``AuditError`` if a log object says it was written in a later format than this reader's
-    (found by review, 2026-12-05: such a log verified OK and was read as this format)."""
-    for text, path in zip(texts, paths, strict=True):
-        said = text.get("format") if isinstance(text, dict) else None
-        if isinstance(said, int) and not isinstance(said, bool) and said > FORMAT_VERSION:
-            raise AuditError(
-                f"{redact(path, secrets)} was written in audit log format {said}, and this siftpipe "
-                f"reads format {FORMAT_VERSION} and earlier: read the log with the siftpipe that "
-                "wrote it, or a later one (pip install -U siftpipe)"
-            )
+    """``AuditError`` if every log object says it was written in a later format than this
+    reader's: a later siftpipe's log (found by review, 2026-12-05: such a log verified OK and was
+    read as this format). Some of them only: those are read as malformed (``_checked_manifest``),
+    as any other damaged object is."""
+    said = [_later_format(text) for text in texts]
+    if said and all(said):
+        raise AuditError(
+            f"{redact(paths[0], secrets)} was written in audit log format {said[0]}, and this "
+            f"siftpipe reads format {FORMAT_VERSION} and earlier: read the log with the siftpipe "
+            "that wrote it, or a later one (pip install -U siftpipe)"
+        )
 
 
 _BIG = 2**62  # beyond any real count, sequence or part number: a damaged value
@@ -440,7 +449,13 @@ def _checked_manifest(manifest: Any, path: str, secrets: Sequence[str], what: st
     with a warning naming the object (a reader then goes on without it)."""
     kinds = {"manifest": _MANIFEST_CHECKS, "claim": _CLAIM_CHECKS, "note": _NOTE_CHECKS}
     checks = kinds.get(what, _END_CHECKS)
-    problem = _problem(manifest, checks)
+    later = _later_format(manifest)
+    problem = (
+        f"written in audit log format {later}; this siftpipe reads format {FORMAT_VERSION} and "
+        "earlier"
+        if later is not None
+        else _problem(manifest, checks)
+    )
     if problem is None:
         return manifest
     consequence = {

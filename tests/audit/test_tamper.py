@@ -218,18 +218,18 @@ def test_keys_warns_of_parts_gone_and_of_two_jobs_and_fails_with_no_readable_par
     assert "no readable part" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("which", ["_manifest-*.json", "_end-*.json", "_claim-*.json"])
-def test_a_log_of_a_later_format_is_refused_not_misread(pristine, tmp_path, capsys, which):
+def test_a_log_of_a_later_format_is_refused_not_misread(pristine, tmp_path, capsys):
     # found 2026-12-05 (fourth session): no reader checked "format"; a log a later siftpipe wrote
     # verified OK and was read as this format
     from siftpipe.audit.wire import FORMAT_VERSION
 
     root, stream = copy_of(pristine, tmp_path)
-    obj = sorted(stream.glob(which))[0]
-    said = json.loads(obj.read_text())
-    assert said["format"] == FORMAT_VERSION
-    obj.write_text(json.dumps({**said, "format": FORMAT_VERSION + 1}))
-    newer = rf"{obj.name} was written in audit log format {FORMAT_VERSION + 1}.*reads format {FORMAT_VERSION}"
+    objects = sorted(stream.glob("_*.json"))
+    for obj in objects:
+        said = json.loads(obj.read_text())
+        assert said["format"] == FORMAT_VERSION
+        obj.write_text(json.dumps({**said, "format": FORMAT_VERSION + 1}))
+    newer = rf"_\S+\.json was written in audit log format {FORMAT_VERSION + 1}.*reads format {FORMAT_VERSION}"
     for read in (sp.verify_log, sp.read_log, lambda url: sp.whatif(url, {"u": sp.Uniform(0.5)})):
         with pytest.raises(sp.AuditError, match=newer):
             read(str(root))
@@ -237,3 +237,20 @@ def test_a_log_of_a_later_format_is_refused_not_misread(pristine, tmp_path, caps
         assert cli(["log", command, str(root)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "format" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("which", ["_manifest-*.json", "_end-*.json", "_claim-*.json"])
+def test_one_object_of_a_later_format_is_damage_said_by_name(pristine, tmp_path, which):
+    # one object among this format's: read as a malformed one is (warned by name, read without
+    # it), so that verify does not say OK and warn-mode readers go on (test_fuzz_log's contract)
+    from siftpipe.audit.wire import FORMAT_VERSION
+
+    root, stream = copy_of(pristine, tmp_path)
+    obj = sorted(stream.glob(which))[0]
+    obj.write_text(json.dumps({**json.loads(obj.read_text()), "format": FORMAT_VERSION + 1}))
+    said = rf"{obj.name} is unreadable or malformed \(written in audit log format"
+    with pytest.warns(RuntimeWarning, match=said):
+        report = sp.verify_log(str(root))
+    # a manifest's part or an end marker's close is not taken on its word (a claim only names
+    # the attempt's job, which its manifests say too)
+    assert report.complete is (which == "_claim-*.json")
