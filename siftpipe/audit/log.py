@@ -375,10 +375,12 @@ class AuditLog:
         if self._failed is not None:
             self.stats.unwritten_records += rows
             self._raise_if_failed()
+        identity = self._identity()
+        if len(self._unhanded) > self._noted:
+            # the note sent right after this part holds them: its manifest counts them already
+            identity["unhanded_noted"] = len(self._unhanded)
         header, buffers = wire.encode_part(
-            chunks,
-            {"part": number, "directory": self.directory, "identity": self._identity()},
-            self._clean_url,
+            chunks, {"part": number, "directory": self.directory, "identity": identity}, self._clean_url
         )
         self._send(header, buffers, rows)
         self._note_unhanded()  # rows a pass was left before, that this part or an earlier holds
@@ -649,6 +651,10 @@ class AuditLog:
             "flush_every": self.flush_every,
             "stage": self._metadata,
         }
+        if self._noted:
+            # how many entries the attempt's _unhanded notes hold so far: a note deleted later is
+            # then missed by verify, not read as rows trained (found by review, 2026-12-05)
+            identity["unhanded_noted"] = self._noted
         if self._merged:
             # decisions made against histories merged across ranks: replays cannot redo them
             identity["merged_history"] = True

@@ -76,6 +76,8 @@ class _Attempt:
     #: The ``unhanded`` entries of its ``_unhanded-*.json`` notes (written as each pass was left,
     #: so an attempt killed later still has them; the end marker repeats them).
     unhanded_notes: list[Any] = field(default_factory=list)
+    #: How many such entries its manifests say its notes hold (the most any says; 0 if none says).
+    unhanded_said: int = 0
     #: Other streams its own objects (manifests, claim, end marker) name, as ``"run=t rank=0"``:
     #: objects copied or moved here from there (each names the run and rank that wrote it).
     named: list[str] = field(default_factory=list)
@@ -287,6 +289,8 @@ def list_parts(
         attempt.ended = stream_key in ended
         attempt.end = ends.get(stream_key)
         attempt.unhanded_notes = notes.get(stream_key, [])
+        noted: list[Any] = [(p.manifest or {}).get("unhanded_noted") for p in attempt.parts]
+        attempt.unhanded_said = max([int(n) for n in noted if _count_like(n)] or [0])
         origin = (attempt.end or {}).get("origin")
         attempt.origin = origin if isinstance(origin, str) else origins.get(stream_key)
         times = [_number((p.manifest or {}).get("decided_until"), None) for p in attempt.parts]
@@ -451,8 +455,7 @@ def _checked_manifest(manifest: Any, path: str, secrets: Sequence[str], what: st
     checks = kinds.get(what, _END_CHECKS)
     later = _later_format(manifest)
     problem = (
-        f"written in audit log format {later}; this siftpipe reads format {FORMAT_VERSION} and "
-        "earlier"
+        f"written in audit log format {later}; this siftpipe reads format {FORMAT_VERSION} and earlier"
         if later is not None
         else _problem(manifest, checks)
     )
@@ -1337,6 +1340,15 @@ def verify_log(
         dropped = int(_number(end.get("dropped_records"), 0))
         report.missing_parts.extend(_missing_parts(attempt)[0])
         report.dropped_records += dropped
+        marked = end.get("unhanded")
+        in_marker = len(marked) if isinstance(marked, list) else 0
+        if len(attempt.unhanded_notes) < attempt.unhanded_said and in_marker < attempt.unhanded_said:
+            report.missing_parts.append(
+                f"attempt {attempt.attempt}: its manifests say its _unhanded notes hold "
+                f"{attempt.unhanded_said} range(s) of rows decided kept and never handed on, the notes "
+                f"found hold {len(attempt.unhanded_notes)}: a note is missing, and read_log reads "
+                "the rows it named as kept"
+            )
         if attempt.claim_only is not None:
             report.notes.append(
                 f"attempt {attempt.attempt} left only its claim ({attempt.claim_only}), no records: "

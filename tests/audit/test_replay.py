@@ -418,6 +418,29 @@ def test_rows_a_pass_was_left_before_read_as_not_kept_after_the_attempt_is_kille
     assert "did not close" in lines and f"{unhanded} records decided kept were never handed on" in lines
 
 
+@pytest.mark.adversarial
+def test_a_deleted_unhanded_note_of_a_killed_attempt_is_reported_not_read_as_trained(tmp_path):
+    # found by review, 2026-12-05: the note was the only object that said which rows of a killed
+    # attempt were never handed on; deleted, read_log read them as kept and verify said OK
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(tmp_path / "log")
+    child = subprocess.run(
+        [sys.executable, "-c", _KILLED_AFTER_LEAVING_A_PASS, root, "{}"], check=False, capture_output=True,
+        text=True, timeout=120, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert child.returncode == -9, child.stderr
+    notes = list((tmp_path / "log").rglob("_unhanded-*.json"))
+    assert len(notes) == 1 and sp.verify_log(root).ok
+    notes[0].unlink()
+    report = sp.verify_log(root)
+    assert not report.ok
+    lines = "\n".join(report.lines())
+    assert "a note is missing" in lines and "hold 1 range(s)" in lines, lines
+
+
 def collated(samples, size):
     from torch.utils.data import default_collate
 
