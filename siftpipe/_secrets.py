@@ -73,6 +73,7 @@ _SECRET_WORDS = frozenset(
         "sig",
         "signature",
         "token",
+        "jwt",
     }
 )
 _SECRET_NAMES = frozenset(
@@ -222,7 +223,8 @@ PIPE = "pipe:"
 
 # credential shapes in a shell command, beyond the URLs that ``redact`` already handles:
 # NAME=value for a credential-like NAME, the value of -u/--user and of any --flag naming a secret
-# (--password, --token, --s3-secret-access-key, ...), and the value of a credential header
+# (--password, --token, --s3-secret-access-key, --sse-c-key, ...), and the value of a credential
+# header
 _SECRET_WORD = (
     r"(?:secret|token|password|passwd|pwd|credential|signature|access[_-]?key|account[_-]?key"
     r"|api[_-]?key|auth|sas|session)"
@@ -232,7 +234,11 @@ _COMMAND_SECRETS = (
     # a cookie header's value (every cookie in it, to the quote or the line's end)
     re.compile(r"(?i)((?:set-)?cookie\s*:\s*)([^\"'\n]+)"),
     re.compile(rf"(?i)(\b[A-Z0-9_]*{_SECRET_WORD}[A-Z0-9_]*=){_VALUE}"),
-    re.compile(rf"(?i)((?:^|\s)(?:-u|--user|--[\w-]*{_SECRET_WORD}[\w-]*|--key)(?:\s+|=)){_VALUE}"),
+    # any flag ending in -key too: --sse-c-key (aws CLI, a customer encryption key),
+    # --encrypt-key (minio mc), --encryption-key, --private-key (found by review, 2026-12-05)
+    re.compile(
+        rf"(?i)((?:^|\s)(?:-u|--user|--[\w-]*{_SECRET_WORD}[\w-]*|--(?:[\w-]*-)?key)(?:\s+|=)){_VALUE}"
+    ),
     re.compile(
         rf"(?i)((?:authorization|[\w-]*{_SECRET_WORD}[\w-]*|[\w-]*-key)\s*:\s*(?:bearer\s+|basic\s+|token\s+)?)([^\s\"']+)"
     ),

@@ -546,6 +546,12 @@ class ShardSource(BaseNode[dict[str, Any]]):
             except (ResumeError, ConfigError):
                 raise
             except Exception as exc:  # handed to the handler below
+                if getattr(exc, "_handler_raised", False):
+                    # the handler raised it for one of the shard's members: asked once, as is
+                    self.opener.count("failed")
+                    if self._shard == index:
+                        self._advance()
+                    raise
                 err = self.opener.error(exc, url, key)
                 del exc
             if err is None:
@@ -661,7 +667,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
                 else:
                     self._sample += 1
                     self._offset = next_offset
-                    self._next_key = next_key
+                    self._next_key = next_key or None  # "": not known yet (re-read, skip by count)
                 yield sample
             if expected is not None:
                 raise ResumeError(

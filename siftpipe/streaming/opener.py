@@ -234,6 +234,11 @@ def _transient_type(exc: BaseException) -> bool:
     return name == "FSTimeoutError"
 
 
+_NO_BUCKET = re.compile(
+    r"(?i)no\s*such\s*bucket|bucket\s+(?:does\s+not|doesn't)\s+exist|bucket\s+(?:\S+\s+)?not\s+found"
+)
+
+
 def classify_error(exc: BaseException) -> str:
     """What went wrong, from an error raised by fsspec (or its backend) or by tarfile.
 
@@ -261,7 +266,9 @@ def classify_error(exc: BaseException) -> str:
     if isinstance(first, TarLimitError):
         return "too_large"
     if isinstance(first, FileNotFoundError):
-        return "missing_bucket" if "bucket" in str(first).lower() else "missing"
+        # what the store says ("The specified bucket does not exist"), not the word in a path
+        # (s3://team-bucket-data/x.tar was told its bucket did not exist; found by review, 2026-12-05)
+        return "missing_bucket" if _NO_BUCKET.search(str(first)) else "missing"
     if isinstance(first, PermissionError):
         return "denied"
     if any(_transient_type(e) for e in chain):
@@ -625,15 +632,22 @@ class PipeStream(_Readable):
 
     def read(self, n: int | None = -1) -> bytes:
         assert self.proc.stdout is not None
-        data = self.proc.stdout.read(-1 if n is None or n < 0 else n)
+        # what has arrived, up to n bytes: read(n) waited for all n, so a shard ending inside
+        # tarfile's 10 KiB read waited for the command to exit, past `timeout` (found by review,
+        # 2026-12-05: a one-record shard of a lingering command hung as long as it lingered)
+        out: Any = self.proc.stdout  # a BufferedReader: read1 takes what one read of the pipe gives
+        data = out.read(-1) if n is None or n < 0 else out.read1(n)
         if not data and n != 0:
-            self._check(self._wait(None))
+            self._ended()  # its output ended: it has `timeout` to exit, as after the archive's end
         return data
 
     def finish(self) -> None:
         """The shard was read to its end: stop reading, wait for the command, check its status."""
         assert self.proc.stdout is not None
         self.proc.stdout.close()
+        self._ended()
+
+    def _ended(self) -> None:
         status = self._wait(self.timeout)
         if status is None:
             self._kill()
@@ -1006,7 +1020,9 @@ def iter_tar_samples(
     ``__key__``, ``__url__`` and one ``bytes`` value per field. Yields ``(sample, next_offset,
     next_key)``: the byte offset (counting from the start of the object; ``start`` is where
     ``stream`` begins) of the tar header that starts the next sample, and that sample's key, or
-    ``None`` after the last sample or when the archive is compressed (offsets are not seekable).
+    ``None`` after the last sample or when the archive is compressed (offsets are not seekable);
+    ``(sample, None, "")`` where a sample follows but where and which is not known yet (a member
+    that a handler may skip alone follows: a resume re-reads the shard and skips by count).
     ``__url__`` is ``url`` with any credential in it redacted (it ends up in logs and audits); a
     local shard's samples also carry ``__local_path__``, as webdataset's do (see ``local_path``).
 
@@ -1054,14 +1070,18 @@ def iter_tar_samples(
         if match is None:
             continue
         prefix, suffix = match.group(1), match.group(2).lower()
-        if current is not None and prefix != current["__key__"]:
-            yield current, (start + info.offset if seekable else None), prefix
-            current = None
         if not _is_text(name):
             garbled = tarfile.ReadError(
                 f"member {name.encode('utf-8', 'surrogateescape')!r} has a name that is not valid "
                 "UTF-8: its key could not be recorded in logs; rename the member"
             )
+            if current is not None and prefix != current["__key__"]:
+                # the sample before it is whole. Where the next one starts is not known yet (a
+                # handler may skip this member alone): a checkpoint here re-reads the shard and
+                # skips by count. Before (found by review, 2026-12-05) the skipped member was
+                # taken for the next sample, and the resume refused as "shard changed"
+                yield current, None, ""
+                current = None
             if on_member_error is None:
                 raise garbled
             # one member's fault: a handler that goes on skips it alone and reads the rest of
@@ -1070,6 +1090,9 @@ def iter_tar_samples(
             if skip:
                 continue
             break
+        if current is not None and prefix != current["__key__"]:
+            yield current, (start + info.offset if seekable else None), prefix
+            current = None
         if current is None:
             held = 0
         if max_member_bytes is not None and info.size > max_member_bytes:
@@ -1248,7 +1271,16 @@ class ShardReader:
             # completed, and nothing said a member or the shard's rest was missing; found by
             # review, 2026-12-05)
             err = self.opener.error(exc, url, what=f"{doing} member {name!r} of")
-            if self.handler(err):
+            try:
+                go_on = self.handler(err)
+            except Exception as raised:
+                # the handler raised (reraise_exception, or one that logs first): it was asked
+                # once, and what it raised goes to the caller as it is (found by review,
+                # 2026-12-05: the handler was asked again, with the error wrapped)
+                with contextlib.suppress(AttributeError, TypeError):
+                    raised._handler_raised = True  # type: ignore[attr-defined]
+                raise
+            if go_on:
                 self.opener.count("members_skipped")
                 return True
             err._handler_stopped = True  # type: ignore[attr-defined]  # (handle: asked already)
@@ -1296,6 +1328,9 @@ class ShardReader:
         except ConfigError:  # a setting, not a shard, is wrong: skipping shards would hide it
             raise
         except Exception as exc:  # handed to the handler below
+            if getattr(exc, "_handler_raised", False):
+                self.opener.count("failed")  # the handler was asked, for one of its members
+                raise
             err = self.opener.error(exc, url, key)
             if err.key is None and key is not None:
                 stopped = getattr(err, "_handler_stopped", False)

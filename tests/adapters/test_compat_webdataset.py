@@ -137,6 +137,46 @@ def test_a_second_member_of_one_field_is_skipped_alone_by_a_handler_that_goes_on
     assert isinstance(err, tarfile.ReadError) and "sample 'a' has two members with field 'cls'" in str(err)
 
 
+def test_a_handler_that_raises_for_a_member_is_asked_once_and_its_error_goes_up_as_is(tmp_path):
+    """found by review, 2026-12-05: a handler that logs and re-raises was asked twice for one
+    duplicate member (once for the member, once for the shard), and what it raised came back
+    wrapped; webdataset asks once."""
+    from siftpipe.nodes import ShardSource
+
+    path = tmp_path / "dup-000000.tar"
+    with tarfile.open(path, "w") as tf:
+        for name in ["k0.txt", "k1.txt", "k1.txt", "k2.txt"]:
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tf.addfile(info, io.BytesIO(b"x"))
+
+    class Alert(Exception):
+        pass
+
+    for raising in ("itself", "its own"):
+        asked: list[str] = []
+
+        def handler(exn, raising=raising, asked=asked):
+            asked.append(str(exn))
+            raise exn if raising == "itself" else Alert("paged")
+
+        for make in (
+            lambda h: WebDataset(str(path), shardshuffle=False, handler=h),
+            lambda h: wds.WebDataset(str(path), shardshuffle=False, handler=h),
+            lambda h: ShardSource([str(path)], handler=h),
+        ):
+            asked.clear()
+            err = raised(make(handler))
+            assert len(asked) == 1, (raising, asked)
+            if raising == "its own":
+                assert isinstance(err, Alert) and str(err) == "paged"
+            else:
+                assert isinstance(err, ValueError | tarfile.ReadError)
+    source = ShardSource([str(path)], handler=handler)
+    raised(source)
+    assert source.shard_stats().failed == 1
+
+
 def test_a_failing_decoder_is_webdatasets_decoding_error(odd):
     decoding_error = wds.autodecode.DecodingError
     theirs = raised(wds.WebDataset(odd, shardshuffle=False).decode())

@@ -293,6 +293,31 @@ def test_a_name_that_is_not_utf8_is_refused_naming_it(tmp_path):
     tried("hostile tar members tried")
 
 
+def test_a_checkpoint_just_before_a_skipped_non_utf8_member_resumes(tmp_path):
+    # found by review, 2026-12-05: the skipped member was taken for the next sample's start, so
+    # the state expected its key there and the resume was refused as "shard changed"
+    from siftpipe.nodes import ShardSource
+
+    names = ["k0.txt", "k1.txt", "k\udcff2.txt", "k3.txt", "k4.txt"]
+    url = write(tmp_path / "skip-000000.tar", archive(*[member(n, b"data") for n in names]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        whole = [s["__key__"] for s in ShardSource([url], handler=wds.warn_and_continue)]
+        assert whole == ["k0", "k1", "k3", "k4"]
+        for cut in range(len(whole) + 1):
+            first = ShardSource([url], handler=wds.warn_and_continue)
+            first.reset(None)
+            got = [next(first)["__key__"] for _ in range(cut)]
+            state = first.get_state()
+            again = ShardSource([url], handler=wds.warn_and_continue)
+            again.reset(state)
+            assert got + [s["__key__"] for s in again] == whole, cut
+    # without a handler the sample before it is still handed on whole, then the error
+    got, err = read(url)
+    assert [s["__key__"] for s in got] == ["k0", "k1"] and err is not None and err.kind == "corrupt"
+    tried("hostile tar members tried")
+
+
 # ---------------------------------------------------------------------------------- names and kinds
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import s3fs
 
 import siftpipe as sp
 from siftpipe.adapters.webdataset import WebDataset
@@ -112,6 +113,23 @@ def test_missing_bucket_names_the_bucket_and_the_endpoint_fix(local_s3):
         list(ShardReader(ShardOpener(s3_options(local_s3.endpoint), **FAST))([url]))
     assert e.value.kind == "missing_bucket"
     assert "s3://no-such-bucket-siftpipe/train-000000.tar" in str(e.value)
+
+
+def test_a_missing_object_in_a_bucket_named_bucket_is_not_a_missing_bucket(local_s3, tmp_path):
+    # found by review, 2026-12-05: the word "bucket" in the path was taken for the store saying
+    # the bucket did not exist, and the user sent to check the endpoint
+    fs = s3fs.S3FileSystem(**s3_options(local_s3.endpoint))
+    fs.mkdir("team-bucket-data")
+    url = "s3://team-bucket-data/train-000001.tar"
+    with pytest.raises(sp.ShardError, match="shard pattern") as e:
+        list(ShardReader(ShardOpener(s3_options(local_s3.endpoint), **FAST))([url]))
+    assert e.value.kind == "missing" and "endpoint_url" not in str(e.value)
+    local = tmp_path / "bucket-mirror" / "train-000000.tar"
+    with pytest.raises(sp.ShardError, match="shard pattern") as e:
+        list(ShardReader(ShardOpener())([str(local)]))
+    assert e.value.kind == "missing"
+    assert classify_error(FileNotFoundError(2, "No such file", "/data/bucket/x.tar")) == "missing"
+    assert classify_error(FileNotFoundError("NoSuchBucket: nope")) == "missing_bucket"
 
 
 def test_missing_local_file_is_a_shard_error(tmp_path):

@@ -169,6 +169,14 @@ def test_credentials_in_a_command_never_reach_errors_warnings_or_samples(shards,
         ("curl https://h/x.tar?session_id=abcd", "curl https://h/x.tar?session_id=***"),
         ("SESSION_TOKEN=abcd cat x", "SESSION_TOKEN=*** cat x"),
         ("tar -b 20 -xf x.tar", "tar -b 20 -xf x.tar"),  # -b is a cookie to curl only
+        # a flag ending in -key names a key (found by review, 2026-12-05: an SSE-C key in clear)
+        (
+            "aws s3 cp --sse-c AES256 --sse-c-key abcd s3://b/x.tar -",
+            "aws s3 cp --sse-c AES256 --sse-c-key *** s3://b/x.tar -",
+        ),
+        ("mc cat --encrypt-key 'b/=abcd' al/b/x.tar", "mc cat --encrypt-key *** al/b/x.tar"),
+        ("tool --encryption-key=abcd x.tar", "tool --encryption-key=*** x.tar"),
+        ("curl https://h/x.tar?jwt=abcd&part=3", "curl https://h/x.tar?jwt=***&part=3"),
     ],
 )
 def test_redact_command(command, shown):
@@ -211,6 +219,30 @@ def test_a_command_that_does_not_exit_after_its_archive_is_ended_and_reported(sh
     reader = ShardReader(ShardOpener(timeout=0.5))
     with pytest.raises(sp.ShardError, match=r"did not exit within 0\.5 s after its archive was read"):
         list(reader([url]))
+
+
+@pytest.mark.parametrize("after", ["sleep 120", "exec >&-; sleep 120"])
+def test_a_one_record_shard_of_a_command_that_lingers_is_ended_too(tmp_path, after):
+    # found by review, 2026-12-05: a shard within tarfile's first 10 KiB read waited for the
+    # command to exit (read(n) waits for all n bytes), past the timeout; so did a command that
+    # closed its output and lingered
+    import threading
+
+    small = write_shards([{"x.txt": "v"}], str(tmp_path / "one"), samples_per_shard=10, progress=False)
+    assert (tmp_path / "one-000000.tar").stat().st_size == 10240
+    got: list = []
+
+    def run():
+        try:
+            list(ShardReader(ShardOpener(timeout=0.5))([f"pipe:cat {small.urls[0]}; {after}"]))
+        except sp.ShardError as exc:
+            got.append(exc)
+
+    reader = threading.Thread(target=run, daemon=True)
+    reader.start()
+    reader.join(60)  # a bound on a hang, not a timing: the command lingers 120 s
+    assert not reader.is_alive(), "the reader waited for the command past its timeout"
+    assert len(got) == 1 and "did not exit within 0.5 s" in str(got[0]) and got[0].kind == "command"
 
 
 def test_wds_secure_refuses_pipe_urls_as_webdataset_does(shards, monkeypatch):
