@@ -273,14 +273,23 @@ class EqualSteps(Iterable[T]):
             return
         device = _device_for(self.group)
         flag = torch.zeros(1, dtype=torch.int64, device=device)
-        it = iter(self.source)
+        failure: Exception | None = None
+        it: Iterator[T] | None = None
+        try:
+            it = iter(self.source)
+        except Exception as exc:
+            # a loader's iter() resumes it (a torchdata Loader's reset) or starts its workers: a
+            # failure there is told the others in the first step's agreement too (found by
+            # review, 2026-12-05: they waited for the process group's timeout, the cause unsaid)
+            failure = exc
         sifter = self.sifter
         self.steps = 0
         first = True
         fetched = 0  # items read from source this epoch: the stage's batches, one for one
-        failure: Exception | None = None
         while True:
             try:
+                if it is None:
+                    raise failure  # type: ignore[misc]  # iter() failed: this rank has no step
                 item = next(it)
                 have = 1
                 fetched += 1

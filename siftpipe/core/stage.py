@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import threading
 import time
 import warnings
@@ -748,7 +749,7 @@ class Sifter:
             # handed on after it come again and are passed over
             reader.pulled = int(resume["consumed"])
             reader.skips = list(self._passes.raised)  # (the state holds only those it meets again)
-        gen = self._run(reader, resume, surface, self._passes.id, threading.get_ident())
+        gen = self._run(reader, resume, surface, self._passes.id, (threading.get_ident(), os.getpid()))
         self._passes.attach(gen, reader)
         return gen
 
@@ -991,8 +992,14 @@ class Sifter:
     # ------------------------------------------------------------------ the pass
 
     def _run(
-        self, reader: Reader, resume: dict[str, Any] | None, surface: bool, opened: int, thread: int
+        self,
+        reader: Reader,
+        resume: dict[str, Any] | None,
+        surface: bool,
+        opened: int,
+        thread: tuple[int, int],
     ) -> Generator[Any, None, None]:
+        self._check_thread(thread)  # before a resumed pass re-reads its groups, too
         if not self._passes.is_current(opened):
             # never read before the stage opened another pass (or loaded a state, or closed)
             raise self._closed_error()
@@ -1196,14 +1203,22 @@ class Sifter:
         if self._account.pass_ends(mark, stopping=stopping) and stopping:
             self._decider.counts["stopped_at"] = self._decider.counts["seen"]
 
-    def _check_thread(self, thread: int) -> None:
-        """``SiftInWorkerError`` if the pass opened in ``thread`` is read in another thread and the
-        stage would use the model or the score memory there."""
-        if threading.get_ident() != thread and (self.model is not None or self.memory is not None):
+    def _check_thread(self, thread: tuple[int, int]) -> None:
+        """``SiftInWorkerError`` if the pass opened in ``thread`` (its id and its process's) is
+        read in another process, or in another thread and the stage would use the model or the
+        score memory there."""
+        ident, pid = thread
+        if os.getpid() != pid:
+            # a pass opened here and read in a forked copy (a DataLoader worker iterating the
+            # stream made before it started): that thread's id is the same, its model a stale
+            # copy (found by review, 2026-12-05: each worker scored and handed on every sample)
+            _check_not_in_worker()
+            raise SiftInWorkerError(_OTHER_PROCESS.format(opened=pid, here=os.getpid()))
+        if threading.get_ident() != ident and (self.model is not None or self.memory is not None):
             raise SiftInWorkerError(_OTHER_THREAD.format(thread=threading.current_thread().name))
 
     def _outputs(
-        self, out: Output, reader: Reader, groups: list[Group], surface: bool, thread: int
+        self, out: Output, reader: Reader, groups: list[Group], surface: bool, thread: tuple[int, int]
     ) -> Iterator[Iterator[Any]]:
         """The items to hand on, group by group: the re-read groups', then each fresh group's
         once decided, then what the output still holds. ``surface``: an error reading the source
@@ -1425,6 +1440,12 @@ def _directory_of(sink: Any) -> str | None:
     return directory if isinstance(directory, str) else None
 
 
+_OTHER_PROCESS = (
+    "siftpipe.Sifter's pass was opened in process {opened} and is read in process {here}, a copy "
+    "forked from it, whose model is a copy of the weights as they were then: its scores would be "
+    "stale, and every copy would hand on the same samples. Sift in the training process after "
+    "the loader: `for x in sifter(loader)`, or WebLoader(dataset, ...).sift(sifter)."
+)
 _OTHER_THREAD = (
     "siftpipe.Sifter's pass is read in thread {thread!r}, not in the thread that opened it (called "
     "sifter(...), or reset the SiftNode): a prefetching thread (torchdata's Prefetcher, PinMemory or "

@@ -562,6 +562,39 @@ def test_a_stage_failing_on_one_rank_ends_the_epoch_on_every_rank_at_that_step(t
     assert got[0][3].startswith("SiftError: another rank's data or stage failed at step 4")
 
 
+class _ResumeRefused:
+    """A loader whose iter() fails, as a torchdata Loader's does when its reset refuses a state."""
+
+    def __iter__(self):
+        raise sp.ResumeError("the checkpoint was made with other settings (on rank 1)")
+
+
+def _iter_fails_on_one_rank(rank, world, out_dir):
+    samples = make_samples(40, seed=rank)
+    sifter = sp.Sifter(None, loss_field, sp.Uniform(0.9), micro_batch=10, output_batch=8)
+    said = ""
+    try:
+        for _ in sp.EqualSteps(_ResumeRefused() if rank == 1 else sifter(samples), sifter=sifter):
+            dist.all_reduce(torch.ones(1))
+    except sp.SiftError as e:
+        said = f"{type(e).__name__}: {e}"
+    t = torch.full((1,), float(rank + 1))
+    dist.all_reduce(t)  # the job's next collective meets the other rank's
+    with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
+        f.write(f"{t.item()}|{said}")
+
+
+def test_a_loader_whose_iter_fails_on_one_rank_is_told_to_every_rank(tmp_path):
+    # found by review, 2026-12-05: iter(source) (a Loader's reset, a DataLoader's workers) sat
+    # outside the step's agreement: the other rank waited for the process group's timeout (30
+    # minutes by default) and never learnt the cause
+    launch(_iter_fails_on_one_rank, 2, str(tmp_path), timeout=90)
+    got = [(tmp_path / f"rank{r}.txt").read_text().split("|") for r in range(2)]
+    assert got[0][0] == got[1][0] == "3.0"
+    assert got[1][1].startswith("ResumeError") and "other settings (on rank 1)" in got[1][1]
+    assert got[0][1].startswith("SiftError: another rank's data or stage failed at step 1")
+
+
 def _failure_then_sync_fails(rank, world, out_dir):
     import warnings
 

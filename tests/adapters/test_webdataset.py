@@ -258,6 +258,47 @@ def test_sifting_inside_the_workers_raises_sift_in_worker_error(shards):
     assert len(output_keys(WebLoader(dataset, batch_size=None, num_workers=0))) > 0
 
 
+class _Opened(torch.utils.data.IterableDataset):
+    def __init__(self, it):
+        self.it = it
+
+    def __iter__(self):
+        return self.it
+
+
+def _read_in_fork(sifted, out):
+    try:
+        next(sifted)
+        out.put("read")
+    except Exception as exc:
+        out.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_a_pass_opened_here_and_read_in_forked_workers_raises_sift_in_worker_error():
+    # found by review, 2026-12-05: the check ran when the pass opened; read afterwards in a
+    # forked copy (whose thread has the same id) it scored with the copy's stale model, and every
+    # worker handed on every sample
+    import multiprocessing
+
+    from tests.common import loss_field, make_samples
+
+    model = torch.nn.Linear(4, 1)
+    sifter = sp.Sifter(model, loss_field, sp.Uniform(0.5), micro_batch=8, seed=0)
+    loader = DataLoader(
+        _Opened(sifter(make_samples(32))), batch_size=None, num_workers=2, multiprocessing_context="fork"
+    )
+    error = worker_error(loader)
+    assert isinstance(error, sp.SiftInWorkerError) and "inside DataLoader worker" in str(error)
+    # any forked copy, not only a DataLoader's worker
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_read_in_fork, args=(sifter(make_samples(32)), out))
+    child.start()
+    said = out.get(timeout=60)
+    child.join(60)
+    assert said.startswith("SiftInWorkerError") and "forked from it" in said, said
+
+
 def test_s3_shards_stream_through_two_workers_with_storage_options(local_s3, s3_shards, shards):
     options = {"endpoint_url": local_s3.endpoint}
     dataset = decoded(s3_shards.pattern, storage_options=options).batched(BATCH, collation_fn=default_collate)
