@@ -485,6 +485,39 @@ def test_checkpoint_holds_the_stage_state_of_each_process(tmp_path):
 
 
 @pytest.mark.adversarial
+@pytest.mark.parametrize("family", ["t5", "bart"])
+def test_an_encoder_decoder_model_is_scored_as_its_training_forward_computes_its_loss(family):
+    # found by review, 2026-12-05: scoring passed no labels, so an encoder-decoder model got no
+    # decoder inputs and the scorer raised; its docstring promised the case
+    from transformers import BartConfig, BartForConditionalGeneration, T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    if family == "t5":
+        model = T5ForConditionalGeneration(
+            T5Config(vocab_size=32, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1,
+                     num_heads=2, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+        )  # fmt: skip
+    else:
+        model = BartForConditionalGeneration(
+            BartConfig(vocab_size=32, d_model=16, encoder_layers=1, decoder_layers=1,
+                       encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                       decoder_ffn_dim=32, max_position_embeddings=32, pad_token_id=1, bos_token_id=0,
+                       eos_token_id=2, decoder_start_token_id=2)
+        )  # fmt: skip
+    model.eval()
+    g = torch.Generator().manual_seed(0)
+    ids, labels = torch.randint(3, 32, (5, 6), generator=g), torch.randint(3, 32, (5, 4), generator=g)
+    labels[1, 2:] = -100  # padding in one label sequence
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    scorer = ModelLoss()
+    assert scorer.resolve(model, labels) == "tokens"
+    with torch.no_grad():
+        got = scorer(model, dict(batch))
+        one = [slice(i, i + 1) for i in range(5)]
+        own = [model(input_ids=ids[i], attention_mask=ids[i] > 0, labels=labels[i]).loss for i in one]
+    torch.testing.assert_close(got, torch.stack(own), rtol=1e-5, atol=1e-6)
+
+
 def test_bad_settings_and_checkpoints_get_errors_that_name_the_fix(tmp_path):
     # a Sifter serves one trainer: a second would score with the first's model and collate with
     # the first's collator
