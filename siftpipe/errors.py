@@ -13,6 +13,7 @@ __all__ = [
     "BatchError",
     "ConfigError",
     "CorruptShardError",
+    "DuplicateFieldError",
     "MissingExtraError",
     "MissingFieldError",
     "MissingKeyError",
@@ -121,7 +122,8 @@ class ShardError(SiftError):
     ``denied``, ``no_credentials``            ``ShardPermissionError`` (``PermissionError``)
     ``transient``                             ``ShardUnavailableError`` (``OSError``)
     ``command`` (a ``pipe:`` command failed)  ``ShardCommandError`` (``OSError``)
-    ``corrupt``                               ``CorruptShardError`` (``tarfile.ReadError``)
+    ``corrupt``                               ``CorruptShardError`` (``tarfile.ReadError``;
+                                              ``DuplicateFieldError`` also ``ValueError``)
     ``too_large``, ``other``                  ``ShardError`` only
     ========================================  =====================================================
     """
@@ -187,6 +189,13 @@ class ShardCommandError(ShardError, OSError):
 class CorruptShardError(ShardError, tarfile.ReadError):
     """The shard is not a readable tar archive: truncated, a corrupt header, a broken gzip stream,
     or a member that no tar writer makes (``corrupt``)."""
+
+    default_kind = "corrupt"
+
+
+class DuplicateFieldError(CorruptShardError, ValueError):
+    """A sample of the shard has two members for one field (``a.cls`` twice): ``corrupt``, and
+    also the ``ValueError`` webdataset raises for it ("duplicate file name in tar file")."""
 
     default_kind = "corrupt"
 

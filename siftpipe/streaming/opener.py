@@ -58,7 +58,7 @@ from ..core.shardcounts import (
     reset_shard_stats,
     shard_stats,
 )
-from ..errors import ConfigError, ShardError, ShardWarning
+from ..errors import ConfigError, DuplicateFieldError, ShardError, ShardWarning
 
 __all__ = [
     "OpenerOptions",
@@ -563,7 +563,8 @@ class ShardOpener:
             head = fix.partition("pass handler=warn_and_continue")[0].rstrip()
             fix = head.removesuffix(" or").rstrip(",; ")
             fix = fix or "check the destination URL, the storage options and the permissions"
-        return ShardError(f"{what} {where} failed{tries}: {cause}; {fix}", url=shown, key=key, kind=kind)
+        made = DuplicateFieldError if isinstance(exc, _DuplicateMember) else ShardError
+        return made(f"{what} {where} failed{tries}: {cause}; {fix}", url=shown, key=key, kind=kind)
 
 
 def _skip_bytes(f: Any, n: int) -> None:
@@ -864,6 +865,11 @@ _EXTENDED_TYPES = (
 )
 
 
+class _DuplicateMember(tarfile.ReadError, ValueError):
+    """A second member for one field of a sample: a ``ValueError`` too, as webdataset raises it;
+    reported as ``DuplicateFieldError``."""
+
+
 class TarLimitError(tarfile.ReadError):
     """A tar member (or one sample's members, or an extended header) holds more bytes than the
     reader takes into memory at once; classified as kind ``too_large``."""
@@ -1112,7 +1118,7 @@ def iter_tar_samples(
             if path is not None:
                 current["__local_path__"] = path
         if suffix in current:
-            duplicate = tarfile.ReadError(
+            duplicate = _DuplicateMember(
                 f"sample {prefix!r} has two members with field {suffix!r}: the shard's members must "
                 "be grouped by sample, one file per field"
             )
