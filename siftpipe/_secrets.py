@@ -230,14 +230,18 @@ _SECRET_WORD = (
     r"|api[_-]?key|auth|sas|session)"
 )
 _VALUE = r"(\"[^\"]*\"|'[^']*'|[^\s;&|]+)"
+# what a --<kind>-key flag's key is for, where the key itself is the secret
+_KEY_KIND = r"(?:sse|encrypt|encryption|private|master|customer|signing|hmac|shared)"
 _COMMAND_SECRETS = (
     # a cookie header's value (every cookie in it, to the quote or the line's end)
     re.compile(r"(?i)((?:set-)?cookie\s*:\s*)([^\"'\n]+)"),
     re.compile(rf"(?i)(\b[A-Z0-9_]*{_SECRET_WORD}[A-Z0-9_]*=){_VALUE}"),
-    # any flag ending in -key too: --sse-c-key (aws CLI, a customer encryption key),
-    # --encrypt-key (minio mc), --encryption-key, --private-key (found by review, 2026-12-05)
+    # and the keys that encrypt or sign: --sse-c-key (aws CLI, a customer encryption key),
+    # --encrypt-key (minio mc), --encryption-key, --private-key (found by review, 2026-12-05);
+    # not every --...-key: --sort-key and --partition-key name data
     re.compile(
-        rf"(?i)((?:^|\s)(?:-u|--user|--[\w-]*{_SECRET_WORD}[\w-]*|--(?:[\w-]*-)?key)(?:\s+|=)){_VALUE}"
+        rf"(?i)((?:^|\s)(?:-u|--user|--[\w-]*{_SECRET_WORD}[\w-]*|--(?:{_KEY_KIND}[\w-]*-)?key)(?:\s+|=))"
+        rf"{_VALUE}"
     ),
     re.compile(
         rf"(?i)((?:authorization|[\w-]*{_SECRET_WORD}[\w-]*|[\w-]*-key)\s*:\s*(?:bearer\s+|basic\s+|token\s+)?)([^\s\"']+)"

@@ -141,7 +141,7 @@ class ModelLoss:
             if callable(prepare):
                 inputs["decoder_input_ids"] = prepare(labels=labels)
             else:
-                inputs[self.labels] = labels  # its forward shifts them; its own loss is unused
+                inputs["labels"] = labels  # its forward shifts them; its own loss is unused
         sums, counts = self.terms(model, model(**inputs), labels)
         return sums / counts.clamp(min=1)
 

@@ -621,6 +621,8 @@ class PipeStream(_Readable):
         self.command = command
         self.shown = shown
         self.timeout = timeout
+        self._pos = 0  # bytes of its output read
+        self._zeros = 0  # of them, the zero bytes they end with
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
         self.proc = subprocess.Popen(
             command,
@@ -632,15 +634,39 @@ class PipeStream(_Readable):
         )
 
     def read(self, n: int | None = -1) -> bytes:
+        """``n`` bytes (all of them with ``n < 0``), fewer only at the end of the output or of
+        the archive: where what was read so far ends with its end-of-archive marker (two zero
+        blocks, at a block boundary), the rest is not waited for. ``read(n)`` waiting for all
+        ``n`` bytes made a shard ending inside tarfile's 10 KiB read wait for the command to
+        exit, however long it lingered, past ``timeout`` (found by review, 2026-12-05); reads
+        shorter than asked anywhere else would mislead the readers that read once (the
+        compression check, the resume's peek, the lone-zero-block check)."""
         assert self.proc.stdout is not None
-        # what has arrived, up to n bytes: read(n) waited for all n, so a shard ending inside
-        # tarfile's 10 KiB read waited for the command to exit, past `timeout` (found by review,
-        # 2026-12-05: a one-record shard of a lingering command hung as long as it lingered)
         out: Any = self.proc.stdout  # a BufferedReader: read1 takes what one read of the pipe gives
-        data = out.read(-1) if n is None or n < 0 else out.read1(n)
+        if n is None or n < 0:
+            data = out.read(-1)
+            self._count(data)
+        else:
+            parts, got = [], 0
+            while got < n:
+                chunk = out.read1(n - got)
+                if not chunk:
+                    break
+                parts.append(chunk)
+                got += len(chunk)
+                self._count(chunk)
+                if self._zeros >= 2 * tarfile.BLOCKSIZE and self._pos % tarfile.BLOCKSIZE == 0:
+                    break  # the end-of-archive marker (or zeros inside a member: read on, asked)
+            data = b"".join(parts)
         if not data and n != 0:
             self._ended()  # its output ended: it has `timeout` to exit, as after the archive's end
         return data
+
+    def _count(self, data: bytes) -> None:
+        """Advance the position and the run of zero bytes the output ends with by ``data``."""
+        self._pos += len(data)
+        trailing = len(data) - len(data.rstrip(b"\0"))
+        self._zeros = self._zeros + trailing if trailing == len(data) else trailing
 
     def finish(self) -> None:
         """The shard was read to its end: stop reading, wait for the command, check its status."""

@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import tarfile
 import tempfile
@@ -126,6 +127,10 @@ def _encode_value(key: str, field: str, value: Any) -> bytes:
     )
 
 
+# member names that readers take for metadata and skip (siftpipe's reader and webdataset's)
+_META_MEMBER = re.compile(r"__[^/]*__($|/)")
+
+
 def encode_sample(sample: Mapping[str, Any], key: str | None = None) -> tuple[str, dict[str, bytes]]:
     """``(key, {field: bytes})`` of one sample dict, without pickle.
 
@@ -150,12 +155,25 @@ def encode_sample(sample: Mapping[str, Any], key: str | None = None) -> tuple[st
     for name, value in sample.items():
         if name.startswith("__") and name.endswith("__"):
             continue
+        if "/" in name:
+            # readers split member names at the last '/': k.a/b.txt would be a sample 'k.a/b'
+            raise ConfigError(
+                f"sample {k!r}, field {name!r}: a field name cannot hold '/' (readers would read the "
+                "member as another sample); use '_' or '-'"
+            )
         field = _field_name(name, value)
         if field in fields:
             raise ConfigError(f"sample {k!r}: two fields are stored as {field!r}; rename one")
         fields[field] = _encode_value(k, field, value)
     if not fields:
         raise ConfigError(f"sample {k!r} has no fields to store")
+    for field in fields:
+        if _META_MEMBER.match(f"{k}.{field}"):
+            # readers skip such members as metadata (__meta__, __index__/...): it would vanish
+            raise ConfigError(
+                f"sample {k!r}, field {field!r}: readers skip the member {k}.{field} as metadata "
+                "(a name starting __...__/ or __...__, as webdataset skips it); rename the key"
+            )
     return k, fields
 
 
@@ -235,7 +253,7 @@ def _shard_url(prefix: str, index: int) -> str:
 def _tar_bytes(tar: tarfile.TarFile, name: str, data: bytes, mtime: float) -> None:
     info = tarfile.TarInfo(name)
     info.size = len(data)
-    info.mtime = mtime
+    info.mtime = int(mtime)  # as USTAR stored it (a float would add a PAX header per member)
     info.mode = 0o444
     info.uname = info.gname = ""
     tar.addfile(info, io.BytesIO(data))
@@ -272,7 +290,9 @@ def write_shards(
     Each shard is written to a local temporary file and then uploaded (or moved) in one piece,
     so a failure never leaves a truncated shard behind. Raises ``ShardError`` naming the shard
     and the fix (missing bucket, no permission, ...) and ``ConfigError`` for a sample that
-    cannot be stored without pickle.
+    cannot be stored without pickle or read back as written: a key with a dot in its base name,
+    a field name with ``/``, a member readers skip as metadata (``__name__/...``), or the key of
+    the sample just before. Shards are PAX tar files: keys of any length and script.
     """
     from .._optional import progress_bar
 
@@ -362,7 +382,11 @@ def _own_errors(it: Iterator[Any]) -> Iterator[Any]:
 def _write_tar(tmp: str, it: Iterator[Any], limit: int, index: int, mtime: float, bar: Any) -> int:
     """Write up to ``limit`` samples from ``it`` into the tar file ``tmp``; how many it wrote."""
     count = 0
-    with open(tmp, "wb") as f, tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+    last: str | None = None
+    # PAX: the same bytes as USTAR for names of ASCII that fit its 100 (+155) bytes, and an
+    # extended header for longer or non-ASCII ones (USTAR refused a key of 150 characters with
+    # tarfile's bare "name is too long"; found by review, 2026-12-05)
+    with open(tmp, "wb") as f, tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for sample in it:
             if not isinstance(sample, Mapping):
                 raise ConfigError(
@@ -370,6 +394,14 @@ def _write_tar(tmp: str, it: Iterator[Any], limit: int, index: int, mtime: float
                     "(or an (x, y) tuple of arrays)"
                 )
             key, fields = encode_sample(sample, key=f"{index:09d}")
+            if key == last:
+                # its members would follow the last sample's: readers see one sample with two
+                # members per field, and refuse the shard
+                raise ConfigError(
+                    f"samples {index - 1} and {index} have the same key {key!r}: adjacent samples "
+                    "must have different keys (readers group members by key)"
+                )
+            last = key
             for field, data in fields.items():
                 _tar_bytes(tar, f"{key}.{field}", data, mtime)
             count += 1

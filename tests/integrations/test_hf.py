@@ -485,7 +485,7 @@ def test_checkpoint_holds_the_stage_state_of_each_process(tmp_path):
 
 
 @pytest.mark.adversarial
-@pytest.mark.parametrize("family", ["t5", "bart"])
+@pytest.mark.parametrize("family", ["t5", "bart", "m2m100"])
 def test_an_encoder_decoder_model_is_scored_as_its_training_forward_computes_its_loss(family):
     # found by review, 2026-12-05: scoring passed no labels, so an encoder-decoder model got no
     # decoder inputs and the scorer raised; its docstring promised the case
@@ -497,6 +497,18 @@ def test_an_encoder_decoder_model_is_scored_as_its_training_forward_computes_its
             T5Config(vocab_size=32, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1,
                      num_heads=2, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
         )  # fmt: skip
+    elif family == "m2m100":
+        # no prepare_decoder_input_ids_from_labels: its forward is given the labels (under its
+        # own name, whatever the batch calls them: the review of the fix)
+        from transformers import M2M100Config, M2M100ForConditionalGeneration
+
+        model = M2M100ForConditionalGeneration(
+            M2M100Config(vocab_size=32, d_model=16, encoder_layers=1, decoder_layers=1,
+                         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                         decoder_ffn_dim=32, max_position_embeddings=32, pad_token_id=1, bos_token_id=0,
+                         eos_token_id=2, decoder_start_token_id=2)
+        )  # fmt: skip
+        assert not hasattr(model, "prepare_decoder_input_ids_from_labels")
     else:
         model = BartForConditionalGeneration(
             BartConfig(vocab_size=32, d_model=16, encoder_layers=1, decoder_layers=1,
@@ -508,8 +520,9 @@ def test_an_encoder_decoder_model_is_scored_as_its_training_forward_computes_its
     g = torch.Generator().manual_seed(0)
     ids, labels = torch.randint(3, 32, (5, 6), generator=g), torch.randint(3, 32, (5, 4), generator=g)
     labels[1, 2:] = -100  # padding in one label sequence
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
-    scorer = ModelLoss()
+    field = "targets" if family == "m2m100" else "labels"
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), field: labels}
+    scorer = ModelLoss(labels=field)
     assert scorer.resolve(model, labels) == "tokens"
     with torch.no_grad():
         got = scorer(model, dict(batch))

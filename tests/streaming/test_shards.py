@@ -14,6 +14,7 @@ import torch
 import webdataset as wds
 
 import siftpipe as sp
+from siftpipe.adapters.webdataset import WebDataset
 from siftpipe.cli import main
 from siftpipe.streaming.opener import ShardOpener, ShardReader
 from siftpipe.streaming.shards import (
@@ -104,11 +105,29 @@ def test_same_samples_give_byte_identical_shards(tmp_path):
         ({"__key__": "k", "thing.xyz": object()}, r"no encoder for \.xyz.*no pickle"),
         ({"__key__": "k"}, r"sample 'k' has no fields"),
         ({"__key__": "k", "x": np.zeros(1), "x.npy": np.zeros(1)}, r"two fields are stored as 'x\.npy'"),
+        # found by review, 2026-12-05: written, then read back as other samples or none
+        ({"__key__": "k", "a/b.txt": "x"}, r"field 'a/b\.txt': a field name cannot hold '/'"),
+        ({"__key__": "__a__/b", "cls": 1}, r"readers skip the member __a__/b\.cls as metadata"),
     ],
 )
 def test_unstorable_samples_name_the_sample_field_and_fix(sample, match):
     with pytest.raises(sp.ConfigError, match=match):
         encode_sample(sample)
+
+
+def test_keys_of_any_length_and_script_are_written_as_webdataset_reads_them(tmp_path):
+    # found by review, 2026-12-05: a key over 100 characters failed with tarfile's bare
+    # "name is too long" (USTAR), where webdataset's TarWriter writes it
+    keys = ["k" * 150, "d/" * 60 + "x" * 120, "ключ-ü", "plain"]
+    shards = write_shards(
+        [{"__key__": k, "cls": i} for i, k in enumerate(keys)], str(tmp_path / "t"), progress=False
+    )
+    for read in (wds.WebDataset, WebDataset):
+        got = [(s["__key__"], s["cls"]) for s in read(shards.urls, shardshuffle=False)]
+        assert got == [(k, str(i).encode()) for i, k in enumerate(keys)], read
+    # two adjacent samples of one key would be read as one with two members per field: refused
+    with pytest.raises(sp.ConfigError, match=r"samples 1 and 2 have the same key 'b'"):
+        write_shards([{"__key__": k, "cls": 0} for k in "abb"], str(tmp_path / "dup"), progress=False)
 
 
 def test_a_failure_mid_write_leaves_no_partial_shard(tmp_path):
