@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import gzip
 import io
 import logging
 import os
@@ -662,6 +661,18 @@ class PipeStream(_Readable):
             self._ended()  # its output ended: it has `timeout` to exit, as after the archive's end
         return data
 
+    def read_some(self, n: int) -> bytes:
+        """What has arrived of the output, up to ``n`` bytes (at least one, unless it ended): for
+        a reader that reads on until it has what it needs (a gzip stream's decompressor), which
+        must not wait for more than the archive holds."""
+        assert self.proc.stdout is not None
+        out: Any = self.proc.stdout
+        data = out.read1(n) if n > 0 else out.read(n)
+        self._count(data)
+        if not data and n != 0:
+            self._ended()
+        return data
+
     def _count(self, data: bytes) -> None:
         """Advance the position and the run of zero bytes the output ends with by ``data``."""
         self._pos += len(data)
@@ -855,6 +866,15 @@ class RetryingFile(_Readable):
     def piped(self) -> bool:
         """Whether the shard is a ``pipe:`` command's output."""
         return isinstance(self._f, PipeStream)
+
+    def read_some(self, n: int) -> bytes:
+        """``PipeStream.read_some`` for a ``pipe:`` shard (never retried: a command's output
+        cannot be asked again), else ``read(n)``."""
+        if not self.piped:
+            return self.read(n)
+        data = self._f.read_some(n)
+        self.pos += len(data)
+        return data
 
     def finish(self) -> None:
         """The archive was read to its end: for a ``pipe:`` shard, check the command's exit
@@ -1204,16 +1224,67 @@ class _Gunzip(_Readable):
     """A gzip stream's data, every member of it (a shard written by a parallel gzip, pigz or
     bgzip, is several members: tarfile's stream mode reads the first and called the shard
     truncated). A gzip stream that is corrupt or cut short is a ``tarfile.ReadError`` (a corrupt
-    shard), never an ``OSError`` a reader would retry as the storage's."""
+    shard), never an ``OSError`` a reader would retry as the storage's.
+
+    It reads its stream only for data it is asked for: a ``pipe:`` command that keeps its output
+    open after its archive is not waited for (``gzip.GzipFile`` read on for output zlib already
+    held, and waited for the command to exit; found by review, 2026-12-05). Each read holds at
+    most the bytes asked for (a gzip bomb stays small)."""
+
+    CHUNK = 64 * 1024  # compressed bytes read at a time
 
     def __init__(self, stream: Any) -> None:
         super().__init__()
-        self.gz = gzip.GzipFile(fileobj=stream, mode="rb")
+        self.stream = stream
+        self.member: Any = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self.pending = b""  # compressed bytes read and not yet given to the member
+        self.ended = False
 
-    def read(self, n: int = -1) -> bytes:
+    def read(self, n: int | None = -1) -> bytes:
+        if n is None or n < 0:
+            parts = []
+            while chunk := self.read(self.CHUNK * 16):
+                parts.append(chunk)
+            return b"".join(parts)
+        parts, got = [], 0
+        while got < n and not self.ended:
+            chunk = self._some(n - got)
+            parts.append(chunk)
+            got += len(chunk)
+        return b"".join(parts)
+
+    def _more(self) -> bytes:
+        data = self.stream.read(self.CHUNK)
+        return bytes(data) if data else b""
+
+    def _some(self, n: int) -> bytes:
+        """Up to ``n`` bytes of data, at least one unless the stream ended (then ``ended``)."""
         try:
-            return self.gz.read(n)
-        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            while True:
+                if self.member.eof:
+                    # the member ended: another may follow (zero padding between is allowed)
+                    rest = self.member.unused_data.lstrip(b"\0")
+                    while not rest:
+                        more = self._more()
+                        if not more:
+                            self.ended = True
+                            return b""
+                        rest = more.lstrip(b"\0")
+                    self.member = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                    self.pending = rest
+                # output zlib holds comes first, with no new input (it may hold some after
+                # taking all of its input)
+                data = self.member.decompress(self.pending, n)
+                self.pending = self.member.unconsumed_tail
+                if data:
+                    return data
+                if self.member.eof:
+                    continue
+                if not self.pending:
+                    self.pending = self._more()
+                    if not self.pending:
+                        raise EOFError("the stream ended inside a gzip member")
+        except (EOFError, zlib.error) as exc:
             raise tarfile.ReadError(f"the gzip stream is corrupt or cut short ({exc})") from None
 
 
@@ -1228,8 +1299,24 @@ def _gunzipped(stream: Any) -> tuple[Any, bool]:
         head += chunk
     prefixed = _Prefixed(head, stream)
     if head == b"\x1f\x8b":
+        if callable(getattr(stream, "read_some", None)):
+            # the decompressor reads on until it has what it needs: fed what has arrived, it
+            # does not wait past the archive for a command that lingers (a full read of 128 KiB
+            # waited for it to exit; found by review, 2026-12-05)
+            return _Gunzip(_Prefixed(head, _SomeOf(stream))), True
         return _Gunzip(prefixed), True
     return prefixed, False
+
+
+class _SomeOf(_Readable):
+    """``stream`` read with its ``read_some``: what has arrived, up to the size asked."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__()
+        self.stream = stream
+
+    def read(self, n: int = -1) -> bytes:
+        return bytes(self.stream.read_some(n if n is not None else -1))
 
 
 #: webdataset's handlers (and siftpipe's of the same names) that skip or stop, never raise

@@ -223,20 +223,27 @@ def test_a_command_that_does_not_exit_after_its_archive_is_ended_and_reported(sh
         list(reader([url]))
 
 
-@pytest.mark.parametrize("after", ["sleep 120", "exec >&-; sleep 120"])
+@pytest.mark.parametrize("after", ["sleep 120", "exec >&-; sleep 120", "gzip: sleep 120"])
 def test_a_one_record_shard_of_a_command_that_lingers_is_ended_too(tmp_path, after):
     # found by review, 2026-12-05: a shard within tarfile's first 10 KiB read waited for the
     # command to exit (read(n) waits for all n bytes), past the timeout; so did a command that
-    # closed its output and lingered
+    # closed its output and lingered, and any gzip shard (gzip.GzipFile read on for output zlib
+    # already held)
+    import gzip
     import threading
 
     small = write_shards([{"x.txt": "v"}], str(tmp_path / "one"), samples_per_shard=10, progress=False)
     assert (tmp_path / "one-000000.tar").stat().st_size == 10240
+    url = small.urls[0]
+    if after.startswith("gzip: "):
+        after = after.removeprefix("gzip: ")
+        url += ".gz"
+        Path(url).write_bytes(gzip.compress((tmp_path / "one-000000.tar").read_bytes()))
     got: list = []
 
     def run():
         try:
-            list(ShardReader(ShardOpener(timeout=0.5))([f"pipe:cat {small.urls[0]}; {after}"]))
+            list(ShardReader(ShardOpener(timeout=0.5))([f"pipe:cat {url}; {after}"]))
         except sp.ShardError as exc:
             got.append(exc)
 
@@ -264,6 +271,7 @@ def test_a_command_whose_output_comes_in_pieces_reads_as_cat_does(tmp_path):
     # found by the review of the fix above (2026-12-05): reads shorter than asked made the
     # compression check miss bz2 and xz, and a lone zero block mid-archive read as its end
     import bz2
+    import gzip
     import lzma
 
     plain = _tar([(f"s{i}.{f}", b"x" * 700) for i in range(4) for f in ("txt", "cls")])
@@ -271,6 +279,7 @@ def test_a_command_whose_output_comes_in_pieces_reads_as_cat_does(tmp_path):
     head += b"\0" * (-len(head) % 512)
     lone = head + b"\0" * 512 + _tar([("s8.txt", b"c" * 100), ("s9.txt", b"d" * 100)])
     files = {"plain.tar": plain, "x.tar.bz2": bz2.compress(plain), "x.tar.xz": lzma.compress(plain)}
+    files["x.tar.gz"] = gzip.compress(plain[:3000]) + gzip.compress(plain[3000:])  # two members
     files["lone.tar"] = lone
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
