@@ -29,7 +29,10 @@ def _where(state: Mapping[str, Any], item: Any) -> str:
     return (
         f"feed the source from item {state['consumed']} (state['consumed']) in the same order: "
         "every shuffle before the stage seeded (a WebDataset's shardshuffle and .shuffle() with "
-        "seed=, a DataLoader's generator=), the same shards, workers and batch sizes"
+        "seed=, a DataLoader's generator=), the same shards, workers and batch sizes. "
+        "webdataset's detshuffle=True reseeds with an epoch it counts in the process itself: a "
+        "new process resuming a later epoch starts it at 0 (make the dataset each epoch with "
+        "seed=base + epoch, in the first run too)"
         f"{_published(item)}"
     )
 

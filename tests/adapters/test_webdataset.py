@@ -415,6 +415,35 @@ def test_resuming_a_chain_skips_what_the_checkpoint_had_finished(shards):
         list(short)
 
 
+def test_a_detshuffle_resumed_in_a_later_epoch_is_refused_with_its_own_fix(shards):
+    # found by review, 2026-12-05: webdataset's detshuffle counts epochs in the process, so a new
+    # process resuming epoch 1 shuffles as epoch 0; the refusal's advice (seed the shuffles)
+    # named what the job did already. It names detshuffle, and its fix works
+    def loader(seed, sifter):
+        dataset = WebDataset(shards.urls, shardshuffle=10, detshuffle=True, seed=seed).decode()
+        return WebLoader(dataset.batched(BATCH, collation_fn=default_collate), batch_size=None).sift(sifter)
+
+    once = loader(5, make_sifter(batched=True, output_batch=16))
+    list(once)  # epoch 0
+    it = iter(once)  # epoch 1, in the same process
+    [next(it) for _ in range(2)]
+    state = roundtrip(once.sifter.state_dict())
+    again = loader(5, make_sifter(batched=True, output_batch=16))
+    again.sifter.load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match=r"detshuffle=True reseeds .* seed=base \+ epoch"):
+        list(again)
+    # the dataset made each epoch with seed=base + epoch, in the first run too: the resume is exact
+    sifter = make_sifter(batched=True, output_batch=16)
+    list(loader(5, sifter))
+    it = iter(loader(6, sifter))
+    head = [signature(next(it)) for _ in range(2)]
+    state = roundtrip(sifter.state_dict())
+    whole = head + [signature(b) for b in it]
+    resumed = make_sifter(batched=True, output_batch=16)
+    resumed.load_state_dict(state)
+    assert head + [signature(b) for b in loader(6, resumed)] == whole
+
+
 def test_fsspec_url_chaining_caches_shards_locally(local_s3, s3_shards, tmp_path):
     cache = tmp_path / "cache"
     options = {"s3": {"endpoint_url": local_s3.endpoint}, "filecache": {"cache_storage": str(cache)}}
