@@ -230,17 +230,20 @@ _SECRET_WORD = (
     r"|api[_-]?key|auth|sas|session)"
 )
 _VALUE = r"(\"[^\"]*\"|'[^']*'|[^\s;&|]+)"
-# what a --<kind>-key flag's key is for, where the key itself is the secret
-_KEY_KIND = r"(?:sse|encrypt|encryption|private|master|customer|signing|hmac|shared)"
+# --<name>-key flags whose value is data, not a credential (a table's, a queue's, a cache's key)
+_DATA_KEY = (
+    r"(?:sort|partition|primary|hash|range|row|routing|shard|group|message-group|dedup|deduplication"
+    r"|idempotency|cache|index|lookup|join|foreign|order|cluster|distribution|public|object|s3)"
+)
 _COMMAND_SECRETS = (
     # a cookie header's value (every cookie in it, to the quote or the line's end)
     re.compile(r"(?i)((?:set-)?cookie\s*:\s*)([^\"'\n]+)"),
     re.compile(rf"(?i)(\b[A-Z0-9_]*{_SECRET_WORD}[A-Z0-9_]*=){_VALUE}"),
-    # and the keys that encrypt or sign: --sse-c-key (aws CLI, a customer encryption key),
-    # --encrypt-key (minio mc), --encryption-key, --private-key (found by review, 2026-12-05);
-    # not every --...-key: --sort-key and --partition-key name data
+    # and any --...-key flag's: --sse-c-key (aws CLI, a customer encryption key), --encrypt-key
+    # (minio mc), --azureblob-key, --b2-key (rclone; found by review, 2026-12-05), but those
+    # that name data (--sort-key, --partition-key, ...: _DATA_KEY)
     re.compile(
-        rf"(?i)((?:^|\s)(?:-u|--user|--[\w-]*{_SECRET_WORD}[\w-]*|--(?:{_KEY_KIND}[\w-]*-)?key)(?:\s+|=))"
+        rf"(?i)((?:^|\s)(?:-u|--user|--[\w-]*{_SECRET_WORD}[\w-]*|--(?!{_DATA_KEY}-key\b)(?:[\w-]*-)?key)(?:\s+|=))"
         rf"{_VALUE}"
     ),
     re.compile(

@@ -928,8 +928,6 @@ class _CheckedTarInfo(tarfile.TarInfo):
     were complete, and the rest of the shard is lost without a word. Refuses an extended header
     (pax, GNU long name) larger than ``MAX_EXTENDED_HEADER_BYTES`` before tarfile reads it whole."""
 
-    pipe = False  # the archive comes from a pipe: command (reads may wait for it)
-
     @classmethod
     def fromtarfile(cls, tarfile_: tarfile.TarFile) -> _CheckedTarInfo:
         # tarfile.TarInfo.fromtarfile, with checks between reading a header and acting on it
@@ -943,12 +941,12 @@ class _CheckedTarInfo(tarfile.TarInfo):
             buffered = getattr(fileobj, "buf", b"")  # what tarfile's stream read ahead already
             if len(buffered) >= tarfile.BLOCKSIZE:
                 after = buffered[: tarfile.BLOCKSIZE]
-            elif cls.pipe:
-                # reading on could wait for good on a command that keeps its output open after
-                # its archive (finish() times that out): a zero block at the end of the 10 KiB
-                # read ahead of a pipe: shard is taken as the end
-                after = b""
             else:
+                # a pipe: command's output too: its reads stop at the end-of-archive marker
+                # (PipeStream.read), so this one does not wait on a command that lingers. Until
+                # 2026-12-05 a pipe's zero block with nothing read after it was taken for the end
+                # (found by review: a member's zeros, a lone zero block and a piece of output
+                # ending there lost the rest of the shard quietly)
                 after = fileobj.read(tarfile.BLOCKSIZE)
             if after and after.count(0) != len(after):
                 tarfile_._siftpipe_corrupt = (  # type: ignore[attr-defined]
@@ -972,10 +970,6 @@ class _CheckedTarInfo(tarfile.TarInfo):
                 f"{obj.size} bytes, more than the {MAX_EXTENDED_HEADER_BYTES} a tar writer ever needs"
             )
         return obj._proc_member(tarfile_)  # type: ignore[attr-defined]
-
-
-class _PipeTarInfo(_CheckedTarInfo):
-    pipe = True
 
 
 _BASE_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
@@ -1090,9 +1084,8 @@ def iter_tar_samples(
     path = local_path(url)
     url = redact(url, secret_values())  # the values of secret environment variables too
     source, gzipped = _gunzipped(stream)
-    piped = isinstance(stream, PipeStream) or (isinstance(stream, RetryingFile) and stream.piped)
     tf = tarfile.open(  # noqa: SIM115 - the caller closes the stream
-        fileobj=source, mode="r|" if gzipped else "r|*", tarinfo=_PipeTarInfo if piped else _CheckedTarInfo
+        fileobj=source, mode="r|" if gzipped else "r|*", tarinfo=_CheckedTarInfo
     )
     seekable = not gzipped and getattr(tf.fileobj, "comptype", None) == "tar"
     current: dict[str, Any] | None = None

@@ -127,6 +127,9 @@ def _encode_value(key: str, field: str, value: Any) -> bytes:
     )
 
 
+#: The longest key written, in bytes (UTF-8): far beyond any path, well within the extended
+#: header readers take (MAX_EXTENDED_HEADER_BYTES, 1 MiB)
+_MAX_KEY_BYTES = 64 * 1024
 # member names that readers take for metadata and skip (siftpipe's reader and webdataset's)
 _META_MEMBER = re.compile(r"__[^/]*__($|/)")
 
@@ -151,6 +154,13 @@ def encode_sample(sample: Mapping[str, Any], key: str | None = None) -> tuple[st
             f"sample key {k!r} cannot name tar members: WebDataset splits member names at the first "
             "dot of the base name, so keys must be non-empty and dot-free (use '-' or '_')"
         )
+    if "\0" in k or len(k.encode("utf-8", "surrogateescape")) > _MAX_KEY_BYTES:
+        # a tar name ends at its first NUL (the sample would vanish); a key longer than this
+        # makes an extended header readers refuse to take into memory
+        raise ConfigError(
+            f"sample key {k[:80]!r}{'...' if len(k) > 80 else ''} cannot name tar members: keys hold "
+            f"no NUL character and at most {_MAX_KEY_BYTES} bytes"
+        )
     fields: dict[str, bytes] = {}
     for name, value in sample.items():
         if name.startswith("__") and name.endswith("__"):
@@ -162,7 +172,8 @@ def encode_sample(sample: Mapping[str, Any], key: str | None = None) -> tuple[st
                 "member as another sample); use '_' or '-'"
             )
         field = _field_name(name, value)
-        if field in fields:
+        if field.lower() in {f.lower() for f in fields}:
+            # readers lower-case extensions (as webdataset does): a.TXT and a.txt are one field
             raise ConfigError(f"sample {k!r}: two fields are stored as {field!r}; rename one")
         fields[field] = _encode_value(k, field, value)
     if not fields:
@@ -292,7 +303,8 @@ def write_shards(
     and the fix (missing bucket, no permission, ...) and ``ConfigError`` for a sample that
     cannot be stored without pickle or read back as written: a key with a dot in its base name,
     a field name with ``/``, a member readers skip as metadata (``__name__/...``), or the key of
-    the sample just before. Shards are PAX tar files: keys of any length and script.
+    the sample just before, a NUL or more than 64 KiB in a key, two fields differing only in
+    case. Shards are PAX tar files: keys of any script and length (to 64 KiB).
     """
     from .._optional import progress_bar
 
@@ -383,8 +395,8 @@ def _write_tar(tmp: str, it: Iterator[Any], limit: int, index: int, mtime: float
     """Write up to ``limit`` samples from ``it`` into the tar file ``tmp``; how many it wrote."""
     count = 0
     last: str | None = None
-    # PAX: the same bytes as USTAR for names of ASCII that fit its 100 (+155) bytes, and an
-    # extended header for longer or non-ASCII ones (USTAR refused a key of 150 characters with
+    # PAX: the same bytes as USTAR for names of ASCII up to 100 characters, and an extended
+    # header for longer or non-ASCII ones (USTAR refused a key of 150 characters with
     # tarfile's bare "name is too long"; found by review, 2026-12-05)
     with open(tmp, "wb") as f, tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for sample in it:

@@ -108,6 +108,9 @@ def test_same_samples_give_byte_identical_shards(tmp_path):
         # found by review, 2026-12-05: written, then read back as other samples or none
         ({"__key__": "k", "a/b.txt": "x"}, r"field 'a/b\.txt': a field name cannot hold '/'"),
         ({"__key__": "__a__/b", "cls": 1}, r"readers skip the member __a__/b\.cls as metadata"),
+        ({"__key__": "a\0b", "cls": 1}, r"no NUL character"),
+        ({"__key__": "k" * 70_000, "cls": 1}, r"at most 65536 bytes"),
+        ({"__key__": "k", "a.TXT": "x", "a.txt": "y"}, r"two fields are stored as 'a\.txt'"),
     ],
 )
 def test_unstorable_samples_name_the_sample_field_and_fix(sample, match):

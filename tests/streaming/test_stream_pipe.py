@@ -179,6 +179,12 @@ def test_credentials_in_a_command_never_reach_errors_warnings_or_samples(shards,
         ("curl https://h/x.tar?jwt=abcd&part=3", "curl https://h/x.tar?jwt=***&part=3"),
         # a key that is data stays (the review of the fix above: hidden from errors too)
         ("dbtool --partition-key region --sort-key ts x", "dbtool --partition-key region --sort-key ts x"),
+        # keys that are credentials whatever their prefix (the review of that narrowing)
+        (
+            "rclone cat --azureblob-key abcd --b2-key abcd --s3-sse-customer-key abcd r:b/x.tar",
+            "rclone cat --azureblob-key *** --b2-key *** --s3-sse-customer-key *** r:b/x.tar",
+        ),
+        ("aws s3api get-object --copy-source-sse-customer-key abcd o -", None),
     ],
 )
 def test_redact_command(command, shown):
@@ -281,6 +287,12 @@ def test_a_command_whose_output_comes_in_pieces_reads_as_cat_does(tmp_path):
     files = {"plain.tar": plain, "x.tar.bz2": bz2.compress(plain), "x.tar.xz": lzma.compress(plain)}
     files["x.tar.gz"] = gzip.compress(plain[:3000]) + gzip.compress(plain[3000:])  # two members
     files["lone.tar"] = lone
+    # a member whose data ends in zeros, then a lone zero block: 1024 zeros at a block boundary,
+    # where a read stops (the review of the fix: cut there, the rest was lost as the end)
+    zeros = _tar([("s0.txt", b"a"), ("s1.bin", b"\0" * 1024)]).rstrip(b"\0")
+    zeros += b"\0" * (-len(zeros) % 512) + b"\0" * 1536  # the member's zeros, then a lone block
+    cut_zeros = len(zeros)
+    files["zlone.tar"] = zeros + _tar([("s8.txt", b"c")])
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
 
@@ -293,12 +305,13 @@ def test_a_command_whose_output_comes_in_pieces_reads_as_cat_does(tmp_path):
     for name, data in files.items():
         path = tmp_path / name
         whole = read(f"cat {path}")
-        for cut in (3, 700, len(head) + 100):
+        for cut in (3, 700, len(head) + 100, cut_zeros):
             if cut < len(data):
                 pieces = f"(head -c {cut} {path}; sleep 0.2; tail -c +{cut + 1} {path})"
                 assert read(pieces) == whole, (name, cut)
     assert read(f"cat {tmp_path / 'x.tar.bz2'}") == ["s0", "s1", "s2", "s3"]
     assert read(f"cat {tmp_path / 'lone.tar'}").startswith("corrupt")
+    assert read(f"cat {tmp_path / 'zlone.tar'}").startswith("corrupt")
 
 
 def test_wds_secure_refuses_pipe_urls_as_webdataset_does(shards, monkeypatch):
