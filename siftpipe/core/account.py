@@ -86,6 +86,10 @@ class CostAccount:
             **{name: float(getattr(self, name)) for name in self.SECONDS},
             **{name: int(getattr(self, name)) for name in self.COUNTS},
             "warned": bool(self.warned),
+            # samples dropped before the running pass: a pass resumed from here counts as one
+            # that dropped samples if it did before the cut too (found by review, 2026-12-05:
+            # a cut after a pass's last decision hid its drops, and the guard judged a pass late)
+            "pass_dropped": int(self._pass),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -95,6 +99,8 @@ class CostAccount:
         for name in self.COUNTS:
             setattr(self, name, int(state[name]))
         self.warned = bool(state["warned"])
+        # (states written before 2026-12-05 lack it: the pass counts from the resume, as then)
+        self._pass = int(state.get("pass_dropped", self.dropped))
 
     def to_step(self, seconds: float) -> None:
         """``seconds`` of the time being timed inside the stage were the consumer's step's: the
@@ -141,10 +147,12 @@ class CostAccount:
         finally:
             self.add(inside, outside, out.handed)
 
-    def pass_begins(self) -> None:
-        """A pass starts (or resumes)."""
+    def pass_begins(self, resumed: bool = False) -> None:
+        """A pass starts, or resumes (``resumed``: from a loaded state, which says what the pass
+        had dropped before the cut)."""
         self._emitted = 0
-        self._pass = self.dropped
+        if not resumed:
+            self._pass = self.dropped
 
     def pass_ends(self, mark: float | None, stopping: bool = False) -> bool:
         """A pass ended: charge its last stretch (since ``mark``, a ``time.perf_counter()``; None

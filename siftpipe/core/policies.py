@@ -446,8 +446,10 @@ class InfoBatch(Policy):
             reaches ``NOISE_AT`` (0.15: samples that stay far above the mean loss abound, as
             mislabeled ones do; from then on for the rest of the run, as the pruning lowers the
             measure), a sample whose remembered loss is above twice the mean is
-            pruned with this probability, in (0, 1), also after ``anneal``, and kept ones are
-            not reweighted: their gradient is mostly noise. ``None`` (default): off. Measured
+            pruned with this probability, in (0, 1), also after ``anneal`` and under the
+            spread floor or the forgetting guard (``sifting_scale`` is about pruning learned
+            samples, not these), and kept ones are not reweighted: their gradient is mostly
+            noise. ``None`` (default): off. Measured
             on the benchmark suite's noisy tasks (docs/benchmarks.md): it helped on two of three
             and cost accuracy on the third.
     """
@@ -562,10 +564,16 @@ class InfoBatch(Policy):
                     _log.warning(
                         "siftpipe: the losses do not discriminate (they sit %.2f mean losses below "
                         "their mean on average, under min_spread %.2f): pruning samples as "
-                        "informative as those kept would cost accuracy, so every sample is kept "
-                        "while this lasts (stats.sifting_scale 0)",
+                        "informative as those kept would cost accuracy, so no sample is pruned for "
+                        "being learned while this lasts (stats.sifting_scale 0)%s",
                         spread,
                         self.min_spread,
+                        # (found by review, 2026-12-05: it said every sample was kept while
+                        # noise_drop pruned 15% of each epoch)
+                        ""
+                        if self.noise_drop is None
+                        else "; noise_drop still prunes samples far above "
+                        "the mean loss once it judged the labels noisy",
                     )
                 return 0.0
         if self.guard is None:

@@ -1011,7 +1011,7 @@ class Sifter:
         this_pass = out.pass_id = self._passes.run_begins(resume)
         finished = closed = False
         seen_before = self._decider.counts["seen"]
-        self._account.pass_begins()
+        self._account.pass_begins(resumed=resume is not None)
         self._decider.pass_begins(whole=resume is None)
         try:
             mark = yield from self._account.timed(self._outputs(out, reader, groups, surface, thread), out)

@@ -467,15 +467,22 @@ def carry_policy_state(policy: Policy, state: Mapping[str, Any]) -> None:
 
 def check_account(account: Any, bad: Callable[[str, str], ResumeError]) -> None:
     """The cost account's entry: seconds >= 0, counts >= 0, a flag (``CostAccount.state_dict``)."""
-    want = "the cost account's counters: seconds and counts >= 0 and 'warned'"
+    want = (
+        "the cost account's counters: seconds and counts >= 0, 'warned', and 'pass_dropped' (if "
+        "there) at most 'dropped'"
+    )
     if not (
         isinstance(account, Mapping)
-        and set(account) == {*CostAccount.SECONDS, *CostAccount.COUNTS, "warned"}
+        and set(account) - {"pass_dropped"} == {*CostAccount.SECONDS, *CostAccount.COUNTS, "warned"}
         and all(
             isinstance(account[n], int | float) and not isinstance(account[n], bool) and account[n] >= 0
             for n in CostAccount.SECONDS
         )
         and all(is_int(account[n]) for n in CostAccount.COUNTS)
         and isinstance(account["warned"], bool)
+        and (
+            "pass_dropped" not in account
+            or (is_int(account["pass_dropped"]) and 0 <= account["pass_dropped"] <= account["dropped"])
+        )
     ):
         raise bad("account", want)

@@ -33,11 +33,15 @@ class SiftStats:
             not be decoded or was missing.
         unknown: Samples kept with no loss at all (``unknown="keep"``: the score memory did not
             know them yet).
-        sifting_scale: How much of its configured dropping the policy is doing now, in [0, 1]:
-            1 for policies without a guard; a guarded policy (``siftpipe.recipe``) lowers it
-            when the samples it dropped are being forgotten, and 0 means it keeps everything
-            because sifting is not paying or the losses do not tell samples apart
-            (``InfoBatch(min_spread=...)``; also logged as a warning by ``siftpipe``). It counts the
+        sifting_scale: How much of its configured dropping of learned samples the policy is
+            doing now, in [0, 1]: 1 for policies without a guard; a guarded policy
+            (``siftpipe.recipe``) lowers it when the samples it dropped are being forgotten, and 0
+            means it prunes none for being learned because the losses do not tell samples apart
+            (``InfoBatch(min_spread=...)``; also logged as a warning by ``siftpipe``), and once the
+            cost guard stopped sifting (``stopped_at``: then nothing at all is pruned). Not
+            lowered by the anneal (the budget's last part keeps every sample by design);
+            ``InfoBatch(noise_drop=...)``, opt-in, prunes samples it takes for mislabeled
+            whatever it says. It counts the
             losses ``observe()`` handed back up to the stage's last decision (the memory applies
             them before each decision).
         stage_seconds: Wall time of the stage's own work in this process: scoring, deciding,

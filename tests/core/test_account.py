@@ -150,6 +150,33 @@ def test_the_account_travels_in_the_state_so_a_job_restarted_every_pass_is_judge
     assert t.stats.stage_seconds == 0.0 and t.stats.stopped_at == 2 * N
 
 
+def test_a_job_cut_after_each_passs_last_decision_is_judged_as_the_uninterrupted_one(monkeypatch):
+    # found by review, 2026-12-05: a pass resumed from a cut after its last decision counted its
+    # drops as earlier passes', so the guard judged (and stopped) one pass late
+    monkeypatch.setattr(CostAccount, "MIN_EVIDENCE_SECONDS", 0.1)
+    whole = stage(slow_scorer, cost_guard=True)
+    for _ in range(3):
+        list(whole(samples()))
+    state = None
+    for p in range(3):  # each pass cut once all of it is decided, and finished by a new "process"
+        s = stage(slow_scorer, cost_guard=True)
+        if state is not None:
+            s.load_state_dict(state)
+            list(s(samples()[state["consumed"] :]))  # the pass the cut was in, to its end
+        it = iter(s(samples()))
+        while s.stats.seen < (p + 1) * N:
+            next(it)
+        state = roundtrip(s.state_dict())
+    s = stage(slow_scorer, cost_guard=True)
+    s.load_state_dict(state)
+    list(s(samples()[state["consumed"] :]))
+    assert whole.stats.stopped_at == 2 * N and s.stats.stopped_at == whole.stats.stopped_at
+    assert s._account.dropping_passes == whole._account.dropping_passes == 2
+    bad = {**state["account"], "pass_dropped": state["account"]["dropped"] + 1}
+    with pytest.raises(sp.ResumeError, match="entry account"):
+        stage(slow_scorer, cost_guard=True).load_state_dict({**state, "account": bad})
+
+
 def slow_scorer(model, batch):  # the stage's own cost: 30 ms a micro-batch; the "step" is free
     time.sleep(0.03)
     return batch["loss"].double()

@@ -591,6 +591,33 @@ def test_noise_drop_prunes_samples_that_stay_hard_once_they_abound(noise_drop):
             sp.InfoBatch(noise_drop=bad)
 
 
+def test_noise_drop_under_the_spread_floor_is_said_not_hidden(caplog):
+    """found by review, 2026-12-05: with noisy labels the losses' spread sits under min_spread
+    (20% near 3, 80% near 1: 0.22), so nothing learned is pruned and sifting_scale is 0, but
+    noise_drop pruned the noisy fifth; the warning said every sample was kept."""
+    n = 1000
+    keys = list(range(n))
+    base = np.random.default_rng(3).uniform(0.9, 1.1, n)
+
+    def loss_of(k, e):
+        return 3.0 * base[k] if k % 5 == 0 else base[k]
+
+    stage = sp.Sifter(
+        None, _never,
+        sp.InfoBatch(0.5, budget=100 * n, graded=True, min_spread=0.25, noise_drop=0.9),
+        memory=sp.ScoreMemory(capacity=n, max_age=None), unknown="keep", remember_forward=False,
+        batched=True, micro_batch=None,
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="siftpipe"):
+        kept = [_epoch(stage, epoch, keys, loss_of) for epoch in range(4)]
+    assert stage.stats.sifting_scale == 0.0 and stage.stats.dropped > 0
+    pruned = set(map(str, keys)) - set(kept[-1])
+    assert pruned and all(int(k) % 5 == 0 for k in pruned)  # the noisy ones only
+    said = [r.getMessage() for r in caplog.records if "do not discriminate" in r.getMessage()]
+    assert len(said) == 1 and "no sample is pruned for being learned" in said[0]
+    assert "noise_drop still prunes samples far above the mean" in said[0]
+
+
 def test_noise_drop_resumed_from_any_checkpoint_decides_as_the_uninterrupted_run():
     """noise_drop's switch is latched in the policy's state: a stage resumed after it turned on
     (when the measure it read has fallen since) prunes as the uninterrupted one does."""
