@@ -1011,7 +1011,9 @@ class Sifter:
         this_pass = out.pass_id = self._passes.run_begins(resume)
         finished = closed = False
         seen_before = self._decider.counts["seen"]
-        self._account.pass_begins(resumed=resume is not None)
+        # a pass opened and never read before the cut is a whole pass: what the state says was
+        # dropped before it is the previous pass's start (found by the review of the fix)
+        self._account.pass_begins(resumed=resume is not None and bool(resume.get("pass_read", True)))
         self._decider.pass_begins(whole=resume is None)
         try:
             mark = yield from self._account.timed(self._outputs(out, reader, groups, surface, thread), out)

@@ -176,6 +176,25 @@ def test_a_job_cut_after_each_passs_last_decision_is_judged_as_the_uninterrupted
     with pytest.raises(sp.ResumeError, match="entry account"):
         stage(slow_scorer, cost_guard=True).load_state_dict({**state, "account": bad})
 
+    # a cut when a pass is opened and not yet read: a whole pass, judged on its own drops (the
+    # review of the fix: the previous pass's start was kept, and a pass that dropped nothing
+    # counted as one that did: a stop the uninterrupted run never made)
+    def pruning_once():  # prunes in the first pass only (anneal after N samples)
+        return stage(slow_scorer, policy=sp.PruneEasy(0.5, N), cost_guard=True)
+
+    whole = pruning_once()
+    for _ in range(3):
+        list(whole(samples()))
+    cut = pruning_once()
+    list(cut(samples()))
+    opened = iter(cut(samples()))  # noqa: F841 - the pass open, unread, as the state is taken
+    resumed = pruning_once()
+    resumed.load_state_dict(roundtrip(cut.state_dict()))
+    for _ in range(2):
+        list(resumed(samples()))
+    assert whole._account.dropping_passes == resumed._account.dropping_passes == 1
+    assert resumed.stats.stopped_at == whole.stats.stopped_at == 0
+
 
 def slow_scorer(model, batch):  # the stage's own cost: 30 ms a micro-batch; the "step" is free
     time.sleep(0.03)
