@@ -26,6 +26,7 @@ import logging
 import os
 import random
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -622,6 +623,7 @@ class PipeStream(_Readable):
         self.timeout = timeout
         self._pos = 0  # bytes of its output read
         self._zeros = 0  # of them, the zero bytes they end with
+        self._deadline: float | None = None  # reads wait until then at most (``at_most``)
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
         self.proc = subprocess.Popen(
             command,
@@ -646,9 +648,12 @@ class PipeStream(_Readable):
             data = out.read(-1)
             self._count(data)
         else:
-            parts, got = [], 0
+            parts: list[bytes] = []
+            got = 0
             while got < n:
-                chunk = out.read1(n - got)
+                chunk = self._read1(n - got)
+                if chunk is None:
+                    return b"".join(parts)  # nothing came within the bound (``at_most``)
                 if not chunk:
                     break
                 parts.append(chunk)
@@ -667,11 +672,44 @@ class PipeStream(_Readable):
         must not wait for more than the archive holds."""
         assert self.proc.stdout is not None
         out: Any = self.proc.stdout
-        data = out.read1(n) if n > 0 else out.read(n)
+        data = self._read1(n) if n > 0 else out.read(n)
+        if data is None:
+            return b""  # nothing came within the bound (``at_most``)
         self._count(data)
         if not data and n != 0:
             self._ended()
         return data
+
+    def _read1(self, n: int) -> bytes | None:
+        """What one read of the pipe gives, up to ``n`` bytes (b"" at its end); ``None`` when a
+        bound is set (``at_most``) and nothing came within it."""
+        out: Any = self.proc.stdout
+        if self._deadline is None:
+            return out.read1(n)
+        fd = out.fileno()
+        os.set_blocking(fd, False)
+        try:
+            data = out.read1(n)  # what is buffered or has arrived; b"" for none yet, or the end
+        finally:
+            os.set_blocking(fd, True)
+        if data:
+            return data
+        ready, _, _ = select.select([fd], [], [], max(0.0, self._deadline - time.monotonic()))
+        return out.read1(n) if ready else None
+
+    @contextlib.contextmanager
+    def at_most(self, seconds: float | None) -> Iterator[None]:
+        """Reads inside wait at most ``seconds`` in all for the command's output (``None``: no
+        bound); one that gets nothing returns what it has, short, as if the output ended there,
+        without ending the command."""
+        if seconds is None:
+            yield
+            return
+        self._deadline = time.monotonic() + seconds
+        try:
+            yield
+        finally:
+            self._deadline = None
 
     def _count(self, data: bytes) -> None:
         """Advance the position and the run of zero bytes the output ends with by ``data``."""
@@ -867,6 +905,11 @@ class RetryingFile(_Readable):
         """Whether the shard is a ``pipe:`` command's output."""
         return isinstance(self._f, PipeStream)
 
+    @property
+    def pipe(self) -> PipeStream | None:
+        """The ``pipe:`` command's output it reads, if it does."""
+        return self._f if isinstance(self._f, PipeStream) else None
+
     def read_some(self, n: int) -> bytes:
         """``PipeStream.read_some`` for a ``pipe:`` shard (never retried: a command's output
         cannot be asked again), else ``read(n)``."""
@@ -941,12 +984,15 @@ class _CheckedTarInfo(tarfile.TarInfo):
             buffered = getattr(fileobj, "buf", b"")  # what tarfile's stream read ahead already
             if len(buffered) >= tarfile.BLOCKSIZE:
                 after = buffered[: tarfile.BLOCKSIZE]
+            elif cls.pipe is not None:
+                # a pipe: command may keep its output open after an archive that one zero block
+                # ends: what follows is waited for for the command's `timeout` at most, then the
+                # block is the end (until 2026-12-05 it was the end at once, and a lone zero
+                # block, with the rest of the shard in the next piece of output, lost it quietly;
+                # found by review, as was the wait for good the first fix made)
+                with cls.pipe.at_most(cls.pipe.timeout):
+                    after = fileobj.read(tarfile.BLOCKSIZE)
             else:
-                # a pipe: command's output too: its reads stop at the end-of-archive marker
-                # (PipeStream.read), so this one does not wait on a command that lingers. Until
-                # 2026-12-05 a pipe's zero block with nothing read after it was taken for the end
-                # (found by review: a member's zeros, a lone zero block and a piece of output
-                # ending there lost the rest of the shard quietly)
                 after = fileobj.read(tarfile.BLOCKSIZE)
             if after and after.count(0) != len(after):
                 tarfile_._siftpipe_corrupt = (  # type: ignore[attr-defined]
@@ -970,6 +1016,18 @@ class _CheckedTarInfo(tarfile.TarInfo):
                 f"{obj.size} bytes, more than the {MAX_EXTENDED_HEADER_BYTES} a tar writer ever needs"
             )
         return obj._proc_member(tarfile_)  # type: ignore[attr-defined]
+
+    #: The ``pipe:`` command's output the archive is read from, if it is (see ``_for``).
+    pipe: PipeStream | None = None
+
+    @classmethod
+    def _for(cls, stream: Any) -> type[_CheckedTarInfo]:
+        """The class to read ``stream``'s archive with: this one, or for a ``pipe:`` command's
+        output a subclass that knows it (``pipe``)."""
+        pipe = stream if isinstance(stream, PipeStream) else getattr(stream, "pipe", None)
+        if not isinstance(pipe, PipeStream):
+            return cls
+        return type("_PipeTarInfo", (cls,), {"pipe": pipe})
 
 
 _BASE_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
@@ -1085,7 +1143,7 @@ def iter_tar_samples(
     url = redact(url, secret_values())  # the values of secret environment variables too
     source, gzipped = _gunzipped(stream)
     tf = tarfile.open(  # noqa: SIM115 - the caller closes the stream
-        fileobj=source, mode="r|" if gzipped else "r|*", tarinfo=_CheckedTarInfo
+        fileobj=source, mode="r|" if gzipped else "r|*", tarinfo=_CheckedTarInfo._for(stream)
     )
     seekable = not gzipped and getattr(tf.fileobj, "comptype", None) == "tar"
     current: dict[str, Any] | None = None

@@ -229,13 +229,16 @@ def test_a_command_that_does_not_exit_after_its_archive_is_ended_and_reported(sh
         list(reader([url]))
 
 
-@pytest.mark.parametrize("after", ["sleep 120", "exec >&-; sleep 120", "gzip: sleep 120"])
+@pytest.mark.parametrize(
+    "after", ["sleep 120", "exec >&-; sleep 120", "gzip: sleep 120", "one block: sleep 120"]
+)
 def test_a_one_record_shard_of_a_command_that_lingers_is_ended_too(tmp_path, after):
     # found by review, 2026-12-05: a shard within tarfile's first 10 KiB read waited for the
     # command to exit (read(n) waits for all n bytes), past the timeout; so did a command that
     # closed its output and lingered, and any gzip shard (gzip.GzipFile read on for output zlib
     # already held)
     import gzip
+    import tarfile
     import threading
 
     small = write_shards([{"x.txt": "v"}], str(tmp_path / "one"), samples_per_shard=10, progress=False)
@@ -245,6 +248,16 @@ def test_a_one_record_shard_of_a_command_that_lingers_is_ended_too(tmp_path, aft
         after = after.removeprefix("gzip: ")
         url += ".gz"
         Path(url).write_bytes(gzip.compress((tmp_path / "one-000000.tar").read_bytes()))
+    elif after.startswith("one block: "):
+        # a last member whose data ends in zeros and ONE end block (tarfile reads it whole): a
+        # zero block with nothing after it yet, which the second review's fix waited on for good
+        after = after.removeprefix("one block: ")
+        members = 512 + 512 + 512 + 1024  # two headers, "a" padded, the zeros
+        data = _tar([("s0.txt", b"a"), ("s1.bin", b"\0" * 1024)])[:members] + b"\0" * 512
+        url = str(tmp_path / "oneblock.tar")
+        Path(url).write_bytes(data)
+        with tarfile.open(url) as read_back:  # a whole archive to tarfile
+            assert read_back.getnames() == ["s0.txt", "s1.bin"]
     got: list = []
 
     def run():
