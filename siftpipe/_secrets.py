@@ -235,6 +235,10 @@ _DATA_KEY = (
     r"(?:sort|partition|primary|hash|range|row|routing|shard|group|message-group|dedup|deduplication"
     r"|idempotency|cache|index|lookup|join|foreign|order|cluster|distribution|public|object|s3)"
 )
+# a flag naming a key or a password: --key, --sse-c-key, --decryption-keys, --sse_c_key,
+# --s3-sse-customer-key-base64, --sftp-key-pem, --ftp-pass (found by review, 2026-12-05), but
+# the keys that name data
+_KEY_FLAG = rf"--(?!{_DATA_KEY}[-_]key\b)(?:[\w-]*[-_])?(?:keys?|pass)(?:[-_](?:base64|pem))?\b"
 _COMMAND_SECRETS = (
     # a cookie header's value (every cookie in it, to the quote or the line's end)
     re.compile(r"(?i)((?:set-)?cookie\s*:\s*)([^\"'\n]+)"),
@@ -243,7 +247,7 @@ _COMMAND_SECRETS = (
     # (minio mc), --azureblob-key, --b2-key (rclone; found by review, 2026-12-05), but those
     # that name data (--sort-key, --partition-key, ...: _DATA_KEY)
     re.compile(
-        rf"(?i)((?:^|\s)(?:-u|--user|--[\w-]*{_SECRET_WORD}[\w-]*|--(?!{_DATA_KEY}-key\b)(?:[\w-]*-)?key)(?:\s+|=))"
+        rf"(?i)((?:^|\s)(?:-u|--user|--[\w-]*{_SECRET_WORD}[\w-]*|{_KEY_FLAG})(?:\s+|=))"
         rf"{_VALUE}"
     ),
     re.compile(

@@ -154,7 +154,15 @@ def encode_sample(sample: Mapping[str, Any], key: str | None = None) -> tuple[st
             f"sample key {k!r} cannot name tar members: WebDataset splits member names at the first "
             "dot of the base name, so keys must be non-empty and dot-free (use '-' or '_')"
         )
-    if "\0" in k or len(k.encode("utf-8", "surrogateescape")) > _MAX_KEY_BYTES:
+    try:
+        k.encode("utf-8")
+    except UnicodeEncodeError:
+        # a lone surrogate: no tar name or log can hold it (readers refuse such a member)
+        raise ConfigError(
+            f"sample key {k!r} cannot name tar members: it is not valid Unicode text (a lone "
+            "surrogate, as from os.fsdecode of bytes that are not UTF-8); decode the name properly"
+        ) from None
+    if "\0" in k or len(k.encode("utf-8")) > _MAX_KEY_BYTES:
         # a tar name ends at its first NUL (the sample would vanish); a key longer than this
         # makes an extended header readers refuse to take into memory
         raise ConfigError(
@@ -165,11 +173,11 @@ def encode_sample(sample: Mapping[str, Any], key: str | None = None) -> tuple[st
     for name, value in sample.items():
         if name.startswith("__") and name.endswith("__"):
             continue
-        if "/" in name:
+        if "/" in name or "\0" in name:
             # readers split member names at the last '/': k.a/b.txt would be a sample 'k.a/b'
             raise ConfigError(
-                f"sample {k!r}, field {name!r}: a field name cannot hold '/' (readers would read the "
-                "member as another sample); use '_' or '-'"
+                f"sample {k!r}, field {name!r}: a field name cannot hold '/' or NUL (readers would "
+                "read the member as another sample, or cut its name); use '_' or '-'"
             )
         field = _field_name(name, value)
         if field.lower() in {f.lower() for f in fields}:

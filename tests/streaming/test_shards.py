@@ -106,9 +106,11 @@ def test_same_samples_give_byte_identical_shards(tmp_path):
         ({"__key__": "k"}, r"sample 'k' has no fields"),
         ({"__key__": "k", "x": np.zeros(1), "x.npy": np.zeros(1)}, r"two fields are stored as 'x\.npy'"),
         # found by review, 2026-12-05: written, then read back as other samples or none
-        ({"__key__": "k", "a/b.txt": "x"}, r"field 'a/b\.txt': a field name cannot hold '/'"),
+        ({"__key__": "k", "a/b.txt": "x"}, r"field 'a/b\.txt': a field name cannot hold '/' or NUL"),
         ({"__key__": "__a__/b", "cls": 1}, r"readers skip the member __a__/b\.cls as metadata"),
         ({"__key__": "a\0b", "cls": 1}, r"no NUL character"),
+        ({"__key__": "k", "txt\0junk": "x"}, r"cannot hold '/' or NUL"),
+        ({"__key__": "k\udcff", "cls": 1}, r"not valid Unicode text"),
         ({"__key__": "k" * 70_000, "cls": 1}, r"at most 65536 bytes"),
         ({"__key__": "k", "a.TXT": "x", "a.txt": "y"}, r"two fields are stored as 'a\.txt'"),
     ],

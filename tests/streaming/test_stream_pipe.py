@@ -185,6 +185,17 @@ def test_credentials_in_a_command_never_reach_errors_warnings_or_samples(shards,
             "rclone cat --azureblob-key *** --b2-key *** --s3-sse-customer-key *** r:b/x.tar",
         ),
         ("aws s3api get-object --copy-source-sse-customer-key abcd o -", None),
+        # and the other shapes of a key or password flag (the third review)
+        (
+            "gcloud storage cat --decryption-keys=abcd gs://b/x.tar",
+            "gcloud storage cat --decryption-keys=*** gs://b/x.tar",
+        ),
+        (
+            "rclone cat --s3-sse-customer-key-base64 abcd --sftp-key-pem abcd --ftp-pass abcd r:x.tar",
+            "rclone cat --s3-sse-customer-key-base64 *** --sftp-key-pem *** --ftp-pass *** r:x.tar",
+        ),
+        ("tool --sse_c_key abcd x.tar", "tool --sse_c_key *** x.tar"),
+        ("aws s3 cp --sse-kms-key-id alias/k s3://b/x -", "aws s3 cp --sse-kms-key-id alias/k s3://b/x -"),
     ],
 )
 def test_redact_command(command, shown):
