@@ -226,11 +226,13 @@ PIPE = "pipe:"
 # (--password, --token, --s3-secret-access-key, --sse-c-key, ...), and the value of a credential
 # header
 _SECRET_WORD = (
-    r"(?:secret|token|password|passwd|pwd|credential|signature|access[_-]?key|account[_-]?key"
-    r"|api[_-]?key|auth|sas|session)"
+    r"(?:secret|token|password|passwd|pwd|passphrase|pass-phrase|credential|signature|access[_-]?key"
+    r"|account[_-]?key|api[_-]?key|auth|sas|session)"
 )
 _VALUE = r"(\"[^\"]*\"|'[^']*'|[^\s;&|]+)"
 # --<name>-key flags whose value is data, not a credential (a table's, a queue's, a cache's key)
+# --<word>-pass flags that take no value (a program's passes, not a password)
+_NO_VALUE_PASS = r"(?:no|one|two|single|multi|first|second|skip|dry|by)"
 _DATA_KEY = (
     r"(?:sort|partition|primary|hash|range|row|routing|shard|group|message-group|dedup|deduplication"
     r"|idempotency|cache|index|lookup|join|foreign|order|cluster|distribution|public|object|s3)"
@@ -238,7 +240,12 @@ _DATA_KEY = (
 # a flag naming a key or a password: --key, --sse-c-key, --decryption-keys, --sse_c_key,
 # --s3-sse-customer-key-base64, --sftp-key-pem, --ftp-pass (found by review, 2026-12-05), but
 # the keys that name data
-_KEY_FLAG = rf"--(?!{_DATA_KEY}[-_]key\b)(?:[\w-]*[-_])?(?:keys?|pass)(?:[-_](?:base64|pem))?\b"
+_KEY_FLAG = (
+    rf"--(?!{_DATA_KEY}[-_]keys?\b|{_NO_VALUE_PASS}-pass\b)(?:[\w-]*[-_])?(?:key|decryption-keys|pass)"
+    r"(?:[-_](?:base64|b64|pem))?\b"
+    # camelCase (--encryptionKey, --sseCustomerKey) and openssl's -pass pass:...
+    r"|(?-i:--[a-z][A-Za-z]*Key)\b|-pass"
+)
 _COMMAND_SECRETS = (
     # a cookie header's value (every cookie in it, to the quote or the line's end)
     re.compile(r"(?i)((?:set-)?cookie\s*:\s*)([^\"'\n]+)"),

@@ -694,8 +694,12 @@ class PipeStream(_Readable):
             os.set_blocking(fd, True)
         if data:
             return data
-        ready, _, _ = select.select([fd], [], [], max(0.0, self._deadline - time.monotonic()))
-        return out.read1(n) if ready else None
+        # poll, not select: select refuses descriptors from 1024 on, which a process with many
+        # files open gives (found by review, 2026-12-05)
+        waiting = select.poll()
+        waiting.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        left_ms = max(0.0, self._deadline - time.monotonic()) * 1000.0
+        return out.read1(n) if waiting.poll(left_ms) else None
 
     @contextlib.contextmanager
     def at_most(self, seconds: float | None) -> Iterator[None]:

@@ -134,6 +134,15 @@ _MAX_KEY_BYTES = 64 * 1024
 _META_MEMBER = re.compile(r"__[^/]*__($|/)")
 
 
+def _encodable(text: str) -> bool:
+    """Whether ``text`` is valid Unicode (no lone surrogate): what a tar name and a log hold."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def encode_sample(sample: Mapping[str, Any], key: str | None = None) -> tuple[str, dict[str, bytes]]:
     """``(key, {field: bytes})`` of one sample dict, without pickle.
 
@@ -154,14 +163,12 @@ def encode_sample(sample: Mapping[str, Any], key: str | None = None) -> tuple[st
             f"sample key {k!r} cannot name tar members: WebDataset splits member names at the first "
             "dot of the base name, so keys must be non-empty and dot-free (use '-' or '_')"
         )
-    try:
-        k.encode("utf-8")
-    except UnicodeEncodeError:
+    if not _encodable(k):
         # a lone surrogate: no tar name or log can hold it (readers refuse such a member)
         raise ConfigError(
             f"sample key {k!r} cannot name tar members: it is not valid Unicode text (a lone "
             "surrogate, as from os.fsdecode of bytes that are not UTF-8); decode the name properly"
-        ) from None
+        )
     if "\0" in k or len(k.encode("utf-8")) > _MAX_KEY_BYTES:
         # a tar name ends at its first NUL (the sample would vanish); a key longer than this
         # makes an extended header readers refuse to take into memory
@@ -173,11 +180,12 @@ def encode_sample(sample: Mapping[str, Any], key: str | None = None) -> tuple[st
     for name, value in sample.items():
         if name.startswith("__") and name.endswith("__"):
             continue
-        if "/" in name or "\0" in name:
+        if "/" in name or "\0" in name or not _encodable(name):
             # readers split member names at the last '/': k.a/b.txt would be a sample 'k.a/b'
             raise ConfigError(
-                f"sample {k!r}, field {name!r}: a field name cannot hold '/' or NUL (readers would "
-                "read the member as another sample, or cut its name); use '_' or '-'"
+                f"sample {k!r}, field {name!r}: a field name cannot hold '/', NUL or a lone surrogate "
+                "(readers would read the member as another sample, cut its name or refuse it); use "
+                "'_' or '-'"
             )
         field = _field_name(name, value)
         if field.lower() in {f.lower() for f in fields}:

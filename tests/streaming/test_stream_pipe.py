@@ -195,6 +195,15 @@ def test_credentials_in_a_command_never_reach_errors_warnings_or_samples(shards,
             "rclone cat --s3-sse-customer-key-base64 *** --sftp-key-pem *** --ftp-pass *** r:x.tar",
         ),
         ("tool --sse_c_key abcd x.tar", "tool --sse_c_key *** x.tar"),
+        # (the fourth review) passphrases, camelCase keys, openssl's -pass; plurals and
+        # value-less flags that are not secrets stay
+        ("gpg --batch --passphrase abcd -d", "gpg --batch --passphrase *** -d"),
+        ("openssl enc -d -aes-256-cbc -pass pass:abcd -in x", "openssl enc -d -aes-256-cbc -pass *** -in x"),
+        ("t --encryptionKey abcd --sse-c-key-b64 abcd x", "t --encryptionKey *** --sse-c-key-b64 *** x"),
+        (
+            "jq --sort-keys . --partition-keys y,m x; t --no-pass s3://b/x; ffmpeg --two-pass o",
+            "jq --sort-keys . --partition-keys y,m x; t --no-pass s3://b/x; ffmpeg --two-pass o",
+        ),
         ("aws s3 cp --sse-kms-key-id alias/k s3://b/x -", "aws s3 cp --sse-kms-key-id alias/k s3://b/x -"),
     ],
 )
@@ -238,6 +247,32 @@ def test_a_command_that_does_not_exit_after_its_archive_is_ended_and_reported(sh
     reader = ShardReader(ShardOpener(timeout=0.5))
     with pytest.raises(sp.ShardError, match=r"did not exit within 0\.5 s after its archive was read"):
         list(reader([url]))
+
+
+def test_pipe_shards_read_in_a_process_with_more_than_1024_files_open(tmp_path):
+    # found by review, 2026-12-05: the bounded read used select(), which refuses descriptors
+    # from 1024 on: every pipe: shard ending in one zero block failed in a big training process
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"this process may open {hard} files")
+    resource.setrlimit(
+        resource.RLIMIT_NOFILE, (max(soft, 1200) if soft != resource.RLIM_INFINITY else soft, hard)
+    )
+    members = 512 + 512 + 512 + 1024
+    data = _tar([("s0.txt", b"a"), ("s1.bin", b"\0" * 1024)])[:members] + b"\0" * 512
+    path = tmp_path / "oneblock.tar"
+    path.write_bytes(data)
+    held = [open(os.devnull) for _ in range(1100)]  # noqa: SIM115 - closed below
+    try:
+        assert max(f.fileno() for f in held) >= 1024
+        got = [s["__key__"] for s in ShardReader(ShardOpener(timeout=5))([f"pipe:cat {path}"])]
+    finally:
+        for f in held:
+            f.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert got == ["s0", "s1"]
 
 
 @pytest.mark.parametrize(
