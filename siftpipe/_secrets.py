@@ -124,7 +124,8 @@ def is_secret_name(name: str) -> bool:
     if lowered in _SECRET_NAMES:
         return True
     words = _WORDS.findall(name)
-    return bool(words) and words[-1].lower() in _SECRET_WORDS
+    # a numbered one too: gsutil's decryption_key1 .. decryption_key100 (found by review)
+    return bool(words) and words[-1].lower().rstrip("0123456789") in _SECRET_WORDS
 
 
 def _userinfo(url: str) -> tuple[int, int, int] | None:
@@ -243,9 +244,16 @@ _DATA_KEY = (
 _KEY_FLAG = (
     rf"--(?!{_DATA_KEY}[-_]keys?\b|{_NO_VALUE_PASS}-pass\b)(?:[\w-]*[-_])?(?:key|decryption-keys|pass)"
     r"(?:[-_](?:base64|b64|pem))?\b"
-    # camelCase (--encryptionKey, --sseCustomerKey) and openssl's -pass pass:...
-    r"|(?-i:--[a-z][A-Za-z]*Key)\b|-pass"
+    # camelCase (--encryptionKey, --sseCustomerKey), but data's (--sortKey)
+    r"|(?-i:--(?!(?:sort|partition|primary|hash|range|row|routing|shard|group|cache|index|lookup"
+    r"|order|cluster|public|object)Key\b)[a-z][A-Za-z]*Key)\b"
+    # ffmpeg's single-dash decryption keys, mc's customer key
+    r"|-(?:cenc_)?decryption_key|--enc-c"
 )
+# a flag's value: not another flag, a URL or an absolute path, which follow a flag that takes no
+# value (curl --anyauth URL, rclone --s3-env-auth remote:path): taken for its value, the shard's
+# URL was hidden, also in the command's quoted error output (found by review, 2026-12-05)
+_FLAG_VALUE = rf"(?![A-Za-z][\w+.-]*://|/|-|[A-Za-z][\w-]*:[\w.-]*/){_VALUE}"
 _COMMAND_SECRETS = (
     # a cookie header's value (every cookie in it, to the quote or the line's end)
     re.compile(r"(?i)((?:set-)?cookie\s*:\s*)([^\"'\n]+)"),
@@ -253,10 +261,13 @@ _COMMAND_SECRETS = (
     # and any --...-key flag's: --sse-c-key (aws CLI, a customer encryption key), --encrypt-key
     # (minio mc), --azureblob-key, --b2-key (rclone; found by review, 2026-12-05), but those
     # that name data (--sort-key, --partition-key, ...: _DATA_KEY)
-    re.compile(
-        rf"(?i)((?:^|\s)(?:-u|--user|--[\w-]*{_SECRET_WORD}[\w-]*|{_KEY_FLAG})(?:\s+|=))"
-        rf"{_VALUE}"
-    ),
+    re.compile(rf"(?i)((?:^|\s)(?:--[\w-]*{_SECRET_WORD}[\w-]*|{_KEY_FLAG})(?:\s+|=)){_FLAG_VALUE}"),
+    # a user's credentials (curl -u user:password, --proxy-user), whatever they look like
+    re.compile(rf"(?i)((?:^|\s)(?:-u|--user|--proxy-user)(?:\s+|=)){_VALUE}"),
+    # openssl's -pass/-passin/-passout pass:PASSWORD (env:, file:, fd: name where it is), and
+    # sshpass -p PASSWORD
+    re.compile(r"((?:^|\s)-pass(?:in|out)?\s+pass:)(\S+)"),
+    re.compile(r"((?:^|[\s/])sshpass\s+-p\s*)(\S+)"),
     re.compile(
         rf"(?i)((?:authorization|[\w-]*{_SECRET_WORD}[\w-]*|[\w-]*-key)\s*:\s*(?:bearer\s+|basic\s+|token\s+)?)([^\s\"']+)"
     ),
@@ -284,9 +295,9 @@ def command_secrets(command: str) -> set[str]:
                 continue
             value = m.group(2).strip("'\"")
             found.add(value)
-            if m.group(1).strip().lower().rstrip("=") in ("-u", "--user") and ":" in value:
+            if m.group(1).strip().lower().rstrip("=") in ("-u", "--user", "--proxy-user") and ":" in value:
                 found.add(value.partition(":")[2])  # user:password: the password alone too
-    return {v for v in found if len(v) >= _MIN_SECRET and v != REDACTED}
+    return {v for v in found if len(v) >= _MIN_SECRET and v != REDACTED and not _NOT_SECRET.match(v)}
 
 
 # curl's cookie flag: -b means other things to other tools (tar's blocking factor, cut's bytes)

@@ -917,9 +917,10 @@ class RetryingFile(_Readable):
     def read_some(self, n: int) -> bytes:
         """``PipeStream.read_some`` for a ``pipe:`` shard (never retried: a command's output
         cannot be asked again), else ``read(n)``."""
-        if not self.piped:
+        pipe = self.pipe
+        if pipe is None:
             return self.read(n)
-        data = self._f.read_some(n)
+        data = pipe.read_some(n)
         self.pos += len(data)
         return data
 

@@ -198,7 +198,29 @@ def test_credentials_in_a_command_never_reach_errors_warnings_or_samples(shards,
         # (the fourth review) passphrases, camelCase keys, openssl's -pass; plurals and
         # value-less flags that are not secrets stay
         ("gpg --batch --passphrase abcd -d", "gpg --batch --passphrase *** -d"),
-        ("openssl enc -d -aes-256-cbc -pass pass:abcd -in x", "openssl enc -d -aes-256-cbc -pass *** -in x"),
+        (
+            "openssl enc -d -aes-256-cbc -pass pass:abcd -in x",
+            "openssl enc -d -aes-256-cbc -pass pass:*** -in x",
+        ),
+        # (the fifth review) a flag that takes no value hides no URL, remote or path after it;
+        # more password shapes
+        (
+            "curl --anyauth https://h/x; rclone cat --s3-env-auth s3:b/x.tar; gpg --show-session-key -d /x",
+            "curl --anyauth https://h/x; rclone cat --s3-env-auth s3:b/x.tar; gpg --show-session-key -d /x",
+        ),
+        ("openssl pkcs12 -passin pass:abcd -nokeys; sshpass -p abcd ssh h", None),
+        (
+            "curl --proxy-user u:abcd -x http://p:8 https://h/x.tar",
+            "curl --proxy-user *** -x http://p:8 https://h/x.tar",
+        ),
+        (
+            "gsutil -o GSUtil:decryption_key1=abcd cat gs://b/x",
+            "gsutil -o GSUtil:decryption_key1=*** cat gs://b/x",
+        ),
+        (
+            "ffmpeg -decryption_key abcd -i x; t --sortKey name x",
+            "ffmpeg -decryption_key *** -i x; t --sortKey name x",
+        ),
         ("t --encryptionKey abcd --sse-c-key-b64 abcd x", "t --encryptionKey *** --sse-c-key-b64 *** x"),
         (
             "jq --sort-keys . --partition-keys y,m x; t --no-pass s3://b/x; ffmpeg --two-pass o",
