@@ -253,15 +253,24 @@ _KEY_FLAG = (
 # a flag's value: not another flag, a URL or an absolute path, which follow a flag that takes no
 # value (curl --anyauth URL, rclone --s3-env-auth remote:path): taken for its value, the shard's
 # URL was hidden, also in the command's quoted error output (found by review, 2026-12-05)
-_FLAG_VALUE = rf"(?![A-Za-z][\w+.-]*://|/|-|[A-Za-z][\w-]*:[\w.-]*/){_VALUE}"
+# (A secret may start with '/': a base64 key may. So only a flag named auth or session, which
+# often takes no value (--anyauth, --keep-session-cookies), has no path for its value either.)
+_KEY_VALUE = rf"(?![A-Za-z][\w+.-]*://|-|[A-Za-z][\w-]*:[\w.-]*/){_VALUE}"
+_AUTH_VALUE = rf"(?![A-Za-z][\w+.-]*://|/|-|[A-Za-z][\w-]*:[\w.-]*/){_VALUE}"
+# the words of _SECRET_WORD that may name a flag that takes no value (curl --anyauth)
+_MAYBE_VALUELESS = r"(?:auth|session)"
 _COMMAND_SECRETS = (
     # a cookie header's value (every cookie in it, to the quote or the line's end)
     re.compile(r"(?i)((?:set-)?cookie\s*:\s*)([^\"'\n]+)"),
     re.compile(rf"(?i)(\b[A-Z0-9_]*{_SECRET_WORD}[A-Z0-9_]*=){_VALUE}"),
-    # and any --...-key flag's: --sse-c-key (aws CLI, a customer encryption key), --encrypt-key
-    # (minio mc), --azureblob-key, --b2-key (rclone; found by review, 2026-12-05), but those
-    # that name data (--sort-key, --partition-key, ...: _DATA_KEY)
-    re.compile(rf"(?i)((?:^|\s)(?:--[\w-]*{_SECRET_WORD}[\w-]*|{_KEY_FLAG})(?:\s+|=)){_FLAG_VALUE}"),
+    # the value of a flag naming a secret (--password, --s3-secret-access-key), one named auth or
+    # session, and a key's (_KEY_FLAG): never a URL, remote:path or flag, which follow flags that
+    # take no value; for auth and session not a path either (_AUTH_VALUE)
+    re.compile(
+        rf"(?i)((?:^|\s)--(?![\w-]*{_MAYBE_VALUELESS})[\w-]*{_SECRET_WORD}[\w-]*(?:\s+|=)){_KEY_VALUE}"
+    ),
+    re.compile(rf"(?i)((?:^|\s)--[\w-]*{_MAYBE_VALUELESS}[\w-]*(?:\s+|=)){_AUTH_VALUE}"),
+    re.compile(rf"(?i)((?:^|\s)(?:{_KEY_FLAG})(?:\s+|=)){_KEY_VALUE}"),
     # a user's credentials (curl -u user:password, --proxy-user), whatever they look like
     re.compile(rf"(?i)((?:^|\s)(?:-u|--user|--proxy-user)(?:\s+|=)){_VALUE}"),
     # openssl's -pass/-passin/-passout pass:PASSWORD (env:, file:, fd: name where it is), and

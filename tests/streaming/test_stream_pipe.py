@@ -209,6 +209,12 @@ def test_credentials_in_a_command_never_reach_errors_warnings_or_samples(shards,
             "curl --anyauth https://h/x; rclone cat --s3-env-auth s3:b/x.tar; gpg --show-session-key -d /x",
         ),
         ("openssl pkcs12 -passin pass:abcd -nokeys; sshpass -p abcd ssh h", None),
+        # a secret may start with '/' (a base64 key): still hidden after a flag naming a secret
+        ("rclone cat r:x --s3-secret-access-key /abcd+Ef", "rclone cat r:x --s3-secret-access-key ***"),
+        (
+            "curl --sasl-ir https://h/x; wget --ask-password https://h/y",
+            "curl --sasl-ir https://h/x; wget --ask-password https://h/y",
+        ),
         (
             "curl --proxy-user u:abcd -x http://p:8 https://h/x.tar",
             "curl --proxy-user *** -x http://p:8 https://h/x.tar",
