@@ -41,7 +41,7 @@ from ..core.files import put_whole
 from ..core.memory import ScoreMemory, key_hashes
 from ..core.ranks import dist_info, rank_said
 from ..core.shardcounts import SharedCounters
-from ..core.values import scalar_key
+from ..core.values import is_int, scalar_key
 from ..core.vocab import PRE_KEPT, PRE_LOSS, PRE_PROB, loggable_text
 from ..errors import ConfigError, MissingKeyError, PreDecodeWarning
 
@@ -76,7 +76,7 @@ class PreDecodeFilter:
         url: Where the main process publishes its memory (``Sifter.publish_memory(url)``).
         storage_options: fsspec options for ``url`` and for the audit records.
         key: Field holding the sample key.
-        chunk: Samples looked up together (one vectorised lookup per chunk).
+        chunk: Samples looked up together (one vectorised lookup per chunk), >= 1.
         rank: The rank whose publications it reads (a publication names the rank that wrote
             it, and one of another rank is refused: two ranks publishing to one URL would mix
             their memories, draws and audit folders); ``None``: this process's rank
@@ -103,7 +103,11 @@ class PreDecodeFilter:
         self._rank: int | None = None if rank is None else int(rank)
         self.storage_options = dict(storage_options or {})
         self.key = key
-        self.chunk = chunk
+        if not is_int(chunk, 1):
+            # 0 handed nothing on and counted nothing; None read the whole source first (found
+            # by review, 2026-12-05)
+            raise ConfigError(f"PreDecodeFilter chunk must be a number of samples >= 1, got {chunk!r}")
+        self.chunk = int(chunk)
         self._loaded: str | None = None  # version of the publication in memory
         self._memory: ScoreMemory | None = None
         self._sorted: np.ndarray = np.zeros(0)

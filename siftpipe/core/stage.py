@@ -612,9 +612,10 @@ class Sifter:
 
         Call it at the end of each epoch; workers load the newest publication when they next
         start iterating and decide from it (see ``siftpipe.predecode``). Returns its version.
-        Once ``cost_guard`` has stopped sifting, the publication tells workers to keep every
-        sample (beta 0). Each rank publishes to its own ``url``: the publication names its rank,
-        and a filter of another rank refuses it. ``keep``: how many of this memory's
+        Once ``cost_guard`` has stopped sifting, and while the stage's warm-up (``delay``)
+        runs, the publication tells workers to keep every sample (beta 0). Each rank publishes
+        to its own ``url``: the publication names its rank, and a filter of another rank
+        refuses it. ``keep``: how many of this memory's
         publications under ``url`` to keep, the new one included (older ones are deleted; the
         default 2 keeps the one a worker may still be loading; ``None``: delete none; see
         ``ScoreMemory.publish``).
@@ -629,8 +630,10 @@ class Sifter:
                 "sifting before decode uses the relative-probabilistic rule; give the Sifter a "
                 f"RelativeProbabilistic policy (it has {type(self.policy).__name__})"
             )
-        if self._decider.stopped:
-            # the cost guard stopped sifting: workers keep every sample too (percentile ** 0 = 1)
+        if self._decider.stopped or self._decider.counts["seen"] < self.delay:
+            # the cost guard stopped sifting, or the stage's warm-up (delay) runs on: workers keep
+            # every sample too (percentile ** 0 = 1). Until 2026-12-05 a warm-up longer than an
+            # epoch was cut short by the workers' drops (found by review)
             beta = 0.0
         return self.memory.publish(
             url,

@@ -212,6 +212,24 @@ def test_a_stage_whose_cost_guard_stopped_sifting_tells_the_workers_to_keep_ever
     assert [s["__key__"] for s in kept] == [s["__key__"] for s in RAW]
 
 
+def test_a_stage_still_warming_up_tells_the_workers_to_keep_everything(tmp_path):
+    # found by review, 2026-12-05: with delay= longer than an epoch the publication carried the
+    # policy's beta, and the workers dropped samples the stage's warm-up was to keep
+    published = str(tmp_path / "memory")
+    sifter = relative_stage(delay=2 * len(RAW))
+    list(sifter(Shards()))
+    sifter.publish_memory(published)  # one epoch seen: the warm-up runs on
+    kept = list(sp.PreDecodeFilter(published)(iter(RAW)))
+    assert [s["__key__"] for s in kept] == [s["__key__"] for s in RAW]
+    eager = relative_stage()  # no warm-up: the same epoch's publication has the workers sift
+    list(eager(Shards()))
+    eager.publish_memory(published)
+    assert len(list(sp.PreDecodeFilter(published)(iter(RAW)))) < len(RAW)
+    for bad in (0, -1, 2.5, None, True):
+        with pytest.raises(sp.ConfigError, match="chunk must be a number of samples >= 1"):
+            sp.PreDecodeFilter(published, chunk=bad)
+
+
 def _publish_until(url, stop):
     from siftpipe.core.memory import FEEDBACK
 
