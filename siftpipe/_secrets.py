@@ -231,9 +231,9 @@ _SECRET_WORD = (
     r"|account[_-]?key|api[_-]?key|auth|sas|session)"
 )
 _VALUE = r"(\"[^\"]*\"|'[^']*'|[^\s;&|]+)"
-# --<name>-key flags whose value is data, not a credential (a table's, a queue's, a cache's key)
 # --<word>-pass flags that take no value (a program's passes, not a password)
 _NO_VALUE_PASS = r"(?:no|one|two|single|multi|first|second|skip|dry|by)"
+# --<name>-key flags whose value is data, not a credential (a table's, a queue's, a cache's key)
 _DATA_KEY = (
     r"(?:sort|partition|primary|hash|range|row|routing|shard|group|message-group|dedup|deduplication"
     r"|idempotency|cache|index|lookup|join|foreign|order|cluster|distribution|public|object|s3)"
@@ -244,9 +244,8 @@ _DATA_KEY = (
 _KEY_FLAG = (
     rf"--(?!{_DATA_KEY}[-_]keys?\b|{_NO_VALUE_PASS}-pass\b)(?:[\w-]*[-_])?(?:key|decryption-keys|pass)"
     r"(?:[-_](?:base64|b64|pem))?\b"
-    # camelCase (--encryptionKey, --sseCustomerKey), but data's (--sortKey)
-    r"|(?-i:--(?!(?:sort|partition|primary|hash|range|row|routing|shard|group|cache|index|lookup"
-    r"|order|cluster|public|object)Key\b)[a-z][A-Za-z]*Key)\b"
+    # camelCase (--encryptionKey, --sseCustomerKey), but data's (--sortKey: _DATA_KEY's words)
+    rf"|(?-i:--(?!(?i:{_DATA_KEY})Key\b)[a-z][A-Za-z]*Key)\b"
     # ffmpeg's single-dash decryption keys, mc's customer key
     r"|-(?:cenc_)?decryption_key|--enc-c"
 )

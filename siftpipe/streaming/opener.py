@@ -905,11 +905,6 @@ class RetryingFile(_Readable):
         return data
 
     @property
-    def piped(self) -> bool:
-        """Whether the shard is a ``pipe:`` command's output."""
-        return isinstance(self._f, PipeStream)
-
-    @property
     def pipe(self) -> PipeStream | None:
         """The ``pipe:`` command's output it reads, if it does."""
         return self._f if isinstance(self._f, PipeStream) else None
