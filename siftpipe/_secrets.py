@@ -295,30 +295,75 @@ def command_secrets(command: str) -> set[str]:
     """The values ``redact_command`` hides in ``command`` (and those of the URLs in it), unquoted
     too: what the command's own output (its standard error, quoted in an error) must not show."""
     found = set(url_secrets(command))
-    # (not a bare --key's value, nor -b's: in a command they name data as often, an object's key
-    # or a buffer's size, which an error must still show; the command line hides them anyway)
-    for pattern in _COMMAND_SECRETS:
-        for m in pattern.finditer(command):
-            if m.group(1).strip().lower().rstrip("=") == "--key":
-                continue
-            value = m.group(2).strip("'\"")
-            found.add(value)
-            if m.group(1).strip().lower().rstrip("=") in ("-u", "--user", "--proxy-user") and ":" in value:
-                found.add(value.partition(":")[2])  # user:password: the password alone too
+    # (not a bare --key's value: in a command it names data as often, an object's key, which an
+    # error must still show; the command line hides it anyway. -b's only in curl's command)
+    matches = [m for pattern in _COMMAND_SECRETS for m in pattern.finditer(command)]
+    for m in matches + _tool_matches(command):
+        flag = m.group(1).strip().lower().rstrip("=")
+        if flag == "--key":
+            continue
+        value = m.group(2).strip("'\"")
+        found.add(value)
+        if flag in ("-u", "--user", "--proxy-user") and ":" in value:
+            found.add(value.partition(":")[2])  # user:password: the password alone too
     return {v for v in found if len(v) >= _MIN_SECRET and v != REDACTED and not _NOT_SECRET.match(v)}
 
 
-# curl's cookie flag: -b means other things to other tools (tar's blocking factor, cut's bytes)
+# flags that name a secret to one program only: curl's cookie (-b is tar's blocking factor, cut's
+# bytes) and its client certificate's password (-E/--cert FILE:PASSWORD; -E is grep's too), and
+# openssl's -k PASSWORD and -K KEY (curl's -k takes no value)
 _CURL_COOKIE = re.compile(rf"(?i)((?:^|\s)(?:-b|--cookie)(?:\s+|=)){_VALUE}")
+_CURL_CERT = re.compile(r"((?:^|\s)(?:-E|--cert|--proxy-cert)(?:\s+|=)[\"']?[^\s:\"']+:)([^\s\"']+)")
 _CURL = re.compile(r"(?:^|[\s/;&|(])curl(?:\s|$)")
+_OPENSSL_KEY = re.compile(rf"((?:^|\s)-[kK](?:\s+)){_KEY_VALUE}")
+_OPENSSL = re.compile(r"(?:^|[\s/;&|(])openssl(?:\s|$)")
+
+
+# a pipeline's or a command list's parts, each run by its own program: split at |, ||, &, &&, ;
+# and newlines outside quotes (a quoted cookie header holds ;)
+_SEGMENT = re.compile(r"(\"[^\"]*\"?|'[^']*'?)|(\|\|?|&&?|;|\n)")
+
+
+def _segments(command: str) -> list[str]:
+    """``command`` cut into its commands and the separators between them ("".join gives it back)."""
+    parts, start = [], 0
+    for m in _SEGMENT.finditer(command):
+        if m.group(2):
+            parts += [command[start : m.start()], m.group(2)]
+            start = m.end()
+    return [*parts, command[start:]]
+
+
+def _tool_secrets(segment: str) -> list[re.Pattern[str]]:
+    """The patterns of the program-specific secret flags that apply to ``segment``, one command of
+    a pipeline (see ``_CURL_COOKIE``)."""
+    found = []
+    if "--cookie" in segment or _CURL.search(segment):
+        found += [_CURL_COOKIE, _CURL_CERT]
+    if _OPENSSL.search(segment):
+        found.append(_OPENSSL_KEY)
+    return found
+
+
+def _tool_matches(command: str) -> list[re.Match[str]]:
+    """The program-specific secret flags of each command of ``command`` (``_tool_secrets``)."""
+    return [
+        m
+        for segment in _segments(command)
+        for pattern in _tool_secrets(segment)
+        for m in pattern.finditer(segment)
+    ]
 
 
 def _redact_flags(command: str) -> str:
     for pattern in _COMMAND_SECRETS:
         command = pattern.sub(rf"\1{REDACTED}", command)
-    if "--cookie" in command or _CURL.search(command):
-        command = _CURL_COOKIE.sub(rf"\1{REDACTED}", command)
-    return command
+    parts = _segments(command)
+    for i, segment in enumerate(parts):
+        for pattern in _tool_secrets(segment):
+            segment = pattern.sub(rf"\1{REDACTED}", segment)
+        parts[i] = segment
+    return "".join(parts)
 
 
 # a webdataset ``pipe:`` URL inside a text: its command may quote, so it runs to the end of the

@@ -233,6 +233,15 @@ def test_credentials_in_a_command_never_reach_errors_warnings_or_samples(shards,
             "jq --sort-keys . --partition-keys y,m x; t --no-pass s3://b/x; ffmpeg --two-pass o",
         ),
         ("aws s3 cp --sse-kms-key-id alias/k s3://b/x -", "aws s3 cp --sse-kms-key-id alias/k s3://b/x -"),
+        # (2026-12-05, sixth session) openssl's -k password and -K key, curl's certificate password;
+        # curl's -k takes no value and grep's -E is not a certificate
+        (
+            "curl -k -E c.pem:abcd https://h/x | openssl enc -d -k abcd",
+            "curl -k -E c.pem:*** https://h/x | openssl enc -d -k ***",
+        ),
+        ("openssl enc -d -K abcd00 -iv 00ff -in x", "openssl enc -d -K *** -iv 00ff -in x"),
+        ("curl --cert='c.pem:abcd' -k https://h/x", "curl --cert='c.pem:***' -k https://h/x"),
+        ("curl -k https://h/x.tar | grep -E a:b", "curl -k https://h/x.tar | grep -E a:b"),
     ],
 )
 def test_redact_command(command, shown):
