@@ -646,11 +646,14 @@ class ShardSource(BaseNode[dict[str, Any]]):
             else:  # compressed: no seekable offsets, re-read and skip
                 skip = self._sample
         expected = self._next_key
+        read = 0  # samples read from the stream so far; the first `skip` were handed on before
         stream = self.opener.open(url, offset)
         try:
             self._check_version(stream, url)
-            samples = self._resumed_at(self.reader.tar_samples(stream, url, start=offset), url, offset)
+            tar = self.reader.tar_samples(stream, url, start=offset, judged=lambda: read < skip)
+            samples = self._resumed_at(tar, url, offset)
             for n, (sample, next_offset, next_key) in enumerate(samples):
+                read = n + 1
                 if n < skip:
                     continue
                 if expected is not None:

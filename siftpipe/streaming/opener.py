@@ -1429,11 +1429,19 @@ class ShardReader:
         self.max_sample_bytes = max_sample_bytes
 
     def tar_samples(
-        self, stream: Any, url: str, start: int = 0
+        self, stream: Any, url: str, start: int = 0, *, judged: Callable[[], bool] | None = None
     ) -> Iterator[tuple[dict[str, Any], int | None, str | None]]:
-        """``iter_tar_samples`` of ``stream`` with this reader's member selection and limits."""
+        """``iter_tar_samples`` of ``stream`` with this reader's member selection and limits.
+
+        ``judged()``: True while the members read lie before a checkpoint's position (a resume
+        that re-reads a shard and skips samples by count): a bad member there was judged by the
+        handler before the checkpoint, and is skipped again without asking or counting it twice."""
 
         def member_error(exc: Exception, name: str, doing: str) -> bool:
+            if judged is not None and judged():
+                # the handler skipped it before the checkpoint: samples after it were read then
+                # (found by review, 2026-12-05: it was asked again, and counted twice)
+                return True
             # the handler judges one member, as webdataset's does: a bad one is skipped, not the
             # rest of the shard (a handler that raises fails the shard, as before). Skipped, it is
             # counted (members_skipped); a handler that says stop ends the shard there and the
