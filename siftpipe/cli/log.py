@@ -59,27 +59,31 @@ def _read(args: argparse.Namespace, columns: list[str] | None, predecode: bool =
     )
 
 
-def _no_log(args: argparse.Namespace, what: str = "no audit log") -> int:
-    """Say on stderr that ``args.url`` holds nothing to work on; the exit status (1, as verify)."""
+def _no_log(args: argparse.Namespace, what: str = "no audit log", why: str | None = None) -> int:
+    """Say on stderr that ``args.url`` holds nothing to work on, and ``why`` (default: the
+    likeliest reason); the exit status (1, as verify)."""
     shown = redact(args.url, secret_values(parse_storage_options(args.storage_option), args.url))
     where = "".join(f" --run {r}" for r in args.run or ()) + "".join(f" --rank {r}" for r in args.rank or ())
-    why = (
-        "its runs wrote no records (they decided nothing, or kept nothing in storage)"
-        if what.startswith("no records")
-        else _why_nothing(args)
-    )
-    print(f"siftpipe: {what} at {shown}{where}: {why}", file=sys.stderr)
+    print(f"siftpipe: {what} at {shown}{where}: {why or _why_nothing(args)}", file=sys.stderr)
     return 1
 
 
+_UNREADABLE = (
+    "its manifests list {n} part(s) and none could be read (damaged or deleted: the warnings "
+    "above name them); `siftpipe log verify` says what is wrong with each"
+)
+
+
 def _no_records(args: argparse.Namespace, what: str = "no records") -> int:
-    """``_no_log`` for a read that found no records: a log whose runs wrote none (``what``), or
-    no log at all, said apart (found by review, 2026-12-05: summary and plot said the former for
-    both)."""
-    _, _, attempts = list_parts(
+    """``_no_log`` for a read that found no records: a log whose runs wrote none (``what``), one
+    whose parts are all unreadable, or no log at all, said apart (found by review, 2026-12-05:
+    summary and plot said the first for all three)."""
+    _, infos, attempts = list_parts(
         args.url, parse_storage_options(args.storage_option), run=args.run, rank=args.rank
     )
-    return _no_log(args, what if attempts else "no audit log")
+    if infos:
+        return _no_log(args, "no readable record", _UNREADABLE.format(n=len(infos)))
+    return _nothing(args, attempts, what)
 
 
 def _why_nothing(args: argparse.Namespace) -> str:
@@ -113,10 +117,14 @@ def _missing_bucket(args: argparse.Namespace) -> str | None:
         return None
 
 
-def _nothing(attempts: list[Any]) -> str:
-    """What to say when ``list_parts`` found no part: attempts that wrote none (an empty run,
-    or one that kept nothing in storage) are not a missing log."""
-    return "no records" if attempts else "no audit log"
+def _nothing(args: argparse.Namespace, attempts: list[Any], what: str = "no records") -> int:
+    """``_no_log`` when ``list_parts`` found no part: attempts that wrote none (an empty run, or
+    one that kept nothing in storage) are not a missing log."""
+    if attempts:
+        return _no_log(
+            args, what, "its runs wrote no records (they decided nothing, or kept nothing in storage)"
+        )
+    return _no_log(args)
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
@@ -141,7 +149,7 @@ def _cmd_keys(args: argparse.Namespace) -> int:
     options = parse_storage_options(args.storage_option)
     fs, infos, attempts = list_parts(args.url, options, run=args.run, rank=args.rank)
     if not infos:
-        return _no_log(args, _nothing(attempts))
+        return _nothing(args, attempts)
     # rows a pass was left before handing on were never trained: not kept, as read_log reads them
     unhanded = unhanded_ranges(attempts)
     want_kept = not args.dropped
@@ -153,7 +161,8 @@ def _cmd_keys(args: argparse.Namespace) -> int:
 
     def write(keys: list[str]) -> None:
         nonlocal broken
-        broken += sum(1 for k in keys if "\n" in k or "\r" in k)
+        breaks = "\0" if args.null else "\n\r"
+        broken += sum(1 for k in keys if any(c in k for c in breaks))
         out.writelines(f"{k}{end}" for k in keys)
 
     for message, _ in listing_problems(attempts):
@@ -188,6 +197,14 @@ def _cmd_keys(args: argparse.Namespace) -> int:
             "pass -0 (--null) to end each key with a NUL byte instead",
             file=sys.stderr,
         )
+    elif broken:
+        # and with -0 a key holding a NUL byte reads as two (found by review, 2026-12-05)
+        print(
+            f"siftpipe: {broken} key(s) hold a NUL byte, so the keys above are not one per NUL: "
+            "read them with sp.read_log(url, columns=['key', 'kept']) instead",
+            file=sys.stderr,
+        )
+        return 1
     if not read:
         return _no_log(args, "no readable part")  # every part gone or unreadable: not an empty list
     if keyless:
@@ -216,7 +233,7 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
     options = parse_storage_options(args.storage_option)
     _, infos, attempts = list_parts(args.url, options, run=args.run, rank=args.rank)
     if not infos:
-        return _no_log(args, _nothing(attempts))
+        return _nothing(args, attempts)
     stage: dict[str, Any] = next(
         (i.manifest["stage"] for i in infos if i.manifest and i.manifest.get("stage")), {}
     )

@@ -154,6 +154,24 @@ def test_a_rank_the_manifests_count_is_missing_or_not_yet_written(pristine, tmp_
     assert any("rank 1 of this run (2 processes) has left nothing in the log yet" in n for n in only.notes)
 
 
+def test_a_rank_or_run_asked_for_by_name_that_left_nothing_is_a_problem(pristine, tmp_path, capsys):
+    # found by review, 2026-12-05: with another rank asked for beside it, a rank whose folder was
+    # deleted was not mentioned, and verify said OK (exit 0)
+    root, _ = copy_of(pristine, tmp_path)
+    assert sp.verify_log(str(root), rank=[0]).ok
+    for rank, run, missing in [
+        ([0, 1], None, ["run=t rank=1"]),
+        (None, ["t", "nosuch"], ["run=nosuch"]),
+        ([1], ["t"], ["run=t rank=1"]),
+        ([1], None, ["rank=1"]),  # nothing at all: no run to name
+    ]:
+        report = sp.verify_log(str(root), run=run, rank=rank)
+        assert not report.ok and report.not_found == missing, (rank, run, report.not_found)
+    args = ["log", "verify", str(root), "--rank", "0", "--rank", "1"]
+    assert cli(args) == 1
+    assert "run=t rank=1: PROBLEMS: asked for, and nothing of it is in the log" in capsys.readouterr().out
+
+
 _KILLED_THEN_RESUMED = """
 import os, signal, sys, torch
 import siftpipe as sp

@@ -285,6 +285,14 @@ def test_keys_holding_line_breaks_are_said_and_listed_whole_with_null(tmp_path, 
     assert main(["log", "keys", "-0", root]) == 0
     out = capsys.readouterr()
     assert out.out.split("\0")[:-1] == [x["__key__"] for x in samples] and not out.err
+    # and with -0, a key holding a NUL byte reads as two (found by review, 2026-12-05: nothing said)
+    root = str(tmp_path / "nul")
+    samples[5]["__key__"] = "a\0b"
+    s = sp.Sifter(None, loss_field, sp.Uniform(1.0), micro_batch=20, seed=1, audit=sp.AuditLog(root))
+    list(s(samples))
+    s.close()
+    assert main(["log", "keys", "-0", root]) == 1
+    assert "1 key(s) hold a NUL byte" in capsys.readouterr().err
 
 
 def test_keys_of_a_log_without_keys_says_so_instead_of_printing_none(tmp_path, capsys):
@@ -319,6 +327,24 @@ def test_a_run_that_decided_nothing_says_no_records_not_no_log(tmp_path, capsys)
         assert main(["log", *command[:1], nowhere, *command[1:]]) == 1
         err = capsys.readouterr().err
         assert "no audit log at" in err and "no records" not in err, (command, err)
+
+
+def test_a_log_whose_parts_are_all_unreadable_is_not_said_to_have_decided_nothing(tmp_path, capsys):
+    # found by review, 2026-12-05: summary and plot said "its runs wrote no records" of a log
+    # whose every part is damaged
+    root = tmp_path / "damaged"
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=20, seed=1, audit=sp.AuditLog(str(root)))
+    list(s(SAMPLES[:100]))
+    s.close()
+    parts = list(root.rglob("part-*.parquet"))
+    for part in parts:
+        part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
+    for command in (["summary"], ["plot", "-o", str(tmp_path / "x.png")]):
+        with pytest.warns(RuntimeWarning):
+            assert main(["log", *command[:1], str(root), *command[1:]]) == 1
+        err = capsys.readouterr().err
+        assert "no readable record" in err and "wrote no records" not in err, (command, err)
+        assert f"list {len(parts)} part(s) and none could be read" in err
 
 
 def test_an_error_whose_cause_spans_lines_is_one_line(capsys):
