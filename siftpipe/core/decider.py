@@ -71,6 +71,9 @@ class Decider:
         self.key: Any = "__key__"
         self.weight_field = "__sift_weight__"
         self.attach_weight = False
+        #: attach_weight follows the policy's ``weighted``, whenever the policy is set
+        #: (``Sifter(attach_weight=None)``, the default)
+        self.weight_auto = False
         self.remember_forward = True
         self.unknown = "score"
         self.cost_guard = False
@@ -98,6 +101,7 @@ class Decider:
         #: groups decided since without its marks, until one carries them (then: None, done)
         self.upstream_filters = False
         self._weight_type_checked = False  # attach_weight's rows checked for a type it changes
+        self._unattached_said = False  # _say_unattached warned
         self._unmarked: int | None = 0
         #: Passes that ran to their end (a warning's evidence, not state: the stage counts one for
         #: a loaded state that had seen samples)
@@ -140,6 +144,21 @@ class Decider:
         # applied before the memory is next read (the next decision, at the latest): the training
         # steps one input batch feeds cost one update, not one each
         memory.defer_keys(keys, values, self.epoch if epoch is None else epoch, FEEDBACK)
+
+    def _say_unattached(self, weights: np.ndarray) -> None:
+        """Warn, once, of weights other than 1 that a policy not marked ``weighted`` gave kept
+        samples: nothing attaches them, so the training step never sees them (found by review,
+        2026-12-05: dropped without a word, while the audit log records them)."""
+        if weights.size and bool((weights != 1.0).any()):
+            self._unattached_said = True
+            warnings.warn(
+                f"policy {type(self.policy).__name__} gave kept samples weights other than 1, but "
+                "its class does not say weighted = True, so they are not attached to the samples "
+                "and the training step does not see them (the audit log records them): set "
+                "`weighted = True` on the policy's class, or Sifter(attach_weight=True)",
+                UserWarning,
+                stacklevel=3,
+            )
 
     def decide(self, group: Group) -> None:
         """Score (or look up) and decide every row of ``group``; count it and write it to the sink."""
@@ -208,6 +227,8 @@ class Decider:
         batched = self.scoring.batched
         if self.attach_weight:
             attach_weights(group, batched, self.weight_field)
+        elif weight is not None and self.weight_auto and not self._unattached_said:
+            self._say_unattached(weight[kept_index])
         if self.audit is not None:
             self.audit.write(
                 Decisions(

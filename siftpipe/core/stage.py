@@ -118,6 +118,29 @@ def _epoch_number(value: Any) -> int:
     return number
 
 
+class _WeightSetting(Setting):
+    """``attach_weight``: None (the default) means the policy says (its ``weighted``), now and
+    whenever the policy is set again; reads as the bool in effect."""
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        decider = self._part(obj)
+        decider.weight_auto = value is None
+        decider.attach_weight = bool(getattr(decider.policy, "weighted", False)) if value is None else value
+
+
+class _PolicySetting(ByName):
+    """``policy``: a name or a ``Policy``; while ``attach_weight`` follows the policy, setting one
+    sets it too (found by review, 2026-12-05: a ``PruneEasy`` set after construction decided
+    weights that were never attached, so easy samples trained under-weighted, biasing the
+    gradient)."""
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        super().__set__(obj, value)
+        decider = self._part(obj)
+        if decider.weight_auto:
+            decider.attach_weight = bool(getattr(decider.policy, "weighted", False))
+
+
 class Sifter:
     """Drop the samples the live model has already learned; hand the rest on.
 
@@ -182,7 +205,8 @@ class Sifter:
             an extra last element; namedtuples: their field ``weight_field``, else a plain
             tuple with the weight last, said once with a warning; tensors: a
             ``(tensor, weight)`` tuple; dict batches: a ``weight_field`` column; tuple batches:
-            a last tensor). Default: if the policy reweights (``PruneEasy``).
+            a last tensor). Default (None): if the policy reweights (``PruneEasy``), the policy
+            set later too.
         audit: An ``AuditLog`` or a URL to write one record per decided sample to.
         track_source: Save the source's own state (``state_dict``/``load_state_dict``, e.g. a
             ``StatefulDataLoader``) inside this stage's state, taken at micro-batch boundaries,
@@ -229,7 +253,7 @@ class Sifter:
     eval_mode = Setting("_scoring", Scoring)
     on_oom = Setting("_scoring", Scoring)
     # settings the deciding part keeps (see siftpipe.core.decider)
-    policy = ByName(
+    policy = _PolicySetting(
         "_decider", Decider, lambda policy: get_policy(policy) if isinstance(policy, str) else policy
     )
     memory = Setting("_decider", Decider)
@@ -237,7 +261,7 @@ class Sifter:
     on_nan = Setting("_decider", Decider)
     key = Setting("_decider", Decider)
     weight_field = Setting("_decider", Decider)
-    attach_weight = Setting("_decider", Decider)
+    attach_weight = _WeightSetting("_decider", Decider)
     remember_forward = Setting("_decider", Decider)
     unknown = Setting("_decider", Decider)
     cost_guard = Setting("_decider", Decider)
@@ -334,7 +358,7 @@ class Sifter:
         self.on_oom = on_oom
         self.key = key
         self.weight_field = weight_field
-        self.attach_weight = self.policy.weighted if attach_weight is None else attach_weight
+        self.attach_weight = attach_weight  # None: the policy's weighted, now and when it is set
         self.track_source = track_source
         self.memory = memory
         self.remember_forward = remember_forward
@@ -705,8 +729,8 @@ class Sifter:
             self.autocast, self.policy, drop_last=self.drop_last, flags=flags,
         )  # fmt: skip
         resolve_scorer(self.scorer)  # callable (set as a name, it was resolved then)
-        if self.attach_weight is None:  # set since: the policy says, as the constructor reads None
-            self.attach_weight = bool(self.policy.weighted)
+        if self._decider.weight_auto:  # the policy says (it may have changed since it was set)
+            self._decider.attach_weight = bool(self.policy.weighted)
         if self.policy.uses_memory:  # set since: checked for a memory and bound to it, as made
             resolve_policy(self.policy, self.memory)
         # where this scorer's losses come from, for the audit log (a proxy scorer says "proxy")

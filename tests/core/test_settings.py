@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -139,3 +141,45 @@ def test_attach_weight_set_to_none_later_means_the_policy_says_as_in_the_constru
     s.attach_weight = None
     out = list(s(SAMPLES))
     assert s.attach_weight is True and all("__sift_weight__" in o for o in out)
+
+
+@pytest.mark.parametrize("policy", ["prune_easy", sp.PruneEasy(0.5, history=4)])
+def test_a_weighting_policy_set_after_construction_has_its_weights_attached(policy):
+    """The constructor's default (attach_weight=None: the policy says) was read once, for the
+    default unweighted policy: a PruneEasy set later decided weights that were never attached,
+    so its kept easy samples trained under-weighted, a biased gradient (found by review,
+    2026-12-05)."""
+    s = sp.Sifter(None, scorer, micro_batch=4, seed=0)
+    assert s.attach_weight is False
+    s.policy = policy
+    out = list(s(SAMPLES * 4))
+    assert s.attach_weight is True and all("__sift_weight__" in o for o in out)
+    assert any(o["__sift_weight__"] > 1 for o in out)
+    # a choice made by hand stays, whatever policy is set after it
+    s = sp.Sifter(None, scorer, micro_batch=4, attach_weight=False)
+    s.policy = policy
+    assert s.attach_weight is False and not any("__sift_weight__" in o for o in s(SAMPLES))
+
+
+def test_weights_from_a_policy_not_marked_weighted_are_said_not_dropped_silently():
+    """A user's policy returning weights without ``weighted = True`` had them dropped with
+    nothing said, while the audit log recorded them (found by review, 2026-12-05)."""
+
+    class Halve(sp.Policy):
+        name = ""
+
+        def decide(self, losses, rng, seen):
+            n = len(losses)
+            keep = np.arange(n) % 2 == 0
+            prob = np.full(n, 0.5)
+            return sp.Decision(keep, prob, np.asarray(losses, dtype=np.float64), 1 / prob)
+
+    s = sp.Sifter(None, scorer, Halve(), micro_batch=4)
+    with pytest.warns(UserWarning, match="does not say weighted = True") as said:
+        list(s(SAMPLES))
+    assert len([w for w in said if "weighted = True" in str(w.message)]) == 1  # once
+    # chosen by hand: nothing said
+    s = sp.Sifter(None, scorer, Halve(), micro_batch=4, attach_weight=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(s(SAMPLES))
