@@ -377,6 +377,15 @@ class SiftedStream:
             # never train them, and number one pass too many
             gen = self._continued(active, list(self._unacked))
         else:
+            if self._unacked:
+                # the trainer trained some of the last iteration's batches and begins a new one
+                # without the rest (Lightning's on_train_batch_start returning -1 ends an epoch
+                # early, after fetching ahead): they are never trained. Noted so (the audit log
+                # reads them as not kept) and forgotten: left here, every later ack popped one of
+                # them, not the batch trained, and a checkpoint replayed trained batches (found by
+                # review, 2026-12-05)
+                self.discard_unacked()
+                self._unacked.clear()  # (replayed from a loaded state: the last run handed them on)
             self.close()
             gen = self._active = self._endless() if self.endless else self._pass()
         self._acked_since_iter = False

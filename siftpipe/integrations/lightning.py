@@ -422,7 +422,11 @@ class SiftCallback(Callback):
         """Generators that shuffle the wrapped data: their states at a pass's start are saved."""
         source = self._source
         found: list[torch.Generator] = []
-        for owner in (source, getattr(source, "sampler", None)):
+        # the sampler's, also one inside a batch_sampler= (found by review, 2026-12-05: not saved,
+        # so a resumed pass was shuffled anew and refused)
+        batch_sampler = getattr(source, "batch_sampler", None)
+        owners = (source, getattr(source, "sampler", None), getattr(batch_sampler, "sampler", None))
+        for owner in owners:
             gen = getattr(owner, "generator", None)
             if isinstance(gen, torch.Generator) and all(gen is not g for g in found):
                 found.append(gen)
@@ -578,6 +582,10 @@ class SiftCallback(Callback):
         # starts from the states the last one ended with, resumed or not (restore_rng)
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
             self._validated = True  # (Lightning runs the sanity check on states of its own)
+        self._in_batch = False  # (a step that returned -1 from on_train_batch_start never ended)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._in_batch = False  # as above: an epoch ended early by on_train_batch_start's -1
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # a fit starts from the states it is given (seed_everything), not the last fit's end

@@ -85,7 +85,7 @@ class Net(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def sifter(policy=None, memory=True, key="__key__") -> sp.Sifter:
+def sifter(policy=None, memory=True, key="__key__", **kw) -> sp.Sifter:
     return sp.Sifter(
         None,
         sp.CrossEntropy("x", "y") if key else sp.CrossEntropy(0, 1),
@@ -94,6 +94,7 @@ def sifter(policy=None, memory=True, key="__key__") -> sp.Sifter:
         delay=24,
         key=key,
         memory=sp.ScoreMemory(1000) if memory else None,
+        **kw,
     )
 
 
@@ -168,10 +169,7 @@ def test_a_fit_ending_inside_a_pass_notes_the_batch_fetched_ahead_as_never_train
     log = str(tmp_path / "log")
 
     def make():
-        return sp.Sifter(
-            None, sp.CrossEntropy("x", "y"), sp.RelativeProbabilistic(1.0, history=64), micro_batch=32,
-            delay=24, key="__key__", memory=sp.ScoreMemory(1000), audit=log,
-        )  # fmt: skip
+        return sifter(audit=log)
 
     _, cut, sift = fit(tmp_path / "cut", steps=5, make=make)
     trained = [k for batch in cut.trained for k in batch]
@@ -273,6 +271,71 @@ def test_reloading_the_dataloader_each_epoch_sifts_one_pass_per_epoch_and_resume
         assert part.trained == full.trained[cut:], cut
         assert torch.equal(weights(part), weights(full)), cut
         assert counters(resumed) == counters(sift), cut
+
+
+class SkipsRestOfFirstEpoch(Net):
+    epochs: list[int]
+
+    def on_train_batch_start(self, batch, batch_idx):
+        if self.current_epoch == 0 and batch_idx == 3:
+            return -1  # Lightning: skip the rest of this epoch
+        return None
+
+    def training_step(self, batch, batch_idx):
+        self.__dict__.setdefault("epochs", []).append(self.current_epoch)
+        return super().training_step(batch, batch_idx)
+
+
+def test_an_epoch_ended_early_by_on_train_batch_start_leaves_no_stale_batches(tmp_path):
+    """on_train_batch_start returning -1 ends the epoch with two batches handed on and never
+    trained (the one it was given and the one fetched ahead). They stayed in the stream's unacked
+    batches: every later ack popped one of them, not the batch trained, so each checkpoint after
+    replayed two trained batches, and the audit log read them as kept while the fit's last
+    trained batches read as never trained (found by review, 2026-12-05)."""
+    log = str(tmp_path / "log")
+
+    def make():
+        return sifter(audit=log)
+
+    epochs = {"max_epochs": 3}
+    trainer, full, sift = fit(tmp_path / "full", make=make, net=SkipsRestOfFirstEpoch, trainer_kw=epochs)
+    assert trainer.current_epoch == 3 and full.epochs.count(0) == 3
+    table = sp.read_log(log)
+    keys, kept, epoch = (table.column(c).to_pylist() for c in ("key", "kept", "epoch"))
+    logged = sorted((e, k) for k, was_kept, e in zip(keys, kept, epoch, strict=True) if was_kept)
+    assert logged == sorted((e, k) for e, batch in zip(full.epochs, full.trained, strict=True) for k in batch)
+    for cut in (5, 17):
+        ckpt = str(tmp_path / "full" / f"step={cut}.ckpt")
+        _, part, _ = fit(
+            tmp_path / f"cut{cut}", ckpt=ckpt, make=make, net=SkipsRestOfFirstEpoch, trainer_kw=epochs
+        )
+        assert part.trained == full.trained[cut:], cut
+        assert torch.equal(weights(part), weights(full)), cut
+
+
+class ShuffledByABatchSampler(Net):
+    def train_dataloader(self):
+        from torch.utils.data import BatchSampler, RandomSampler
+
+        shuffle = RandomSampler(self.data, generator=torch.Generator().manual_seed(123))
+        return self.sift.loader(DataLoader(self.data, batch_sampler=BatchSampler(shuffle, 12, False)))
+
+
+def test_a_generator_inside_a_batch_sampler_is_saved_and_the_pass_resumes(tmp_path):
+    """A seeded RandomSampler inside batch_sampler=: its generator was not saved with the pass, so
+    the resumed pass was shuffled anew and refused, though the user had seeded it (found by review,
+    2026-12-05)."""
+
+    def make():
+        return sifter(output_batch=12)
+
+    trainer, full, _ = fit(tmp_path / "full", steps=26, make=make, net=ShuffledByABatchSampler)
+    assert trainer.current_epoch >= 2
+    for cut in (14, 22):
+        ckpt = str(tmp_path / "full" / f"step={cut}.ckpt")
+        _, part, _ = fit(tmp_path / f"cut{cut}", steps=26, ckpt=ckpt, make=make, net=ShuffledByABatchSampler)
+        assert part.trained == full.trained[cut:], cut
+        assert torch.equal(weights(part), weights(full)), cut
 
 
 class PersistentWorkers(Net):
