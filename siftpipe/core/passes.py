@@ -67,6 +67,8 @@ class Passes:
         self.unstarted = False
         #: training steps a consumer (``EqualSteps``) counted in the open pass (``Sifter.pass_steps``)
         self.steps = 0
+        #: ``steps`` when the open pass opened in this process (0, or a resumed pass's count)
+        self.steps_opened = 0
         self.id = 0  # which call (or load) the running pass belongs to
         # a weak reference: a pass the caller abandons is freed at once (with what it holds:
         # DataLoader iterators and their workers), not kept alive by this stage or left to the
@@ -166,7 +168,7 @@ class Passes:
             advance = self.count > 0 and not self.epoch_set and not self.unstarted
             self.ledger.drop_pending(consumed=0)  # positions count from the start of each pass
         self.unstarted = resume is None
-        self.steps = 0 if resume is None else int(resume.get("steps", 0))
+        self.steps = self.steps_opened = 0 if resume is None else int(resume.get("steps", 0))
         self.raised = [] if resume is None else [int(p) for p in resume.get("raised", ())]
         self.count += 1
         self.id += 1
@@ -218,7 +220,12 @@ class Passes:
         self.source_abandoned = not finished and self.source is not None and reader.ahead is not END
 
     def position(
-        self, keys: Callable[[Group], list[Any] | None], batched: bool, key: Any, held_rows: int = 0
+        self,
+        keys: Callable[[Group], list[Any] | None],
+        batched: bool,
+        key: Any,
+        held_rows: int = 0,
+        held_steps: int = 0,
     ) -> dict[str, Any]:
         """The ``POSITION`` entries of the stage's state (``keys``: a group's sample keys; ``batched``
         and ``key`` find the key of the item read ahead; ``held_rows``: the last rows handed on
@@ -311,7 +318,12 @@ class Passes:
             "ended": ended,
             "source_abandoned": source_abandoned,
             # states written before it lack it: a consumer then counts from 0 (as it did)
-            "steps": int(restore.get("steps", 0)) if restore is not None else self.steps if self.open else 0,
+            # (less the steps the consumer counted for the held batches it never trained)
+            "steps": int(restore.get("steps", 0))
+            if restore is not None
+            else self.steps - held_steps
+            if self.open
+            else 0,
             # errors handed on after the position it resumes from: met again there, passed over
             # (found by review, 2026-12-05: raised a second time after a resume)
             "raised": [p for p in at_start if p == consumed]
@@ -344,7 +356,7 @@ class Passes:
         self.id += 1
         self.source = None
         self.source_abandoned = bool(state.get("source_abandoned", False))
-        self.steps = int(state.get("steps", 0)) if state["pass_open"] else 0
+        self.steps = self.steps_opened = int(state.get("steps", 0)) if state["pass_open"] else 0
         if state["pass_open"]:
             self.restore = dict(state)
             if forget_keys:

@@ -829,7 +829,7 @@ class Sifter:
             "epoch": self.epoch,
             "model_version": self.model_version,
             **self._passes.position(
-                self._decider.keys, self.batched, self.key, self._held_rows(held)
+                self._decider.keys, self.batched, self.key, self._held_rows(held), self._held_steps(held)
             ),  # _passes.POSITION
             "audit": None if self.audit is None else self.audit.state_dict(),
             "memory": None if self.memory is None else self.memory.state_dict(),
@@ -859,6 +859,22 @@ class Sifter:
         ledger.trim()
         passes = self._passes
         return ledger.consumed, ledger.emitted, self._decider.counts["seen"], passes.id, passes.open
+
+    def _held_steps(self, held: int) -> int:
+        """Of the last ``held`` batches handed on (checked by ``_held_rows``), those the consumer
+        counted a step for (``pass_steps``): ``EqualSteps`` read them already when a prefetcher
+        around it holds them, not when the prefetcher sits between it and the stage. The state
+        resumes before them, and its step count too (found by review, 2026-12-05: the resumed
+        steps ran ahead by the held batches, so ``sync_every``'s syncs fell at other steps and
+        the ranks trained other samples)."""
+        passes = self._passes
+        out = self._output
+        if not held or out is None or not passes.open:
+            return 0
+        # the stage's batches the consumer counted in this process, one step each, against those
+        # trained: all handed on but the held ones
+        counted = passes.steps - passes.steps_opened
+        return max(0, counted - (out.batches - int(held)))
 
     def _held_rows(self, held: int) -> int:
         """Rows of the last ``held`` batches handed on in the open pass (``state_dict(held=)``)."""

@@ -349,6 +349,57 @@ def test_equal_steps_in_one_process_counts_its_steps_and_keeps_them_in_the_sifte
     assert len(list(resumed)) == 7 and resumed.steps == 10
 
 
+def _prefetched(batches, depth):
+    """What a prefetcher does: hands on each batch once ``depth`` more are read."""
+    ahead = collections.deque()
+    for batch in batches:
+        ahead.append(batch)
+        if len(ahead) > depth:
+            yield ahead.popleft()
+    yield from ahead
+
+
+@pytest.mark.parametrize("around", [True, False])
+def test_a_state_held_behind_a_prefetcher_resumes_the_step_count_of_the_steps_trained(around):
+    """state_dict(held=k) behind a prefetcher around EqualSteps: EqualSteps had counted the held
+    batches, and the state kept that count while resuming before them, so the resumed steps ran
+    k ahead (sync_every's syncs fell elsewhere: the ranks trained other samples; found by review,
+    2026-12-05). A prefetcher between the stage and EqualSteps: nothing to take back."""
+    data = make_samples(400, seed=1)
+
+    def make():
+        return sp.Sifter(
+            None, loss_field, sp.RelativeProbabilistic(1.0, 100), micro_batch=32, output_batch=16,
+            hold=2, seed=5,
+        )  # fmt: skip
+
+    def steps(sifter, source):
+        # (the prefetcher around EqualSteps, or between it and the stage)
+        if around:
+            equal = sp.EqualSteps(sifter(source), sifter=sifter)
+            return equal, _prefetched(equal, 2)
+        equal = sp.EqualSteps(_prefetched(sifter(source), 2), sifter=sifter)
+        return equal, equal
+
+    ref = make()
+    equal, batches = steps(ref, data)
+    expected = [list(b["__key__"]) for b in batches]
+    full_steps = equal.steps
+    sifter = make()
+    trained = []
+    for batch in steps(sifter, data)[1]:
+        trained.append(list(batch["__key__"]))
+        if len(trained) == 5:
+            state = roundtrip(sifter.state_dict(held=2))
+            break
+    assert state["steps"] == 5
+    again = make()
+    again.load_state_dict(state)
+    equal, batches = steps(again, data[again.resume_from or 0 :])
+    assert trained + [list(b["__key__"]) for b in batches] == expected
+    assert equal.steps == full_steps == len(expected)
+
+
 def _no_forward(model, batch):
     raise AssertionError("the recipe never runs a scoring forward")
 
