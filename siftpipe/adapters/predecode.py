@@ -351,12 +351,15 @@ class PreDecodeFilter:
                 f"PreDecodeFilter finds samples by key but a sample has no field {self.key!r}; place it "
                 "right after the tar reader, where '__key__' is present"
             ) from None
-        counts = self._counts.row()  # this process's row: seen, dropped, kept, unknown
-        counts[0] += len(batch)
+        # this process's row: seen, dropped, kept, unknown; each counted as it is decided, seen
+        # too: a consumer may stop inside the chunk (found by review, 2026-12-05: the whole chunk
+        # was counted seen, so seen exceeded dropped + kept + unknown)
+        counts = self._counts.row()
         memory = self._memory
         if memory is None or not self._sorted.size:
             for s in batch:
-                counts[3] += 1  # as each is handed on: a consumer may stop inside the chunk
+                counts[0] += 1
+                counts[3] += 1
                 yield {**s, PRE_KEPT: 0, PRE_LOSS: float("nan"), PRE_PROB: float("nan")}
             return
         epoch = self.epoch()
@@ -372,6 +375,7 @@ class PreDecodeFilter:
         prob = np.where(known, pct ** float(self._meta["beta"]), 1.0)
         keep = hash_uniform(int(self._meta["seed"]), epoch, keys) < prob
         for s, k, kn, kp, lo, pr in zip(batch, keys, known, keep, loss, prob):
+            counts[0] += 1
             if not kn:
                 counts[3] += 1
                 yield {**s, PRE_KEPT: 0, PRE_LOSS: float("nan"), PRE_PROB: float("nan")}

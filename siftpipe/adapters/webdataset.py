@@ -28,6 +28,7 @@ pipeline stage: ``wds.DataPipeline(..., sifter)`` or ``pipeline.compose(sifter)`
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import islice
@@ -98,9 +99,10 @@ class SiftStage:
         if not isinstance(sifter, Sifter):
             raise ConfigError(f"SiftStage needs a siftpipe.Sifter, got {type(sifter).__name__}")
         self.sifter = sifter
-        #: The pipeline holding this stage cuts its output into epochs (``.with_epoch(n)``),
-        #: outside the stage's state: a checkpoint cannot say where such an epoch stood
-        self.cut = False
+        #: Why no checkpoint can resume a pass of this stage (None: it can): the pipeline holding
+        #: it cuts its output into epochs (``.with_epoch(n)``) or repeats its passes
+        #: (``.repeat()``), outside the stage's state
+        self.cut: str | None = None
         self._warned_cut = False
         #: What comes before the stage draws shards at random by design (webdataset's
         #: ``resampled=True``): it cannot be read again as it was, so no pass resumes inside
@@ -110,10 +112,10 @@ class SiftStage:
         skip = self.sifter.resume_from
         if self.cut:
             if skip is not None:
-                raise ResumeError(_CUT + "; this resume would hand on other batches than the run did")
+                raise ResumeError(self.cut + "; this resume would hand on other batches than the run did")
             if not self._warned_cut:
                 self._warned_cut = True
-                warnings.warn(f"siftpipe: {_CUT}", UserWarning, stacklevel=2)
+                warnings.warn(f"siftpipe: {self.cut}", UserWarning, stacklevel=2)
         if skip and self.random_source:
             raise ResumeError(
                 f"the checkpoint resumes a pass {skip} input items in, but the shards before the "
@@ -131,17 +133,32 @@ class SiftStage:
 
 
 _CUT = (
-    "a pipeline that holds .sift() is cut into epochs by .with_epoch(n) on the pipeline, which "
-    "counts the stage's output outside its state (webdataset's islice over passes repeated for "
-    "ever): a checkpoint cannot say where such an epoch stood, so it cannot resume. Bound the "
-    "input instead (.with_epoch(n) on the WebDataset that the loader's workers read: each pass "
-    "the stage sees then ends with it), or count steps with siftpipe.fixed_steps"
+    "a pipeline that holds .sift() is cut into epochs by .with_epoch(n) on the pipeline (or "
+    ".repeat(nbatches=n)), which counts the stage's output outside its state (webdataset's islice "
+    "over passes repeated for ever): a checkpoint cannot say where such an epoch stood, so it "
+    "cannot resume. Bound the input instead (.with_epoch(n) on the WebDataset that the loader's "
+    "workers read: each pass the stage sees then ends with it), or count steps with "
+    "siftpipe.fixed_steps"
+)
+_REPEATED = (
+    "a pipeline that holds .sift() is repeated by .repeat(nepochs) on the pipeline, which runs "
+    "several passes of the stage in one iteration and counts them outside its state: a checkpoint "
+    "cannot say which of them it stood in, so it cannot resume (the resumed iteration would run "
+    "them all again after the rest of the checkpoint's pass). Iterate the pipeline once per epoch "
+    "instead (for epoch in range(n): for batch in loader: ...)"
 )
 
 
 def _cut(pipeline: Any) -> None:
-    """Mark the sift stages of ``pipeline`` (a DataPipeline) as cut into epochs by it."""
-    if getattr(pipeline, "nsamples", 0) > 0 and getattr(pipeline, "repetitions", 1) != 1:
+    """Mark the sift stages of ``pipeline`` (a DataPipeline) as cut into epochs by it
+    (``with_epoch``, ``repeat(nbatches=)``), or repeated a given number of times in one iteration
+    (``repeat(nepochs)``; found by review, 2026-12-05: ``.repeat`` was not noticed, and resumed
+    silently wrong). Repeated for ever and not cut, the passes after a resumed one are the
+    uninterrupted run's: nothing to mark."""
+    repetitions = getattr(pipeline, "repetitions", 1)
+    cut = getattr(pipeline, "nsamples", 0) > 0 and repetitions != 1
+    if cut or 1 < repetitions < sys.maxsize:
+        why = _CUT if cut else _REPEATED
         stages = getattr(pipeline, "pipeline", None)
         if not isinstance(stages, list):
             return
@@ -151,7 +168,7 @@ def _cut(pipeline: Any) -> None:
                 # Sifter called directly would resume such an epoch silently wrong)
                 stage = stages[i] = SiftStage(stage)
             if isinstance(stage, SiftStage):
-                stage.cut = True
+                stage.cut = why
 
 
 def _random_shards(pipeline: Any, depth: int = 0) -> bool:
@@ -230,6 +247,12 @@ class SiftFluid:
         that the pipeline cuts its output into epochs, which no checkpoint can resume (it warns
         once when a pass opens, and refuses a resume with ``ResumeError``)."""
         return _with_epoch(self, nsamples, nbatches)
+
+    def repeat(self, nepochs: int = -1, nbatches: int = -1) -> Any:
+        """webdataset's ``repeat``; on a pipeline that holds ``.sift()``, its stage learns that
+        the pipeline repeats its passes (or cuts them, with ``nbatches``) outside its state, which
+        no checkpoint can resume (``with_epoch``'s warning and ``ResumeError``)."""
+        return _repeat(self, nepochs, nbatches)
 
     def shard_stats(self) -> ShardStats:
         """Shard counters of this pipeline's shard readers, summed over every process that read
@@ -371,9 +394,11 @@ def install() -> None:
             )
         setattr(wds.FluidInterface, name, ours)
     if wds.DataPipeline.__dict__.get("with_epoch") is _WDS_WITH_EPOCH:
-        # webdataset's own with_epoch, so that its classes' stages learn of it as siftpipe's do
-        # (SiftFluid.with_epoch): DataPipeline's comes before FluidInterface's in their order
+        # webdataset's own with_epoch and repeat, so that its classes' stages learn of them as
+        # siftpipe's do (SiftFluid.with_epoch): DataPipeline's come before FluidInterface's
         wds.DataPipeline.with_epoch = _with_epoch
+    if wds.DataPipeline.__dict__.get("repeat") is _WDS_REPEAT:
+        wds.DataPipeline.repeat = _repeat
 
 
 def uninstall() -> None:
@@ -383,6 +408,8 @@ def uninstall() -> None:
             delattr(wds.FluidInterface, name)
     if wds.DataPipeline.__dict__.get("with_epoch") is _with_epoch:
         wds.DataPipeline.with_epoch = _WDS_WITH_EPOCH
+    if wds.DataPipeline.__dict__.get("repeat") is _repeat:
+        wds.DataPipeline.repeat = _WDS_REPEAT
 
 
 _WDS_WITH_EPOCH = wds.DataPipeline.__dict__.get("with_epoch")
@@ -391,6 +418,16 @@ _WDS_WITH_EPOCH = wds.DataPipeline.__dict__.get("with_epoch")
 def _with_epoch(self: Any, *args: Any, **kwargs: Any) -> Any:
     """webdataset's ``DataPipeline.with_epoch``, then ``_cut`` (what ``install()`` puts there)."""
     result = _WDS_WITH_EPOCH(self, *args, **kwargs)  # type: ignore[misc]
+    _cut(result)
+    return result
+
+
+_WDS_REPEAT = wds.DataPipeline.__dict__.get("repeat")
+
+
+def _repeat(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """webdataset's ``DataPipeline.repeat``, then ``_cut`` (what ``install()`` puts there)."""
+    result = _WDS_REPEAT(self, *args, **kwargs)  # type: ignore[misc]
     _cut(result)
     return result
 

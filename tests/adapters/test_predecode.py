@@ -550,6 +550,24 @@ def test_the_filters_stats_add_up_what_every_worker_decided(tmp_path, loader_kwa
     assert prefilter.stats == dict.fromkeys(("seen", "dropped", "kept", "unknown"), 0)
 
 
+def test_the_filters_counts_add_up_when_its_consumer_stops_inside_a_chunk(tmp_path):
+    """A consumer that stops early (a break, islice, .with_epoch) leaves the rest of the filter's
+    chunk undecided: it was counted seen all the same, so seen exceeded dropped + kept + unknown
+    (found by review, 2026-12-05)."""
+    published = str(tmp_path / "memory")
+    prefilter = sp.PreDecodeFilter(published)
+    assert len(list(itertools.islice(prefilter(iter(RAW)), 10))) == 10
+    assert prefilter.stats == {"seen": 10, "dropped": 0, "kept": 0, "unknown": 10}
+    sifter = relative_stage()
+    list(sifter(RAW_DECODED))
+    sifter.publish_memory(published)
+    prefilter.reset_stats()
+    list(itertools.islice(prefilter(iter(RAW)), 20))
+    stats = prefilter.stats
+    assert stats["kept"] == 20 and stats["dropped"] > 0
+    assert stats["seen"] == stats["dropped"] + stats["kept"] + stats["unknown"] < 400
+
+
 @pytest.mark.parametrize("made", ["deepcopy", "pickled"])
 def test_a_copied_filters_stats_add_up_its_forked_workers_too(made):
     """A deep copy or a plain pickle of a filter holds counters of its own, which were never

@@ -3,9 +3,11 @@ node and worker splitting, resampling, and the Sifter as a plain webdataset stag
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -177,7 +179,7 @@ def test_install_is_opt_in_idempotent_and_undone_by_uninstall(shards):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", "importing siftpipe.webdataset must not change webdataset"
     assert not is_installed()
-    with_epoch = wds.DataPipeline.with_epoch
+    with_epoch, repeat = wds.DataPipeline.with_epoch, wds.DataPipeline.repeat
     try:
         install()
         install()
@@ -191,10 +193,13 @@ def test_install_is_opt_in_idempotent_and_undone_by_uninstall(shards):
         assert type(plain) is wds.WebDataset and plain.nsamples == 7
         cut = wds.WebDataset(shards.urls, shardshuffle=False).decode().sift(make_sifter()).with_epoch(5)
         assert cut.pipeline[-1].cut and cut.nsamples == 5
+        twice = wds.WebDataset(shards.urls, shardshuffle=False).decode().sift(make_sifter()).repeat(2)
+        assert "repeated by .repeat(nepochs)" in twice.pipeline[-1].cut
     finally:
         uninstall()
     uninstall()
     assert wds.DataPipeline.with_epoch is with_epoch  # webdataset's own again
+    assert wds.DataPipeline.repeat is repeat
     assert not is_installed() and not hasattr(wds.FluidInterface, "sift")
     assert not hasattr(wds.FluidInterface, "replay")
     assert hasattr(WebDataset, "sift")  # siftpipe's own classes keep it
@@ -532,17 +537,25 @@ def resumed_after_two_batches(build):
     return loader
 
 
-@pytest.mark.parametrize("where", ["after", "before", "compose_after", "compose_before"])
+@pytest.mark.parametrize(
+    "where", ["after", "before", "compose_after", "compose_before", "repeat_nbatches", "repeat_twice"]
+)
 def test_with_epoch_on_a_pipeline_holding_sift_warns_and_refuses_a_resume(shards, where):
     # found by review: webdataset counts .with_epoch(n) in an islice over passes repeated for ever,
     # outside the stage's state: a resumed epoch was n items long again from the checkpoint, and
-    # a checkpoint after an epoch's last item resumed the old pass, all silently
+    # a checkpoint after an epoch's last item resumed the old pass, all silently. Its
+    # .repeat(nbatches=n) is the same, and .repeat(2) runs two passes per iteration, counted
+    # outside the state too: both resumed silently wrong until 2026-12-05 (found by review)
     def build():
         dataset = decoded(shards.pattern).batched(8, collation_fn=default_collate)
         sifter = make_sifter(batched=True)
         loader = WebLoader(dataset, batch_size=None, num_workers=0)
         if where == "after":
             return loader.sift(sifter).with_epoch(4), sifter
+        if where == "repeat_nbatches":
+            return loader.sift(sifter).repeat(nbatches=4), sifter
+        if where == "repeat_twice":
+            return loader.sift(sifter).repeat(2), sifter
         if where == "before":
             return loader.with_epoch(4).sift(sifter), sifter
         # a bare Sifter composed in (left open 2026-12-04, mended 2026-12-05)
@@ -550,28 +563,40 @@ def test_with_epoch_on_a_pipeline_holding_sift_warns_and_refuses_a_resume(shards
             return loader.compose(sifter).with_epoch(4), sifter
         return loader.with_epoch(4).compose(sifter), sifter
 
-    with pytest.warns(UserWarning, match=r"cut into epochs by \.with_epoch\(n\).*cannot resume"):
+    why = r"cut into epochs by \.with_epoch"
+    if where == "repeat_twice":
+        why = r"repeated by \.repeat\(nepochs\)"
+    with pytest.warns(UserWarning, match=why + ".*cannot resume"):
         resumed = resumed_after_two_batches(build)
-    with pytest.raises(sp.ResumeError, match=r"with_epoch\(n\) on the WebDataset"):
+    with pytest.raises(sp.ResumeError, match=why):
         next(iter(resumed))
 
 
-def test_with_epoch_on_the_dataset_before_the_loader_bounds_each_pass_and_resumes(shards):
-    # the remedy the error names: the input is bounded, so each pass the stage sees ends with it
+@pytest.mark.parametrize("how", ["input_bounded", "repeated_for_ever"])
+def test_with_epoch_on_the_dataset_before_the_loader_bounds_each_pass_and_resumes(shards, how):
+    # the remedy the error names: the input is bounded, so each pass the stage sees ends with it.
+    # And a pipeline repeated for ever, not cut: the passes after the resumed one are the run's
     def build():
-        dataset = decoded(shards.pattern).batched(8, collation_fn=default_collate).with_epoch(5)
+        dataset = decoded(shards.pattern).batched(8, collation_fn=default_collate)
         sifter = make_sifter(batched=True)
-        return WebLoader(dataset, batch_size=None, num_workers=0).sift(sifter), sifter
+        if how == "input_bounded":
+            return WebLoader(dataset.with_epoch(5), batch_size=None, num_workers=0).sift(sifter), sifter
+        return WebLoader(dataset, batch_size=None, num_workers=0).sift(sifter).repeat(), sifter
 
-    loader, sifter = build()
-    full = [list(b["__key__"]) for b in loader]
-    loader, sifter = build()
-    it = iter(loader)
-    head = [list(next(it)["__key__"]) for _ in range(2)]
-    state = roundtrip(sifter.state_dict())
-    loader, sifter = build()
-    sifter.load_state_dict(state)
-    assert head + [list(b["__key__"]) for b in loader] == full
+    def keys(loader, n):
+        return [list(b["__key__"]) for b in itertools.islice(loader, n)]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader, sifter = build()
+        full = keys(loader, 30)
+        loader, sifter = build()
+        it = iter(loader)  # (held: a pass whose iterator dies is abandoned)
+        head = keys(it, 2)
+        state = roundtrip(sifter.state_dict())
+        loader, sifter = build()
+        sifter.load_state_dict(state)
+        assert head + keys(loader, 28) == full
 
 
 def test_a_pass_over_resampled_shards_is_not_resumed_inside_with_advice_that_cannot_work(shards):
