@@ -100,7 +100,10 @@ def load_tool(name: str):
     import importlib.util
     import sys
 
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "tools", f"{name}.py"))
+    tools = os.path.join(REPO, "tools")
+    if tools not in sys.path:  # as when run as a script: its helpers (_out, _s3server) import
+        sys.path.append(tools)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(tools, f"{name}.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

@@ -73,6 +73,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _out import check_writable  # (tools/: on the path when run as a script)
 from torch import nn
 
 import siftpipe as sp
@@ -1004,6 +1005,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", default="", help="also write the JSON report here")
     ap.add_argument("--markdown", default="", help="write markdown tables here ('-': stderr)")
     args = ap.parse_args(argv)
+    check_writable(out=args.out, markdown=args.markdown)
     torch.set_num_threads(args.threads)
     if args.seeds is None:
         args.seeds = 1 if args.quick else 3
@@ -1038,10 +1040,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "bench_seconds": round(time.perf_counter() - t0, 1),
     }
     text = json.dumps(report, indent=1)
+    print(text, flush=True)  # first: the run's figures are on stdout whatever happens to the file
     if args.out:
         with open(args.out, "w") as fh:
             fh.write(text + "\n")
-    print(text)
     if args.markdown:
         md = markdown(report)
         if args.markdown == "-":

@@ -27,7 +27,15 @@ def add_cli(subparsers: Any) -> None:
         help="directory for shards, audit log and plot (default ./siftpipe-demo)",
     )
     p.add_argument(
-        "--store", help="shard prefix URL instead of OUT/shards/train, e.g. s3://bucket/demo/train"
+        "--store",
+        help="shard prefix URL to write the dataset to instead of OUT/shards/train, e.g. "
+        "s3://bucket/demo/train (a prefix that holds shards is refused without --overwrite)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="let --store replace the shards already at its prefix (and remove those of them the "
+        "demo does not replace); OUT/shards/train is the demo's own and always replaced",
     )
     add_storage_option_flag(p)
     p.add_argument("--samples", type=int, default=12_000, help="training samples (default 12000)")
@@ -101,8 +109,12 @@ def _cli_demo(args: argparse.Namespace) -> int:
     for name in ("seed", "task_seed"):
         if getattr(args, name) < 0:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if args.budget_seconds is not None and not args.budget_seconds > 0:
-        raise SystemExit(f"--budget-seconds must be > 0, got {args.budget_seconds}")
+    # (infinity too: the learning rate, scheduled by the budget's share spent, stayed 0 and the
+    # run never ended; found by review, 2026-12-05)
+    if args.budget_seconds is not None and not (
+        args.budget_seconds > 0 and math.isfinite(args.budget_seconds)
+    ):
+        raise SystemExit(f"--budget-seconds must be a finite number > 0, got {args.budget_seconds}")
     if not (args.lr > 0 and math.isfinite(args.lr)):
         raise SystemExit(f"--lr must be a finite number > 0, got {args.lr}")
     for name in ("hard_fraction", "label_noise"):

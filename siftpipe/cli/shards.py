@@ -32,6 +32,12 @@ def add_cli(subparsers: Any) -> None:
     )
     write.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     write.add_argument("--quiet", action="store_true", help="no progress bar")
+    write.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the shards already at URL (and remove those of them this write does not "
+        "replace); without it, a URL that holds shards is refused",
+    )
     add_storage_option_flag(write)
     write.set_defaults(func=_cli_write)
 
@@ -53,6 +59,7 @@ def _cli_write(args: argparse.Namespace) -> int:
         written = write_shards(
             samples,
             args.url,
+            existing="replace" if args.overwrite else "refuse",
             samples_per_shard=args.per_shard,
             storage_options=storage_options,
             progress=not args.quiet,

@@ -155,15 +155,25 @@ def run_demo(args: argparse.Namespace, storage_options: Mapping[str, Any] | None
         + (f", {args.label_noise:.0%} labels flipped" if args.label_noise else "")
         + f"), {args.test_samples:,} test samples"
     )
+    audit_root = os.path.join(out, "audit")
+    if os.path.exists(audit_root) and not os.path.isdir(audit_root):
+        # said before anything runs, not after the full run trained (found by review, 2026-12-05)
+        raise SystemExit(f"siftpipe demo: {audit_root} (the audit log's folder) is a file: move it away")
     try:
+        # the demo's own folder is replaced; a --store that holds shards only with --overwrite
         written = write_task_shards(
-            store, x, y, samples_per_shard=args.per_shard, storage_options=options, progress=not quiet
+            store,
+            x,
+            y,
+            samples_per_shard=args.per_shard,
+            storage_options=options,
+            progress=not quiet,
+            existing="replace" if not args.store or args.overwrite else "refuse",
         )
     except (sp.ShardError, sp.ConfigError) as exc:
         raise SystemExit(f"siftpipe demo: {exc}") from None
     say(f"wrote {len(written.urls)} shards: {written.pattern}")
     test = (torch.from_numpy(xt), torch.from_numpy(yt))
-    audit_root = os.path.join(out, "audit")
     budget = (
         f"{args.budget_seconds:g} s of training each"
         if args.budget_seconds
@@ -226,7 +236,16 @@ def run_demo(args: argparse.Namespace, storage_options: Mapping[str, Any] | None
     full, sifted = results
     plot = os.path.join(out, "accuracy.png")
     if can_plot:
-        plot_runs(results, plot, title=f"siftpipe demo: {args.samples:,} samples, {budget}")
+        try:
+            plot_runs(results, plot, title=f"siftpipe demo: {args.samples:,} samples, {budget}")
+        except OSError as exc:
+            # the results are printed all the same (found by review, 2026-12-05: lost to a
+            # traceback after both runs had trained)
+            can_plot = False
+            print(
+                f"siftpipe demo: no accuracy plot: cannot write {plot}: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
     print()
     print(_table(results))
     print()

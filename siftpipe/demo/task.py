@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -99,8 +99,10 @@ def write_task_shards(
     samples_per_shard: int = 500,
     storage_options: Mapping[str, Any] | None = None,
     progress: bool = False,
+    existing: Literal["keep", "refuse", "replace"] = "keep",
 ) -> Any:
-    """Write the task's samples to ``{prefix}-000000.tar``, ...; returns the ``ShardSet``."""
+    """Write the task's samples to ``{prefix}-000000.tar``, ...; returns the ``ShardSet``
+    (``existing``: ``write_shards``')."""
     from ..streaming.shards import write_shards
 
     return write_shards(
@@ -110,6 +112,7 @@ def write_task_shards(
         storage_options=storage_options,
         progress=progress,
         total=len(y),
+        existing=existing,
     )
 
 

@@ -17,7 +17,7 @@ import tarfile
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -29,6 +29,8 @@ __all__ = [
     "ShardSet",
     "decode_sample",
     "encode_sample",
+    "existing_shards",
+    "remove_shards",
     "synthetic_arrays",
     "synthetic_classification",
     "write_shards",
@@ -296,6 +298,7 @@ def write_shards(
     total: int | None = None,
     mtime: float = 0.0,
     retries: int = 5,
+    existing: Literal["keep", "refuse", "replace"] = "keep",
 ) -> ShardSet:
     """Write samples to WebDataset tar shards ``{prefix}-000000.tar``, ``-000001.tar``, ...
 
@@ -313,6 +316,13 @@ def write_shards(
         mtime: Modification time stored in the tar headers (seconds since the epoch); the
             default 0 makes the same samples give byte-identical shards.
         retries: Retries of a failed upload (transient errors only), with exponential backoff.
+        existing: What to do with shards already at ``prefix`` (``existing_shards``): ``"keep"``
+            writes over those it writes and leaves the others (a smaller dataset written over a
+            larger one then leaves the larger one's last shards beside it, which a reader of the
+            prefix reads mixed with it); ``"refuse"`` raises ``ConfigError`` before writing
+            anything; ``"replace"`` removes, once all is written, those it did not write over.
+            ``siftpipe shards write`` and ``siftpipe demo --store`` refuse, and replace with
+            ``--overwrite``.
 
     Each shard is written to a local temporary file and then uploaded (or moved) in one piece,
     so a failure never leaves a truncated shard behind. Raises ``ShardError`` naming the shard
@@ -330,6 +340,15 @@ def write_shards(
         raise ConfigError(
             f"prefix must name the shards without their suffix, e.g. 's3://bucket/data/train' for "
             f"train-000000.tar, ..., got {prefix!r}"
+        )
+    if existing not in ("keep", "refuse", "replace"):
+        raise ConfigError(f"existing must be 'keep', 'refuse' or 'replace', got {existing!r}")
+    before = existing_shards(prefix, storage_options) if existing != "keep" else []
+    if before and existing == "refuse":
+        raise ConfigError(
+            f"{redact_url(prefix)} already holds {len(before)} shard(s) ({redact_url(before[0])}, ...): "
+            "write to another prefix, or replace them (existing='replace'; on the command line "
+            "--overwrite), which removes those this write does not replace"
         )
     rows, n = _as_samples(samples)
     opener = ShardOpener(storage_options, retries=retries)
@@ -383,9 +402,37 @@ def write_shards(
         shutil.rmtree(tmpdir, ignore_errors=True)
     if not urls:
         raise ConfigError(f"no samples to write to {shown}: the dataset is empty")
+    # (found by review, 2026-12-05: the commands left them, and a reader read two datasets mixed)
+    remove_shards([u for u in before if u not in set(urls)], storage_options)
     last = len(urls) - 1
     pattern = _shard_url(prefix, 0) if last == 0 else f"{prefix}-{{{0:0{DIGITS}d}..{last:0{DIGITS}d}}}.tar"
     return ShardSet(urls=urls, counts=counts, pattern=pattern)
+
+
+def existing_shards(prefix: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """The shards ``write_shards`` would have written at ``prefix`` that are there now
+    (``{prefix}-NNNNNN.tar``, in order), as URLs of ``prefix``'s form. A command that writes a
+    dataset checks it first: writing over an earlier, larger one leaves its last shards beside
+    the new ones, and a reader of the prefix's shards then reads two datasets mixed."""
+    opener = ShardOpener(storage_options)
+    fs, _ = opener.filesystem(prefix)
+    path = fs._strip_protocol(prefix)
+    try:
+        found = sorted(fs.glob(f"{path}-{'[0-9]' * DIGITS}.tar"))
+    except FileNotFoundError:
+        return []
+    # named as write_shards names them, from their numbers (the glob's paths lose the URL's form)
+    return [_shard_url(prefix, int(p[-4 - DIGITS : -4])) for p in found]
+
+
+def remove_shards(urls: Iterable[str], storage_options: Mapping[str, Any] | None = None) -> None:
+    """Delete the shards ``urls`` (of one filesystem), as ``existing_shards`` names them."""
+    urls = list(urls)
+    if not urls:
+        return
+    fs, _ = ShardOpener(storage_options).filesystem(urls[0])
+    for url in urls:
+        fs.rm_file(fs._strip_protocol(url))
 
 
 #: Set on an error the caller's samples raised (reading an input file, say): handed back as it

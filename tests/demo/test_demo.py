@@ -108,7 +108,9 @@ def test_demo_runs_end_to_end_and_leaves_its_log_and_plot(tmp_path):
         (["--seed", "-1"], "--seed must be >= 0"),
         (["--task-seed", "-1"], "--task-seed must be >= 0"),
         (["--width", "0"], "--width must be >= 1"),
-        (["--budget-seconds", "-3"], "--budget-seconds must be > 0"),
+        (["--budget-seconds", "-3"], "--budget-seconds must be a finite number > 0"),
+        # found by review (2026-12-05): its learning rate stayed 0, and the run never ended
+        (["--budget-seconds", "inf"], "--budget-seconds must be a finite number > 0"),
         (["--memory-age", "-1"], "--memory-age must be >= 0"),
         (["--out", "{file}"], "is a file; give a directory"),
         (["--out", "{file}/x"], "cannot be made"),
@@ -125,6 +127,44 @@ def test_bad_demo_values_are_one_line_refusals(tmp_path, bad, said):
     )  # fmt: skip
     assert done.returncode != 0 and said in done.stderr and "Traceback" not in done.stderr
     assert done.stderr.count("\n") == 1 and not (tmp_path / "siftpipe-demo").exists()
+
+
+def test_a_store_holding_shards_and_an_audit_folder_that_is_a_file_are_refused_before_training(tmp_path):
+    """Found by review (2026-12-05): --store over another dataset's shards overwrote some and left
+    the rest beside them, nothing said; an audit folder that is a file was refused only after the
+    full run had trained."""
+    from siftpipe.shards import synthetic_classification, write_shards
+
+    earlier = write_shards(synthetic_classification(100), str(tmp_path / "data" / "t"),
+                           samples_per_shard=10, progress=False)  # fmt: skip
+    before = [Path(u).read_bytes() for u in earlier.urls]
+    (tmp_path / "afile").mkdir()
+    (tmp_path / "afile" / "audit").write_text("")
+    for args, said in [
+        (["--store", earlier.urls[0][: -len("-000000.tar")]], "already holds 10 shard(s)"),
+        (["--out", str(tmp_path / "afile")], "(the audit log's folder) is a file"),
+    ]:
+        done = subprocess.run(
+            [sys.executable, "-m", "siftpipe", "demo", "--quiet", *TINY, *args],
+            capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            cwd=tmp_path, check=False,
+        )  # fmt: skip
+        assert done.returncode != 0 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert "--overwrite" in done.stderr or "--out" in args
+    assert [Path(u).read_bytes() for u in earlier.urls] == before  # untouched
+
+
+def test_a_demo_whose_plot_cannot_be_written_still_prints_its_results_and_replaces_its_shards(tmp_path):
+    """The results were lost to a traceback when the plot could not be written (found by review,
+    2026-12-05); and a demo's own shards left by a larger earlier run are removed, not read mixed."""
+    out = tmp_path / "demo"
+    (out / "accuracy.png").mkdir(parents=True)
+    (out / "shards").mkdir()
+    (out / "shards" / "train-000009.tar").write_bytes(b"an earlier, larger demo's")
+    done = run_demo(out)
+    assert set(table_rows(done.stdout)) == {"full (no sifting)", "sifted (beta=1)"}
+    assert "no accuracy plot: cannot write" in done.stderr
+    assert sorted(p.name for p in (out / "shards").iterdir()) == [f"train-{i:06d}.tar" for i in range(6)]
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGTERM to the group"])

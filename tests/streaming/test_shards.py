@@ -20,6 +20,7 @@ from siftpipe.streaming.opener import ShardOpener, ShardReader
 from siftpipe.streaming.shards import (
     decode_sample,
     encode_sample,
+    existing_shards,
     synthetic_arrays,
     synthetic_classification,
     write_shards,
@@ -220,6 +221,36 @@ def test_cli_writes_shards_to_the_loopback_s3(local_s3, bucket, capsys):
     }
     back = read_all(wds.shardlists.expand_urls(summary["pattern"]), endpoint_url=local_s3.endpoint)
     assert len(back) == 250 and back[0]["x.npy"].shape == (6,)
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_prefix_holding_shards_is_refused_or_replaced_whole_never_mixed(where, tmp_path, request, capsys):
+    """Found by review (2026-12-05): a smaller dataset written over a larger one replaced its
+    first shards and left its last ones beside them; a reader of the prefix read both mixed."""
+    options: list[str] = []
+    if where == "s3":
+        local_s3, bucket = request.getfixturevalue("local_s3"), request.getfixturevalue("bucket")
+        prefix, options = f"s3://{bucket}/mixed/t", ["--storage-option", f"endpoint_url={local_s3.endpoint}"]
+    else:
+        prefix = str(tmp_path / "mixed" / "t")
+    write = ["shards", "write", prefix, "--per-shard", "10", "--quiet", *options]
+    assert main([*write, "--samples", "50"]) == 0
+    storage = {"endpoint_url": local_s3.endpoint} if where == "s3" else None
+    assert existing_shards(prefix, storage) == [f"{prefix}-{i:06d}.tar" for i in range(5)]
+    capsys.readouterr()
+    assert main([*write, "--samples", "20", "--seed", "1"]) == 2
+    assert "already holds 5 shard(s)" in capsys.readouterr().err
+    assert len(existing_shards(prefix, storage)) == 5  # nothing written
+    assert main([*write, "--samples", "20", "--seed", "1", "--overwrite"]) == 0
+    assert existing_shards(prefix, storage) == [f"{prefix}-{i:06d}.tar" for i in range(2)]
+    # the library's default keeps what it does not write over, as before
+    write_shards(synthetic_classification(50), prefix, samples_per_shard=10, progress=False,
+                 storage_options=storage)  # fmt: skip
+    write_shards(synthetic_classification(10), prefix, samples_per_shard=10, progress=False,
+                 storage_options=storage)  # fmt: skip
+    assert len(existing_shards(prefix, storage)) == 5
+    with pytest.raises(sp.ConfigError, match="existing must be"):
+        write_shards(synthetic_classification(10), prefix, existing="drop", progress=False)  # type: ignore[arg-type]
 
 
 def test_cli_errors_name_the_problem(local_s3):

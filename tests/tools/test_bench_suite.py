@@ -177,3 +177,24 @@ def test_a_recipe_fed_several_training_batches_at_once_trains_batches_of_the_tas
     assert seen == sorted(seen) and seen[-1] == row["seen"]
     with pytest.raises(ValueError, match="feed is a whole number of training batches"):
         bench.run_arm(task, data, bench.parse_arm("recipe@feed=0"), 0, quick=True, evals=4)
+
+
+def test_bench_tools_check_their_output_paths_first_and_judge_no_target_without_its_control(tmp_path):
+    """Found by review (2026-12-05): an --out in a missing folder failed only after the whole run
+    (bench_train's default run takes 26 minutes), and bench_train judged an arm to beat the
+    uniform control, and could call its target met, in a run without that control."""
+    for tool in ("bench_suite.py", "bench_train.py"):
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "tools" / tool), "--out", str(tmp_path / "none" / "x.json")],
+            cwd=tmp_path, check=False, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, (tool, proc.stderr[-2000:])
+        assert f"--out {tmp_path / 'none' / 'x.json'} cannot be written: its folder" in proc.stderr
+        assert proc.stdout == ""  # refused before anything ran
+    train = load_tool("bench_train")
+    arm = {"time_ratio_to_full": {"mean": 0.5}, "reached": "3/3", "time_to_target_s": {"mean": 10.0}}
+    judged = train.targets({"arms": {"full": arm, "rp1": arm}})["issue5_rp1"]
+    assert judged["beats_uniform"] is None and judged["met"] is False
+    slower = {**arm, "time_to_target_s": {"mean": 12.0}}
+    judged = train.targets({"arms": {"full": arm, "rp1": arm, "uniform": slower}})["issue5_rp1"]
+    assert judged["beats_uniform"] is True and judged["met"] is True
