@@ -313,15 +313,23 @@ def command_secrets(command: str) -> set[str]:
 # bytes) and its client certificate's password (-E/--cert FILE:PASSWORD; -E is grep's too), and
 # openssl's -k PASSWORD and -K KEY (curl's -k takes no value)
 _CURL_COOKIE = re.compile(rf"(?i)((?:^|\s)(?:-b|--cookie)(?:\s+|=)){_VALUE}")
-_CURL_CERT = re.compile(r"((?:^|\s)(?:-E|--cert|--proxy-cert)(?:\s+|=)[\"']?[^\s:\"']+:)([^\s\"']+)")
-_CURL = re.compile(r"(?:^|[\s/;&|(])curl(?:\s|$)")
+_CERT_FLAG = r"(?:^|\s)(?:-E|--cert|--proxy-cert)(?:\s+|=)"
+_CURL_CERTS = (  # FILE:PASSWORD, unquoted or quoted (a password may hold spaces)
+    re.compile(rf"({_CERT_FLAG}[^\s:\"']+:)([^\s\"']+)"),
+    re.compile(rf"({_CERT_FLAG}\"[^\":]+:)([^\"]+)"),
+    re.compile(rf"({_CERT_FLAG}'[^':]+:)([^']+)"),
+)
+# the program's name as a word: also inside a quoted `sh -c "curl ..."` or a $(...)
+_CURL = re.compile(r"(?:^|[\s/;&|(\"'`])curl(?:\s|$)")
 _OPENSSL_KEY = re.compile(rf"((?:^|\s)-[kK](?:\s+)){_KEY_VALUE}")
-_OPENSSL = re.compile(r"(?:^|[\s/;&|(])openssl(?:\s|$)")
+_OPENSSL = re.compile(r"(?:^|[\s/;&|(\"'`])openssl(?:\s|$)")
 
 
-# a pipeline's or a command list's parts, each run by its own program: split at |, ||, &, &&, ;
-# and newlines outside quotes (a quoted cookie header holds ;)
-_SEGMENT = re.compile(r"(\"[^\"]*\"?|'[^']*'?)|(\|\|?|&&?|;|\n)")
+# a pipeline's or a command list's parts, each run by its own program: split at |, ||, |&, &,
+# &&, ; and newlines outside quotes (a quoted cookie header holds ;; a double-quoted one may hold
+# an escaped quote), not at the & or | of a redirection (2>&1, >&2, &>file, <&3, >|file: found by
+# review, 2026-12-05, which split `curl -s 2>&1 -b SID=...` from its cookie)
+_SEGMENT = re.compile(r"(\"(?:[^\"\\]|\\.)*\"?|'[^']*'?)|(\|\||&&|(?<!>)\|&?|(?<![<>])&(?!>)|;|\n)")
 
 
 def _segments(command: str) -> list[str]:
@@ -339,7 +347,7 @@ def _tool_secrets(segment: str) -> list[re.Pattern[str]]:
     a pipeline (see ``_CURL_COOKIE``)."""
     found = []
     if "--cookie" in segment or _CURL.search(segment):
-        found += [_CURL_COOKIE, _CURL_CERT]
+        found += [_CURL_COOKIE, *_CURL_CERTS]
     if _OPENSSL.search(segment):
         found.append(_OPENSSL_KEY)
     return found

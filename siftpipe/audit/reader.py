@@ -1441,24 +1441,50 @@ def verify_log(
             if stop - 1 > after:
                 report.gaps.append((after + 1, stop - 1))
     found = set(streams) | {(a.run, a.rank) for a in attempts}
-    return LogReport(
-        redact(url, secrets), [streams[k] for k in sorted(streams)], _not_found(found, run, rank)
-    )
+    not_found = _not_found(found, _world_sizes(infos), run, rank)
+    return LogReport(redact(url, secrets), [streams[k] for k in sorted(streams)], not_found)
 
 
 def _not_found(
-    found: set[tuple[str, int]], run: str | Sequence[str] | None, rank: int | Sequence[int] | None
+    found: set[tuple[str, int]],
+    world: Mapping[str, int],
+    run: str | Sequence[str] | None,
+    rank: int | Sequence[int] | None,
 ) -> list[str]:
     """The runs and ranks asked for by name of which ``found`` ((run, rank) streams) holds nothing:
-    each rank asked for in each run checked."""
+    a rank asked for in a run whose manifests record it had that rank (``world``: the runs'
+    world sizes), and a rank or run asked for that no run checked holds at all (a log's runs may
+    have had different world sizes: a one-process run has no rank 1; found by review of the fix)."""
     runs = [run] if isinstance(run, str) else list(dict.fromkeys(run)) if run is not None else None
     ranks = [rank] if isinstance(rank, int) else list(dict.fromkeys(rank)) if rank is not None else None
     present = sorted({r for r, _ in found})
     if ranks is None:
         return [f"run={r}" for r in runs or () if r not in present]
-    if runs is None and not present:
-        return [f"rank={k}" for k in ranks]
-    return [f"run={r} rank={k}" for r in runs or present for k in ranks if (r, k) not in found]
+    missing = []
+    for run_id in runs if runs is not None else present:
+        missing += [
+            f"run={run_id} rank={k}"
+            for k in ranks
+            # a run asked for by name holds none of them; or its manifests say it had rank k
+            if run_id not in present or ((run_id, k) not in found and k < world.get(run_id, 0))
+        ]
+    if runs is None:  # and a rank no run holds, nor says it had
+        held = {k for _, k in found}
+        missing += [
+            f"rank={k}" for k in ranks if k not in held and not any(k < world.get(r, 0) for r in present)
+        ]
+    return missing
+
+
+def _world_sizes(infos: Sequence[PartInfo]) -> dict[str, int]:
+    """The world size each run's manifests record (its largest), by run id."""
+    world: dict[str, int] = {}
+    for info in infos:
+        stage = (info.manifest or {}).get("stage")
+        size = stage.get("world_size") if isinstance(stage, Mapping) else None
+        if isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= 1 << 20:
+            world[info.run] = max(world.get(info.run, 1), size)
+    return world
 
 
 def _missing_ranks(
@@ -1466,12 +1492,7 @@ def _missing_ranks(
 ) -> None:
     """A report for each rank of a run that left no part, claim or end marker, though the run's
     manifests record a world size that includes it (its folder deleted, or the rank never wrote)."""
-    world: dict[str, int] = {}
-    for info in infos:
-        stage = (info.manifest or {}).get("stage")
-        size = stage.get("world_size") if isinstance(stage, Mapping) else None
-        if isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= 1 << 20:
-            world[info.run] = max(world.get(info.run, 1), size)
+    world = _world_sizes(infos)
     present = {(a.run, a.rank) for a in attempts} | set(streams)
     # a stream is open when its latest attempt is: a killed attempt that a later one resumed
     # and closed leaves no run running (it would hide a deleted rank's folder for ever)

@@ -242,6 +242,18 @@ def test_credentials_in_a_command_never_reach_errors_warnings_or_samples(shards,
         ("openssl enc -d -K abcd00 -iv 00ff -in x", "openssl enc -d -K *** -iv 00ff -in x"),
         ("curl --cert='c.pem:abcd' -k https://h/x", "curl --cert='c.pem:***' -k https://h/x"),
         ("curl -k https://h/x.tar | grep -E a:b", "curl -k https://h/x.tar | grep -E a:b"),
+        # (the review of that fix) a redirection's & or | is no command boundary; an escaped quote
+        # inside a quoted header; the program inside `sh -c "..."`; a quoted password with spaces
+        (
+            "curl -s 2>&1 -b SID=abcd >&2 -E c.pem:abcd https://h/x &>/dev/null",
+            "curl -s 2>&1 -b *** >&2 -E c.pem:*** https://h/x &>/dev/null",
+        ),
+        ('curl -H "X-T: \\"a|b\\"" -b SID=abcd https://h', 'curl -H "X-T: \\"a|b\\"" -b *** https://h'),
+        (
+            'sh -c "curl -s -E c.pem:abcd https://h/x | openssl enc -d -k abcd -in y"',
+            'sh -c "curl -s -E c.pem:*** https://h/x | openssl enc -d -k *** -in y"',
+        ),
+        ("curl -E \"c.pem:abcd pw\" --cert 'c.pem:abcd pw' h", "curl -E \"c.pem:***\" --cert 'c.pem:***' h"),
     ],
 )
 def test_redact_command(command, shown):
