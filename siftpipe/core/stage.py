@@ -874,7 +874,9 @@ class Sifter:
         # the stage's batches the consumer counted in this process, one step each, against those
         # trained: all handed on but the held ones
         counted = passes.steps - passes.steps_opened
-        return max(0, counted - (out.batches - int(held)))
+        # (at most the held batches: steps counted for items not the stage's, EqualSteps'
+        # replayed ones, are not among them)
+        return min(int(held), max(0, counted - (out.batches - int(held))))
 
     def _held_rows(self, held: int) -> int:
         """Rows of the last ``held`` batches handed on in the open pass (``state_dict(held=)``)."""
