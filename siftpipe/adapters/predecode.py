@@ -27,10 +27,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import operator
 import secrets as _random
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import islice
 from typing import Any
 
@@ -40,6 +41,7 @@ from .._secrets import redact, redact_url, refuse_credentials_in_url, secret_val
 from ..core.files import put_whole
 from ..core.memory import ScoreMemory, key_hashes
 from ..core.ranks import dist_info, rank_said
+from ..core.rows import shard_key
 from ..core.shardcounts import SharedCounters
 from ..core.values import is_int, scalar_key
 from ..core.vocab import PRE_KEPT, PRE_LOSS, PRE_PROB, loggable_text
@@ -75,7 +77,14 @@ class PreDecodeFilter:
     Args:
         url: Where the main process publishes its memory (``Sifter.publish_memory(url)``).
         storage_options: fsspec options for ``url`` and for the audit records.
-        key: Field holding the sample key.
+        key: How to find a sample's key: a field's name, or a function of the raw sample (such
+            as ``sp.shard_key``); ``None`` (the default): as the stage that publishes keys its
+            samples (its ``key``, which the publication names; ``"__key__"`` for one that does
+            not), so that the losses it remembers are found. A stage keyed by a function of its
+            own needs that function here too; a field that differs from the stage's is a
+            ``ConfigError`` when the publication loads (before 2026-12-05 a stage keyed by
+            ``sp.shard_key`` was looked up by ``__key__``: nothing was found, every sample passed
+            on, nothing said).
         chunk: Samples looked up together (one vectorised lookup per chunk), >= 1.
         rank: The rank whose publications it reads (a publication names the rank that wrote
             it, and one of another rank is refused: two ranks publishing to one URL would mix
@@ -90,7 +99,7 @@ class PreDecodeFilter:
         url: str,
         storage_options: Mapping[str, Any] | None = None,
         *,
-        key: str = "__key__",
+        key: str | Callable[[Mapping[str, Any]], Any] | None = None,
         chunk: int = 64,
         rank: int | None = None,
     ) -> None:
@@ -102,6 +111,10 @@ class PreDecodeFilter:
         # made before init_process_group in a spawned job served rank 0 on every rank)
         self._rank: int | None = None if rank is None else int(rank)
         self.storage_options = dict(storage_options or {})
+        if key is not None and not isinstance(key, str) and not callable(key):
+            raise ConfigError(
+                f"PreDecodeFilter key must be a field's name or a function of a sample, got {key!r}"
+            )
         self.key = key
         if not is_int(chunk, 1):
             # 0 handed nothing on and counted nothing; None read the whole source first (found
@@ -278,10 +291,43 @@ class PreDecodeFilter:
                 "while this filter loaded it, each file deleted before it could be read: publish "
                 "less often than workers start, or with publish_memory(..., keep=None)"
             )
+        self._check_key(meta)
         self._memory = memory
         self._sorted = np.sort(memory.losses())
         self._meta = meta
         self._loaded = meta["version"]
+
+    def _check_key(self, meta: Mapping[str, Any]) -> None:
+        """Refuse a publication whose stage keys samples otherwise than this filter does."""
+        spec = meta.get("key")
+        if not isinstance(spec, Mapping) or callable(self.key):
+            return  # an older publication (keyed by __key__), or the filter was given a function
+        field, function = spec.get("field"), spec.get("function", "")
+        if self.key is None and function is None:
+            raise ConfigError(
+                f"the stage publishing at {self._shown()} keys its samples with a function of its "
+                "own: give PreDecodeFilter(key=) that function too, or the filter finds no loss it "
+                "remembers"
+            )
+        if isinstance(self.key, str) and self.key != field:
+            said = f"the field {field!r}" if field is not None else f"the function {function}"
+            raise ConfigError(
+                f"PreDecodeFilter finds samples by the field {self.key!r}, and the stage publishing "
+                f"at {self._shown()} keys them by {said}: no loss it remembers would be found. "
+                "Leave PreDecodeFilter's key out (it follows the stage's), or give it the stage's"
+            )
+
+    def _key_of(self) -> Callable[[Mapping[str, Any]], Any]:
+        """How this filter finds a sample's key now: its own ``key``, else the publication's."""
+        key = self.key
+        if callable(key):
+            return key
+        if key is None:
+            spec = self._meta.get("key")
+            if isinstance(spec, Mapping) and spec.get("function") == "shard_key":
+                return shard_key
+            key = spec.get("field") if isinstance(spec, Mapping) and spec.get("field") else "__key__"
+        return operator.itemgetter(key)
 
     def _other_run(self, meta: Mapping[str, Any]) -> bool:
         """Whether another run than this filter's Sifter's (told, ``follow_sifter_run``) made
@@ -343,13 +389,18 @@ class PreDecodeFilter:
     def _decide(
         self, batch: list[dict[str, Any]], dropped: list[dict[str, Any]], worker: int
     ) -> Iterator[dict[str, Any]]:
+        key_of = self._key_of()
         try:
             # a tensor key as its value, as the stage and the audit log take it (tensor(5): 5)
-            keys = [scalar_key(s[self.key]) for s in batch]
+            keys = [scalar_key(key_of(s)) for s in batch]
         except (KeyError, TypeError):
+            if isinstance(key_of, operator.itemgetter):
+                what = f"a sample has no field {str(key_of)[len('operator.itemgetter(') : -1]}"
+            else:
+                what = f"its key function {getattr(key_of, '__name__', key_of)!r} cannot read a sample"
             raise MissingKeyError(
-                f"PreDecodeFilter finds samples by key but a sample has no field {self.key!r}; place it "
-                "right after the tar reader, where '__key__' is present"
+                f"PreDecodeFilter finds samples by key but {what}; place it right after the tar "
+                "reader, where '__key__' (and '__url__') are present"
             ) from None
         # this process's row: seen, dropped, kept, unknown; each counted as it is decided, seen
         # too: a consumer may stop inside the chunk (found by review, 2026-12-05: the whole chunk

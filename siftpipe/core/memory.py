@@ -1133,6 +1133,7 @@ class ScoreMemory:
         rank: int | None = None,
         keep: int | None = 2,
         run_began: float | None = None,
+        key: Mapping[str, Any] | None = None,
     ) -> str:
         """Publish this memory for ``PreDecodeFilter`` stages (``siftpipe.predecode``) under ``url``:
         ``memory-<version>.npz`` and then ``latest.json`` naming it, with the ``epoch``, ``seed``
@@ -1148,7 +1149,9 @@ class ScoreMemory:
         Files another process (an earlier run, a job before a restart) published are never
         deleted here. A file that cannot be deleted is a ``PreDecodeWarning``, not an error.
         ``run_began``: when the publishing run began (``Sifter``'s, kept across resumes): a
-        filter told another run's refuses the publication."""
+        filter told another run's refuses the publication. ``key``: how the stage keys samples
+        (``{"field": name}``, ``{"function": "shard_key"}`` or ``{"function": None}`` for one a
+        filter cannot know), so that a filter finds samples by the same keys."""
 
         # refused, as the filters reading it refuse it: s3fs would take s3://KEY:SECRET@bucket
         # for a bucket named KEY:SECRET and name it in its errors
@@ -1168,6 +1171,7 @@ class ScoreMemory:
             "rank": rank,
             "published": time.time(),
             "run_began": run_began,
+            "key": None if key is None else dict(key),
         }
         # whole or not at all: workers read it at any moment (rewritten in place, a reader
         # caught it empty: JSONDecodeError in a DataLoader worker)

@@ -21,6 +21,7 @@ __all__ = [
     "upstream_marked",
     "field_of",
     "keys_of",
+    "publish_key",
     "shard_key",
     "upstream_of",
     "weighted_sample",
@@ -50,6 +51,14 @@ def shard_key(item: Mapping[str, Any]) -> str | list[str]:
             "must carry one of each per row"
         )
     return [f"{u}/{k}" for u, k in zip(urls, keys)]
+
+
+def publish_key(spec: Any) -> dict[str, Any]:
+    """How a stage keyed by ``spec`` (its ``key``) finds samples, as a publication for
+    ``PreDecodeFilter`` says it: a field's name, ``shard_key``, or a function a filter cannot know."""
+    if isinstance(spec, str):
+        return {"field": spec}
+    return {"function": "shard_key" if spec is shard_key else None}
 
 
 def key_array(group: Group, batched: bool, spec: Any) -> np.ndarray | None:

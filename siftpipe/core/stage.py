@@ -39,7 +39,7 @@ from .passes import Passes, Superseded
 from .policies import Policy, get_policy, integer_count
 from .ranks import dist_info
 from .resume import check_next, reread_groups
-from .rows import memory_keys
+from .rows import memory_keys, publish_key
 from .scorers import Scorer
 from .scoring import (
     CPU,
@@ -669,6 +669,7 @@ class Sifter:
             rank=dist_info()[0],
             keep=keep,
             run_began=self._run_began,
+            key=publish_key(self.key),
         )
 
     def __call__(self, source: Iterable[Any]) -> Iterator[Any]:

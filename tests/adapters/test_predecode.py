@@ -550,6 +550,39 @@ def test_the_filters_stats_add_up_what_every_worker_decided(tmp_path, loader_kwa
     assert prefilter.stats == dict.fromkeys(("seen", "dropped", "kept", "unknown"), 0)
 
 
+@pytest.mark.parametrize("filter_key", [None, sp.shard_key, "__key__", "idx"])
+def test_the_filter_finds_samples_by_the_stages_key(tmp_path, filter_key):
+    """A stage keyed by sp.shard_key (shards numbering their samples from 0 each, as README
+    advises) published losses the filter looked up by bare __key__: nothing found, every sample
+    passed on undecided, nothing said (found by review, 2026-12-05). The filter now follows the
+    stage's key; given another field, it says so when the publication loads."""
+    raw = [
+        {"__key__": f"{i:06d}", "__url__": f"/data/shard-{shard}.tar", "loss.txt": f"{loss}".encode()}
+        for shard, losses in enumerate(np.random.default_rng(0).exponential(size=(2, 200)))
+        for i, loss in enumerate(losses)
+    ]
+    decoded = [{"__key__": r["__key__"], "__url__": r["__url__"], "loss": float(r["loss.txt"])} for r in raw]
+    published = str(tmp_path / "memory")
+    sifter = relative_stage(key=sp.shard_key)
+    list(sifter(decoded))
+    sifter.publish_memory(published)
+    prefilter = sp.PreDecodeFilter(published, key=filter_key)
+    if isinstance(filter_key, str):
+        with pytest.raises(sp.ConfigError, match="keys them by the function shard_key"):
+            list(prefilter(iter(raw)))
+        return
+    passed = list(prefilter(iter(raw)))
+    stats = prefilter.stats
+    assert stats["unknown"] == 0 and stats["dropped"] > 100 and stats["kept"] == len(passed)
+    # a stage keyed by a function of its own: the filter must be given it
+    sifter = relative_stage(key=lambda s: f"{s['__url__']}#{s['__key__']}")
+    list(sifter(decoded))
+    sifter.publish_memory(published)
+    if filter_key is None:
+        with pytest.raises(sp.ConfigError, match="function of its own: give PreDecodeFilter"):
+            list(sp.PreDecodeFilter(published)(iter(raw)))
+
+
 def test_the_filters_counts_add_up_when_its_consumer_stops_inside_a_chunk(tmp_path):
     """A consumer that stops early (a break, islice, .with_epoch) leaves the rest of the filter's
     chunk undecided: it was counted seen all the same, so seen exceeded dropped + kept + unknown
