@@ -227,6 +227,7 @@ class AuditLog:
         # [first seq, last seq, count] of rows recorded as kept that a pass left before handing
         # on (Sifter._unhanded): the end marker says so, and readers read them as not kept
         self._unhanded: list[list[int]] = []
+        self._manifestless: list[int] = []  # parts written whose manifests storage refused
         self._noted = 0  # of them, written in notes (``_note_unhanded``)
 
     # ------------------------------------------------------------------ identity
@@ -445,6 +446,9 @@ class AuditLog:
                 }
                 if self._unhanded:
                     marker["unhanded"] = self._unhanded
+                if self._manifestless:
+                    # written parts whose manifests storage refused: verify reads them as whole
+                    marker["manifests_unwritten"] = sorted(self._manifestless)
                 stopped_by = self._exit_stopped_by or _stopped_by()
                 if stopped_by is not None:
                     # closed while an error or an interrupt ended the job: the log is whole up
@@ -621,6 +625,15 @@ class AuditLog:
             if header["op"] == "part":
                 self.stats.parts_written += 1
                 self.stats.bytes_written += int(reply.get("bytes", 0))
+                if reply.get("manifest_error"):
+                    self._manifestless.append(int(header["part"]))
+                    warnings.warn(
+                        f"siftpipe: {reply['manifest_error']}; the part and its {rows} records are "
+                        "in the log without their manifest (siftpipe log verify notes it: they "
+                        "count, but a change made to the part later cannot be found)",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
         elif header["op"] == "part" and self.on_full == "drop" and not reply.get("fatal"):
             self._drop(header, rows, f"writing failed: {reply.get('error')}")
         elif header["op"] == "json" and self.on_full == "drop" and not reply.get("fatal"):

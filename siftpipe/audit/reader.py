@@ -1254,6 +1254,16 @@ def _altered(manifest: Mapping[str, Any], table: Any, digest: str, size: int) ->
     return None
 
 
+def _unwritten_manifests(attempt: _Attempt) -> set[int]:
+    """The parts whose manifests the attempt's end marker says storage refused."""
+    said = (attempt.end or {}).get("manifests_unwritten")
+    return (
+        {int(p) for p in said if isinstance(p, int) and not isinstance(p, bool)}
+        if isinstance(said, list)
+        else set()
+    )
+
+
 def _died_writing(attempt: _Attempt, info: PartInfo) -> bool:
     """Whether ``info`` is the last part of an attempt that never closed: the one part whose
     manifest a kill can leave unwritten (parts are written in order, each before its manifest)."""
@@ -1299,6 +1309,7 @@ def verify_log(
     streams: dict[tuple[str, int], StreamReport] = {}
     canonical: dict[tuple[str, int], list[np.ndarray]] = {}
     owners = {(a.run, a.rank, a.attempt): a for a in attempts}
+    unlisted: dict[tuple[str, int, str], int] = {}  # records of parts without a manifest
     for info in infos:
         key = (info.run, info.rank)
         report = streams.setdefault(key, StreamReport(info.run, info.rank))
@@ -1317,11 +1328,20 @@ def verify_log(
             if altered:
                 report.altered_parts.append(f"{name}: {altered} (changed since it was written)")
         owner = owners.get((info.run, info.rank, info.attempt))
+        if info.manifest is None:  # its records, which no manifest counts for the attempt
+            whose = (info.run, info.rank, info.attempt)
+            unlisted[whose] = unlisted.get(whose, 0) + int(seq.size)
         if info.manifest is None and owner is not None and _died_writing(owner, info):
             # S3 puts are atomic and the part is readable Parquet: its records are all there
             report.notes.append(
                 f"{name}: no manifest; the attempt was killed between writing its last part and "
                 f"that part's manifest; the part is readable and its {seq.size} records count"
+            )
+        elif info.manifest is None and owner is not None and info.part in _unwritten_manifests(owner):
+            report.notes.append(
+                f"{name}: no manifest; storage refused it when the part was written (the attempt's "
+                f"end marker says so); the part is readable and its {seq.size} records count, but a "
+                "change made to it since cannot be found"
             )
         elif info.manifest is None:
             report.count_mismatches.append(f"{name}: no manifest (written when the process died?)")
@@ -1373,7 +1393,8 @@ def verify_log(
                 "attempt": attempt.attempt,
                 "resumed_from": attempt.resumed_from,
                 "parts": len(attempt.parts),
-                "records": sum(int((p.manifest or {}).get("count", 0)) for p in attempt.parts),
+                "records": sum(int((p.manifest or {}).get("count", 0)) for p in attempt.parts)
+                + unlisted.get((attempt.run, attempt.rank, attempt.attempt), 0),
                 "ended": attempt.ended,
                 "stopped_by": _text_or_none((attempt.end or {}).get("stopped_by")),
                 "unhanded": not_handed.get((attempt.run, attempt.rank, attempt.attempt), 0),

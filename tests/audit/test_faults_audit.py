@@ -87,6 +87,30 @@ def test_a_destination_that_stays_broken_raises_naming_url_records_retries_and_f
     assert records == unwritten + log._buffer_rows
 
 
+@pytest.mark.parametrize("writer", ["process", "thread"])
+@pytest.mark.parametrize("on_full", ["drop", "block"])
+def test_a_part_written_whose_manifest_storage_refuses_counts_as_written(
+    local_s3, bucket, proxy, writer, on_full
+):
+    """Found by review (2026-12-05): the part's PUT went through and its manifest's failed for
+    good. The part was counted dropped (or unwritten, with an AuditError) though read_log read its
+    records, and verify said they were not in the log, blaming a process death."""
+    root = f"s3://{bucket}/manifestless-{writer}-{on_full}"
+    proxy.fail("status", 503, times=10_000, method="PUT", path="_manifest-00000002")
+    log = sp.AuditLog(root, storage_options=options(proxy), flush_every=128, writer=writer,
+                      retry_timeout=0.6, on_full=on_full)  # fmt: skip
+    with pytest.warns(RuntimeWarning, match="manifest of part 2.*in the log without their manifest"):
+        s, _ = run(log)
+        s.close()
+    assert (log.stats.dropped_records, log.stats.unwritten_records, log.stats.parts_written) == (0, 0, 5)
+    assert sp.read_log(root, local_s3.storage_options).column("seq").to_pylist() == list(range(640))
+    report = sp.verify_log(root, local_s3.storage_options)
+    assert report.ok and report.complete and report.records == 640
+    (stream,) = report.streams
+    assert stream.attempts[0]["records"] == 640 and not stream.count_mismatches
+    assert any("part 2" in n and "storage refused it" in n for n in stream.notes)
+
+
 def test_drop_mode_counts_every_record_it_could_not_write(bucket, proxy, local_s3):
     root = f"s3://{bucket}/dropping"
     proxy.fail("status", 503, times=10_000, method="PUT")
