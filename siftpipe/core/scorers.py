@@ -11,6 +11,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .batch import Batch, field
+from .modes import eval_scored
 from .registry import Registry
 
 __all__ = [
@@ -204,7 +205,7 @@ class ReducibleLoss:
 
     The reference ("irreducible loss") model is trained on held-out data; samples it also finds
     hard are noisy or unlearnable and score low. It is moved to the batch's device on first use
-    and run in eval mode.
+    and is in eval mode for each scoring forward (each module back in its own mode after it).
 
     Args:
         reference: The reference model.
@@ -217,14 +218,18 @@ class ReducibleLoss:
     ) -> None:
         if not isinstance(reference, nn.Module):
             raise ConfigError(f"reference must be a torch.nn.Module, got {type(reference).__name__}")
-        self.reference = reference.eval()
+        self.reference = reference
         self.base = get_scorer(base, **base_kwargs) if isinstance(base, str) else base
 
     def __call__(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         loss = self.base(model, batch)
         if next(self.reference.parameters(), torch.empty(0)).device != loss.device:
             self.reference.to(loss.device)
-        return loss - self.base(self.reference, batch)
+        # in eval mode for each forward, whatever mode it was left in (found by review,
+        # 2026-12-05: switched once when made, a reference put back in training mode scored in
+        # it, its batch-norm statistics moving with every scoring forward)
+        with eval_scored(self.reference) as reference:
+            return loss - self.base(reference, batch)
 
     def __repr__(self) -> str:
         return f"ReducibleLoss(reference={type(self.reference).__name__}, base={self.base!r})"
@@ -244,7 +249,8 @@ class Proxy:
             ``torch.nn.functional.interpolate``; inputs are ``[n, C, H, W]`` (or ``[n, C, L]``).
         input: Field name or position of the input to resize.
         model: Score with this model instead of the training model (moved to the batch's device
-            on first use, run in eval mode).
+            on first use; in eval mode for each scoring forward, each module back in its own mode
+            after it, so a proxy trained online may be left in training mode).
         mode: Interpolation mode.
         **base_kwargs: Arguments for ``get_scorer(base, ...)`` when ``base`` is a name.
     """
@@ -272,7 +278,7 @@ class Proxy:
             self.base = base
         self.scale_factor = scale_factor
         self.input = input
-        self.model = model.eval() if model is not None else None
+        self.model = model
         self.mode = mode
 
     def __call__(self, model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -290,7 +296,9 @@ class Proxy:
             device = next((t.device for t in _tensors(batch)), None)
             if device is not None and next(self.model.parameters(), torch.empty(0)).device != device:
                 self.model.to(device)
-            return self.base(self.model, batch)
+            # (as ReducibleLoss's reference: a proxy trained online is left in training mode)
+            with eval_scored(self.model) as proxy:
+                return self.base(proxy, batch)
         return self.base(model, batch)
 
     def __repr__(self) -> str:

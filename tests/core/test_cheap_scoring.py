@@ -216,6 +216,35 @@ def test_proxy_scores_a_downscaled_input_or_a_small_model(tmp_path):
         sp.Proxy("cross_entropy")
 
 
+@pytest.mark.parametrize("kind", ["proxy", "reference"])
+def test_a_scorers_own_model_left_in_training_mode_scores_in_eval_mode_and_is_put_back(kind):
+    """Proxy(model=) and ReducibleLoss(reference) switched their model to eval mode once, when
+    made: a proxy trained online, left in training mode, scored with dropout on and its
+    batch-norm statistics moving, so the same data scored twice gave other losses (found by
+    review, 2026-12-05)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 3)
+    )
+    frozen = net[1]
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+    data = [{"x": x[i : i + 8], "y": y[i : i + 8], "__key__": torch.arange(i, i + 8)} for i in (0, 8)]
+    base = sp.CrossEntropy("x", "y")
+    if kind == "proxy":
+        scorer, model = sp.Proxy(base, model=net), None
+    else:
+        scorer, model = sp.ReducibleLoss(net, base), torch.nn.Linear(4, 3)
+    net.train()  # the proxy's own training step left it so
+    net[2].eval()  # and a module the user keeps in eval mode stays so
+    before = frozen.running_mean.clone()
+    decided = []
+    for _ in range(2):
+        s = sp.Sifter(model, scorer, sp.TopFraction(0.5), batched=True, micro_batch=None)
+        decided.append([k for b in s(data) for k in b["__key__"].tolist()])
+        assert net.training and frozen.training and not net[2].training  # each in its own mode
+    assert torch.equal(frozen.running_mean, before) and decided[0] == decided[1]
+
+
 def test_a_raised_non_finite_loss_leaves_the_memory_as_the_decided_groups_left_it():
     """on_nan='raise' (the default) raises for a micro-batch holding a NaN loss: that micro-batch
     is not decided, so none of its scoring-forward losses may stay in the memory (found
