@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
@@ -248,6 +249,44 @@ def _warn_square(path: str, n: int) -> None:
     )
 
 
+def like(batch: Mapping[str, Any], items: dict[str, Any]) -> Mapping[str, Any]:
+    """``items`` in ``batch``'s mapping type (a Hugging Face ``BatchEncoding``, a ``UserDict``):
+    rows taken from, split off, joined to or added to a batch are handed on as the batch was
+    (found by review, 2026-12-05: a ``BatchEncoding`` came out a plain dict whenever a row was
+    dropped, and a loop calling ``batch.to(device)`` failed on the second batch). A type that
+    cannot be made from a dict is copied and its fields set; one that refuses both is a dict."""
+    kind = type(batch)
+    if kind is dict:
+        return items
+    how = _REBUILD.get(kind)
+    if how is None or how == "make":
+        try:
+            out = kind(items)  # type: ignore[call-arg]
+            if isinstance(out, Mapping) and list(out.keys()) == list(items):
+                _REBUILD[kind] = "make"
+                return out
+        except Exception:
+            pass
+    if how is None or how == "copy":
+        try:
+            out = copy.copy(batch)
+            for k in list(out.keys()):
+                if k not in items:
+                    del out[k]  # type: ignore[attr-defined]
+            for k, v in items.items():
+                out[k] = v  # type: ignore[index]
+            _REBUILD[kind] = "copy"
+            return out
+        except Exception:
+            pass
+    _REBUILD[kind] = "dict"
+    return items
+
+
+#: How ``like`` rebuilds a mapping type: "make" (``type(items)``), "copy" or "dict".
+_REBUILD: dict[type, str] = {}
+
+
 def take(batch: Batch, index: np.ndarray) -> Batch:
     """Rows ``index`` (int64 positions, in order) of ``batch``, in the same structure."""
     return _take(batch, index, None)
@@ -273,7 +312,7 @@ def _take(batch: Batch, index: np.ndarray, tindex: torch.Tensor | None, nested: 
     if isinstance(batch, Mapping):
         if tindex is None:
             tindex = torch.from_numpy(index)
-        return {k: _take(v, index, tindex, True) for k, v in batch.items()}
+        return like(batch, {k: _take(v, index, tindex, True) for k, v in batch.items()})
     if nested and _scalar_tuple(batch):
         return tuple(_take_rows(batch, index))  # (strings collated: one per row)
     if isinstance(batch, tuple) or (isinstance(batch, list) and _is_columns(batch, nested)):
@@ -300,7 +339,9 @@ def split(batch: Batch, size: int, nested: bool = False) -> tuple[Batch, Batch]:
     tensors and arrays share ``batch``'s memory (no copy), lists are new lists."""
     if isinstance(batch, Mapping):
         parts = {k: split(v, size, True) for k, v in batch.items()}
-        return {k: v[0] for k, v in parts.items()}, {k: v[1] for k, v in parts.items()}
+        return like(batch, {k: v[0] for k, v in parts.items()}), like(
+            batch, {k: v[1] for k, v in parts.items()}
+        )
     if isinstance(batch, torch.Tensor | np.ndarray):
         return (batch[:size], batch[size:]) if batch.ndim else (batch, batch)
     if nested and _scalar_tuple(batch):
@@ -378,7 +419,7 @@ def _concat(batches: Sequence[Batch], nested: bool = False) -> Batch:
     if isinstance(first, np.ndarray):
         return np.concatenate(list(batches)) if first.ndim else first
     if isinstance(first, Mapping):
-        return {k: _concat([b[k] for b in batches], True) for k in first}
+        return like(first, {k: _concat([b[k] for b in batches], True) for k in first})
     if nested and _scalar_tuple(first):
         return tuple(x for b in batches for x in b)
     if isinstance(first, tuple) or (isinstance(first, list) and _is_columns(first, nested)):
@@ -428,7 +469,7 @@ def with_column(batch: Batch, name: str | None, column: Any) -> Batch:
     if isinstance(batch, Mapping):
         out = dict(batch)
         out[name] = column
-        return out
+        return like(batch, out)
     if isinstance(batch, tuple):
         if name in getattr(batch, "_fields", ()):  # a namedtuple with the field: it stays one
             replace: Callable[..., Batch] = getattr(batch, "_replace")  # noqa: B009 (a namedtuple's)

@@ -125,6 +125,53 @@ def test_rebatched_rows_are_the_kept_rows_in_order_in_every_structure_and_do_not
     assert head["l"] == ["a", "b"] and tail["l"] == ["c", "d", "e"] and head["z"] is tail["z"]
 
 
+@pytest.mark.parametrize("kind", ["UserDict", "BatchEncoding", "frozen"])
+def test_a_mapping_batch_keeps_its_type_whether_rows_are_dropped_rebatched_or_weighted(kind):
+    """A BatchEncoding batch came out a plain dict whenever a row was dropped (and as itself when
+    none was), so a loop calling batch.to(device) failed on the second batch (found by review,
+    2026-12-05). A mapping type that can be neither made from a dict nor copied and set is a dict."""
+    from collections import UserDict
+    from collections.abc import Mapping
+
+    class Frozen(Mapping):
+        def __init__(self, data, tag):
+            self.data, self.tag = dict(data), tag
+
+        def __getitem__(self, k):
+            return self.data[k]
+
+        def __iter__(self):
+            return iter(self.data)
+
+        def __len__(self):
+            return len(self.data)
+
+    if kind == "BatchEncoding":
+        from transformers import BatchEncoding as make
+    elif kind == "UserDict":
+        make = UserDict
+    else:
+        make = lambda data: Frozen(data, "t")  # noqa: E731
+    batches = [
+        make({"__key__": torch.arange(s, s + 8), "x": torch.arange(s, s + 8, dtype=torch.float64)})
+        for s in range(0, 64, 8)
+    ]
+    expected = dict if kind == "frozen" else type(batches[0])
+    for ratio, options in [(0.5, {}), (0.0, {}), (0.5, {"output_batch": 6}), (0.5, {"delay": 8})]:
+        s = sp.Sifter(
+            None,
+            lambda m, b: b["x"],
+            sp.PruneEasy(ratio, history=16),
+            micro_batch=None,
+            batched=True,
+            **options,
+        )
+        out = list(s(batches))
+        assert {type(b) for b in out} == {expected}, (ratio, options)
+        assert all("__sift_weight__" in b for b in out)
+        assert sum(len(b["__key__"]) for b in out) == s.stats.kept
+
+
 def test_warmup_keeps_everything_and_fills_history(samples):
     policy = sp.RelativeProbabilistic(3.0, history=1000)
     s = sp.Sifter(None, loss_field, policy, micro_batch=64, delay=100)
