@@ -293,8 +293,11 @@ class Scoring:
             if losses.requires_grad:
                 losses = losses.detach()
             if losses.dtype != torch.float64:
-                losses = losses.double()
-            return losses.numpy()
+                return losses.double().numpy()  # a new tensor: its memory is the stage's
+            # float64 already: numpy() would share the scorer's memory, which it may reuse for
+            # the next micro-batch before the losses are read (the audit log keeps them until it
+            # seals a part; found by review, 2026-12-05: every row logged the last losses)
+            return losses.numpy().copy()
         where = f"micro-batch at sample seq {group.seq0 + offset}"
         if not isinstance(out, torch.Tensor):
             raise ScorerOutputError(
@@ -333,11 +336,12 @@ class Scoring:
         losses = out[:n] if n < rows else out
         if losses.requires_grad:
             losses = losses.detach()
+        copied = losses.dtype != torch.float64 or losses.device.type != "cpu"
         if losses.dtype != torch.float64:
             losses = losses.double()
         if device is not CPU:
             losses = losses.cpu()
-        return losses.numpy()
+        return losses.numpy() if copied else losses.numpy().copy()  # (as above)
 
 
 #: Classes of models whose forward makes collectives: refused for a scoring forward

@@ -305,3 +305,35 @@ def test_a_model_in_eval_mode_is_put_back_in_it_when_the_scorer_switches_it_to_t
         except ScorerError:
             assert raising
         assert not any(modes(model)), raising
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_losses_a_scorer_writes_into_a_buffer_it_reuses_stay_each_micro_batchs_own(tmp_path, batched):
+    """A float64 CPU tensor's numpy() shares its memory: a scorer that reuses one buffer for each
+    micro-batch had every chunk of a batch read the last chunk's losses, and the audit log,
+    which keeps the losses until it seals a part, record the last micro-batch's for every row
+    (found by review, 2026-12-05)."""
+    import siftpipe as sp
+
+    buffer = torch.zeros(4, dtype=torch.float64)
+
+    def reusing(model, batch):
+        n = len(batch["loss"])
+        buffer[:n].copy_(batch["loss"])
+        return buffer[:n]
+
+    losses = torch.tensor([3.0, 1.0, 4.0, 1.5, 5.0, 9.0, 2.0, 6.0, 5.5, 3.5, 0.5, 8.0], dtype=torch.float64)
+    if batched:
+        data = [{"__key__": torch.arange(12), "loss": losses}]
+    else:
+        data = [{"__key__": i, "loss": losses[i]} for i in range(12)]
+    log = sp.AuditLog(str(tmp_path), flush_every=1000)
+    s = sp.Sifter(None, reusing, sp.TopFraction(0.5), micro_batch=4, batched=batched, audit=log)
+    out = list(s(data))
+    s.close()
+    kept = sorted(int(k) for o in out for k in (o["__key__"].tolist() if batched else [o["__key__"]]))
+    table = sp.read_log(str(tmp_path))
+    logged = dict(zip(table.column("seq").to_pylist(), table.column("loss").to_pylist(), strict=True))
+    assert [logged[i] for i in range(12)] == losses.tolist()
+    # the top half of each micro-batch of 4
+    assert kept == [0, 2, 5, 7, 8, 11]
