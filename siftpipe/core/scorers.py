@@ -108,7 +108,10 @@ class _FieldScorer:
 
 @register_scorer("cross_entropy")
 class CrossEntropy(_FieldScorer):
-    """Classification cross-entropy per sample.
+    """Classification cross-entropy per sample. Outputs per position (``[n, classes, d1, ...]``
+    logits with ``[n, d1, ...]`` labels: segmentation) give each sample the mean of its positions'
+    losses, positions labelled -100 left out (before 2026-12-05 a shape error whose fix named a
+    reduction the user could not set).
 
     Args:
         input: Field name (dict batches) or position (tuple batches) of the model input.
@@ -129,7 +132,13 @@ class CrossEntropy(_FieldScorer):
 
     def __call__(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         logits, y = self.predict(model, batch)
-        return F.cross_entropy(logits.float(), y, reduction="none", label_smoothing=self.label_smoothing)
+        loss = F.cross_entropy(logits.float(), y, reduction="none", label_smoothing=self.label_smoothing)
+        if loss.ndim > 1:  # a loss per position: their mean, per sample
+            dims = tuple(range(1, loss.ndim))
+            if y.is_floating_point():  # class probabilities: every position counts
+                return loss.mean(dim=dims)
+            return loss.sum(dim=dims) / (y != -100).sum(dim=dims).clamp(min=1)
+        return loss
 
 
 @register_scorer("mse")

@@ -18,6 +18,27 @@ def test_cross_entropy_by_field_and_by_position():
         sp.CrossEntropy("image", "y")(model, {"x": x, "y": y})
 
 
+def test_cross_entropy_per_position_is_each_samples_mean_over_its_labelled_positions():
+    """A segmentation model's [n, C, H, W] logits: a shape error before (found by review,
+    2026-12-05), whose fix named a reduction a user of the built-in scorer cannot set."""
+    torch.manual_seed(0)
+    model = torch.nn.Conv2d(3, 4, 1)
+    x, y = torch.randn(2, 3, 5, 5), torch.randint(0, 4, (2, 5, 5))
+    y[1, :2] = -100  # unlabelled pixels
+    per_pixel = F.cross_entropy(model(x), y, reduction="none")
+    expected = torch.stack([per_pixel[0].mean(), per_pixel[1][2:].mean()])
+    torch.testing.assert_close(sp.CrossEntropy()(model, (x, y)), expected)
+    soft = torch.softmax(torch.randn(2, 4, 5, 5), dim=1)
+    torch.testing.assert_close(
+        sp.CrossEntropy()(model, (x, soft)),
+        F.cross_entropy(model(x), soft, reduction="none").mean(dim=(1, 2)),
+    )
+    data = [{"x": x[i], "y": y[i], "__key__": i} for i in range(2)]
+    assert (
+        len(list(sp.Sifter(model, sp.CrossEntropy("x", "y"), sp.TopFraction(0.5), micro_batch=2)(data))) == 1
+    )
+
+
 def test_mse_reduces_every_dimension_but_the_first():
     model = torch.nn.Identity()
     pred, target = torch.ones(3, 2, 2), torch.zeros(3, 2, 2)
