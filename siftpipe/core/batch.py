@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
@@ -254,37 +253,30 @@ def like(batch: Mapping[str, Any], items: dict[str, Any]) -> Mapping[str, Any]:
     rows taken from, split off, joined to or added to a batch are handed on as the batch was
     (found by review, 2026-12-05: a ``BatchEncoding`` came out a plain dict whenever a row was
     dropped, and a loop calling ``batch.to(device)`` failed on the second batch). A type that
-    cannot be made from a dict is copied and its fields set; one that refuses both is a dict."""
+    cannot be made from a dict of its fields is handed on as a dict. (Not a copy of the batch
+    with its fields set: a shallow copy may share the original's storage, and setting its fields
+    would change the batch the caller holds.)"""
     kind = type(batch)
-    if kind is dict:
+    if kind is dict or _REBUILD.get(kind) is False:
         return items
-    how = _REBUILD.get(kind)
-    if how is None or how == "make":
-        try:
-            out = kind(items)  # type: ignore[call-arg]
-            if isinstance(out, Mapping) and list(out.keys()) == list(items):
-                _REBUILD[kind] = "make"
-                return out
-        except Exception:
-            pass
-    if how is None or how == "copy":
-        try:
-            out = copy.copy(batch)
-            for k in list(out.keys()):
-                if k not in items:
-                    del out[k]  # type: ignore[attr-defined]
-            for k, v in items.items():
-                out[k] = v  # type: ignore[index]
-            _REBUILD[kind] = "copy"
+    try:
+        out = kind(items)  # type: ignore[call-arg]
+        # the same fields holding the very values given (not converted by the type)
+        if (
+            isinstance(out, Mapping)
+            and list(out.keys()) == list(items)
+            and all(out[k] is v for k, v in items.items())
+        ):
+            _REBUILD[kind] = True
             return out
-        except Exception:
-            pass
-    _REBUILD[kind] = "dict"
+    except Exception:
+        pass
+    _REBUILD[kind] = False
     return items
 
 
-#: How ``like`` rebuilds a mapping type: "make" (``type(items)``), "copy" or "dict".
-_REBUILD: dict[type, str] = {}
+#: Whether ``like`` can make a mapping type from a dict of its fields.
+_REBUILD: dict[type, bool] = {}
 
 
 def take(batch: Batch, index: np.ndarray) -> Batch:
