@@ -288,7 +288,10 @@ def _take(batch: Batch, index: np.ndarray, tindex: torch.Tensor | None, nested: 
     if type(batch) is dict:  # the common case first: isinstance(x, Mapping) is slow
         if tindex is None:
             tindex = torch.from_numpy(index)
-        return {k: _take(v, index, tindex, True) for k, v in batch.items()}
+        try:
+            return {k: _take(v, index, tindex, True) for k, v in batch.items()}
+        except BatchError as exc:
+            raise _named(batch, exc) from None
     if isinstance(batch, torch.Tensor):
         if batch.ndim == 0:
             return batch
@@ -296,6 +299,8 @@ def _take(batch: Batch, index: np.ndarray, tindex: torch.Tensor | None, nested: 
             # from pageable memory, non_blocking stages the index at once and queues the copy
             # without waiting for the device (a blocking copy would wait for its queued work)
             tindex = torch.from_numpy(index).to(batch.device, non_blocking=batch.is_cuda)
+        if batch.layout is not torch.strided:
+            return _sparse_rows(batch, tindex)
         return batch.index_select(0, tindex)
     if isinstance(batch, np.ndarray):
         return batch[index] if batch.ndim else batch
@@ -318,6 +323,33 @@ def _take(batch: Batch, index: np.ndarray, tindex: torch.Tensor | None, nested: 
     return batch
 
 
+def _named(batch: Mapping[str, Any], exc: BatchError) -> BatchError:
+    """``exc`` (a sparse field's) naming the field, when one of ``batch``'s holds such a tensor."""
+    for name, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.layout is not torch.strided:
+            return BatchError(str(exc).replace("a batch field holds", f"batch field {name!r} holds", 1))
+    return exc
+
+
+def _sparse_rows(tensor: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``rows`` of a sparse tensor (COO allows it), or the error naming the fix."""
+    try:
+        return tensor.index_select(0, rows)
+    except (NotImplementedError, RuntimeError):
+        raise _sparse(tensor) from None
+
+
+def _sparse(tensor: torch.Tensor) -> BatchError:
+    """The error for a batch field holding a sparse tensor, whose rows cannot be taken (found by
+    review, 2026-12-05: torch's own NotImplementedError, naming no field and no fix)."""
+    return BatchError(
+        f"a batch field holds a {tensor.layout} tensor of shape {list(tensor.shape)}: the stage "
+        "takes the kept rows of a batch by indexing its tensors, which this layout does not allow. "
+        "Make it dense where the batch is collated (.to_dense()), or hold one tensor per row in a "
+        "list (rows of a list are taken as they are)"
+    )
+
+
 def _take_rows(rows: list[Any], index: np.ndarray) -> list[Any]:
     """Entries ``index`` of a list holding one entry per row."""
     if index.size == 0:
@@ -330,11 +362,17 @@ def split(batch: Batch, size: int, nested: bool = False) -> tuple[Batch, Batch]:
     """The first ``size`` rows of ``batch`` and the rest, in the same structure, as slices:
     tensors and arrays share ``batch``'s memory (no copy), lists are new lists."""
     if isinstance(batch, Mapping):
-        parts = {k: split(v, size, True) for k, v in batch.items()}
+        try:
+            parts = {k: split(v, size, True) for k, v in batch.items()}
+        except BatchError as exc:
+            raise _named(batch, exc) from None
         return like(batch, {k: v[0] for k, v in parts.items()}), like(
             batch, {k: v[1] for k, v in parts.items()}
         )
     if isinstance(batch, torch.Tensor | np.ndarray):
+        if isinstance(batch, torch.Tensor) and batch.layout is not torch.strided and batch.ndim:
+            rows = torch.arange(batch.shape[0], device=batch.device)
+            return _sparse_rows(batch, rows[:size]), _sparse_rows(batch, rows[size:])
         return (batch[:size], batch[size:]) if batch.ndim else (batch, batch)
     if nested and _scalar_tuple(batch):
         return batch[:size], batch[size:]

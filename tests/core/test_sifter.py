@@ -172,6 +172,31 @@ def test_a_mapping_batch_keeps_its_type_whether_rows_are_dropped_rebatched_or_we
         assert sum(len(b["__key__"]) for b in out) == s.stats.kept
 
 
+@pytest.mark.parametrize("output_batch", [None, 6])
+def test_a_sparse_field_is_sifted_in_coo_and_named_with_the_fix_in_a_layout_without_rows(output_batch):
+    """A COO field failed to be re-batched and a CSR field to have its kept rows taken, both with
+    torch's own error naming no field and no fix (found by review, 2026-12-05)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(20, 3)
+
+    def data(sparse):
+        for i in range(0, 32, 8):
+            x = (torch.rand(8, 20) < 0.2).float()
+            yield {"x": sparse(x), "y": torch.randint(0, 3, (8,)), "__key__": torch.arange(i, i + 8)}
+
+    scorer = sp.CrossEntropy("x", "y", forward=lambda m, x: m(x.to_dense()))
+
+    def stage():
+        return sp.Sifter(
+            model, scorer, sp.TopFraction(0.5), batched=True, micro_batch=None, output_batch=output_batch
+        )
+
+    out = list(stage()(data(lambda x: x.to_sparse())))
+    assert sum(b["x"].shape[0] for b in out) == 16 and all(b["x"].is_sparse for b in out)
+    with pytest.raises(sp.BatchError, match="batch field 'x' holds a torch.sparse_csr tensor.*to_dense"):
+        list(stage()(data(lambda x: x.to_sparse_csr())))
+
+
 def test_warmup_keeps_everything_and_fills_history(samples):
     policy = sp.RelativeProbabilistic(3.0, history=1000)
     s = sp.Sifter(None, loss_field, policy, micro_batch=64, delay=100)
