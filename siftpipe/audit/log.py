@@ -733,6 +733,10 @@ class _ThreadTransport(_Transport):
         self.writer = wire.PartWriter(**config)
         self.on_reply = on_reply
         self.queue: queue.Queue[tuple[dict[str, Any], list[Any], int, int] | None] = queue.Queue()
+        # closed with a timeout that ran out: what is still queued is not written (as a writer
+        # process is stopped then), not written later behind the caller's back, after the end
+        # marker was given up (found by review, 2026-12-05: the log then read as killed)
+        self.abandoned = False
         self.thread = threading.Thread(target=self._run, name="siftpipe-audit", daemon=True)
         self.thread.start()
 
@@ -741,13 +745,28 @@ class _ThreadTransport(_Transport):
 
     def _run(self) -> None:
         while (item := self.queue.get()) is not None:
+            if self.abandoned:
+                self._give_up(item)
+                continue
             header, buffers, size, rows = item
             payload = b"".join(memoryview(b).cast("B") for b in buffers)
             self.on_reply(header, size, rows, self.writer.handle(header, payload))
 
+    def _give_up(self, item: tuple[dict[str, Any], list[Any], int, int]) -> None:
+        header, _, size, rows = item
+        error = "the log was closed (close(timeout=) ran out) before this could be written"
+        self.on_reply(header, size, rows, {"ok": False, "error": error})
+
     def close(self, timeout: float | None) -> None:
         self.queue.put(None)
         self.thread.join(timeout)
+        if self.thread.is_alive():
+            self.abandoned = True
+            # what is still queued is counted unwritten now, not when the write in progress ends
+            with contextlib.suppress(queue.Empty):
+                while (item := self.queue.get_nowait()) is not None:
+                    self._give_up(item)
+            self.queue.put(None)  # (the drain took the thread's stop)
 
 
 _BOOT = (

@@ -508,3 +508,24 @@ def test_a_log_at_an_http_server_that_refuses_connections_is_unreachable_not_emp
         assert main(["log", command, f"http://127.0.0.1:{port}/log"]) == 2
         err = capsys.readouterr().err
         assert "Cannot connect to host" in err and "no parts found" not in err
+
+
+def test_a_thread_writer_closed_past_its_timeout_counts_what_it_did_not_write_and_writes_no_more(
+    local_s3, bucket, proxy
+):
+    """close(timeout=) while storage hangs: the thread writer went on writing the queued parts
+    behind the caller's back after close had given up (and the end marker), counting none of
+    them unwritten, so the log read as a killed job's (found by review, 2026-12-05)."""
+    root = f"s3://{bucket}/closed-late"
+    log = sp.AuditLog(root, storage_options=options(proxy, read_timeout=30), flush_every=128,
+                      writer="thread", retry_timeout=60)  # fmt: skip
+    proxy.fail("hold", 0, times=10_000, method="PUT", path="/part-")
+    s, _ = run(log)
+    with pytest.raises(sp.AuditError, match="did not finish writing within 1"):
+        log.close(timeout=1)
+    # the part being written may still land; every other one is counted unwritten at once
+    assert log.stats.unwritten_records == len(SAMPLES) - 128
+    proxy.release()
+    log._transport.thread.join(30)
+    written = sp.read_log(root, local_s3.storage_options).num_rows
+    assert written + log.stats.unwritten_records == len(SAMPLES) and written == 128
