@@ -79,12 +79,13 @@ class PreDecodeFilter:
         storage_options: fsspec options for ``url`` and for the audit records.
         key: How to find a sample's key: a field's name, or a function of the raw sample (such
             as ``sp.shard_key``); ``None`` (the default): as the stage that publishes keys its
-            samples (its ``key``, which the publication names; ``"__key__"`` for one that does
-            not), so that the losses it remembers are found. A stage keyed by a function of its
-            own needs that function here too; a field that differs from the stage's is a
-            ``ConfigError`` when the publication loads (before 2026-12-05 a stage keyed by
-            ``sp.shard_key`` was looked up by ``__key__``: nothing was found, every sample passed
-            on, nothing said).
+            samples (its ``key`` when a field or ``sp.shard_key``, which the publication names;
+            ``"__key__"`` otherwise), so that the losses it remembers are found. A stage keyed by
+            a function of its own that gives other keys than ``__key__`` needs that function here
+            (a pass that finds none of its keys says so: ``PreDecodeWarning``); a field that
+            differs from the stage's key is a ``ConfigError`` when the publication loads (before
+            2026-12-05 a stage keyed by ``sp.shard_key`` was looked up by ``__key__``: nothing
+            was found, every sample passed on, nothing said).
         chunk: Samples looked up together (one vectorised lookup per chunk), >= 1.
         rank: The rank whose publications it reads (a publication names the rank that wrote
             it, and one of another rank is refused: two ranks publishing to one URL would mix
@@ -137,6 +138,8 @@ class PreDecodeFilter:
         self._warned_other_run = False
         self._secrets: list[str] = []  # values never written to the records (set per pass)
         self._warned_missing = False
+        self._warned_nothing_found = False
+        self._found = [0, 0]  # this pass's lookups in a loaded publication: looked, found
         # what every copy of this filter decided (the training process's and each DataLoader
         # worker's, forked or spawned), added up where read: a worker's own dict died with it
         self._counts = SharedCounters(_COUNTED)
@@ -298,19 +301,17 @@ class PreDecodeFilter:
         self._loaded = meta["version"]
 
     def _check_key(self, meta: Mapping[str, Any]) -> None:
-        """Refuse a publication whose stage keys samples otherwise than this filter does."""
+        """Refuse a publication whose stage surely keys samples otherwise than this filter: by
+        another field, or by ``sp.shard_key`` where the filter was given a field. (A stage keyed
+        by a function of its own, or by a tuple's position, may well key by ``__key__``: the
+        pass's lookups say so, ``_say_nothing_found``; found by the review of 2026-12-05 that such
+        stages were refused.)"""
         spec = meta.get("key")
-        if not isinstance(spec, Mapping) or callable(self.key):
-            return  # an older publication (keyed by __key__), or the filter was given a function
-        field, function = spec.get("field"), spec.get("function", "")
-        if self.key is None and function is None:
-            raise ConfigError(
-                f"the stage publishing at {self._shown()} keys its samples with a function of its "
-                "own: give PreDecodeFilter(key=) that function too, or the filter finds no loss it "
-                "remembers"
-            )
-        if isinstance(self.key, str) and self.key != field:
-            said = f"the field {field!r}" if field is not None else f"the function {function}"
+        if not isinstance(spec, Mapping) or not isinstance(self.key, str):
+            return
+        field, function = spec.get("field"), spec.get("function")
+        if (field is not None and self.key != field) or function == "shard_key":
+            said = f"the field {field!r}" if field is not None else "the function sp.shard_key"
             raise ConfigError(
                 f"PreDecodeFilter finds samples by the field {self.key!r}, and the stage publishing "
                 f"at {self._shown()} keys them by {said}: no loss it remembers would be found. "
@@ -318,7 +319,8 @@ class PreDecodeFilter:
             )
 
     def _key_of(self) -> Callable[[Mapping[str, Any]], Any]:
-        """How this filter finds a sample's key now: its own ``key``, else the publication's."""
+        """How this filter finds a sample's key now: its own ``key``, else the publication's (a
+        field, or ``sp.shard_key``; ``__key__`` for a stage keyed by a function of its own)."""
         key = self.key
         if callable(key):
             return key
@@ -328,6 +330,21 @@ class PreDecodeFilter:
                 return shard_key
             key = spec.get("field") if isinstance(spec, Mapping) and spec.get("field") else "__key__"
         return operator.itemgetter(key)
+
+    def _say_nothing_found(self, looked: int) -> None:
+        """Warn, once, of a pass whose ``looked`` lookups found nothing in a loaded publication:
+        the stage keys samples otherwise than this filter (a function of its own)."""
+        if self._warned_nothing_found or self._memory is None or not len(self._sorted):
+            return
+        self._warned_nothing_found = True
+        warnings.warn(
+            f"siftpipe: PreDecodeFilter found none of {looked} samples' keys in the publication at "
+            f"{self._shown()} (it remembers {len(self._sorted)}): every sample was passed on for the "
+            "stage to decide. The stage keys samples otherwise than this filter: give "
+            "PreDecodeFilter(key=) the stage's key (its field, or the function it was given)",
+            PreDecodeWarning,
+            stacklevel=3,
+        )
 
     def _other_run(self, meta: Mapping[str, Any]) -> bool:
         """Whether another run than this filter's Sifter's (told, ``follow_sifter_run``) made
@@ -380,11 +397,15 @@ class PreDecodeFilter:
         # the records' URLs as the stage's audit log writes them: no credentials, and none of
         # the values of credential-like storage options and environment variables
         self._secrets = secret_values(self.storage_options, self.url)
+        self._found = [0, 0]
         try:
             while batch := list(islice(it, self.chunk)):
                 yield from self._decide(batch, dropped, worker)
         finally:
             self._write_dropped(dropped, worker)
+        looked, found = self._found
+        if looked >= self.chunk and not found:
+            self._say_nothing_found(looked)
 
     def _decide(
         self, batch: list[dict[str, Any]], dropped: list[dict[str, Any]], worker: int
@@ -419,6 +440,8 @@ class PreDecodeFilter:
         # reloaded with each publication, so a cache would only cost memory
         loss, _ = memory.lookup(key_hashes(keys), epoch)
         known = ~np.isnan(loss)
+        self._found[0] += len(keys)
+        self._found[1] += int(known.sum())
         values = self._sorted
         pct = (np.searchsorted(values, loss, "left") + np.searchsorted(values, loss, "right")) / (
             2.0 * values.size

@@ -55,7 +55,8 @@ def shard_key(item: Mapping[str, Any]) -> str | list[str]:
 
 def publish_key(spec: Any) -> dict[str, Any]:
     """How a stage keyed by ``spec`` (its ``key``) finds samples, as a publication for
-    ``PreDecodeFilter`` says it: a field's name, ``shard_key``, or a function a filter cannot know."""
+    ``PreDecodeFilter`` says it: a field's name, ``shard_key``, or neither (a function of its own,
+    a tuple's position: ``{"function": None}``, which a filter reads as ``__key__``)."""
     if isinstance(spec, str):
         return {"field": spec}
     return {"function": "shard_key" if spec is shard_key else None}
