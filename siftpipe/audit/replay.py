@@ -248,6 +248,17 @@ class Replay:
     def __call__(self, source: Iterable[Any]) -> Iterator[Any]:
         """Replay over ``source``; a new call is a new pass (epoch + 1 unless ``set_epoch``, or
         unless the last pass was never read: the ``Sifter`` does not count such a pass either)."""
+        if self._passes == 0 and not self._epoch_set and _in_worker():
+            # a DataLoader worker's copy, never told the epoch: each epoch's workers copy the
+            # replay afresh, so every epoch would be matched against epoch 0's decisions, with no
+            # sample missing to say so (found by review, 2026-12-05)
+            raise ConfigError(
+                "siftpipe.Replay is running in a DataLoader worker's copy of it, which cannot count "
+                "the epochs before it (each epoch's workers copy it afresh, and would all replay "
+                "epoch 0's decisions): call set_epoch(epoch) on the replay in the training process "
+                "before each epoch's loop, epoch 0 included (a .replay() chain: "
+                "chain.replayer.set_epoch(epoch)). Its stats count in the workers' copies"
+            )
         if self._passes > 0 and not self._epoch_set and self._read:
             self.epoch += 1
             self._new_epoch()
@@ -635,3 +646,10 @@ def format_whatif(results: Sequence[WhatIf], logged_keep_rate: float) -> str:
 
 def dump_json(results: Sequence[WhatIf]) -> str:
     return json.dumps([r.as_dict() for r in results], indent=1)
+
+
+def _in_worker() -> bool:
+    """Whether this process is a DataLoader worker."""
+    from torch.utils.data import get_worker_info
+
+    return get_worker_info() is not None

@@ -474,10 +474,14 @@ def test_replay_on_the_chain_hands_on_what_the_logged_run_kept(shards, tmp_path)
     replayed = decoded(shards.pattern).replay(str(tmp_path / "log"))
     assert [s["__key__"] for s in replayed] == kept
     assert replayed.replayer.stats["kept"] == len(kept) and replayed.replayer.stats["missing"] == 0
-    # through a batching loader: replay per sample in the workers is fine (it needs no model)
-    loader = WebLoader(
-        decoded(shards.pattern).replay(str(tmp_path / "log")).batched(16), batch_size=None, num_workers=2
-    )
+    # through a batching loader: replay per sample in the workers is fine (it needs no model),
+    # told each epoch: a worker's copy cannot count epochs, and is refused untold (found by
+    # review, 2026-12-05: every epoch replayed epoch 0's decisions)
+    chain = decoded(shards.pattern).replay(str(tmp_path / "log")).batched(16)
+    loader = WebLoader(chain, batch_size=None, num_workers=2)
+    with pytest.raises(sp.ConfigError, match="worker's copy.*set_epoch"):
+        list(loader)
+    chain.replayer.set_epoch(0)
     assert sorted(k for b in loader for k in b["__key__"]) == sorted(kept)
 
 
