@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -141,7 +141,8 @@ class Replay:
         storage_options: fsspec options for ``url``.
         run: The run to replay (required when the log holds several).
         rank: Only this rank's decisions (default: all ranks; shards are matched by URL).
-        key: Dict field holding the sample key.
+        key: How the logged run keyed its samples: a dict field (or a tuple position) holding
+            the key, or the function it was given (``sp.shard_key``).
         on_missing: A sample with no logged decision: ``"raise"`` (``AuditError``), or
             ``"keep"``/``"drop"`` it (counted in ``stats["missing"]``).
         attach_weight: Attach logged weights as ``weight_field``; default: if the logged stage did.
@@ -162,7 +163,7 @@ class Replay:
         *,
         run: str | None = None,
         rank: int | Sequence[int] | None = None,
-        key: str = "__key__",
+        key: str | int | Callable[[Any], Any] = "__key__",
         on_missing: OnMissing = "raise",
         attach_weight: bool | None = None,
         weight_field: str = "__sift_weight__",
@@ -269,13 +270,18 @@ class Replay:
 
     def _run(self, source: Iterable[Any]) -> Iterator[Any]:
         self._read = True  # (at the first next(): a pass opened and dropped unread is not an epoch)
+        key = self.key
         for item in source:
             try:
-                k = item[self.key]
+                # a function too, as the run's (key=sp.shard_key; found by review, 2026-12-05:
+                # a run keyed by it could not be replayed)
+                k = key(item) if callable(key) else item[key]
             except (KeyError, TypeError, IndexError):
+                what = f"no field {key!r}" if not callable(key) else f"what {key!r} reads"
                 raise MissingKeyError(
-                    f"replay needs a key in every sample, but a sample has no field {self.key!r}; "
-                    "pass key=<field> or keep '__key__' in the pipeline up to the replay stage"
+                    f"replay needs a key in every sample, but a sample has {what}; pass key= as the "
+                    "run keyed its samples (a field, or the function: key=sp.shard_key) and keep "
+                    "what it reads in the pipeline up to the replay stage"
                 ) from None
             if _is_column(k, self._batched):
                 # a collated batch (a run with batched=True): its kept rows, in one batch
@@ -311,8 +317,9 @@ class Replay:
                 raise AuditError(
                     f"sample {k!r} (shard {url!r}, epoch {self.epoch}{_again(shard, slot)}) has no "
                     f"decision in run {self.run!r} of the log at {redact(self.url, self._secrets)}: the "
-                    "stream differs from the logged run's, or the log lost it (siftpipe log verify); "
-                    "pass on_missing='keep' or 'drop' to go on"
+                    "stream differs from the logged run's, the run keyed its samples otherwise (give "
+                    "replay the run's key=, e.g. key=sp.shard_key), or the log lost it (siftpipe log "
+                    "verify); pass on_missing='keep' or 'drop' to go on"
                 )
             if self.on_missing == "drop":
                 stats["dropped"] += 1

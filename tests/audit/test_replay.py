@@ -805,3 +805,31 @@ def test_a_pass_opened_and_never_read_is_not_an_epoch_in_replay_as_in_the_run(tm
     assert output_keys(r(samples)) == run and r.epoch == 0
     r(samples)
     assert r.epoch == 1  # after a pass that was read, a new call is the next epoch
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_run_keyed_by_shard_key_replays_with_the_same_key(tmp_path, batched):
+    """Three shards numbering their samples alike (what sp.shard_key is for): the run could not
+    be replayed, replay(key=sp.shard_key) refused as 'no field <function ...>' (found by review,
+    2026-12-05)."""
+    from torch.utils.data import default_collate
+
+    samples = [
+        {"__key__": f"{i:06d}", "__url__": f"/data/shard-{s}.tar", "loss": float((7 * i + s) % 11)}
+        for s in range(3)
+        for i in range(20)
+    ]
+    data = [default_collate(samples[i : i + 10]) for i in range(0, 60, 10)] if batched else samples
+    root = str(tmp_path / "log")
+    s = sp.Sifter(None, loss_field, sp.TopFraction(0.5), micro_batch=10, key=sp.shard_key, batched=batched,
+                  audit=sp.AuditLog(root))  # fmt: skip
+
+    def keys(items):
+        return [k for x in items for k in (sp.shard_key(x) if batched else [sp.shard_key(x)])]
+
+    kept = keys(s(data))
+    s.close()
+    replayed = keys(sp.replay(root, key=sp.shard_key)(data))
+    assert replayed == kept and len(kept) == 30
+    with pytest.raises(sp.AuditError, match="key=sp.shard_key"):
+        list(sp.replay(root)(data))
