@@ -509,6 +509,10 @@ class WhatIf:
         }
 
 
+#: The stage settings a manifest records that decide what the stage keeps.
+_DECIDING = ("rng_seed", "seed", "delay", "policy", "policy_config", "on_nan", "micro_batch")
+
+
 def whatif(
     log: Any,
     policies: Sequence[Policy],
@@ -540,9 +544,26 @@ def whatif(
     stages: dict[tuple[str, int], dict[str, Any]] = {}
     if isinstance(log, str):
         _, infos, attempts = list_parts(log, storage_options, run=run, rank=rank)
+        settled: dict[tuple[str, int], set[str]] = {}
         for info in infos:
             if info.manifest and info.manifest.get("stage"):
-                stages.setdefault((info.run, info.rank), info.manifest["stage"])
+                stage = info.manifest["stage"]
+                stages.setdefault((info.run, info.rank), stage)
+                if isinstance(stage, Mapping):
+                    what = {k: stage.get(k) for k in _DECIDING}
+                    settled.setdefault((info.run, info.rank), set()).add(json.dumps(what, default=str))
+        changed = sorted(f"run={r} rank={k}" for (r, k), seen in settled.items() if len(seen) > 1)
+        if changed:
+            # (found by review, 2026-12-05: a resume's override read as flips, nothing said)
+            warnings.warn(
+                f"siftpipe: the stage's settings changed between the attempts of {', '.join(changed)} "
+                "(a resume that overrode its seed, policy or warm-up: load_state_dict(override=...)); "
+                "what-if replays each stream with its first attempt's, so the logged policy re-run "
+                "flips decisions made after the change (not a sign of lost records: siftpipe log "
+                "verify says that)",
+                UserWarning,
+                stacklevel=2,
+            )
         said = [i.manifest for i in infos] + [a.end for a in attempts]
         if any(isinstance(d, dict) and d.get("merged_history") is True for d in said):
             # found by review, 2026-12-05: a complete log of such a run read as flips
@@ -645,7 +666,12 @@ def whatif(
 
 def format_whatif(results: Sequence[WhatIf], logged_keep_rate: float) -> str:
     """A small table of what-if results."""
-    lines = [f"logged keep rate: {logged_keep_rate:.4f}", f"{'policy':<48} {'keep rate':>9} {'flips':>9}"]
+    # (as decided: rows a pass was left before handing on count kept here, where summary reads
+    # them as never trained)
+    lines = [
+        f"logged keep rate (as decided): {logged_keep_rate:.4f}",
+        f"{'policy':<48} {'keep rate':>9} {'flips':>9}",
+    ]
     for r in results:
         lines.append(f"{r.policy:<48} {r.keep_rate:>9.4f} {r.flips:>9}")
     return "\n".join(lines)

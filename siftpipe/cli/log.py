@@ -237,11 +237,15 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
     stage: dict[str, Any] = next(
         (i.manifest["stage"] for i in infos if i.manifest and i.manifest.get("stage")), {}
     )
-    history = int((stage.get("policy_config") or {}).get("history", 500))
+    config = stage.get("policy_config") or {}
+    history = int(config.get("history", 500))
     policies: list[Policy] = [RelativeProbabilistic(beta=b, history=history) for b in args.beta or ()]
     policies += [TopFraction(k) for k in args.top or ()]
     policies += [Uniform(k) for k in args.uniform or ()]
-    policies += [PruneEasy(r) for r in args.prune or ()]
+    # the logged window and anneal point, as --beta takes the window (found by review,
+    # 2026-12-05: PruneEasy's defaults flipped decisions the logged PruneEasy made)
+    anneal = config.get("anneal") if stage.get("policy") == "prune_easy" else None
+    policies += [PruneEasy(r, anneal=anneal, history=history) for r in args.prune or ()]
     if not policies:
         policies = [RelativeProbabilistic(beta=b, history=history) for b in (0.5, 1.0, 3.0)]
     results = whatif(args.url, policies, storage_options=options, run=args.run, rank=args.rank)

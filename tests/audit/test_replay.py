@@ -833,3 +833,38 @@ def test_a_run_keyed_by_shard_key_replays_with_the_same_key(tmp_path, batched):
     assert replayed == kept and len(kept) == 30
     with pytest.raises(sp.AuditError, match="key=sp.shard_key"):
         list(sp.replay(root)(data))
+
+
+@pytest.mark.parametrize("override", [None, "seed", "delay"])
+def test_whatif_says_when_a_resume_changed_the_settings_it_replays_with(tmp_path, override):
+    """A resume that overrode the stage's seed, policy or warm-up: the logged policy re-run
+    flipped decisions made after it, with nothing said, where zero flips is the log's check
+    (found by review, 2026-12-05). A plain resume replays with no flip and no warning."""
+    import warnings
+
+    root = str(tmp_path / "log")
+    samples = make_samples(600, seed=1)
+
+    def stage(seed, delay):
+        log = sp.AuditLog(root, run_id="r1", flush_every=50)
+        policy = sp.RelativeProbabilistic(1.0, 100)
+        return sp.Sifter(None, loss_field, policy, micro_batch=32, delay=delay, seed=seed, audit=log)
+
+    first = stage(1, 0)
+    it = first(samples)
+    for _ in range(200):
+        next(it)
+    state = roundtrip(first.state_dict())
+    first.close()
+    again = stage(2 if override == "seed" else 1, 64 if override == "delay" else 0)
+    again.load_state_dict(state, **({"override": (override,)} if override else {}))
+    list(again(samples[again.resume_from :]))
+    again.close()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        result = sp.whatif(root, [sp.RelativeProbabilistic(1.0, 100)])[0]
+    changed = [w for w in said if "settings changed between the attempts" in str(w.message)]
+    if override is None:
+        assert result.flips == 0 and not changed
+    else:
+        assert len(changed) == 1

@@ -396,3 +396,19 @@ def test_the_plot_of_a_log_of_one_record_says_no_numpy_warning(tmp_path, policy,
         warnings.simplefilter("error")
         plot_log(sp.read_log(str(tmp_path / "log")), str(tmp_path / "plot.png"))
     assert (tmp_path / "plot.png").stat().st_size > 10_000
+
+
+def test_whatif_prune_takes_the_logged_window_and_says_its_keep_rate_is_as_decided(tmp_path, capsys):
+    """--prune ran PruneEasy with its default window (10,000), not the logged one (100): the
+    logged policy re-run showed flips on a whole log (found by review, 2026-12-05)."""
+    root = str(tmp_path / "log")
+    s = sp.Sifter(
+        None, loss_field, sp.PruneEasy(0.5, history=100), micro_batch=20, seed=1, audit=sp.AuditLog(root)
+    )
+    list(s(make_samples(600)))
+    s.close()
+    assert main(["log", "whatif", root, "--prune", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "logged keep rate (as decided)" in out
+    (row,) = [line for line in out.splitlines() if line.startswith("PruneEasy")]
+    assert "history=100" in row and row.split()[-1] == "0"
