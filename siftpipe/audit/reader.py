@@ -1344,7 +1344,11 @@ def verify_log(
                 "change made to it since cannot be found"
             )
         elif info.manifest is None:
-            report.count_mismatches.append(f"{name}: no manifest (written when the process died?)")
+            report.count_mismatches.append(
+                f"{name}: no manifest: the process died before writing it, or storage refused it "
+                f"(the writer warned then); its {seq.size} records read, but cannot be checked for "
+                "changes made since"
+            )
         elif int(info.manifest.get("count", -1)) != seq.size:
             report.count_mismatches.append(
                 f"{name}: manifest says {info.manifest.get('count')}, part has {seq.size}"

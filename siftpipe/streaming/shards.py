@@ -417,12 +417,20 @@ def existing_shards(prefix: str, storage_options: Mapping[str, Any] | None = Non
     opener = ShardOpener(storage_options)
     fs, _ = opener.filesystem(prefix)
     path = fs._strip_protocol(prefix)
+    folder, _, name = path.rpartition("/")
+    # the folder listed and the names matched exactly, not a glob: a prefix holding [ ] ? or *
+    # would be a pattern (found by review, 2026-12-05: exp[1]/train found none of its shards,
+    # and t? matched another dataset's)
+    shard = re.compile(re.escape(name) + rf"-(\d{{{DIGITS}}})\.tar")
     try:
-        found = sorted(fs.glob(f"{path}-{'[0-9]' * DIGITS}.tar"))
+        listed = fs.ls(folder or ".", detail=False)
     except FileNotFoundError:
         return []
-    # named as write_shards names them, from their numbers (the glob's paths lose the URL's form)
-    return [_shard_url(prefix, int(p[-4 - DIGITS : -4])) for p in found]
+    numbers = sorted(
+        int(m.group(1)) for p in listed if (m := shard.fullmatch(str(p).rstrip("/").rpartition("/")[2]))
+    )
+    # named as write_shards names them, from their numbers (listed paths lose the URL's form)
+    return [_shard_url(prefix, n) for n in numbers]
 
 
 def remove_shards(urls: Iterable[str], storage_options: Mapping[str, Any] | None = None) -> None:

@@ -249,6 +249,19 @@ def test_a_prefix_holding_shards_is_refused_or_replaced_whole_never_mixed(where,
     write_shards(synthetic_classification(10), prefix, samples_per_shard=10, progress=False,
                  storage_options=storage)  # fmt: skip
     assert len(existing_shards(prefix, storage)) == 5
+    # a prefix holding glob characters is a name, not a pattern (the review of the fix: exp[1]
+    # found none of its shards, and t? another dataset's)
+    if where == "local":
+        odd = str(tmp_path / "exp[1]" / "t?")
+        write_shards(synthetic_classification(30), odd, samples_per_shard=10, progress=False)
+        write_shards(synthetic_classification(30), str(tmp_path / "exp[1]" / "ta"), samples_per_shard=10,
+                     progress=False)  # fmt: skip
+        assert existing_shards(odd) == [f"{odd}-{i:06d}.tar" for i in range(3)]
+        write_shards(
+            synthetic_classification(10), odd, samples_per_shard=10, progress=False, existing="replace"
+        )
+        assert existing_shards(odd) == [f"{odd}-000000.tar"]
+        assert len(existing_shards(str(tmp_path / "exp[1]" / "ta"))) == 3
     with pytest.raises(sp.ConfigError, match="existing must be"):
         write_shards(synthetic_classification(10), prefix, existing="drop", progress=False)  # type: ignore[arg-type]
 
