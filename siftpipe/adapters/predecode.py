@@ -339,8 +339,9 @@ class PreDecodeFilter:
         self._warned_nothing_found = True
         warnings.warn(
             f"siftpipe: PreDecodeFilter found none of {looked} samples' keys in the publication at "
-            f"{self._shown()} (it remembers {len(self._sorted)}): every sample was passed on for the "
-            "stage to decide. The stage keys samples otherwise than this filter: give "
+            f"{self._shown()} (it remembers {len(self._sorted)}): they were passed on for the stage "
+            "to decide. Samples new to the memory are passed on so, as they should be; if these "
+            "were seen before, the stage keys samples otherwise than this filter: give "
             "PreDecodeFilter(key=) the stage's key (its field, or the function it was given)",
             PreDecodeWarning,
             stacklevel=3,

@@ -254,11 +254,13 @@ class Replay:
             # replay afresh, so every epoch would be matched against epoch 0's decisions, with no
             # sample missing to say so (found by review, 2026-12-05)
             raise ConfigError(
-                "siftpipe.Replay is running in a DataLoader worker's copy of it, which cannot count "
-                "the epochs before it (each epoch's workers copy it afresh, and would all replay "
-                "epoch 0's decisions): call set_epoch(epoch) on the replay in the training process "
-                "before each epoch's loop, epoch 0 included (a .replay() chain: "
-                "chain.replayer.set_epoch(epoch)). Its stats count in the workers' copies"
+                "siftpipe.Replay is running in a DataLoader worker's copy of it, never told its "
+                "epoch: it cannot count the epochs before it (the workers of a loader without "
+                "persistent_workers copy it afresh each epoch, and would all replay epoch 0's "
+                "decisions). Call set_epoch(epoch) on the replay in the training process before "
+                "each epoch's loop, epoch 0 included (a .replay() chain: "
+                "chain.replayer.set_epoch(epoch)); persistent workers then count on from there. "
+                "Its stats count in the workers' copies"
             )
         if self._passes > 0 and not self._epoch_set and self._read:
             self.epoch += 1

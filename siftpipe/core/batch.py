@@ -325,18 +325,27 @@ def _take(batch: Batch, index: np.ndarray, tindex: torch.Tensor | None, nested: 
 
 def _named(batch: Mapping[str, Any], exc: BatchError) -> BatchError:
     """``exc`` (a sparse field's) naming the field, when one of ``batch``'s holds such a tensor."""
+    said = str(exc)
     for name, value in batch.items():
-        if isinstance(value, torch.Tensor) and value.layout is not torch.strided:
-            return BatchError(str(exc).replace("a batch field holds", f"batch field {name!r} holds", 1))
+        # the field whose layout and shape the error names (not merely the first sparse one)
+        if (
+            isinstance(value, torch.Tensor)
+            and value.layout is not torch.strided
+            and f"a {value.layout} tensor of shape {list(value.shape)}" in said
+        ):
+            return BatchError(said.replace("a batch field holds", f"batch field {name!r} holds", 1))
     return exc
 
 
 def _sparse_rows(tensor: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Rows ``rows`` of a sparse tensor (COO allows it), or the error naming the fix."""
     try:
-        return tensor.index_select(0, rows)
+        taken = tensor.index_select(0, rows)
     except (NotImplementedError, RuntimeError):
         raise _sparse(tensor) from None
+    # coalesced as it came (index_select leaves it uncoalesced, and a training step reading
+    # indices() then fails; found by review, 2026-12-05)
+    return taken.coalesce() if tensor.layout is torch.sparse_coo and tensor.is_coalesced() else taken
 
 
 def _sparse(tensor: torch.Tensor) -> BatchError:
@@ -445,7 +454,12 @@ def _concat(batches: Sequence[Batch], nested: bool = False) -> Batch:
     if len(batches) == 1:
         return first
     if isinstance(first, torch.Tensor):
-        return torch.cat(list(batches)) if first.ndim else first
+        if not first.ndim:
+            return first
+        joined = torch.cat(list(batches))
+        if first.layout is torch.sparse_coo and all(b.is_coalesced() for b in batches):
+            joined = joined.coalesce()  # (as _sparse_rows)
+        return joined
     if isinstance(first, np.ndarray):
         return np.concatenate(list(batches)) if first.ndim else first
     if isinstance(first, Mapping):

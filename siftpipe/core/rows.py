@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 import torch
@@ -57,18 +58,36 @@ def shard_key(item: Mapping[str, Any]) -> str | list[str]:
     return [f"{_shown_url(u)}/{k}" for u, k in zip(urls, keys)]
 
 
+#: Query parameters that sign a URL (S3, GCS, Azure SAS, CloudFront): they change each time the
+#: same object is signed, so a key leaves them out
+_SIGNING = frozenset(
+    {"signature", "expires", "awsaccesskeyid", "sig", "se", "st", "sp", "sv", "sr", "spr", "ss",
+     "srt", "si", "skoid", "sktid", "skt", "ske", "sks", "skv", "policy", "key-pair-id",
+     "access_token", "token", "jwt"}
+)  # fmt: skip
+
+
 @functools.lru_cache(maxsize=4096)
-def _redacted_url(url: str) -> str:
-    return redact_url(url)
+def _key_url(url: str) -> str:
+    parts = urlsplit(url)
+    kept = [
+        (name, value)
+        for name, value in parse_qsl(parts.query, keep_blank_values=True)
+        if name.lower() not in _SIGNING and not name.lower().startswith(("x-amz-", "x-goog-"))
+    ]
+    query = urlencode(kept) if kept else ""
+    return redact_url(urlunsplit(parts._replace(query=query)))
 
 
 def _shown_url(url: Any) -> Any:
-    """A sample's ``__url__`` as a key may hold it: without credentials. The key is written to
-    the audit log, and webdataset's own reader leaves a presigned URL's signature in ``__url__``
-    (found by review, 2026-12-05: in clear in the log's key column). Only a URL that can hold one
-    (a query or a user part) is redacted, once per URL."""
+    """A sample's ``__url__`` as a key holds it: without credentials and without the parameters
+    that sign it, so the key is the same however the shard is signed. The key is written to the
+    audit log, and webdataset's own reader leaves a presigned URL's signature in ``__url__``
+    (found by review, 2026-12-05: in clear in the log's key column; the review of the fix found
+    the signing date left in, a new key each signing). Only a URL with a query or a user part is
+    changed, once per URL; other query parameters (``versionId``, ``part``) stay."""
     if isinstance(url, str) and ("?" in url or "@" in url):
-        return _redacted_url(url)
+        return _key_url(url)
     return url
 
 

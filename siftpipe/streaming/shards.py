@@ -423,7 +423,7 @@ def existing_shards(prefix: str, storage_options: Mapping[str, Any] | None = Non
     # and t? matched another dataset's)
     shard = re.compile(re.escape(name) + rf"-(\d{{{DIGITS}}})\.tar")
     try:
-        listed = fs.ls(folder or ".", detail=False)
+        listed = fs.ls(folder or ("/" if path.startswith("/") else "."), detail=False)
     except FileNotFoundError:
         return []
     numbers = sorted(

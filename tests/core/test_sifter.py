@@ -193,8 +193,16 @@ def test_a_sparse_field_is_sifted_in_coo_and_named_with_the_fix_in_a_layout_with
 
     out = list(stage()(data(lambda x: x.to_sparse())))
     assert sum(b["x"].shape[0] for b in out) == 16 and all(b["x"].is_sparse for b in out)
+    # coalesced as they came (the review of the fix: indices() in a training step raised)
+    assert all(b["x"].is_coalesced() for b in out)
     with pytest.raises(sp.BatchError, match="batch field 'x' holds a torch.sparse_csr tensor.*to_dense"):
         list(stage()(data(lambda x: x.to_sparse_csr())))
+    # the field named is the one that failed, not the first sparse one
+    from siftpipe.core import batch as _batch
+
+    mixed = {"ids": torch.eye(4).to_sparse(), "adj": torch.eye(4).to_sparse_csr()}
+    with pytest.raises(sp.BatchError, match="batch field 'adj' holds a torch.sparse_csr"):
+        _batch.take(mixed, np.array([0, 2]))
 
 
 def test_warmup_keeps_everything_and_fills_history(samples):

@@ -21,6 +21,7 @@ from siftpipe.streaming.shards import (
     decode_sample,
     encode_sample,
     existing_shards,
+    remove_shards,
     synthetic_arrays,
     synthetic_classification,
     write_shards,
@@ -262,6 +263,11 @@ def test_a_prefix_holding_shards_is_refused_or_replaced_whole_never_mixed(where,
         )
         assert existing_shards(odd) == [f"{odd}-000000.tar"]
         assert len(existing_shards(str(tmp_path / "exp[1]" / "ta"))) == 3
+    # a prefix at a filesystem's root (the review of the fix: memory://train found none)
+    if where == "local":
+        write_shards(synthetic_classification(20), "memory://train", samples_per_shard=10, progress=False)
+        assert existing_shards("memory://train") == [f"memory://train-{i:06d}.tar" for i in range(2)]
+        remove_shards(existing_shards("memory://train"))
     with pytest.raises(sp.ConfigError, match="existing must be"):
         write_shards(synthetic_classification(10), prefix, existing="drop", progress=False)  # type: ignore[arg-type]
 
