@@ -424,8 +424,8 @@ def existing_shards(prefix: str, storage_options: Mapping[str, Any] | None = Non
     shard = re.compile(re.escape(name) + rf"-(\d{{{DIGITS}}})\.tar")
     try:
         listed = fs.ls(folder or ("/" if path.startswith("/") else "."), detail=False)
-    except FileNotFoundError:
-        return []
+    except (FileNotFoundError, NotADirectoryError):  # no folder yet (or a file in its path: the
+        return []  # write that follows says so, naming the shard)
     numbers = sorted(
         int(m.group(1)) for p in listed if (m := shard.fullmatch(str(p).rstrip("/").rpartition("/")[2]))
     )
