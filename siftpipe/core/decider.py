@@ -145,6 +145,11 @@ class Decider:
         # steps one input batch feeds cost one update, not one each
         memory.defer_keys(keys, values, self.epoch if epoch is None else epoch, FEEDBACK)
 
+    def follow_policy(self) -> None:
+        """``attach_weight`` as the policy says (its ``weighted``), while it follows the policy."""
+        if self.weight_auto:
+            self.attach_weight = bool(getattr(self.policy, "weighted", False))
+
     def _say_unattached(self, weights: np.ndarray) -> None:
         """Warn, once, of weights other than 1 that a policy not marked ``weighted`` gave kept
         samples: nothing attaches them, so the training step never sees them (found by review,

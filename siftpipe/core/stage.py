@@ -125,7 +125,10 @@ class _WeightSetting(Setting):
     def __set__(self, obj: Any, value: Any) -> None:
         decider = self._part(obj)
         decider.weight_auto = value is None
-        decider.attach_weight = bool(getattr(decider.policy, "weighted", False)) if value is None else value
+        if value is None:
+            decider.follow_policy()
+        else:
+            decider.attach_weight = value
 
 
 class _PolicySetting(ByName):
@@ -136,9 +139,7 @@ class _PolicySetting(ByName):
 
     def __set__(self, obj: Any, value: Any) -> None:
         super().__set__(obj, value)
-        decider = self._part(obj)
-        if decider.weight_auto:
-            decider.attach_weight = bool(getattr(decider.policy, "weighted", False))
+        self._part(obj).follow_policy()
 
 
 class Sifter:
@@ -730,8 +731,7 @@ class Sifter:
             self.autocast, self.policy, drop_last=self.drop_last, flags=flags,
         )  # fmt: skip
         resolve_scorer(self.scorer)  # callable (set as a name, it was resolved then)
-        if self._decider.weight_auto:  # the policy says (it may have changed since it was set)
-            self._decider.attach_weight = bool(self.policy.weighted)
+        self._decider.follow_policy()  # (the policy may have changed since it was set)
         if self.policy.uses_memory:  # set since: checked for a memory and bound to it, as made
             resolve_policy(self.policy, self.memory)
         # where this scorer's losses come from, for the audit log (a proxy scorer says "proxy")
