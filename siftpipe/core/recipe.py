@@ -62,7 +62,9 @@ def recipe(
         cost_guard: Stop sifting for the rest of the run once the stage's own time exceeds the
             training time its dropped samples would have cost (``Sifter(cost_guard=...)``; judged
             from the second pass that drops samples, logged, ``stats.stopped_at``). Its timing
-            depends on the machine; False keeps the run's decisions independent of timing.
+            depends on the machine; False keeps the run's decisions independent of timing. On
+            one rank of several it only logs (ranks step together: one that stopped alone would
+            save no step).
         graded: Prune each below-mean sample with probability ``ratio * (mean - loss) / mean``
             (True) or ``ratio`` (False: InfoBatch's step rule, as in the paper).
         min_spread: Keep every sample while the remembered losses sit less than this far below

@@ -562,7 +562,7 @@ class Sifter:
             self._decider.epoch_changes()
             if self._passes.open:
                 # one endless pass numbering its epochs: the cost guard judges each, as a pass
-                stopping = self.cost_guard and not self._decider.counts["stopped_at"]
+                stopping = self._guard_may_stop()
                 if self._account.epoch_ends(stopping=stopping) and stopping:
                     self._decider.counts["stopped_at"] = self._decider.counts["seen"]
         self.epoch = int(epoch)
@@ -1247,9 +1247,16 @@ class Sifter:
     def _pass_ended(self, mark: float | None) -> None:
         """Let the account judge the run so far (``mark``: when the stage last resumed, for a pass
         that ran to its end); with ``cost_guard``, stop sifting if it is not paying."""
-        stopping = self.cost_guard and not self._decider.counts["stopped_at"]
+        stopping = self._guard_may_stop()
         if self._account.pass_ends(mark, stopping=stopping) and stopping:
             self._decider.counts["stopped_at"] = self._decider.counts["seen"]
+
+    def _guard_may_stop(self) -> bool:
+        """Whether the cost guard may stop sifting now: it is on, has not stopped, and this is the
+        job's only process. On one rank of several it only logs: ranks step together (DDP,
+        ``EqualSteps``), so a rank that stopped alone saves no step, and the pass's end then cuts
+        its data at random instead of by loss (found by review, 2026-12-05)."""
+        return self.cost_guard and not self._decider.counts["stopped_at"] and dist_info()[1] == 1
 
     def _check_thread(self, thread: tuple[int, int]) -> None:
         """``SiftInWorkerError`` if the pass opened in ``thread`` (its id and its process's) is

@@ -368,3 +368,18 @@ def test_building_output_batches_is_the_stages_time_not_the_steps():
     )
     batches = list(s(samples()))
     assert s.stats.stage_seconds >= 0.005 * len(batches)
+
+
+def test_on_one_rank_of_several_the_guard_logs_and_does_not_stop(caplog, monkeypatch):
+    """A rank whose stage was slower stopped sifting alone: ranks step together, so it saved no
+    step, and EqualSteps cut its epochs at random instead of by loss (found by review,
+    2026-12-05). On one rank of several the guard logs and goes on sifting."""
+    monkeypatch.setattr(CostAccount, "MIN_EVIDENCE_SECONDS", 0.1)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # (what dist_info reads without a process group)
+    s = stage(slow_scorer, cost_guard=True)
+    with caplog.at_level(logging.WARNING, logger="siftpipe"):
+        for _ in range(3):
+            list(s(samples()))
+    said = [r.getMessage() for r in caplog.records if "not paying for itself" in r.getMessage()]
+    assert len(said) == 1 and "Sifting stops here" not in said[0]
+    assert s.stats.stopped_at == 0 and s.stats.dropped > 2 * N // 4
