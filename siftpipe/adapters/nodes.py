@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
+from ..core.ranks import rank_said
 from ..core.resume import shard_name
 from ..core.source import Raised
 from ..core.stage import Sifter
@@ -231,8 +232,9 @@ class ShardSource(BaseNode[dict[str, Any]]):
             every rank agrees and a resumed run sees the same order).
         seed: Seed of the shard shuffle.
         rank, world_size: This process's share: shards ``rank::world_size`` of each epoch's
-            order. Default: from ``torch.distributed`` or the ``RANK``/``WORLD_SIZE`` environment.
-            Inside a DataLoader worker (a source wrapped in an ``IterableDataset``, which every
+            order. Default: from ``torch.distributed`` or the ``RANK``/``WORLD_SIZE`` environment,
+            read when first needed once either says it (a source made before
+            ``init_process_group`` reads its own share). Inside a DataLoader worker (a source wrapped in an ``IterableDataset``, which every
             worker iterates), the worker then takes every ``num_workers``-th of those, from its
             id on: webdataset's ``split_by_node`` then ``split_by_worker``, so that no sample is
             read twice. A rank or a worker left without shards is a ``ConfigError``.
@@ -278,12 +280,11 @@ class ShardSource(BaseNode[dict[str, Any]]):
         )
         self.shuffle = shuffle
         self.seed = seed
-        self.rank, self.world_size = _rank_and_world(rank, world_size)
-        if not self.urls[self.rank :: self.world_size]:
-            raise ConfigError(
-                f"rank {self.rank} of {self.world_size} gets none of the {len(self.urls)} shard(s): "
-                "write at least as many shards as ranks"
-            )
+        _rank_and_world(rank, world_size)  # (checked now, a bad value said at once)
+        self._rank_given, self._world_given = rank, world_size
+        self._ranks: tuple[int, int] | None = None  # fixed once the rank is known
+        if (rank is not None and world_size is not None) or rank_said():
+            self._check_share()
         self.epoch = 0
         self._next_epoch: int | None = None  # the next pass's epoch, when set (set_epoch)
         self._next_by_user = False  # ... by set_epoch, not by a sifter (follow_sifter_epoch)
@@ -318,12 +319,41 @@ class ShardSource(BaseNode[dict[str, Any]]):
         """This source's shard counters (opened, skipped, retries, ...), in every process."""
         return self.opener.stats()
 
+    @property
+    def rank(self) -> int:
+        """This process's rank: as given, else torch.distributed's (or ``$RANK``), read when first
+        needed once known, so a source made before ``init_process_group`` reads its own share
+        (found by review, 2026-12-05: fixed as 0 of 1 when made, every rank read every shard)."""
+        return self._rank_world()[0]
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks the shards are split over (see ``rank``)."""
+        return self._rank_world()[1]
+
+    def _rank_world(self) -> tuple[int, int]:
+        if self._ranks is not None:
+            return self._ranks
+        found = _rank_and_world(self._rank_given, self._world_given)
+        given = self._rank_given is not None and self._world_given is not None
+        if given or rank_said():
+            self._ranks = found
+        return found
+
+    def _check_share(self) -> None:
+        if not self.urls[self.rank :: self.world_size]:
+            raise ConfigError(
+                f"rank {self.rank} of {self.world_size} gets none of the {len(self.urls)} shard(s): "
+                "write at least as many shards as ranks"
+            )
+
     def order(self, epoch: int) -> list[str]:
         """This rank's (and, in a DataLoader worker, this worker's) shard URLs for ``epoch``, in
         reading order. Raises ``ConfigError`` if a worker gets none."""
         # split by rank first, then shuffle the rank's own shards (webdataset's order too): a rank
         # reads the same samples every epoch, which its score memory learned (permuted across
         # ranks, they moved to other ranks each epoch, and a per-rank memory knew ever fewer)
+        self._check_share()
         ranks = list(self.urls)[self.rank :: self.world_size]
         if self.shuffle:
             perm = np.random.default_rng([self.seed, epoch]).permutation(len(ranks))
@@ -402,6 +432,9 @@ class ShardSource(BaseNode[dict[str, Any]]):
     # a running pass (a generator) stays in its process: a copy pickled into a DataLoader worker
     # starts a pass there with that worker's share (the position travels in get_state(), checked)
     def __getstate__(self) -> dict[str, Any]:
+        # the rank settled here, in the training process, once it is known: a spawned worker has
+        # no process group to read it from (as PreDecodeFilter's)
+        self._rank_world()
         state = self.__dict__.copy()
         state["_gen"] = None
         return state

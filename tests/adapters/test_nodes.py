@@ -355,6 +355,27 @@ def test_ranks_share_the_shards_and_shuffling_is_per_epoch(shards):
         ShardSource(shards.pattern, rank=2, world_size=2)
 
 
+def test_a_source_made_before_the_rank_is_known_reads_its_ranks_share(shards, monkeypatch):
+    """A ShardSource made before init_process_group (mp.spawn's usual layout) fixed its rank as 0
+    of 1 when made: every rank read every shard, nothing said (found by review, 2026-12-05). It
+    reads the rank when it first needs it once known, and a copy made for a worker keeps it."""
+    import pickle
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    source = ShardSource(shards.pattern)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # what a process group says from now on
+    assert (source.rank, source.world_size) == (1, 2)
+    keys = [s["__key__"] for s in Loader(source)]
+    half = [s["__key__"] for s in Loader(ShardSource(shards.pattern, rank=1, world_size=2))]
+    assert keys == half and len(keys) == len(ALL_KEYS) // 2
+    copy = pickle.loads(pickle.dumps(ShardSource(shards.pattern)))
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")  # (a spawned worker has no process group)
+    assert (copy.rank, copy.world_size) == (1, 2)
+
+
 def test_the_source_skips_unreadable_shards_with_a_handler(shards, tmp_path):
     urls = [shards.urls[0], str(tmp_path / "missing-000000.tar"), shards.urls[1]]
     reset_shard_stats()
