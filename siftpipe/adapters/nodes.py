@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import gc
+import os
 import warnings
 from collections.abc import Callable, Generator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torchdata.nodes import BaseNode
 
-from ..core.ranks import rank_said
 from ..core.resume import shard_name
 from ..core.source import Raised
 from ..core.stage import Sifter
@@ -183,6 +183,16 @@ class SiftNode(BaseNode[Any]):
         return f"SiftNode({type(self.source).__name__}, {self.sifter!r})"
 
 
+def _rank_known() -> bool:
+    """Whether ``_rank_and_world`` reads a rank that will not change: a process group, or both
+    ``RANK`` and ``WORLD_SIZE`` in the environment (webdataset reads neither alone)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return True
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if rank is None or world_size is None:
         from webdataset.utils import pytorch_worker_info
@@ -234,10 +244,11 @@ class ShardSource(BaseNode[dict[str, Any]]):
         rank, world_size: This process's share: shards ``rank::world_size`` of each epoch's
             order. Default: from ``torch.distributed`` or the ``RANK``/``WORLD_SIZE`` environment,
             read when first needed once either says it (a source made before
-            ``init_process_group`` reads its own share). Inside a DataLoader worker (a source wrapped in an ``IterableDataset``, which every
-            worker iterates), the worker then takes every ``num_workers``-th of those, from its
-            id on: webdataset's ``split_by_node`` then ``split_by_worker``, so that no sample is
-            read twice. A rank or a worker left without shards is a ``ConfigError``.
+            ``init_process_group`` reads its own share). Inside a DataLoader worker (a source
+            wrapped in an ``IterableDataset``, which every worker iterates), the worker then takes
+            every ``num_workers``-th of those, from its id on: webdataset's ``split_by_node``
+            then ``split_by_worker``, so that no sample is read twice. A rank or a worker left
+            without shards is a ``ConfigError``.
         retries, backoff, max_backoff, timeout, block_size: see ``ShardOpener``.
         select_files, rename_files: as in webdataset: filter and rename tar members.
         max_member_bytes: The largest tar member read, in bytes (default 256 MiB; ``None``: no
@@ -283,7 +294,8 @@ class ShardSource(BaseNode[dict[str, Any]]):
         _rank_and_world(rank, world_size)  # (checked now, a bad value said at once)
         self._rank_given, self._world_given = rank, world_size
         self._ranks: tuple[int, int] | None = None  # fixed once the rank is known
-        if (rank is not None and world_size is not None) or rank_said():
+        self._read_as: tuple[int, int] | None = None  # the share a pass read before that
+        if (rank is not None and world_size is not None) or _rank_known():
             self._check_share()
         self.epoch = 0
         self._next_epoch: int | None = None  # the next pass's epoch, when set (set_epoch)
@@ -336,8 +348,20 @@ class ShardSource(BaseNode[dict[str, Any]]):
             return self._ranks
         found = _rank_and_world(self._rank_given, self._world_given)
         given = self._rank_given is not None and self._world_given is not None
-        if given or rank_said():
+        # settled once what it is read from says it: a process group, or both variables (RANK
+        # alone reads as 0 of 1: found by the review of the fix, every rank then read everything)
+        if given or _rank_known():
             self._ranks = found
+            if self._read_as is not None and self._read_as != found:
+                warnings.warn(
+                    f"siftpipe: ShardSource read a pass as rank {self._read_as[0]} of "
+                    f"{self._read_as[1]} before the process group said its rank (it was made and "
+                    f"read before init_process_group): that pass read another share than this "
+                    f"rank's ({found[0]} of {found[1]}), which it reads from now on. Start the "
+                    "process group before reading the data",
+                    ShardWarning,
+                    stacklevel=3,
+                )
         return found
 
     def _check_share(self) -> None:
@@ -354,6 +378,8 @@ class ShardSource(BaseNode[dict[str, Any]]):
         # reads the same samples every epoch, which its score memory learned (permuted across
         # ranks, they moved to other ranks each epoch, and a per-rank memory knew ever fewer)
         self._check_share()
+        if self._ranks is None:
+            self._read_as = self._rank_world()  # (not settled yet: said if it changes)
         ranks = list(self.urls)[self.rank :: self.world_size]
         if self.shuffle:
             perm = np.random.default_rng([self.seed, epoch]).permutation(len(ranks))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 import threading
@@ -116,6 +117,9 @@ def _epoch_number(value: Any) -> int:
     if number is None or number < 0:
         raise ConfigError(f"the epoch is the pass number, an integer >= 0; got {value!r}")
     return number
+
+
+_log = logging.getLogger("siftpipe")
 
 
 class _WeightSetting(Setting):
@@ -563,8 +567,7 @@ class Sifter:
             if self._passes.open:
                 # one endless pass numbering its epochs: the cost guard judges each, as a pass
                 stopping = self._guard_may_stop()
-                if self._account.epoch_ends(stopping=stopping) and stopping:
-                    self._decider.counts["stopped_at"] = self._decider.counts["seen"]
+                self._judged(self._account.epoch_ends(stopping=stopping), stopping)
         self.epoch = int(epoch)
         self._passes.epoch_set = True
 
@@ -1248,8 +1251,22 @@ class Sifter:
         """Let the account judge the run so far (``mark``: when the stage last resumed, for a pass
         that ran to its end); with ``cost_guard``, stop sifting if it is not paying."""
         stopping = self._guard_may_stop()
-        if self._account.pass_ends(mark, stopping=stopping) and stopping:
+        self._judged(self._account.pass_ends(mark, stopping=stopping), stopping)
+
+    def _judged(self, logged: bool, stopping: bool) -> None:
+        """After the account judged the run (``logged``: it found sifting not paying): stop if
+        the guard may; say why not when it is on and may not (one rank of several)."""
+        if not logged:
+            return
+        if stopping:
             self._decider.counts["stopped_at"] = self._decider.counts["seen"]
+        elif self.cost_guard and not self._decider.counts["stopped_at"]:
+            _log.warning(
+                "siftpipe: cost_guard is on but does not stop sifting on one rank of %d: ranks step "
+                "together, so a rank that stopped alone would save no step (its epochs would be cut "
+                "instead); turn sifting off on every rank if it does not pay",
+                dist_info()[1],
+            )
 
     def _guard_may_stop(self) -> bool:
         """Whether the cost guard may stop sifting now: it is on, has not stopped, and this is the

@@ -374,6 +374,16 @@ def test_a_source_made_before_the_rank_is_known_reads_its_ranks_share(shards, mo
     monkeypatch.delenv("RANK")
     monkeypatch.delenv("WORLD_SIZE")  # (a spawned worker has no process group)
     assert (copy.rank, copy.world_size) == (1, 2)
+    # RANK alone reads as 0 of 1: not settled then (the review of the fix: every rank read all)
+    monkeypatch.setenv("RANK", "1")
+    early = ShardSource(shards.pattern)
+    assert (early.rank, early.world_size) == (0, 1)
+    # and a pass read before the rank was known, then another share: said
+    first = [s["__key__"] for s in Loader(early)]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.warns(sp.ShardWarning, match="read a pass as rank 0 of 1 before the process group"):
+        second = [s["__key__"] for s in Loader(early)]
+    assert len(first) == len(ALL_KEYS) and second == half
 
 
 def test_the_source_skips_unreadable_shards_with_a_handler(shards, tmp_path):

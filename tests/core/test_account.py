@@ -383,3 +383,8 @@ def test_on_one_rank_of_several_the_guard_logs_and_does_not_stop(caplog, monkeyp
     said = [r.getMessage() for r in caplog.records if "not paying for itself" in r.getMessage()]
     assert len(said) == 1 and "Sifting stops here" not in said[0]
     assert s.stats.stopped_at == 0 and s.stats.dropped > 2 * N // 4
+    # and says why it did not stop (the review of the fix: its log read as cost_guard=False's)
+    why = [
+        r.getMessage() for r in caplog.records if "does not stop sifting on one rank of 2" in r.getMessage()
+    ]
+    assert len(why) == 1
