@@ -318,18 +318,18 @@ class PreDecodeFilter:
                 "Leave PreDecodeFilter's key out (it follows the stage's), or give it the stage's"
             )
 
-    def _key_of(self) -> Callable[[Mapping[str, Any]], Any]:
-        """How this filter finds a sample's key now: its own ``key``, else the publication's (a
-        field, or ``sp.shard_key``; ``__key__`` for a stage keyed by a function of its own)."""
-        key = self.key
-        if callable(key):
-            return key
-        if key is None:
-            spec = self._meta.get("key")
-            if isinstance(spec, Mapping) and spec.get("function") == "shard_key":
-                return shard_key
-            key = spec.get("field") if isinstance(spec, Mapping) and spec.get("field") else "__key__"
-        return operator.itemgetter(key)
+    def _key_spec(self) -> str | Callable[[Mapping[str, Any]], Any]:
+        """How this filter finds a sample's key now, a field or a function: its own ``key``, else
+        the publication's (a field, or ``sp.shard_key``; ``__key__`` for a stage keyed by a
+        function of its own)."""
+        if self.key is not None:
+            return self.key
+        spec = self._meta.get("key")
+        if not isinstance(spec, Mapping):
+            return "__key__"
+        if spec.get("function") == "shard_key":
+            return shard_key
+        return spec.get("field") or "__key__"
 
     def _say_nothing_found(self, looked: int) -> None:
         """Warn, once, of a pass whose ``looked`` lookups found nothing in a loaded publication:
@@ -411,15 +411,16 @@ class PreDecodeFilter:
     def _decide(
         self, batch: list[dict[str, Any]], dropped: list[dict[str, Any]], worker: int
     ) -> Iterator[dict[str, Any]]:
-        key_of = self._key_of()
+        spec = self._key_spec()
+        key_of = operator.itemgetter(spec) if isinstance(spec, str) else spec
         try:
             # a tensor key as its value, as the stage and the audit log take it (tensor(5): 5)
             keys = [scalar_key(key_of(s)) for s in batch]
         except (KeyError, TypeError):
-            if isinstance(key_of, operator.itemgetter):
-                what = f"a sample has no field {str(key_of)[len('operator.itemgetter(') : -1]}"
+            if isinstance(spec, str):
+                what = f"a sample has no field {spec!r}"
             else:
-                what = f"its key function {getattr(key_of, '__name__', key_of)!r} cannot read a sample"
+                what = f"its key function {getattr(spec, '__name__', spec)!r} cannot read a sample"
             raise MissingKeyError(
                 f"PreDecodeFilter finds samples by key but {what}; place it right after the tar "
                 "reader, where '__key__' (and '__url__') are present"

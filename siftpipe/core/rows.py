@@ -11,7 +11,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import numpy as np
 import torch
 
-from .._secrets import redact_url
+from .._secrets import is_secret_name, redact_url
 from ..errors import MissingKeyError
 from . import batch as _batch
 from .ledger import Group
@@ -58,12 +58,12 @@ def shard_key(item: Mapping[str, Any]) -> str | list[str]:
     return [f"{_shown_url(u)}/{k}" for u, k in zip(urls, keys)]
 
 
-#: Query parameters that sign a URL (S3, GCS, Azure SAS, CloudFront): they change each time the
-#: same object is signed, so a key leaves them out
+#: Query parameters that sign a URL without being a credential (its date, expiry, scope: S3's and
+#: GCS's ``X-...-*``, Azure SAS's, CloudFront's): they change each time the same object is
+#: signed, so a key leaves them out, with the credentials ``is_secret_name`` knows
 _SIGNING = frozenset(
-    {"signature", "expires", "awsaccesskeyid", "sig", "se", "st", "sp", "sv", "sr", "spr", "ss",
-     "srt", "si", "skoid", "sktid", "skt", "ske", "sks", "skv", "policy", "key-pair-id",
-     "access_token", "token", "jwt"}
+    {"expires", "se", "st", "sp", "sv", "sr", "spr", "ss", "srt", "si", "skoid", "sktid", "skt",
+     "ske", "sks", "skv", "policy", "key-pair-id"}
 )  # fmt: skip
 
 
@@ -73,7 +73,9 @@ def _key_url(url: str) -> str:
     kept = [
         (name, value)
         for name, value in parse_qsl(parts.query, keep_blank_values=True)
-        if name.lower() not in _SIGNING and not name.lower().startswith(("x-amz-", "x-goog-"))
+        if not is_secret_name(name)
+        and name.lower() not in _SIGNING
+        and not name.lower().startswith(("x-amz-", "x-goog-"))
     ]
     query = urlencode(kept) if kept else ""
     return redact_url(urlunsplit(parts._replace(query=query)))
