@@ -687,14 +687,26 @@ class Sifter:
         """
         return self._open(source, surface=False)
 
-    def _give_up_loaded_pass(self) -> bool:
+    def _give_up_loaded_pass(self, handed_from: int | None = None, handed_rows: int = 0) -> bool:
         """A mid-pass checkpoint loaded and not read from since, given up for a new pass (a
-        torchdata node's ``reset(None)`` after ``reset(state)``: "from the beginning"): its rows
-        decided kept and never handed on are noted as a pass left early notes them
-        (``stats.unhanded``, the audit log), and the next call starts the pass after it. True if
-        there was one to give up."""
+        torchdata node's ``reset(None)`` after ``reset(state)``: "from the beginning"; Lightning
+        opening the next epoch after a checkpoint of an epoch its ``limit_train_batches`` cut
+        short): its rows decided kept and never handed on are noted as a pass left early notes
+        them (``stats.unhanded``, the audit log), and the next call starts the pass after it.
+
+        Args:
+            handed_from: The seq of the first of ``handed_rows`` kept rows the checkpoint's run
+                had handed on and its consumer never trained (a trainer's batches fetched ahead,
+                which a job resumed inside the pass would train first): noted with the pending
+                ones (the kept rows from it up to the checkpoint are all of them).
+            handed_rows: How many, in samples.
+
+        True if there was a pass to give up or rows to note."""
         passes = self._passes
         restore = passes.restore
+        if handed_from is not None and handed_rows > 0 and (restore is None or not restore.get("pass_open")):
+            self._note_given_up(handed_from, handed_rows)
+            return True
         if restore is None or not restore.get("pass_open"):
             return False
         passes.close_active("the checkpoint's pass was given up for a new one before it was read")
@@ -706,7 +718,11 @@ class Sifter:
             group.kept_index = np.flatnonzero(group.keep)
             ledger.pending.append(group)
         ledger.emitted = int(restore["emitted"])
-        self._unhanded()
+        if handed_from is not None and handed_rows > 0:
+            pending = sum(group.n_kept for group in ledger.pending) - ledger.emitted
+            self._note_given_up(handed_from, handed_rows + max(0, pending))
+        else:
+            self._unhanded()
         ledger.drop_pending()
         passes.restore = None
         passes.open = False
@@ -715,6 +731,15 @@ class Sifter:
             # process that took the state (found by review, 2026-12-05: one epoch ahead)
             passes.unstarted = True
         return True
+
+    def _note_given_up(self, first: int, count: int) -> None:
+        """``count`` kept rows from seq ``first`` to the loaded checkpoint's last decision, never
+        trained: counted (``stats.unhanded``) and noted in the audit log (one range: the rows
+        decided after ``first`` that the checkpoint's run kept are all of them)."""
+        self._decider.counts["unhanded"] += count
+        note = getattr(self.audit, "unhanded", None)
+        if note is not None:
+            note(int(first), max(int(first), self._decider.counts["seen"] - 1), int(count))
 
     def _surviving(self, source: Iterable[Any]) -> Iterator[Any]:
         """``self(source)``, whose pass outlives an error its source raises: the error comes out

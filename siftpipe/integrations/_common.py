@@ -37,6 +37,7 @@ from torch.utils.data import Dataset, IterableDataset
 
 import siftpipe as sp
 from siftpipe.adapters.distributed import EqualSteps, sync_memory
+from siftpipe.core.batch import batch_size
 
 __all__ = [
     "EPOCH_FIELD",
@@ -307,6 +308,15 @@ class MetaCollate:
         return f"MetaCollate({self.collate!r})"
 
 
+def _rows_of(batch: Any) -> int:
+    """Samples in a batch the stage handed on (0 where its collate function made something
+    whose rows cannot be told: the audit note then says the right rows, with a count short)."""
+    try:
+        return batch_size(batch)
+    except TypeError:
+        return 0
+
+
 # ---------------------------------------------------------------------- the stream
 
 
@@ -549,6 +559,25 @@ class SiftedStream:
         for _ in range(ours):
             self._unacked.pop()
         self._mine -= ours
+        return rows
+
+    def give_up_loaded_pass(self) -> int:
+        """The trainer will not continue the loaded state's pass: it opens the next epoch instead
+        (Lightning resumed from a checkpoint of the last step of an epoch that
+        ``limit_train_batches`` ended before the pass did). As the uninterrupted run did when it
+        began that epoch, the batches the state would replay (fetched ahead, never trained) and
+        the rows its stage decided kept and had not handed on are noted as never trained
+        (``stats.unhanded``, the audit log), and the next iteration opens the next pass.
+        Returns the replayed batches' rows noted (0: the state held none)."""
+        sifter = self.sifter
+        rows = sum(_rows_of(batch) for batch in self._replay)
+        seq = self._replay_seq if self._replay else None
+        if sifter.resume_from is None and seq is None:
+            return 0
+        self._replay.clear()
+        self._replay_seq = None
+        sifter._give_up_loaded_pass(handed_from=seq, handed_rows=rows)
+        self._resume_rng = None
         return rows
 
     def close(self) -> None:

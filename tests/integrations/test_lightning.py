@@ -188,6 +188,43 @@ def test_a_fit_ending_inside_a_pass_notes_the_batch_fetched_ahead_as_never_train
     assert kept_keys() == sorted(trained + [k for batch in rest.trained for k in batch])
 
 
+def test_resume_at_the_end_of_an_epoch_cut_short_by_limit_train_batches_is_exact(tmp_path):
+    """limit_train_batches ends each epoch before its pass does. Going on, the uninterrupted run
+    notes the batch Lightning fetched ahead as never trained and opens the next pass; a fit
+    resumed from the checkpoint of that epoch's last step trained the fetched batch instead and
+    went on in the old pass (found by review, 2026-12-05: other batches, other weights, the stage
+    one epoch behind, nothing said). Also where Lightning reads the loader while setting it up
+    (reload_dataloaders_every_n_epochs), and with the audit log of both attempts in one folder."""
+    for name, extra in (("plain", {}), ("reload", {"reload_dataloaders_every_n_epochs": 1})):
+        log = str(tmp_path / name / "log")
+
+        def make():
+            return sifter(audit=log)
+
+        limit = {"limit_train_batches": 5, **extra}
+        _, full, sift = fit(tmp_path / name / "full", steps=12, make=make, trainer_kw=limit)
+        trained = sorted(k for batch in full.trained for k in batch)
+        assert sift.sifter.epoch == 2 and sift.sifter.stats.unhanded > 0
+        for cut in (5, 10, 7):  # epochs' last steps, and one inside an epoch
+            _, part, resumed = fit(
+                tmp_path / name / f"cut{cut}",
+                steps=12,
+                make=make,
+                trainer_kw=limit,
+                ckpt=str(tmp_path / name / "full" / f"step={cut}.ckpt"),
+            )
+            assert part.trained == full.trained[cut:], (name, cut)
+            assert torch.equal(weights(part), weights(full)), (name, cut)
+            assert counters(resumed) == counters(sift), (name, cut)
+            assert resumed.sifter.epoch == sift.sifter.epoch, (name, cut)
+            assert resumed.sifter.stats.unhanded == sift.sifter.stats.unhanded, (name, cut)
+            # the log of the job resumed from the cut: what it trained is what it reads as kept
+            table = sp.read_log(log)
+            keys, kept = table.column("key").to_pylist(), table.column("kept").to_pylist()
+            assert sorted(k for k, was in zip(keys, kept, strict=True) if was) == trained, (name, cut)
+            assert sp.verify_log(log).ok, (name, cut)
+
+
 class Validated(Net):
     def val_dataloader(self):
         return DataLoader(Points(36), batch_size=12)
