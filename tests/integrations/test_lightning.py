@@ -198,7 +198,7 @@ def test_resume_at_the_end_of_an_epoch_cut_short_by_limit_train_batches_is_exact
     for name, extra in (("plain", {}), ("reload", {"reload_dataloaders_every_n_epochs": 1})):
         log = str(tmp_path / name / "log")
 
-        def make():
+        def make(log=log):
             return sifter(audit=log)
 
         limit = {"limit_train_batches": 5, **extra}
