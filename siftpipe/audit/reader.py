@@ -285,6 +285,14 @@ def list_parts(
                 and _count_like(d.get("rank"))
                 and (d["run"], int(d["rank"])) != (attempt.run, attempt.rank)
             }
+            # an object copied under another attempt's name (a sync tool's conflict copy, a
+            # backup kept in place): read as a later attempt of the same job, its resume point
+            # cut away what the attempt it copies decided (found by review, 2026-12-05)
+            | {
+                f"attempt {d['attempt']}"
+                for d in own
+                if d is not None and isinstance(d.get("attempt"), str) and d["attempt"] != attempt.attempt
+            }
         )
         attempt.ended = stream_key in ended
         attempt.end = ends.get(stream_key)
@@ -807,7 +815,8 @@ def _misplaced(attempt: _Attempt) -> str:
     return (
         f"attempt {attempt.attempt}'s own objects say they were written by {', '.join(attempt.named)}: "
         "copied or moved here from there, and read as this folder's, so records may be counted "
-        "twice; remove the copy (or move it back)"
+        "twice, or cut away as if a later attempt resumed before them; remove the copy (or move "
+        "it back)"
     )
 
 

@@ -264,6 +264,39 @@ def test_a_part_copied_beyond_the_parts_its_end_marker_names_is_warned_by_every_
         assert "lie outside the parts its end marker says it wrote" in done.stderr, command
 
 
+def test_a_part_copied_under_another_attempts_name_is_warned_by_every_reader(tmp_path):
+    """part 3 and its manifest copied under a made-up attempt id (a sync tool's conflict copy):
+    read as a later attempt of the same job that resumed from seq 0, it cut away the 1000
+    records the job decided, and summary, keys and read_log said 128 without a word, though the
+    copy's own objects name the attempt that wrote them (found by review, 2026-12-05)."""
+    import shutil
+
+    sift_all(str(tmp_path))
+    rank_dir = tmp_path / "run=r1" / "rank=0"
+    (end,) = rank_dir.glob("_end-*.json")
+    attempt = end.name[len("_end-") : -len(".json")]
+    for name in (f"part-{3:08d}-{attempt}.parquet", f"_manifest-{3:08d}-{attempt}.json"):
+        shutil.copy(rank_dir / name, rank_dir / name.replace(attempt, "ffffffff"))
+    report = sp.verify_log(str(tmp_path))
+    assert not report.ok and f"written by attempt {attempt}" in report.streams[0].misplaced[0]
+    with pytest.warns(RuntimeWarning, match=f"written by attempt {attempt}: copied or moved here"):
+        sp.read_log(str(tmp_path))
+    with pytest.raises(sp.AuditError, match="copied or moved here"):
+        sp.read_log(str(tmp_path), on_bad_part="raise")
+    for command in (["summary"], ["keys"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "siftpipe", "log", command[0], str(tmp_path), *command[1:]],
+            check=False, capture_output=True, text=True,
+        )  # fmt: skip
+        assert f"written by attempt {attempt}: copied or moved here" in done.stderr, command
+    # the log as written reads as before, with nothing said
+    for name in rank_dir.glob("*-ffffffff.*"):
+        name.unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sp.read_log(str(tmp_path)).num_rows == 1000
+
+
 def test_a_kill_between_the_last_part_and_its_manifest_loses_nothing_and_verify_says_so(tmp_path):
     """S3 puts are atomic and a part is written before its manifest: a SIGKILL between the two
     leaves a readable last part without manifest. Its records are all there (a note, not a
