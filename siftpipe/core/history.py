@@ -195,7 +195,11 @@ class LossHistory:
             return float("nan")
         if self._sum is None:
             self._sum = float(self._sorted.sum())
-        return self._sum / self._count
+        ordered = self._sorted
+        # a sum's rounding puts the mean of equal losses an ulp beside them, and then half of
+        # them read as below it (found by review, 2026-12-05: PruneEasy pruned and reweighted
+        # ~20% of a stream of equal losses); a mean never lies outside the values it is of
+        return min(max(self._sum / self._count, float(ordered[0])), float(ordered[-1]))
 
     def values(self) -> np.ndarray:
         """The window's losses, oldest first."""

@@ -6,6 +6,7 @@ import abc
 import logging
 import math
 import operator
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -190,7 +191,8 @@ class HistoryPolicy(Policy):
             return None
         values, cumulative = self._reference
         weights = np.diff(cumulative, prepend=0.0)
-        return float((values * weights).sum() / cumulative[-1])
+        mean = float((values * weights).sum() / cumulative[-1])
+        return min(max(mean, float(values[0])), float(values[-1]))  # (sorted: as LossHistory.mean)
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"history": self.history.state_dict()}
@@ -275,6 +277,8 @@ class TopFraction(_KeepFraction):
     def __init__(self, keep: float = 0.5) -> None:
         super().__init__(keep)
         self._counts: dict[tuple[float, int], int] = {}  # (keep, micro-batch size) -> samples kept
+        self._widest = 0  # the largest micro-batch decided (the stage's micro_batch, usually)
+        self._warned_none = False
 
     def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
         n = losses.size
@@ -295,6 +299,19 @@ class TopFraction(_KeepFraction):
             if len(counts) > 64:
                 counts.clear()
             k = counts[(self.keep, n)] = math.floor(Fraction(repr(self.keep)) * n + Fraction(1, 2))
+        if n >= self._widest:
+            self._widest = n
+            if not k and not self._warned_none:
+                # (not for a pass's last, shorter micro-batch) found by review, 2026-12-05: every
+                # micro-batch kept none, and the stream handed nothing on, nothing said
+                self._warned_none = True
+                warnings.warn(
+                    f"siftpipe: TopFraction({self.keep}) keeps round({self.keep} * {n}) = 0 of each "
+                    f"micro-batch of {n} samples, so nothing is trained: raise micro_batch to at "
+                    f"least {math.ceil(0.5 / self.keep)} (or keep); it keeps round(keep * micro_batch) "
+                    "of each",
+                    stacklevel=3,
+                )
         return k
 
 

@@ -1,4 +1,5 @@
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -72,6 +73,19 @@ def test_prune_easy_weights_keep_the_loss_sum_unbiased():
     assert np.allclose(weight[easy], 2.5)
     # so the weighted sum of kept losses estimates the full sum
     assert (losses[keep] * weight[keep]).sum() == pytest.approx(losses.sum(), rel=0.02)
+
+
+@pytest.mark.parametrize("value", [math.log(10), 0.1, 0.7, 1 / 3, 2.3])
+def test_prune_easy_prunes_nothing_of_equal_losses(value):
+    """Equal losses are not below their mean. The window's running sum put its mean an ulp
+    beside them, and PruneEasy dropped ~20% of a stream of ln(10)s (a classifier whose last layer
+    starts at zero) and reweighted the rest by 2 (found by review, 2026-12-05)."""
+    for history in (500, 10_000):  # re-sorted windows, and ones updated in place
+        policy = sp.PruneEasy(ratio=0.5, history=history)
+        keep, decisions = run_policy(policy, np.full(20_000, value))
+        assert keep.all(), history
+        assert all(np.all(d.weight == 1.0) for d in decisions), history
+        assert policy.history.mean() == value
 
 
 def test_prune_easy_stops_after_anneal():
@@ -270,3 +284,16 @@ def test_top_fraction_follows_keep_set_anew():
     assert policy.decide(losses, np.random.default_rng(0), 0).keep.sum() == 5
     policy.keep = 0.2
     assert policy.decide(losses, np.random.default_rng(0), 0).keep.sum() == 2
+
+
+def test_top_fraction_that_keeps_none_of_a_micro_batch_says_so():
+    """TopFraction(0.1) over micro-batches of 4 keeps round(0.4) = 0 of each: before, the stream
+    handed nothing on and nothing was said (found by review, 2026-12-05). A pass's last, shorter
+    micro-batch keeping none is not warned about."""
+    with pytest.warns(UserWarning, match=r"TopFraction\(0.1\) keeps round\(0.1 \* 4\) = 0 .* at least 5"):
+        keep, _ = run_policy(sp.TopFraction(0.1), np.random.default_rng(0).random(100), micro_batch=4)
+    assert not keep.any()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        keep, _ = run_policy(sp.TopFraction(0.1), np.random.default_rng(0).random(66), micro_batch=32)
+    assert keep.sum() == 6  # 3 of each 32, none of the last 2
