@@ -570,6 +570,10 @@ class SiftedStream:
         (``stats.unhanded``, the audit log), and the next iteration opens the next pass.
         Returns the replayed batches' rows noted (0: the state held none)."""
         sifter = self.sifter
+        if self._active is not None or self._unacked:
+            # a batch of the loaded state was handed on already, and will be trained: the pass
+            # goes on (where the state's replayed batches begin is known, not where the rest do)
+            return 0
         rows = sum(_rows_of(batch) for batch in self._replay)
         seq = self._replay_seq if self._replay else None
         if sifter.resume_from is None and seq is None:

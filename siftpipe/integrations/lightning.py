@@ -197,8 +197,6 @@ class SiftCallback(Callback):
         self._rng_after_batch: dict[str, Any] | None = None
         self._validated = False
         self._restored_at_epoch_end = False
-        # the loaded state's pass is over for the trainer: the next epoch opens the next pass
-        self._new_pass_after_load = False
         self._pending_state: dict[str, Any] | None = None
         self._attached = False  # setup() ran: the callback is in the Trainer's callbacks
         self._trainer: pl.Trainer | None = None  # the Trainer whose setup() ran last
@@ -332,18 +330,15 @@ class SiftCallback(Callback):
             # restored only now: the stage's collate_fn and output_batch come from the DataLoader
             state, self._pending_state = self._pending_state, None
             self.stream.load_state_dict(state)
-            self._give_up_after_load()
+            if trainer is not None and _restored_at_epoch_end(trainer):
+                # a checkpoint of an epoch's last step, where the epoch ended before the pass did
+                # (limit_train_batches, on_train_batch_start returning -1): Lightning opens the
+                # next epoch, and the uninterrupted run began the next pass then, noting the
+                # batches fetched and not trained as never trained. So does the resumed one, before
+                # Lightning reads a batch (found by review, 2026-12-05: it trained them and went on
+                # in the old pass, one epoch behind, other samples and other weights)
+                self.stream.give_up_loaded_pass()
         return self.stream
-
-    def _give_up_after_load(self) -> None:
-        """A checkpoint of an epoch's last step, where the epoch ended before the pass did
-        (``limit_train_batches``): Lightning opens the next epoch, and the uninterrupted run began
-        the next pass then, noting the batch fetched ahead as never trained. So does the
-        resumed one (found by review, 2026-12-05: it trained that batch and went on in the old
-        pass, numbered one epoch behind, other samples and other weights)."""
-        if self._new_pass_after_load and self._pending_state is None and self._stream is not None:
-            self._new_pass_after_load = False
-            self._stream.give_up_loaded_pass()
 
     def _build_inner(self) -> DataLoader:  # type: ignore[type-arg]
         source = self._source
@@ -613,17 +608,11 @@ class SiftCallback(Callback):
                 "and Sifter, or continue a run with trainer.fit(model, ckpt_path=...), which loads "
                 "the stage's state from the checkpoint"
             )
-        loaded = self._loaded
         self._new_module = self._loaded = False
         # a checkpoint taken at an epoch's last batch: Lightning resets the epoch's batch count for
         # a loader with a length only, so with none (a sifted loader) the next epoch would count on
         # from the last one and step a partial accumulation early
-        progress = trainer.fit_loop.epoch_loop.batch_progress
-        self._restored_at_epoch_end = bool(
-            trainer.ckpt_path is not None and progress.is_last_batch and progress.current.ready > 0
-        )
-        self._new_pass_after_load = self._restored_at_epoch_end and loaded
-        self._give_up_after_load()  # (a state already loaded: a loader read in setup)
+        self._restored_at_epoch_end = _restored_at_epoch_end(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._stream is not None:
@@ -704,6 +693,13 @@ def _validation_next(trainer: pl.Trainer) -> bool:
         return fetcher is None or bool(fit_loop.epoch_loop._should_check_val_fx(fetcher))
     except Exception:
         return True
+
+
+def _restored_at_epoch_end(trainer: pl.Trainer) -> bool:
+    """The fit was restored from a checkpoint taken at an epoch's last batch (its loop's progress
+    as the checkpoint left it: asked before the next epoch begins)."""
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    return bool(trainer.ckpt_path is not None and progress.is_last_batch and progress.current.ready > 0)
 
 
 def _restart_epoch_progress(trainer: pl.Trainer) -> None:

@@ -4,6 +4,7 @@ with weights and accumulation checked, and DDP on two gloo processes."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -348,6 +349,50 @@ def test_an_epoch_ended_early_by_on_train_batch_start_leaves_no_stale_batches(tm
         )
         assert part.trained == full.trained[cut:], cut
         assert torch.equal(weights(part), weights(full)), cut
+
+
+class SkipsRestOfSecondEpoch(Net):
+    def on_train_batch_start(self, batch, batch_idx):
+        return -1 if self.current_epoch == 1 and batch_idx == 3 else None
+
+
+def test_resume_from_the_end_of_an_epoch_ended_early_by_on_train_batch_start_is_exact(tmp_path):
+    """-1 from on_train_batch_start ends the epoch inside its pass; ModelCheckpoint's checkpoint
+    at that epoch's end holds the pass and the two batches handed on and never trained. Resumed
+    from it, the fit trained one of them and went on in the old pass (Lightning reads a batch
+    while it sets up a loader without a length, before on_train_start); the review of the
+    limit_train_batches fix found its first form noted a trained batch as never trained
+    (2026-12-05). Now the loaded pass is given up before Lightning reads a batch."""
+
+    def run(tmp: Path, ckpt: str | None, log: str):
+        torch.manual_seed(0)
+        sift = SiftCallback(lambda: sifter(audit=log))
+        model = SkipsRestOfSecondEpoch(sift, Points())
+        checkpoints = L.callbacks.ModelCheckpoint(
+            dirpath=tmp, save_top_k=-1, filename="{epoch}", enable_version_counter=False
+        )
+        trainer = L.Trainer(
+            max_epochs=4, default_root_dir=tmp, accelerator="cpu", devices=1, logger=False,
+            enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+            callbacks=[sift, checkpoints],
+        )  # fmt: skip
+        trainer.fit(model, ckpt_path=ckpt)
+        return model, sift
+
+    full, sift = run(tmp_path / "full", None, str(tmp_path / "log"))
+    ckpt = tmp_path / "full" / "epoch=1.ckpt"
+    steps = torch.load(ckpt, weights_only=False)["global_step"]
+    shutil.copytree(tmp_path / "log", tmp_path / "resumed-log")
+    part, resumed = run(tmp_path / "resumed", str(ckpt), str(tmp_path / "resumed-log"))
+    assert part.trained == full.trained[steps:]
+    assert torch.equal(weights(part), weights(full))
+    assert counters(resumed) == counters(sift) and resumed.sifter.epoch == sift.sifter.epoch
+    assert resumed.sifter.stats.unhanded == sift.sifter.stats.unhanded
+    table = sp.read_log(str(tmp_path / "resumed-log"))
+    keys, kept = table.column("key").to_pylist(), table.column("kept").to_pylist()
+    trained = sorted(k for batch in full.trained for k in batch)
+    assert sorted(k for k, was in zip(keys, kept, strict=True) if was) == trained
+    assert sp.verify_log(str(tmp_path / "resumed-log")).ok
 
 
 class ShuffledByABatchSampler(Net):
