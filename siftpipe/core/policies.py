@@ -278,6 +278,7 @@ class TopFraction(_KeepFraction):
         super().__init__(keep)
         self._counts: dict[tuple[float, int], int] = {}  # (keep, micro-batch size) -> samples kept
         self._widest = 0  # the largest micro-batch decided (the stage's micro_batch, usually)
+        self._none_run = 0  # micro-batches of that size in a row that kept none
         self._warned_none = False
 
     def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
@@ -299,20 +300,27 @@ class TopFraction(_KeepFraction):
             if len(counts) > 64:
                 counts.clear()
             k = counts[(self.keep, n)] = math.floor(Fraction(repr(self.keep)) * n + Fraction(1, 2))
-        if n >= self._widest:
+        if n >= self._widest and not self._warned_none:
+            # found by review, 2026-12-05: every micro-batch kept none, and the stream handed
+            # nothing on, nothing said. Said after several of the widest size in a row: not for a
+            # pass's last, shorter micro-batch, nor a small first batch of a batched stream
+            self._none_run = self._none_run + 1 if n == self._widest and not k else int(not k)
             self._widest = n
-            if not k and not self._warned_none:
-                # (not for a pass's last, shorter micro-batch) found by review, 2026-12-05: every
-                # micro-batch kept none, and the stream handed nothing on, nothing said
+            if self._none_run >= _NONE_RUN:
                 self._warned_none = True
                 warnings.warn(
-                    f"siftpipe: TopFraction({self.keep}) keeps round({self.keep} * {n}) = 0 of each "
-                    f"micro-batch of {n} samples, so nothing is trained: raise micro_batch to at "
-                    f"least {math.ceil(0.5 / self.keep)} (or keep); it keeps round(keep * micro_batch) "
-                    "of each",
+                    f"siftpipe: TopFraction({self.keep}) kept none of each of {_NONE_RUN} micro-batches "
+                    f"of {n} samples in a row (round({self.keep} * {n}) = 0), so nothing is trained: "
+                    f"raise micro_batch (in batched mode with micro_batch=None: the input batches) to "
+                    f"at least {math.ceil(0.5 / self.keep)} samples, or keep; it keeps "
+                    "round(keep * n) of each micro-batch of n",
                     stacklevel=3,
                 )
         return k
+
+
+# TopFraction micro-batches of the widest size in a row that kept none before it says so
+_NONE_RUN = 8
 
 
 @register_policy("prune_easy")

@@ -290,10 +290,17 @@ def test_top_fraction_that_keeps_none_of_a_micro_batch_says_so():
     """TopFraction(0.1) over micro-batches of 4 keeps round(0.4) = 0 of each: before, the stream
     handed nothing on and nothing was said (found by review, 2026-12-05). A pass's last, shorter
     micro-batch keeping none is not warned about."""
-    with pytest.warns(UserWarning, match=r"TopFraction\(0.1\) keeps round\(0.1 \* 4\) = 0 .* at least 5"):
+    said = r"TopFraction\(0.1\) kept none .* 8 micro-batches of 4 .* at least 5"
+    with pytest.warns(UserWarning, match=said):
         keep, _ = run_policy(sp.TopFraction(0.1), np.random.default_rng(0).random(100), micro_batch=4)
     assert not keep.any()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         keep, _ = run_policy(sp.TopFraction(0.1), np.random.default_rng(0).random(66), micro_batch=32)
-    assert keep.sum() == 6  # 3 of each 32, none of the last 2
+        assert keep.sum() == 6  # 3 of each 32, none of the last 2
+        # batched mode: each input batch is a micro-batch; a small first one keeps none
+        losses = np.random.default_rng(0).random(204)
+        s = sp.Sifter(None, loss_field, sp.TopFraction(0.1), micro_batch=None, batched=True)
+        sizes = [4] + [40] * 5
+        batches = [{"loss": torch.from_numpy(part)} for part in np.split(losses, np.cumsum(sizes)[:-1])]
+        assert sum(len(b["loss"]) for b in s(batches)) == 20
