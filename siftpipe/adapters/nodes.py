@@ -667,13 +667,16 @@ class ShardSource(BaseNode[dict[str, Any]]):
         try:
             stream = self.opener.open(url, offset, count=False)  # a peek, not a read of the shard
             try:
-                block = stream.read(tarfile.BLOCKSIZE)
+                # the member's header with the extended ones before it: a name that is long or not
+                # ASCII comes in a PAX or GNU long-name header first (found by review, 2026-12-05:
+                # read as the member's own, the damage was taken for a changed shard)
+                with tarfile.open(fileobj=stream, mode="r|", errors="surrogateescape") as tar:
+                    info = tar.next()
             finally:
                 stream.close()
-            info = tarfile.TarInfo.frombuf(block, tarfile.ENCODING, "surrogateescape")
         except Exception:  # unreadable there: not where the checkpoint said
             return False
-        return bool(self._next_key) and info.name.startswith(f"{self._next_key}.")
+        return info is not None and bool(self._next_key) and info.name.startswith(f"{self._next_key}.")
 
     def _check_version(self, stream: Any, url: str) -> None:
         """Note the opened shard's version; resuming inside it, it must be the checkpoint's."""

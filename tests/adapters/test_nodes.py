@@ -226,6 +226,43 @@ def test_resuming_before_a_corrupt_header_further_on_reads_as_the_uninterrupted_
     assert resumed.shard_stats().opened == whole.shard_stats().opened == 2
 
 
+@pytest.mark.parametrize("key", ["k{:06d}", "ü{:06d}", "L" * 120 + "{:06d}"], ids=["ascii", "pax", "long"])
+def test_resuming_inside_a_shard_damaged_further_on_reads_as_the_uninterrupted_pass_whatever_the_keys(
+    tmp_path, key
+):
+    """The peek at the checkpoint's header read one block: where a key needs a PAX header (not
+    ASCII, or longer than 100 characters: write_shards writes PAX), that block is the extended
+    header, and the damage further on was taken for a shard changed since the checkpoint, a
+    ResumeError, where the uninterrupted pass skipped the rest as corrupt (found by review,
+    2026-12-05)."""
+    import tarfile
+    import warnings
+
+    samples = [{"__key__": key.format(i), "x.npy": np.full(64, i, np.float32), "cls": i} for i in range(20)]
+    urls = write_shards(samples, str(tmp_path / "t"), samples_per_shard=10, progress=False).urls
+    with tarfile.open(urls[0]) as tar:
+        (member,) = [m for m in tar.getmembers() if m.name.startswith(key.format(4) + ".x")]
+    data = Path(urls[0]).read_bytes()
+    Path(urls[0]).write_bytes(data[: member.offset_data + 10])  # cut inside sample 4's data
+
+    def read(state=None):
+        source = ShardSource(urls, handler=warn_and_continue)
+        source.reset(state)
+        out, states = [], [source.get_state()]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ShardWarning)
+            while True:
+                try:
+                    out.append(source.next()["__key__"])
+                except StopIteration:
+                    return out, states
+                states.append(roundtrip(source.get_state()))
+
+    whole, states = read()
+    assert whole == [key.format(i) for i in [*range(4), *range(10, 20)]]
+    assert read(states[4])[0] == whole[4:]
+
+
 def test_resuming_over_a_shard_list_in_another_order_is_refused(tmp_path):
     """The same shards listed in another order, the current one at the same place (a glob listed
     otherwise): the resume read shard 1 twice and shard 3 never (found by review, 2026-12-05).
