@@ -551,7 +551,9 @@ class ShardOpener:
         shown = self.redact(redact_url(url))
         where = f"shard {shown}" + (f" (after sample {key!r})" if key is not None else "")
         # the cause may quote the URL's parts (a bucket "KEY:SECRET@name"): its credentials too
-        cause = self.redact(redact(f"{type(exc).__name__}: {exc}", url_secrets(url)))
+        # and those of the URL a GOPEN_REWRITE rule made of it, which the bytes came from (found
+        # by review, 2026-12-05: a rule to s3://KEY:SECRET@bucket/ showed the secret)
+        cause = self.redact(redact(f"{type(exc).__name__}: {exc}", url_secrets(url) | rewrite_secrets()))
         tries = ""
         if kind == "transient":
             limit = f"the {self.timeout:g} s timeout" if timed_out else f"{self.retries} retries"
@@ -1056,6 +1058,17 @@ def local_path(url: str) -> str | None:
     if parsed.scheme == "file":
         return parsed.path
     return None
+
+
+def rewrite_secrets() -> set[str]:
+    """The credentials in the replacements of the ``GOPEN_REWRITE`` rules (see ``gopen_rewrite``)."""
+    rules = os.environ.get("GOPEN_REWRITE")
+    if not rules:
+        return set()
+    found: set[str] = set()
+    for rule in rules.split(";"):
+        found |= url_secrets(rule.partition("=")[2])
+    return found
 
 
 def gopen_rewrite(url: str) -> str:

@@ -17,6 +17,7 @@ import pytest
 import s3fs
 
 import siftpipe as sp
+from siftpipe.adapters.nodes import ShardSource
 from siftpipe.adapters.webdataset import WebDataset
 from siftpipe.errors import CorruptShardError, ShardWarning
 from siftpipe.streaming.opener import (
@@ -213,6 +214,21 @@ def test_no_secret_from_options_env_or_url_reaches_messages_warnings_logs_or_rep
     for secret in (env_secret, token, "sig" + token):
         assert secret not in blob
     assert "***" in blob and "nobucket-siftpipe" in blob and "000077" in blob
+
+
+def test_no_secret_of_a_gopen_rewrite_target_reaches_the_error(monkeypatch):
+    """GOPEN_REWRITE to s3://KEY:SECRET@bucket/: the cause quoted the rewritten bucket, and only
+    the given URL's credentials were hidden, so the secret was in the ShardError (and in the
+    warning and log line a skipping handler writes from it); the same URL given directly showed
+    *** (found by review, 2026-12-05)."""
+    secret = "Zq9PwSecretValue77"
+    monkeypatch.setenv("GOPEN_REWRITE", f"/data/=s3://AKIAXXXX:{secret}@bucket/")
+    source = ShardSource(["/data/x.tar"], retries=0, timeout=5)
+    source.reset(None)
+    with pytest.raises(sp.ShardError) as caught:
+        source.next()
+    said = str(caught.value)
+    assert secret not in said and "AKIAXXXX:***@bucket" in said
 
 
 def test_only_credential_like_environment_variables_are_treated_as_secrets(monkeypatch):
