@@ -116,9 +116,13 @@ class SiftStage:
             if not self._warned_cut:
                 self._warned_cut = True
                 warnings.warn(f"siftpipe: {self.cut}", UserWarning, stacklevel=2)
-        if skip and self.random_source:
+        restore = self.sifter._passes.restore
+        # (rows decided before the checkpoint are read again too: a resume in the first items)
+        inside = skip is not None and (skip > 0 or bool(restore and restore.get("pending")))
+        if inside and self.random_source:
             raise ResumeError(
-                f"the checkpoint resumes a pass {skip} input items in, but the shards before the "
+                f"the checkpoint resumes inside a pass ({skip} input item(s) finished before it, "
+                "the next read again), but the shards before the "
                 "stage are drawn at random by design (webdataset's resampled=True mixes the process "
                 "id, the time and os.urandom into its seed): they cannot be read again as they were. "
                 "Resume from checkpoints taken between passes (set_epoch at each), or read the "
@@ -149,26 +153,57 @@ _REPEATED = (
 )
 
 
+_SLICED = (
+    "a pipeline that holds .sift() is cut by .slice(...) after it, which counts the stage's output "
+    "outside its state: a checkpoint cannot say where the slice stood, so it cannot resume (the "
+    "resumed iteration would hand on a whole slice after the checkpoint). Slice the input before "
+    ".sift() instead, or count steps with siftpipe.fixed_steps"
+)
+
+
 def _cut(pipeline: Any) -> None:
     """Mark the sift stages of ``pipeline`` (a DataPipeline) as cut into epochs by it
     (``with_epoch``, ``repeat(nbatches=)``), or repeated a given number of times in one iteration
     (``repeat(nepochs)``; found by review, 2026-12-05: ``.repeat`` was not noticed, and resumed
-    silently wrong). Repeated for ever and not cut, the passes after a resumed one are the
-    uninterrupted run's: nothing to mark."""
+    silently wrong), also those of the pipelines inside it (a ``WebLoader`` around a dataset that
+    holds the stage, read in this process), and those followed by webdataset's ``.slice()``, which
+    cuts each pass (found by review, 2026-12-05). Repeated for ever and not cut, the passes after
+    a resumed one are the uninterrupted run's: nothing to mark."""
     repetitions = getattr(pipeline, "repetitions", 1)
     cut = getattr(pipeline, "nsamples", 0) > 0 and repetitions != 1
     if cut or 1 < repetitions < sys.maxsize:
-        why = _CUT if cut else _REPEATED
-        stages = getattr(pipeline, "pipeline", None)
-        if not isinstance(stages, list):
-            return
+        _mark(pipeline, _CUT if cut else _REPEATED)
+    stages = getattr(pipeline, "pipeline", None)
+    if isinstance(stages, list):
         for i, stage in enumerate(stages):
-            if isinstance(stage, Sifter):
-                # a bare .compose(sifter): the stage .sift() adds, which knows it is cut (a
-                # Sifter called directly would resume such an epoch silently wrong)
-                stage = stages[i] = SiftStage(stage)
-            if isinstance(stage, SiftStage):
+            if isinstance(stage, SiftStage | Sifter) and any(map(_slices, stages[i + 1 :])):
+                _mark(pipeline, _SLICED, only=i)
+
+
+def _slices(stage: Any) -> bool:
+    """Whether ``stage`` is webdataset's ``slice`` filter (``.slice(...)``)."""
+    return getattr(stage, "f", None) is islice and isinstance(getattr(stage, "args", None), tuple)
+
+
+def _mark(pipeline: Any, why: str, depth: int = 0, only: int | None = None) -> None:
+    """Tell the sift stages in ``pipeline`` (stage ``only`` alone, if given) and in the pipelines
+    it reads, ``why`` no checkpoint can resume their passes."""
+    stages = getattr(pipeline, "pipeline", None)
+    if depth > 8 or not isinstance(stages, list):
+        return
+    for i, stage in enumerate(stages):
+        if only is not None and i != only:
+            continue
+        if isinstance(stage, Sifter):
+            # a bare .compose(sifter): the stage .sift() adds, which knows it is cut (a
+            # Sifter called directly would resume such an epoch silently wrong)
+            stage = stages[i] = SiftStage(stage)
+        if isinstance(stage, SiftStage):
+            if stage.cut is None or why is not _SLICED:
                 stage.cut = why
+            continue
+        inner = getattr(stage, "dataset", None)  # a DataLoader (WebLoader's first stage)
+        _mark(inner if inner is not None and inner is not stage else stage, why, depth + 1)
 
 
 def _random_shards(pipeline: Any, depth: int = 0) -> bool:
@@ -238,7 +273,14 @@ class SiftFluid:
         """webdataset's ``compose``; a ``Sifter`` composed in (``.compose(sifter)``) after or
         before ``.with_epoch(n)`` becomes the stage ``.sift()`` adds, which knows the pipeline
         cuts its output into epochs (a bare Sifter resumed such an epoch silently wrong)."""
-        result = super().compose(*args)  # type: ignore[misc]
+        # a bare Sifter becomes the stage .sift() adds, which skips the items a resumed pass
+        # had finished (found by review, 2026-12-05: composed bare, it could not resume)
+        stages = [SiftStage(a) if isinstance(a, Sifter) else a for a in args]
+        for stage in stages:
+            if isinstance(stage, SiftStage) and not any(a is stage for a in args):
+                stage.sifter.watch_shards(self)
+                stage.random_source = _random_shards(self)
+        result = super().compose(*stages)  # type: ignore[misc]
         _cut(result)
         return result
 

@@ -542,18 +542,29 @@ def resumed_after_two_batches(build):
 
 
 @pytest.mark.parametrize(
-    "where", ["after", "before", "compose_after", "compose_before", "repeat_nbatches", "repeat_twice"]
-)
+    "where",
+    [
+        "after", "before", "compose_after", "compose_before", "repeat_nbatches", "repeat_twice",
+        "nested_with_epoch", "nested_repeat_twice", "slice",
+    ],
+)  # fmt: skip
 def test_with_epoch_on_a_pipeline_holding_sift_warns_and_refuses_a_resume(shards, where):
     # found by review: webdataset counts .with_epoch(n) in an islice over passes repeated for ever,
     # outside the stage's state: a resumed epoch was n items long again from the checkpoint, and
     # a checkpoint after an epoch's last item resumed the old pass, all silently. Its
     # .repeat(nbatches=n) is the same, and .repeat(2) runs two passes per iteration, counted
-    # outside the state too: both resumed silently wrong until 2026-12-05 (found by review)
+    # outside the state too: both resumed silently wrong until 2026-12-05 (found by review).
+    # So did a WebLoader cut or repeated around a dataset that holds .sift() (read in this
+    # process), and .slice(n) after .sift(), which cuts each pass (found by review, 2026-12-05)
     def build():
         dataset = decoded(shards.pattern).batched(8, collation_fn=default_collate)
         sifter = make_sifter(batched=True)
+        if where.startswith("nested"):
+            inner = WebLoader(dataset.sift(sifter), batch_size=None, num_workers=0)
+            return (inner.with_epoch(4) if where == "nested_with_epoch" else inner.repeat(2)), sifter
         loader = WebLoader(dataset, batch_size=None, num_workers=0)
+        if where == "slice":
+            return loader.sift(sifter).slice(4), sifter
         if where == "after":
             return loader.sift(sifter).with_epoch(4), sifter
         if where == "repeat_nbatches":
@@ -568,8 +579,10 @@ def test_with_epoch_on_a_pipeline_holding_sift_warns_and_refuses_a_resume(shards
         return loader.with_epoch(4).compose(sifter), sifter
 
     why = r"cut into epochs by \.with_epoch"
-    if where == "repeat_twice":
+    if where in ("repeat_twice", "nested_repeat_twice"):
         why = r"repeated by \.repeat\(nepochs\)"
+    if where == "slice":
+        why = r"cut by \.slice\(\.\.\.\) after it"
     with pytest.warns(UserWarning, match=why + ".*cannot resume"):
         resumed = resumed_after_two_batches(build)
     with pytest.raises(sp.ResumeError, match=why):
@@ -607,14 +620,49 @@ def test_a_pass_over_resampled_shards_is_not_resumed_inside_with_advice_that_can
     # found by review: webdataset's resampled=True seeds its draw with the process id, the time
     # and os.urandom, so re-reading the pass to skip what the checkpoint had done met other
     # samples: a ResumeError advising a seed= the user had already passed (or, by luck, a resume)
-    def build():
+    def build(**kw):
         dataset = WebDataset(shards.pattern, resampled=True, seed=5).decode()
         dataset = dataset.batched(8, collation_fn=default_collate).with_epoch(5)
-        sifter = make_sifter(batched=True)
+        sifter = make_sifter(batched=True, **kw)
         return WebLoader(dataset, batch_size=None, num_workers=0).sift(sifter), sifter
 
     with pytest.raises(sp.ResumeError, match="drawn at random by design.*ShardSource and SiftNode"):
         next(iter(resumed_after_two_batches(build)))
+
+    # also where the checkpoint came while the first input batch was still being handed on
+    # (nothing finished, its rows to read again): the advice to seed the shuffles came instead
+    # (found by review, 2026-12-05)
+    loader, sifter = build(output_batch=1)
+    it = iter(loader)  # (held: a pass whose iterator dies is abandoned)
+    next(it)
+    state = roundtrip(sifter.state_dict())
+    assert state["consumed"] == 0 and state["pending"]
+    loader, sifter = build(output_batch=1)
+    sifter.load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match="drawn at random by design.*ShardSource and SiftNode"):
+        next(iter(loader))
+
+
+def test_a_sifter_composed_bare_into_siftpipes_pipeline_resumes_as_sift_does(shards):
+    """``.compose(sifter)`` on siftpipe's classes: the bare Sifter skipped nothing on resume and
+    the resume was refused with advice that cannot help (found by review, 2026-12-05). It
+    becomes the stage ``.sift()`` adds."""
+
+    def build():
+        dataset = decoded(shards.pattern).batched(8, collation_fn=default_collate)
+        sifter = make_sifter(batched=True, output_batch=5)
+        return WebLoader(dataset, batch_size=None, num_workers=0).compose(sifter), sifter
+
+    loader, _ = build()
+    full = [list(b["__key__"]) for b in loader]
+    loader, sifter = build()
+    it = iter(loader)
+    head = [list(next(it)["__key__"]) for _ in range(3)]
+    state = roundtrip(sifter.state_dict())
+    assert state["consumed"] > 0
+    loader, sifter = build()
+    sifter.load_state_dict(state)
+    assert head + [list(b["__key__"]) for b in loader] == full
 
 
 def test_siftpipes_class_set_in_place_of_webdatasets_works(shards, monkeypatch):
