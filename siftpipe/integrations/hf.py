@@ -16,10 +16,12 @@ docs/integrations.md.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -98,6 +100,15 @@ def _even_batches(loader: Any, size: int) -> bool:
     return type(sampler) is BatchSampler and sampler.batch_size == size
 
 
+@functools.lru_cache(maxsize=64)
+def _takes_use_cache(model_class: Any) -> bool:
+    """Whether the model class's ``forward`` names a ``use_cache`` parameter."""
+    try:
+        return "use_cache" in inspect.signature(model_class.forward).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
 class ModelLoss:
     """A scorer: the per-sample loss that a ``transformers`` model's own training loss is made of.
 
@@ -142,6 +153,14 @@ class ModelLoss:
                 inputs["decoder_input_ids"] = prepare(labels=labels)
             else:
                 inputs["labels"] = labels  # its forward shifts them; its own loss is unused
+        if (
+            "use_cache" not in inputs
+            and getattr(getattr(inner, "config", None), "use_cache", False)
+            and _takes_use_cache(cast(Any, type(inner)))
+        ):
+            # a decoder in eval mode keeps every layer's keys and values for generation: about the
+            # logits' memory again, never read here (found by review, 2026-12-05)
+            inputs["use_cache"] = False
         sums, counts = self.terms(model, model(**inputs), labels)
         return sums / counts.clamp(min=1)
 
@@ -325,13 +344,9 @@ class SiftTrainerMixin(_Base):
                 )
         targs.ignore_data_skip = True
 
-        weighted = sifter.attach_weight
-        if weighted and sample_loss is None and (targs.label_smoothing_factor or self.compute_loss_func):
-            raise sp.ConfigError(
-                "the policy weights samples, and label_smoothing_factor / compute_loss_func change the "
-                "loss away from the model's own, which ModelLoss splits into per-sample terms: pass "
-                "sample_loss= an object whose terms(model, outputs, labels) match your loss"
-            )
+        self._sift_own_terms = sample_loss is not None
+        if sifter.attach_weight:
+            self._sift_check_terms()
         if isinstance(sifter.collate_fn, MetaCollate):
             # its collate function, output batch and (when it follows one) model were set from
             # the trainer it serves: a second trainer would collate with the first's collator and
@@ -417,6 +432,18 @@ class SiftTrainerMixin(_Base):
         loader.set_epoch(epoch)
         return loader, whole * size
 
+    def _sift_check_terms(self) -> None:
+        """Refuse weights where the Trainer's loss is not the model's own and no ``sample_loss``
+        says how to split it: at construction, and at each weighted step (a weighting policy or
+        a ``compute_loss_func`` set later; found by review, 2026-12-05: trained silently wrong)."""
+        if not self._sift_own_terms and (self.args.label_smoothing_factor or self.compute_loss_func):
+            raise sp.ConfigError(
+                "the policy weights samples, and label_smoothing_factor / compute_loss_func change the "
+                "loss away from the model's own, which ModelLoss splits into per-sample terms: pass "
+                "sample_loss= an object whose terms(model, outputs, labels) match your loss (its "
+                "labels attribute names the labels field, 'labels' where it has none)"
+            )
+
     # ------------------------------------------------------------------ training
 
     def compute_loss(
@@ -442,12 +469,15 @@ class SiftTrainerMixin(_Base):
         observe = self.sift_feedback and keys is not None and model.training
         if weights is None and not observe:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if weights is not None:
+            self._sift_check_terms()
         # read before the Trainer's compute_loss, which takes the labels out of the inputs it is
         # given when it computes the loss itself (label_smoothing_factor, compute_loss_func)
-        labels = inputs.get(self.sift_sample_loss.labels)
+        field = getattr(self.sift_sample_loss, "labels", "labels")  # (a sample_loss of one's own)
+        labels = inputs.get(field)
         if labels is None:
             raise sp.ConfigError(
-                f"weights and feedback need the labels field {self.sift_sample_loss.labels!r} in the "
+                f"weights and feedback need the labels field {field!r} in the "
                 f"batch (it has {', '.join(map(repr, inputs))}): collate the labels into it, or pass "
                 "sample_loss=ModelLoss(labels='<field>')"
             )

@@ -390,6 +390,58 @@ def test_feedback_with_the_trainers_own_loss_function(tmp_path):
         assert sifter.stats.observed > 0 and len(sifter.memory) > 0
 
 
+def test_a_weighting_policy_set_later_over_a_loss_that_is_not_the_models_is_refused(tmp_path):
+    """label_smoothing_factor with a weighting policy is refused at construction; set after it
+    (sifter.policy = ...), the weights were attached and the trained loss silently wrong, and an
+    own sample_loss with terms() alone (as the error advised) failed on a missing .labels
+    (found by review, 2026-12-05)."""
+    args = TrainingArguments(
+        str(tmp_path), max_steps=3, report_to="none", use_cpu=True, label_smoothing_factor=0.1
+    )
+    sifter = sp.Sifter(None, ModelLoss(), sp.RelativeProbabilistic(1.0, 64), micro_batch=16)
+    trainer = SiftTrainer(
+        model=gpt2(0.0), args=args, train_dataset=Listed(sequences(32)), data_collator=pad, sifter=sifter
+    )
+    sifter.policy = sp.PruneEasy(0.5)
+    with pytest.raises(sp.ConfigError, match="label_smoothing_factor.*sample_loss="):
+        trainer.train()
+
+    class SmoothedTerms:  # terms() alone: the labels field is 'labels'
+        def terms(self, model, outputs, labels):
+            return ModelLoss().terms(model, outputs, labels)
+
+    sifter = sp.Sifter(None, ModelLoss(), sp.PruneEasy(0.5), micro_batch=16)
+    trainer = SiftTrainer(
+        model=gpt2(0.0), args=args, train_dataset=Listed(sequences(32)), data_collator=pad,
+        sifter=sifter, sample_loss=SmoothedTerms(),
+    )  # fmt: skip
+    trainer.train()
+    assert trainer.state.global_step == 3
+
+
+def test_scoring_a_decoder_keeps_no_key_value_cache():
+    """ModelLoss scored a causal LM in eval mode with the config's use_cache=True: every layer's
+    keys and values were kept for generation, about the logits' memory again, never read
+    (found by review, 2026-12-05)."""
+    model = gpt2(0.0).eval()
+    assert model.config.use_cache
+    seen = []
+    model.register_forward_hook(
+        lambda module, args, kwargs, out: seen.append((kwargs.get("use_cache"), out.past_key_values)),
+        with_kwargs=True,
+    )
+    batch = pad(sequences(4))
+    with torch.no_grad():
+        losses = ModelLoss()(model, batch)
+        assert seen[0] == (False, None)
+        lengths = batch["attention_mask"].sum(1).tolist()
+        reference = [
+            model(input_ids=batch["input_ids"][i : i + 1, :n], labels=batch["labels"][i : i + 1, :n]).loss
+            for i, n in enumerate(lengths)
+        ]
+    assert torch.allclose(losses, torch.stack(reference), atol=1e-5)
+
+
 class WithAux(GPT2LMHeadModel):
     """A causal LM whose loss has a term that is not per sample (an MoE router's load-balancing
     loss, a z-loss, a regulariser): ``0.5 * aux**2``, whose gradient in ``aux`` is ``aux``."""
