@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ScorerOutputError
 from .batch import Batch, field
 from .modes import eval_scored
 from .registry import Registry
@@ -132,6 +132,19 @@ class CrossEntropy(_FieldScorer):
 
     def __call__(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         logits, y = self.predict(model, batch)
+        if (
+            logits.ndim >= 3
+            and not y.is_floating_point()
+            and y.shape[1:] != logits.shape[2:]
+            and y.shape[1:] == logits.shape[1:-1]
+        ):
+            # (found by review, 2026-12-05: torch's "Expected target size", naming no fix)
+            raise ScorerOutputError(
+                f"CrossEntropy: the model's output has shape {list(logits.shape)} and the labels "
+                f"{list(y.shape)}: the classes are its last dimension, where cross-entropy takes "
+                "them second ([n, classes, d1, ...], as torch). For token logits [n, T, vocab] use "
+                "TokenCrossEntropy, or move the classes with forward=lambda m, x: m(x).transpose(1, -1)"
+            )
         loss = F.cross_entropy(logits.float(), y, reduction="none", label_smoothing=self.label_smoothing)
         if loss.ndim > 1:  # a loss per position: their mean, per sample
             dims = tuple(range(1, loss.ndim))

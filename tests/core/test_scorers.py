@@ -46,6 +46,19 @@ def test_mse_reduces_every_dimension_but_the_first():
     assert sp.MeanSquaredError()(model, (pred, target)).tolist() == [1.0, 9.0, 1.0]
 
 
+def test_cross_entropy_over_logits_with_the_classes_last_names_the_fix():
+    """[n, T, C] logits with [n, T] labels: torch's "Expected target size [4, 7], got [4, 6]",
+    naming no field and no fix (found by review, 2026-12-05)."""
+    logits = torch.randn(4, 6, 7)
+    scorer = sp.CrossEntropy(0, 1)
+    with pytest.raises(sp.ScorerOutputError, match=r"\[4, 6, 7\].*TokenCrossEntropy.*transpose\(1, -1\)"):
+        scorer(lambda x: x, (logits, torch.zeros(4, 6, dtype=torch.long)))
+    fixed = sp.CrossEntropy(0, 1, forward=lambda m, x: m(x).transpose(1, -1))
+    labels = torch.randint(7, (4, 6))
+    want = F.cross_entropy(logits.transpose(1, -1), labels, reduction="none").mean(1)
+    assert torch.allclose(fixed(lambda x: x, (logits, labels)), want)
+
+
 def test_token_cross_entropy_ignores_padding_and_shifts():
     class LM(torch.nn.Module):
         def __init__(self):
