@@ -175,8 +175,9 @@ def _cut(pipeline: Any) -> None:
         _mark(pipeline, _CUT if cut else _REPEATED)
     stages = getattr(pipeline, "pipeline", None)
     if isinstance(stages, list):
-        for i, stage in enumerate(stages):
-            if isinstance(stage, SiftStage | Sifter) and any(map(_slices, stages[i + 1 :])):
+        for i in range(len(stages)):
+            # a stage (or a pipeline it reads: a WebLoader's DataLoader) before a .slice()
+            if any(map(_slices, stages[i + 1 :])):
                 _mark(pipeline, _SLICED, only=i)
 
 
@@ -441,6 +442,9 @@ def install() -> None:
         wds.DataPipeline.with_epoch = _with_epoch
     if wds.DataPipeline.__dict__.get("repeat") is _WDS_REPEAT:
         wds.DataPipeline.repeat = _repeat
+    if wds.DataPipeline.__dict__.get("compose") is _WDS_COMPOSE:
+        # and compose, which .slice() goes through: a stage learns of a slice after it
+        wds.DataPipeline.compose = _compose
 
 
 def uninstall() -> None:
@@ -452,6 +456,8 @@ def uninstall() -> None:
         wds.DataPipeline.with_epoch = _WDS_WITH_EPOCH
     if wds.DataPipeline.__dict__.get("repeat") is _repeat:
         wds.DataPipeline.repeat = _WDS_REPEAT
+    if wds.DataPipeline.__dict__.get("compose") is _compose:
+        wds.DataPipeline.compose = _WDS_COMPOSE
 
 
 _WDS_WITH_EPOCH = wds.DataPipeline.__dict__.get("with_epoch")
@@ -465,6 +471,14 @@ def _with_epoch(self: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 _WDS_REPEAT = wds.DataPipeline.__dict__.get("repeat")
+_WDS_COMPOSE = wds.DataPipeline.__dict__.get("compose")
+
+
+def _compose(self: Any, *args: Any) -> Any:
+    """webdataset's ``DataPipeline.compose``, then ``_cut`` (what ``install()`` puts there)."""
+    result = _WDS_COMPOSE(self, *args)  # type: ignore[misc]
+    _cut(result)
+    return result
 
 
 def _repeat(self: Any, *args: Any, **kwargs: Any) -> Any:
