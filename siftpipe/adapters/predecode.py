@@ -135,7 +135,10 @@ class PreDecodeFilter:
         # when the run of the Sifter over this filter began (follow_sifter_run): a publication
         # made before it is another run's; None: any publication is taken
         self._run_began: float | None = None
+        # (the checkpoint's epoch, when the stage loaded it) after a resume (follow_sifter_resume)
+        self._resumed: tuple[int, float] | None = None
         self._warned_other_run = False
+        self._warned_rolled_back = False
         self._secrets: list[str] = []  # values never written to the records (set per pass)
         self._warned_missing = False
         self._warned_nothing_found = False
@@ -191,7 +194,7 @@ class PreDecodeFilter:
         """The epoch of the pass the ``Sifter`` over this filter starts: it hands it on before the
         pass (so that a ``DataLoader``'s fresh workers copy it) to every filter it can reach (in a
         ``WebDataset``/``DataPipeline``, a DataLoader's ``dataset``). Decisions draw for it and are
-        recorded under it; the losses' age is counted from the publication's epoch. Never told (a
+        recorded under it, and the losses' age is counted to it, as the stage counts it. Never told (a
         filter held where the stage does not look), or told too long ago (a persistent DataLoader
         worker's copy is told once, when the workers start: from its second pass on), or told an
         epoch older than the publication's, the filter takes the epoch after the publication's,
@@ -208,6 +211,15 @@ class PreDecodeFilter:
         again from scratch): its losses come from another model, so the filter passes every
         sample on (``PreDecodeWarning``, once) until this run publishes its own."""
         self._run_began = began
+
+    def follow_sifter_resume(self, resumed: tuple[int, float] | None) -> None:
+        """The epoch of the checkpoint the ``Sifter`` over this filter resumed from, and when it
+        loaded it (unix seconds; ``None``: not resumed): the stage hands it on with its run. A
+        publication of a later epoch made before then is the resumed run's, from training the
+        resume rolled back (found by review, 2026-12-05: taken, its losses decided the resumed
+        epoch, recorded under an epoch the run had not reached), so the filter passes every
+        sample on (``PreDecodeWarning``, once) until this job publishes its own."""
+        self._resumed = None if resumed is None else (int(resumed[0]), float(resumed[1]))
 
     #: ``Sifter.set_epoch`` hands its epoch on through this too, to a filter in a pipeline given
     #: to ``watch_shards`` (a ``.sift()`` chain's): its DataLoader's workers start before the
@@ -247,6 +259,21 @@ class PreDecodeFilter:
                     "sample is passed on for the stage to decide until this run publishes its "
                     "own. Publish to a URL of each run's own (the run id in it), or resume that "
                     "run with load_state_dict to go on from it",
+                    PreDecodeWarning,
+                    stacklevel=3,
+                )
+            return
+        if meta is not None and self._rolled_back(meta):
+            self._memory, self._meta, self._loaded = None, {}, None
+            if not self._warned_rolled_back:
+                self._warned_rolled_back = True
+                assert self._resumed is not None
+                warnings.warn(
+                    f"siftpipe: PreDecodeFilter ignores the publication at {self._shown()}: it is "
+                    f"of epoch {int(meta['epoch'])}, made before this job resumed from its "
+                    f"checkpoint of epoch {self._resumed[0]}, by the run it resumed, from training "
+                    "the resume rolled back. Every sample is passed on for the stage to decide "
+                    "until this job publishes its own (at the end of this epoch)",
                     PreDecodeWarning,
                     stacklevel=3,
                 )
@@ -337,6 +364,20 @@ class PreDecodeFilter:
         if self._warned_nothing_found or self._memory is None or not len(self._sorted):
             return
         self._warned_nothing_found = True
+        epoch = self.epoch()
+        if epoch is not None and not self._memory.usable_at(epoch):
+            # its keys may all be there: every loss is too old for this epoch (found by review,
+            # 2026-12-05: the warning blamed the key)
+            warnings.warn(
+                f"siftpipe: PreDecodeFilter finds no loss in the publication at {self._shown()} "
+                f"young enough for epoch {epoch}: it is of epoch {self._meta.get('epoch')}, and "
+                f"the memory uses losses at most max_age={self._memory.max_age} epoch(s) old. "
+                f"The {looked} samples were passed on for the stage to decide. Publish at every "
+                "epoch's end (Sifter.publish_memory), or give the memory a larger max_age",
+                PreDecodeWarning,
+                stacklevel=3,
+            )
+            return
         warnings.warn(
             f"siftpipe: PreDecodeFilter found none of {looked} samples' keys in the publication at "
             f"{self._shown()} (it remembers {len(self._sorted)}): they were passed on for the stage "
@@ -360,6 +401,16 @@ class PreDecodeFilter:
         if said is not None:
             return not isinstance(said, int | float) or float(said) != began
         return float(meta.get("published") or began) < began
+
+    def _rolled_back(self, meta: Mapping[str, Any]) -> bool:
+        """Whether ``meta`` is a publication of an epoch after the checkpoint this filter's
+        Sifter resumed from, made before it did (``follow_sifter_resume``)."""
+        if self._resumed is None:
+            return False
+        epoch, loaded = self._resumed
+        published = meta.get("published")
+        made_since = isinstance(published, int | float) and float(published) >= loaded
+        return int(meta["epoch"]) > epoch and not made_since
 
     def _read_latest(self) -> dict[str, Any] | None:
         """The publication ``latest.json`` names (checked), or None when there is none."""

@@ -389,6 +389,10 @@ class Sifter:
         # when this run began (a PreDecodeFilter takes no publication made before it, which
         # another run made); a loaded checkpoint's replaces it (None: one from before 2026-12-05)
         self._run_began: float | None = time.time()
+        # after load_state_dict: the checkpoint's epoch, and when this process loaded it (a
+        # PreDecodeFilter takes no publication of a later epoch made before then: the run this
+        # job resumed made it, from training the resume rolled back)
+        self._resumed: tuple[int, float] | None = None
         self._warned_empty = False  # EmptyPassWarning given
         self._warned_shapes = False  # BatchShapeWarning given
         self._warned_backwards = False  # ScoreMemoryWarning for set_epoch going back given
@@ -474,6 +478,7 @@ class Sifter:
         knows filters mark the rows it is handed."""
         if hand_on(pipeline, "follow_sifter_run", self._run_began):
             self._decider.upstream_filters = True
+            hand_on(pipeline, "follow_sifter_resume", self._resumed)
 
     def describe(self) -> StageInfo:
         """The settings that decide, as plain data (what a sink records about the stage)."""
@@ -1037,6 +1042,7 @@ class Sifter:
         self._run_began = (
             float(began) if isinstance(began, int | float) and not isinstance(began, bool) else None
         )
+        self._resumed = (self.epoch, time.time())
         for pipeline in self._watched:
             self._tell_run(pipeline)
         # the checkpoint's keys were read with another key setting: nothing to compare

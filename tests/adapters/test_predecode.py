@@ -827,6 +827,78 @@ def test_a_stream_that_lost_the_filters_marks_is_warned_not_sifted_twice_in_sile
         assert sifter.stats.from_memory > 0  # the filter's losses were taken, not decided again
 
 
+def test_a_resumed_job_takes_no_publication_its_rolled_back_run_made_after_the_checkpoint(tmp_path):
+    """A job checkpointed after epoch 1 goes on, publishes after epochs 2 and 3, and dies; resumed
+    from the checkpoint, its filter took the epoch-3 publication (the same run): the resumed
+    epoch 2 was decided from losses of training the resume rolled back, drawn and recorded as
+    epoch 4 (found by review, 2026-12-05). Now it passes every sample on, said once, until the
+    resumed job publishes its own."""
+    published = str(tmp_path / "memory")
+
+    def stage():
+        return sp.Sifter(
+            None, scorer, sp.RelativeProbabilistic(2.0, 200), micro_batch=20,
+            memory=sp.ScoreMemory(1000, max_age=None),
+        )  # fmt: skip
+
+    def loader():
+        prefilter = sp.PreDecodeFilter(published)
+        dataset = Shards(prefilter)
+        dataset.pipeline = [prefilter]  # where the stage finds it, as in a WebDataset pipeline
+        return DataLoader(dataset, batch_size=None, num_workers=0), prefilter
+
+    run = stage()
+    for epoch in range(4):
+        list(run(loader()[0]))
+        run.publish_memory(published)
+        if epoch == 1:
+            state = roundtrip(run.state_dict())
+    resumed = stage()
+    resumed.load_state_dict(state)
+    data, prefilter = loader()
+    with pytest.warns(sp.PreDecodeWarning, match="of epoch 3, made before this job resumed.*of epoch 1"):
+        list(resumed(data))
+    assert resumed.epoch == 2 and resumed.stats.seen - state["counts"]["seen"] == 400
+    assert prefilter.stats["dropped"] == 0
+    resumed.publish_memory(published)  # its own: taken
+    seen = resumed.stats.seen
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sp.PreDecodeWarning)
+        data, prefilter = loader()
+        list(resumed(data))
+    assert prefilter.epoch() == 3 and prefilter.stats["dropped"] > 0
+    assert resumed.stats.seen - seen == 400 - prefilter.stats["dropped"]
+
+
+def test_a_publication_too_old_for_the_epoch_is_said_to_be_so_not_blamed_on_the_key(tmp_path):
+    """Losses are aged to the epoch decided for, as the stage ages them: with max_age=1 and one
+    publication after epoch 0, epoch 2 finds none usable and passes every sample on. The warning
+    said the stage keyed samples otherwise (found by review, 2026-12-05; the docs said the age
+    was counted from the publication's epoch)."""
+    published = str(tmp_path / "memory")
+    stage = relative_stage()  # max_age 1
+    prefilter = sp.PreDecodeFilter(published)
+    data = DataLoader(Shards(prefilter), batch_size=None)
+    list(stage(data))
+    stage.publish_memory(published)
+    for epoch in (1, 2):
+        stage.set_epoch(epoch)
+        prefilter.set_epoch(epoch)
+        before = dict(prefilter.stats)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            list(stage(data))
+        decided = {k: prefilter.stats[k] - before[k] for k in before}
+        said = [str(w.message) for w in caught if issubclass(w.category, sp.PreDecodeWarning)]
+        if epoch == 1:
+            assert decided["dropped"] > 0 and not said
+    assert decided["unknown"] == 400 and decided["dropped"] == 0
+    assert (
+        len(said) == 1 and "no loss in the publication" in said[0] and "young enough for epoch 2" in said[0]
+    )
+    assert "max_age=1" in said[0] and "PreDecodeFilter(key=)" not in said[0]
+
+
 def test_a_stream_mixing_a_filters_samples_with_unfiltered_ones_is_read_as_it_is(tmp_path):
     """RandomMix of a filtered source and one no filter saw, samples one at a time: the stage
     raised KeyError '__sift_prekept__' on a group whose first sample was unmarked, and in batched
