@@ -549,7 +549,8 @@ class ShardOpener:
             return exc
         kind = classify_error(exc)
         shown = self.redact(redact_url(url))
-        where = f"shard {shown}" + (f" (after sample {key!r})" if key is not None else "")
+        where = ("shards at " if what == "listing" else "shard ") + shown
+        where += f" (after sample {key!r})" if key is not None else ""
         # the cause may quote the URL's parts (a bucket "KEY:SECRET@name"): its credentials too
         # and those of the URL a GOPEN_REWRITE rule made of it, which the bytes came from (found
         # by review, 2026-12-05: a rule to s3://KEY:SECRET@bucket/ showed the secret)
@@ -560,7 +561,7 @@ class ShardOpener:
             tries = f" after {attempts} attempt(s) over {seconds:.1f} s ({limit})"
         bucket = urlsplit(url).netloc.rpartition("@")[2] or "(none)"
         fix = _FIX[kind].format(bucket=repr(bucket))
-        if what == "writing":
+        if what in ("writing", "listing"):
             # a reader's way out (skip the shard) is no fix for a write (found by review, 2026-12-05)
             head = fix.partition("pass handler=warn_and_continue")[0].rstrip()
             fix = head.removesuffix(" or").rstrip(",; ")

@@ -422,10 +422,16 @@ def existing_shards(prefix: str, storage_options: Mapping[str, Any] | None = Non
     # would be a pattern (found by review, 2026-12-05: exp[1]/train found none of its shards,
     # and t? matched another dataset's)
     shard = re.compile(re.escape(name) + rf"-(\d{{{DIGITS}}})\.tar")
-    try:
-        listed = fs.ls(folder or ("/" if path.startswith("/") else "."), detail=False)
-    except (FileNotFoundError, NotADirectoryError):  # no folder yet (or a file in its path: the
-        return []  # write that follows says so, naming the shard)
+
+    def listing() -> list[Any]:
+        try:
+            return list(fs.ls(folder or ("/" if path.startswith("/") else "."), detail=False))
+        except (FileNotFoundError, NotADirectoryError):  # no folder yet (or a file in its path:
+            return []  # the write that follows says so, naming the shard)
+
+    # retried as a write is, and a failure (no credentials, an endpoint that refuses) a
+    # ShardError naming the fix (found by review, 2026-12-05: a raw botocore traceback)
+    listed = opener.retrying("listing", prefix, listing)
     numbers = sorted(
         int(m.group(1)) for p in listed if (m := shard.fullmatch(str(p).rstrip("/").rpartition("/")[2]))
     )

@@ -272,6 +272,31 @@ def test_a_prefix_holding_shards_is_refused_or_replaced_whole_never_mixed(where,
         write_shards(synthetic_classification(10), prefix, existing="drop", progress=False)  # type: ignore[arg-type]
 
 
+def test_writing_where_the_listing_is_refused_gives_one_line_that_names_the_fix():
+    """shards write (and demo --store) list the prefix for shards already there before they
+    write; refused credentials there ended in a raw botocore traceback (found by review,
+    2026-12-05). It is the write's ShardError now, naming the fix and no secret."""
+    from tests.faults import AuthS3
+
+    key, secret = "AKIASIFTPIPELISTING1", "lIsTiNg/SeCrEt+KeY/ab12cd34ef56gh78ij90"
+    server = AuthS3()
+    try:
+        options = ["--storage-option", f"endpoint_url={server.endpoint}",
+                   "--storage-option", f"key={key}", "--storage-option", f"secret={secret}"]  # fmt: skip
+        with pytest.raises(SystemExit) as exited:  # (its message is what the process prints)
+            main(["shards", "write", "s3://secured-bucket/t", "--samples", "10", "--quiet", *options])
+        storage = {"endpoint_url": server.endpoint, "key": key, "secret": secret}
+        with pytest.raises(sp.ShardError, match="listing shards at s3://secured-bucket/t failed") as caught:
+            existing_shards("s3://secured-bucket/t", storage)
+    finally:
+        server.stop()
+    err = str(exited.value.code)
+    assert "\n" not in err and "Traceback" not in err
+    assert "listing shards at s3://secured-bucket/t failed" in err and "check the credentials" in err
+    assert caught.value.kind == "denied"
+    assert secret not in err and secret not in str(caught.value)
+
+
 def test_cli_errors_name_the_problem(local_s3):
     with pytest.raises(SystemExit, match=r"bucket 'no-such-cli-bucket' does not exist"):
         main(
