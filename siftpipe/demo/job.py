@@ -122,9 +122,43 @@ def plot_runs(results: Sequence[RunResult], path: str, title: str = "") -> None:
     plt.close(fig)
 
 
+def _hold_out(out: str) -> Any:
+    """Hold ``out`` for this demo: a second demo into it while this one runs is refused (found by
+    review, 2026-12-05: it replaced the shards the first was training on, which then reported
+    8% accuracy, or failed on a shard gone). Returns the open lock file (None where the OS has
+    no ``fcntl``: not held)."""
+    try:
+        import fcntl
+    except ImportError:  # (Windows)
+        return None
+    path = os.path.join(out, ".demo.lock")
+    lock = open(path, "a+")  # noqa: SIM115 (held open for the demo's length)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        raise SystemExit(
+            f"siftpipe demo: another siftpipe demo is running in {out} (it holds {path}): wait "
+            "for it to end, or give this one another --out"
+        ) from None
+    return lock
+
+
 def run_demo(args: argparse.Namespace, storage_options: Mapping[str, Any] | None = None) -> int:
     """The ``siftpipe demo`` command's work, given its parsed flags (``siftpipe.cli.demo`` defines
-    them) and the fsspec options for ``--store`` (parsed from ``--storage-option``)."""
+    them) and the fsspec options for ``--store`` (parsed from ``--storage-option``). One demo at
+    a time runs in an ``--out`` folder (a second is refused while the first runs)."""
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    lock = _hold_out(out)
+    try:
+        return _run_demo(args, storage_options)
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _run_demo(args: argparse.Namespace, storage_options: Mapping[str, Any] | None) -> int:
     import siftpipe as sp
 
     from .._optional import available, progress_bar

@@ -154,6 +154,26 @@ def test_a_store_holding_shards_and_an_audit_folder_that_is_a_file_are_refused_b
     assert [Path(u).read_bytes() for u in earlier.urls] == before  # untouched
 
 
+def test_a_second_demo_into_an_out_folder_in_use_is_refused(tmp_path):
+    """Two demos into one --out at once: the second replaced the shards the first was training
+    on, and the first reported 8% accuracy as if nothing happened, or failed on a shard gone
+    (found by review, 2026-12-05). A demo holds its --out while it runs."""
+    import fcntl
+
+    out = tmp_path / "demo"
+    out.mkdir()
+    with open(out / ".demo.lock", "a+") as held:  # as a running demo holds it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        done = subprocess.run(
+            [sys.executable, "-m", "siftpipe", "demo", "--quiet", *TINY, "--out", str(out)],
+            capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            cwd=tmp_path, check=False,
+        )  # fmt: skip
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert f"another siftpipe demo is running in {out}" in done.stderr and "another --out" in done.stderr
+    assert not (out / "shards").exists()  # nothing of the running demo's touched
+
+
 def test_a_demo_whose_plot_cannot_be_written_still_prints_its_results_and_replaces_its_shards(tmp_path):
     """The results were lost to a traceback when the plot could not be written (found by review,
     2026-12-05); and a demo's own shards left by a larger earlier run are removed, not read mixed."""
