@@ -175,26 +175,32 @@ def _cut(pipeline: Any) -> None:
         _mark(pipeline, _CUT if cut else _REPEATED)
     stages = getattr(pipeline, "pipeline", None)
     if isinstance(stages, list):
-        for i in range(len(stages)):
-            # a stage (or a pipeline it reads: a WebLoader's DataLoader) before a .slice()
-            if any(map(_slices, stages[i + 1 :])):
-                _mark(pipeline, _SLICED, only=i)
+        # the stages (and the pipelines they read: a WebLoader's DataLoader) before a .slice()
+        last = max((i for i, stage in enumerate(stages) if _slices(stage)), default=0)
+        if last:
+            _mark(pipeline, _SLICED, upto=last)
+
+
+def _attr(obj: Any, name: str) -> Any:
+    """``getattr(obj, name, None)``, also where reading it raises (a stage of one's own)."""
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
 
 
 def _slices(stage: Any) -> bool:
     """Whether ``stage`` is webdataset's ``slice`` filter (``.slice(...)``)."""
-    return getattr(stage, "f", None) is islice and isinstance(getattr(stage, "args", None), tuple)
+    return _attr(stage, "f") is islice and isinstance(_attr(stage, "args"), tuple)
 
 
-def _mark(pipeline: Any, why: str, depth: int = 0, only: int | None = None) -> None:
-    """Tell the sift stages in ``pipeline`` (stage ``only`` alone, if given) and in the pipelines
-    it reads, ``why`` no checkpoint can resume their passes."""
-    stages = getattr(pipeline, "pipeline", None)
+def _mark(pipeline: Any, why: str, depth: int = 0, upto: int | None = None) -> None:
+    """Tell the sift stages in ``pipeline`` (its first ``upto`` stages, if given) and in the
+    pipelines they read, ``why`` no checkpoint can resume their passes."""
+    stages = _attr(pipeline, "pipeline")
     if depth > 8 or not isinstance(stages, list):
         return
-    for i, stage in enumerate(stages):
-        if only is not None and i != only:
-            continue
+    for i, stage in enumerate(stages[:upto]):
         if isinstance(stage, Sifter):
             # a bare .compose(sifter): the stage .sift() adds, which knows it is cut (a
             # Sifter called directly would resume such an epoch silently wrong)
@@ -203,7 +209,7 @@ def _mark(pipeline: Any, why: str, depth: int = 0, only: int | None = None) -> N
             if stage.cut is None or why is not _SLICED:
                 stage.cut = why
             continue
-        inner = getattr(stage, "dataset", None)  # a DataLoader (WebLoader's first stage)
+        inner = _attr(stage, "dataset")  # a DataLoader (WebLoader's first stage)
         _mark(inner if inner is not None and inner is not stage else stage, why, depth + 1)
 
 

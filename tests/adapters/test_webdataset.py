@@ -203,6 +203,16 @@ def test_install_is_opt_in_idempotent_and_undone_by_uninstall(shards):
         # 2026-12-05: not noticed on webdataset's classes, resumed silently wrong)
         sliced = wds.WebDataset(shards.urls, shardshuffle=False).decode().sift(make_sifter()).slice(5)
         assert "cut by .slice(...) after it" in sliced.pipeline[-2].cut
+
+        class Odd(dict):  # a stage of one's own whose attribute reads raise KeyError
+            __getattr__ = dict.__getitem__
+
+            def __call__(self, source):
+                return source
+
+        # (the review of the fix: every compose after install() read such a stage and failed)
+        piped = wds.DataPipeline(lambda: iter([1, 2, 3]), Odd()).compose(Odd(), wds.filters.slice(2))
+        assert list(piped) == [1, 2]
     finally:
         uninstall()
     uninstall()
