@@ -368,12 +368,21 @@ class PreDecodeFilter:
         if epoch is not None and not self._memory.usable_at(epoch):
             # its keys may all be there: every loss is too old for this epoch (found by review,
             # 2026-12-05: the warning blamed the key)
+            published = int(self._meta.get("epoch", epoch))
+            why = (
+                "publish at every epoch's end (Sifter.publish_memory), or give the memory a larger max_age"
+                if published < epoch - 1
+                # published last epoch: its losses are older than that (a sample dropped before
+                # decode is not trained, so its loss is not renewed; the review of the fix)
+                else "a sample dropped before decode is not trained, so its loss is not renewed "
+                "and ages each epoch: give the memory max_age=2 or more"
+            )
             warnings.warn(
                 f"siftpipe: PreDecodeFilter finds no loss in the publication at {self._shown()} "
-                f"young enough for epoch {epoch}: it is of epoch {self._meta.get('epoch')}, and "
-                f"the memory uses losses at most max_age={self._memory.max_age} epoch(s) old. "
-                f"The {looked} samples were passed on for the stage to decide. Publish at every "
-                "epoch's end (Sifter.publish_memory), or give the memory a larger max_age",
+                f"young enough for epoch {epoch}: the memory uses losses at most "
+                f"max_age={self._memory.max_age} epoch(s) old (the publication is of epoch "
+                f"{published}). The {looked} samples were passed on for the stage to decide; "
+                f"{why}",
                 PreDecodeWarning,
                 stacklevel=3,
             )

@@ -897,6 +897,7 @@ def test_a_publication_too_old_for_the_epoch_is_said_to_be_so_not_blamed_on_the_
         len(said) == 1 and "no loss in the publication" in said[0] and "young enough for epoch 2" in said[0]
     )
     assert "max_age=1" in said[0] and "PreDecodeFilter(key=)" not in said[0]
+    assert "publish at every epoch's end" in said[0]  # (of epoch 0: none since)
 
 
 def test_a_stream_mixing_a_filters_samples_with_unfiltered_ones_is_read_as_it_is(tmp_path):
