@@ -824,7 +824,15 @@ class _ProcessTransport(_Transport):
             if written is not None:
                 # the process died after it wrote this part, before it said so: its records are
                 # in the log, and counting them dropped (or unwritten) would say they are not
-                self.on_reply(header, size, rows, {"ok": True, "bytes": written, "retries": 0})
+                reply: dict[str, Any] = {"ok": True, "bytes": written, "retries": 0}
+                if not self._part_written(header, manifest=True):
+                    # and before its manifest (found by review, 2026-12-05: nothing said, no end
+                    # marker entry, and verify failed a log that holds every record)
+                    reply["manifest_error"] = (
+                        f"the audit writer process for {self.where} exited (code {code}) after "
+                        f"writing part {int(header['part'])}, before its manifest"
+                    )
+                self.on_reply(header, size, rows, reply)
                 return
         self.on_reply(
             header,
@@ -837,14 +845,20 @@ class _ProcessTransport(_Transport):
             },
         )
 
-    def _part_written(self, header: Mapping[str, Any]) -> int | None:
-        """The size of the part ``header`` names if it is in storage (the writer puts a part whole
-        or not at all), else None; None also when storage cannot say."""
+    def _part_written(self, header: Mapping[str, Any], manifest: bool = False) -> int | None:
+        """The size of the part ``header`` names (``manifest``: of its manifest) if it is in
+        storage (the writer puts each whole or not at all), else None; None also when storage
+        cannot say."""
         try:
             import fsspec
 
             fs, _ = fsspec.core.url_to_fs(self.url, skip_instance_cache=True, **self.storage_options)
-            name = f"part-{int(header['part']):08d}-{header['identity']['attempt']}.parquet"
+            number, attempt = int(header["part"]), header["identity"]["attempt"]
+            name = (
+                f"_manifest-{number:08d}-{attempt}.json"
+                if manifest
+                else f"part-{number:08d}-{attempt}.parquet"
+            )
             return int(fs.info(fs._strip_protocol(f"{header['directory']}/{name}"))["size"])
         except Exception:  # not there, or storage cannot be asked: counted as not written
             return None

@@ -407,6 +407,48 @@ def test_a_part_written_just_before_its_writer_was_killed_is_not_counted_dropped
     assert table.num_rows + log.stats.dropped_records == 1000  # and none counted twice
 
 
+def test_a_writer_killed_while_its_manifest_is_refused_leaves_a_log_that_verifies(local_s3, bucket, proxy):
+    """The writer process killed while storage refused a part's manifest (503s, retried): the part
+    is in storage and counts written, but nothing said its manifest was missing, the end marker
+    did not list it, and verify failed a log holding every record (found by review, 2026-12-05).
+    Now it is said, listed and noted, as for a manifest storage refused while the writer lived."""
+    import os
+    import signal
+    import time
+
+    root = f"s3://{bucket}/log"
+    log = sp.AuditLog(
+        root, storage_options=options(proxy), run_id="k", writer="process", on_full="drop", flush_every=50
+    )
+    proxy.fail("status", 503, times=10_000, method="PUT", path="_manifest-00000002")
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, audit=log, seed=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        out = s(make_samples(1000, seed=2))
+        for _ in out:
+            if s.stats.seen >= 150 and log._transport.proc.poll() is None:
+                deadline = time.monotonic() + 30
+                while not any("_manifest-00000002" in path and fault for _, path, _, fault in proxy.log):
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+                os.kill(log._transport.proc.pid, signal.SIGKILL)
+                log._transport.proc.wait()
+                with proxy.lock:
+                    proxy.plan.clear()
+                while not log._transport.gone:  # (the parts after it go to the next writer)
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+                break
+        list(out)
+        s.close()
+    assert sp.read_log(root, local_s3.storage_options).num_rows == 1000 and not log.stats.dropped_records
+    said = [str(w.message) for w in caught]
+    assert any("after writing part 2, before its manifest" in m for m in said), said
+    report = sp.verify_log(root, local_s3.storage_options)
+    assert report.ok, report.lines()
+    assert "part 2 of attempt" in "\n".join(report.lines())
+
+
 COMMANDS = [["summary"], ["verify"], ["keys", "--dropped"], ["whatif", "--prune", "0.5"]]
 
 
