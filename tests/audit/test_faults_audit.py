@@ -449,6 +449,54 @@ def test_a_writer_killed_while_its_manifest_is_refused_leaves_a_log_that_verifie
     assert "part 2 of attempt" in "\n".join(report.lines())
 
 
+def test_a_writer_still_writing_at_exit_is_left_to_finish_not_killed(local_s3, bucket, proxy, tmp_path):
+    """A script that ends without close() while storage is slow: the exit handler waited 120 s,
+    then killed the writer process, losing the parts it held, where a SIGKILL of the trainer
+    would have let it write them (found by review, 2026-12-05). Now the writer finishes them
+    after the trainer is gone (EXIT_TIMEOUT made short here)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    root = f"s3://{bucket}/log"
+    script = tmp_path / "child.py"
+    script.write_text(
+        "import json, sys\n"
+        "import siftpipe as sp\n"
+        "import siftpipe.audit.log as audit_log\n"
+        "from tests.common import make_samples, loss_field\n"
+        "audit_log.EXIT_TIMEOUT = 2.0\n"
+        "options = json.loads(sys.argv[2])\n"
+        "log = sp.AuditLog(\n"
+        "    sys.argv[1], storage_options=options, run_id='x', writer='process', flush_every=50\n"
+        ")\n"
+        "s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, audit=log, seed=1)\n"
+        "print(sum(1 for _ in s(make_samples(300, seed=2))), flush=True)\n"
+    )
+    proxy.fail("hold", 0, method="PUT", path="part-00000002")  # storage stops answering at part 2
+    # (its output to files: the writer process it leaves holds pipes open until it ends)
+    with open(tmp_path / "err", "wb") as err, open(tmp_path / "out", "wb") as out:
+        child = subprocess.Popen(
+            [sys.executable, str(script), root, json.dumps(options(proxy))],
+            cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=out, stderr=err,
+        )  # fmt: skip
+        assert proxy.holding.wait(60)
+        assert child.wait(timeout=60) == 0  # it ended, storage still held
+    assert b"could not flush the audit log at exit" in (tmp_path / "err").read_bytes()
+    proxy.release()  # storage answers again, after the trainer is gone
+    deadline = time.monotonic() + 60
+    while True:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rows = sp.read_log(root, local_s3.storage_options).num_rows
+        if rows == 300 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert rows == 300  # every part the writer held, written
+
+
 COMMANDS = [["summary"], ["verify"], ["keys", "--dropped"], ["whatif", "--prune", "0.5"]]
 
 
