@@ -182,13 +182,29 @@ def test_resuming_inside_a_shard_rewritten_since_is_refused_not_skipped_as_corru
         list(resumed)
 
 
+def read_keys(source, states: list | None = None) -> list:
+    """The keys ``source`` (reset) gives to its end, its ShardWarnings ignored; ``states``: its
+    state after each sample is added there (through a save and load)."""
+    import warnings
+
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ShardWarning)
+        while True:
+            try:
+                out.append(source.next()["__key__"])
+            except StopIteration:
+                return out
+            if states is not None:
+                states.append(roundtrip(source.get_state()))
+
+
 def test_resuming_before_a_corrupt_header_further_on_reads_as_the_uninterrupted_pass(tmp_path):
     """A checkpoint inside a shard whose later header is corrupt (before the next sample's end):
     the uninterrupted pass skips the shard's rest as corrupt and goes on; the resumed one took the
     failure for a shard changed since the checkpoint, a ResumeError, every time (found by review,
     2026-12-05). The checkpoint's own header is read: whole and the expected sample's, the damage
     is the handler's."""
-    import warnings
 
     bad = write_shards(
         [{"__key__": f"b{i}", "cls": i} for i in range(3)], str(tmp_path / "bad"), progress=False
@@ -201,14 +217,7 @@ def test_resuming_before_a_corrupt_header_further_on_reads_as_the_uninterrupted_
     Path(bad).write_bytes(bytes(data))
 
     def keys(source):
-        out = []
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ShardWarning)
-            while True:
-                try:
-                    out.append(source.next()["__key__"])
-                except StopIteration:
-                    return out
+        return read_keys(source)
 
     whole = ShardSource([bad, good], handler=warn_and_continue)
     whole.reset()
@@ -236,7 +245,6 @@ def test_resuming_inside_a_shard_damaged_further_on_reads_as_the_uninterrupted_p
     ResumeError, where the uninterrupted pass skipped the rest as corrupt (found by review,
     2026-12-05)."""
     import tarfile
-    import warnings
 
     samples = [{"__key__": key.format(i), "x.npy": np.full(64, i, np.float32), "cls": i} for i in range(20)]
     urls = write_shards(samples, str(tmp_path / "t"), samples_per_shard=10, progress=False).urls
@@ -248,15 +256,8 @@ def test_resuming_inside_a_shard_damaged_further_on_reads_as_the_uninterrupted_p
     def read(state=None):
         source = ShardSource(urls, handler=warn_and_continue)
         source.reset(state)
-        out, states = [], [source.get_state()]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ShardWarning)
-            while True:
-                try:
-                    out.append(source.next()["__key__"])
-                except StopIteration:
-                    return out, states
-                states.append(roundtrip(source.get_state()))
+        states = [source.get_state()]
+        return read_keys(source, states), states
 
     whole, states = read()
     assert whole == [key.format(i) for i in [*range(4), *range(10, 20)]]
