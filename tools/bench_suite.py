@@ -448,6 +448,16 @@ ARM_KINDS = {
 }
 
 
+def keep_copied(arm: ArmSpec, done: dict[str, dict[str, Any]]) -> ArmSpec:
+    """``arm``, or for a uniform arm given no ``keep=``, the same arm keeping the rate the
+    ``recipe`` arm kept in this seed (``done``: the seed's rows so far; 0.5 without one), every
+    other parameter as given (found by review, 2026-12-05: ``uniform@feed=1`` ran with feed 8)."""
+    if arm.kind != "uniform" or "keep" in arm.params:
+        return arm
+    base = done.get("recipe")
+    return ArmSpec(arm.label, "uniform", {**arm.params, "keep": base["keep_rate"] if base else 0.5})
+
+
 def parse_arm(text: str) -> ArmSpec:
     """``kind`` or ``kind@key=value,key=value`` (values are numbers or ``none``)."""
     kind, _, rest = text.partition("@")
@@ -788,11 +798,7 @@ def run_task(task: Task, arms: list[ArmSpec], seeds: list[int], args: argparse.N
         # full first (the target), recipe arms before uniform (uniform copies recipe's keep rate)
         ordered = sorted(arms, key=lambda a: ("full", "recipe", "infobatch_ref", "uniform").index(a.kind))
         for arm in ordered:
-            spec = arm
-            if arm.kind == "uniform" and "keep" not in arm.params:
-                base = done.get("recipe")
-                keep = base["keep_rate"] if base else 0.5
-                spec = ArmSpec(arm.label, "uniform", {"keep": keep})
+            spec = keep_copied(arm, done)
             row = run_arm(task, data, spec, seed, quick=args.quick, evals=evals)
             if spec is not arm:
                 row["keep"] = spec.params["keep"]

@@ -198,3 +198,20 @@ def test_bench_tools_check_their_output_paths_first_and_judge_no_target_without_
     slower = {**arm, "time_to_target_s": {"mean": 12.0}}
     judged = train.targets({"arms": {"full": arm, "rp1": arm, "uniform": slower}})["issue5_rp1"]
     assert judged["beats_uniform"] is True and judged["met"] is True
+    # a control that ran and never reached the target is beaten (found by review, 2026-12-05:
+    # judged as no control, so the target the docs call met could never be)
+    never = {"reached": "0/3", "time_ratio_to_full": {"mean": None}, "time_to_target_s": {"mean": None}}
+    judged = train.targets({"arms": {"full": arm, "rp1": arm, "uniform": never}})["issue5_rp1"]
+    assert judged["beats_uniform"] is True and judged["met"] is True
+
+
+def test_a_uniform_arm_copies_the_recipes_keep_rate_and_keeps_its_own_parameters():
+    """uniform@feed=1 ran with the default feed of 8: the copy of the recipe's keep rate
+    rebuilt the arm from keep= alone (found by review, 2026-12-05)."""
+    bench = load_tool("bench_suite")
+    done = {"recipe": {"keep_rate": 0.75}}
+    spec = bench.keep_copied(bench.parse_arm("uniform@feed=1"), done)
+    assert spec.params == {"feed": 1.0, "keep": 0.75} and spec.label == "uniform@feed=1"
+    given = bench.parse_arm("uniform@keep=0.9")
+    assert bench.keep_copied(given, done) is given
+    assert bench.keep_copied(bench.parse_arm("uniform"), {}).params == {"keep": 0.5}
