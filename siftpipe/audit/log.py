@@ -24,6 +24,7 @@ import atexit
 import contextlib
 import datetime as _dt
 import json
+import math
 import os
 import queue
 import re
@@ -100,28 +101,41 @@ def _flush_at_exit() -> None:
     close_open_logs(None if last is None or hasattr(sys, "ps1") else _stopping(last))
 
 
-#: Seconds ``close_open_logs`` (the interpreter's exit) waits for each open log to be written.
+#: Seconds ``close_open_logs`` (the interpreter's exit) waits for each open log at least; a log
+#: waits longer while its writes may still be retried: ``retry_timeout`` + ``EXIT_MARGIN``.
 EXIT_TIMEOUT = 120.0
+EXIT_MARGIN = 60.0
 
 
 def close_open_logs(stopped_by: str | None = None) -> None:
     """Close every audit log of this process still open (at exit; a command interrupted with
-    Ctrl-C that ends with ``os._exit``, which runs no exit handler), waiting ``EXIT_TIMEOUT``
-    seconds for each. ``stopped_by``: the type of the exception ending the job, for the end
-    markers (default: the one being handled here). A writer process still writing then is left to
-    finish what it holds after this process ends (found by review, 2026-12-05: it was killed,
-    losing parts a SIGKILL of the trainer would have let it write)."""
+    Ctrl-C that ends with ``os._exit``, which runs no exit handler). ``stopped_by``: the type of
+    the exception ending the job, for the end markers (default: the one being handled here).
+
+    Each waits for its parts to be written as long as they may still be retried (its
+    ``retry_timeout`` + ``EXIT_MARGIN``, at least ``EXIT_TIMEOUT``), saying so when parts are
+    queued; past that what is unwritten is lost, as the warning says (found by review,
+    2026-12-05: a hidden 120 s, then the writer was killed with the parts it held)."""
     for log in list(_open_logs):
+        wait = EXIT_TIMEOUT
+        if math.isfinite(log.retry_timeout):
+            wait = max(wait, log.retry_timeout + EXIT_MARGIN)
+        if log._queued:
+            print(
+                f"siftpipe: writing the audit log's last {log._queued} object(s) to {log.directory} "
+                f"before exit (up to {wait:.0f} s while storage answers slowly; Ctrl-C stops "
+                "waiting, and what is unwritten then is lost)",
+                file=sys.stderr,
+                flush=True,
+            )
         try:
             log._exit_stopped_by = stopped_by
-            log._at_exit = True
-            log.close(timeout=EXIT_TIMEOUT)
+            log.close(timeout=wait)
         except Exception as exc:
             warnings.warn(
-                f"siftpipe: could not flush the audit log at exit: {exc}. A writer process goes on "
-                "writing the parts it holds after this process ends, but the log has no end marker "
-                "and reads as not closed: call sifter.close() (AuditLog.close(timeout=None)) before "
-                "the program ends to wait for it",
+                f"siftpipe: could not flush the audit log at exit: {exc}; what was not written is "
+                "not in the log (call sifter.close() before the program ends to wait as long as "
+                "the writes take)",
                 stacklevel=1,
             )
 
@@ -238,7 +252,6 @@ class AuditLog:
         self._failed: str | None = None  # the destination gave up: write nothing more
         self._closed = False
         self._exit_stopped_by: str | None = None  # set at exit after an uncaught exception
-        self._at_exit = False  # closed by the interpreter's exit (close_open_logs)
         # [first seq, last seq, count] of rows recorded as kept that a pass left before handing
         # on (Sifter._unhanded): the end marker says so, and readers read them as not kept
         self._unhanded: list[list[int]] = []
@@ -479,7 +492,7 @@ class AuditLog:
             self._closed = True
             _open_logs.discard(self)
             if self._transport is not None:
-                self._transport.close(timeout, kill=not self._at_exit)
+                self._transport.close(timeout)
 
     def __enter__(self) -> AuditLog:
         return self
@@ -739,9 +752,7 @@ class _Transport:
     def send(self, header: dict[str, Any], buffers: list[Any], size: int, rows: int) -> None:
         raise NotImplementedError
 
-    def close(self, timeout: float | None, kill: bool = True) -> None:
-        """Stop writing, waiting ``timeout`` seconds; ``kill``: stop a writer still busy then
-        (else it is left to finish: at the interpreter's exit)."""
+    def close(self, timeout: float | None) -> None:
         raise NotImplementedError
 
 
@@ -774,7 +785,7 @@ class _ThreadTransport(_Transport):
         error = "the log was closed (close(timeout=) ran out) before this could be written"
         self.on_reply(header, size, rows, {"ok": False, "error": error})
 
-    def close(self, timeout: float | None, kill: bool = True) -> None:
+    def close(self, timeout: float | None) -> None:
         self.queue.put(None)
         self.thread.join(timeout)
         if self.thread.is_alive():
@@ -928,14 +939,12 @@ class _ProcessTransport(_Transport):
                 return
             self._lost(header, size, rows)
 
-    def close(self, timeout: float | None, kill: bool = True) -> None:
+    def close(self, timeout: float | None) -> None:
         self.outbox.put(None)
         self.sender.join(timeout)
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            if not kill:
-                return  # it writes what it holds, then ends as its input does
             self.proc.kill()
         self.reader.join(timeout)
         if not self.reader.is_alive():
