@@ -343,7 +343,7 @@ def write_shards(
         )
     if existing not in ("keep", "refuse", "replace"):
         raise ConfigError(f"existing must be 'keep', 'refuse' or 'replace', got {existing!r}")
-    before = existing_shards(prefix, storage_options) if existing != "keep" else []
+    before = existing_shards(prefix, storage_options, retries=retries) if existing != "keep" else []
     if before and existing == "refuse":
         raise ConfigError(
             f"{redact_url(prefix)} already holds {len(before)} shard(s) ({redact_url(before[0])}, ...): "
@@ -409,12 +409,16 @@ def write_shards(
     return ShardSet(urls=urls, counts=counts, pattern=pattern)
 
 
-def existing_shards(prefix: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+def existing_shards(
+    prefix: str, storage_options: Mapping[str, Any] | None = None, *, retries: int = 5
+) -> list[str]:
     """The shards ``write_shards`` would have written at ``prefix`` that are there now
     (``{prefix}-NNNNNN.tar``, in order), as URLs of ``prefix``'s form. A command that writes a
     dataset checks it first: writing over an earlier, larger one leaves its last shards beside
-    the new ones, and a reader of the prefix's shards then reads two datasets mixed."""
-    opener = ShardOpener(storage_options)
+    the new ones, and a reader of the prefix's shards then reads two datasets mixed. ``retries``:
+    of a listing that fails for a reason that may pass, as ``write_shards``' own (a failure is a
+    ``ShardError`` naming the fix)."""
+    opener = ShardOpener(storage_options, retries=retries)
     fs, _ = opener.filesystem(prefix)
     path = fs._strip_protocol(prefix)
     folder, _, name = path.rpartition("/")

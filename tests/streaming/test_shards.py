@@ -295,6 +295,12 @@ def test_writing_where_the_listing_is_refused_gives_one_line_that_names_the_fix(
     assert "listing shards at s3://secured-bucket/t failed" in err and "check the credentials" in err
     assert caught.value.kind == "denied"
     assert secret not in err and secret not in str(caught.value)
+    # retried as the write is: write_shards' retries= counts for it (the review of the fix: 5, always)
+    refusing = {"endpoint_url": "http://127.0.0.1:9", "key": key, "secret": secret,
+                "config_kwargs": {"retries": {"total_max_attempts": 1}}}  # fmt: skip
+    with pytest.raises(sp.ShardError, match=r"listing shards at .* after 1 attempt\(s\)"):
+        write_shards(synthetic_classification(10), "s3://refusing/t", storage_options=refusing,
+                     existing="refuse", retries=0, progress=False)  # fmt: skip
 
 
 def test_cli_errors_name_the_problem(local_s3):
