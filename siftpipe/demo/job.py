@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
 import sys
@@ -132,11 +133,19 @@ def _hold_out(out: str) -> Any:
     except ImportError:  # (Windows)
         return None
     path = os.path.join(out, ".demo.lock")
-    lock = open(path, "a+")  # noqa: SIM115 (held open for the demo's length)
+    try:
+        lock = open(path, "a+")  # noqa: SIM115 (held open for the demo's length)
+    except OSError as exc:  # (the review of the lock: a read-only --out gave a traceback)
+        raise SystemExit(
+            f"siftpipe demo: cannot write in {out} ({exc.strerror or exc}): give an --out that "
+            "can be written"
+        ) from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except OSError as exc:
         lock.close()
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return None  # a filesystem without locks (some NFS, FUSE): not held, as on Windows
         raise SystemExit(
             f"siftpipe demo: another siftpipe demo is running in {out} (it holds {path}): wait "
             "for it to end, or give this one another --out"

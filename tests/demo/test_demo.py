@@ -174,6 +174,27 @@ def test_a_second_demo_into_an_out_folder_in_use_is_refused(tmp_path):
     assert not (out / "shards").exists()  # nothing of the running demo's touched
 
 
+def test_the_demos_hold_on_its_out_folder_fails_only_for_another_demo(tmp_path, monkeypatch):
+    """The review of the lock: an --out whose lock file cannot be made gave a traceback, and a
+    filesystem without locks (ENOLCK: some NFS and FUSE mounts) read as another demo running,
+    every time."""
+    import errno
+    import fcntl
+
+    from siftpipe.demo import job
+
+    blocked = tmp_path / "blocked"
+    (blocked / ".demo.lock").mkdir(parents=True)  # cannot be opened as a file
+    with pytest.raises(SystemExit, match=r"cannot write in .*blocked.*an --out that can be written"):
+        job._hold_out(str(blocked))
+
+    def no_locks(file, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    assert job._hold_out(str(tmp_path)) is None  # not held, and not refused
+
+
 def test_a_demo_whose_plot_cannot_be_written_still_prints_its_results_and_replaces_its_shards(tmp_path):
     """The results were lost to a traceback when the plot could not be written (found by review,
     2026-12-05); and a demo's own shards left by a larger earlier run are removed, not read mixed."""
