@@ -105,32 +105,52 @@ def _flush_at_exit() -> None:
 #: waits longer while its writes may still be retried: ``retry_timeout`` + ``EXIT_MARGIN``.
 EXIT_TIMEOUT = 120.0
 EXIT_MARGIN = 60.0
+#: Seconds of waiting at exit before ``close_open_logs`` says on stderr what it waits for.
+EXIT_NOTE_AFTER = 3.0
 
 
 def close_open_logs(stopped_by: str | None = None) -> None:
-    """Close every audit log of this process still open (at exit; a command interrupted with
-    Ctrl-C that ends with ``os._exit``, which runs no exit handler). ``stopped_by``: the type of
-    the exception ending the job, for the end markers (default: the one being handled here).
+    """Close every audit log this process opened and left open (at exit; a command interrupted
+    with Ctrl-C that ends with ``os._exit``, which runs no exit handler). ``stopped_by``: the
+    type of the exception ending the job, for the end markers (default: the one being handled
+    here).
 
-    Each waits for its parts to be written as long as they may still be retried (its
-    ``retry_timeout`` + ``EXIT_MARGIN``, at least ``EXIT_TIMEOUT``), saying so when parts are
-    queued; past that what is unwritten is lost, as the warning says (found by review,
-    2026-12-05: a hidden 120 s, then the writer was killed with the parts it held)."""
+    Each waits for its writes as long as they may still be retried (its ``retry_timeout`` +
+    ``EXIT_MARGIN``, at least ``EXIT_TIMEOUT``), saying so on stderr once it has waited
+    ``EXIT_NOTE_AFTER`` seconds; past that, or at Ctrl-C, its writer is stopped and what is
+    unwritten is lost, as the warning then says (found by review, 2026-12-05: a hidden 120 s,
+    then the writer was killed with the parts it held). A forked child closes none of its
+    parent's logs (their writer is the parent's)."""
+    interrupted = False
     for log in list(_open_logs):
+        if log._pid != os.getpid():
+            continue
         wait = EXIT_TIMEOUT
         if math.isfinite(log.retry_timeout):
             wait = max(wait, log.retry_timeout + EXIT_MARGIN)
-        if log._queued:
-            print(
-                f"siftpipe: writing the audit log's last {log._queued} object(s) to {log.directory} "
-                f"before exit (up to {wait:.0f} s while storage answers slowly; Ctrl-C stops "
-                "waiting, and what is unwritten then is lost)",
+        note = threading.Timer(
+            EXIT_NOTE_AFTER,
+            lambda log=log, wait=wait: print(
+                f"siftpipe: writing the audit log's last records to {log.directory} before exit "
+                f"(up to {wait:.0f} s in all while storage answers slowly; Ctrl-C stops waiting, "
+                "and what is unwritten then is lost)",
                 file=sys.stderr,
                 flush=True,
-            )
+            ),
+        )
+        note.daemon = True
         try:
             log._exit_stopped_by = stopped_by
-            log.close(timeout=wait)
+            if not interrupted:
+                note.start()
+            log.close(timeout=0.0 if interrupted else wait)
+        except KeyboardInterrupt:
+            interrupted = True  # (close stopped the writer at once; so do the logs after it)
+            warnings.warn(
+                f"siftpipe: interrupted while writing the audit log {log.directory} at exit: what "
+                "was not written is not in the log, and it has no end marker (verify: did not close)",
+                stacklevel=1,
+            )
         except Exception as exc:
             warnings.warn(
                 f"siftpipe: could not flush the audit log at exit: {exc}; what was not written is "
@@ -138,6 +158,8 @@ def close_open_logs(stopped_by: str | None = None) -> None:
                 "the writes take)",
                 stacklevel=1,
             )
+        finally:
+            note.cancel()
 
 
 class AuditLog:
@@ -252,6 +274,7 @@ class AuditLog:
         self._failed: str | None = None  # the destination gave up: write nothing more
         self._closed = False
         self._exit_stopped_by: str | None = None  # set at exit after an uncaught exception
+        self._pid = os.getpid()  # the process whose exit closes it (set again when its writer starts)
         # [first seq, last seq, count] of rows recorded as kept that a pass left before handing
         # on (Sifter._unhanded): the end marker says so, and readers read them as not kept
         self._unhanded: list[list[int]] = []
@@ -458,6 +481,7 @@ class AuditLog:
             return
         # a refused claim was raised already and nothing was written under it: nothing to report
         refused = self._failed is not None and self._failed == self._claim and self._error is None
+        interrupted = False
         try:
             if not (refused and not self._buffer):
                 self.flush(timeout)
@@ -488,11 +512,14 @@ class AuditLog:
                     0,
                 )
                 self.flush(timeout)
+        except KeyboardInterrupt:
+            interrupted = True  # Ctrl-C while it waits: stop the writer now, not after timeout
+            raise
         finally:
             self._closed = True
             _open_logs.discard(self)
             if self._transport is not None:
-                self._transport.close(timeout)
+                self._transport.close(0.0 if interrupted else timeout)
 
     def __enter__(self) -> AuditLog:
         return self
@@ -606,6 +633,7 @@ class AuditLog:
             cls = _ProcessTransport if self.writer == "process" else _ThreadTransport
             self._transport = cls(config, self._on_reply, self._safe_url())
             _open_logs.add(self)
+            self._pid = os.getpid()  # the process whose exit closes it (not a forked child)
         if self._claim is None and self._failed is None:
             self._claim = "pending"
             body = {**self._identity(), "resumed": self._resumed, "run_id_from": self._run_id_from}

@@ -493,6 +493,85 @@ def test_a_log_still_writing_at_exit_is_waited_for_while_it_may_be_retried_and_s
     assert report.ok and report.complete  # closed whole: its end marker written
 
 
+def test_ctrl_c_stops_the_exit_wait_at_once_and_says_what_is_lost(local_s3, bucket, proxy, tmp_path):
+    """At exit the wait for a log's writes lasts as long as they may be retried; the note said
+    Ctrl-C stops it, but the interrupt landed in a wait that then waited again for the whole
+    timeout, and a second Ctrl-C left the writer holding the caller's pipes (the review of the
+    exit fix, 2026-12-05). Now one Ctrl-C stops the writer and warns."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    root = f"s3://{bucket}/log"
+    script = tmp_path / "child.py"
+    script.write_text(
+        "import json, sys\n"
+        "import siftpipe as sp\n"
+        "import siftpipe.audit.log as audit_log\n"
+        "from tests.common import make_samples, loss_field\n"
+        "audit_log.EXIT_NOTE_AFTER = 0.5\n"
+        "log = sp.AuditLog(sys.argv[1], storage_options=json.loads(sys.argv[2]), run_id='x',\n"
+        "                  writer='process', flush_every=50, retry_timeout=300)\n"
+        "s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, audit=log, seed=1)\n"
+        "print(sum(1 for _ in s(make_samples(300, seed=2))), flush=True)\n"
+    )
+    proxy.fail("hold", 0, method="PUT", path="part-00000002")  # storage stops answering
+    child = subprocess.Popen(
+        [sys.executable, str(script), root, json.dumps(options(proxy))],
+        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    if not proxy.holding.wait(60):
+        child.kill()
+        raise AssertionError(child.communicate()[1].decode()[-3000:])
+    noted = b""
+    while b"before exit (up to 360 s in all" not in noted:  # the exit wait is on, and said
+        line = child.stderr.readline()
+        assert line, noted.decode()
+        noted += line
+    child.send_signal(signal.SIGINT)
+    try:
+        _, err = child.communicate(timeout=60)  # not the 360 s the writes may be retried
+    finally:
+        child.kill()
+        proxy.release()
+    assert b"interrupted while writing the audit log" in err and b"Traceback" not in err, err.decode()
+
+
+def test_a_forked_child_leaves_its_parents_log_alone_at_exit(tmp_path):
+    """A child forked by a process with an open log ran the exit handler on that log: it waited
+    on a writer thread that does not exist in the child, 660 s by default (found by review,
+    2026-12-05; 120 s before). A child now closes no log its parent opened."""
+    import os
+    import time
+
+    from siftpipe.audit import log as audit_log
+
+    log = sp.AuditLog(str(tmp_path / "log"), run_id="p", writer="thread", flush_every=1000)
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, audit=log, seed=1)
+    it = s(make_samples(300, seed=2))
+    next(it)  # a pass open, records buffered
+    pid = os.fork()
+    if pid == 0:  # the child: runs siftpipe's exit handler, as its interpreter's exit would
+        try:
+            audit_log._flush_at_exit()
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        raise AssertionError("the forked child still waited on its parent's log after 60 s")
+    list(it)
+    s.close()
+    assert sp.verify_log(str(tmp_path / "log")).ok
+
+
 COMMANDS = [["summary"], ["verify"], ["keys", "--dropped"], ["whatif", "--prune", "0.5"]]
 
 
