@@ -137,8 +137,7 @@ def _hold_out(out: str) -> Any:
         lock = open(path, "a+")  # noqa: SIM115 (held open for the demo's length)
     except OSError as exc:  # (the review of the lock: a read-only --out gave a traceback)
         raise SystemExit(
-            f"siftpipe demo: cannot write in {out} ({exc.strerror or exc}): give an --out that "
-            "can be written"
+            f"siftpipe demo: cannot write in {out} ({exc.strerror or exc}): give an --out that can be written"
         ) from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
