@@ -187,12 +187,17 @@ def test_shards_read_before_a_process_mapper_are_counted_whole(tmp_path):
     """torchdata's ParallelMapper(method="process") starts the thread that reads the ShardSource
     before it forks its processes; the fork's swap of the shard counters to shared memory lost
     what that thread counted meanwhile: a skipped shard uncounted in 5 of 8 fresh pipelines, and
-    76 of 80 samples counted (found by review, 2026-12-05). The source shares them when reset."""
+    76 of 80 samples counted (found by review, 2026-12-05). What was counted into the old buffer
+    during the swap is carried over; a source read in a process that starts no worker keeps
+    its counters in its own memory (no file descriptor: hundreds of sources fit ``ulimit -n``;
+    the review of a first fix that shared them at each reset)."""
     from siftpipe.streaming.opener import warn_and_continue as skip
 
     urls = write_shards(synthetic_classification(80, dim=3), str(tmp_path / "t"), samples_per_shard=10,
                         progress=False).urls  # fmt: skip
     decode = functools.partial(decode_sample, to_torch=True)
+    alone = ShardSource(urls)
+    assert len(list(Loader(alone))) == 80 and not alone.opener.counts._buffer.is_shared()
     for _ in range(4):  # fresh pipelines: the race is at each one's start
         source = ShardSource([str(tmp_path / "missing-000.tar"), *urls], handler=skip)
         node = ParallelMapper(source, decode, num_workers=2, method="process")
