@@ -142,7 +142,13 @@ def close_open_logs(stopped_by: str | None = None) -> None:
         try:
             log._exit_stopped_by = stopped_by
             if not interrupted:
-                note.start()
+                try:
+                    note.start()
+                except RuntimeError:
+                    # no new thread at interpreter shutdown (Python 3.12 on, in an exit handler;
+                    # the review of the note): said now, when parts wait to be written
+                    if log._queued:
+                        note.function()
             log.close(timeout=0.0 if interrupted else wait)
         except KeyboardInterrupt:
             interrupted = True  # (close stopped the writer at once; so do the logs after it)
@@ -519,7 +525,12 @@ class AuditLog:
             self._closed = True
             _open_logs.discard(self)
             if self._transport is not None:
-                self._transport.close(0.0 if interrupted else timeout)
+                try:
+                    self._transport.close(0.0 if interrupted else timeout)
+                except KeyboardInterrupt:
+                    # Ctrl-C in this wait (after a flush that ran out of time): stop it now too
+                    self._transport.close(0.0)
+                    raise
 
     def __enter__(self) -> AuditLog:
         return self

@@ -572,6 +572,74 @@ def test_a_forked_child_leaves_its_parents_log_alone_at_exit(tmp_path):
     assert sp.verify_log(str(tmp_path / "log")).ok
 
 
+def test_ctrl_c_in_the_exit_waits_second_part_stops_the_writer_too(local_s3, bucket, proxy, tmp_path):
+    """A flush that ran out of time at exit is followed by a wait for the writer to end; a Ctrl-C
+    there left the writer process running, holding the caller's pipes for as long as it retried
+    (the review of the exit fix, 2026-12-05)."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = f"s3://{bucket}/log"
+    script = tmp_path / "child.py"
+    script.write_text(
+        "import json, sys\n"
+        "import siftpipe as sp\n"
+        "import siftpipe.audit.log as audit_log\n"
+        "from tests.common import make_samples, loss_field\n"
+        "audit_log.EXIT_TIMEOUT, audit_log.EXIT_MARGIN, audit_log.EXIT_NOTE_AFTER = 4.0, 0.0, 0.5\n"
+        "log = sp.AuditLog(sys.argv[1], storage_options=json.loads(sys.argv[2]), run_id='x',\n"
+        "                  writer='process', flush_every=50, retry_timeout=1)\n"
+        "s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, audit=log, seed=1)\n"
+        "print(sum(1 for _ in s(make_samples(300, seed=2))), flush=True)\n"
+    )
+    proxy.fail("hold", 0, method="PUT", path="part-00000002")  # storage stops answering
+    child = subprocess.Popen(
+        [sys.executable, str(script), root, json.dumps(options(proxy))],
+        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proxy.holding.wait(60)
+        noted = b""
+        while b"before exit" not in noted:
+            line = child.stderr.readline()
+            assert line, noted.decode()
+            noted += line
+        time.sleep(5)  # the flush's 4 s ran out: the wait for the writer to end is on
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=30)  # its stderr ends: no writer left holding it
+    finally:
+        child.kill()
+        proxy.release()
+    assert b"interrupted while writing the audit log" in err and b"Traceback" not in err, err.decode()
+
+
+def test_the_exit_handler_closes_logs_where_no_thread_may_start(tmp_path, monkeypatch):
+    """Python 3.12 on refuses new threads in an exit handler; the note's timer raised there and
+    the log was never closed: records lost, no end marker (the review of the exit fix,
+    2026-12-05). The refusal is simulated here."""
+    import threading
+
+    from siftpipe.audit import log as audit_log
+
+    log = sp.AuditLog(str(tmp_path / "log"), run_id="p", writer="thread", flush_every=1000)
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, audit=log, seed=1)
+    list(s(make_samples(300, seed=2)))  # buffered, not closed
+
+    def refused(self):
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(threading.Timer, "start", refused)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "could not flush"
+        audit_log.close_open_logs()
+    report = sp.verify_log(str(tmp_path / "log"))
+    assert report.ok and report.complete and sp.read_log(str(tmp_path / "log")).num_rows == 300
+
+
 COMMANDS = [["summary"], ["verify"], ["keys", "--dropped"], ["whatif", "--prune", "0.5"]]
 
 
