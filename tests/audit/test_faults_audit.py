@@ -449,6 +449,42 @@ def test_a_writer_killed_while_its_manifest_is_refused_leaves_a_log_that_verifie
     assert "part 2 of attempt" in "\n".join(report.lines())
 
 
+def exiting_child(tmp_path, proxy, root: str, settings: str, retry_timeout: float):
+    """A process that sifts 300 samples into an audit log at ``root`` through ``proxy`` (storage
+    held at part 2) and ends without close(), its exit handler's ``settings`` made short."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "child.py"
+    script.write_text(
+        "import json, sys\n"
+        "import siftpipe as sp\n"
+        "import siftpipe.audit.log as audit_log\n"
+        "from tests.common import make_samples, loss_field\n"
+        f"{settings}\n"
+        "log = sp.AuditLog(sys.argv[1], storage_options=json.loads(sys.argv[2]), run_id='x',\n"
+        f"                  writer='process', flush_every=50, retry_timeout={retry_timeout})\n"
+        "s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, audit=log, seed=1)\n"
+        "print(sum(1 for _ in s(make_samples(300, seed=2))), flush=True)\n"
+    )
+    proxy.fail("hold", 0, method="PUT", path="part-00000002")  # storage stops answering at part 2
+    return subprocess.Popen(
+        [sys.executable, str(script), root, json.dumps(options(proxy))],
+        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def read_until(child, said: bytes) -> None:
+    """Read ``child``'s stderr until it has said ``said``."""
+    noted = b""
+    while said not in noted:
+        line = child.stderr.readline()
+        assert line, noted.decode()
+        noted += line
+
+
 def test_a_log_still_writing_at_exit_is_waited_for_while_it_may_be_retried_and_says_so(
     local_s3, bucket, proxy, tmp_path
 ):
@@ -457,30 +493,12 @@ def test_a_log_still_writing_at_exit_is_waited_for_while_it_may_be_retried_and_s
     its end marker (found by review, 2026-12-05). Now it waits as long as the writes may be
     retried (retry_timeout + EXIT_MARGIN, at least EXIT_TIMEOUT; made short here), says so, and
     the log closes whole once storage answers."""
-    import json
-    import os
-    import subprocess
-    import sys
     import time
 
     root = f"s3://{bucket}/log"
-    script = tmp_path / "child.py"
-    script.write_text(
-        "import json, sys\n"
-        "import siftpipe as sp\n"
-        "import siftpipe.audit.log as audit_log\n"
-        "from tests.common import make_samples, loss_field\n"
-        "audit_log.EXIT_TIMEOUT, audit_log.EXIT_MARGIN = 1.0, 1.0\n"
-        "log = sp.AuditLog(sys.argv[1], storage_options=json.loads(sys.argv[2]), run_id='x',\n"
-        "                  writer='process', flush_every=50, retry_timeout=30)\n"
-        "s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, audit=log, seed=1)\n"
-        "print(sum(1 for _ in s(make_samples(300, seed=2))), flush=True)\n"
+    child = exiting_child(
+        tmp_path, proxy, root, "audit_log.EXIT_TIMEOUT, audit_log.EXIT_MARGIN = 1.0, 1.0", 30
     )
-    proxy.fail("hold", 0, method="PUT", path="part-00000002")  # storage stops answering at part 2
-    child = subprocess.Popen(
-        [sys.executable, str(script), root, json.dumps(options(proxy))],
-        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
     assert proxy.holding.wait(60)
     time.sleep(3)  # past EXIT_TIMEOUT: the exit handler waits on, as the writes may be retried
     proxy.release()
@@ -498,38 +516,14 @@ def test_ctrl_c_stops_the_exit_wait_at_once_and_says_what_is_lost(local_s3, buck
     Ctrl-C stops it, but the interrupt landed in a wait that then waited again for the whole
     timeout, and a second Ctrl-C left the writer holding the caller's pipes (the review of the
     exit fix, 2026-12-05). Now one Ctrl-C stops the writer and warns."""
-    import json
-    import os
     import signal
-    import subprocess
-    import sys
 
     root = f"s3://{bucket}/log"
-    script = tmp_path / "child.py"
-    script.write_text(
-        "import json, sys\n"
-        "import siftpipe as sp\n"
-        "import siftpipe.audit.log as audit_log\n"
-        "from tests.common import make_samples, loss_field\n"
-        "audit_log.EXIT_NOTE_AFTER = 0.5\n"
-        "log = sp.AuditLog(sys.argv[1], storage_options=json.loads(sys.argv[2]), run_id='x',\n"
-        "                  writer='process', flush_every=50, retry_timeout=300)\n"
-        "s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, audit=log, seed=1)\n"
-        "print(sum(1 for _ in s(make_samples(300, seed=2))), flush=True)\n"
-    )
-    proxy.fail("hold", 0, method="PUT", path="part-00000002")  # storage stops answering
-    child = subprocess.Popen(
-        [sys.executable, str(script), root, json.dumps(options(proxy))],
-        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+    child = exiting_child(tmp_path, proxy, root, "audit_log.EXIT_NOTE_AFTER = 0.5", 300)
     if not proxy.holding.wait(60):
         child.kill()
         raise AssertionError(child.communicate()[1].decode()[-3000:])
-    noted = b""
-    while b"before exit (up to 360 s in all" not in noted:  # the exit wait is on, and said
-        line = child.stderr.readline()
-        assert line, noted.decode()
-        noted += line
+    read_until(child, b"before exit (up to 360 s in all")  # the exit wait is on, and said
     child.send_signal(signal.SIGINT)
     try:
         _, err = child.communicate(timeout=60)  # not the 360 s the writes may be retried
@@ -576,38 +570,15 @@ def test_ctrl_c_in_the_exit_waits_second_part_stops_the_writer_too(local_s3, buc
     """A flush that ran out of time at exit is followed by a wait for the writer to end; a Ctrl-C
     there left the writer process running, holding the caller's pipes for as long as it retried
     (the review of the exit fix, 2026-12-05)."""
-    import json
-    import os
     import signal
-    import subprocess
-    import sys
     import time
 
     root = f"s3://{bucket}/log"
-    script = tmp_path / "child.py"
-    script.write_text(
-        "import json, sys\n"
-        "import siftpipe as sp\n"
-        "import siftpipe.audit.log as audit_log\n"
-        "from tests.common import make_samples, loss_field\n"
-        "audit_log.EXIT_TIMEOUT, audit_log.EXIT_MARGIN, audit_log.EXIT_NOTE_AFTER = 4.0, 0.0, 0.5\n"
-        "log = sp.AuditLog(sys.argv[1], storage_options=json.loads(sys.argv[2]), run_id='x',\n"
-        "                  writer='process', flush_every=50, retry_timeout=1)\n"
-        "s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, audit=log, seed=1)\n"
-        "print(sum(1 for _ in s(make_samples(300, seed=2))), flush=True)\n"
-    )
-    proxy.fail("hold", 0, method="PUT", path="part-00000002")  # storage stops answering
-    child = subprocess.Popen(
-        [sys.executable, str(script), root, json.dumps(options(proxy))],
-        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+    settings = "audit_log.EXIT_TIMEOUT, audit_log.EXIT_MARGIN, audit_log.EXIT_NOTE_AFTER = 4.0, 0.0, 0.5"
+    child = exiting_child(tmp_path, proxy, root, settings, 1)
     try:
         assert proxy.holding.wait(60)
-        noted = b""
-        while b"before exit" not in noted:
-            line = child.stderr.readline()
-            assert line, noted.decode()
-            noted += line
+        read_until(child, b"before exit")
         time.sleep(5)  # the flush's 4 s ran out: the wait for the writer to end is on
         child.send_signal(signal.SIGINT)
         _, err = child.communicate(timeout=30)  # its stderr ends: no writer left holding it
