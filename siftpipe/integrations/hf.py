@@ -344,9 +344,6 @@ class SiftTrainerMixin(_Base):
                 )
         targs.ignore_data_skip = True
 
-        self._sift_own_terms = sample_loss is not None
-        if sifter.attach_weight:
-            self._sift_check_terms()
         if isinstance(sifter.collate_fn, MetaCollate):
             # its collate function, output batch and (when it follows one) model were set from
             # the trainer it serves: a second trainer would collate with the first's collator and
@@ -361,6 +358,10 @@ class SiftTrainerMixin(_Base):
         self.sift_sample_loss = sample_loss or (
             sifter.scorer if isinstance(sifter.scorer, ModelLoss) else ModelLoss()
         )
+        # the ModelLoss chosen here (None: one given); sift_sample_loss set later is one's own
+        self._sift_default_terms = None if sample_loss is not None else self.sift_sample_loss
+        if sifter.attach_weight:
+            self._sift_check_terms()
         self.sift_feedback = sifter.memory is not None if feedback is None else bool(feedback)
         if self.sift_feedback and sifter.memory is None:
             raise sp.ConfigError(
@@ -436,7 +437,8 @@ class SiftTrainerMixin(_Base):
         """Refuse weights where the Trainer's loss is not the model's own and no ``sample_loss``
         says how to split it: at construction, and at each weighted step (a weighting policy or
         a ``compute_loss_func`` set later; found by review, 2026-12-05: trained silently wrong)."""
-        if not self._sift_own_terms and (self.args.label_smoothing_factor or self.compute_loss_func):
+        default = self.sift_sample_loss is self._sift_default_terms
+        if default and (self.args.label_smoothing_factor or self.compute_loss_func):
             raise sp.ConfigError(
                 "the policy weights samples, and label_smoothing_factor / compute_loss_func change the "
                 "loss away from the model's own, which ModelLoss splits into per-sample terms: pass "

@@ -417,6 +417,14 @@ def test_a_weighting_policy_set_later_over_a_loss_that_is_not_the_models_is_refu
     )  # fmt: skip
     trainer.train()
     assert trainer.state.global_step == 3
+    # a sample_loss set after construction is one's own too (the review of the fix)
+    sifter = sp.Sifter(None, ModelLoss(), sp.RelativeProbabilistic(1.0, 64), micro_batch=16)
+    trainer = SiftTrainer(
+        model=gpt2(0.0), args=args, train_dataset=Listed(sequences(32)), data_collator=pad, sifter=sifter
+    )
+    trainer.sift_sample_loss, sifter.policy = SmoothedTerms(), sp.PruneEasy(0.5)
+    trainer.train()
+    assert trainer.state.global_step == 3
 
 
 def test_scoring_a_decoder_keeps_no_key_value_cache():
