@@ -213,6 +213,15 @@ def _mark(pipeline: Any, why: str, depth: int = 0, upto: int | None = None) -> N
         _mark(inner if inner is not None and inner is not stage else stage, why, depth + 1)
 
 
+def _stage_for(pipeline: Any, sifter: Sifter) -> SiftStage:
+    """The stage ``.sift(sifter)`` (or ``.compose(sifter)``) adds at the end of ``pipeline``: its
+    sifter watching the pipeline's shards, told whether they are drawn at random."""
+    sifter.watch_shards(pipeline)
+    stage = SiftStage(sifter)
+    stage.random_source = _random_shards(pipeline)
+    return stage
+
+
 def _random_shards(pipeline: Any, depth: int = 0) -> bool:
     """Whether ``pipeline`` (a DataPipeline, a DataLoader over one) draws its shards at random
     by design: webdataset's ``ResampledShards`` without ``deterministic=True``."""
@@ -268,12 +277,9 @@ class SiftFluid:
         dataset that DataLoader workers iterate (that raises ``SiftInWorkerError``).
         """
         sifter = _make_sifter(args, kwargs)
-        sifter.watch_shards(self)
-        result = self.compose(SiftStage(sifter))  # type: ignore[attr-defined]
+        result = self.compose(_stage_for(self, sifter))  # type: ignore[attr-defined]
         result.sifter = sifter
         _cut(result)  # a .with_epoch(n) before .sift() carries over to the copy
-        stage = result.pipeline[-1]
-        stage.random_source = _random_shards(self)
         return result
 
     def compose(self, *args: Any) -> Any:
@@ -282,11 +288,7 @@ class SiftFluid:
         cuts its output into epochs (a bare Sifter resumed such an epoch silently wrong)."""
         # a bare Sifter becomes the stage .sift() adds, which skips the items a resumed pass
         # had finished (found by review, 2026-12-05: composed bare, it could not resume)
-        stages = [SiftStage(a) if isinstance(a, Sifter) else a for a in args]
-        for stage in stages:
-            if isinstance(stage, SiftStage) and not any(a is stage for a in args):
-                stage.sifter.watch_shards(self)
-                stage.random_source = _random_shards(self)
+        stages = [_stage_for(self, a) if isinstance(a, Sifter) else a for a in args]
         result = super().compose(*stages)  # type: ignore[misc]
         _cut(result)
         return result

@@ -478,7 +478,8 @@ class Sifter:
         knows filters mark the rows it is handed."""
         if hand_on(pipeline, "follow_sifter_run", self._run_began):
             self._decider.upstream_filters = True
-            hand_on(pipeline, "follow_sifter_resume", self._resumed)
+            if self._resumed is not None:  # (a second walk of the graph only after a resume)
+                hand_on(pipeline, "follow_sifter_resume", self._resumed)
 
     def describe(self) -> StageInfo:
         """The settings that decide, as plain data (what a sink records about the stage)."""
