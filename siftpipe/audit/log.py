@@ -471,26 +471,40 @@ class AuditLog:
 
     def flush(self, timeout: float | None = None) -> None:
         """Seal what is collected and wait until every part handed over is written (or ``timeout`` s)."""
+        self._flush(timeout, timeout)
+
+    def _flush(self, wait: float | None, said: float | None) -> None:
+        """``flush``, waiting ``wait`` s; its error names ``said``, the caller's whole timeout."""
         self.seal()
         with self._space:
-            done = self._space.wait_for(lambda: self._queued == 0, timeout)
+            done = self._space.wait_for(lambda: self._queued == 0, wait)
         if not done:
             raise AuditError(
-                f"the audit log at {self._safe_url()} did not finish writing within {timeout} s "
+                f"the audit log at {self._safe_url()} did not finish writing within {said} s "
                 f"({self._queued} part(s) queued)"
             )
         self._raise_if_failed()
 
     def close(self, timeout: float | None = None) -> None:
-        """Flush, write this attempt's end marker and stop the writer. Idempotent."""
+        """Flush, write this attempt's end marker and stop the writer, all within ``timeout``
+        seconds (None: as long as it takes); past it, what is unwritten is counted unwritten and
+        ``AuditError`` says so. Idempotent.
+
+        The timeout bounds the whole close (found by review, 2026-12-05: each of its waits took
+        the whole timeout, about 3x in all with a writer process)."""
         if self._closed:
             return
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
         # a refused claim was raised already and nothing was written under it: nothing to report
         refused = self._failed is not None and self._failed == self._claim and self._error is None
         interrupted = False
         try:
             if not (refused and not self._buffer):
-                self.flush(timeout)
+                self._flush(left(), timeout)
             if self._transport is not None and self._failed is None:
                 marker = {
                     **self._identity(),
@@ -517,7 +531,7 @@ class AuditLog:
                     [],
                     0,
                 )
-                self.flush(timeout)
+                self._flush(left(), timeout)
         except KeyboardInterrupt:
             interrupted = True  # Ctrl-C while it waits: stop the writer now, not after timeout
             raise
@@ -526,7 +540,7 @@ class AuditLog:
             _open_logs.discard(self)
             if self._transport is not None:
                 try:
-                    self._transport.close(0.0 if interrupted else timeout)
+                    self._transport.close(0.0 if interrupted else left())
                 except KeyboardInterrupt:
                     # Ctrl-C in this wait (after a flush that ran out of time): stop it now too
                     self._transport.close(0.0)
@@ -979,19 +993,29 @@ class _ProcessTransport(_Transport):
             self._lost(header, size, rows)
 
     def close(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
         self.outbox.put(None)
-        self.sender.join(timeout)
+        self.sender.join(left())
         try:
-            self.proc.wait(timeout=timeout)
+            self.proc.wait(timeout=left())
         except subprocess.TimeoutExpired:
             self.proc.kill()
-        self.reader.join(timeout)
+            self.proc.wait()  # (killed: gone at once; its pipes then end, and the reader with them)
+        self.reader.join(left() if deadline is None else max(left() or 0.0, _READER_GRACE))
         if not self.reader.is_alive():
             for pipe in (self.proc.stdout, self.proc.stderr):
                 if pipe is not None:
                     with contextlib.suppress(OSError):
                         pipe.close()
 
+
+#: Seconds a closed writer process's reply reader is given to read the replies left in its pipe
+#: (the process has exited or was killed: they are there already).
+_READER_GRACE = 1.0
 
 #: Writer processes an AuditLog with on_full="drop" starts again after one exited, at most.
 _WRITER_RESTARTS = 3
