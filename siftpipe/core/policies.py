@@ -508,19 +508,15 @@ class InfoBatch(Policy):
         self._noisy = False  # noise_drop acts (latched once persistent_hard reached NOISE_AT)
         self._negative_mean = False  # the memory's mean at the last decision was not above 0
         self._negative_warned = False
-        if budget is not None and ((integer_count(budget) or 0) < 1):
-            raise ConfigError(
-                f"budget must be the samples the stage will see in the run (>= 1) or None, got {budget!r}"
-            )
-        if real_number(anneal) is None or not (0.0 < float(anneal) <= 1.0):
-            raise ConfigError(f"anneal must be a fraction of the budget in (0, 1], got {anneal!r}")
+        self._anneal = 1.0
+        self._budget: int | None = None
+        self.budget = budget  # type: ignore[assignment]
+        self.anneal = anneal
         if guard is not None and (real_number(guard) is None or not (0.0 < float(guard) < math.inf)):
             raise ConfigError(
                 f"guard must be a forgetting tolerance > 0 in mean losses, or None, got {guard!r}"
             )
         self.ratio = float(ratio)
-        self.budget = None if budget is None else int(budget)
-        self.anneal = float(anneal)
         self.guard = None if guard is None else float(guard)
         if not isinstance(graded, bool):
             raise ConfigError(f"graded must be True or False, got {graded!r}")
@@ -533,11 +529,42 @@ class InfoBatch(Policy):
                 f"in mean losses, in [0, 1), or None, got {min_spread!r}"
             )
         self.min_spread = None if min_spread is None else float(min_spread)
-        self._anneal_at = None if budget is None else int(self.anneal * budget)
         self._memory: ScoreMemory | None = None
         self._warned = False
         self._flat_warned = False
         self._over_budget_warned = False
+
+    @property
+    def budget(self) -> int | None:
+        """Samples this stage sees over the whole run, for ``anneal`` (None: never anneal). May be
+        set anew on a live policy: pruning then stops at ``anneal`` of the new budget (before
+        2026-12-05 it stopped where the first budget said while ``config()``, a checkpoint and
+        the log line said the new one; found by review)."""
+        return self._budget
+
+    @budget.setter
+    def budget(self, budget: int | None) -> None:
+        if budget is not None and ((integer_count(budget) or 0) < 1):
+            raise ConfigError(
+                f"budget must be the samples the stage will see in the run (>= 1) or None, got {budget!r}"
+            )
+        self._budget = None if budget is None else int(budget)
+        self._set_anneal_at()
+
+    @property
+    def anneal(self) -> float:
+        """Fraction of ``budget`` after which nothing is pruned, in (0, 1]; may be set anew."""
+        return self._anneal
+
+    @anneal.setter
+    def anneal(self, anneal: float) -> None:
+        if real_number(anneal) is None or not (0.0 < float(anneal) <= 1.0):
+            raise ConfigError(f"anneal must be a fraction of the budget in (0, 1], got {anneal!r}")
+        self._anneal = float(anneal)
+        self._set_anneal_at()
+
+    def _set_anneal_at(self) -> None:
+        self._anneal_at = None if self._budget is None else int(self._anneal * self._budget)
 
     def config(self) -> dict[str, Any]:
         config: dict[str, Any] = {

@@ -215,6 +215,33 @@ def test_nothing_is_pruned_after_the_anneal_point_of_the_budget(tmp_path):
     assert kept[seq >= 1400].all() and (seq >= 1400).sum() == 200
 
 
+def test_a_budget_or_anneal_set_on_a_live_policy_moves_the_anneal_point(tmp_path):
+    """budget and anneal set after construction changed config(), the checkpoint and the log
+    line, not where pruning stopped (computed once in __init__): the run never annealed, and a
+    resume, rebuilt from the checkpoint's config, annealed where the first run had not (found by
+    review, 2026-12-05). Both are read live now, and checked as at construction."""
+    n = 400
+    keys = list(range(n))
+    url = str(tmp_path / "log")
+    stage = _stage(n, budget=40 * n, audit=sp.AuditLog(url))
+    stage.policy.budget = 4 * n  # "the run is 4 epochs, not 40": anneal at seq 1400
+    for epoch in range(4):
+        _epoch(stage, epoch, keys, lambda k, e: float(k % 7))
+    stage.close()
+    table = sp.read_log(url)
+    seq = table.column("seq").to_numpy()
+    kept = table.column("kept").to_numpy(zero_copy_only=False)
+    assert (~kept[(seq >= 1200) & (seq < 1400)]).sum() > 20
+    assert kept[seq >= 1400].all()
+    policy = sp.InfoBatch(budget=1000)
+    policy.anneal = 0.5
+    assert policy.config()["anneal"] == 0.5 and policy.fresh()._anneal_at == policy._anneal_at == 500
+    with pytest.raises(sp.ConfigError, match="budget must be"):
+        policy.budget = 0
+    with pytest.raises(sp.ConfigError, match="anneal must be"):
+        policy.anneal = 1.5
+
+
 def test_rows_the_policy_does_not_see_do_not_move_the_anneal_point():
     # unknown rows (kept, unscored) before the known ones: the policy was told the known rows
     # began where the batch did, and pruned 8 samples at positions past the anneal point
