@@ -287,6 +287,9 @@ class ScoreMemory:
         self._applied = 0  # losses applied in all (for when ``spread`` is measured again)
         self._spread = float("nan")  # the last ``spread`` measured, NaN if none or undefined
         self._spread_at: int | None = None  # ``_applied`` when it was measured
+        # (``_applied``, spread) as ``spread()`` last measured it for a reader: apart from the
+        # policy's measure, so that reading it changes nothing the stage decides
+        self._read_spread: tuple[int, float] | None = None
         #: Whether ``siftpipe.sync_memory`` has warned that other ranks' losses did not fit.
         self.warned_full_sync = False
 
@@ -734,8 +737,25 @@ class ScoreMemory:
         ``InfoBatch(graded=True)`` prunes at ratio 1. None when the memory is empty or its mean is
         not > 0. Measured again once a quarter of the memory's size of losses has been applied
         since the last measure (one sort of the memory's losses each time), so reading it is
-        cheap; a given sequence of updates and reads measures it at the same points and to the
-        same bits (it is in the state), so a resumed stage decides as one never stopped."""
+        cheap. Reading it changes nothing the stage decides: the policy measures it on a
+        schedule of its own (``measure_spread``; before 2026-12-05 a reader's measure moved the
+        points the policy's spread floor was measured at, and so what it pruned: found by
+        review)."""
+        self.flush()
+        if self._spread_at == self._applied:
+            return self.measured_spread  # the policy measured the memory as it is now
+        period = max(1, self._count // self.SPREAD_PERIOD)
+        read = self._read_spread
+        if read is None or not 0 <= self._applied - read[0] < period:
+            read = self._read_spread = (self._applied, self._measure_spread())
+        return None if np.isnan(read[1]) else read[1]
+
+    def measure_spread(self) -> float | None:
+        """``spread()`` as a policy reads it before it decides: measured again once a quarter of
+        the memory's size of losses has been applied since the policy's last measure. A given
+        sequence of updates and of these calls measures it at the same points and to the same
+        bits (they are in the state), so a resumed stage decides as one never stopped; reads of
+        ``spread()`` do not move them."""
         self.flush()
         if self._spread_at is None or self._applied - self._spread_at >= max(
             1, self._count // self.SPREAD_PERIOD
@@ -1077,6 +1097,7 @@ class ScoreMemory:
         self._spread = float("nan") if spread is None else float(spread)
         at = state.get("spread_at")
         self._spread_at = None if at is None else int(at)
+        self._read_spread = None
 
     def _fill(self, keys: np.ndarray, loss: np.ndarray, epoch: np.ndarray, source: np.ndarray) -> None:
         self._keys[:] = _EMPTY
@@ -1087,7 +1108,7 @@ class ScoreMemory:
         self._sum.clear()
         self._refused = 0
         self._repeated = 0
-        self._spread, self._spread_at = float("nan"), None
+        self._spread, self._spread_at, self._read_spread = float("nan"), None, None
         # the newest epoch first, training losses before forwards: what a smaller memory refuses
         # (load_state_dict(fit=True)) is the oldest, not the freshest
         for e in np.unique(epoch)[::-1]:

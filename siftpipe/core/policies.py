@@ -679,7 +679,7 @@ class InfoBatch(Policy):
                     mean,
                 )
         if self.min_spread is not None:
-            self._memory.spread()  # measured again if enough losses came since (sifting_scale reads it)
+            self._memory.measure_spread()  # again if enough losses came since (sifting_scale reads it)
         easy = losses < mean if math.isfinite(mean) else np.zeros(n, dtype=bool)
         if self._anneal_at is not None:
             at = seen + np.arange(n) if positions is None else positions

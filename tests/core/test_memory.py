@@ -390,20 +390,52 @@ def test_spread_is_measured_again_after_a_quarter_of_the_memory_and_resumes_to_t
     rng = np.random.default_rng(1)
     memory = sp.ScoreMemory(capacity=1000, max_age=None)
     memory.update_keys(np.arange(800), rng.exponential(size=800), 0, FEEDBACK)
-    first = memory.spread()
+    first = memory.measure_spread()
     memory.update_keys(np.arange(100), np.full(100, 50.0), 1, FEEDBACK)  # 100 < 800 / 4: not yet
-    assert memory.spread() == first and memory.measured_spread == first
+    assert memory.measure_spread() == first and memory.measured_spread == first
     twin = sp.ScoreMemory(capacity=1000, max_age=None)
     twin.load_state_dict(roundtrip(memory.state_dict()))  # keys land in other slots
     for m in (memory, twin):
         m.update_keys(np.arange(100, 200), np.full(100, 50.0), 1, FEEDBACK)  # 200 since: measured
-    assert memory.spread() != first
-    assert twin.spread() == memory.spread()  # the same bits, wherever the losses sit
+    assert memory.measure_spread() != first
+    assert twin.measure_spread() == memory.measure_spread()  # the same bits, wherever the losses sit
     # a state written before the measure loads and measures at its next read
     older = {k: v for k, v in memory.state_dict().items() if k not in ("applied", "spread", "spread_at")}
     old = sp.ScoreMemory(capacity=1000, max_age=None)
     old.load_state_dict(older)
-    assert old.measured_spread is None and old.spread() == memory.spread()
+    assert old.measured_spread is None and old.measure_spread() == memory.measure_spread()
+
+
+def test_reading_the_spread_changes_nothing_the_recipe_decides():
+    """A user logging sifter.memory.spread() after each step moved the points the spread floor
+    was measured at, so sp.recipe pruned other samples than in the same run unwatched (found by
+    review, 2026-12-05). Reads measure apart from the policy now; they still see the memory as
+    it is (measured again after a quarter of its size of losses)."""
+
+    def run(watch: bool):
+        def losses(keys, epoch):
+            learned = (keys % 20) < 2 + 3 * epoch
+            return torch.tensor(np.where(learned & (epoch > 0), 0.2, 1.0) + 0.01 * (keys % 7))
+
+        stage = sp.recipe(None, "cross_entropy", budget=4000, batched=True, output_batch=25,
+                          seed=0, cost_guard=False)  # fmt: skip
+        trained, seen = [], []
+        for epoch in range(4):
+            stage.set_epoch(epoch)
+            order = np.random.default_rng(epoch).permutation(1000)
+            batches = [{"__key__": torch.from_numpy(order[i : i + 100])} for i in range(0, 1000, 100)]
+            for batch in stage(batches):
+                keys = batch["__key__"].numpy()
+                trained.append(keys.tolist())
+                stage.observe(batch["__key__"], losses(keys, epoch))
+                if watch:
+                    seen.append(stage.memory.spread())
+        return trained, seen
+
+    alone, _ = run(False)
+    watched, seen = run(True)
+    assert watched == alone
+    assert len(set(seen)) > 3  # the reads follow the losses
 
 
 def test_deferred_integer_keys_of_both_signs_are_joined_as_the_same_keys():
