@@ -266,6 +266,11 @@ def classify_error(exc: BaseException) -> str:
     if isinstance(first, TarLimitError):
         return "too_large"
     if isinstance(first, FileNotFoundError):
+        if any(_transient_type(e) for e in chain[1:]):
+            # fsspec's HTTP filesystem says FileNotFoundError for any failure to learn a file's
+            # size, a refused connection included (found by review, 2026-12-05: an outage of 3 s
+            # gave https shards up as "no such object", unretried); a 404 was answered above
+            return "transient"
         # what the store says ("The specified bucket does not exist"), not the word in a path
         # (s3://team-bucket-data/x.tar was told its bucket did not exist; found by review, 2026-12-05)
         return "missing_bucket" if _NO_BUCKET.search(str(first)) else "missing"
