@@ -513,8 +513,14 @@ class ShardSource(BaseNode[dict[str, Any]]):
                 ShardWarning,
                 stacklevel=3,
             )
-        digest = state.get("order")  # (states before 2026-12-05 have none)
-        if digest is not None and digest != self._order_digest(order):
+        # by the shards' paths below the epoch's common folder (states before 2026-12-05, eighth
+        # session, hold only the digest by file names: "order"; before that, none)
+        names, paths = self._order_digests(order)
+        if "order_paths" in state:
+            digest, mine = state["order_paths"], paths
+        else:
+            digest, mine = state.get("order"), names
+        if digest is not None and digest != mine:
             raise ResumeError(
                 f"the checkpoint's epoch read its {len(order)} shard(s) in another order than this "
                 "source gives for it (a reordered shard list, another seed): resumed, it would read "
@@ -562,28 +568,43 @@ class ShardSource(BaseNode[dict[str, Any]]):
             "shard_version": self._shard_version,
             # the epoch's whole shard order (found by review, 2026-12-05: a list reordered around
             # the current shard resumed, reading some shards twice and others never)
-            "order": self._order_digest(self._order),
+            "order": self._order_digests(self._order)[0],
+            # the same by the shards' paths below their common folder (found by review,
+            # 2026-12-05: shards of three datasets all named train-000000.tar resumed under
+            # another seed, one dataset read twice and one never, nothing said)
+            "order_paths": self._order_digests(self._order)[1],
             "started": self._started,
             "worker": self._worker[0],
             "num_workers": self._worker[1],
         }
 
-    def _order_digest(self, order: list[str]) -> str:
-        """A digest of an epoch's shard order, by the shards' file names (what tells shards apart
-        across a restart, where a mount point or a presigned URL's signature may change; a URL
-        without a tar file name by its shown form, no credentials); kept for the order last asked
-        about (get_state runs after every item under a prefetcher)."""
+    def _order_digests(self, order: list[str]) -> tuple[str, str]:
+        """Digests of an epoch's shard order: by the shards' file names, and by their paths below
+        the folder common to the epoch's shards (``laion/train-000000.tar``, told apart from
+        ``coyo/train-000000.tar``). Both stay the same where a mount point or a presigned URL's
+        signature changes across a restart; a URL without a tar file name goes by its shown
+        form (no credentials). Kept for the order last asked about (get_state runs after every
+        item under a prefetcher)."""
         cached = getattr(self, "_digested", None)
         if cached is not None and cached[0] is order:
-            return str(cached[1])
+            return cached[1]  # type: ignore[no-any-return]
         import hashlib
 
-        h = hashlib.blake2b(digest_size=12)
-        for url in order:
-            name = shard_name(url) or self._shown(url)
-            h.update(name.encode(errors="surrogateescape") + b"\0")
-        self._digested = (order, h.hexdigest())
-        return self._digested[1]
+        shown = [self._shown(url) for url in order]
+        # an http(s) URL's query and fragment (a presigned URL's date and signature) are not its path
+        bare = [
+            u.split("#", 1)[0].split("?", 1)[0] if u.startswith(("http://", "https://")) else u for u in shown
+        ]
+        # by characters, up to the last "/" they share: URLs are not OS paths (commonpath would
+        # fold s3:// into s3:/)
+        cut = os.path.commonprefix(bare).rfind("/") + 1  # noqa: RUF071
+        by_name, by_path = hashlib.blake2b(digest_size=12), hashlib.blake2b(digest_size=12)
+        for url, shown_url, path in zip(order, shown, bare):
+            by_name.update((shard_name(url) or shown_url).encode(errors="surrogateescape") + b"\0")
+            by_path.update(path[cut:].encode(errors="surrogateescape") + b"\0")
+        digests = (by_name.hexdigest(), by_path.hexdigest())
+        self._digested = (order, digests)
+        return digests
 
     # ------------------------------------------------------------------ reading
 
