@@ -615,13 +615,30 @@ class Sifter:
                     "epoch of the pass that handed the samples on (set_epoch() before each pass)"
                 )
         _check_observed(keys, losses)
+        if isinstance(losses, list | tuple) and any(isinstance(v, torch.Tensor) for v in losses):
+            # a loss per sample as 0-d tensors (a per-sample loop): detached and stacked, as one
+            # tensor would be (a list with one that requires grad raised torch's "Can't call
+            # numpy() on Tensor that requires grad"; found by review, 2026-12-05)
+            try:
+                losses = torch.stack([torch.as_tensor(v).detach().reshape(()) for v in losses])
+            except (RuntimeError, ValueError) as exc:
+                raise ScorerOutputError(
+                    f"observe() got a list of losses it cannot stack into one tensor ({exc}); pass "
+                    "one loss per sample as one tensor or array"
+                ) from exc
         if isinstance(losses, torch.Tensor):
             # a CUDA tensor's copy is queued behind the step and waited for when the memory
             # applies it (before its next read), so the host can queue the next step meanwhile;
             # float32 is what the memory keeps
             values: np.ndarray | HostCopy = host_losses(losses)
         else:
-            values = np.asarray(losses, dtype=np.float32).reshape(-1)
+            try:
+                values = np.asarray(losses, dtype=np.float32).reshape(-1)
+            except (TypeError, ValueError) as exc:  # a dict, a generator, ragged lists
+                raise ScorerOutputError(
+                    f"observe() cannot read losses from a {type(losses).__name__} ({exc}); pass one "
+                    "real loss per sample as a tensor, an array or a list of numbers"
+                ) from exc
         memory = self.memory
         waited = memory.waited if memory is not None else 0.0
         t0 = time.perf_counter()
@@ -1512,6 +1529,34 @@ def _check_observed(keys: Any, losses: Any) -> None:
         raise ConfigError(
             f"observe() takes the batch's keys as one ordered sequence (a list, a tuple, or an "
             f"integer tensor or array), got {type(keys).__name__}: pass batch['__key__']"
+        )
+    if getattr(keys, "ndim", None) == 0:
+        # (found by review, 2026-12-05: "TypeError: object of type 'int' has no len()")
+        raise ConfigError(
+            f"observe() takes the batch's keys as one ordered sequence, got a 0-d "
+            f"{type(keys).__name__} (one key): pass observe([key], [loss]), or the batch's keys"
+        )
+    if isinstance(losses, list | tuple) and any(isinstance(v, torch.Tensor) for v in losses):
+        pass  # (observe stacks them)
+    else:
+        kind = getattr(getattr(losses, "dtype", None), "kind", None)
+        if isinstance(losses, list | tuple) and losses:
+            kind = np.asarray(losses).dtype.kind
+        if kind in ("U", "S", "O"):
+            # numpy reads "0.5" as 0.5: a column of text handed as losses passed unseen (review)
+            raise ScorerOutputError(
+                "observe() got losses that are not numbers (text or objects); pass one real loss "
+                "per sample: a float tensor or array"
+            )
+    dtype = getattr(losses, "dtype", None)
+    if (
+        dtype is torch.bool
+        or getattr(dtype, "kind", "") == "b"
+        or (isinstance(losses, list | tuple) and losses and all(type(v) is bool for v in losses))
+    ):
+        raise ScorerOutputError(
+            "observe() got boolean losses (a mask, a correctness flag?); pass one real loss per "
+            "sample: loss(reduction='none') of the training step"
         )
     if isinstance(losses, torch.Tensor):
         problem = not_dense(losses)

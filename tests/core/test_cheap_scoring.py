@@ -173,6 +173,45 @@ def test_observe_refuses_losses_without_real_values_by_name(losses, match):
     assert s.stats.observed == 0
 
 
+@pytest.mark.parametrize(
+    "keys, losses, error, match",
+    [
+        (
+            torch.tensor(5),
+            torch.tensor(0.5),
+            sp.ConfigError,
+            "got a 0-d Tensor .one key.: pass observe.\\[key\\]",
+        ),
+        (np.array(5), np.array(0.5), sp.ConfigError, "got a 0-d ndarray"),
+        (["a", "b"], torch.tensor([True, False]), sp.ScorerOutputError, "boolean losses"),
+        (["a", "b"], [True, False], sp.ScorerOutputError, "boolean losses"),
+        (["a", "b"], ["0.5", "1.5"], sp.ScorerOutputError, "not numbers"),
+        (["a", "b"], {"a": 1, "b": 2}, sp.ScorerOutputError, "cannot read losses from a dict"),
+        (["a", "b"], (v for v in [0.5, 1.5]), sp.ScorerOutputError, "cannot read losses from a generator"),
+    ],
+    ids=["0d_tensor_key", "0d_array_key", "bool_tensor", "bool_list", "text", "dict", "generator"],
+)
+def test_observe_refuses_keys_and_losses_it_would_misread_by_name(keys, losses, error, match):
+    """A 0-d key raised "object of type 'int' has no len()"; boolean or text losses were taken
+    as 0/1 and as the numbers they spell; a dict or a generator raised a bare TypeError (found
+    by review, 2026-12-05)."""
+    s = sp.Sifter(None, loss_field, memory=sp.ScoreMemory(10))
+    with pytest.raises(error, match=match):
+        s.observe(keys, losses)
+    assert s.stats.observed == 0
+
+
+def test_observe_takes_a_list_of_0d_losses_that_require_grad():
+    """A per-sample loop's losses, a list of 0-d tensors, raised torch's "Can't call numpy() on
+    Tensor that requires grad" when one required grad (found by review, 2026-12-05); a tensor
+    that requires grad was detached. Both are now."""
+    w = torch.tensor(2.0, requires_grad=True)
+    s = sp.Sifter(None, loss_field, memory=sp.ScoreMemory(10))
+    s.observe(["a", "b"], [w * 0.25, torch.tensor(1.5)])
+    assert s.stats.observed == 2
+    assert s.memory.lookup_keys(["a", "b"], 1)[0].tolist() == [0.5, 1.5]
+
+
 def test_a_memory_that_is_not_a_score_memory_is_refused_made_or_set():
     # found 2026-12-05 (fourth session): AttributeError 'persistent_hard' when the pass opened
     with pytest.raises(sp.ConfigError, match="memory must be a siftpipe.ScoreMemory or None, got str"):
