@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import re
@@ -615,23 +616,30 @@ def storage_failed(exc: BaseException) -> bool:
     )
 
 
-def read_many(fs: Any, paths: Sequence[str], parse: Callable[[bytes], Any], workers: int = 8) -> list[Any]:
-    """``parse(bytes)`` of every path, read in parallel; an exception object where one failed.
+def read_many(
+    fs: Any,
+    paths: Sequence[str],
+    parse: Callable[[bytes], Any] | Sequence[Callable[[bytes], Any]],
+    workers: int = 8,
+) -> list[Any]:
+    """``parse(bytes)`` of every path (``parse`` one function, or one per path), read in
+    parallel; an exception object where one failed.
 
     Raises ``AuditError`` if the storage could not be reached for one (``storage_failed``): that
     says nothing about the log, whose objects would otherwise each be reported unreadable."""
+    parsers = [parse] * len(paths) if callable(parse) else list(parse)
 
-    def one(path: str) -> Any:
+    def one(path: str, parse_one: Callable[[bytes], Any]) -> Any:
         try:
-            return parse(fs.cat_file(path))
+            return parse_one(fs.cat_file(path))
         except Exception as exc:
             return exc
 
     if len(paths) <= 1:
-        out = [one(p) for p in paths]
+        out = [one(p, f) for p, f in zip(paths, parsers)]
     else:
         with ThreadPoolExecutor(max_workers=min(workers, len(paths))) as pool:
-            out = list(pool.map(one, paths))
+            out = list(pool.map(one, paths, parsers))
     for path, got in zip(paths, out, strict=True):
         if isinstance(got, Exception) and storage_failed(got):
             secrets = secret_values(getattr(fs, "storage_options", None))
@@ -644,8 +652,15 @@ def read_many(fs: Any, paths: Sequence[str], parse: Callable[[bytes], Any], work
     return out
 
 
-def read_part(payload: bytes, columns: Sequence[str] | None) -> Any:
+def read_part(
+    payload: bytes, columns: Sequence[str] | None, manifest: Mapping[str, Any] | None = None
+) -> Any:
     """The part's table with ``columns`` (default: every column of the format, in order).
+
+    ``manifest``: the part's manifest, where it has one: a part whose bytes differ from the
+    SHA-256 (or size) it recorded raises ``ValueError`` (bit rot, a bad copy: before 2026-12-05
+    only ``verify_log`` compared them, and a flipped bit changed what ``read_log``, ``summary``,
+    ``keys`` and replay read, unsaid; found by review).
 
     First the part's schema is checked against the format (every column there, each holding
     the kind of values it should): a part of another shape raises ``ValueError`` naming the
@@ -662,6 +677,10 @@ def read_part(payload: bytes, columns: Sequence[str] | None) -> Any:
 
     from .wire import COLUMNS
 
+    if manifest is not None:
+        changed = changed_bytes(manifest, hashlib.sha256(payload).hexdigest(), len(payload))
+        if changed:
+            raise ValueError(f"{changed}: changed since it was written (siftpipe log verify lists it)")
     owned = pa.allocate_buffer(len(payload))
     memoryview(owned).cast("B")[:] = payload
     part = pq.ParquetFile(pa.BufferReader(owned), pre_buffer=False)
@@ -676,7 +695,14 @@ def read_part(payload: bytes, columns: Sequence[str] | None) -> Any:
         if not _is_kind(schema.field(name).type, kind):
             raise ValueError(f"its column {name!r} holds {schema.field(name).type}, not {kind} values")
     want = list(columns) if columns is not None else list(COLUMNS)
-    return part.read(columns=want, use_threads=False)
+    table = part.read(columns=want, use_threads=False)
+    for name in ("seq", "kept"):  # never null as written: nulls there are damage (a flipped bit)
+        if name in want and table.column(name).null_count:
+            raise ValueError(
+                f"its column {name!r} holds {table.column(name).null_count} null(s), which siftpipe "
+                "never writes: damaged"
+            )
+    return table
 
 
 _KINDS = {
@@ -771,21 +797,28 @@ def read_log(
         warnings.warn(message, RuntimeWarning, stacklevel=2)
     need = list(columns) if columns is not None else None
     if need is not None:
-        for extra in ("seq",) if not include_superseded else ():
-            if extra not in need:
-                need.append(extra)
+        if "seq" not in need:
+            need.append("seq")  # (for the supersession cut-off and RepeatedParts)
         if kept is not None and "kept" not in need:
             need.append("kept")
         if unhanded:
             need.extend(c for c in ("seq", "kept") if c not in need)
-    tables = _read_many_with_progress(fs, [p.path for p in readable], need, progress)  # type: ignore[misc]
+    tables = _read_many_with_progress(fs, readable, need, progress)
     out = []
-    for info, table in zip(readable, tables):
+    repeated = RepeatedParts()
+    for info, table in zip(readable, tables):  # (listed in part order within each attempt)
         if isinstance(table, Exception):
             message = (
                 f"audit part {redact(str(info.path), secrets)} is unreadable (truncated or corrupt?): "
                 f"{redact(f'{type(table).__name__}: {table}', secrets)}; the rest of the log was read"
             )
+            if on_bad_part == "raise":
+                raise AuditError(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            continue
+        copy_of = repeated.check(info, table.column("seq").to_numpy())
+        if copy_of is not None:
+            message = f"audit part {redact(str(info.path), secrets)}: {copy_of}; the rest of the log was read"
             if on_bad_part == "raise":
                 raise AuditError(message)
             warnings.warn(message, RuntimeWarning, stacklevel=2)
@@ -1005,19 +1038,29 @@ def _plain(table: Any) -> Any:
     )
 
 
+def read_checked(fs: Any, infos: Sequence[PartInfo], columns: Sequence[str] | None) -> list[Any]:
+    """``read_many`` of the parts ``infos`` with ``columns``, each checked against its manifest
+    (``read_part``): a table, or the exception that reading it raised, per part."""
+    return read_many(
+        fs,
+        [str(info.path) for info in infos],
+        [functools.partial(read_part, columns=columns, manifest=info.manifest) for info in infos],
+    )
+
+
 def _read_many_with_progress(
-    fs: Any, paths: list[str], columns: Sequence[str] | None, progress: bool
+    fs: Any, infos: list[PartInfo], columns: Sequence[str] | None, progress: bool
 ) -> list[Any]:
-    if not progress or len(paths) < 2:
-        return read_many(fs, paths, lambda b: read_part(b, columns))
+    if not progress or len(infos) < 2:
+        return read_checked(fs, infos, columns)
     from .._optional import progress_bar
 
     results: list[Any] = []
     batch = 32
-    with progress_bar(auto=False, total=len(paths), unit="part", desc="reading log") as bar:
-        for start in range(0, len(paths), batch):
-            chunk = paths[start : start + batch]
-            results.extend(read_many(fs, chunk, lambda b: read_part(b, columns)))
+    with progress_bar(auto=False, total=len(infos), unit="part", desc="reading log") as bar:
+        for start in range(0, len(infos), batch):
+            chunk = infos[start : start + batch]
+            results.extend(read_checked(fs, chunk, columns))
             bar.update(len(chunk))
     return results
 
@@ -1248,14 +1291,51 @@ def _missing_parts(attempt: _Attempt) -> tuple[list[str], bool]:
     return out, bool(dropped)
 
 
-def _altered(manifest: Mapping[str, Any], table: Any, digest: str, size: int) -> str | None:
-    """How a readable part differs from what its manifest recorded when it was written (its
-    bytes' SHA-256 and size, where the manifest has them, and its kept count), or None."""
+def changed_bytes(manifest: Mapping[str, Any], digest: str, size: int) -> str | None:
+    """How a part's bytes differ from what its manifest recorded when it was written (their
+    SHA-256 and size, where the manifest has them), or None."""
     recorded = manifest.get("sha256")
     if isinstance(recorded, str) and recorded != digest:
         return "its bytes differ from the SHA-256 its manifest recorded"
     if isinstance(manifest.get("bytes"), int) and manifest["bytes"] != size:
         return f"manifest says {manifest['bytes']} bytes, part has {size}"
+    return None
+
+
+class RepeatedParts:
+    """Finds parts that repeat records of an earlier part of their own attempt: within one
+    attempt each part holds sequence numbers above its earlier parts', so a part that does not
+    is a copy under another part number (found by review, 2026-12-05: such a copy in an attempt
+    killed before its end marker was read twice by every reader but ``verify_log``). ``check``
+    each part's sequence numbers in part order within an attempt (as ``list_parts`` lists them)."""
+
+    def __init__(self) -> None:
+        self._highest: dict[tuple[str, int, str], tuple[int, int]] = {}
+
+    def check(self, info: PartInfo, seq: np.ndarray) -> str | None:
+        """None, or why the part is left out (it repeats an earlier part's records)."""
+        if not seq.size:
+            return None
+        attempt = (info.run, info.rank, info.attempt)
+        low, high = int(seq.min()), int(seq.max())
+        before = self._highest.get(attempt)
+        if before is not None and low <= before[0]:
+            return (
+                f"part {info.part} of attempt {info.attempt} repeats sequence numbers its earlier "
+                f"parts hold ({low}..{min(high, before[0])}; they reach {before[0]} by part "
+                f"{before[1]}): a copy of a part? Its records are left out (siftpipe log verify "
+                "lists the duplicates)"
+            )
+        self._highest[attempt] = (high, info.part)
+        return None
+
+
+def _altered(manifest: Mapping[str, Any], table: Any, digest: str, size: int) -> str | None:
+    """How a readable part differs from what its manifest recorded when it was written (its
+    bytes' SHA-256 and size, where the manifest has them, and its kept count), or None."""
+    changed = changed_bytes(manifest, digest, size)
+    if changed:
+        return changed
     if isinstance(manifest.get("kept"), int):  # (manifests written before it lack it)
         kept = int(table.column("kept").to_numpy(zero_copy_only=False).sum())
         if manifest["kept"] != kept:

@@ -28,9 +28,8 @@ from .reader import (
     PartInfo,
     list_parts,
     not_handed_on,
+    read_checked,
     read_log,
-    read_many,
-    read_part,
     unhanded_ranges,
 )
 
@@ -448,7 +447,7 @@ class Replay:
         path = str(info.path)
         table = self._part_cache.get(path)
         if table is None:
-            (table,) = read_many(self._fs, [path], lambda b: read_part(b, _DECISION_COLUMNS))
+            (table,) = read_checked(self._fs, [info], _DECISION_COLUMNS)
             if isinstance(table, Exception):
                 raise AuditError(
                     f"cannot read audit part {redact(path, self._secrets)} (truncated, corrupt or not an "

@@ -13,15 +13,15 @@ import numpy as np
 
 from .._secrets import redact, secret_values
 from ..audit.reader import (
+    RepeatedParts,
     describe_missing,
     list_parts,
     listing_problems,
     log_filesystem,
     not_handed_on,
     predecode_tables,
+    read_checked,
     read_log,
-    read_many,
-    read_part,
     unhanded_ranges,
     verify_log,
     wholly_superseded,
@@ -167,15 +167,23 @@ def _cmd_keys(args: argparse.Namespace) -> int:
 
     for message, _ in listing_problems(attempts):
         warnings.warn(message, RuntimeWarning, stacklevel=2)  # as read_log (and summary) warn
-    for info in infos:
+    repeated = RepeatedParts()
+    for info in infos:  # (listed in part order within each attempt)
         if info.path is None:
             if not wholly_superseded(info):
                 print(f"skipping {describe_missing(info)}", file=sys.stderr)
             continue
-        (table,) = read_many(fs, [info.path], lambda b: read_part(b, ["seq", "key", "kept"]))
+        (table,) = read_checked(fs, [info], ["seq", "key", "kept"])
+        shown = redact(str(info.path), secret_values(options, args.url))
         if isinstance(table, Exception):
-            shown = redact(str(info.path), secret_values(options, args.url))
+            # (the cause: "changed since it was written" names no key or secret)
             print(f"skipping unreadable part {shown}: {type(table).__name__}", file=sys.stderr)
+            if isinstance(table, ValueError) and "changed since it was written" in str(table):
+                print(f"  {table}", file=sys.stderr)
+            continue
+        copy_of = repeated.check(info, table.column("seq").to_numpy())
+        if copy_of is not None:
+            print(f"skipping part {shown}: {copy_of}", file=sys.stderr)
             continue
         read += 1
         table = not_handed_on(table, unhanded.get((info.run, info.rank, info.attempt)))

@@ -227,10 +227,13 @@ def test_parquet_of_the_wrong_shape_is_reported_per_part_and_the_rest_is_read(
     os.environ.pop(PWNED, None)
     said = every_reader(str(root), capsys)
     assert PWNED not in os.environ
-    if how == "extra-column":  # readable records with a harmless extra: read, the extra left out
-        table = sp.read_log(str(root))
-        assert table.num_rows == len(SAMPLES) and "extra" not in table.column_names
-        # but the part is not what was written: verify says so, and nothing else
+    if how == "extra-column":
+        # readable records with a harmless extra, but not the part as written: every reader leaves
+        # it out, naming it (before 2026-12-05, eighth session, read with the extra left out)
+        with pytest.warns(RuntimeWarning, match=rf"{part.name} is unreadable.*changed since it was written"):
+            table = sp.read_log(str(root))
+        assert table.num_rows == len(SAMPLES) - 100 and "extra" not in table.column_names
+        # verify says what changed, and nothing else
         (stream,) = sp.verify_log(str(root)).streams
         assert not stream.ok and len(stream.altered_parts) == 1, stream.altered_parts
         assert "SHA-256" in stream.altered_parts[0] and stream.records == len(SAMPLES)

@@ -68,12 +68,86 @@ def test_a_part_edited_after_it_was_written_is_reported(pristine, tmp_path, caps
     root, stream = copy_of(pristine, tmp_path)
     part = sorted(stream.glob("part-*.parquet"))[1]
     rewrite(part, edit)
-    assert sp.read_log(str(root)).num_rows == 160  # readable as ever: only verify can tell
+    # the readers check each part against its manifest too (before 2026-12-05 they read the
+    # edited records as they were, unsaid: only verify could tell; found by review)
+    with pytest.warns(RuntimeWarning, match="differ from the SHA-256 its manifest recorded"):
+        assert sp.read_log(str(root)).num_rows == 120
     (report,) = sp.verify_log(str(root)).streams
     assert not report.ok and len(report.altered_parts) == 1
     assert report.altered_parts[0].startswith("part 1 of attempt") and "SHA-256" in report.altered_parts[0]
     assert cli(["log", "verify", str(root)]) == 1
     assert "altered part: part 1" in capsys.readouterr().out
+
+
+def _command(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "siftpipe", "log", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": REPO},
+        timeout=120,
+    )
+
+
+def test_every_reader_leaves_out_a_part_changed_since_it_was_written(pristine, tmp_path):
+    """One bit flipped in a part (bit rot, a bad copy): only verify compared a part with its
+    manifest, and read_log, summary, keys and replay read changed decisions (89 kept where the
+    run kept 88), exit 0, no word; a flip that nulled kept values made summary and whatif die
+    with a TypeError (found by review, 2026-12-05). Each reader now names the part and reads
+    the rest (replay, which cannot, refuses); nulls in a part without a manifest are damage."""
+    root, stream = copy_of(pristine, tmp_path)
+    whole = sp.read_log(str(pristine))
+    part = sorted(stream.glob("part-*.parquet"))[2]
+    payload = bytearray(part.read_bytes())
+    payload[len(payload) // 3] ^= 1
+    part.write_bytes(bytes(payload))
+    with pytest.warns(RuntimeWarning, match=r"part-00000002-\w+\.parquet is unreadable.*changed since"):
+        assert sp.read_log(str(root)).num_rows == 120
+    with pytest.raises(sp.AuditError, match="changed since it was written"):
+        sp.read_log(str(root), on_bad_part="raise")
+    for command in ("summary", "whatif"):
+        out = _command(command, str(root))
+        assert out.returncode == 0 and "changed since it was written" in out.stderr, out.stderr
+    keys = _command("keys", str(root))
+    assert "changed since it was written" in keys.stderr
+    assert len(keys.stdout.splitlines()) == sum(whole.slice(0, 80).column("kept").to_pylist()) + sum(
+        whole.slice(120).column("kept").to_pylist()
+    )
+    with pytest.raises(sp.AuditError, match="changed since it was written"):
+        list(sp.replay(str(root))(make_samples(160)))
+    # a part with no manifest to compare with, whose kept column holds a null (as such a flip
+    # can make it): damage, named, not a TypeError later
+    root2, stream2 = copy_of(pristine, tmp_path / "nulls")
+    last = sorted(stream2.glob("part-*.parquet"))[-1]
+    rewrite(last, lambda columns: columns["kept"].__setitem__(3, None))
+    next(stream2.glob(f"_manifest-{last.name[5:13]}-*.json")).unlink()
+    with pytest.warns(RuntimeWarning, match="its column 'kept' holds 1 null"):
+        assert sp.read_log(str(root2)).num_rows == 120
+    assert _command("summary", str(root2)).returncode == 0
+
+
+def test_a_part_copied_into_an_attempt_killed_before_its_end_marker_is_read_once(pristine, tmp_path):
+    """A part copied under the next part number of an attempt that never closed (killed): its
+    records were read twice by read_log, summary, keys and whatif, unsaid; only verify counted
+    duplicates (found by review, 2026-12-05). A part repeating an earlier part's sequence
+    numbers within its attempt is left out, said by each reader."""
+    root, stream = copy_of(pristine, tmp_path)
+    next(stream.glob("_end-*.json")).unlink()
+    first = sorted(stream.glob("part-*.parquet"))[1]
+    shutil.copy(first, stream / first.name.replace("part-00000001", "part-00000004"))
+    whole = sp.read_log(str(pristine))
+    repeats = r"part 4 of attempt \w+ repeats sequence numbers its earlier parts hold \(40..79"
+    with pytest.warns(RuntimeWarning, match=repeats):
+        table = sp.read_log(str(root))
+    assert table.num_rows == 160 and table.column("kept").to_pylist() == whole.column("kept").to_pylist()
+    with pytest.raises(sp.AuditError, match="repeats sequence numbers"):
+        sp.read_log(str(root), on_bad_part="raise")
+    summary = _command("summary", str(root), "--json")
+    assert '"records": 160' in summary.stdout and "repeats sequence numbers" in summary.stderr
+    keys = _command("keys", str(root))
+    assert len(keys.stdout.splitlines()) == sum(whole.column("kept").to_pylist())
+    assert "repeats sequence numbers" in keys.stderr
 
 
 def test_an_edited_part_whose_manifest_lost_its_digest_is_caught_by_its_counts(pristine, tmp_path):
