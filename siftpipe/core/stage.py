@@ -382,6 +382,7 @@ class Sifter:
         self._decider.rng = np.random.default_rng(self.rng_seed)  # (its counters start at zero)
         self._rng_untouched = True  # nothing drawn from it, no state loaded into it
         self._account = CostAccount()  # wall time the stage costs and saves (stats, a warning)
+        self._resume_overrides: frozenset[str] = frozenset()  # override_on_resume()
         self._ledger = Ledger()  # groups decided and not yet all handed on; positions in the pass
         self._passes = Passes(self._ledger)  # the pass open, its source; a loaded checkpoint's place
         self._shards = ShardWatch()  # see watch_shards
@@ -961,6 +962,16 @@ class Sifter:
             )
         return sum(rows for rows, _, _ in out.last(held))
 
+    def override_on_resume(self, *names: str) -> None:
+        """Settings (``Sifter.RESUME_OVERRIDES``) in which this stage may differ from the
+        checkpoint it is next loaded from, on purpose, as ``load_state_dict(override=names)``
+        takes them: for a checkpoint that a loader or trainer loads (``SiftNode`` through a
+        torchdata ``Loader``, ``StatefulDataLoader``, the Lightning callback, ``SiftTrainer``),
+        where no call of the user's takes ``override=`` (found by review, 2026-12-05: the
+        ``ResumeError``'s advice could not be followed there). Kept for every later load; call
+        it with no names to clear them."""
+        self._resume_overrides = frozenset(override_names(names))
+
     def load_state_dict(self, state: Mapping[str, Any], *, override: Iterable[str] = ()) -> None:
         """Restore a ``state_dict()``; the next ``sifter(source)`` call continues from it.
 
@@ -987,20 +998,25 @@ class Sifter:
                 ``"rank"``: a checkpoint of another rank or world size is loaded as it is (not
                 with an audit log, which would write into the other rank's stream). ``"key"``:
                 re-read samples are not checked by key. ``batched`` cannot be overridden.
+                Added to those named with ``override_on_resume``.
         """
         check_state(state, self.batched)
         if state["version"] >= 2:
             check_policy_entries(self.policy, state)
         if self.audit is not None:
             self.audit.check_state(state["audit"])
-        allowed = override_names(override)
+        allowed = override_names(override) | self._resume_overrides
         differ = config_differences(state, stage_config(self), self.memory is not None)
         refused = [d for d in differ if d[0] not in allowed]
         if refused:
             names = sorted({d[0] for d in refused if d[0] in RESUME_OVERRIDES})
             fix = "construct the Sifter with the checkpoint's setting to resume exactly"
             if names:
-                fix += f", or pass override={tuple(names)!r} to resume with this stage's on purpose"
+                fix += (
+                    f", or pass override={tuple(names)!r} to resume with this stage's on purpose "
+                    "(where a loader or trainer loads the checkpoint: "
+                    f"sifter.override_on_resume({', '.join(repr(n) for n in names)}) before it does)"
+                )
             raise ResumeError(
                 "the checkpoint was made with other settings, so decisions would differ: "
                 + "; ".join(d[1] for d in refused)

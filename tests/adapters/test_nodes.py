@@ -92,6 +92,32 @@ def test_loader_state_resumes_sifting_exactly(shards, output_batch):
     assert len(output_keys(reference)) == sum(round(0.4 * 20) for _ in range(N // 20))
 
 
+def test_a_loader_resumed_with_a_setting_changed_on_purpose_takes_override_on_resume(shards):
+    """A Loader(SiftNode) resumed with output_batch changed: the ResumeError said to pass
+    override=('output_batch',), which neither Loader.load_state_dict nor SiftNode.reset takes,
+    and loading the sifter by hand first was undone by the reset (found by review, 2026-12-05).
+    sifter.override_on_resume(...) names it for the load a loader makes."""
+    loader = Loader(sift_pipeline(shards.pattern, batched=True, workers=0, output_batch=12))
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = roundtrip(loader.state_dict())
+    node = sift_pipeline(shards.pattern, batched=True, workers=0, output_batch=16)
+    resumed = Loader(node)
+    resumed.load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match=r"sifter.override_on_resume\('output_batch'\) before it does"):
+        next(iter(resumed))
+    node = sift_pipeline(shards.pattern, batched=True, workers=0, output_batch=16)
+    node.sifter.override_on_resume("output_batch")
+    resumed = Loader(node)
+    resumed.load_state_dict(state)
+    rest = [batch for batch in resumed]
+    assert rest and all(len(batch["__key__"]) <= 16 for batch in rest)
+    assert max(len(batch["__key__"]) for batch in rest) == 16
+    with pytest.raises(sp.ConfigError, match="override names settings"):
+        node.sifter.override_on_resume("batched")
+
+
 def test_resuming_the_source_does_not_reread_the_epoch(shards):
     source = ShardSource(shards.pattern)
     loader = Loader(source)
