@@ -109,6 +109,22 @@ def test_a_gzip_shard_of_several_members_reads_whole(shard, tmp_path):
     assert err is not None and "gzip stream is corrupt or cut short" in str(err)
 
 
+@pytest.mark.parametrize("cut", [1, 4, 8])
+def test_a_gzip_shard_cut_in_its_trailer_is_corrupt_not_read_as_whole(shard, tmp_path, cut):
+    """The last bytes of a .tar.gz (the gzip trailer: CRC and length) cut off: the reader stopped
+    at the tar's end-of-archive blocks and never reached them, so the shard was read as whole,
+    unchecked, where `gzip -t` refuses it (found by review, 2026-12-05). The member is read to
+    its end now: corrupt, the last sample withheld as with a CRC error found earlier."""
+    path = tmp_path / "trailer-000000.tar.gz"
+    path.write_bytes(gzip.compress(shard["data"])[:-cut])
+    keys, err = check_prefix_or_error(shard, path.read_bytes(), path)
+    assert err is not None and "gzip stream is corrupt or cut short" in str(err)
+    assert keys == shard["keys"][:-1]
+    whole = tmp_path / "whole-000000.tar.gz"
+    whole.write_bytes(gzip.compress(shard["data"]))
+    assert read(whole) == (shard["keys"], None)
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(position=st.integers(0, 10**9), mask=st.integers(1, 255))
 def test_any_flipped_byte_gives_a_prefix_and_an_error_or_every_sample(shard, tmp_path, position, mask):
