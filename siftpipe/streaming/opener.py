@@ -559,7 +559,19 @@ class ShardOpener:
         # the cause may quote the URL's parts (a bucket "KEY:SECRET@name"): its credentials too
         # and those of the URL a GOPEN_REWRITE rule made of it, which the bytes came from (found
         # by review, 2026-12-05: a rule to s3://KEY:SECRET@bucket/ showed the secret)
-        cause = self.redact(redact(f"{type(exc).__name__}: {exc}", url_secrets(url) | rewrite_secrets()))
+        text = f"{type(exc).__name__}: {exc}"
+        if kind == "transient" and not _transient_type(exc):
+            # what the storage did, where a library's own error hides it (s3fs's IndexError
+            # "tuple index out of range" around a read timeout; found by review, 2026-12-05)
+            causes = [e for e in _chain(exc) if e is not exc and _transient_type(e)]
+            said = next((e for e in causes if str(e)), causes[0] if causes else None)
+            if said is not None:
+                text += (
+                    f" (caused by {type(said).__name__}: {said})"
+                    if str(said)
+                    else f" (caused by {type(said).__name__})"
+                )
+        cause = self.redact(redact(text, url_secrets(url) | rewrite_secrets()))
         tries = ""
         if kind == "transient":
             limit = f"the {self.timeout:g} s timeout" if timed_out else f"{self.retries} retries"

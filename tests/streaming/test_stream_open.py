@@ -567,3 +567,27 @@ def test_decoded_fields_are_plain_values(local_shards):
     sample = decode_sample(next(ShardReader(ShardOpener())(local_shards.urls)))
     assert isinstance(sample["x.npy"], np.ndarray) and sample["x.npy"].dtype == np.float32
     assert isinstance(sample["cls"], int) and sample["hard.cls"] in (0, 1)
+
+
+def test_a_read_timeout_hidden_by_a_librarys_own_error_is_named():
+    """s3fs turns a read that stalls mid-body into IndexError "tuple index out of range" (its
+    own bug: it indexes the args of an FSTimeoutError that has none), and the ShardError quoted
+    only that (found by review, 2026-12-05, through a proxy stalling every answer mid-body). The
+    chain's storage error is named after it. The chain is the one s3fs raised there."""
+    from aiobotocore.response import AioReadTimeoutError
+    from fsspec.exceptions import FSTimeoutError
+
+    url = "s3://bucket/train-000000.tar"
+    try:
+        try:
+            try:
+                raise AioReadTimeoutError(endpoint_url="http://127.0.0.1:9/bucket/train-000000.tar")
+            except AioReadTimeoutError as timeout:
+                raise FSTimeoutError from timeout
+        except FSTimeoutError as fs_timeout:
+            raise IndexError("tuple index out of range") from fs_timeout
+    except IndexError as exc:
+        err = ShardOpener().error(exc, url, attempts=1, seconds=6.9, timed_out=True)
+    assert err.kind == "transient"
+    said = "IndexError: tuple index out of range (caused by AioReadTimeoutError: Read timeout on endpoint"
+    assert said in str(err)
