@@ -516,11 +516,13 @@ class ShardSource(BaseNode[dict[str, Any]]):
         # by the shards' paths below the epoch's common folder (states before 2026-12-05, eighth
         # session, hold only the digest by file names: "order"; before that, none)
         names, paths = self._order_digests(order)
-        if "order_paths" in state:
-            digest, mine = state["order_paths"], paths
-        else:
-            digest, mine = state.get("order"), names
-        if digest is not None and digest != mine:
+        # both, where the state has both: the paths' leaves out an http URL's query, which may
+        # be all that tells its shards apart (https://host/get?file=shard-000003.tar; found by
+        # review, 2026-12-05), and the names' the folders
+        differ = (state.get("order") not in (None, names)) or (
+            state.get("order_paths") not in (None, paths)
+        )
+        if differ:
             raise ResumeError(
                 f"the checkpoint's epoch read its {len(order)} shard(s) in another order than this "
                 "source gives for it (a reordered shard list, another seed): resumed, it would read "

@@ -617,11 +617,12 @@ class Sifter:
                 )
         _check_observed(keys, losses)
         if isinstance(losses, list | tuple) and any(isinstance(v, torch.Tensor) for v in losses):
-            # a loss per sample as 0-d tensors (a per-sample loop): detached and stacked, as one
+            # a loss per sample as 0-d tensors (a per-sample loop): detached and joined, as one
             # tensor would be (a list with one that requires grad raised torch's "Can't call
             # numpy() on Tensor that requires grad"; found by review, 2026-12-05)
             try:
-                losses = torch.stack([torch.as_tensor(v).detach().reshape(()) for v in losses])
+                # (a loss per micro-batch of a gradient accumulation, each a vector: joined)
+                losses = torch.cat([torch.as_tensor(v).detach().reshape(-1) for v in losses])
             except (RuntimeError, ValueError) as exc:
                 raise ScorerOutputError(
                     f"observe() got a list of losses it cannot stack into one tensor ({exc}); pass "
@@ -1557,7 +1558,12 @@ def _check_observed(keys: Any, losses: Any) -> None:
     else:
         kind = getattr(getattr(losses, "dtype", None), "kind", None)
         if isinstance(losses, list | tuple) and losses:
-            kind = np.asarray(losses).dtype.kind
+            try:
+                kind = np.asarray(losses).dtype.kind
+            except (TypeError, ValueError):  # ragged: refused by name where they are read
+                kind = None
+            if kind == "O" and not any(isinstance(v, str | bytes) for v in losses):
+                kind = None  # a None among numbers: not a loss (NaN, ignored), as before
         if kind in ("U", "S", "O"):
             # numpy reads "0.5" as 0.5: a column of text handed as losses passed unseen (review)
             raise ScorerOutputError(

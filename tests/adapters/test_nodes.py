@@ -439,6 +439,32 @@ def test_shards_of_several_folders_named_alike_resumed_in_another_order_are_refu
     assert [s["__key__"] for s in again] == whole[15:]
 
 
+@pytest.mark.parametrize(
+    "urls",
+    [
+        [f"https://data.example.com/download?file=shard-{i:06d}.tar" for i in range(6)],
+        [f"https://data.example.com/dl?id={i}" for i in range(6)],
+    ],
+    ids=["tar_name_in_query", "id_in_query"],
+)
+def test_https_shards_told_apart_by_their_query_alone_resumed_in_another_order_are_refused(urls):
+    """The paths' digest leaves out an http URL's query (a presigned URL's signature), which
+    may be all that tells its shards apart: with it alone, another seed resumed silently (the
+    review of the digest's fix, 2026-12-05). Both digests are checked where a state has both."""
+    first = ShardSource(urls, shuffle=True, seed=0)
+    order = first.order(0)
+    seed = next(
+        s
+        for s in range(1, 500)
+        if (o := ShardSource(urls, shuffle=True, seed=s).order(0))[0] == order[0] and o != order
+    )
+    first.reset(None)  # (get_state reads nothing: the https hosts are never asked)
+    state = first.get_state()
+    with pytest.raises(sp.ResumeError, match="in another order"):
+        ShardSource(urls, shuffle=True, seed=seed).reset(state)
+    ShardSource(urls, shuffle=True, seed=0).reset(state)  # the same order resumes
+
+
 def _shard_source_states(state):
     """The ShardSource states inside a Loader's state dict (found by their "order_paths")."""
     found = []

@@ -210,6 +210,15 @@ def test_observe_takes_a_list_of_0d_losses_that_require_grad():
     s.observe(["a", "b"], [w * 0.25, torch.tensor(1.5)])
     assert s.stats.observed == 2
     assert s.memory.lookup_keys(["a", "b"], 1)[0].tolist() == [0.5, 1.5]
+    # a loss vector per micro-batch of a gradient accumulation, joined (the review of the fix:
+    # it took each for one 0-d loss); a None among numbers is no loss, ignored, as before
+    s.observe(["c", "d", "e"], [w * torch.tensor([0.25, 0.5]), torch.tensor([1.5])])
+    s.observe(["f", "g"], [2.5, None])
+    assert s.stats.observed == 7
+    known = s.memory.lookup_keys(["c", "d", "e", "f", "g"], 1)[0].tolist()
+    assert known[:4] == [0.5, 1.0, 1.5, 2.5] and np.isnan(known[4])
+    with pytest.raises(sp.ScorerOutputError, match="cannot read losses from a list"):
+        s.observe(["h", "i", "j"], [[0.5, 0.6], [0.7]])  # ragged: named, not numpy's ValueError
 
 
 def test_a_memory_that_is_not_a_score_memory_is_refused_made_or_set():
