@@ -38,7 +38,8 @@ class Reader:
     """
 
     __slots__ = (
-        "__weakref__", "ahead", "ahead_snapshot", "began", "it", "pulled", "skipped", "skips", "source",
+        "__weakref__", "ahead", "ahead_snapshot", "began", "failed", "it", "pulled", "skipped", "skips",
+        "source",
     )  # fmt: skip
 
     def __init__(self, source: Iterable[Any], began: Callable[[], None]) -> None:
@@ -57,6 +58,9 @@ class Reader:
         self.skips: list[int] = []
         #: where the errors it passed over since the last snapshot (``snapshot_taken``) stood
         self.skipped: list[int] = []
+        #: the error the source's last read raised, if nothing was read since: a generator that
+        #: raised then ends, and that end is the error's, not the source's
+        self.failed: Exception | None = None
 
     @property
     def has_ahead(self) -> bool:
@@ -85,7 +89,10 @@ class Reader:
             try:
                 self.ahead = self._pull()
             except StopIteration:
-                self.ahead = END
+                # after an error, a generator's end (found by review, 2026-12-05: a checkpoint
+                # taken as the pass handed on its last rows before raising recorded that the
+                # source had ended, and refused the resume fed from the failed item)
+                self.ahead = END if self.failed is None else Raised(self.failed)
             except Exception as exc:  # raised again where the pass reads it
                 self.ahead = Raised(exc)
         return self.ahead
@@ -98,11 +105,13 @@ class Reader:
                 item = next(it)
             except StopIteration:
                 raise
-            except Exception:
+            except Exception as exc:
                 if self.skips and self._raised_before():
                     continue
+                self.failed = exc
                 raise
             self.pulled += 1
+            self.failed = None
             return item
 
     def snapshot_taken(self) -> None:
@@ -152,11 +161,14 @@ class Reader:
                 self.pulled += len(items) - had
                 if self.skips and self._raised_before():
                     continue
+                self.failed = exc
                 if not items:
                     raise
                 self.ahead = Raised(exc)
                 return items
             self.pulled += len(items) - had
+            if len(items) > had:
+                self.failed = None
             break
         if len(items) < n:
             self.ahead = END

@@ -432,6 +432,42 @@ def test_a_source_that_fails_while_a_resumed_pass_re_reads_its_pending_samples_r
         list(again(broken()))
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["per_sample", "batched"])
+def test_a_checkpoint_taken_as_a_failing_pass_hands_on_its_last_rows_resumes_from_the_failure(batched):
+    """A source that raises: the pass first hands on the rows it held (a short output batch),
+    and a checkpoint taken then read one item ahead, met the failed generator's end and
+    recorded that the source had ended, so the resume fed from the failed item was refused as
+    "the checkpoint's source had ended" (found by review, 2026-12-05)."""
+    samples = [{"__key__": f"k{i}", "loss": float((i * 37) % 11) + 0.1} for i in range(60)]
+
+    def make():
+        mode = {"batched": True, "micro_batch": None} if batched else {"micro_batch": 8}
+        return sp.Sifter(None, loss_field, sp.RelativeProbabilistic(1.0, history=20), output_batch=3,
+                         seed=0, **mode)  # fmt: skip
+
+    def feed(items):
+        if not batched:
+            return items
+        return [default_collate(items[i : i + 4]) for i in range(0, len(items), 4)]
+
+    def failing(at):
+        yield from feed(samples)[:at]
+        raise OSError(f"reading item {at} failed")
+
+    whole = [k for batch in make()(feed(samples)) for k in batch["__key__"]]
+    fail_at = 10 if batched else 40
+    stage, trained, state = make(), [], None
+    with pytest.raises(OSError, match="failed"):
+        for batch in stage(failing(fail_at)):
+            trained += batch["__key__"]
+            state = roundtrip(stage.state_dict())
+    assert state is not None and not state["ended"] and state["consumed"] == fail_at
+    again = make()
+    again.load_state_dict(state)
+    trained += [k for batch in again(feed(samples)[fail_at:]) for k in batch["__key__"]]
+    assert trained == whole
+
+
 def _prefetched(batches, depth):
     """A same-thread prefetcher ``depth`` batches ahead (as one that moves batches to the GPU)."""
     import collections
