@@ -151,3 +151,33 @@ def test_a_model_on_the_meta_device_is_a_config_error_naming_the_fix():
     model.to_empty(device="cpu")  # materialised later: the same stage then scores
     model.reset_parameters()  # (to_empty leaves whatever was in memory: a NaN or inf loss at times)
     assert len(list(s(SAMPLES))) > 0
+
+
+@pytest.mark.parametrize("key", ["abc", "shard-0001", torch.tensor(7)], ids=["str_3", "str_10", "0d_tensor"])
+@pytest.mark.parametrize("what", ["memory", "audit"])
+def test_a_batch_keyed_by_one_value_for_all_its_rows_is_refused_naming_the_field(tmp_path, key, what):
+    """A collated batch whose key field is one string or a 0-d tensor: a string of as many
+    characters as rows was read as a key per character (the log said a, b, c), a longer one
+    raised a bare IndexError or an AuditError blaming storage at close, a 0-d tensor "int has
+    no len()" (found by review, 2026-12-05)."""
+    extra = (
+        {"memory": sp.ScoreMemory(100)} if what == "memory" else {"audit": sp.AuditLog(str(tmp_path / "log"))}
+    )
+    s = sp.Sifter(None, lambda m, b: b["loss"], sp.Uniform(1.0), batched=True, micro_batch=None, **extra)
+    batch = {"__key__": key, "loss": torch.tensor([0.5, 1.0, 1.5])}
+    with pytest.raises(sp.MissingKeyError, match=r"one value for the whole batch in its key field '__key__'"):
+        list(s([batch]))
+    s.close()
+    good = sp.Sifter(
+        None,
+        lambda m, b: b["loss"],
+        sp.Uniform(1.0),
+        batched=True,
+        micro_batch=None,
+        key=lambda b: ["a", "b"],
+        audit=sp.AuditLog(str(tmp_path / "log2")),
+    )
+    with pytest.raises(
+        sp.MissingKeyError, match=r"has 2 keys in its key field \(key=<lambda>\) for its 3 rows"
+    ):
+        list(good([{"loss": torch.tensor([0.5, 1.0, 1.5])}]))

@@ -144,6 +144,24 @@ def memory_keys(keys: Any) -> np.ndarray | list[Any]:
     return key_list(keys) if as_array is None else as_array
 
 
+def _named(spec: Any) -> str:
+    return f"(key={getattr(spec, '__name__', type(spec).__name__)})" if callable(spec) else repr(spec)
+
+
+def _per_row(keys: Any, group: Group, spec: Any, purpose: str) -> Any:
+    """``keys`` unless it is one value for the whole batch (a string, bytes, a 0-d tensor or
+    array), which reading it as a column would split into characters or fail on (found by
+    review, 2026-12-05: a batch keyed "abc" logged keys a, b, c)."""
+    if isinstance(keys, str | bytes) or getattr(keys, "ndim", None) == 0:
+        raise MissingKeyError(
+            f"the input batch at sample seq {group.seq0} has one value for the whole batch in "
+            f"its key field {_named(spec)} ({type(keys).__name__}), not one key per row; "
+            f"{purpose} needs one key per row: collate the samples' keys into a list (as "
+            "default_collate does), or pass key=<a callable giving one key per row>"
+        )
+    return keys
+
+
 def keys_of(
     group: Group, batched: bool, spec: Any, required: bool = False, purpose: str = "the audit log"
 ) -> list[Any] | None:
@@ -155,7 +173,7 @@ def keys_of(
         batch = group.items[0]
         if callable(spec):
             # a tensor's values, as a key field's (a list of 0-d tensors: each its value)
-            keys = [scalar_key(k) for k in key_list(spec(batch))]
+            keys = [scalar_key(k) for k in key_list(_per_row(spec(batch), group, spec, purpose))]
         else:
             try:
                 keys = batch[spec]
@@ -167,7 +185,12 @@ def keys_of(
                         f"pass key=<field or callable>{_without_keys(purpose)}"
                     ) from None
                 return None
-            keys = key_list(keys)
+            keys = key_list(_per_row(keys, group, spec, purpose))
+        if len(keys) != group.rows:
+            raise MissingKeyError(
+                f"the input batch at sample seq {group.seq0} has {len(keys)} keys in its key "
+                f"field {_named(spec)} for its {group.rows} rows; {purpose} needs one key per row"
+            )
         return keys
     items = group.items
     try:
