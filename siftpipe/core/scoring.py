@@ -4,6 +4,7 @@ scorer returns."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ from ..errors import (
     ConfigError,
     ScorerError,
     ScorerOutputError,
+    SiftError,
     describe_keys,
 )
 from . import batch as _batch
@@ -26,6 +28,11 @@ from .scorers import Scorer
 __all__ = ["CPU", "ByName", "EvalMode", "Scoring", "Setting", "is_oom", "not_dense", "scoring_device"]
 
 CPU = torch.device("cpu")
+
+# the thread scoring each model now (by id): a second thread scoring it at once is refused, as
+# the eval-mode switches of two forwards interleave and leave the model in the wrong mode
+_scoring_in: dict[int, int] = {}
+_scoring_lock = threading.Lock()
 STRIDED = torch.strided
 
 
@@ -193,40 +200,48 @@ class Scoring:
             model = self._checked[1]
         elif self._checked[0] is not None:
             self._checked = (None, None)  # (holding the last model would keep it alive)
+        # (refused before the forward, not as the scorer's error)
+        held = model is not None and self.eval_mode and _hold(model)
         try:
-            out = self._forward(batch, device, model)
-        except Exception as exc:
-            if at is None:
-                at = np.arange(group.rows)
-            if self.on_oom == "split" and is_oom(exc) and rows > 1:
-                if n == 1:  # one sample and its padding: shed the padding, score the sample alone
-                    return self._score(_batch.take(batch, np.arange(1)), 1, group, at[:1], names, rows=1)
-                half = n // 2
-                lo = _batch.take(batch, np.arange(half))
-                hi = _batch.take(batch, np.arange(half, rows))
-                return np.concatenate(
-                    [
-                        self._score(lo, half, group, at[:half], names, rows=half),
-                        self._score(hi, n - half, group, at[half:], names, rows=rows - half),
-                    ]
-                )
-            hint = "; pass on_oom='split' to retry it in halves, or lower micro_batch" if is_oom(exc) else ""
-            if (
-                isinstance(exc, AttributeError)
-                and "'module'" in str(exc)
-                and self._checked[1] is not self.model  # a wrapper, scored through its module
-            ):
-                # a scorer written for the wrapper (m.module(x)), before 2026-12-05
-                hint = (
-                    "; the scorer is given the module DistributedDataParallel wraps (ddp.module), "
-                    "not the wrapper, whose forward would broadcast buffers: call the model given"
-                )
-            raise ScorerError(
-                f"scorer {self.scorer!r} raised {type(exc).__name__}: {exc} on the micro-batch of "
-                f"{n} samples at seq {group.seq0 + int(at[0])} "
-                f"(keys {describe_keys(names(at[:n]))}){hint}"
-            ) from exc
-        return self._check_losses(out, n, rows, device, group, 0 if at is None else int(at[0]))
+            try:
+                out = self._forward(batch, device, model)
+            except Exception as exc:
+                if at is None:
+                    at = np.arange(group.rows)
+                if self.on_oom == "split" and is_oom(exc) and rows > 1:
+                    if n == 1:  # one sample and its padding: shed the padding, score the sample alone
+                        return self._score(_batch.take(batch, np.arange(1)), 1, group, at[:1], names, rows=1)
+                    half = n // 2
+                    lo = _batch.take(batch, np.arange(half))
+                    hi = _batch.take(batch, np.arange(half, rows))
+                    return np.concatenate(
+                        [
+                            self._score(lo, half, group, at[:half], names, rows=half),
+                            self._score(hi, n - half, group, at[half:], names, rows=rows - half),
+                        ]
+                    )
+                hint = ""
+                if is_oom(exc):
+                    hint = "; pass on_oom='split' to retry it in halves, or lower micro_batch"
+                if (
+                    isinstance(exc, AttributeError)
+                    and "'module'" in str(exc)
+                    and self._checked[1] is not self.model  # a wrapper, scored through its module
+                ):
+                    # a scorer written for the wrapper (m.module(x)), before 2026-12-05
+                    hint = (
+                        "; the scorer is given the module DistributedDataParallel wraps (ddp.module), "
+                        "not the wrapper, whose forward would broadcast buffers: call the model given"
+                    )
+                raise ScorerError(
+                    f"scorer {self.scorer!r} raised {type(exc).__name__}: {exc} on the micro-batch of "
+                    f"{n} samples at seq {group.seq0 + int(at[0])} "
+                    f"(keys {describe_keys(names(at[:n]))}){hint}"
+                ) from exc
+            return self._check_losses(out, n, rows, device, group, 0 if at is None else int(at[0]))
+        finally:
+            if held:
+                _let_go(model)  # type: ignore[arg-type]
 
     def _model_to_score(self, model: nn.Module) -> nn.Module:
         """The module a scoring forward calls for ``model``: the module a
@@ -345,6 +360,35 @@ class Scoring:
 
 
 #: Classes of models whose forward makes collectives: refused for a scoring forward
+def _hold(model: nn.Module) -> bool:
+    """Mark ``model`` as scored by this thread: True if this call marked it, False if this
+    thread holds it already (a scorer scoring through another stage); ``SiftError`` if another
+    thread scores it now (found by review, 2026-12-05: two Sifters over one model, each in its
+    own thread, left it in eval mode for training, dropout off, and scored some batches in
+    training mode)."""
+    me = threading.get_ident()
+    with _scoring_lock:
+        other = _scoring_in.get(id(model))
+        if other is None:
+            _scoring_in[id(model)] = me
+            return True
+    if other == me:
+        return False
+    name = next((t.name for t in threading.enumerate() if t.ident == other), str(other))
+    raise SiftError(
+        f"the model {type(model).__name__} is being scored in thread {name!r} while thread "
+        f"{threading.current_thread().name!r} scores it too: each scoring forward switches the "
+        "model to eval mode and back, and two at once leave it in the wrong mode (the training "
+        "step's too). Score one model from one thread: sift every stream in the training thread "
+        "(one Sifter per stream is fine there), or give each thread a model of its own"
+    )
+
+
+def _let_go(model: nn.Module) -> None:
+    with _scoring_lock:
+        _scoring_in.pop(id(model), None)
+
+
 _SHARDED = frozenset({"FullyShardedDataParallel", "FSDPModule", "DeepSpeedEngine"})
 
 

@@ -337,3 +337,55 @@ def test_losses_a_scorer_writes_into_a_buffer_it_reuses_stay_each_micro_batchs_o
     assert [logged[i] for i in range(12)] == losses.tolist()
     # the top half of each micro-batch of 4
     assert kept == [0, 2, 5, 7, 8, 11]
+
+
+def test_one_model_scored_from_two_threads_at_once_is_refused_and_its_mode_comes_back():
+    """Two Sifters over one model, each read in its own thread: their eval-mode switches
+    interleaved, one thread found nothing to undo while the other had switched the model, and
+    the model went on training in eval mode (dropout off), some batches scored in training
+    mode (found by review, 2026-12-05). A second thread scoring a model another thread scores
+    now is refused; the first thread's forward and the model's mode are untouched."""
+    import threading
+
+    import siftpipe as sp
+
+    inside, go_on = threading.Event(), threading.Event()
+
+    class Slow(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 4)
+            self.drop = nn.Dropout(0.5)
+            self.modes = []
+
+        def forward(self, x):
+            self.modes.append(self.training)
+            if threading.current_thread().name == "first" and not inside.is_set():
+                inside.set()
+                assert go_on.wait(30)
+            return self.drop(self.lin(x))
+
+    model = Slow().train()
+    data = [{"__key__": f"k{i}", "x": torch.randn(3), "y": torch.tensor(i % 4)} for i in range(8)]
+    errors = {}
+
+    def job(name):
+        stage = sp.Sifter(model, sp.CrossEntropy("x", "y"), sp.Uniform(0.5), micro_batch=4, seed=1)
+        try:
+            list(stage(data))
+        except Exception as exc:
+            errors[name] = exc
+
+    first = threading.Thread(target=job, args=("first",), name="first")
+    first.start()
+    assert inside.wait(30)
+    second = threading.Thread(target=job, args=("second",), name="second")
+    second.start()
+    second.join(30)
+    go_on.set()
+    first.join(30)
+    assert "first" not in errors
+    assert isinstance(errors["second"], sp.SiftError) and "being scored in thread 'first'" in str(
+        errors["second"]
+    )
+    assert model.training and model.drop.training and not any(model.modes)
