@@ -466,7 +466,9 @@ def _concat(batches: Sequence[Batch], nested: bool = False) -> Batch:
         return like(first, {k: _concat([b[k] for b in batches], True) for k in first})
     if nested and _scalar_tuple(first):
         return tuple(x for b in batches for x in b)
-    if isinstance(first, tuple) or (isinstance(first, list) and _is_columns(first, nested)):
+    if isinstance(first, tuple) or (
+        isinstance(first, list) and _is_columns(first, nested) and not _rows_of_one_among_rows(batches)
+    ):
         parts = [_concat([b[i] for b in batches], True) for i in range(len(first))]
         return type(first)(*parts) if hasattr(first, "_fields") else type(first)(parts)
     if isinstance(first, list):
@@ -475,6 +477,20 @@ def _concat(batches: Sequence[Batch], nested: bool = False) -> Batch:
             out.extend(b)
         return out
     return first
+
+
+def _rows_of_one_among_rows(batches: Sequence[Any]) -> bool:
+    """Whether a field's lists are one entry per row in some input batches (``RowList``) and, in
+    the others, one entry of one row each: a batch of one row whose entry has one element reads
+    as ``default_collate``'s column, which is the same there, and joined with the per-row ones it
+    is one row of theirs (found by review, 2026-12-05: batch size 1, the columns' reading of the
+    first batch concatenated the rows' token tensors into one)."""
+    if not any(type(b) is RowList for b in batches):
+        return False
+    return all(
+        type(b) is RowList or (len(b) == 1 and getattr(b[0], "shape", (None,))[:1] == (1,))
+        for b in batches
+    )
 
 
 def pad_rows(batch: Batch, size: int) -> Batch:

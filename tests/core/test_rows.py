@@ -372,3 +372,24 @@ def test_a_join_error_blames_the_field_that_differs_not_a_column_of_strings():
     with pytest.raises(sp.BatchError, match=r"'x' holds \(2, 3\)"):
         concat([a, b])
     assert concat([a, {"__key__": ("c",), "x": torch.ones(1, 3)}])["__key__"] == ("a", "b", "c")
+
+
+def test_batches_of_one_row_with_a_per_row_list_field_join_row_by_row():
+    """Batch size 1 and a collate_fn keeping each sample's token tensor in a list: a batch whose
+    tensor has one token reads as default_collate's column (the same for one row), the others,
+    per row; joined by output_batch after a column batch, the tokens of three rows came out as
+    one tensor, the other rows' entries missing, nothing said (found by review, 2026-12-05)."""
+    lengths = [2, 1, 3, 1, 2, 1]
+    batches = [
+        {"__key__": [f"k{i}"], "loss": torch.tensor([1.0]), "tok": [torch.arange(10 * i, 10 * i + n)]}
+        for i, n in enumerate(lengths)
+    ]
+    given = {b["__key__"][0]: b["tok"][0] for b in batches}
+    stage = sp.Sifter(None, lambda m, b: b["loss"], sp.Uniform(1.0), batched=True, micro_batch=None,
+                      output_batch=3, seed=0)  # fmt: skip
+    out = list(stage(batches))
+    assert [len(b["__key__"]) for b in out] == [3, 3]
+    for batch in out:
+        assert len(batch["tok"]) == 3
+        for key, tokens in zip(batch["__key__"], batch["tok"]):
+            assert torch.equal(tokens, given[key])
