@@ -223,6 +223,13 @@ class Scoring:
                 hint = ""
                 if is_oom(exc):
                     hint = "; pass on_oom='split' to retry it in halves, or lower micro_batch"
+                elif isinstance(exc, TypeError) and "not numpy.ndarray" in str(exc):
+                    # (found by review, 2026-12-05: torch's message names neither field nor fix)
+                    hint = (
+                        "; the batch holds numpy arrays where the model takes tensors: convert "
+                        "them in the collate_fn (torch.as_tensor), or have the dataset give "
+                        "tensors (a Hugging Face dataset: with_format('torch'))"
+                    )
                 if (
                     isinstance(exc, AttributeError)
                     and "'module'" in str(exc)

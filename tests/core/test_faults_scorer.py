@@ -238,3 +238,17 @@ def test_one_sample_without_its_key_is_named_in_the_error_not_every_sample():
     xs = lambda items: {"x": torch.stack([s["x"] for s in items])}  # noqa: E731
     with pytest.raises(sp.NonFiniteLossError, match=r"keys \['k0', 'k1', None, 'k3'\]"):
         list(sp.Sifter(model, nan, micro_batch=4, seed=0, collate_fn=xs)(data))
+
+
+def test_a_batch_of_numpy_arrays_given_to_a_model_says_to_convert_them():
+    """A collated batch of numpy arrays scored by a model: torch's "linear(): argument 'input'
+    must be Tensor, not numpy.ndarray" named neither the field nor the fix (found by review,
+    2026-12-05)."""
+    import numpy as np
+
+    model = torch.nn.Linear(3, 4)
+    batch = {"__key__": [f"k{i}" for i in range(5)], "x": np.random.randn(5, 3).astype(np.float32),
+             "y": np.random.randint(0, 4, 5)}  # fmt: skip
+    s = sp.Sifter(model, sp.CrossEntropy("x", "y"), sp.Uniform(0.5), batched=True, micro_batch=None)
+    with pytest.raises(sp.ScorerError, match=r"numpy arrays where the model takes tensors.*torch.as_tensor"):
+        list(s([batch]))
