@@ -519,9 +519,7 @@ class ShardSource(BaseNode[dict[str, Any]]):
         # both, where the state has both: the paths' leaves out an http URL's query, which may
         # be all that tells its shards apart (https://host/get?file=shard-000003.tar; found by
         # review, 2026-12-05), and the names' the folders
-        differ = (state.get("order") not in (None, names)) or (
-            state.get("order_paths") not in (None, paths)
-        )
+        differ = (state.get("order") not in (None, names)) or (state.get("order_paths") not in (None, paths))
         if differ:
             raise ResumeError(
                 f"the checkpoint's epoch read its {len(order)} shard(s) in another order than this "

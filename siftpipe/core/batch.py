@@ -488,8 +488,7 @@ def _rows_of_one_among_rows(batches: Sequence[Any]) -> bool:
     if not any(type(b) is RowList for b in batches):
         return False
     return all(
-        type(b) is RowList or (len(b) == 1 and getattr(b[0], "shape", (None,))[:1] == (1,))
-        for b in batches
+        type(b) is RowList or (len(b) == 1 and getattr(b[0], "shape", (None,))[:1] == (1,)) for b in batches
     )
 
 

@@ -223,7 +223,10 @@ def first_shard(item: Any, batched: bool) -> str | None:
 def first_key(item: Any, batched: bool, key: Any) -> Any:
     """The key of an input item (the first row's, for a batch), or None."""
     try:
-        keys = keys_of(Group([item], 1, 0, None), batched, key)
+        # (a batch's own row count: its keys are checked against it; the review of that check,
+        # 2026-12-05: counted as one row, every batch's next key read as unknown)
+        rows = _batch.batch_size(item) if batched else 1
+        keys = keys_of(Group([item], rows, 0, None), batched, key)
     except Exception:  # a key callable that fails: recorded as unknown, not raised here
         return None
     return keys[0] if keys else None

@@ -623,7 +623,7 @@ class Sifter:
             try:
                 # (a loss per micro-batch of a gradient accumulation, each a vector: joined)
                 losses = torch.cat([torch.as_tensor(v).detach().reshape(-1) for v in losses])
-            except (RuntimeError, ValueError) as exc:
+            except (RuntimeError, TypeError, ValueError) as exc:
                 raise ScorerOutputError(
                     f"observe() got a list of losses it cannot stack into one tensor ({exc}); pass "
                     "one loss per sample as one tensor or array"
@@ -1375,7 +1375,9 @@ class Sifter:
                     # the samples read before it were
                     yield self._finish(out)
                     raise
-                # the pass goes on: waiting rows come out in the next output batch
+                # the pass goes on: waiting rows come out in the next output batch; an end read
+                # after the error is the source's own (it went on), not the error's
+                reader.failed = None
                 self._passes.raised_at(reader.pulled)
                 self._ledger.error_held = False
                 yield iter((Raised(exc),))
@@ -1553,33 +1555,49 @@ def _check_observed(keys: Any, losses: Any) -> None:
             f"observe() takes the batch's keys as one ordered sequence, got a 0-d "
             f"{type(keys).__name__} (one key): pass observe([key], [loss]), or the batch's keys"
         )
-    if isinstance(losses, list | tuple) and any(isinstance(v, torch.Tensor) for v in losses):
-        pass  # (observe stacks them)
-    else:
-        kind = getattr(getattr(losses, "dtype", None), "kind", None)
-        if isinstance(losses, list | tuple) and losses:
+    parts = (
+        list(losses)
+        if isinstance(losses, list | tuple) and any(isinstance(v, torch.Tensor) for v in losses)
+        else [losses]
+    )
+    for part in parts:  # (a list of loss tensors is joined: each is checked as one would be)
+        _check_losses_part(part)
+    if isinstance(losses, list | tuple) and losses and all(type(v) is bool for v in losses):
+        raise ScorerOutputError(_BOOLEAN_LOSSES)
+
+
+_BOOLEAN_LOSSES = (
+    "observe() got boolean losses (a mask, a correctness flag?); pass one real loss per sample: "
+    "loss(reduction='none') of the training step"
+)
+
+
+def _check_losses_part(losses: Any) -> None:
+    """``_check_observed``'s checks of the losses, or of one tensor of a list of them."""
+    if not isinstance(losses, torch.Tensor):
+        array = None
+        if isinstance(losses, np.ndarray):
+            array = losses
+        elif isinstance(losses, list | tuple) and losses:
             try:
-                kind = np.asarray(losses).dtype.kind
+                array = np.asarray(losses)
             except (TypeError, ValueError):  # ragged: refused by name where they are read
-                kind = None
-            if kind == "O" and not any(isinstance(v, str | bytes) for v in losses):
-                kind = None  # a None among numbers: not a loss (NaN, ignored), as before
-        if kind in ("U", "S", "O"):
+                array = None
+        kind = array.dtype.kind if array is not None else None
+        if kind == "O" and array is not None:
+            # numbers, and None among them (no loss: NaN, ignored, as before), read as numbers
+            text = any(isinstance(v, str | bytes) for v in array.reshape(-1).tolist())
+            kind = "U" if text else None
+        if kind in ("U", "S"):
             # numpy reads "0.5" as 0.5: a column of text handed as losses passed unseen (review)
             raise ScorerOutputError(
-                "observe() got losses that are not numbers (text or objects); pass one real loss "
-                "per sample: a float tensor or array"
+                "observe() got losses that are not numbers (text); pass one real loss per "
+                "sample: a float tensor or array"
             )
-    dtype = getattr(losses, "dtype", None)
-    if (
-        dtype is torch.bool
-        or getattr(dtype, "kind", "") == "b"
-        or (isinstance(losses, list | tuple) and losses and all(type(v) is bool for v in losses))
-    ):
-        raise ScorerOutputError(
-            "observe() got boolean losses (a mask, a correctness flag?); pass one real loss per "
-            "sample: loss(reduction='none') of the training step"
-        )
+        if kind == "b":
+            raise ScorerOutputError(_BOOLEAN_LOSSES)
+    if getattr(losses, "dtype", None) is torch.bool:
+        raise ScorerOutputError(_BOOLEAN_LOSSES)
     if isinstance(losses, torch.Tensor):
         problem = not_dense(losses)
         if losses.is_meta:

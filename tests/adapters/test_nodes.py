@@ -118,6 +118,46 @@ def test_a_loader_resumed_with_a_setting_changed_on_purpose_takes_override_on_re
         node.sifter.override_on_resume("batched")
 
 
+def test_an_error_the_source_survives_is_raised_once_though_a_checkpoint_follows_it():
+    """A node whose last item fails once, then ends (as a ShardSource with a failed last shard),
+    under a SiftNode: a checkpoint taken after the error read ahead, met the end and took it for
+    the error's (a generator's end after raising), so the same error came out again after every
+    checkpoint (the review of that fix, 2026-12-05)."""
+
+    class Flaky(BaseNode):
+        def reset(self, initial_state=None):
+            super().reset(initial_state)
+            self.i = 0 if initial_state is None else initial_state["i"]
+
+        def next(self):
+            i = self.i
+            if i >= 6:
+                raise StopIteration
+            self.i += 1
+            if i == 5:
+                raise OSError(f"item {i} unreadable")
+            return {"__key__": [f"a{i}", f"b{i}"], "loss": torch.tensor([1.0 + i, 2.0 + i])}
+
+        def get_state(self):
+            return {"i": self.i}
+
+    stage = sp.Sifter(None, lambda m, b: b["loss"], sp.Uniform(1.0), batched=True, micro_batch=None, seed=0)
+    node = SiftNode(Flaky(), stage)
+    node.reset(None)
+    rows, errors = [], []
+    while len(errors) < 4:
+        try:
+            batch = node.next()
+        except StopIteration:
+            break
+        except OSError as exc:
+            errors.append(str(exc))
+            node.get_state()  # a checkpoint after each error the loop catches
+            continue
+        rows += batch["__key__"]
+    assert errors == ["item 5 unreadable"] and len(rows) == 10
+
+
 def test_resuming_the_source_does_not_reread_the_epoch(shards):
     source = ShardSource(shards.pattern)
     loader = Loader(source)

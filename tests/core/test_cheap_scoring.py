@@ -219,6 +219,16 @@ def test_observe_takes_a_list_of_0d_losses_that_require_grad():
     assert known[:4] == [0.5, 1.0, 1.5, 2.5] and np.isnan(known[4])
     with pytest.raises(sp.ScorerOutputError, match="cannot read losses from a list"):
         s.observe(["h", "i", "j"], [[0.5, 0.6], [0.7]])  # ragged: named, not numpy's ValueError
+    # each tensor of a list is checked as one would be (the second review: a (2, 2) token loss
+    # in a list was flattened and paired with keys; 0-d booleans were read as 1.0 and 0.0)
+    with pytest.raises(sp.ScorerOutputError, match=r"shape \[2, 2\]"):
+        s.observe(["h", "i", "j", "k"], [torch.ones(2, 2)])
+    with pytest.raises(sp.ScorerOutputError, match="boolean losses"):
+        s.observe(["h", "i"], [torch.tensor(True), torch.tensor(False)])
+    with pytest.raises(sp.ScorerOutputError, match="cannot stack|cannot read"):
+        s.observe(["h", "i"], [torch.tensor([0.5]), "0.7"])
+    s.observe(["h", "i"], np.array([0.5, 1.0], dtype=object))  # numbers, held as objects
+    assert s.memory.lookup_keys(["h", "i"], 1)[0].tolist() == [0.5, 1.0]
 
 
 def test_a_memory_that_is_not_a_score_memory_is_refused_made_or_set():

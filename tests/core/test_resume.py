@@ -468,6 +468,29 @@ def test_a_checkpoint_taken_as_a_failing_pass_hands_on_its_last_rows_resumes_fro
     assert trained == whole
 
 
+def test_a_batched_resume_fed_from_the_wrong_batch_is_refused_by_the_next_batchs_key():
+    """The check of a batch's key count read a checkpoint's next batch as one row: its keys
+    "did not match", the next key was recorded as unknown, and a resume fed from the wrong
+    batch was accepted, the skipped rows never trained (the review of that check, 2026-12-05)."""
+    batches = [{"__key__": [f"k{4 * b + i}" for i in range(4)], "loss": torch.rand(4)} for b in range(6)]
+
+    def make():
+        return sp.Sifter(None, loss_field, sp.Uniform(1.0), batched=True, micro_batch=None, seed=0)
+
+    stage = make()
+    it = iter(stage(batches))
+    next(it), next(it)
+    state = roundtrip(stage.state_dict())
+    assert state["next_key"] == "k8" and not state["pending"]
+    wrong = make()
+    wrong.load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match="its next item has key 'k12', the checkpoint expected 'k8'"):
+        list(wrong(batches[3:]))
+    right = make()
+    right.load_state_dict(state)
+    assert [k for b in right(batches[2:]) for k in b["__key__"]] == [f"k{i}" for i in range(8, 24)]
+
+
 def _prefetched(batches, depth):
     """A same-thread prefetcher ``depth`` batches ahead (as one that moves batches to the GPU)."""
     import collections
