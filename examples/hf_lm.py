@@ -152,6 +152,8 @@ def main() -> None:
         "scored": stats.scored,
         "from_memory": stats.from_memory,
         "memory_received": trainer.sift_memory_received,
+        # keys fed back twice in one pass: samples trained twice (none: each pass deals each once)
+        "repeated": sifter.memory.repeated,
     }
     ranks = [mine]
     if dist.is_available() and dist.is_initialized():

@@ -406,10 +406,19 @@ class SiftTrainerMixin(_Base):
         dataset, collator = self.train_dataset, self.data_collator
         self.train_dataset = with_index_keys(dataset, self.sifter.key)
         self.data_collator = as_list  # type: ignore[assignment]
+        # accelerate's even_batches fills each process's short last batch of a pass with samples
+        # from the pass's start, for equal batch counts, which the endless sifted stream does not
+        # need: each process then trained those samples twice in the pass (found by review,
+        # 2026-12-05, 2 processes, 50 samples, batch 4). Off for the training loader alone: the
+        # evaluation loop gathers per batch and needs equal counts
+        config = self.accelerator.dataloader_config
+        even = config.even_batches
+        config.even_batches = False
         try:
             self._sift_inner = super().get_train_dataloader()
         finally:
             self.train_dataset, self.data_collator = dataset, collator
+            config.even_batches = even
         return _TrainLoader(self.sift_stream)
 
     def _sift_open_pass(self, epoch: int, skip: int) -> tuple[Any, int]:
