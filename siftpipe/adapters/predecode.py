@@ -38,14 +38,14 @@ from typing import Any
 import numpy as np
 
 from .._secrets import redact, redact_url, refuse_credentials_in_url, secret_values
-from ..core.files import put_whole
+from ..core.files import put_whole, retrying
 from ..core.memory import ScoreMemory, key_hashes
 from ..core.ranks import dist_info, rank_said
 from ..core.rows import shard_key
 from ..core.shardcounts import SharedCounters
 from ..core.values import is_int, scalar_key
 from ..core.vocab import PRE_KEPT, PRE_LOSS, PRE_PROB, loggable_text
-from ..errors import ConfigError, MissingKeyError, PreDecodeWarning
+from ..errors import ConfigError, MissingKeyError, PreDecodeWarning, SiftError
 
 __all__ = ["PRE_KEPT", "PreDecodeFilter"]
 
@@ -425,10 +425,28 @@ class PreDecodeFilter:
         """The publication ``latest.json`` names (checked), or None when there is none."""
         import fsspec
 
-        try:
-            with fsspec.open(f"{self.url}/latest.json", "rb", **self.storage_options) as f:
-                raw = f.read()
-        except FileNotFoundError:
+        def read() -> bytes | None:
+            for attempt in range(8):
+                try:
+                    with fsspec.open(f"{self.url}/latest.json", "rb", **self.storage_options) as f:
+                        return bytes(f.read())
+                except FileNotFoundError:
+                    return None
+                except OSError as exc:
+                    # replaced while read: s3fs reads an object with the ETag it found first and
+                    # says FileExpired when a publication replaced it between (found by review,
+                    # 2026-12-05: a DataLoader worker died with it): read the new one
+                    if type(exc).__name__ != "FileExpired":
+                        raise
+                time.sleep(0.05 * (attempt + 1))
+            raise SiftError(
+                f"the publication at {self._shown()}/latest.json was replaced 8 times while this "
+                "worker read it (over about 2 s): publish the score memory once an epoch, not "
+                "in a loop"
+            )
+
+        raw = retrying(read, f"reading the publication at {self._shown()}/latest.json")
+        if raw is None:
             return None
         try:
             meta = json.loads(raw)
@@ -567,7 +585,12 @@ class PreDecodeFilter:
             f"{_random.token_hex(4)}.parquet"
         )
         fs, path = fsspec.core.url_to_fs(f"{audit['directory']}/_predecode/{name}", **self.storage_options)
-        put_whole(fs, path, sink.getvalue())  # a worker killed mid-write leaves no truncated part
+        # (retried while storage fails in a way that may pass, as the audit log's writes are)
+        retrying(
+            lambda: put_whole(fs, path, sink.getvalue()),  # a kill mid-write leaves no truncated part
+            f"recording the samples worker {worker} dropped before decode in the audit log's "
+            f"{redact(redact_url(str(audit['directory'])), secret_values(self.storage_options))}",
+        )
 
 
 def _worker_id() -> int:

@@ -4,9 +4,15 @@ part (the audit log's parts and manifests, a published score memory and its ``la
 from __future__ import annotations
 
 import secrets
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-__all__ = ["put_whole"]
+from ..errors import SiftError, may_pass
+
+__all__ = ["RETRY_TIMEOUT", "put_whole", "retrying"]
+
+T = TypeVar("T")
 
 
 def put_whole(fs: Any, path: str, data: bytes) -> None:
@@ -30,3 +36,51 @@ def put_whole(fs: Any, path: str, data: bytes) -> None:
     finally:
         if fs.exists(aside):
             fs.rm(aside)
+
+
+#: Seconds a publication of the score memory (and a worker's record of the samples it dropped
+#: before decode) is retried while storage fails in a way that may pass, as the audit log's writes
+#: are (``AuditLog(retry_timeout=)``).
+RETRY_TIMEOUT = 120.0
+
+
+def retrying(write: Callable[[], T], what: str, timeout: float = RETRY_TIMEOUT) -> T:
+    """``write()``, tried again with backoff (0.5 s, doubling to 10 s) while it fails in a way that
+    may pass (``siftpipe.errors.may_pass``: a refused or reset connection, a timeout, anywhere in
+    the error's chain), for ``timeout`` seconds from the first try; past it, a ``SiftError``
+    naming ``what`` (which must hold no credential), the attempts and the cause's type, never its
+    text (it may quote a URL with credentials). Another failure is raised as it is.
+
+    Found by review, 2026-12-05: a storage outage of 8 s failed ``publish_memory`` and the workers'
+    drop records with botocore's raw ``EndpointConnectionError``, which s3fs had retried for about
+    4 s; the audit log in the same bucket rode out 600 s."""
+    started = time.monotonic()
+    wait, attempts = 0.5, 0
+    while True:
+        attempts += 1
+        try:
+            return write()
+        except Exception as exc:
+            if not _may_pass_in_chain(exc):
+                raise  # (as before: what cannot pass is the caller's to name)
+            took = time.monotonic() - started
+            if took + wait > timeout:
+                raise SiftError(
+                    f"{what} failed after {attempts} attempt(s) over {took:.1f} s: "
+                    f"{type(exc).__name__}; the storage did not answer within {timeout:g} s: "
+                    "check the endpoint and the network"
+                ) from None
+            del exc
+        time.sleep(wait)
+        wait = min(wait * 2, 10.0)
+
+
+def _may_pass_in_chain(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen and len(seen) < 8:
+        seen.add(id(cur))
+        if may_pass(cur):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False

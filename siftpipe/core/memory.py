@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._secrets import refuse_credentials_in_url
+from .._secrets import redact, redact_url, refuse_credentials_in_url, secret_values
 from ..errors import ConfigError, MissingKeyError, ResumeError
 from .exactsum import ExactSum
-from .files import put_whole
+from .files import RETRY_TIMEOUT, put_whole, retrying
 from .history import check_fits
 from .hostcopy import HostCopy
 from .values import is_int, scalar_key, short_repr
@@ -1155,6 +1155,7 @@ class ScoreMemory:
         keep: int | None = 2,
         run_began: float | None = None,
         key: Mapping[str, Any] | None = None,
+        retry_timeout: float = RETRY_TIMEOUT,
     ) -> str:
         """Publish this memory for ``PreDecodeFilter`` stages (``siftpipe.predecode``) under ``url``:
         ``memory-<version>.npz`` and then ``latest.json`` naming it, with the ``epoch``, ``seed``
@@ -1172,7 +1173,11 @@ class ScoreMemory:
         ``run_began``: when the publishing run began (``Sifter``'s, kept across resumes): a
         filter told another run's refuses the publication. ``key``: how the stage keys samples
         (``{"field": name}``, ``{"function": "shard_key"}`` or ``{"function": None}`` for one a
-        filter cannot know), so that a filter finds samples by the same keys."""
+        filter cannot know), so that a filter finds samples by the same keys.
+        ``retry_timeout``: seconds each file is written again while storage fails in a way that
+        may pass (a refused connection, a timeout), as the audit log's writes are; past them a
+        ``SiftError`` names the publication (before 2026-12-05 an outage of 8 s was botocore's
+        raw error; found by review)."""
 
         # refused, as the filters reading it refuse it: s3fs would take s3://KEY:SECRET@bucket
         # for a bucket named KEY:SECRET and name it in its errors
@@ -1181,7 +1186,12 @@ class ScoreMemory:
             raise ConfigError(f"keep must be a number of publications >= 1 or None, got {keep!r}")
         version = f"{epoch:06d}-{_random.token_hex(4)}"
         url = url.rstrip("/")
-        self.save(f"{url}/memory-{version}.npz", storage_options)
+        shown = redact(redact_url(url), secret_values(storage_options))
+        retrying(
+            lambda: self.save(f"{url}/memory-{version}.npz", storage_options),
+            f"publishing the score memory to {shown}",
+            retry_timeout,
+        )
         meta = {
             "version": version,
             "file": f"memory-{version}.npz",
@@ -1196,7 +1206,12 @@ class ScoreMemory:
         }
         # whole or not at all: workers read it at any moment (rewritten in place, a reader
         # caught it empty: JSONDecodeError in a DataLoader worker)
-        _put_whole(f"{url}/latest.json", json.dumps(meta).encode(), storage_options)
+        body = json.dumps(meta).encode()
+        retrying(
+            lambda: _put_whole(f"{url}/latest.json", body, storage_options),
+            f"publishing the score memory's latest.json to {shown}",
+            retry_timeout,
+        )
         files = self._published.setdefault(url, [])
         files.append(f"memory-{version}.npz")
         if keep is not None and len(files) > keep:
@@ -1225,7 +1240,19 @@ class ScoreMemory:
             data = np.load(io.BytesIO(raw), allow_pickle=False)
             arrays = {name: data[name] for name in ("config", "keys", "loss", "epoch", "source")}
             capacity, max_age, refused = (int(v) for v in arrays["config"])
-        except (KeyError, IndexError, ValueError, OSError, TypeError, EOFError, zipfile.BadZipFile) as exc:
+        except (
+            KeyError,
+            IndexError,
+            ValueError,
+            OSError,
+            TypeError,
+            EOFError,
+            zipfile.BadZipFile,
+            # a flipped flag in the zip's directory: "is encrypted", "compression method is not
+            # supported" (found by review, 2026-12-05: raw in every worker)
+            RuntimeError,
+            NotImplementedError,
+        ) as exc:
             # (the URL is not repeated: it may carry credentials, and the caller knows it)
             raise ConfigError(
                 f"the file is not a score memory file ScoreMemory.save wrote ({type(exc).__name__}: "

@@ -33,6 +33,7 @@ from . import batch as _batch
 from .account import CostAccount
 from .decide import REASONS
 from .decider import Decider
+from .files import RETRY_TIMEOUT
 from .hostcopy import HostCopy, host_losses
 from .ledger import RECENT_BATCHES, Group, Ledger, Output
 from .memory import SOURCES, ScoreMemory, check_epoch
@@ -659,7 +660,12 @@ class Sifter:
         self._account.observe += elapsed - ((memory.waited - waited) if memory is not None else 0.0)
 
     def publish_memory(
-        self, url: str, storage_options: Mapping[str, Any] | None = None, *, keep: int | None = 2
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        keep: int | None = 2,
+        retry_timeout: float = RETRY_TIMEOUT,
     ) -> str:
         """Publish the score memory for ``PreDecodeFilter`` stages in DataLoader workers.
 
@@ -671,7 +677,8 @@ class Sifter:
         refuses it. ``keep``: how many of this memory's
         publications under ``url`` to keep, the new one included (older ones are deleted; the
         default 2 keeps the one a worker may still be loading; ``None``: delete none; see
-        ``ScoreMemory.publish``).
+        ``ScoreMemory.publish``). ``retry_timeout``: seconds each file is written again while
+        storage fails in a way that may pass (an outage), then ``SiftError``.
         """
         if self.memory is None:
             raise ConfigError(
@@ -699,6 +706,7 @@ class Sifter:
             keep=keep,
             run_began=self._run_began,
             key=publish_key(self.key),
+            retry_timeout=retry_timeout,
         )
 
     def __call__(self, source: Iterable[Any]) -> Iterator[Any]:

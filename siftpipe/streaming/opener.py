@@ -28,7 +28,6 @@ import random
 import re
 import select
 import signal
-import socket
 import subprocess
 import tarfile
 import tempfile
@@ -58,7 +57,7 @@ from ..core.shardcounts import (
     reset_shard_stats,
     shard_stats,
 )
-from ..errors import ConfigError, DuplicateFieldError, ShardError, ShardWarning
+from ..errors import ConfigError, DuplicateFieldError, ShardError, ShardWarning, may_pass
 
 __all__ = [
     "OpenerOptions",
@@ -203,37 +202,6 @@ def _response(exc: BaseException) -> tuple[str | None, int | None]:
     return None, None
 
 
-def _transient_type(exc: BaseException) -> bool:
-    if isinstance(exc, ConnectionError | TimeoutError | socket.timeout):
-        return True
-    name = type(exc).__name__
-    module = type(exc).__module__
-    if module.startswith("botocore"):
-        return any(
-            c.__name__ in ("ConnectionError", "HTTPClientError", "ReadTimeoutError", "ConnectTimeoutError")
-            for c in type(exc).__mro__
-        )
-    if module.startswith("aiohttp"):
-        return any(
-            c.__name__ in ("ClientConnectionError", "ClientPayloadError", "ServerTimeoutError")
-            for c in type(exc).__mro__
-        )
-    if module.startswith(("urllib3", "http.client", "requests")):
-        return name in (
-            "IncompleteRead",
-            "RemoteDisconnected",
-            "ProtocolError",
-            "ReadTimeoutError",
-            "ConnectTimeoutError",
-            "NewConnectionError",
-            "ConnectionError",
-            "ChunkedEncodingError",
-            "ReadTimeout",
-            "ConnectTimeout",
-        )
-    return name == "FSTimeoutError"
-
-
 _NO_BUCKET = re.compile(
     r"(?i)no\s*such\s*bucket|bucket\s+(?:does\s+not|doesn't)\s+exist|bucket\s+(?:\S+\s+)?not\s+found"
 )
@@ -266,7 +234,7 @@ def classify_error(exc: BaseException) -> str:
     if isinstance(first, TarLimitError):
         return "too_large"
     if isinstance(first, FileNotFoundError):
-        if any(_transient_type(e) for e in chain[1:]):
+        if any(may_pass(e) for e in chain[1:]):
             # fsspec's HTTP filesystem says FileNotFoundError for any failure to learn a file's
             # size, a refused connection included (found by review, 2026-12-05: an outage of 3 s
             # gave https shards up as "no such object", unretried); a 404 was answered above
@@ -276,7 +244,7 @@ def classify_error(exc: BaseException) -> str:
         return "missing_bucket" if _NO_BUCKET.search(str(first)) else "missing"
     if isinstance(first, PermissionError):
         return "denied"
-    if any(_transient_type(e) for e in chain):
+    if any(may_pass(e) for e in chain):
         return "transient"
     if isinstance(first, tarfile.TarError | EOFError) or type(first).__name__ in ("BadGzipFile", "error"):
         return "corrupt"
@@ -560,10 +528,10 @@ class ShardOpener:
         # and those of the URL a GOPEN_REWRITE rule made of it, which the bytes came from (found
         # by review, 2026-12-05: a rule to s3://KEY:SECRET@bucket/ showed the secret)
         text = f"{type(exc).__name__}: {exc}"
-        if kind == "transient" and not _transient_type(exc):
+        if kind == "transient" and not may_pass(exc):
             # what the storage did, where a library's own error hides it (s3fs's IndexError
             # "tuple index out of range" around a read timeout; found by review, 2026-12-05)
-            causes = [e for e in _chain(exc) if e is not exc and _transient_type(e)]
+            causes = [e for e in _chain(exc) if e is not exc and may_pass(e)]
             said = next((e for e in causes if str(e)), causes[0] if causes else None)
             if said is not None:
                 text += (

@@ -937,3 +937,84 @@ def test_a_stream_mixing_a_filters_samples_with_unfiltered_ones_is_read_as_it_is
     assert not [w for w in caught if issubclass(w.category, sp.PreDecodeWarning)]
     assert sifter.stats.seen > 300  # epoch 1: some of the filtered source dropped before decode
     assert sifter.stats.from_memory > 0
+
+
+def test_a_filter_reading_latest_json_while_it_is_replaced_on_s3_reads_the_new_one(local_s3, bucket):
+    """s3fs reads an object with the ETag it found first and raises FileExpired when it was
+    replaced between: a DataLoader worker starting while the trainer published died with it (found
+    by review, 2026-12-05; on a local disk the file is renamed over, whole). The worker's read of
+    latest.json is held at the proxy while a new publication replaces it, then let through."""
+    import threading
+
+    from tests.faults import FaultProxy
+
+    proxy = FaultProxy(local_s3.port)
+    try:
+        direct = {"endpoint_url": local_s3.endpoint}
+        options = {"endpoint_url": proxy.endpoint, "config_kwargs": {"retries": {"total_max_attempts": 1}}}
+        url = f"s3://{bucket}/memory"
+        sifter = relative_stage()
+        list(sifter(RAW_DECODED))
+        sifter.publish_memory(url, direct)
+        proxy.fail("hold", 0, times=1, method="GET", path="latest.json")
+        got = {}
+
+        def worker():
+            prefilter = sp.PreDecodeFilter(url, options)
+            got["kept"] = list(prefilter(iter(RAW)))
+            got["version"] = prefilter._meta.get("version")
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        assert proxy.holding.wait(30)
+        newer = sifter.publish_memory(url, direct)  # replaces latest.json while the read is held
+        proxy.release()
+        thread.join(60)
+        assert got["version"] == newer and 0 < len(got["kept"]) < len(RAW)
+    finally:
+        proxy.release()
+        proxy.stop()
+
+
+def test_publishing_rides_out_a_storage_outage_and_past_its_timeout_says_so(own_s3):
+    """A storage outage of several seconds (s3fs gives up after about 4 s) failed publish_memory
+    with botocore's raw EndpointConnectionError, where the audit log in the same bucket retries
+    for retry_timeout (found by review, 2026-12-05). Publishing retries as long; past that it is
+    a SiftError naming the publication, no secret."""
+    import threading
+
+    bucket = own_s3.new_bucket()
+    options = {"endpoint_url": own_s3.endpoint, "config_kwargs": {"connect_timeout": 1, "read_timeout": 2}}
+    url = f"s3://{bucket}/memory"
+    sifter = relative_stage()
+    list(sifter(RAW_DECODED))
+    sifter.publish_memory(url, options)
+    own_s3.stop()
+    restart = threading.Timer(7.0, own_s3.start)
+    restart.start()
+    try:
+        version = sifter.publish_memory(url, options, retry_timeout=60)
+    finally:
+        restart.join()
+    assert json.loads(own_s3.fs().cat(f"{bucket}/memory/latest.json"))["version"] == version
+    own_s3.stop()
+    with pytest.raises(sp.SiftError, match=r"publishing the score memory to s3://.*failed after \d+ attempt"):
+        sifter.publish_memory(url, options, retry_timeout=2)
+
+
+def test_a_publication_with_a_flipped_flag_in_its_zip_directory_is_a_config_error(tmp_path):
+    """A flipped "encrypted" flag or compression method in the .npz's zip directory raised
+    RuntimeError / NotImplementedError raw in every worker (found by review, 2026-12-05)."""
+    sifter = relative_stage()
+    list(sifter(RAW_DECODED))
+    url = str(tmp_path / "memory")
+    version = sifter.publish_memory(url)
+    path = tmp_path / "memory" / f"memory-{version}.npz"
+    original = path.read_bytes()
+    central = original.index(b"PK\x01\x02")  # the first central directory entry
+    for offset, mask in ((central + 8, 0x01), (central + 10, 0x05)):  # flags bit 0; method 8 -> 13
+        damaged = bytearray(original)
+        damaged[offset] ^= mask
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(sp.ConfigError, match="not a score memory file"):
+            sp.ScoreMemory.load(str(path))
