@@ -202,17 +202,20 @@ def test_one_diverged_loss_that_came_and_went_leaves_the_mean_and_a_resume_exact
 
 def test_nothing_is_pruned_after_the_anneal_point_of_the_budget(tmp_path):
     n = 400
-    keys = list(range(n))
     url = str(tmp_path / "log")
     stage = _stage(n, budget=4 * n, audit=sp.AuditLog(url))  # anneal at 87.5%: seq 1400 on
-    for epoch in range(4):
-        _epoch(stage, epoch, keys, lambda k, e: float(k % 7))
-    stage.close()
-    table = sp.read_log(url)
-    seq = table.column("seq").to_numpy()
-    kept = table.column("kept").to_numpy(zero_copy_only=False)
+    seq, kept = _four_epochs_logged(stage, url)
     assert (~kept[(seq >= 1200) & (seq < 1400)]).sum() > 20  # still pruning just before
     assert kept[seq >= 1400].all() and (seq >= 1400).sum() == 200
+
+
+def _four_epochs_logged(stage, url):
+    """Four epochs of 400 keys (losses k % 7) through ``stage``: the log's seq and kept columns."""
+    for epoch in range(4):
+        _epoch(stage, epoch, list(range(400)), lambda k, e: float(k % 7))
+    stage.close()
+    table = sp.read_log(url)
+    return table.column("seq").to_numpy(), table.column("kept").to_numpy(zero_copy_only=False)
 
 
 def test_a_budget_or_anneal_set_on_a_live_policy_moves_the_anneal_point(tmp_path):
@@ -221,16 +224,10 @@ def test_a_budget_or_anneal_set_on_a_live_policy_moves_the_anneal_point(tmp_path
     resume, rebuilt from the checkpoint's config, annealed where the first run had not (found by
     review, 2026-12-05). Both are read live now, and checked as at construction."""
     n = 400
-    keys = list(range(n))
     url = str(tmp_path / "log")
     stage = _stage(n, budget=40 * n, audit=sp.AuditLog(url))
     stage.policy.budget = 4 * n  # "the run is 4 epochs, not 40": anneal at seq 1400
-    for epoch in range(4):
-        _epoch(stage, epoch, keys, lambda k, e: float(k % 7))
-    stage.close()
-    table = sp.read_log(url)
-    seq = table.column("seq").to_numpy()
-    kept = table.column("kept").to_numpy(zero_copy_only=False)
+    seq, kept = _four_epochs_logged(stage, url)
     assert (~kept[(seq >= 1200) & (seq < 1400)]).sum() > 20
     assert kept[seq >= 1400].all()
     policy = sp.InfoBatch(budget=1000)
