@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .._secrets import redact, redact_url, refuse_credentials_in_url, secret_values
-from ..core.files import put_whole, retrying
+from ..core.files import RETRY_TIMEOUT, check_retry_timeout, put_whole, retrying
 from ..core.memory import ScoreMemory, key_hashes
 from ..core.ranks import dist_info, rank_said
 from ..core.rows import shard_key
@@ -93,6 +93,9 @@ class PreDecodeFilter:
             (``torch.distributed``, else ``$RANK``, else 0) in the training process, read when
             it is first needed or the filter is copied to a DataLoader worker, so a filter made
             before ``init_process_group`` serves its own rank.
+        retry_timeout: Seconds a worker reads the publication again, and writes its record of
+            the samples it dropped again, while storage fails in a way that may pass (an
+            outage, a 5xx answer), saying so once as a ``PreDecodeWarning``; then ``SiftError``.
     """
 
     def __init__(
@@ -103,8 +106,10 @@ class PreDecodeFilter:
         key: str | Callable[[Mapping[str, Any]], Any] | None = None,
         chunk: int = 64,
         rank: int | None = None,
+        retry_timeout: float = RETRY_TIMEOUT,
     ) -> None:
         self.url = url.rstrip("/")
+        self.retry_timeout = check_retry_timeout(retry_timeout)
         # s3fs would take s3://KEY:SECRET@bucket for a bucket named KEY:SECRET and name it in its
         # errors, and every DataLoader worker holds a copy of the URL
         refuse_credentials_in_url(self.url, ConfigError)
@@ -445,7 +450,9 @@ class PreDecodeFilter:
                 "in a loop"
             )
 
-        raw = retrying(read, f"reading the publication at {self._shown()}/latest.json")
+        raw = retrying(
+            read, f"reading the publication at {self._shown()}/latest.json", self.retry_timeout, _say
+        )
         if raw is None:
             return None
         try:
@@ -590,7 +597,13 @@ class PreDecodeFilter:
             lambda: put_whole(fs, path, sink.getvalue()),  # a kill mid-write leaves no truncated part
             f"recording the samples worker {worker} dropped before decode in the audit log's "
             f"{redact(redact_url(str(audit['directory'])), secret_values(self.storage_options))}",
+            self.retry_timeout,
+            _say,
         )
+
+
+def _say(message: str) -> None:
+    warnings.warn(message, PreDecodeWarning, stacklevel=4)
 
 
 def _worker_id() -> int:

@@ -3,14 +3,16 @@ part (the audit log's parts and manifests, a published score memory and its ``la
 
 from __future__ import annotations
 
+import errno
+import math
 import secrets
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..errors import SiftError, may_pass
+from ..errors import ConfigError, SiftError, may_pass
 
-__all__ = ["RETRY_TIMEOUT", "put_whole", "retrying"]
+__all__ = ["RETRY_TIMEOUT", "check_retry_timeout", "put_whole", "retrying"]
 
 T = TypeVar("T")
 
@@ -44,16 +46,31 @@ def put_whole(fs: Any, path: str, data: bytes) -> None:
 RETRY_TIMEOUT = 120.0
 
 
-def retrying(write: Callable[[], T], what: str, timeout: float = RETRY_TIMEOUT) -> T:
+def check_retry_timeout(timeout: Any, name: str = "retry_timeout") -> float:
+    """``timeout`` as seconds, or ``ConfigError`` unless it is a finite number >= 0."""
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (0 <= timeout < math.inf):
+        raise ConfigError(f"{name} must be a number of seconds >= 0, got {timeout!r}")
+    return float(timeout)
+
+
+def retrying(
+    write: Callable[[], T],
+    what: str,
+    timeout: float = RETRY_TIMEOUT,
+    say: Callable[[str], None] | None = None,
+) -> T:
     """``write()``, tried again with backoff (0.5 s, doubling to 10 s) while it fails in a way that
     may pass (``siftpipe.errors.may_pass``: a refused or reset connection, a timeout, anywhere in
     the error's chain), for ``timeout`` seconds from the first try; past it, a ``SiftError``
     naming ``what`` (which must hold no credential), the attempts and the cause's type, never its
-    text (it may quote a URL with credentials). Another failure is raised as it is.
+    text (it may quote a URL with credentials). Another failure is raised as it is. A 5xx or
+    429 answer (s3fs's ``OSError(EBUSY)`` for S3's SlowDown) is retried too, as the audit log's
+    writes retry it. ``say``: told once, at the first retry, what is waited for.
 
     Found by review, 2026-12-05: a storage outage of 8 s failed ``publish_memory`` and the workers'
     drop records with botocore's raw ``EndpointConnectionError``, which s3fs had retried for about
     4 s; the audit log in the same bucket rode out 600 s."""
+    timeout = check_retry_timeout(timeout)
     started = time.monotonic()
     wait, attempts = 0.5, 0
     while True:
@@ -63,6 +80,11 @@ def retrying(write: Callable[[], T], what: str, timeout: float = RETRY_TIMEOUT) 
         except Exception as exc:
             if not _may_pass_in_chain(exc):
                 raise  # (as before: what cannot pass is the caller's to name)
+            if attempts == 1 and say is not None and timeout > wait:
+                say(
+                    f"siftpipe: {what}: the storage did not answer ({type(exc).__name__}); "
+                    f"trying again for up to {timeout:g} s"
+                )
             took = time.monotonic() - started
             if took + wait > timeout:
                 raise SiftError(
@@ -80,7 +102,23 @@ def _may_pass_in_chain(exc: BaseException) -> bool:
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen and len(seen) < 8:
         seen.add(id(cur))
-        if may_pass(cur):
+        if may_pass(cur) or _busy(cur):
             return True
         cur = cur.__cause__ or cur.__context__
     return False
+
+
+def _busy(exc: BaseException) -> bool:
+    """A 5xx or 429 answer: botocore's, or s3fs's ``OSError(EBUSY)`` for S3's SlowDown/503."""
+    if isinstance(exc, OSError) and exc.errno == errno.EBUSY:
+        return True
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return isinstance(status, int) and (status >= 500 or status == 429)
+    status = getattr(exc, "status", None)
+    return (
+        type(exc).__module__.startswith("aiohttp")
+        and isinstance(status, int)
+        and (status >= 500 or status == 429)
+    )

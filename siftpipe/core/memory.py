@@ -27,7 +27,7 @@ import torch
 from .._secrets import redact, redact_url, refuse_credentials_in_url, secret_values
 from ..errors import ConfigError, MissingKeyError, ResumeError
 from .exactsum import ExactSum
-from .files import RETRY_TIMEOUT, put_whole, retrying
+from .files import RETRY_TIMEOUT, check_retry_timeout, put_whole, retrying
 from .history import check_fits
 from .hostcopy import HostCopy
 from .values import is_int, scalar_key, short_repr
@@ -1184,6 +1184,7 @@ class ScoreMemory:
         refuse_credentials_in_url(url, ConfigError)
         if keep is not None and (not is_int(keep) or keep < 1):
             raise ConfigError(f"keep must be a number of publications >= 1 or None, got {keep!r}")
+        retry_timeout = check_retry_timeout(retry_timeout)
         version = f"{epoch:06d}-{_random.token_hex(4)}"
         url = url.rstrip("/")
         shown = redact(redact_url(url), secret_values(storage_options))

@@ -1018,3 +1018,42 @@ def test_a_publication_with_a_flipped_flag_in_its_zip_directory_is_a_config_erro
         path.write_bytes(bytes(damaged))
         with pytest.raises(sp.ConfigError, match="not a score memory file"):
             sp.ScoreMemory.load(str(path))
+
+
+def test_a_5xx_spell_is_retried_and_a_filter_whose_storage_is_down_waits_its_own_timeout(local_s3, bucket):
+    """The review of the retries (2026-12-05): S3's 503 (s3fs's OSError(EBUSY)) was not retried,
+    where the audit log's writes retry it; a filter whose storage was down at a worker's start
+    waited 120 s unsaid and unconfigurable; retry_timeout=None failed late with a TypeError."""
+    import socket
+
+    from tests.faults import FaultProxy
+
+    proxy = FaultProxy(local_s3.port)
+    try:
+        options = {"endpoint_url": proxy.endpoint, "config_kwargs": {"retries": {"total_max_attempts": 1}}}
+        url = f"s3://{bucket}/memory"
+        sifter = relative_stage()
+        list(sifter(RAW_DECODED))
+        sifter.publish_memory(url, options)
+        proxy.fail("status", 503, times=3, method="PUT")
+        version = sifter.publish_memory(url, options, retry_timeout=60)
+        assert json.loads(local_s3.fs().cat(f"{bucket}/memory/latest.json"))["version"] == version
+    finally:
+        proxy.stop()
+    for bad in (None, -1, float("nan")):
+        with pytest.raises(sp.ConfigError, match="retry_timeout must be a number of seconds"):
+            sifter.publish_memory(url, {"endpoint_url": local_s3.endpoint}, retry_timeout=bad)
+        with pytest.raises(sp.ConfigError, match="retry_timeout must be a number of seconds"):
+            sp.PreDecodeFilter(url, retry_timeout=bad)
+    with socket.socket() as free:  # a port nothing listens on
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    down = {
+        "endpoint_url": f"http://127.0.0.1:{port}",
+        "config_kwargs": {"retries": {"total_max_attempts": 1}},
+    }
+    prefilter = sp.PreDecodeFilter(url, down, retry_timeout=1.0)
+    said = pytest.warns(sp.PreDecodeWarning, match="did not answer.*trying again for up to 1 s")
+    failed = pytest.raises(sp.SiftError, match=r"reading the publication at s3://.*latest.json failed after")
+    with said, failed:
+        list(prefilter(iter(RAW)))
