@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import tarfile
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -306,38 +305,3 @@ def describe_keys(keys: Sequence[object] | None, limit: int = 4) -> str:
     shown = ", ".join(repr(k) for k in list(keys)[:limit])
     more = len(keys) - limit
     return f"[{shown}{f', ... {more} more' if more > 0 else ''}]"
-
-
-def may_pass(exc: BaseException) -> bool:
-    """Whether ``exc`` itself (not its causes) is a failure that may pass on a retry: a refused,
-    reset or dropped connection, a timeout, from the standard library, botocore, aiohttp, urllib3,
-    http.client, requests or fsspec. Shared by the shard reader's retries and the score memory's
-    publication."""
-    if isinstance(exc, ConnectionError | TimeoutError | socket.timeout):
-        return True
-    name = type(exc).__name__
-    module = type(exc).__module__
-    if module.startswith("botocore"):
-        return any(
-            c.__name__ in ("ConnectionError", "HTTPClientError", "ReadTimeoutError", "ConnectTimeoutError")
-            for c in type(exc).__mro__
-        )
-    if module.startswith("aiohttp"):
-        return any(
-            c.__name__ in ("ClientConnectionError", "ClientPayloadError", "ServerTimeoutError")
-            for c in type(exc).__mro__
-        )
-    if module.startswith(("urllib3", "http.client", "requests")):
-        return name in (
-            "IncompleteRead",
-            "RemoteDisconnected",
-            "ProtocolError",
-            "ReadTimeoutError",
-            "ConnectTimeoutError",
-            "NewConnectionError",
-            "ConnectionError",
-            "ChunkedEncodingError",
-            "ReadTimeout",
-            "ConnectTimeout",
-        )
-    return name == "FSTimeoutError"

@@ -6,13 +6,12 @@ from __future__ import annotations
 import errno
 import math
 import secrets
+import socket
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..errors import ConfigError, SiftError, may_pass
-
-__all__ = ["RETRY_TIMEOUT", "check_retry_timeout", "put_whole", "retrying"]
+__all__ = ["RETRY_TIMEOUT", "check_retry_timeout", "may_pass", "put_whole", "retrying"]
 
 T = TypeVar("T")
 
@@ -48,6 +47,8 @@ RETRY_TIMEOUT = 120.0
 
 def check_retry_timeout(timeout: Any, name: str = "retry_timeout") -> float:
     """``timeout`` as seconds, or ``ConfigError`` unless it is a finite number >= 0."""
+    from ..errors import ConfigError  # (here: the audit writer process imports this module)
+
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (0 <= timeout < math.inf):
         raise ConfigError(f"{name} must be a number of seconds >= 0, got {timeout!r}")
     return float(timeout)
@@ -70,6 +71,8 @@ def retrying(
     Found by review, 2026-12-05: a storage outage of 8 s failed ``publish_memory`` and the workers'
     drop records with botocore's raw ``EndpointConnectionError``, which s3fs had retried for about
     4 s; the audit log in the same bucket rode out 600 s."""
+    from ..errors import SiftError  # (here: the audit writer process imports this module)
+
     timeout = check_retry_timeout(timeout)
     started = time.monotonic()
     wait, attempts = 0.5, 0
@@ -122,3 +125,37 @@ def _busy(exc: BaseException) -> bool:
         and isinstance(status, int)
         and (status >= 500 or status == 429)
     )
+
+
+def may_pass(exc: BaseException) -> bool:
+    """Whether ``exc`` itself (not its causes) is a failure that may pass on a retry: a refused,
+    reset or dropped connection, a timeout, from the standard library, botocore, aiohttp, urllib3,
+    http.client, requests or fsspec. Shared by the shard reader's retries and ``retrying``."""
+    if isinstance(exc, ConnectionError | TimeoutError | socket.timeout):
+        return True
+    name = type(exc).__name__
+    module = type(exc).__module__
+    if module.startswith("botocore"):
+        return any(
+            c.__name__ in ("ConnectionError", "HTTPClientError", "ReadTimeoutError", "ConnectTimeoutError")
+            for c in type(exc).__mro__
+        )
+    if module.startswith("aiohttp"):
+        return any(
+            c.__name__ in ("ClientConnectionError", "ClientPayloadError", "ServerTimeoutError")
+            for c in type(exc).__mro__
+        )
+    if module.startswith(("urllib3", "http.client", "requests")):
+        return name in (
+            "IncompleteRead",
+            "RemoteDisconnected",
+            "ProtocolError",
+            "ReadTimeoutError",
+            "ConnectTimeoutError",
+            "NewConnectionError",
+            "ConnectionError",
+            "ChunkedEncodingError",
+            "ReadTimeout",
+            "ConnectTimeout",
+        )
+    return name == "FSTimeoutError"

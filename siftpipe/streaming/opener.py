@@ -48,6 +48,7 @@ from .._secrets import (
     secret_values,
     url_secrets,
 )
+from ..core.files import may_pass
 from ..core.shardcounts import (
     ShardStats,
     SharedShardCounts,
@@ -57,7 +58,7 @@ from ..core.shardcounts import (
     reset_shard_stats,
     shard_stats,
 )
-from ..errors import ConfigError, DuplicateFieldError, ShardError, ShardWarning, may_pass
+from ..errors import ConfigError, DuplicateFieldError, ShardError, ShardWarning
 
 __all__ = [
     "OpenerOptions",
