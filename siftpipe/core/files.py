@@ -8,10 +8,10 @@ import math
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["RETRY_TIMEOUT", "check_retry_timeout", "may_pass", "put_whole", "retrying"]
+__all__ = ["RETRY_TIMEOUT", "answer_of", "check_retry_timeout", "may_pass", "put_whole", "retrying"]
 
 T = TypeVar("T")
 
@@ -61,7 +61,7 @@ def retrying(
     say: Callable[[str], None] | None = None,
 ) -> T:
     """``write()``, tried again with backoff (0.5 s, doubling to 10 s) while it fails in a way that
-    may pass (``siftpipe.errors.may_pass``: a refused or reset connection, a timeout, anywhere in
+    may pass (``may_pass``: a refused or reset connection, a timeout, anywhere in
     the error's chain), for ``timeout`` seconds from the first try; past it, a ``SiftError``
     naming ``what`` (which must hold no credential), the attempts and the cause's type, never its
     text (it may quote a URL with credentials). Another failure is raised as it is. A 5xx or
@@ -112,19 +112,25 @@ def _may_pass_in_chain(exc: BaseException) -> bool:
 
 
 def _busy(exc: BaseException) -> bool:
-    """A 5xx or 429 answer: botocore's, or s3fs's ``OSError(EBUSY)`` for S3's SlowDown/503."""
+    """A 5xx or 429 answer: botocore's or aiohttp's, or s3fs's ``OSError(EBUSY)`` for S3's
+    SlowDown/503."""
     if isinstance(exc, OSError) and exc.errno == errno.EBUSY:
         return True
+    status = answer_of(exc)[1]
+    return status is not None and (status >= 500 or status == 429)
+
+
+def answer_of(exc: BaseException) -> tuple[str | None, int | None]:
+    """(error code, HTTP status) of a botocore ClientError or an aiohttp response error."""
     response = getattr(exc, "response", None)
-    if isinstance(response, dict):
+    if isinstance(response, Mapping):
+        code = response.get("Error", {}).get("Code")
         status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return isinstance(status, int) and (status >= 500 or status == 429)
+        return (str(code) if code is not None else None), (int(status) if status else None)
     status = getattr(exc, "status", None)
-    return (
-        type(exc).__module__.startswith("aiohttp")
-        and isinstance(status, int)
-        and (status >= 500 or status == 429)
-    )
+    if isinstance(status, int) and type(exc).__module__.startswith("aiohttp"):
+        return None, status
+    return None, None
 
 
 def may_pass(exc: BaseException) -> bool:

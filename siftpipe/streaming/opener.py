@@ -48,7 +48,7 @@ from .._secrets import (
     secret_values,
     url_secrets,
 )
-from ..core.files import may_pass
+from ..core.files import answer_of, may_pass
 from ..core.shardcounts import (
     ShardStats,
     SharedShardCounts,
@@ -190,19 +190,6 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         cur = cur.__cause__ or cur.__context__
 
 
-def _response(exc: BaseException) -> tuple[str | None, int | None]:
-    """(error code, HTTP status) of a botocore ClientError or an aiohttp response error."""
-    response = getattr(exc, "response", None)
-    if isinstance(response, Mapping):
-        code = response.get("Error", {}).get("Code")
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return (str(code) if code is not None else None), (int(status) if status else None)
-    status = getattr(exc, "status", None)
-    if isinstance(status, int) and type(exc).__module__.startswith("aiohttp"):
-        return None, status
-    return None, None
-
-
 _NO_BUCKET = re.compile(
     r"(?i)no\s*such\s*bucket|bucket\s+(?:does\s+not|doesn't)\s+exist|bucket\s+(?:\S+\s+)?not\s+found"
 )
@@ -222,7 +209,7 @@ def classify_error(exc: BaseException) -> str:
         name = type(e).__name__
         if name in ("NoCredentialsError", "PartialCredentialsError", "ProfileNotFound", "NoAuthTokenError"):
             return "no_credentials"
-        code, status = _response(e)
+        code, status = answer_of(e)
         if code == "NoSuchBucket":
             return "missing_bucket"
         if code in ("NoSuchKey", "404") or status == 404:
