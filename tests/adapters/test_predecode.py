@@ -650,17 +650,23 @@ def test_publishing_keeps_the_newest_publications_of_this_memory_and_deletes_old
         sifter.publish_memory(str(published), keep=0)
 
 
-def test_an_old_publication_that_cannot_be_deleted_warns_and_the_new_one_stands(local_s3, bucket):
-    """On the loopback S3 server, behind a proxy that refuses every DELETE: publishing still
-    succeeds (latest.json names the new file), and each file left behind is a PreDecodeWarning."""
+def _stage_behind_a_proxy(local_s3, bucket):
+    """A fault proxy in front of the loopback S3 server, its storage options (botocore's own
+    retries off), the publication URL, and a stage that has seen the samples."""
     from tests.faults import FaultProxy
 
     proxy = FaultProxy(local_s3.port)
+    options = {"endpoint_url": proxy.endpoint, "config_kwargs": {"retries": {"total_max_attempts": 1}}}
+    sifter = relative_stage()
+    list(sifter(RAW_DECODED))
+    return proxy, options, f"s3://{bucket}/memory", sifter
+
+
+def test_an_old_publication_that_cannot_be_deleted_warns_and_the_new_one_stands(local_s3, bucket):
+    """On the loopback S3 server, behind a proxy that refuses every DELETE: publishing still
+    succeeds (latest.json names the new file), and each file left behind is a PreDecodeWarning."""
+    proxy, options, url, sifter = _stage_behind_a_proxy(local_s3, bucket)
     try:
-        options = {"endpoint_url": proxy.endpoint, "config_kwargs": {"retries": {"total_max_attempts": 1}}}
-        url = f"s3://{bucket}/memory"
-        sifter = relative_stage()
-        list(sifter(RAW_DECODED))
         first = sifter.publish_memory(url, options)
         sifter.publish_memory(url, options)
         proxy.fail("status", 500, times=50, method="DELETE")
@@ -1026,14 +1032,8 @@ def test_a_5xx_spell_is_retried_and_a_filter_whose_storage_is_down_waits_its_own
     waited 120 s unsaid and unconfigurable; retry_timeout=None failed late with a TypeError."""
     import socket
 
-    from tests.faults import FaultProxy
-
-    proxy = FaultProxy(local_s3.port)
+    proxy, options, url, sifter = _stage_behind_a_proxy(local_s3, bucket)
     try:
-        options = {"endpoint_url": proxy.endpoint, "config_kwargs": {"retries": {"total_max_attempts": 1}}}
-        url = f"s3://{bucket}/memory"
-        sifter = relative_stage()
-        list(sifter(RAW_DECODED))
         sifter.publish_memory(url, options)
         proxy.fail("status", 503, times=3, method="PUT")
         version = sifter.publish_memory(url, options, retry_timeout=60)
