@@ -174,12 +174,12 @@ def _cmd_keys(args: argparse.Namespace) -> int:
                 print(f"skipping {describe_missing(info)}", file=sys.stderr)
             continue
         (table,) = read_checked(fs, [info], ["seq", "key", "kept"])
-        shown = redact(str(info.path), secret_values(options, args.url))
+        secrets = secret_values(options, args.url)
+        shown = redact(str(info.path), secrets)
         if isinstance(table, Exception):
-            # (the cause: "changed since it was written" names no key or secret)
-            print(f"skipping unreadable part {shown}: {type(table).__name__}", file=sys.stderr)
-            if isinstance(table, ValueError) and "changed since it was written" in str(table):
-                print(f"  {table}", file=sys.stderr)
+            # the cause, as read_log says it (its text redacted, as there)
+            cause = redact(f"{type(table).__name__}: {table}", secrets)
+            print(f"skipping unreadable part {shown}: {cause}", file=sys.stderr)
             continue
         copy_of = repeated.check(info, table.column("seq").to_numpy())
         if copy_of is not None:
