@@ -1175,7 +1175,8 @@ class ScoreMemory:
         (``{"field": name}``, ``{"function": "shard_key"}`` or ``{"function": None}`` for one a
         filter cannot know), so that a filter finds samples by the same keys.
         ``retry_timeout``: seconds each file is written again while storage fails in a way that
-        may pass (a refused connection, a timeout), as the audit log's writes are; past them a
+        may pass (a refused connection, a timeout, a 5xx or 429 answer), as the audit log's writes
+        are; past them a
         ``SiftError`` names the publication (before 2026-12-05 an outage of 8 s was botocore's
         raw error; found by review)."""
 
