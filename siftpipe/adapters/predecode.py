@@ -39,7 +39,7 @@ import numpy as np
 
 from .._secrets import redact, redact_url, refuse_credentials_in_url, secret_values
 from ..core.files import RETRY_TIMEOUT, check_retry_timeout, put_whole, retrying
-from ..core.memory import ScoreMemory, key_hashes
+from ..core.memory import ScoreMemory, key_hashes, publication_checksum
 from ..core.ranks import dist_info, rank_said
 from ..core.rows import shard_key
 from ..core.shardcounts import SharedCounters
@@ -459,6 +459,10 @@ class PreDecodeFilter:
             meta = json.loads(raw)
             meta["version"], meta["file"] = str(meta["version"]), str(meta["file"])
             int(meta["epoch"]), int(meta["seed"]), float(meta["beta"])
+            # publications before 2026-12-05 hold no checksum and are read as they are
+            recorded = meta.get("sha256")
+            if recorded is not None and recorded != publication_checksum(meta):
+                raise ValueError("its fields differ from the SHA-256 it was written with")
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
             raise ConfigError(
                 f"the publication at {self._shown()}/latest.json is damaged ({type(exc).__name__}: "

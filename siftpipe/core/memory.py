@@ -67,6 +67,14 @@ def check_epoch(epoch: int) -> None:
 _TEXT_IS_STR = {int, float, np.int64, np.int32, np.int16, np.int8, np.uint64, np.uint32, np.uint16, np.uint8}
 
 
+def publication_checksum(meta: Mapping[str, Any]) -> str:
+    """The SHA-256 (hex) of a publication's ``latest.json`` fields, its ``sha256`` left out: the
+    same for the dict ``publish`` wrote and for the one a reader parsed back (JSON keeps floats
+    exactly; keys sorted)."""
+    fields = {name: value for name, value in meta.items() if name != "sha256"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
 def key_hashes(keys: Iterable[Any]) -> np.ndarray:
     """Stable 64-bit hashes (BLAKE2b) of sample keys, the same in every process and run; never 0."""
     blake = hashlib.blake2b
@@ -1206,6 +1214,9 @@ class ScoreMemory:
             "run_began": run_began,
             "key": None if key is None else dict(key),
         }
+        # a checksum over the rest: a flipped digit still reads as JSON and changed the seed or
+        # beta every worker decides with, unsaid (found 2026-12-05)
+        meta["sha256"] = publication_checksum(meta)
         # whole or not at all: workers read it at any moment (rewritten in place, a reader
         # caught it empty: JSONDecodeError in a DataLoader worker)
         body = json.dumps(meta).encode()

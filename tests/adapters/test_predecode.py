@@ -384,6 +384,31 @@ def test_a_missing_publication_warns_once_and_a_damaged_one_is_a_config_error(tm
         list(f(iter(RAW)))
 
 
+def test_a_latest_json_with_a_flipped_digit_is_damaged_not_read_as_another_seed(tmp_path):
+    """A digit flipped in latest.json (bit rot, a bad copy) still reads as JSON: every worker
+    decided with another seed or beta than the stage's, nothing said (found 2026-12-05)."""
+    sifter = relative_stage()
+    list(sifter(RAW_DECODED))
+    url = str(tmp_path / "memory")
+    sifter.publish_memory(url)
+    path = tmp_path / "memory" / "latest.json"
+    original = path.read_text()
+    meta = json.loads(original)
+    assert len(list(sp.PreDecodeFilter(url)(iter(RAW)))) < len(RAW)  # whole: read and used
+    for field in ("seed", "beta", "epoch"):
+        text = json.dumps(meta[field])
+        changed = text[:-1] + ("1" if text[-1] != "1" else "2")
+        damaged = original.replace(f'"{field}": {text}', f'"{field}": {changed}', 1)
+        assert damaged != original and json.loads(damaged)[field] != meta[field]
+        path.write_text(damaged)
+        with pytest.raises(sp.ConfigError, match="latest.json is damaged.*SHA-256.*publish again"):
+            list(sp.PreDecodeFilter(url)(iter(RAW)))
+    # a publication written before the checksum (none recorded) is read as it is
+    del meta["sha256"]
+    path.write_text(json.dumps(meta))
+    assert len(list(sp.PreDecodeFilter(url)(iter(RAW)))) < len(RAW)
+
+
 def test_a_publication_of_another_rank_is_refused(tmp_path):
     # before: two ranks publishing to one URL mixed silently (rank 0's workers decided from rank
     # 1's memory and seed and wrote their drop records into rank 1's audit folder)
