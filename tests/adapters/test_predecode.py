@@ -1,12 +1,14 @@
 """Sifting before decode: workers drop samples by key from the published memory; nothing is lost."""
 
 import collections
+import io
 import itertools
 import json
 import types
 import warnings
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate
@@ -685,6 +687,38 @@ def _stage_behind_a_proxy(local_s3, bucket):
     sifter = relative_stage()
     list(sifter(RAW_DECODED))
     return proxy, options, f"s3://{bucket}/memory", sifter
+
+
+def test_a_workers_drop_record_rides_out_a_5xx_spell_and_past_its_timeout_says_so(local_s3, bucket):
+    """The drop records a worker writes into the audit log's folder are retried as publications
+    are (it had no test of its own): a 503 spell loses none; storage down past the filter's
+    retry_timeout is a SiftError naming the record, after a PreDecodeWarning at the first retry."""
+    from tests.faults import FaultProxy
+
+    direct = {"endpoint_url": local_s3.endpoint}
+    url, audit = f"s3://{bucket}/memory", f"s3://{bucket}/audit"
+    sifter = relative_stage(audit=sp.AuditLog(audit, storage_options=direct, run_id="pd"))
+    list(sifter(RAW_DECODED))
+    sifter.publish_memory(url, direct)
+    proxy = FaultProxy(local_s3.port)
+    options = {"endpoint_url": proxy.endpoint, "config_kwargs": {"retries": {"total_max_attempts": 1}}}
+    try:
+        proxy.fail("status", 503, times=3, method="PUT", path="_predecode")
+        with pytest.warns(sp.PreDecodeWarning, match="recording the samples worker -1 dropped"):
+            kept = list(sp.PreDecodeFilter(url, options, retry_timeout=60)(iter(RAW)))
+        assert sum(1 for m, p, _, f in proxy.log if m == "PUT" and "_predecode" in p and f) == 3
+        fs = local_s3.fs()
+        (record,) = fs.glob(f"{bucket}/audit/**/_predecode/*.parquet")
+        table = pq.read_table(io.BytesIO(fs.cat(record)))
+        assert table.num_rows == len(RAW) - len(kept) > 0
+        assert set(table.column("key").to_pylist()).isdisjoint(s["__key__"] for s in kept)
+        proxy.fail("status", 503, times=10_000, method="PUT", path="_predecode")
+        failed = pytest.raises(sp.SiftError, match="recording the samples worker -1 dropped.*failed after")
+        with pytest.warns(sp.PreDecodeWarning), failed:
+            list(sp.PreDecodeFilter(url, options, retry_timeout=1.0)(iter(RAW)))
+    finally:
+        proxy.stop()
+        sifter.close()
 
 
 def test_an_old_publication_that_cannot_be_deleted_warns_and_the_new_one_stands(local_s3, bucket):
