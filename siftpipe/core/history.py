@@ -107,19 +107,16 @@ class LossHistory:
             # equal values removed more than once sit side by side in the sorted array
             at += np.arange(evict) - np.searchsorted(gone, gone, side="left")
             self._sorted = np.delete(self._sorted, at)
-            if self._sum is not None:
-                self._sum -= float(gone.sum())
         self._ring[slots] = new
-        wrapped = self._pos + k >= self.size
         self._pos = int((self._pos + k) % self.size)
         self._count = min(self.size, self._count + k)
         new_sorted = np.sort(new)
         self._sorted = np.insert(self._sorted, np.searchsorted(self._sorted, new_sorted), new_sorted)
-        # a running sum drifts over billions of updates; re-add it exactly once per lap of the ring
-        if wrapped or self._sum is None:
-            self._sum = float(self._sorted.sum())
-        else:
-            self._sum += float(new.sum())
+        # summed from the window when asked, never kept running: one huge loss absorbed every
+        # later addition and its eviction left a sum near 0 for up to a lap of the ring (found
+        # by review, 2026-12-05: PruneEasy stopped pruning for a window, and a resume, which
+        # sums afresh, decided otherwise)
+        self._sum = None
 
     def _write_ring(self, new: np.ndarray) -> None:
         """Write ``new`` (fewer than ``size`` losses) into the ring after its newest entry,

@@ -126,3 +126,37 @@ def test_extend_percentile_of_a_two_dimensional_batch_keeps_its_shape():
     plain.extend(batch)
     assert got.shape == (4, 3)
     np.testing.assert_array_equal(got, plain.percentile(batch))
+
+
+def test_one_huge_loss_that_came_and_went_leaves_the_mean_of_what_the_window_holds():
+    """A window above 2,048 losses kept a running sum: one loss of 1e20 absorbed every later
+    addition, and its eviction left a sum near 0 for up to a lap of the ring. PruneEasy (window
+    10,000) then read no sample as easy and stopped pruning for a window, and a run resumed then
+    (its sum taken afresh) decided otherwise than the one it continued (found by review, 2026-12-05)."""
+    from siftpipe.core.policies import PruneEasy
+
+    size, mb = 10_000, 100
+    stream = np.random.default_rng(0).uniform(0.5, 1.5, 4 * size)
+    stream[size] = 1e20
+    history = sp.LossHistory(size)
+    for i in range(0, stream.size, mb):
+        history.extend(stream[i : i + mb])
+        window = stream[max(0, i + mb - size) : i + mb]
+        assert history.mean() == pytest.approx(float(np.mean(window)), rel=1e-9), i
+
+    def run(cut=None):
+        policy, rng, kept = PruneEasy(0.5, history=size), np.random.default_rng(7), []
+        for i in range(0, stream.size, mb):
+            if i == cut:
+                state, drawn = policy.state_dict(), rng.bit_generator.state
+                policy = PruneEasy(0.5, history=size)
+                policy.load_state_dict(state)
+                rng = np.random.default_rng()
+                rng.bit_generator.state = drawn
+            kept.append(policy.decide(stream[i : i + mb], rng, i).keep.copy())
+        return np.concatenate(kept)
+
+    whole = run()
+    assert np.array_equal(whole, run(cut=2 * size + 500))
+    # after the spike left, easy samples are pruned as before it came (about 3/4 kept)
+    assert whole[2 * size + 100 : 3 * size].mean() < 0.8
