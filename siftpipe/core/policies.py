@@ -135,6 +135,13 @@ class Policy(abc.ABC):
         return f"{type(self).__name__}({args})"
 
 
+def fraction_of(fraction: float, total: int) -> int:
+    """The whole number of samples in ``fraction`` of ``total``, rounded down, reading the
+    fraction as the decimal it prints as: 0.29 of 100 is 29, where ``int(0.29 * 100)`` is 28
+    (found by review, 2026-12-05: the anneal point and the recipe's warm-up came a sample early)."""
+    return math.floor(Fraction(repr(float(fraction))) * int(total))
+
+
 class _KeepFraction(Policy):
     """A policy configured by one fraction ``keep`` in (0, 1]."""
 
@@ -564,7 +571,7 @@ class InfoBatch(Policy):
         self._set_anneal_at()
 
     def _set_anneal_at(self) -> None:
-        self._anneal_at = None if self._budget is None else int(self._anneal * self._budget)
+        self._anneal_at = None if self._budget is None else fraction_of(self._anneal, self._budget)
 
     def config(self) -> dict[str, Any]:
         config: dict[str, Any] = {

@@ -8,7 +8,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .memory import ScoreMemory
-from .policies import InfoBatch, integer_count, real_number
+from .policies import InfoBatch, fraction_of, integer_count, real_number
 from .scorers import Scorer
 from .stage import Sifter
 
@@ -100,4 +100,4 @@ def recipe(
     sifter_kwargs.setdefault("unknown", "keep")
     sifter_kwargs.setdefault("remember_forward", False)
     sifter_kwargs.setdefault("cost_guard", cost_guard)
-    return Sifter(model, scorer, policy, memory=memory, delay=int(warmup * budget), **sifter_kwargs)
+    return Sifter(model, scorer, policy, memory=memory, delay=fraction_of(warmup, budget), **sifter_kwargs)

@@ -239,6 +239,16 @@ def test_a_budget_or_anneal_set_on_a_live_policy_moves_the_anneal_point(tmp_path
         policy.anneal = 1.5
 
 
+def test_the_anneal_point_and_the_warm_up_are_the_fraction_of_the_budget_written():
+    """int(0.29 * 100) is 28: the anneal point and the recipe's warm-up came a sample early
+    wherever the fraction times the budget is inexact in floating point (found by review,
+    2026-12-05)."""
+    for fraction, budget, at in ((0.29, 100, 29), (0.57, 100, 57), (0.875, 1000, 875), (0.1, 7, 0)):
+        assert sp.InfoBatch(budget=budget, anneal=fraction)._anneal_at == at
+        if fraction < 1:
+            assert sp.recipe(None, lambda model, batch: batch, budget=budget, warmup=fraction).delay == at
+
+
 def test_rows_the_policy_does_not_see_do_not_move_the_anneal_point():
     # unknown rows (kept, unscored) before the known ones: the policy was told the known rows
     # began where the batch did, and pruned 8 samples at positions past the anneal point
