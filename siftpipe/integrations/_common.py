@@ -532,6 +532,11 @@ class SiftedStream:
             self.data_rng.state = self._resume_rng
             self._resume_rng = None
 
+    @property
+    def trained_since_iter(self) -> bool:
+        """Whether the trainer trained a batch since the stream was last begun (``iter``)."""
+        return self._acked_since_iter
+
     def ack(self, batches: int = 1) -> None:
         """The trainer has trained the oldest ``batches`` batches handed on."""
         self._acked_since_iter = True

@@ -297,6 +297,19 @@ class SiftCallback(Callback):
                 "close the first's pass. Sift one of them (the others plain DataLoaders), or "
                 "join their datasets into one DataLoader (torch.utils.data.ConcatDataset)"
             )
+        if dataloader is self._source and epoch == self._read_in and self.stream.trained_since_iter:
+            # found by review, 2026-12-05: Lightning's CombinedLoader (its default mode) begins
+            # a loader that ends first again within the epoch; the stream took the batch fetched
+            # ahead for one never trained, every later ack popped the wrong batch, the audit log
+            # disagreed with training and checkpoints resumed elsewhere
+            raise sp.ConfigError(
+                "the sifted DataLoader was begun again within one epoch after training from it: "
+                "a CombinedLoader in its default mode 'max_size_cycle' begins again a loader that "
+                "ends first, and sifting makes the sifted one end first. Give "
+                "CombinedLoader(loaders, mode='min_size') (the epoch ends with the sifted pass) or "
+                "mode='max_size' (the sifted entry is None once its pass ended), or sift one "
+                "DataLoader alone"
+            )
         self._read_in = epoch
         if dataloader is not self._source:
             self._source = dataloader
