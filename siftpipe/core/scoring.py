@@ -50,6 +50,16 @@ def not_dense(losses: torch.Tensor) -> tuple[str, str] | None:
 Names = Callable[[np.ndarray], "list[Any] | None"]
 
 
+def _low_precision(model: nn.Module | None) -> torch.dtype | None:
+    """The 16-bit float dtype of the model's first parameter, or None."""
+    parameters = getattr(model, "parameters", None)
+    if not callable(parameters):
+        return None
+    first = next(iter(parameters()), None)
+    dtype = None if first is None else first.dtype
+    return dtype if dtype in (torch.bfloat16, torch.float16) else None
+
+
 class Setting:
     """An attribute of the stage that one of its parts keeps: ``Sifter.model`` reads and writes
     ``Sifter._scoring.model`` (the integrations swap the model and collate_fn after construction)."""
@@ -229,6 +239,16 @@ class Scoring:
                         "; the batch holds numpy arrays where the model takes tensors: convert "
                         "them in the collate_fn (torch.as_tensor), or have the dataset give "
                         "tensors (a Hugging Face dataset: with_format('torch'))"
+                    )
+                low = _low_precision(model) if isinstance(exc, RuntimeError) and "dtype" in str(exc) else None
+                if low is not None and self.autocast is None:
+                    # found by review, 2026-12-05: Lightning's precision="bf16-true" casts the
+                    # training step's inputs, never the scoring forward's
+                    hint = (
+                        f"; the model's weights are {low} and the batch's floats are not: pass "
+                        f"Sifter(autocast={low}) to score under torch.autocast (Lightning's "
+                        "precision='bf16-true' or '16-true' casts the training step's inputs, not "
+                        "the scoring forward's), or cast the inputs in the scorer"
                     )
                 if (
                     isinstance(exc, AttributeError)

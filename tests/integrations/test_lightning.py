@@ -439,6 +439,21 @@ def test_resume_with_persistent_workers_equals_the_uninterrupted_run(tmp_path):
         assert counters(resumed) == counters(sift)
 
 
+def test_true_bf16_precision_says_to_score_under_autocast_and_then_trains(tmp_path):
+    """precision="bf16-true" casts the training step's inputs, not the scoring forward's: the
+    first batch failed with torch's "mat1 and mat2 must have the same dtype", no fix named (found
+    by review, 2026-12-05). The error names Sifter(autocast=torch.bfloat16), which then trains."""
+    bf16 = {"precision": "bf16-true"}
+    named = r"weights are torch.bfloat16.*Sifter\(autocast=torch.bfloat16\)"
+    with pytest.raises(sp.ScorerError, match=named):
+        fit(tmp_path / "plain", steps=4, trainer_kw=bf16)
+    trainer, model, sift = fit(
+        tmp_path / "autocast", steps=4, trainer_kw=bf16, make=lambda: sifter(autocast=torch.bfloat16)
+    )
+    assert trainer.global_step == 4 and sift.sifter.stats.scored > 0
+    assert next(model.parameters()).dtype == torch.bfloat16
+
+
 def test_without_restoring_the_random_states_dropout_diverges(tmp_path):
     """Why the callback saves the random states: Lightning does not, and dropout then draws other
     masks after a resume. (The data order and the decisions are the stage's and still resume.)"""
