@@ -213,6 +213,28 @@ class _IndexKeyed(Dataset):  # type: ignore[type-arg]
         return getattr(self.dataset, name)
 
 
+def refuse_stale_epochs(loader: Any, fix: str) -> None:
+    """Refuse an iterable dataset with ``set_epoch`` read by persistent DataLoader workers: they
+    keep the copy they made at the first pass and never see ``set_epoch(pass)``, so every pass
+    read the first pass's order, and a resumed job (new workers, the checkpoint's epoch) read
+    another and was refused by the key check (found by review, 2026-12-05). ``fix``: the setting
+    to name."""
+    dataset = getattr(loader, "dataset", None)
+    if (
+        isinstance(dataset, IterableDataset)
+        and hasattr(dataset, "set_epoch")
+        and getattr(loader, "num_workers", 0) > 0
+        and getattr(loader, "persistent_workers", False)
+    ):
+        raise sp.ConfigError(
+            f"the training dataset ({type(dataset).__name__}) is an IterableDataset with set_epoch "
+            "read by persistent DataLoader workers: they keep the copy they made at the first "
+            "pass and never see set_epoch(pass), so every pass would read the first pass's order "
+            f"and a resumed job another. Pass {fix} (the workers then start anew each pass and "
+            "see it), or shuffle inside the dataset by a seed the workers share"
+        )
+
+
 def with_index_keys(dataset: Any, field: Any) -> Any:
     """``dataset``, or for a map-style dataset a view whose dict samples without ``field`` get
     their index (as a string) there: a key that names the same sample in every epoch, for the

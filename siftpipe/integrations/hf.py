@@ -38,6 +38,7 @@ from ._common import (
     as_list,
     check_feedback_key,
     key_fields,
+    refuse_stale_epochs,
     split_meta,
     with_index_keys,
 )
@@ -427,6 +428,7 @@ class SiftTrainerMixin(_Base):
             raise sp.SiftError(
                 "the sifted stream was iterated before get_train_dataloader() built its loader"
             )
+        refuse_stale_epochs(inner, "TrainingArguments(dataloader_persistent_workers=False)")
         inner.set_epoch(epoch)
         # as the Trainer does: accelerate's set_epoch misses a batch sampler wrapped for sharding
         underlying: Any = getattr(getattr(inner, "batch_sampler", None), "batch_sampler", None)

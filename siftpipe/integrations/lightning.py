@@ -52,6 +52,7 @@ from ._common import (
     decode_rng,
     encode_rng,
     key_fields,
+    refuse_stale_epochs,
     restore_rng,
     with_index_keys,
 )
@@ -473,6 +474,7 @@ class SiftCallback(Callback):
             # states still differ after a resume: docs/integrations.md)
             torch.empty((), dtype=torch.int64).random_(generator=inner.generator)
         dataset = inner.dataset
+        refuse_stale_epochs(inner, "DataLoader(persistent_workers=False)")
         if isinstance(dataset, IterableDataset):
             if hasattr(dataset, "set_epoch"):
                 dataset.set_epoch(epoch)

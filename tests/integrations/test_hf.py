@@ -179,6 +179,48 @@ def resumed_from(full: Path, cut: int, tmp: Path, as_path: bool = False, **kw) -
     return train(tmp, resume=folder if as_path else str(folder), **kw)
 
 
+class EpochStream(torch.utils.data.IterableDataset):
+    """Sequences shuffled by the epoch ``set_epoch`` gave, split over DataLoader workers; each
+    copy that iterates appends the epoch it reads to the file ``seen`` (workers are processes)."""
+
+    def __init__(self, seen: Path) -> None:
+        self.epoch, self.seen, self.items = 0, seen, sequences(40)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        import random
+
+        info = torch.utils.data.get_worker_info()
+        with open(self.seen, "a") as f:
+            f.write(f"{self.epoch}\n")
+        order = list(range(len(self.items)))
+        random.Random(self.epoch).shuffle(order)
+        if info is not None:
+            order = order[info.id :: info.num_workers]
+        for i in order:
+            yield {"__key__": f"s{i}", **self.items[i]}
+
+
+def test_an_iterable_dataset_with_set_epoch_read_by_persistent_workers_is_refused(tmp_path):
+    """Persistent workers keep the dataset copy of the first pass and never see set_epoch(pass):
+    every pass read the first pass's order, and a resume from a later pass (new workers) was
+    refused with a ResumeError blaming the shuffle (found by review, 2026-12-05). Refused, naming
+    the setting; without persistence each pass's workers read that pass's epoch."""
+    persistent = {"dataloader_num_workers": 2, "dataloader_persistent_workers": True}
+    with pytest.raises(
+        sp.ConfigError, match="persistent DataLoader workers.*dataloader_persistent_workers=False"
+    ):
+        train(tmp_path / "persistent", data=EpochStream(tmp_path / "a.txt"), save_steps=100, **persistent)
+    trainer = train(
+        tmp_path / "fresh", data=EpochStream(tmp_path / "b.txt"), save_steps=100, dataloader_num_workers=2
+    )
+    passes = trainer.sift_stream.epoch + 1
+    assert passes >= 2
+    assert sorted(set((tmp_path / "b.txt").read_text().split()), key=int) == [str(e) for e in range(passes)]
+
+
 def test_resume_from_any_checkpoint_equals_the_uninterrupted_run(tmp_path):
     full = train(tmp_path / "full")
     keys = [b["keys"] for b in full.batches]

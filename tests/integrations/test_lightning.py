@@ -535,6 +535,24 @@ class Unbatched(Net):
         return self.sift.loader(DataLoader(Stream(self.data), batch_size=None))
 
 
+class EpochStream(Stream):
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+
+class PersistentStream(Net):
+    def train_dataloader(self):
+        loader = DataLoader(EpochStream(self.data), batch_size=12, num_workers=1, persistent_workers=True)
+        return self.sift.loader(loader)
+
+
+def test_an_iterable_dataset_with_set_epoch_read_by_persistent_workers_is_refused(tmp_path):
+    """Persistent workers never see set_epoch(pass) (found by review, 2026-12-05, with the Hugging
+    Face Trainer; Lightning's loader is the same): refused, naming persistent_workers=False."""
+    with pytest.raises(sp.ConfigError, match="persistent DataLoader workers.*persistent_workers=False"):
+        fit(tmp_path, steps=4, every=100, net=PersistentStream)
+
+
 def test_a_dataloader_without_automatic_batching_hands_on_samples(tmp_path):
     """DataLoader(batch_size=None): each item is one sample; the stage batches the kept ones by
     output_batch as a DataLoader with batch_size would."""
