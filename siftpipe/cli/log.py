@@ -26,7 +26,7 @@ from ..audit.reader import (
     verify_log,
     wholly_superseded,
 )
-from ..audit.replay import format_whatif, whatif
+from ..audit.replay import WhatIf, format_whatif, whatif
 from ..audit.summary import SUMMARY_COLUMNS, plot_log, print_summary, summarize
 from ..core.policies import (
     Policy,
@@ -242,27 +242,51 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
     _, infos, attempts = list_parts(args.url, options, run=args.run, rank=args.rank)
     if not infos:
         return _nothing(args, attempts)
-    stage: dict[str, Any] = next(
-        (i.manifest["stage"] for i in infos if i.manifest and i.manifest.get("stage")), {}
-    )
-    config = stage.get("policy_config") or {}
-    history = int(config.get("history", 500))
-    policies: list[Policy] = [RelativeProbabilistic(beta=b, history=history) for b in args.beta or ()]
-    policies += [TopFraction(k) for k in args.top or ()]
-    policies += [Uniform(k) for k in args.uniform or ()]
-    # the logged window and anneal point, as --beta takes the window (found by review,
-    # 2026-12-05: PruneEasy's defaults flipped decisions the logged PruneEasy made)
-    anneal = config.get("anneal") if stage.get("policy") == "prune_easy" else None
-    policies += [PruneEasy(r, anneal=anneal, history=history) for r in args.prune or ()]
-    if not policies:
-        policies = [RelativeProbabilistic(beta=b, history=history) for b in (0.5, 1.0, 3.0)]
-    results = whatif(args.url, policies, storage_options=options, run=args.run, rank=args.rank)
-    logged = results[0].logged_kept / results[0].samples
+    # each run's logged window and anneal point, as --beta takes the window (found by review,
+    # 2026-12-05: PruneEasy's defaults flipped decisions the logged PruneEasy made; and runs of
+    # other windows in one log were all replayed with the first run's, flipping decisions of a
+    # complete log)
+    windows: dict[str, tuple[int, Any]] = {}
+    for info in infos:
+        stage = info.manifest.get("stage") if info.manifest else None
+        if stage and info.run not in windows:
+            config = stage.get("policy_config") or {}
+            anneal = config.get("anneal") if stage.get("policy") == "prune_easy" else None
+            windows[info.run] = (int(config.get("history", 500)), anneal)
+    first = next(iter(windows.values()), (500, None))
+    groups: dict[tuple[int, Any], list[str]] = {}
+    for run in sorted({info.run for info in infos}):
+        groups.setdefault(windows.get(run, first), []).append(run)
+    merged: list[WhatIf] = []
+    for (history, anneal), runs in groups.items():
+        policies: list[Policy] = [RelativeProbabilistic(beta=b, history=history) for b in args.beta or ()]
+        policies += [TopFraction(k) for k in args.top or ()]
+        policies += [Uniform(k) for k in args.uniform or ()]
+        policies += [PruneEasy(r, anneal=anneal, history=history) for r in args.prune or ()]
+        if not policies:
+            policies = [RelativeProbabilistic(beta=b, history=history) for b in (0.5, 1.0, 3.0)]
+        only = args.run if len(groups) == 1 else runs
+        results = whatif(args.url, policies, storage_options=options, run=only, rank=args.rank)
+        merged = results if not merged else [_add_whatif(a, b) for a, b in zip(merged, results, strict=True)]
+    logged = merged[0].logged_kept / merged[0].samples
     if args.json:
-        print(json.dumps({"logged_keep_rate": logged, "results": [r.as_dict() for r in results]}, indent=1))
+        print(json.dumps({"logged_keep_rate": logged, "results": [r.as_dict() for r in merged]}, indent=1))
     else:
-        print(format_whatif(results, logged))
+        print(format_whatif(merged, logged))
     return 0
+
+
+def _add_whatif(a: WhatIf, b: WhatIf) -> WhatIf:
+    """One policy's what-if over two sets of runs, each replayed with its own logged window."""
+    return WhatIf(
+        policy=a.policy if a.policy == b.policy else f"{a.policy} / {b.policy}",
+        samples=a.samples + b.samples,
+        kept=a.kept + b.kept,
+        logged_kept=a.logged_kept + b.logged_kept,
+        to_kept=a.to_kept + b.to_kept,
+        to_dropped=a.to_dropped + b.to_dropped,
+        keep=np.concatenate([a.keep, b.keep]),
+    )
 
 
 def add_cli(commands: Any) -> None:

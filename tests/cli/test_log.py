@@ -412,3 +412,32 @@ def test_whatif_prune_takes_the_logged_window_and_says_its_keep_rate_is_as_decid
     assert "logged keep rate (as decided)" in out
     (row,) = [line for line in out.splitlines() if line.startswith("PruneEasy")]
     assert "history=100" in row and row.split()[-1] == "0"
+
+
+def test_whatif_replays_each_run_with_its_own_logged_window(tmp_path, capsys):
+    """Two runs in one root, each RelativeProbabilistic(1) over its own window (20 and 300):
+    whatif replayed both with the first run's window, and the complete log showed 40 flips for
+    the logged policy, exit 0, nothing said (found by review, 2026-12-05). Each run is replayed
+    with its own window now, and --prune with each run's anneal point."""
+    root = str(tmp_path / "log")
+    for run, policy in (("a", sp.RelativeProbabilistic(1.0, 20)), ("b", sp.RelativeProbabilistic(1.0, 300))):
+        s = sp.Sifter(None, loss_field, policy, micro_batch=16, seed=1, audit=sp.AuditLog(root, run_id=run))
+        list(s(make_samples(600)))
+        s.close()
+    assert main(["log", "whatif", root, "--beta", "1", "--json"]) == 0
+    (result,) = json.loads(capsys.readouterr().out)["results"]
+    assert result["flips"] == 0 and result["samples"] == 1200
+    assert "history=20" in result["policy"] and "history=300" in result["policy"]
+    for run in ("a", "b"):
+        assert main(["log", "whatif", root, "--beta", "1", "--run", run, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["results"][0]["flips"] == 0
+    budgets = str(tmp_path / "budgets")
+    for run, budget in (("a", 400), ("b", 2000)):
+        policy = sp.PruneEasy(0.5, history=100, anneal=int(budget * 0.875))
+        s = sp.Sifter(
+            None, loss_field, policy, micro_batch=20, seed=1, audit=sp.AuditLog(budgets, run_id=run)
+        )
+        list(s(make_samples(600)))
+        s.close()
+    assert main(["log", "whatif", budgets, "--prune", "0.5", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["results"][0]["flips"] == 0
