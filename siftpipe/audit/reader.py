@@ -127,6 +127,34 @@ def _jobs(attempts: Iterable[_Attempt]) -> dict[tuple[str, int], dict[str | None
     return jobs
 
 
+def _at_once(attempts: Iterable[_Attempt]) -> dict[tuple[str, int], list[str]]:
+    """Per stream (run, rank), each pair of one job's attempts that ran at the same time (two
+    processes continued one job), said; claim-only attempts aside, ``attempts`` in start order."""
+    by_stream: dict[tuple[str, int], list[_Attempt]] = {}
+    for attempt in attempts:
+        if attempt.claim_only is None:
+            by_stream.setdefault((attempt.run, attempt.rank), []).append(attempt)
+    found: dict[tuple[str, int], list[str]] = {}
+    for key, chain in by_stream.items():
+        for i, later in enumerate(chain):
+            for earlier in chain[:i]:
+                until = earlier.decided_until
+                if (
+                    earlier.origin is not None
+                    and earlier.origin == later.origin
+                    and until is not None
+                    and until * 1e9 > later.started
+                ):
+                    found.setdefault(key, []).append(
+                        f"attempts {earlier.attempt} and {later.attempt} of job {later.origin} ran at "
+                        f"the same time ({earlier.attempt} decided samples until after {later.attempt} "
+                        f"started, by their hosts' clocks): two processes continued one job, and the "
+                        f"records of {earlier.attempt} from seq {later.resumed_from} on, though handed "
+                        "on too, are read as superseded"
+                    )
+    return found
+
+
 def log_filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
     """The filesystem and root path a log URL is read through (the readers' own settings)."""
     import fsspec
@@ -894,6 +922,10 @@ def listing_problems(attempts: Sequence[_Attempt]) -> list[tuple[str, bool]]:
                     True,
                 )
             )
+    # found by review, 2026-12-05: only verify said so; summary, keys, whatif and plot counted
+    # the trained samples of one of the two processes, silently
+    for (run_id, rank_id), said in _at_once(attempts).items():
+        problems.extend((f"audit log run={run_id} rank={rank_id}: {text}", True) for text in said)
     return problems
 
 
@@ -1497,28 +1529,11 @@ def verify_log(
             }
         )
     jobs = _jobs(writers)
-    by_stream: dict[tuple[str, int], list[_Attempt]] = {}
-    for attempt in writers:  # in start order
-        by_stream.setdefault((attempt.run, attempt.rank), []).append(attempt)
+    for attempt in writers:
         if attempt.named:
             streams[(attempt.run, attempt.rank)].misplaced.append(_misplaced(attempt))
-    for key, chain in by_stream.items():
-        for i, later in enumerate(chain):
-            for earlier in chain[:i]:
-                until = earlier.decided_until
-                if (
-                    earlier.origin is not None
-                    and earlier.origin == later.origin
-                    and until is not None
-                    and until * 1e9 > later.started
-                ):
-                    streams[key].collisions.append(
-                        f"attempts {earlier.attempt} and {later.attempt} of job {later.origin} ran at "
-                        f"the same time ({earlier.attempt} decided samples until after {later.attempt} "
-                        f"started, by their hosts' clocks): two processes continued one job, and the "
-                        f"records of {earlier.attempt} from seq {later.resumed_from} on, though handed "
-                        "on too, are read as superseded"
-                    )
+    for key, said in _at_once(writers).items():
+        streams[key].collisions.extend(said)
     for key, by_job in jobs.items():
         if len(by_job) > 1:
             described = "; ".join(
