@@ -819,6 +819,9 @@ def read_log(
             if on_bad_part == "raise":
                 raise AuditError(message)
             warnings.warn(message, RuntimeWarning, stacklevel=2)
+    absent = asked_and_absent(infos, attempts, run, rank)
+    if absent is not None:
+        warnings.warn(absent, RuntimeWarning, stacklevel=2)
     for message, deliberate in listing_problems(attempts):
         if on_bad_part == "raise" and not deliberate:
             raise AuditError(message)  # (parts on_full='drop' dropped: the run chose that)
@@ -1572,6 +1575,28 @@ def verify_log(
     found = set(streams) | {(a.run, a.rank) for a in attempts}
     not_found = _not_found(found, _world_sizes(infos), run, rank)
     return LogReport(redact(url, secrets), [streams[k] for k in sorted(streams)], not_found)
+
+
+def asked_and_absent(
+    infos: Sequence[PartInfo],
+    attempts: Sequence[_Attempt],
+    run: str | Sequence[str] | None,
+    rank: int | Sequence[int] | None,
+) -> str | None:
+    """A warning naming the runs and ranks asked for (``run=``, ``rank=``) of which a listing
+    holds nothing, where it holds something (else the reader says the log is empty), or None
+    (found by review, 2026-12-05: ``summary --run a --run zz`` gave run a's figures, exit 0,
+    nothing said of zz; ``verify_log`` reports it)."""
+    found = {(a.run, a.rank) for a in attempts} | {(i.run, i.rank) for i in infos}
+    if not found:
+        return None
+    absent = _not_found(found, _world_sizes(infos), run, rank)
+    if not absent:
+        return None
+    return (
+        f"audit log: {', '.join(absent)} asked for, and nothing of it is in the log (a typo, or "
+        "another log's run id?); the rest of what was asked for was read"
+    )
 
 
 def _not_found(

@@ -14,6 +14,7 @@ import numpy as np
 from .._secrets import redact, secret_values
 from ..audit.reader import (
     RepeatedParts,
+    asked_and_absent,
     describe_missing,
     list_parts,
     listing_problems,
@@ -165,6 +166,9 @@ def _cmd_keys(args: argparse.Namespace) -> int:
         broken += sum(1 for k in keys if any(c in k for c in breaks))
         out.writelines(f"{k}{end}" for k in keys)
 
+    absent = asked_and_absent(infos, attempts, args.run, args.rank)
+    for message in [absent] if absent is not None else []:
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
     for message, _ in listing_problems(attempts):
         warnings.warn(message, RuntimeWarning, stacklevel=2)  # as read_log (and summary) warn
     repeated = RepeatedParts()
@@ -257,6 +261,9 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
     groups: dict[tuple[int, Any], list[str]] = {}
     for run in sorted({info.run for info in infos}):
         groups.setdefault(windows.get(run, first), []).append(run)
+    absent = asked_and_absent(infos, attempts, args.run, args.rank)
+    if absent is not None and len(groups) > 1:  # (with one group, read_log says so)
+        warnings.warn(absent, RuntimeWarning, stacklevel=2)
     merged: list[WhatIf] = []
     for (history, anneal), runs in groups.items():
         policies: list[Policy] = [RelativeProbabilistic(beta=b, history=history) for b in args.beta or ()]

@@ -1,6 +1,7 @@
 """The `siftpipe log` commands, against a log on the loopback S3 server."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -441,3 +442,25 @@ def test_whatif_replays_each_run_with_its_own_logged_window(tmp_path, capsys):
         s.close()
     assert main(["log", "whatif", budgets, "--prune", "0.5", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["results"][0]["flips"] == 0
+
+
+def test_a_run_or_rank_asked_for_and_absent_is_said_by_every_reader(tmp_path, capsys):
+    """summary --run a --run zz printed run a's figures, exit 0, nothing said of zz, where verify
+    reports it missing (found by review, 2026-12-05): every reader warns of it now."""
+    root = str(tmp_path / "log")
+    s = sp.Sifter(
+        None, loss_field, sp.Uniform(0.5), micro_batch=20, seed=1, audit=sp.AuditLog(root, run_id="a")
+    )
+    list(s(make_samples(200)))
+    s.close()
+    said = "run=zz asked for, and nothing of it is in the log"
+    with pytest.warns(RuntimeWarning, match=said):
+        assert sp.read_log(root, run=["a", "zz"]).num_rows == 200
+    for command in ("summary", "keys", "whatif"):
+        with pytest.warns(RuntimeWarning, match=said):
+            assert main(["log", command, root, "--run", "a", "--run", "zz"]) == 0, command
+    with pytest.warns(RuntimeWarning, match="rank=3 asked for"):
+        sp.read_log(root, rank=[0, 3])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert sp.read_log(root, run="a", rank=0).num_rows == 200
