@@ -1211,8 +1211,10 @@ class LogReport:
             out.append(f"{what}: PROBLEMS: asked for, and nothing of it is in the log")
         for s in self.streams:
             status = "PROBLEMS" if not s.ok else "OK" if s.closed else "INCOMPLETE"
+            # (a stream that decided nothing read "seq None..None"; found by review, 2026-12-05)
+            span = "" if s.first_seq is None else f", seq {s.first_seq}..{s.last_seq}"
             out.append(
-                f"run={s.run} rank={s.rank}: {status}: {s.records} records, seq {s.first_seq}..{s.last_seq}, "
+                f"run={s.run} rank={s.rank}: {status}: {s.records} records{span}, "
                 f"{len(s.attempts)} attempt(s), {s.superseded} superseded by a resume"
             )
             for a in s.attempts:

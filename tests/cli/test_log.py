@@ -328,6 +328,8 @@ def test_a_run_that_decided_nothing_says_no_records_not_no_log(tmp_path, capsys)
         assert main(["log", *command[:1], nowhere, *command[1:]]) == 1
         err = capsys.readouterr().err
         assert "no audit log at" in err and "no records" not in err, (command, err)
+    assert main(["log", "verify", root]) == 0  # (its line read "seq None..None"; review, 2026-12-05)
+    assert ": OK: 0 records, 1 attempt(s)" in capsys.readouterr().out
 
 
 def test_a_log_whose_parts_are_all_unreadable_is_not_said_to_have_decided_nothing(tmp_path, capsys):
