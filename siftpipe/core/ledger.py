@@ -185,6 +185,13 @@ class Output:
             self.buffer.append(kept)
             self.buffered += index.size
             yield from self._full_batches()
+            if kept is batch and self.buffer:
+                # the rows held for the next output batch wait across the source's next read,
+                # and a source may reuse the memory of the batch it handed (a staging ring, FFCV,
+                # DALI): held, they are the stage's own copy (found by review, 2026-12-05: rows of
+                # a fully kept batch held over were overwritten, handed on twice, others never)
+                held = self.buffer[-1]
+                self.buffer[-1] = _batch.take(held, np.arange(_batch.batch_size(held), dtype=np.int64))
             return
         items = group.items
         if self.output_batch is None:

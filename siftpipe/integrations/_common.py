@@ -26,6 +26,7 @@ Three things make a resumed run equal an uninterrupted one:
 from __future__ import annotations
 
 import random
+import warnings
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
@@ -213,26 +214,49 @@ class _IndexKeyed(Dataset):  # type: ignore[type-arg]
         return getattr(self.dataset, name)
 
 
-def refuse_stale_epochs(loader: Any, fix: str) -> None:
-    """Refuse an iterable dataset with ``set_epoch`` read by persistent DataLoader workers: they
-    keep the copy they made at the first pass and never see ``set_epoch(pass)``, so every pass
-    read the first pass's order, and a resumed job (new workers, the checkpoint's epoch) read
-    another and was refused by the key check (found by review, 2026-12-05). ``fix``: the setting
-    to name."""
+def warn_stale_epochs(loader: Any, fix: str) -> None:
+    """Warn of an iterable dataset with ``set_epoch`` read by persistent DataLoader workers whose
+    epoch they may never see: they keep the copy they made at the first pass, so unless
+    ``set_epoch`` reaches them through shared memory (Hugging Face ``datasets`` keep the epoch in
+    a shared tensor) every pass reads the first pass's order, and a job resumed from a later
+    pass (new workers, that pass's epoch) reads another and is refused by the key check (found
+    by review, 2026-12-05; a refusal first, which refused Hugging Face's streaming datasets,
+    whose persistent workers do see it). ``fix``: the setting to name."""
     dataset = getattr(loader, "dataset", None)
-    if (
+    if not (
         isinstance(dataset, IterableDataset)
         and hasattr(dataset, "set_epoch")
         and getattr(loader, "num_workers", 0) > 0
         and getattr(loader, "persistent_workers", False)
     ):
-        raise sp.ConfigError(
-            f"the training dataset ({type(dataset).__name__}) is an IterableDataset with set_epoch "
-            "read by persistent DataLoader workers: they keep the copy they made at the first "
-            "pass and never see set_epoch(pass), so every pass would read the first pass's order "
-            f"and a resumed job another. Pass {fix} (the workers then start anew each pass and "
-            "see it), or shuffle inside the dataset by a seed the workers share"
-        )
+        return
+    if _shares_its_epoch(dataset):
+        return
+    warnings.warn(
+        f"siftpipe: the training dataset ({type(dataset).__name__}) is an IterableDataset with "
+        "set_epoch read by persistent DataLoader workers, which keep the copy they made at the "
+        "first pass: unless set_epoch reaches them through shared memory, every pass reads the "
+        f"first pass's order, and a job resumed from a later pass reads another and is refused. "
+        f"Pass {fix}, or keep the epoch in shared memory (a torch tensor after share_memory_(), "
+        "as Hugging Face datasets do)",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
+def _shares_its_epoch(dataset: Any) -> bool:
+    """Whether ``dataset`` (or a dataset it wraps, ``.dataset``) holds a value its DataLoader
+    workers share with this process: a shared-memory tensor or a ``multiprocessing`` value."""
+    for _ in range(4):
+        for value in getattr(dataset, "__dict__", {}).values():
+            if isinstance(value, torch.Tensor) and value.is_shared():
+                return True
+            if type(value).__module__.startswith("multiprocessing"):
+                return True
+        dataset = getattr(dataset, "dataset", None)
+        if dataset is None:
+            return False
+    return False
 
 
 def with_index_keys(dataset: Any, field: Any) -> Any:

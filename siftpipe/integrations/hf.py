@@ -38,8 +38,8 @@ from ._common import (
     as_list,
     check_feedback_key,
     key_fields,
-    refuse_stale_epochs,
     split_meta,
+    warn_stale_epochs,
     with_index_keys,
 )
 
@@ -428,7 +428,7 @@ class SiftTrainerMixin(_Base):
             raise sp.SiftError(
                 "the sifted stream was iterated before get_train_dataloader() built its loader"
             )
-        refuse_stale_epochs(inner, "TrainingArguments(dataloader_persistent_workers=False)")
+        warn_stale_epochs(inner, "TrainingArguments(dataloader_persistent_workers=False)")
         inner.set_epoch(epoch)
         # as the Trainer does: accelerate's set_epoch misses a batch sampler wrapped for sharding
         underlying: Any = getattr(getattr(inner, "batch_sampler", None), "batch_sampler", None)

@@ -52,8 +52,8 @@ from ._common import (
     decode_rng,
     encode_rng,
     key_fields,
-    refuse_stale_epochs,
     restore_rng,
+    warn_stale_epochs,
     with_index_keys,
 )
 
@@ -474,7 +474,7 @@ class SiftCallback(Callback):
             # states still differ after a resume: docs/integrations.md)
             torch.empty((), dtype=torch.int64).random_(generator=inner.generator)
         dataset = inner.dataset
-        refuse_stale_epochs(inner, "DataLoader(persistent_workers=False)")
+        warn_stale_epochs(inner, "DataLoader(persistent_workers=False)")
         if isinstance(dataset, IterableDataset):
             if hasattr(dataset, "set_epoch"):
                 dataset.set_epoch(epoch)

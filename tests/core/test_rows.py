@@ -393,3 +393,27 @@ def test_batches_of_one_row_with_a_per_row_list_field_join_row_by_row():
         assert len(batch["tok"]) == 3
         for key, tokens in zip(batch["__key__"], batch["tok"]):
             assert torch.equal(tokens, given[key])
+
+
+@pytest.mark.parametrize("output_batch", [20, 48, 32])
+def test_rows_held_for_the_next_output_batch_survive_a_source_reusing_its_batch_memory(output_batch):
+    """A source that writes each batch into one buffer (a staging ring, FFCV, DALI): the rows of
+    a fully kept batch held over for the next output batch pointed into it and were overwritten
+    by the next read, handed on twice and others never (found by review, 2026-12-05)."""
+    rows, count = 32, 8
+    buffer = torch.empty(rows, 1)
+
+    def source():
+        for j in range(count):
+            buffer.copy_(torch.arange(j * rows, (j + 1) * rows, dtype=torch.float32)[:, None])
+            yield {"x": buffer, "__key__": [f"k{i}" for i in range(j * rows, (j + 1) * rows)]}
+
+    s = sp.Sifter(
+        None, lambda m, b: torch.ones(len(b["x"])), sp.Uniform(1.0), batched=True, output_batch=output_batch
+    )
+    got, keys = [], []
+    for out in s(source()):  # each output batch used at once, as a training step does
+        got += [int(v) for v in out["x"][:, 0].tolist()]
+        keys += out["__key__"]
+    assert got == list(range(rows * count))
+    assert keys == [f"k{i}" for i in got]

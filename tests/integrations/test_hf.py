@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -181,44 +182,58 @@ def resumed_from(full: Path, cut: int, tmp: Path, as_path: bool = False, **kw) -
 
 class EpochStream(torch.utils.data.IterableDataset):
     """Sequences shuffled by the epoch ``set_epoch`` gave, split over DataLoader workers; each
-    copy that iterates appends the epoch it reads to the file ``seen`` (workers are processes)."""
+    copy that iterates appends the epoch it reads to the file ``seen`` (workers are processes).
+    ``shared``: the epoch in a shared-memory tensor (as Hugging Face datasets keep it), which
+    persistent workers see."""
 
-    def __init__(self, seen: Path) -> None:
-        self.epoch, self.seen, self.items = 0, seen, sequences(40)
+    def __init__(self, seen: Path, shared: bool = False) -> None:
+        self.seen, self.items = seen, sequences(40)
+        self.epoch = torch.zeros((), dtype=torch.long).share_memory_() if shared else 0
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        if isinstance(self.epoch, torch.Tensor):
+            self.epoch.fill_(epoch)
+        else:
+            self.epoch = epoch
 
     def __iter__(self):
         import random
 
         info = torch.utils.data.get_worker_info()
+        epoch = int(self.epoch)
         with open(self.seen, "a") as f:
-            f.write(f"{self.epoch}\n")
+            f.write(f"{epoch}\n")
         order = list(range(len(self.items)))
-        random.Random(self.epoch).shuffle(order)
+        random.Random(epoch).shuffle(order)
         if info is not None:
             order = order[info.id :: info.num_workers]
         for i in order:
             yield {"__key__": f"s{i}", **self.items[i]}
 
 
-def test_an_iterable_dataset_with_set_epoch_read_by_persistent_workers_is_refused(tmp_path):
-    """Persistent workers keep the dataset copy of the first pass and never see set_epoch(pass):
-    every pass read the first pass's order, and a resume from a later pass (new workers) was
-    refused with a ResumeError blaming the shuffle (found by review, 2026-12-05). Refused, naming
-    the setting; without persistence each pass's workers read that pass's epoch."""
+def test_an_iterable_dataset_whose_epoch_persistent_workers_never_see_is_warned_of(tmp_path):
+    """Persistent workers keep the dataset copy of the first pass: a set_epoch that sets a plain
+    attribute never reaches them, every pass read the first pass's order, and a resume from a
+    later pass (new workers) was refused with a ResumeError blaming the shuffle (found by review,
+    2026-12-05). Warned of, naming the setting; a dataset that keeps its epoch in shared memory
+    (Hugging Face datasets) is not (the review of the first fix: refusing both refused HF's
+    streaming datasets, whose workers see each pass's epoch)."""
     persistent = {"dataloader_num_workers": 2, "dataloader_persistent_workers": True}
-    with pytest.raises(
-        sp.ConfigError, match="persistent DataLoader workers.*dataloader_persistent_workers=False"
+    with pytest.warns(
+        UserWarning, match="persistent DataLoader workers.*dataloader_persistent_workers=False"
     ):
-        train(tmp_path / "persistent", data=EpochStream(tmp_path / "a.txt"), save_steps=100, **persistent)
-    trainer = train(
-        tmp_path / "fresh", data=EpochStream(tmp_path / "b.txt"), save_steps=100, dataloader_num_workers=2
-    )
-    passes = trainer.sift_stream.epoch + 1
-    assert passes >= 2
-    assert sorted(set((tmp_path / "b.txt").read_text().split()), key=int) == [str(e) for e in range(passes)]
+        train(tmp_path / "plain", data=EpochStream(tmp_path / "a.txt"), save_steps=100, **persistent)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*persistent DataLoader workers")
+        for name, extra in (("shared", persistent), ("fresh", {"dataloader_num_workers": 2})):
+            seen = tmp_path / f"{name}.txt"
+            trainer = train(
+                tmp_path / name, data=EpochStream(seen, shared=name == "shared"), save_steps=100, **extra
+            )
+            passes = trainer.sift_stream.epoch + 1
+            assert passes >= 2
+            # each pass's workers read that pass's epoch
+            assert sorted(set(seen.read_text().split()), key=int) == [str(e) for e in range(passes)], name
 
 
 def test_resume_from_any_checkpoint_equals_the_uninterrupted_run(tmp_path):
