@@ -212,8 +212,10 @@ class EqualSteps(Iterable[T]):
             (``Sifter.pass_steps``), so after a mid-pass resume ``steps`` and the syncs go on
             from the checkpoint's step, as in the uninterrupted run; and a discarded batch is
             noted in its stats and audit log as never trained.
-        sync_every: Every this many steps, synchronise loss histories across ranks
-            (``sync_history``); ``None`` keeps each rank's history local.
+        sync_every: Every this many steps of an epoch, and at its first step, synchronise loss
+            histories across ranks (``sync_history``); ``None`` keeps each rank's history local.
+            (Before 2026-12-05 not at the first step: an epoch of fewer steps never synced, and
+            an early epoch's merged history decided every later one.)
         quantiles: Sketch size for ``sync_history``.
         sync_memory: At the end of each epoch, share the losses each rank's score memory stored
             with every other rank (``sync_memory``), so that a sample dealt to another rank next
@@ -223,6 +225,10 @@ class EqualSteps(Iterable[T]):
         replayed: How many of ``source``'s first items are not the stage's batches of its pass
             (a trainer integration's stream replays the batches a checkpoint's trainer had not
             yet trained before it reads the stage): ``sifter``'s batches are counted after them.
+        on_leave: A loop that leaves an epoch before its end (``break`` at a step limit) ends it
+            without the memory sync; ``"warn"`` (default): say so when this rank's memory holds
+            losses the others never received (``sp.sync_memory(sifter)`` on every rank after the
+            loop shares them); ``"ignore"``: a trainer whose fit ends inside an epoch.
     """
 
     def __init__(
@@ -235,7 +241,10 @@ class EqualSteps(Iterable[T]):
         quantiles: int = 256,
         sync_memory: bool | None = None,
         replayed: int = 0,
+        on_leave: str = "warn",
     ) -> None:
+        if on_leave not in ("warn", "ignore"):
+            raise ConfigError(f"on_leave must be 'warn' or 'ignore', got {on_leave!r}")
         if sync_every is not None and (sifter is None or sync_every < 1):
             raise ConfigError("sync_every needs the sifter whose history to share, and a step count >= 1")
         if sync_memory and getattr(sifter, "memory", None) is None:
@@ -247,6 +256,7 @@ class EqualSteps(Iterable[T]):
         self.quantiles = quantiles
         self.sync_memory = sync_memory
         self.replayed = replayed
+        self.on_leave = on_leave
         #: Entries the last end-of-epoch memory sync received from other ranks.
         self.merged = 0
         #: Steps taken in the last epoch, the same on every rank (with ``sifter``, counted from the
@@ -254,6 +264,22 @@ class EqualSteps(Iterable[T]):
         self.steps = 0
         #: Items fetched for the final, untaken step of an epoch (this rank, all epochs).
         self.discarded = 0
+
+    def _left_early(self, share_memory: bool | None) -> None:
+        """The loop left an epoch before its agreed end (a ``break``): no rank shared its score
+        memory, and this one says so when it holds losses the others never received (found by
+        review, 2026-12-05: a loop breaking at a step limit shared none in any epoch, silently)."""
+        unshared = 0 if self.on_leave == "ignore" else _unshared(self.sifter, share_memory)
+        if unshared:
+            warnings.warn(
+                f"siftpipe: the loop left an EqualSteps epoch before its end (at step {self.steps}), "
+                f"so this rank's score memory did not share the {unshared} losses it stored since "
+                "its last sync with the other ranks, whose samples it meets unknown next epoch: "
+                "call sp.sync_memory(sifter) on every rank after leaving the loop, or end the "
+                "epoch by the data (a sampler or stream of the steps wanted)",
+                UserWarning,
+                stacklevel=3,
+            )
 
     def __iter__(self) -> Iterator[T]:
 
@@ -348,9 +374,25 @@ class EqualSteps(Iterable[T]):
             self.steps += 1
             if sifter is not None:
                 sifter.pass_steps = self.steps  # in the sifter's state from now on
-            if self.sync_every and self.steps % self.sync_every == 0:
+            # every sync_every steps of the pass, and at its first: a pass shorter than sync_every
+            # steps never synced, and the merged history of an early epoch (losses of a model
+            # that had not learned yet) decided every later one (found by review, 2026-12-05:
+            # keep rates of 0.06 where the ranks' own windows kept 0.4)
+            if self.sync_every and (self.steps % self.sync_every == 0 or self.steps == 1):
                 sync_history(sifter, self.group, self.quantiles)
-            yield item
+            try:
+                yield item
+            except GeneratorExit:
+                self._left_early(share_memory=self.sync_memory)
+                raise
+
+
+def _unshared(sifter: Any, share_memory: bool | None) -> int:
+    """Entries this rank's score memory stored since its last sync, where ``EqualSteps`` shares it."""
+    memory = getattr(sifter, "memory", None)
+    if memory is None or share_memory is False:
+        return 0
+    return int(memory.changes()[0].size)
 
 
 def fixed_steps(source: Iterable[T], steps: int) -> Iterator[T]:

@@ -492,6 +492,7 @@ class SiftedStream:
             sync_every=self.sync_every,
             sync_memory=False if share is not None else None,
             replayed=len(self._replay),  # yielded first by _one_pass, before the stage's batches
+            on_leave="ignore",  # a fit ending inside a pass (max_steps); the next shares first
         )
         before = equal.discarded
         try:

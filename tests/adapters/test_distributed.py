@@ -830,3 +830,62 @@ def test_whatif_says_when_the_run_decided_against_histories_merged_across_ranks(
             assert result.flips == 0 and not merged
         else:
             assert result.flips > 0 and len(merged) == 1
+
+
+def _short_epochs_and_breaks(rank, world, out_dir):
+    import warnings
+
+    from siftpipe.adapters import distributed
+
+    synced = []
+    original = distributed.sync_history
+    distributed.sync_history = lambda *a, **k: (synced.append(1), original(*a, **k))[1]
+    rng = np.random.default_rng(rank)
+    sifter = sp.Sifter(None, loss_field, sp.RelativeProbabilistic(1.0, 200), micro_batch=20,
+                       output_batch=10, delay=20, seed=1)  # fmt: skip
+    rates, syncs = [], []
+    for epoch in range(6):
+        n, scale = (300, 10.0) if epoch == 0 else (80, 1.0)  # then the model has learned
+        losses = rng.exponential(size=n) * scale
+        data = [{"__key__": f"e{epoch}-r{rank}-{i}", "loss": float(x)} for i, x in enumerate(losses)]
+        seen, kept, before = sifter.stats.seen, sifter.stats.kept, len(synced)
+        for _ in sp.EqualSteps(sifter(data), sifter=sifter, sync_every=5):
+            dist.all_reduce(torch.ones(1))
+        rates.append((sifter.stats.kept - kept) / (sifter.stats.seen - seen))
+        syncs.append(len(synced) - before)
+    # a loop leaving each epoch at a step limit: the memory is not shared, and that is said
+    memory = sp.recipe(
+        None, _no_forward, budget=3000, batched=True, micro_batch=None, seed=0, cost_guard=False
+    )
+    said = []
+    for on_leave in ("warn", "ignore"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            equal = sp.EqualSteps(memory(_keyed_batches(rank)), sifter=memory, on_leave=on_leave)
+            for step, batch in enumerate(equal):
+                memory.observe(batch["__key__"], _training_loss(batch["__key__"]))
+                if step == 3:
+                    break
+            del equal
+        said.append([str(w.message) for w in caught if "left an EqualSteps epoch" in str(w.message)])
+    np.savez(os.path.join(out_dir, f"rank{rank}.npz"), rates=np.array(rates), syncs=np.array(syncs),
+             said=np.array([len(s) for s in said]), text=np.array(said[0] or [""]))  # fmt: skip
+
+
+def _keyed_batches(rank):
+    for b in range(10):
+        yield {"__key__": torch.arange(8) + 8 * b + 1000 * rank, "x": torch.zeros(8, 2)}
+
+
+def test_short_epochs_sync_their_histories_and_a_loop_left_early_says_the_memory_was_not_shared(tmp_path):
+    """sync_every counted the steps of each epoch: an epoch of fewer steps never synced, and the
+    merged history of the first epoch (losses 10x higher) decided every later one, keeping 6% where
+    the ranks' own windows kept 40%. A loop leaving each epoch at a step limit shared no memory,
+    silently (both found by review, 2026-12-05). Now every epoch syncs at its first step, and the
+    loop left early is warned of (not with on_leave='ignore', a trainer's fit ending mid-epoch)."""
+    launch(_short_epochs_and_breaks, 2, str(tmp_path))
+    for run in (np.load(tmp_path / f"rank{r}.npz") for r in range(2)):
+        assert (run["syncs"][1:] >= 1).all(), run["syncs"]  # each short epoch synced
+        assert run["rates"][2:].min() > 0.2, run["rates"]
+        assert run["said"].tolist() == [1, 0]
+        assert "call sp.sync_memory(sifter) on every rank" in str(run["text"][0])
