@@ -804,13 +804,8 @@ class Sifter:
                 "score: materialise it first (model.to_empty(device=...) and load its weights)"
             )
         if self._rng_untouched:
-            # ranks known now that were not when the stage was made: each its own draws (every
-            # rank drew alike before, while its checkpoints named their ranks)
             self._rng_untouched = False
-            seed = self._rank_seed()
-            if seed != self.rng_seed:
-                self.rng_seed = seed
-                self._decider.rng = np.random.default_rng(seed)
+            self._seed_by_rank()
         tracked = self._tracks(source)
         resume, advance = self._passes.begin(source, tracked, self.track_source)
         if advance:
@@ -841,6 +836,14 @@ class Sifter:
         gen = self._run(reader, resume, surface, self._passes.id, (threading.get_ident(), os.getpid()))
         self._passes.attach(gen, reader)
         return gen
+
+    def _seed_by_rank(self) -> None:
+        """While nothing was drawn: ranks known now that were not when the stage was made draw
+        each their own (every rank drew alike before, while its checkpoints named their ranks)."""
+        seed = self._rank_seed()
+        if seed != self.rng_seed:
+            self.rng_seed = seed
+            self._decider.rng = np.random.default_rng(seed)
 
     def _rank_seed(self) -> int | list[int]:
         rank, world = dist_info()
@@ -880,6 +883,11 @@ class Sifter:
         # only when loaded, as damaged; found by review, 2026-12-05)
         waiting = "take the state between items: pause the thread reading the pass first"
         self._passes.check_not_running(doing=waiting)
+        if self._rng_untouched:
+            # a checkpoint before the first pass of a stage made before the process group:
+            # saved the shared seed's state, and every rank resumed with the same draws (found
+            # by review, 2026-12-05); its own rank's now, as the pass would have drawn
+            self._seed_by_rank()
         moment = self._moment()
         state = {
             "version": self.STATE_VERSION,

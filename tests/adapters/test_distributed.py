@@ -889,3 +889,23 @@ def test_short_epochs_sync_their_histories_and_a_loop_left_early_says_the_memory
         assert run["rates"][2:].min() > 0.2, run["rates"]
         assert run["said"].tolist() == [1, 0]
         assert "call sp.sync_memory(sifter) on every rank" in str(run["text"][0])
+
+
+def _seeded_before_init(rank, world, port, out_dir):
+    sifter = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, seed=0)  # before init
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    state = roundtrip(sifter.state_dict())  # a checkpoint before the first pass
+    resumed = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, seed=0)
+    resumed.load_state_dict(state)
+    kept = [x["__key__"] for x in resumed(make_samples(400))]
+    with open(os.path.join(out_dir, f"kept{rank}.txt"), "w") as f:
+        f.write("\n".join(kept))
+
+
+def test_a_checkpoint_before_the_first_pass_of_a_stage_made_before_init_keeps_each_ranks_draws(tmp_path):
+    """A Sifter made before init_process_group (mp.spawn) draws by its rank from its first pass;
+    a checkpoint taken before that saved the shared seed's state, and every rank resumed with the
+    same draws, keeping the same samples (found by review, 2026-12-05)."""
+    launch(_seeded_before_init, 2, str(tmp_path), entry=_bare_entry)
+    kept = [(tmp_path / f"kept{r}.txt").read_text().split() for r in range(2)]
+    assert kept[0] != kept[1]
