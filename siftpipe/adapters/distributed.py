@@ -212,10 +212,11 @@ class EqualSteps(Iterable[T]):
             (``Sifter.pass_steps``), so after a mid-pass resume ``steps`` and the syncs go on
             from the checkpoint's step, as in the uninterrupted run; and a discarded batch is
             noted in its stats and audit log as never trained.
-        sync_every: Every this many steps of an epoch, and at its first step, synchronise loss
-            histories across ranks (``sync_history``); ``None`` keeps each rank's history local.
-            (Before 2026-12-05 not at the first step: an epoch of fewer steps never synced, and
-            an early epoch's merged history decided every later one.)
+        sync_every: Every this many steps of an epoch, synchronise loss histories across ranks
+            (``sync_history``); each epoch decides by each rank's own window until its first
+            sync (before 2026-12-05 by the last epoch's merged one: an epoch of fewer steps never
+            synced, and an early epoch's merged history decided every later one). ``None``
+            keeps each rank's history local.
         quantiles: Sketch size for ``sync_history``.
         sync_memory: At the end of each epoch, share the losses each rank's score memory stored
             with every other rank (``sync_memory``), so that a sample dealt to another rank next
@@ -309,6 +310,17 @@ class EqualSteps(Iterable[T]):
             # review, 2026-12-05: they waited for the process group's timeout, the cause unsaid)
             failure = exc
         sifter = self.sifter
+        policy = getattr(sifter, "policy", None)
+        resumed = getattr(sifter, "resume_from", None) is not None
+        if self.sync_every and not resumed and isinstance(policy, HistoryPolicy):
+            # a merged history is of the pass it was merged in: a new pass decides by each rank's
+            # own window until its first sync (one resumed inside a pass has the reference its
+            # checkpoint held). Kept on, a pass shorter than sync_every never synced, and the
+            # history merged in an early epoch (losses of a model that had not learned yet)
+            # decided every later one (found by review, 2026-12-05: keep rates of 0.06 where the
+            # ranks' own windows kept 0.4). (A sync at each pass's first step instead froze the
+            # first pass's reference of a few warm-up losses: the example kept a quarter fewer)
+            policy.clear_reference()
         self.steps = 0
         first = True
         fetched = 0  # items read from source this epoch: the stage's batches, one for one
@@ -374,11 +386,7 @@ class EqualSteps(Iterable[T]):
             self.steps += 1
             if sifter is not None:
                 sifter.pass_steps = self.steps  # in the sifter's state from now on
-            # every sync_every steps of the pass, and at its first: a pass shorter than sync_every
-            # steps never synced, and the merged history of an early epoch (losses of a model
-            # that had not learned yet) decided every later one (found by review, 2026-12-05:
-            # keep rates of 0.06 where the ranks' own windows kept 0.4)
-            if self.sync_every and (self.steps % self.sync_every == 0 or self.steps == 1):
+            if self.sync_every and self.steps % self.sync_every == 0:
                 sync_history(sifter, self.group, self.quantiles)
             try:
                 yield item

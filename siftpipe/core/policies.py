@@ -182,6 +182,10 @@ class HistoryPolicy(Policy):
         order = np.argsort(values[finite], kind="stable")
         self._reference = (values[finite][order], np.cumsum(weights[finite][order]))
 
+    def clear_reference(self) -> None:
+        """Judge against this rank's own window again, until the next ``set_reference``."""
+        self._reference = None
+
     def _reference_percentile(self, losses: np.ndarray) -> np.ndarray | None:
         if self._reference is None or not self._reference[0].size:
             return None

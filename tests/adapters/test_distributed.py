@@ -835,24 +835,18 @@ def test_whatif_says_when_the_run_decided_against_histories_merged_across_ranks(
 def _short_epochs_and_breaks(rank, world, out_dir):
     import warnings
 
-    from siftpipe.adapters import distributed
-
-    synced = []
-    original = distributed.sync_history
-    distributed.sync_history = lambda *a, **k: (synced.append(1), original(*a, **k))[1]
     rng = np.random.default_rng(rank)
     sifter = sp.Sifter(None, loss_field, sp.RelativeProbabilistic(1.0, 200), micro_batch=20,
                        output_batch=10, delay=20, seed=1)  # fmt: skip
-    rates, syncs = [], []
+    rates = []
     for epoch in range(6):
         n, scale = (300, 10.0) if epoch == 0 else (80, 1.0)  # then the model has learned
         losses = rng.exponential(size=n) * scale
         data = [{"__key__": f"e{epoch}-r{rank}-{i}", "loss": float(x)} for i, x in enumerate(losses)]
-        seen, kept, before = sifter.stats.seen, sifter.stats.kept, len(synced)
+        seen, kept = sifter.stats.seen, sifter.stats.kept
         for _ in sp.EqualSteps(sifter(data), sifter=sifter, sync_every=5):
             dist.all_reduce(torch.ones(1))
         rates.append((sifter.stats.kept - kept) / (sifter.stats.seen - seen))
-        syncs.append(len(synced) - before)
     # a loop leaving each epoch at a step limit: the memory is not shared, and that is said
     memory = sp.recipe(
         None, _no_forward, budget=3000, batched=True, micro_batch=None, seed=0, cost_guard=False
@@ -868,7 +862,7 @@ def _short_epochs_and_breaks(rank, world, out_dir):
                     break
             del equal
         said.append([str(w.message) for w in caught if "left an EqualSteps epoch" in str(w.message)])
-    np.savez(os.path.join(out_dir, f"rank{rank}.npz"), rates=np.array(rates), syncs=np.array(syncs),
+    np.savez(os.path.join(out_dir, f"rank{rank}.npz"), rates=np.array(rates),
              said=np.array([len(s) for s in said]), text=np.array(said[0] or [""]))  # fmt: skip
 
 
@@ -880,13 +874,13 @@ def _keyed_batches(rank):
 def test_short_epochs_sync_their_histories_and_a_loop_left_early_says_the_memory_was_not_shared(tmp_path):
     """sync_every counted the steps of each epoch: an epoch of fewer steps never synced, and the
     merged history of the first epoch (losses 10x higher) decided every later one, keeping 6% where
-    the ranks' own windows kept 40%. A loop leaving each epoch at a step limit shared no memory,
-    silently (both found by review, 2026-12-05). Now every epoch syncs at its first step, and the
-    loop left early is warned of (not with on_leave='ignore', a trainer's fit ending mid-epoch)."""
+    the ranks' own windows kept 23-49%. A loop leaving each epoch at a step limit shared no memory,
+    silently (both found by review, 2026-12-05). Now each epoch decides by each rank's own window
+    until its first sync, and the loop left early is warned of (not with on_leave='ignore', a
+    trainer's fit ending mid-epoch)."""
     launch(_short_epochs_and_breaks, 2, str(tmp_path))
     for run in (np.load(tmp_path / f"rank{r}.npz") for r in range(2)):
-        assert (run["syncs"][1:] >= 1).all(), run["syncs"]  # each short epoch synced
-        assert run["rates"][2:].min() > 0.2, run["rates"]
+        assert run["rates"][1:].min() > 0.15, run["rates"]
         assert run["said"].tolist() == [1, 0]
         assert "call sp.sync_memory(sifter) on every rank" in str(run["text"][0])
 
