@@ -77,6 +77,7 @@ def rows(batch: Batch, seq: int) -> tuple[Batch, int]:
     lists of different sizes marked (``RowList``). ``seq``: the batch's first sample, for the
     message."""
     n = batch_size(batch)
+    batch = mark_row_tuples(batch)
     wrong = _wrong_rows(batch, n, "")
     if wrong is not None and type(batch) is dict:
         # (only then: a list of tensors not all of n rows is not default_collate's columns). The
@@ -106,8 +107,10 @@ def rows(batch: Batch, seq: int) -> tuple[Batch, int]:
             f"{where or 'a field'} has {got}: every per-sample field of a collated batch needs one "
             "entry per sample (a collate_fn that drops or adds rows, or keys collated apart from "
             "their samples?). A field of one tensor (or list) per sample is read as one per row "
-            "when their sizes differ; ones of one size are read as default_collate's columns: "
-            "stack them, or hold them in a numpy object array"
+            "when their sizes differ, if it is a list in a dict batch (a tuple of them, as "
+            "collate_fn=lambda b: tuple(zip(*b)) makes, reads as default_collate's columns: "
+            "make the batch a dict of lists); ones of one size are read as columns: stack them, "
+            "or hold them in a numpy object array"
         )
     return batch, n
 
@@ -168,11 +171,61 @@ _NESTED = (torch.Tensor, np.ndarray, list, tuple, Mapping)
 
 
 def _scalar_tuple(value: Any) -> bool:
-    """A plain tuple of strings: what default_collate makes of a string field inside a sequence
-    (``("b0", "b1", ...)``), one entry per row (until 2026-12-05 its entries were read as
-    columns and never cut). Not a tuple of numbers: default_collate makes tensors of those, and
-    webdataset's collation keeps each sample's own ``(h, w)`` pair as it was."""
+    """A tuple of one entry per row: a ``RowTuple`` (``rows`` marks those), or a plain tuple of
+    strings, what default_collate makes of a string field inside a sequence (``("b0", "b1",
+    ...)``; until 2026-12-05 its entries were read as columns and never cut). Not an unmarked
+    tuple of numbers: default_collate makes tensors of those, and webdataset's collation keeps
+    each sample's own ``(h, w)`` pair as it was, inside a list."""
+    if type(value) is RowTuple:
+        return True
     return type(value) is tuple and bool(value) and isinstance(value[0], str | bytes)
+
+
+class RowTuple(tuple):  # type: ignore[type-arg]
+    """A batch field's (or a tuple batch's entry's) plain tuple of single values (numbers,
+    ``None``, strings, 0-d tensors, dicts), one per row: what a collate_fn built on
+    ``zip(*samples)`` makes of ids, lengths or per-sample targets. ``rows`` marks such a tuple so
+    that taking, splitting and joining rows cut it as they cut a list (until 2026-12-05 it was
+    read as columns and handed on uncut, every row's value beside the kept rows; found by
+    review). A plain ``tuple`` otherwise."""
+
+    __slots__ = ()
+
+
+def _single_values(value: Any) -> bool:
+    """A plain tuple (not a named one) none of whose entries holds rows: no list, tuple, or
+    tensor or array of one dimension or more."""
+    return (
+        type(value) is tuple
+        and bool(value)
+        and not any(
+            isinstance(v, list | tuple) or (isinstance(v, torch.Tensor | np.ndarray) and v.ndim)
+            for v in value
+        )
+    )
+
+
+def mark_row_tuples(batch: Batch) -> Batch:
+    """``batch`` with each plain tuple of single values that is a field of a dict (nested dicts
+    too) or an entry of a tuple batch as a ``RowTuple``; the same object if there is none. (Not
+    inside lists: there a tuple is a row's own value, webdataset's ``(h, w)``, or a column.)"""
+    if type(batch) is dict:
+        out = None
+        for k, v in batch.items():
+            if type(v) is tuple and _single_values(v):
+                marked: Any = RowTuple(v)
+            elif type(v) is dict:
+                marked = mark_row_tuples(v)
+            else:
+                continue
+            if marked is not v:
+                if out is None:
+                    out = dict(batch)
+                out[k] = marked
+        return batch if out is None else out
+    if type(batch) is tuple and any(type(v) is tuple and _single_values(v) for v in batch):
+        return tuple(RowTuple(v) if type(v) is tuple and _single_values(v) else v for v in batch)
+    return batch
 
 
 def _all_of_length(values: list[Any], n: int) -> bool:
@@ -311,7 +364,8 @@ def _take(batch: Batch, index: np.ndarray, tindex: torch.Tensor | None, nested: 
             tindex = torch.from_numpy(index)
         return like(batch, {k: _take(v, index, tindex, True) for k, v in batch.items()})
     if nested and _scalar_tuple(batch):
-        return tuple(_take_rows(batch, index))  # (strings collated: one per row)
+        taken = _take_rows(batch, index)  # (strings collated, or marked: one per row)
+        return RowTuple(taken) if type(batch) is RowTuple else tuple(taken)
     if isinstance(batch, tuple) or (isinstance(batch, list) and _is_columns(batch, nested)):
         if tindex is None:
             tindex = torch.from_numpy(index)
@@ -384,6 +438,8 @@ def split(batch: Batch, size: int, nested: bool = False) -> tuple[Batch, Batch]:
             return _sparse_rows(batch, rows[:size]), _sparse_rows(batch, rows[size:])
         return (batch[:size], batch[size:]) if batch.ndim else (batch, batch)
     if nested and _scalar_tuple(batch):
+        if type(batch) is RowTuple:
+            return RowTuple(batch[:size]), RowTuple(batch[size:])
         return batch[:size], batch[size:]
     if isinstance(batch, tuple) or (isinstance(batch, list) and _is_columns(batch, nested)):
         pairs = [split(v, size, True) for v in batch]
@@ -465,7 +521,8 @@ def _concat(batches: Sequence[Batch], nested: bool = False) -> Batch:
     if isinstance(first, Mapping):
         return like(first, {k: _concat([b[k] for b in batches], True) for k in first})
     if nested and _scalar_tuple(first):
-        return tuple(x for b in batches for x in b)
+        entries = tuple(x for b in batches for x in b)
+        return RowTuple(entries) if type(first) is RowTuple else entries
     if isinstance(first, tuple) or (
         isinstance(first, list) and _is_columns(first, nested) and not _rows_of_one_among_rows(batches)
     ):

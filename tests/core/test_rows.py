@@ -417,3 +417,46 @@ def test_rows_held_for_the_next_output_batch_survive_a_source_reusing_its_batch_
         keys += out["__key__"]
     assert got == list(range(rows * count))
     assert keys == [f"k{i}" for i in got]
+
+
+@pytest.mark.parametrize("output_batch", [None, 12])
+def test_a_tuple_field_of_one_value_per_row_is_cut_to_the_kept_rows(output_batch):
+    """A collate_fn built on zip(*samples) gives a field of ints, floats, Nones, 0-d tensors or
+    dicts as a tuple: it was read as columns and handed on uncut, every row's value beside the
+    kept rows (and with output_batch, the first batch's tuple beside 12 rows), nothing said
+    (found by review, 2026-12-05)."""
+    kinds = {
+        "ints": lambda i: i,
+        "floats": lambda i: i / 2,
+        "maybe": lambda i: None if i % 3 == 0 else f"s{i}",
+        "zero_d": torch.tensor,
+        "dicts": lambda i: {"id": i},
+    }
+
+    def collate(rows):
+        return {
+            "x": torch.tensor(rows, dtype=torch.float32)[:, None],
+            **{k: tuple(map(f, rows)) for k, f in kinds.items()},
+        }
+
+    batches = [collate(list(range(j, j + 8))) for j in range(0, 24, 8)]
+    s = sp.Sifter(
+        None,
+        lambda m, b: b["x"][:, 0],
+        sp.TopFraction(0.5),
+        batched=True,
+        output_batch=output_batch,
+        key=None,
+    )
+    out = list(s(batches))
+    rows = [int(v) for b in out for v in b["x"][:, 0].tolist()]
+    assert rows == [4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23]
+    for name, f in kinds.items():
+        got = [v for b in out for v in b[name]]
+        assert all(isinstance(b[name], tuple) for b in out)
+        expected = [f(i) for i in rows]
+        assert [int(v) if name == "zero_d" else v for v in got] == expected, name
+    # a top-level tuple batch holding such a tuple
+    s = sp.Sifter(None, lambda m, b: b[0][:, 0], sp.TopFraction(0.5), batched=True, key=None)
+    ((x, ids),) = s([(torch.arange(6.0)[:, None], tuple(range(6)))])
+    assert x[:, 0].tolist() == [3.0, 4.0, 5.0] and ids == (3, 4, 5)
