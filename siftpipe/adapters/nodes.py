@@ -108,6 +108,11 @@ class SiftNode(BaseNode[Any]):
 
     Each ``reset(None)`` starts a new pass (the sifter's ``epoch`` + 1 after the first) and
     resets the source; the sifter's loss history and counters carry over between passes.
+
+    A row counts as handed on when this node's ``next()`` returns it: batch kept rows with the
+    sifter's ``output_batch``/``drop_last``, not with a ``Batcher(drop_last=True)`` or an
+    ``Unbatcher`` above this node, whose discarded rows would read as kept in the audit log. One
+    ``Sifter`` per ``SiftNode`` (the same model may serve several).
     """
 
     STATE_VERSION = 1

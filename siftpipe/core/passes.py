@@ -160,7 +160,13 @@ class Passes:
                 f"this source ({type(source).__name__}) has no load_state_dict; pass the same "
                 "kind of source, or track_source=False and feed it from state['consumed']"
             )
-        self.close_active("sifter(...) was called again, which opened a new pass")
+        # (or a second SiftNode over this Sifter began its pass: found by review, 2026-12-05,
+        # where the message blamed a call the user never made)
+        self.close_active(
+            "sifter(...) was called again, or a second SiftNode over this Sifter (one Sifter in two "
+            "SiftNodes: give each node its own, over the same model) began its pass, which opened "
+            "a new pass"
+        )
         # `resume` stays until the pass has re-read the pending groups, so that a state taken
         # before the first next() (or a call that is dropped unstarted) still holds them
         advance = False

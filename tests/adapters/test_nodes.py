@@ -20,7 +20,7 @@ from siftpipe.adapters.nodes import ShardSource, SiftNode
 from siftpipe.errors import ShardWarning
 from siftpipe.streaming.opener import reset_shard_stats, shard_stats, warn_and_continue
 from siftpipe.streaming.shards import decode_sample, synthetic_classification, write_shards
-from tests.common import roundtrip
+from tests.common import loss_field, make_samples, roundtrip
 from tests.contract import OneEpochLoader, check_save_load, output_keys, run_save_load_state
 
 N, PER_SHARD = 240, 40
@@ -1063,3 +1063,22 @@ def test_a_state_taken_as_a_pass_opened_then_reset_again_resumes_in_that_pass_s_
     fresh.reset(None)
     assert [fresh.next()["__key__"] for _ in range(6)] == want
     assert fresh.sifter.epoch == node.sifter.epoch
+
+
+def test_one_sifter_in_two_sift_nodes_is_told_so_by_the_error():
+    """MultiNodeWeightedSampler over two datasets with one model, one Sifter in both SiftNodes:
+    the PassClosedError said "sifter(...) was called again", a call the user never made (found
+    by review, 2026-12-05); it names the second SiftNode and the fix."""
+    from torchdata.nodes import IterableWrapper, Loader, MultiNodeWeightedSampler, StopCriteria
+
+    a = make_samples(20, seed=1)
+    b = [dict(s, __key__="b" + s["__key__"]) for s in make_samples(20, seed=2)]
+    sifter = sp.Sifter(None, loss_field, sp.RelativeProbabilistic(1.0, 10), micro_batch=4, seed=0)
+    nodes = {"a": SiftNode(IterableWrapper(a), sifter), "b": SiftNode(IterableWrapper(b), sifter)}
+    loader = Loader(
+        MultiNodeWeightedSampler(nodes, {"a": 0.5, "b": 0.5}, StopCriteria.ALL_DATASETS_EXHAUSTED, seed=0)
+    )
+    with pytest.raises(
+        sp.PassClosedError, match="a second SiftNode over this Sifter.*give each node its own"
+    ):
+        list(loader)
