@@ -270,14 +270,16 @@ class EqualSteps(Iterable[T]):
         """The loop left an epoch before its agreed end (a ``break``): no rank shared its score
         memory, and this one says so when it holds losses the others never received (found by
         review, 2026-12-05: a loop breaking at a step limit shared none in any epoch, silently)."""
-        unshared = 0 if self.on_leave == "ignore" else _unshared(self.sifter, share_memory)
+        alone = dist.get_world_size(self.group) < 2
+        unshared = 0 if self.on_leave == "ignore" or alone else _unshared(self.sifter, share_memory)
         if unshared:
             warnings.warn(
-                f"siftpipe: the loop left an EqualSteps epoch before its end (at step {self.steps}), "
-                f"so this rank's score memory did not share the {unshared} losses it stored since "
-                "its last sync with the other ranks, whose samples it meets unknown next epoch: "
-                "call sp.sync_memory(sifter) on every rank after leaving the loop, or end the "
-                "epoch by the data (a sampler or stream of the steps wanted)",
+                f"siftpipe: the loop left an EqualSteps epoch before its end (at step {self.steps}: "
+                f"a break, or an error in the loop, which comes first), so this rank's score memory "
+                f"did not share the {unshared} losses it stored since its last sync with the other "
+                "ranks, whose samples it meets unknown next epoch: after a break, call "
+                "sp.sync_memory(sifter) on every rank after leaving the loop, or end the epoch by "
+                "the data (a sampler or stream of the steps wanted)",
                 UserWarning,
                 stacklevel=3,
             )
@@ -310,17 +312,10 @@ class EqualSteps(Iterable[T]):
             # review, 2026-12-05: they waited for the process group's timeout, the cause unsaid)
             failure = exc
         sifter = self.sifter
-        policy = getattr(sifter, "policy", None)
-        resumed = getattr(sifter, "resume_from", None) is not None
-        if self.sync_every and not resumed and isinstance(policy, HistoryPolicy):
-            # a merged history is of the pass it was merged in: a new pass decides by each rank's
-            # own window until its first sync (one resumed inside a pass has the reference its
-            # checkpoint held). Kept on, a pass shorter than sync_every never synced, and the
-            # history merged in an early epoch (losses of a model that had not learned yet)
-            # decided every later one (found by review, 2026-12-05: keep rates of 0.06 where the
-            # ranks' own windows kept 0.4). (A sync at each pass's first step instead froze the
-            # first pass's reference of a few warm-up losses: the example kept a quarter fewer)
-            policy.clear_reference()
+        # (the sifter's new pass decides by each rank's own window until its first sync: the
+        # stage clears a merged reference as a pass opens. A sync at each pass's first step
+        # instead froze the first pass's reference of a few warm-up losses, and the example kept
+        # a quarter fewer samples; found 2026-12-05)
         self.steps = 0
         first = True
         fetched = 0  # items read from source this epoch: the stage's batches, one for one

@@ -810,6 +810,17 @@ class Sifter:
         resume, advance = self._passes.begin(source, tracked, self.track_source)
         if advance:
             self.epoch += 1
+        if resume is None:
+            # a loss history merged across ranks (sp.sync_history) is of the pass it was merged
+            # in: a new pass decides by this rank's own window until its first sync. Kept on, a
+            # pass shorter than EqualSteps' sync_every never synced, and the history merged in
+            # an early epoch (losses of a model that had not learned yet) decided every later
+            # one (found by review, 2026-12-05: keep rates of 0.06 where the ranks' own windows
+            # kept 0.4). Cleared as the pass opens, so a checkpoint taken any time after holds
+            # what the pass decides by
+            clear = getattr(self.policy, "clear_reference", None)
+            if callable(clear):
+                clear()
         unread = resume is not None and not resume.get("pass_read", True)
         if resume is None or not self._passes.source_restored or unread:
             # a ShardSource's shard order is its epoch's: its copies in a DataLoader's fresh

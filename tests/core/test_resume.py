@@ -759,3 +759,30 @@ def test_held_beyond_the_batches_the_stage_remembers_is_refused_though_hold_was_
     with pytest.raises(sp.SiftError, match="held=70.*at most 64"):
         s.state_dict(held=70)
     s.state_dict(held=64)  # what it remembers: fine
+
+
+def test_a_merged_reference_is_of_its_pass_and_a_state_taken_as_the_next_opens_resumes_exactly():
+    """A loss history merged across ranks (sp.sync_history sets the policy's reference) decides
+    until the pass ends; a new pass decides by the rank's own window until its next sync (found by
+    review, 2026-12-05: kept on, it decided every later epoch). Cleared as the pass opens, so a
+    state taken right after sifter(...) and before its first item resumes as the run goes on
+    (the review of a first version, which cleared it in EqualSteps' first step)."""
+    import numpy as np
+
+    def run(cut: bool):
+        s = sp.Sifter(None, loss_field, sp.RelativeProbabilistic(1.0, 50), micro_batch=10, seed=3)
+        list(s(make_samples(100, seed=1)))
+        s.policy.set_reference(np.array([100.0, 200.0]), np.array([50.0, 50.0]))  # as a sync does
+        assert s.policy.merged
+        stream = s(make_samples(100, seed=2))
+        assert not s.policy.merged  # the new pass: its own window
+        if cut:
+            state = roundtrip(s.state_dict())
+            s = sp.Sifter(None, loss_field, sp.RelativeProbabilistic(1.0, 50), micro_batch=10, seed=3)
+            s.load_state_dict(state)
+            stream = s(make_samples(100, seed=2))
+        return [x["__key__"] for x in stream]
+
+    whole = run(False)
+    assert 20 < len(whole) < 80  # by the window: about half kept, not the reference's 0
+    assert run(True) == whole
