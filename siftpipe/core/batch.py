@@ -77,7 +77,7 @@ def rows(batch: Batch, seq: int) -> tuple[Batch, int]:
     lists of different sizes marked (``RowList``). ``seq``: the batch's first sample, for the
     message."""
     n = batch_size(batch)
-    batch = mark_row_tuples(batch)
+    batch = mark_row_tuples(batch, n)
     wrong = _wrong_rows(batch, n, "")
     if wrong is not None and type(batch) is dict:
         # (only then: a list of tensors not all of n rows is not default_collate's columns). The
@@ -205,26 +205,32 @@ def _single_values(value: Any) -> bool:
     )
 
 
-def mark_row_tuples(batch: Batch) -> Batch:
-    """``batch`` with each plain tuple of single values that is a field of a dict (nested dicts
-    too) or an entry of a tuple batch as a ``RowTuple``; the same object if there is none. (Not
-    inside lists: there a tuple is a row's own value, webdataset's ``(h, w)``, or a column.)"""
-    if type(batch) is dict:
+def mark_row_tuples(batch: Batch, n: int) -> Batch:
+    """``batch`` with each plain tuple of ``n`` single values that is a field of a mapping (nested
+    mappings too) or an entry of a tuple batch as a ``RowTuple``; the same object if there is
+    none. (Not inside lists: there a tuple is a row's own value, webdataset's ``(h, w)``, or a
+    column. Not a tuple of another length: a value for the whole batch, ``(224, 224)``, handed on
+    whole as before; the review of the first version, which read it per row.)"""
+
+    def row_tuple(value: Any) -> bool:
+        return type(value) is tuple and len(value) == n and _single_values(value)
+
+    if isinstance(batch, Mapping):
         out = None
         for k, v in batch.items():
-            if type(v) is tuple and _single_values(v):
+            if row_tuple(v):
                 marked: Any = RowTuple(v)
-            elif type(v) is dict:
-                marked = mark_row_tuples(v)
+            elif isinstance(v, Mapping):
+                marked = mark_row_tuples(v, n)
             else:
                 continue
             if marked is not v:
                 if out is None:
                     out = dict(batch)
                 out[k] = marked
-        return batch if out is None else out
-    if type(batch) is tuple and any(type(v) is tuple and _single_values(v) for v in batch):
-        return tuple(RowTuple(v) if type(v) is tuple and _single_values(v) else v for v in batch)
+        return batch if out is None else like(batch, out)
+    if type(batch) is tuple and any(row_tuple(v) for v in batch):
+        return tuple(RowTuple(v) if row_tuple(v) else v for v in batch)
     return batch
 
 

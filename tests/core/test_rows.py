@@ -460,3 +460,22 @@ def test_a_tuple_field_of_one_value_per_row_is_cut_to_the_kept_rows(output_batch
     s = sp.Sifter(None, lambda m, b: b[0][:, 0], sp.TopFraction(0.5), batched=True, key=None)
     ((x, ids),) = s([(torch.arange(6.0)[:, None], tuple(range(6)))])
     assert x[:, 0].tolist() == [3.0, 4.0, 5.0] and ids == (3, 4, 5)
+
+
+def test_a_batch_wide_tuple_stays_whole_and_a_mappings_row_tuple_is_cut():
+    """The review of the tuple fix (2026-12-05): a batch-wide constant ("size": (224, 224)) was read
+    per row and refused (or, in a batch of 2 rows, cut); a tuple field of a BatchEncoding or
+    UserDict batch was still handed on uncut."""
+    from collections import UserDict
+
+    def scorer(m, b):
+        return b["x"][:, 0]
+
+    s = sp.Sifter(None, scorer, sp.TopFraction(0.5), batched=True, key=None)
+    four = {"x": torch.arange(4.0)[:, None], "size": (224, 224), "ids": (0, 1, 2, 3)}
+    (out,) = list(s([four]))
+    assert out["size"] == (224, 224) and out["ids"] == (2, 3)
+    for kind in (UserDict, dict):
+        batch = kind({"x": torch.arange(4.0)[:, None], "ids": (10, 11, 12, 13), "meta": {"n": (5, 6, 7, 8)}})
+        (out,) = list(sp.Sifter(None, scorer, sp.TopFraction(0.5), batched=True, key=None)([batch]))
+        assert type(out) is kind and out["ids"] == (12, 13) and out["meta"]["n"] == (7, 8)
