@@ -245,13 +245,23 @@ def warn_stale_epochs(loader: Any, fix: str) -> None:
 
 
 def _shares_its_epoch(dataset: Any) -> bool:
-    """Whether ``dataset`` (or a dataset it wraps, ``.dataset``) holds a value its DataLoader
-    workers share with this process: a shared-memory tensor or a ``multiprocessing`` value."""
+    """Whether ``dataset`` (or a dataset it wraps, ``.dataset``) keeps its epoch where its
+    DataLoader workers share it with this process: an attribute named for the epoch (Hugging
+    Face ``datasets``' ``_epoch``, open_clip's ``shared_epoch``) holding a shared-memory tensor or
+    a ``multiprocessing`` value, or an object holding one (the review of the first version: any
+    shared tensor, the data's own, silenced the warning)."""
+
+    def shared(value: Any) -> bool:
+        if isinstance(value, torch.Tensor):
+            return value.is_shared()
+        return type(value).__module__.startswith("multiprocessing")
+
     for _ in range(4):
-        for value in getattr(dataset, "__dict__", {}).values():
-            if isinstance(value, torch.Tensor) and value.is_shared():
-                return True
-            if type(value).__module__.startswith("multiprocessing"):
+        for name, value in getattr(dataset, "__dict__", {}).items():
+            if "epoch" not in name.lower():
+                continue
+            inner = getattr(value, "__dict__", {}).values() if not shared(value) else ()
+            if shared(value) or any(shared(v) for v in inner):
                 return True
         dataset = getattr(dataset, "dataset", None)
         if dataset is None:

@@ -554,6 +554,29 @@ def test_an_iterable_dataset_whose_epoch_persistent_workers_never_see_is_warned_
         fit(tmp_path, steps=4, every=100, net=PersistentStream)
 
 
+def test_only_an_epoch_kept_in_shared_memory_silences_the_persistent_workers_warning():
+    """The review of the warning (2026-12-05): any shared tensor of the dataset (its data) silenced
+    it, though set_epoch still set a plain attribute the workers never saw."""
+    from siftpipe.integrations._common import warn_stale_epochs
+
+    class Held(EpochStream):
+        def __init__(self, points, shared_epoch: bool) -> None:
+            super().__init__(points)
+            self.data = torch.arange(12.0).share_memory_()
+            self.epoch = torch.zeros((), dtype=torch.long).share_memory_() if shared_epoch else 0
+
+    for shared_epoch in (False, True):
+        loader = DataLoader(
+            Held(Points(), shared_epoch), batch_size=4, num_workers=1, persistent_workers=True
+        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            warn_stale_epochs(loader, "DataLoader(persistent_workers=False)")
+        assert len([w for w in caught if "persistent DataLoader workers" in str(w.message)]) == (
+            not shared_epoch
+        )
+
+
 def test_a_dataloader_without_automatic_batching_hands_on_samples(tmp_path):
     """DataLoader(batch_size=None): each item is one sample; the stage batches the kept ones by
     output_batch as a DataLoader with batch_size would."""
