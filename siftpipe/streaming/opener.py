@@ -534,7 +534,7 @@ class ShardOpener:
             tries = f" after {attempts} attempt(s) over {seconds:.1f} s ({limit})"
         bucket = urlsplit(url).netloc.rpartition("@")[2] or "(none)"
         fix = _FIX[kind].format(bucket=repr(bucket))
-        if what in ("writing", "listing"):
+        if what in ("writing", "listing", "removing"):
             # a reader's way out (skip the shard) is no fix for a write (found by review, 2026-12-05)
             head = fix.partition("pass handler=warn_and_continue")[0].rstrip()
             fix = head.removesuffix(" or").rstrip(",; ")

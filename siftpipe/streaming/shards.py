@@ -363,6 +363,12 @@ def write_shards(
     )
     tmpdir = tempfile.mkdtemp(prefix="siftpipe-shard-")
     it = _own_errors(iter(rows))
+    # replacing shards: each new one is written beside them under a staged name first and moved
+    # into place once every one is written, so that a write interrupted or failing on the way
+    # leaves the old dataset whole (found by review, 2026-12-05: each new shard replaced the old
+    # one of its number as it was written, and a Ctrl-C left two datasets mixed at the prefix)
+    staged = f".partial-{_random_token()}" if before else ""
+    written: list[str] = []  # staged shards, to move into place or remove
     try:
         while True:
             url = _shard_url(prefix, len(urls))
@@ -375,7 +381,9 @@ def write_shards(
                     tmp = f"{path}.partial-{os.getpid()}"
                 count = _write_tar(tmp, it, samples_per_shard, sum(counts), mtime, bar)
                 if count:
-                    _upload(opener, fs, tmp, url, local)
+                    _upload(opener, fs, tmp, url + staged, local)
+                    if staged:
+                        written.append(url + staged)
             except OSError as exc:
                 if isinstance(exc, ShardError) or getattr(exc, _FROM_SAMPLES, False):
                     raise  # (the caller's samples failed, not the destination: as it was)
@@ -397,11 +405,17 @@ def write_shards(
             counts.append(count)
             if count < samples_per_shard:
                 break
+    except BaseException:
+        # the old dataset is whole: the staged shards go (a Ctrl-C included), best effort
+        _remove_quietly(fs, written)
+        raise
     finally:
         bar.close()
         shutil.rmtree(tmpdir, ignore_errors=True)
     if not urls:
         raise ConfigError(f"no samples to write to {shown}: the dataset is empty")
+    if written:
+        _move_into_place(opener, fs, written, staged, local, shown)
     # (found by review, 2026-12-05: the commands left them, and a reader read two datasets mixed)
     remove_shards([u for u in before if u not in set(urls)], storage_options)
     last = len(urls) - 1
@@ -444,13 +458,78 @@ def existing_shards(
 
 
 def remove_shards(urls: Iterable[str], storage_options: Mapping[str, Any] | None = None) -> None:
-    """Delete the shards ``urls`` (of one filesystem), as ``existing_shards`` names them."""
+    """Delete the shards ``urls`` (of one filesystem), as ``existing_shards`` names them: retried
+    while storage fails in a way that may pass, then a ``ShardError`` naming those left (found by
+    review, 2026-12-05: a raw traceback, the old shards left beside the new ones unsaid)."""
     urls = list(urls)
     if not urls:
         return
-    fs, _ = ShardOpener(storage_options).filesystem(urls[0])
+    opener = ShardOpener(storage_options)
+    fs, _ = opener.filesystem(urls[0])
+    for i, url in enumerate(urls):
+
+        def remove(path: str = fs._strip_protocol(url)) -> None:
+            fs.rm_file(path)
+
+        try:
+            opener.retrying("removing", url, remove)
+        except ShardError as exc:  # (the retries' error, naming the shard, the cause, no secret)
+            left = [opener.redact(redact_url(u)) for u in urls[i:]]
+            raise ShardError(
+                f"the new shards are written, but {exc}: {len(left)} shard(s) of the earlier "
+                f"dataset are left beside the new ones ({', '.join(left[:3])}"
+                f"{', ...' if len(left) > 3 else ''}), and a reader of the prefix reads both: "
+                "delete them, or write to another prefix",
+                url=left[0],
+                kind=exc.kind,
+            ) from None
+
+
+def _random_token() -> str:
+    import secrets
+
+    return secrets.token_hex(4)
+
+
+def _remove_quietly(fs: Any, urls: list[str]) -> None:
+    """Delete ``urls`` as far as possible, saying nothing (an error is already on its way)."""
     for url in urls:
-        fs.rm_file(fs._strip_protocol(url))
+        try:
+            fs.rm_file(fs._strip_protocol(url))
+        except Exception:  # (the error that brought us here is the one to see)
+            continue
+
+
+def _move_into_place(
+    opener: ShardOpener, fs: Any, staged: list[str], suffix: str, local: bool, shown: str
+) -> None:
+    """Move each staged shard (``...tar<suffix>``) over the shard of its name; a failure on the
+    way is a ``ShardError`` saying which shards are the new dataset's and which the old one's."""
+    for i, url in enumerate(staged):
+        source, target = fs._strip_protocol(url), fs._strip_protocol(url[: -len(suffix)])
+
+        def move(source: str = source, target: str = target) -> None:
+            if local:
+                os.replace(source, target)
+            else:
+                fs.mv(source, target)
+
+        try:
+            opener.retrying("writing", url[: -len(suffix)], move)
+        except BaseException as exc:
+            _remove_quietly(fs, staged[i:])
+            if i:
+                done = f"shards 0 to {i - 1} hold the new dataset and the rest the earlier one"
+            else:
+                done = "it still holds the earlier dataset"
+            message = (
+                f"replacing the shards at {shown} stopped at shard {i} ({type(exc).__name__}): "
+                f"{done}; write again with existing='replace' (--overwrite)"
+            )
+            if isinstance(exc, Exception):
+                raise ShardError(message, url=opener.redact(redact_url(url[: -len(suffix)]))) from None
+            exc.add_note(f"siftpipe: {message}")
+            raise
 
 
 #: Set on an error the caller's samples raised (reading an input file, say): handed back as it

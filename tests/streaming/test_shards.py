@@ -394,3 +394,67 @@ def test_a_shard_that_cannot_be_opened_gets_a_readers_advice_not_a_writers(tmp_p
         list(ShardReader(ShardOpener(), reraise_exception)([str(folder)]))
     text = str(caught.value)
     assert "opening shard" in text and "destination" not in text and "warn_and_continue" in text
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_replace_interrupted_or_failing_leaves_the_old_dataset_whole_or_says_which_is_which(
+    where, tmp_path, request
+):
+    """Found by review (2026-12-05): each new shard replaced the old one of its number as it was
+    written, so a Ctrl-C (or a failing destination) during --overwrite left two datasets mixed at
+    the prefix, nothing said; and old shards that could not be removed gave a raw traceback."""
+    import fsspec
+
+    if where == "s3":
+        local_s3, bucket = request.getfixturevalue("local_s3"), request.getfixturevalue("bucket")
+        prefix, storage = f"s3://{bucket}/swap/t", {"endpoint_url": local_s3.endpoint}
+    else:
+        prefix, storage = str(tmp_path / "swap" / "t"), None
+    fs, _ = fsspec.core.url_to_fs(prefix, **(storage or {}))
+
+    def contents():
+        return [fs.cat(fs._strip_protocol(u)) for u in existing_shards(prefix, storage)]
+
+    def files():
+        return sorted(fs.ls(fs._strip_protocol(prefix).rpartition("/")[0], detail=False))
+
+    write_shards(synthetic_classification(50, seed=0), prefix, samples_per_shard=10, progress=False,
+                 storage_options=storage)  # fmt: skip
+    old, listed = contents(), files()
+
+    def interrupted():
+        for i, sample in enumerate(synthetic_classification(50, seed=1)):
+            if i == 25:
+                raise KeyboardInterrupt
+            yield sample
+
+    with pytest.raises(KeyboardInterrupt):
+        write_shards(interrupted(), prefix, samples_per_shard=10, progress=False, storage_options=storage,
+                     existing="replace")  # fmt: skip
+    assert contents() == old and files() == listed  # whole, no staged file left
+    write_shards(synthetic_classification(20, seed=1), prefix, samples_per_shard=10, progress=False,
+                 storage_options=storage, existing="replace")  # fmt: skip
+    new = contents()
+    assert len(new) == 2 and new[0] != old[0]
+    if where == "local":
+        # a shard that cannot be replaced (a folder at its path): which shards are which, said
+        write_shards(synthetic_classification(50, seed=0), prefix, samples_per_shard=10, progress=False,
+                     existing="replace")  # fmt: skip
+        os.remove(f"{prefix}-000002.tar")
+        os.mkdir(f"{prefix}-000002.tar")
+        with pytest.raises(sp.ShardError, match="stopped at shard 2.*shards 0 to 1 hold the new dataset"):
+            write_shards(synthetic_classification(50, seed=1), prefix, samples_per_shard=10, progress=False,
+                         existing="replace")  # fmt: skip
+        assert not [f for f in files() if ".partial-" in f]
+        # old shards that cannot be removed: a ShardError naming them, not a traceback
+        os.rmdir(f"{prefix}-000002.tar")
+        write_shards(synthetic_classification(50, seed=0), prefix, samples_per_shard=10, progress=False,
+                     existing="replace")  # fmt: skip
+        os.remove(f"{prefix}-000004.tar")
+        os.mkdir(f"{prefix}-000004.tar")
+        open(f"{prefix}-000004.tar/x", "w").close()
+        with pytest.raises(
+            sp.ShardError, match="new shards are written, but removing.*000004.tar.*left beside"
+        ):
+            write_shards(synthetic_classification(20, seed=1), prefix, samples_per_shard=10, progress=False,
+                         existing="replace")  # fmt: skip
