@@ -493,10 +493,17 @@ def train_run(
     predecode_dropped = 0
     if arm.predecode and stats is not None:
         predecode_dropped = state["seen"] - stats.seen
+    seen = state["seen"]
+    if budget_seconds is not None and stats is not None and not arm.predecode:
+        # stopped by the clock inside an epoch: the learning rate's estimate of the samples read
+        # (rows handed on, scaled) ran a worker batch behind what the stage decided, which its
+        # audit log records: the table's "samples seen" and keep rate said otherwise (found by
+        # review, 2026-12-05)
+        seen = max(seen, stats.seen)
     return RunResult(
         name=arm.name,
         points=points,
-        seen=state["seen"],
+        seen=seen,
         scored=stats.scored if stats is not None and arm.scoring != "free" else 0,  # no forward
         trained=state["trained"],
         from_memory=stats.from_memory if stats is not None else 0,

@@ -417,3 +417,34 @@ def test_demo_streams_its_shards_from_s3(tmp_path, local_s3):
     table = sp.read_log(str(out / "audit"))
     assert table.num_rows == 2400
     assert {u.rsplit("/", 1)[-1] for u in table.column("url").to_pylist()} == set(stored)
+
+
+def test_a_run_stopped_by_its_time_budget_counts_what_its_stage_decided_as_seen(tmp_path):
+    """--budget-seconds stops a run inside an epoch: its "samples seen" (and keep rate) was the
+    learning rate's estimate, a worker batch behind what the stage decided and its audit log
+    records (found by review, 2026-12-05)."""
+    from siftpipe.demo import Arm, train_run, write_task_shards
+
+    n = 600
+    x, y, hard, _ = redundant_task(n, seed=1)
+    xt, yt, _, _ = redundant_task(200, seed=1, draw=1)
+    shards = write_task_shards(str(tmp_path / "train"), x, y, samples_per_shard=100)
+    test = (torch.from_numpy(xt), torch.from_numpy(yt))
+    sifted = train_run(
+        Arm("sifted", policy=lambda: sp.RelativeProbabilistic(1.0, 256), delay=100),
+        shards.urls,
+        n,
+        test,
+        epochs=50,
+        budget_seconds=0.5,
+        width=32,
+        batch=50,
+        worker_batch=100,
+        workers=1,
+        evals=3,
+        flags={"hard": hard},
+        audit=sp.AuditLog(str(tmp_path / "audit"), writer="thread"),
+    )
+    log = sp.read_log(str(tmp_path / "audit"))
+    assert sifted.seen == log.num_rows == sifted.stats["seen_by_sifter"]
+    assert sifted.trained == sum(log.column("kept").to_pylist())
