@@ -8,7 +8,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .memory import ScoreMemory
-from .policies import InfoBatch, fraction_of, integer_count, real_number
+from .policies import InfoBatch, integer_count, real_number
 from .scorers import Scorer
 from .stage import Sifter
 
@@ -100,4 +100,6 @@ def recipe(
     sifter_kwargs.setdefault("unknown", "keep")
     sifter_kwargs.setdefault("remember_forward", False)
     sifter_kwargs.setdefault("cost_guard", cost_guard)
-    return Sifter(model, scorer, policy, memory=memory, delay=fraction_of(warmup, budget), **sifter_kwargs)
+    # (the float product, not policies.fraction_of: the delay is a setting a resume checks, and
+    # checkpoints made with it would be refused where the two differ by a sample; review, 2026-12-05)
+    return Sifter(model, scorer, policy, memory=memory, delay=int(warmup * budget), **sifter_kwargs)
