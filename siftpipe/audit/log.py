@@ -485,6 +485,18 @@ class AuditLog:
             )
         self._raise_if_failed()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy in another process (a spawn or forkserver DataLoader worker pickling the dataset
+        # that holds the stage) would write beside this one: refused, naming the fix, where the
+        # log's lock made it a bare "cannot pickle '_thread.RLock' object" (found by review,
+        # 2026-12-05)
+        raise AuditError(
+            f"the audit log at {self._safe_url()} cannot be pickled or copied: it is written by the "
+            "process that made it. A DataLoader worker (spawn or forkserver) was given the dataset "
+            "that holds the stage? Sift in the training process, after the loader: "
+            "WebLoader(...).sift(sifter), or for batch in sifter(loader)"
+        )
+
     def close(self, timeout: float | None = None) -> None:
         """Flush, write this attempt's end marker and stop the writer, all within ``timeout``
         seconds (None: as long as it takes); past it, what is unwritten is counted unwritten and

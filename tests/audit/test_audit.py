@@ -505,3 +505,37 @@ def test_keys_built_from_a_presigned_url_reach_the_log_without_its_signature(tmp
     assert keys[0] == "https://h/x-000.tar?versionId=7/000000"  # what names the object stays
     resigned = {**samples[0], "__url__": url.replace("SEKRET123", "OTHER789").replace("T1", "T2")}
     assert sp.shard_key(resigned) == sp.shard_key(samples[0])
+
+
+class _SiftedSamples(torch.utils.data.IterableDataset):
+    """A dataset that sifts inside itself (what a DataLoader worker must never do)."""
+
+    def __init__(self, sifter, samples):
+        self.sifter, self.samples = sifter, samples
+
+    def __iter__(self):
+        return iter(self.sifter(self.samples))
+
+
+def test_an_audit_log_pickled_into_another_process_is_refused_naming_the_fix(tmp_path):
+    """A spawn DataLoader worker given a dataset holding a Sifter with an audit log failed with a
+    bare "cannot pickle '_thread.RLock' object", naming neither siftpipe nor the fix (found by
+    review, 2026-12-05)."""
+    import copy
+    import pickle
+
+    log = sp.AuditLog(str(tmp_path / "log"), writer="thread")
+    sifter = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=8, audit=log)
+    for copying in (pickle.dumps, copy.deepcopy):
+        with pytest.raises(sp.AuditError, match="cannot be pickled or copied.*Sift in the training process"):
+            copying(sifter)
+    loader = torch.utils.data.DataLoader(
+        _SiftedSamples(sifter, make_samples(16)),
+        batch_size=None,
+        num_workers=1,
+        multiprocessing_context="spawn",
+    )
+    with pytest.raises(sp.AuditError, match="DataLoader worker"):
+        list(loader)
+    assert list(sifter(make_samples(16)))  # the log itself goes on, in its own process
+    log.close()
