@@ -78,8 +78,10 @@ def reread_groups(
         items = reader.take(desc["n_items"])
         if len(items) < desc["n_items"]:
             reader.raise_held()  # the source failed partway through the group: its own error
-        if batched and len(items) == 1 and type(items[0]) is dict:
-            # re-read as first read: the same row check, the same per-row lists marked (RowList)
+        if batched and len(items) == 1:
+            # re-read as first read: the same row check, the same per-row lists and tuples marked
+            # (RowList, RowTuple; found by review, 2026-12-05: a UserDict's or a tuple batch's
+            # tuple of ids came out uncut after a resume, a BatchEncoding's failed to join)
             items = [_batch.rows(items[0], int(desc["seq0"]))[0]]
         group = Group(items, desc["rows"], desc["seq0"], before)
         if reader.skipped:

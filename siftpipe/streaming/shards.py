@@ -415,7 +415,7 @@ def write_shards(
     if not urls:
         raise ConfigError(f"no samples to write to {shown}: the dataset is empty")
     if written:
-        _move_into_place(opener, fs, written, staged, local, shown)
+        _move_into_place(opener, fs, written, staged, local, shown, len(before))
     # (found by review, 2026-12-05: the commands left them, and a reader read two datasets mixed)
     remove_shards([u for u in before if u not in set(urls)], storage_options)
     last = len(urls) - 1
@@ -501,10 +501,11 @@ def _remove_quietly(fs: Any, urls: list[str]) -> None:
 
 
 def _move_into_place(
-    opener: ShardOpener, fs: Any, staged: list[str], suffix: str, local: bool, shown: str
+    opener: ShardOpener, fs: Any, staged: list[str], suffix: str, local: bool, shown: str, old: int
 ) -> None:
     """Move each staged shard (``...tar<suffix>``) over the shard of its name; a failure on the
-    way is a ``ShardError`` saying which shards are the new dataset's and which the old one's."""
+    way is a ``ShardError`` saying which shards are the new dataset's and which the old one's
+    (``old``: how many the prefix held)."""
     for i, url in enumerate(staged):
         source, target = fs._strip_protocol(url), fs._strip_protocol(url[: -len(suffix)])
 
@@ -518,13 +519,14 @@ def _move_into_place(
             opener.retrying("writing", url[: -len(suffix)], move)
         except BaseException as exc:
             _remove_quietly(fs, staged[i:])
-            if i:
-                done = f"shards 0 to {i - 1} hold the new dataset and the rest the earlier one"
-            else:
-                done = "it still holds the earlier dataset"
+            parts = [f"shards 0 to {i - 1} hold the new dataset"] if i else []
+            if i < old:
+                parts.append(f"shards {i} to {old - 1} the earlier one")
+            parts.append(f"the new dataset's shards {i} to {len(staged) - 1} are not there")
+            cause = opener.redact(redact_url(f"{type(exc).__name__}: {exc}"))
             message = (
-                f"replacing the shards at {shown} stopped at shard {i} ({type(exc).__name__}): "
-                f"{done}; write again with existing='replace' (--overwrite)"
+                f"replacing the shards at {shown} stopped at shard {i} ({cause}): "
+                f"{', '.join(parts)}; write again with existing='replace' (--overwrite)"
             )
             if isinstance(exc, Exception):
                 raise ShardError(message, url=opener.redact(redact_url(url[: -len(suffix)]))) from None

@@ -786,3 +786,38 @@ def test_a_merged_reference_is_of_its_pass_and_a_state_taken_as_the_next_opens_r
     whole = run(False)
     assert 20 < len(whole) < 80  # by the window: about half kept, not the reference's 0
     assert run(True) == whole
+
+
+@pytest.mark.parametrize("kind", ["dict", "UserDict", "tuple"])
+def test_a_resumed_batched_pass_cuts_row_tuples_as_the_first_read_did(kind):
+    """A group re-read on resume went through the row check (which marks per-row tuples) only for
+    a plain dict: a UserDict's or a tuple batch's tuple of ids came out uncut after a resume
+    (found by review, 2026-12-05)."""
+    from collections import UserDict
+
+    def scorer(m, b):
+        x = b[0] if isinstance(b, tuple) else b["x"]
+        return (x[:, 0] * 7 % 5).float()
+
+    def make(i):
+        x, ids = torch.arange(4.0)[:, None] + 4 * i, tuple(range(4 * i, 4 * i + 4))
+        return (
+            (x, ids) if kind == "tuple" else {"dict": dict, "UserDict": UserDict}[kind]({"x": x, "ids": ids})
+        )
+
+    def seen(out):
+        x, ids = out if isinstance(out, tuple) else (out["x"], out["ids"])
+        return x[:, 0].long().tolist(), tuple(ids)
+
+    def new():
+        return sp.Sifter(None, scorer, sp.TopFraction(0.5), batched=True, key=None, seed=1, hold=4)
+
+    data = [make(i) for i in range(4)]
+    whole = [seen(out) for out in new()(data)]
+    assert all(x == list(ids) for x, ids in whole)
+    first = new()
+    stream = first(data)
+    next(stream)
+    resumed = new()
+    resumed.load_state_dict(roundtrip(first.state_dict(held=1)))  # the batch held is not trained
+    assert [seen(out) for out in resumed(data[resumed.resume_from or 0 :])] == whole
