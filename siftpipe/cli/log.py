@@ -167,8 +167,8 @@ def _cmd_keys(args: argparse.Namespace) -> int:
         out.writelines(f"{k}{end}" for k in keys)
 
     absent = asked_and_absent(infos, attempts, args.run, args.rank)
-    for message in [absent] if absent is not None else []:
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
+    if absent is not None:
+        warnings.warn(absent, RuntimeWarning, stacklevel=2)
     for message, _ in listing_problems(attempts):
         warnings.warn(message, RuntimeWarning, stacklevel=2)  # as read_log (and summary) warn
     repeated = RepeatedParts()
@@ -256,6 +256,8 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
         if stage and info.run not in windows:
             config = stage.get("policy_config") or {}
             anneal = config.get("anneal") if stage.get("policy") == "prune_easy" else None
+            # (a number or nothing: a damaged manifest's other value would not even key a dict)
+            anneal = anneal if isinstance(anneal, int | float) and not isinstance(anneal, bool) else None
             windows[info.run] = (int(config.get("history", 500)), anneal)
     first = next(iter(windows.values()), (500, None))
     groups: dict[tuple[int, Any], list[str]] = {}

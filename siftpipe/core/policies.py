@@ -138,7 +138,7 @@ class Policy(abc.ABC):
 def fraction_of(fraction: float, total: int) -> int:
     """The whole number of samples in ``fraction`` of ``total``, rounded down, reading the
     fraction as the decimal it prints as: 0.29 of 100 is 29, where ``int(0.29 * 100)`` is 28
-    (found by review, 2026-12-05: the anneal point and the recipe's warm-up came a sample early)."""
+    (found by review, 2026-12-05: InfoBatch's anneal point came a sample early)."""
     return math.floor(Fraction(repr(float(fraction))) * int(total))
 
 
