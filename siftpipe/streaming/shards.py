@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import secrets
 import shutil
 import tarfile
 import tempfile
@@ -367,7 +368,7 @@ def write_shards(
     # into place once every one is written, so that a write interrupted or failing on the way
     # leaves the old dataset whole (found by review, 2026-12-05: each new shard replaced the old
     # one of its number as it was written, and a Ctrl-C left two datasets mixed at the prefix)
-    staged = f".partial-{_random_token()}" if before else ""
+    staged = f".partial-{secrets.token_hex(4)}" if before else ""
     written: list[str] = []  # staged shards, to move into place or remove
     try:
         while True:
@@ -483,12 +484,6 @@ def remove_shards(urls: Iterable[str], storage_options: Mapping[str, Any] | None
                 url=left[0],
                 kind=exc.kind,
             ) from None
-
-
-def _random_token() -> str:
-    import secrets
-
-    return secrets.token_hex(4)
 
 
 def _remove_quietly(fs: Any, urls: list[str]) -> None:
