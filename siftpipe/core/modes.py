@@ -102,3 +102,5 @@ def eval_scored(model: nn.Module) -> Iterator[nn.Module]:
     finally:
         if switch is not None:
             switch.leave()
+        else:  # every module was in eval mode: any the block switched (a dropout layer) go back
+            EvalMode.restore_eval(model)

@@ -313,9 +313,10 @@ class Scoring:
         finally:
             if switched is not None:
                 switched.leave()
-            elif model is not None and self.eval_mode and model.training:
-                # every module was in eval mode (nothing to undo), and the scorer put the model in
-                # training mode (model.train()): every module back in eval mode, as it was
+            elif model is not None and self.eval_mode:
+                # every module was in eval mode (nothing to undo), and the scorer may have put the
+                # model, or only some of its modules (MC-dropout scoring switches its dropout
+                # layers), in training mode: every module back in eval mode, as it was
                 EvalMode.restore_eval(model)
 
     def _check_losses(
@@ -362,6 +363,13 @@ class Scoring:
             raise ScorerOutputError(
                 f"scorer {self.scorer!r} returned shape {list(out.shape)} for the {where}; "
                 f"expected [{rows}] (one loss per sample): {fix}"
+            )
+        if out.is_complex():
+            # loss.float() would drop the imaginary part (only a ComplexWarning says so)
+            raise ScorerOutputError(
+                f"scorer {self.scorer!r} returned complex losses ({out.dtype}) for the {where}; "
+                "losses must be real floating point: return the real loss you train on "
+                "(loss.abs() or loss.real, chosen deliberately)"
             )
         if not out.is_floating_point():
             raise ScorerOutputError(

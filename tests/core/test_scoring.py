@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from siftpipe.core.ledger import Group
+from siftpipe.core.modes import eval_scored
 from siftpipe.core.scoring import Scoring
 from siftpipe.errors import ScorerError, ScorerOutputError
 
@@ -127,6 +128,8 @@ def test_the_models_mode_comes_back_when_the_scorer_raises():
         (lambda b: b["loss"].reshape(2, 1), "returned shape \\[2, 1\\] .* use reduction='none'"),
         (lambda b: b["loss"][:1], "returned shape \\[1\\] .* exactly one loss per sample"),
         (lambda b: b["loss"].long(), "returned dtype torch.int64 .* \\(return loss.float\\(\\)\\)"),
+        # loss.float() of a complex tensor drops its imaginary part (found by review, 2026-12-06)
+        (lambda b: b["loss"].to(torch.complex64), "returned complex losses .*\\(loss.abs\\(\\) or loss.real"),
     ],
 )
 def test_a_wrong_scorer_output_is_an_error_naming_the_micro_batch_and_the_fix(output, expected):
@@ -305,6 +308,29 @@ def test_a_model_in_eval_mode_is_put_back_in_it_when_the_scorer_switches_it_to_t
         except ScorerError:
             assert raising
         assert not any(modes(model)), raising
+
+
+def test_a_model_in_eval_mode_whose_dropout_the_scorer_switches_on_is_put_back_in_eval_mode():
+    """MC-dropout scoring switches only the dropout layers to training mode. With every module in
+    eval mode (a model fine-tuned in eval mode) only a root switched to training was looked at,
+    so dropout stayed on for the user's training steps, nothing said (found by review,
+    2026-12-06)."""
+    model = ModeProbe().eval()
+
+    def mc_dropout(m, b):
+        for module in m.modules():
+            if isinstance(module, nn.Dropout):
+                module.train()
+        return m(b["x"])
+
+    Scoring(model, mc_dropout, micro_batch=4).rows(
+        Group(samples(4), rows=4, seq0=0, snapshot=None), None, names
+    )
+    assert not any(modes(model))
+    assert model.during == [[isinstance(m, nn.Dropout) for m in model.modules()]]
+    with eval_scored(model):  # a scorer's own model (a proxy): the same way back
+        model.body[2].train()
+    assert not any(modes(model))
 
 
 @pytest.mark.parametrize("batched", [False, True])
