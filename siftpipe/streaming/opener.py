@@ -586,6 +586,9 @@ class PipeStream(_Readable):
     OK_STATUS = (0, 128 + signal.SIGPIPE, -signal.SIGPIPE)
     #: Bytes of standard error shown in an error message (the end of it).
     STDERR_SHOWN = 800
+    #: Bytes ``finish()`` reads past the archive's end, waiting for the command's output to end
+    #: (a tar's record padding is under 10 KiB; gzip's trailer 8 bytes).
+    DRAIN_BYTES = 1 << 20
 
     def __init__(self, command: str, shown: str, timeout: float | None = None) -> None:
         super().__init__()
@@ -698,10 +701,28 @@ class PipeStream(_Readable):
         self._zeros = self._zeros + trailing if trailing == len(data) else trailing
 
     def finish(self) -> None:
-        """The shard was read to its end: stop reading, wait for the command, check its status."""
+        """The shard was read to its end: read what the command still writes (``_drain``), stop
+        reading, wait for the command, check its status."""
         assert self.proc.stdout is not None
+        self._drain()
         self.proc.stdout.close()
         self._ended()
+
+    def _drain(self) -> None:
+        """Read the command's output past the archive's end-of-archive marker to its end: a tar
+        writer pads its last record (up to 10 KiB of zeros), and a command still writing them
+        when the pipe closes fails. ``curl`` ignores SIGPIPE and exits 23 on the broken pipe:
+        ``pipe:curl -s URL`` failed each shard whose padding came in a later write than its
+        marker, losing its last sample (found by review, 2026-12-06). At most ``DRAIN_BYTES``
+        bytes and ``timeout`` seconds: a command that lingers or writes on after its archive is
+        ended as before."""
+        left = self.DRAIN_BYTES
+        with self.at_most(self.timeout):
+            while left > 0:
+                chunk = self._read1(min(left, 1 << 16))
+                if not chunk:  # its end (b""), or nothing within the bound (None)
+                    return
+                left -= len(chunk)
 
     def _ended(self) -> None:
         status = self._wait(self.timeout)
