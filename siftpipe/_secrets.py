@@ -64,6 +64,7 @@ _SECRET_WORDS = frozenset(
         "credentials",
         "key",
         "passwd",
+        "passphrase",
         "password",
         "pwd",
         "sas",
@@ -92,12 +93,12 @@ _NOT_SECRET = re.compile(r"(?i)^(true|false|none|null|yes|no|on|off|[0-9.]+)$")
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]*")
 # name=value: the value runs to the next &, ;, comma, whitespace, quote or closing bracket. Not
 # after a /: that is a path segment (below)
-_PAIR = re.compile(r"(?<![\w/-])([A-Za-z][\w.-]*)=([^&;,\s'\"<>)\]}]+)")
+_PAIR = re.compile(r"(?<![\w/-])([A-Za-z_][\w.-]*)=([^&;,\s'\"<>)\]}]+)")
 # a path segment shaped like a pair: mostly data (a Hive partition, .../zip_code=94110/...,
 # whose redaction made different shards look like one), sometimes a token a CDN puts in the path
 # (.../bcdn_token=...&expires=.../): its value ends at the next /, and only a name that can only
 # be a credential is redacted (not ..._code or ..._key, which name data as often)
-_PATH_PAIR = re.compile(r"(?<=/)([A-Za-z][\w.-]*)=([^/&;,\s'\"<>)\]}]+)")
+_PATH_PAIR = re.compile(r"(?<=/)([A-Za-z_][\w.-]*)=([^/&;,\s'\"<>)\]}]+)")
 _PATH_SECRET_WORDS = frozenset(
     {"auth", "authorization", "credential", "credentials", "passwd", "password", "pwd", "sas",
      "secret", "sig", "signature", "token"}
@@ -111,7 +112,7 @@ _PATH_SECRET_ENDS = (
     "account_key",
     "private_key",
 )
-_QUOTED_PAIR = re.compile(r"([\"'])([A-Za-z][\w.-]*)\1(\s*:\s*)([\"'])((?:(?!\4).)*)\4")
+_QUOTED_PAIR = re.compile(r"([\"'])([A-Za-z_][\w.-]*)\1(\s*:\s*)([\"'])((?:(?!\4).)*)\4")
 _BEARER = re.compile(
     r"(?i)\b(bearer\s+|authorization:\s*(?:(?:basic|digest|bearer)\s+)?)"
     r"(?!(?:basic|digest|bearer)\b)(?!\*\*\*)([^\s'\",]{4,})"
@@ -405,6 +406,8 @@ def _option_secrets(options: Any, parent_sensitive: bool = False) -> set[str]:
         for name, value in options.items():
             found |= _option_secrets(value, parent_sensitive or is_secret_name(str(name)))
     elif isinstance(options, list | tuple):
+        if _secret_pair(options):  # headers as (name, value) pairs: ("Authorization", "Bearer ...")
+            return _option_secrets(options[1], True)
         for value in options:
             found |= _option_secrets(value, parent_sensitive)
     elif isinstance(options, str | bytes):
@@ -436,20 +439,30 @@ class Redactor:
         return redact(text, self._secrets | _env_secrets())
 
 
+def _secret_pair(value: Any) -> bool:
+    """A ``(name, value)`` tuple whose name is a credential's (headers given as pairs; not a list:
+    ``["token", "read"]`` is a list of words more often)."""
+    return type(value) is tuple and len(value) == 2 and isinstance(value[0], str) and is_secret_name(value[0])
+
+
+def _shown(value: Any) -> Any:
+    """A storage option's value fit for a repr (see ``redact_options``)."""
+    if isinstance(value, Mapping):
+        return redact_options(value)
+    if isinstance(value, str):
+        return redact(value)
+    if type(value) in (list, tuple):
+        if _secret_pair(value):
+            return type(value)((value[0], REDACTED))
+        return type(value)(_shown(v) for v in value)
+    return value
+
+
 def redact_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of storage options fit for a repr: values of credential-like names are ``***``
-    and other strings are ``redact``-ed (an ``endpoint_url`` with a password, say)."""
-    out: dict[str, Any] = {}
-    for name, value in options.items():
-        if is_secret_name(str(name)):
-            out[name] = REDACTED
-        elif isinstance(value, Mapping):
-            out[name] = redact_options(value)
-        elif isinstance(value, str):
-            out[name] = redact(value)
-        else:
-            out[name] = value
-    return out
+    """A copy of storage options fit for a repr: values of credential-like names are ``***``,
+    and so are the values of ``(name, value)`` pairs of such names in lists and tuples (headers
+    given as pairs); other strings are ``redact``-ed (an ``endpoint_url`` with a password, say)."""
+    return {name: REDACTED if is_secret_name(str(name)) else _shown(value) for name, value in options.items()}
 
 
 def secret_values(storage_options: Mapping[str, Any] | None = None, *urls: str) -> list[str]:

@@ -236,6 +236,7 @@ def credential_shapes(draw):
                 "azure-service-bus",
                 "http-basic",
                 "http-token-user",
+                "akamai-token",
             ]
         )
     )
@@ -301,6 +302,11 @@ def credential_shapes(draw):
         u = draw(user)
         text = f"http://{u}:{password}@{h}/{p}?part=3"
         secrets, kept = [password], [f"{u}:", h + "/" + p, "part=3"]
+    elif kind == "akamai-token":
+        # a name starting with "_" was never matched (found by review, 2026-12-06)
+        hmac = draw(st.text("0123456789abcdef", min_size=32, max_size=64))
+        text = f"https://{h}/{p}?__token__=exp=1700000000~acl=/*~hmac={hmac}&part=3"
+        secrets, kept = [hmac], [h + "/" + p, "part=3"]
     else:
         token = draw(secret_text)
         text = f"https://{token}@github.com/org/{p}"
@@ -353,6 +359,7 @@ def test_redaction_removes_every_credential_shape_and_keeps_the_rest(shape, how)
             "client_secret",
             "credentials",
             "aws_secret_access_key",
+            "passphrase",  # fsspec's sftp:// key passphrase (found by review, 2026-12-06)
         ]
     ),
     value=raw_secret,
@@ -367,6 +374,35 @@ def test_storage_options_of_every_credential_name_never_show(name, value, nested
     message = f"TypeError: unexpected keyword {value!r} in {options}"
     assert value not in redact(message, secret_values(options))
     tried("credential shapes tried")
+
+
+def test_credential_headers_given_as_pairs_never_show_in_options():
+    """aiohttp takes headers as (name, value) pairs; a repr copied lists whole, and printed the
+    bearer token (found by review, 2026-12-06)."""
+    token = "Bearer ya29.PlantedHeaderToken0123"
+    options = {"client_kwargs": {"headers": [("Authorization", token), ("Accept", "text/plain")]}}
+    shown = repr(redact_options(options))
+    assert "PlantedHeaderToken0123" not in shown and "'Accept', 'text/plain'" in shown
+    assert token in secret_values(options)
+    assert redact_options({"scopes": ["token", "read"]}) == {"scopes": ["token", "read"]}
+
+
+def test_command_line_usage_errors_never_echo_a_credential(capsys):
+    """argparse printed what it could not take before siftpipe redacted anything (found by
+    review, 2026-12-06)."""
+    from siftpipe.cli import main
+
+    secret = "SeKrEtArGpArSe1"
+    for argv in (
+        ["log", "summary", "/tmp/x", "--storage_option", f"secret={secret}"],
+        ["log", "summary", "/tmp/x", "--storage-option", f"token={secret}", "--limit", secret],
+        ["log", "summary", f"s3://AKIAKEY:{secret}@bkt/log", "--bogus"],
+    ):
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err
+        assert "error:" in err and secret not in err, err
 
 
 def test_an_endpoint_url_with_a_password_never_shows(tmp_path):

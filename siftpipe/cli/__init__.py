@@ -13,7 +13,7 @@ import threading
 import traceback
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from .._secrets import redact, secret_values
 from .options import add_storage_option_flag, parse_storage_options
@@ -24,8 +24,22 @@ __all__ = ["COMMAND_MODULES", "add_storage_option_flag", "main", "parse_storage_
 COMMAND_MODULES: tuple[str, ...] = ("demo", "log", "shards")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser (its subcommands' too: they are made of the parser's class), whose usage
+    errors are printed without credentials: argparse quotes what it could not take
+    (``unrecognized arguments: --storage_option secret=...``, ``invalid int value: '...'``), and
+    printed it in clear before siftpipe's own reporting ran (found by review, 2026-12-06)."""
+
+    #: The credentials of the command line being parsed (``main`` sets them for its parse).
+    secrets: Sequence[str] = ()
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {redact(message, _Parser.secrets)}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="siftpipe", description="Sift training data with the live model's loss; inspect the audit log."
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -70,7 +84,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with Ctrl-C (exit status 130) or SIGTERM (143), once its own cleanup has run."""
     program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    _Parser.secrets = argv_secrets(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    finally:
+        _Parser.secrets = ()
     if program and args.command == "log":
         # a reader's warning (a part missing or unreadable) is a line of the command's output, not
         # Python's warning with a source line of the library's
