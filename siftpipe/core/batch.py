@@ -205,33 +205,71 @@ def _single_values(value: Any) -> bool:
     )
 
 
+def _row_pairs(value: tuple[Any, ...], n: int) -> bool:
+    """``n`` plain tuples of single values, not all of ``n`` entries: one row's own tuple each (a
+    ``zip(*samples)`` collate's ``(h, w)`` pairs). Of ``n`` entries each they may as well be
+    columns (a tuple of per-row tuples, one per field), and are read so, as a list of them is."""
+    return all(type(v) is tuple and _single_values(v) for v in value) and not all(len(v) == n for v in value)
+
+
+#: Types ``mark_row_tuples`` need not look into (the common fields, skipped at once)
+_LEAVES = frozenset({torch.Tensor, np.ndarray, list, str, bytes, int, float, type(None)})
+
+
 def mark_row_tuples(batch: Batch, n: int) -> Batch:
-    """``batch`` with each plain tuple of ``n`` single values that is a field of a mapping (nested
-    mappings too) or an entry of a tuple batch as a ``RowTuple``; the same object if there is
-    none. (Not inside lists: there a tuple is a row's own value, webdataset's ``(h, w)``, or a
-    column. Not a tuple of another length: a value for the whole batch, ``(224, 224)``, handed on
-    whole as before; the review of the first version, which read it per row.)"""
+    """``batch`` with each plain tuple of ``n`` single values (or of ``n`` plain tuples of single
+    values: ``(h, w)`` pairs, see ``_row_pairs``) inside its mappings and tuples, named ones too,
+    at any depth, as a ``RowTuple``; the same object if there is none. (Not the batch itself, and
+    not inside lists: there a tuple is a row's own value, webdataset's ``(h, w)``, or a column.
+    Not a tuple of another length: a value for the whole batch, ``(224, 224)``, handed on whole
+    as before; the review of the first version, which read it per row. Until 2026-12-06 only a
+    mapping's fields and a plain tuple batch's entries were looked at, and tuples of pairs not at
+    all: a namedtuple batch's ids, a ``(x, {"ids": ...})`` batch's, and a field of ``(h, w)``
+    pairs were handed on whole beside the kept rows; found by review.)"""
 
     def row_tuple(value: Any) -> bool:
-        return type(value) is tuple and len(value) == n and _single_values(value)
+        return type(value) is tuple and len(value) == n and (_single_values(value) or _row_pairs(value, n))
 
-    if isinstance(batch, Mapping):
-        out = None
-        for k, v in batch.items():
-            if row_tuple(v):
-                marked: Any = RowTuple(v)
-            elif isinstance(v, Mapping):
-                marked = mark_row_tuples(v, n)
-            else:
-                continue
-            if marked is not v:
-                if out is None:
-                    out = dict(batch)
-                out[k] = marked
-        return batch if out is None else like(batch, out)
-    if type(batch) is tuple and any(row_tuple(v) for v in batch):
-        return tuple(RowTuple(v) if row_tuple(v) else v for v in batch)
-    return batch
+    def mark(value: Any, top: bool = False, path: tuple[Any, ...] = ()) -> Any:
+        if not top and row_tuple(value):
+            return RowTuple(value)
+        if isinstance(value, Mapping):
+            out = None
+            for k, v in value.items():
+                if type(v) in _LEAVES:
+                    continue
+                marked = mark(v, path=(*path, k))
+                if marked is not v:
+                    if out is None:
+                        out = dict(value)
+                    out[k] = marked
+            return value if out is None else like(value, out)
+        if type(value) is tuple or (isinstance(value, tuple) and hasattr(value, "_fields")):
+            # (not another tuple subclass, torch.Size say, which a rebuild may not fit)
+            if not top and n > 1 and len(value) == n and all(type(v) is tuple and len(v) == n for v in value):
+                _warn_square_tuple(path, n)
+            parts = [v if type(v) in _LEAVES else mark(v, path=(*path, i)) for i, v in enumerate(value)]
+            if all(p is v for p, v in zip(parts, value)):
+                return value
+            return type(value)(*parts) if hasattr(value, "_fields") else type(value)(parts)
+        return value
+
+    return mark(batch, top=True)
+
+
+def _warn_square_tuple(path: tuple[Any, ...], n: int) -> None:
+    """A tuple of ``n`` tuples of ``n`` entries each, in a batch of ``n`` rows: one tuple per row
+    or per field, the shapes cannot tell (a batch of as many rows as a row's pair has entries: an
+    epoch's short last batch, say)."""
+    shown = "".join(f"[{p!r}]" for p in path)
+    warnings.warn(
+        f"siftpipe: the batch field {shown} is a tuple of {n} tuples of {n} entries each, in a "
+        f"batch of {n} rows: it is read as one tuple per field (columns), each cut to the kept "
+        "rows. If each tuple is one sample's own ((h, w) pairs from a zip(*samples) collate), "
+        "they would be cut wrongly: stack them into a tensor or array of one row per sample",
+        BatchShapeWarning,
+        stacklevel=3,
+    )
 
 
 def _all_of_length(values: list[Any], n: int) -> bool:

@@ -479,3 +479,60 @@ def test_a_batch_wide_tuple_stays_whole_and_a_mappings_row_tuple_is_cut():
         batch = kind({"x": torch.arange(4.0)[:, None], "ids": (10, 11, 12, 13), "meta": {"n": (5, 6, 7, 8)}})
         (out,) = list(sp.Sifter(None, scorer, sp.TopFraction(0.5), batched=True, key=None)([batch]))
         assert type(out) is kind and out["ids"] == (12, 13) and out["meta"]["n"] == (7, 8)
+
+
+@pytest.mark.parametrize("output_batch", [None, 3])
+def test_row_tuples_in_named_and_nested_tuples_and_tuples_of_pairs_are_cut_to_the_kept_rows(output_batch):
+    """The review of the tuple fix (2026-12-06): only a mapping's fields and a plain tuple batch's
+    entries were marked, and never a tuple of (h, w) pairs: a namedtuple batch's ids, a
+    ``(x, {"ids": ...})`` batch's, a tuple nested in a tuple batch and a ``zip(*samples)``
+    field of pairs were handed on whole beside the kept rows (with output_batch, the first
+    batch's beside every output batch's rows), nothing said."""
+    import collections
+
+    NT = collections.namedtuple("NT", "x ids")
+
+    def scorer(m, b):
+        x = b.x if isinstance(b, NT) else b[0] if isinstance(b, tuple) else b["x"]
+        return x[:, 0]
+
+    def shapes(j):
+        x = torch.arange(4.0 * j, 4.0 * j + 4)[:, None]
+        ids = tuple(range(4 * j, 4 * j + 4))
+        return {
+            "namedtuple": NT(x, ids),
+            "dict in tuple": (x, {"ids": ids}),
+            "tuple in tuple": (x, (torch.tensor(ids), ids)),
+            "namedtuple field": {"x": x, "meta": NT(torch.tensor(ids), ids)},
+            "pairs": {"x": x, "ids": tuple((i, i) for i in ids)},
+        }
+
+    for name in shapes(0):
+        s = sp.Sifter(None, scorer, sp.TopFraction(0.5), batched=True, key=None, output_batch=output_batch)
+        out = list(s([shapes(j)[name] for j in range(3)]))
+        kept = [2, 3, 6, 7, 10, 11]
+        if name == "namedtuple":
+            got = [(int(b.x[i, 0]), b.ids[i]) for b in out for i in range(len(b.x))]
+            assert all(isinstance(b, NT) and len(b.ids) == len(b.x) for b in out), name
+        elif name == "dict in tuple":
+            got = [(int(b[0][i, 0]), b[1]["ids"][i]) for b in out for i in range(len(b[0]))]
+        elif name == "tuple in tuple":
+            got = [(int(b[0][i, 0]), b[1][1][i]) for b in out for i in range(len(b[0]))]
+            assert [int(v) for b in out for v in b[1][0]] == kept
+        elif name == "namedtuple field":
+            got = [(int(b["x"][i, 0]), b["meta"].ids[i]) for b in out for i in range(len(b["x"]))]
+            assert all(isinstance(b["meta"], NT) for b in out)
+        else:
+            got = [(int(b["x"][i, 0]), b["ids"][i][0]) for b in out for i in range(len(b["x"]))]
+        assert got == [(k, k) for k in kept], name
+        assert sum(len(scorer(None, b)) for b in out) == len(kept), name
+
+
+def test_a_tuple_of_pairs_as_long_as_the_pairs_is_read_as_columns_and_warned_about():
+    """Two rows of (h, w) pairs look like two fields of one value per row: read as columns (as a
+    list of them is), and said."""
+    batch = {"x": torch.arange(2.0)[:, None], "sizes": ((0, 0), (1, 1))}
+    s = sp.Sifter(None, lambda m, b: b["x"][:, 0], sp.TopFraction(0.5), batched=True, key=None)
+    with pytest.warns(sp.BatchShapeWarning, match=r"\['sizes'\] is a tuple of 2 tuples of 2 entries"):
+        (out,) = list(s([batch]))
+    assert out["sizes"] == ((0,), (1,))
