@@ -16,7 +16,7 @@ import secrets
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -418,7 +418,15 @@ def write_shards(
     if written:
         _move_into_place(opener, fs, written, staged, local, shown, len(before))
     # (found by review, 2026-12-05: the commands left them, and a reader read two datasets mixed)
-    remove_shards([u for u in before if u not in set(urls)], storage_options)
+    _remove(
+        [u for u in before if u not in set(urls)],
+        storage_options,
+        lambda cause, left: (
+            f"the new shards are written, but {cause}: {left} of the earlier dataset are left beside "
+            "the new ones, and a reader of the prefix reads both: delete them, or write to another "
+            "prefix"
+        ),
+    )
     last = len(urls) - 1
     pattern = _shard_url(prefix, 0) if last == 0 else f"{prefix}-{{{0:0{DIGITS}d}..{last:0{DIGITS}d}}}.tar"
     return ShardSet(urls=urls, counts=counts, pattern=pattern)
@@ -459,9 +467,17 @@ def existing_shards(
 
 
 def remove_shards(urls: Iterable[str], storage_options: Mapping[str, Any] | None = None) -> None:
-    """Delete the shards ``urls`` (of one filesystem), as ``existing_shards`` names them: retried
-    while storage fails in a way that may pass, then a ``ShardError`` naming those left (found by
-    review, 2026-12-05: a raw traceback, the old shards left beside the new ones unsaid)."""
+    """Delete the shards ``urls`` (of one filesystem), as ``existing_shards`` names them; one
+    already gone counts as removed. Retried while storage fails in a way that may pass, then a
+    ``ShardError`` naming those left (found by review, 2026-12-05: a raw traceback, the old shards
+    left beside the new ones unsaid)."""
+    _remove(urls, storage_options, lambda cause, left: f"{cause}: {left} are left; delete them")
+
+
+def _remove(
+    urls: Iterable[str], storage_options: Mapping[str, Any] | None, said: Callable[[str, str], str]
+) -> None:
+    """``remove_shards``, its error's message ``said(cause, "N shard(s) (url, ...)")``."""
     urls = list(urls)
     if not urls:
         return
@@ -470,20 +486,17 @@ def remove_shards(urls: Iterable[str], storage_options: Mapping[str, Any] | None
     for i, url in enumerate(urls):
 
         def remove(path: str = fs._strip_protocol(url)) -> None:
-            fs.rm_file(path)
+            # already gone (another process, a lifecycle rule): what was asked is done. Until
+            # 2026-12-06 an error asked the user to delete the shard that was not there (review)
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(path)
 
         try:
             opener.retrying("removing", url, remove)
         except ShardError as exc:  # (the retries' error, naming the shard, the cause, no secret)
             left = [opener.redact(redact_url(u)) for u in urls[i:]]
-            raise ShardError(
-                f"the new shards are written, but {exc}: {len(left)} shard(s) of the earlier "
-                f"dataset are left beside the new ones ({', '.join(left[:3])}"
-                f"{', ...' if len(left) > 3 else ''}), and a reader of the prefix reads both: "
-                "delete them, or write to another prefix",
-                url=left[0],
-                kind=exc.kind,
-            ) from None
+            shown = f"{len(left)} shard(s) ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''})"
+            raise ShardError(said(str(exc), shown), url=left[0], kind=exc.kind) from None
 
 
 def _remove_quietly(fs: Any, urls: list[str]) -> None:

@@ -459,3 +459,20 @@ def test_a_replace_interrupted_or_failing_leaves_the_old_dataset_whole_or_says_w
         ):
             write_shards(synthetic_classification(20, seed=1), prefix, samples_per_shard=10, progress=False,
                          existing="replace")  # fmt: skip
+
+
+def test_removing_a_shard_already_gone_counts_as_removed(tmp_path):
+    """remove_shards of a shard another process (a lifecycle rule) removed first said the new
+    shards were written and asked the user to delete the shard that was not there (found by
+    review, 2026-12-06)."""
+    shards = write_shards(
+        synthetic_classification(30), str(tmp_path / "t"), samples_per_shard=10, progress=False
+    )
+    os.remove(shards.urls[1])
+    remove_shards(shards.urls)
+    assert existing_shards(str(tmp_path / "t")) == []
+    os.mkdir(shards.urls[0])  # one that cannot be removed: named, with no word of a write
+    open(os.path.join(shards.urls[0], "x"), "w").close()
+    with pytest.raises(sp.ShardError, match=r"removing shard .*t-000000.tar failed.*1 shard\(s\)") as caught:
+        remove_shards([shards.urls[0]])
+    assert "written" not in str(caught.value)
