@@ -279,6 +279,9 @@ class AuditLog:
         self._error: str | None = None  # to raise on the training thread (once)
         self._failed: str | None = None  # the destination gave up: write nothing more
         self._closed = False
+        # the end marker a close could not write (storage down), sent again by the next close()
+        self._end_pending: dict[str, Any] | None = None
+        self._end_error: str | None = None  # why the last try to write it failed
         self._exit_stopped_by: str | None = None  # set at exit after an uncaught exception
         self._pid = os.getpid()  # the process whose exit closes it (set again when its writer starts)
         # [first seq, last seq, count] of rows recorded as kept that a pass left before handing
@@ -504,7 +507,7 @@ class AuditLog:
 
         The timeout bounds the whole close (found by review, 2026-12-05: each of its waits took
         the whole timeout, about 3x in all with a writer process)."""
-        if self._closed:
+        if self._closed and self._end_pending is None:
             return
         deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -514,10 +517,15 @@ class AuditLog:
         # a refused claim was raised already and nothing was written under it: nothing to report
         refused = self._failed is not None and self._failed == self._claim and self._error is None
         interrupted = False
+        again = self._end_pending is not None  # a close before could not write the end marker
         try:
-            if not (refused and not self._buffer):
+            if again:
+                self._end_error = None
+                self._send(self._end_marker_frame(), [], 0)
                 self._flush(left(), timeout)
-            if self._transport is not None and self._failed is None:
+            elif not (refused and not self._buffer):
+                self._flush(left(), timeout)
+            if not again and self._transport is not None and self._failed is None:
                 marker = {
                     **self._identity(),
                     "first_part": self._first_part,
@@ -538,12 +546,16 @@ class AuditLog:
                     # closed while an error or an interrupt ended the job: the log is whole up
                     # to there, the run is not (the exception's type only: its text may hold data)
                     marker["stopped_by"] = stopped_by
-                self._send(
-                    {"op": "json", "path": f"{self.directory}/_end-{self.attempt}.json", "body": marker},
-                    [],
-                    0,
-                )
+                self._end_pending = marker
+                self._send(self._end_marker_frame(), [], 0)
                 self._flush(left(), timeout)
+            if self._end_error is not None:
+                error = self._end_marker_error()
+                if self.on_full == "block":
+                    raise AuditError(error)
+                warnings.warn(f"siftpipe: {error}", RuntimeWarning, stacklevel=2)
+            else:
+                self._end_pending = None
         except KeyboardInterrupt:
             interrupted = True  # Ctrl-C while it waits: stop the writer now, not after timeout
             raise
@@ -551,12 +563,35 @@ class AuditLog:
             self._closed = True
             _open_logs.discard(self)
             if self._transport is not None:
+                transport = self._transport
+                if self._end_error is not None:
+                    self._transport = None  # the next close() starts a writer for the marker
+                else:
+                    self._end_pending = None  # written, or never to be (an interrupt, a failure)
                 try:
-                    self._transport.close(0.0 if interrupted else left())
+                    transport.close(0.0 if interrupted else left())
                 except KeyboardInterrupt:
                     # Ctrl-C in this wait (after a flush that ran out of time): stop it now too
-                    self._transport.close(0.0)
+                    transport.close(0.0)
                     raise
+
+    def _end_marker_frame(self) -> dict[str, Any]:
+        assert self._end_pending is not None
+        return {"op": "json", "path": self._end_marker_path(), "body": self._end_pending}
+
+    def _end_marker_path(self) -> str:
+        return f"{self.directory}/_end-{self.attempt}.json"
+
+    def _end_marker_error(self) -> str:
+        """What a close that could not write the end marker says (found by review, 2026-12-06: the
+        generic write error, advising on_full='drop', and a second close() returned silently)."""
+        return (
+            f"{str(self._end_error).replace(wire.DROP_ADVICE, '')}. Every record of this attempt is in the log "
+            f"({self.stats.records} records in {self._next_part - self._first_part} part(s)), but "
+            f"without its end marker (_end-{self.attempt}.json) `siftpipe log verify` reads the "
+            "attempt as not closed (INCOMPLETE). Call close() again once the storage answers: it "
+            "writes the marker then"
+        )
 
     def __enter__(self) -> AuditLog:
         return self
@@ -729,6 +764,10 @@ class AuditLog:
                     )
         elif header["op"] == "part" and self.on_full == "drop" and not reply.get("fatal"):
             self._drop(header, rows, f"writing failed: {reply.get('error')}")
+        elif header["op"] == "json" and header.get("path") == self._end_marker_path():
+            # the end marker: every record is written; close() says so, and a later close() tries
+            # again (not the log's failure: nothing of it is lost)
+            self._end_error = str(reply.get("error"))
         elif header["op"] == "json" and self.on_full == "drop" and not reply.get("fatal"):
             warnings.warn(f"siftpipe: {reply.get('error')}", RuntimeWarning, stacklevel=2)
         else:

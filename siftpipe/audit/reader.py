@@ -1219,7 +1219,10 @@ class LogReport:
             )
             for a in s.attempts:
                 if not a["ended"]:
-                    end = "did not close (killed?): its unflushed records are lost"
+                    end = (
+                        "did not close (killed, or its close failed): records it had not flushed "
+                        "are not in the log"
+                    )
                 elif a.get("stopped_by"):
                     end = (
                         f"closed as {a['stopped_by']} stopped the job (the log is whole up to "

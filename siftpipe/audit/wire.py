@@ -32,6 +32,9 @@ _FRAME = struct.Struct("<II")
 #: The log's format, in every manifest, claim and end marker a writer makes (``"format"``); a
 #: reader refuses a log of a later one, which it would misread
 FORMAT_VERSION = 1
+#: The advice a write error ends with (a close that could not write its end marker drops it: the
+#: records are all written, and on_full="drop" would not write the marker either)
+DROP_ADVICE = "; with on_full='drop' the run continues and counts what is lost"
 #: Columns of every part, in order (``run`` and ``rank`` come from the path).
 COLUMNS: tuple[str, ...] = (
     "worker",
@@ -550,8 +553,7 @@ class PartWriter:
                     raise OSError(
                         f"could not {what} of the audit log at {where} within "
                         f"{self.retry_timeout:g} s ({retries} retries): {self.safe(exc)}. Check the "
-                        "destination (bucket, permissions, space); with on_full='drop' the run continues "
-                        "and counts what is lost"
+                        f"destination (bucket, permissions, space){DROP_ADVICE}"
                     ) from None
                 retries += 1
                 time.sleep(delay)

@@ -54,7 +54,7 @@ def test_sigkill_then_resume_lines_up_with_the_checkpoint(own_s3, tmp_path):
     assert not stream.unreadable_parts and not stream.gaps and not stream.duplicates
     assert stream.records >= checkpoints[-1]
     assert not stream.attempts[0]["ended"]
-    assert "did not close (killed?)" in "\n".join(report.lines())
+    assert "did not close (killed" in "\n".join(report.lines())
 
     import torch
 

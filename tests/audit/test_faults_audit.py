@@ -771,3 +771,46 @@ def test_close_with_a_timeout_returns_within_it_while_storage_hangs(local_s3, bu
         counted = log.stats.parts_written * 128
         assert counted + log.stats.unwritten_records == len(SAMPLES)
         assert counted <= written <= 128
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+@pytest.mark.parametrize("on_full", ["block", "drop"])
+def test_an_end_marker_storage_refuses_at_close_is_written_by_the_next_close(
+    local_s3, bucket, proxy, writer, on_full
+):
+    """Storage down when close() writes the end marker: the error was the generic write error
+    (advising on_full='drop', which would not write it either), a second close() returned
+    silently having written nothing, and verify said the attempt did not close and its records
+    were lost, with every record in the log (found by review, 2026-12-06)."""
+    root = f"s3://{bucket}/end-{writer}-{on_full}"
+    proxy.fail("status", 503, times=10_000, method="PUT", path="/_end-")
+    log = sp.AuditLog(
+        root,
+        storage_options=options(proxy),
+        flush_every=128,
+        writer=writer,
+        retry_timeout=0.6,
+        on_full=on_full,
+    )
+    s, _ = run(log)
+    said = (
+        r"_end-.*Every record of this attempt is in the log \(640 records in 5 part\(s\)\).*close\(\) again"
+    )
+    if on_full == "block":
+        with pytest.raises(sp.AuditError, match=said) as caught:
+            s.close()
+        assert "on_full='drop'" not in str(caught.value)
+    else:
+        with pytest.warns(RuntimeWarning, match=said):
+            s.close()
+    report = sp.verify_log(root, local_s3.storage_options)
+    assert not report.ok or "INCOMPLETE" in "\n".join(report.lines())
+    assert "did not close (killed, or its close failed)" in "\n".join(report.lines())
+    with proxy.lock:
+        proxy.plan.clear()  # storage answers again
+    s.close()
+    assert log.stats.unwritten_records == 0 and log.stats.dropped_records == 0
+    report = sp.verify_log(root, local_s3.storage_options)
+    assert report.ok and "closed cleanly" in "\n".join(report.lines()), report.lines()
+    assert sp.read_log(root, local_s3.storage_options).column("seq").to_pylist() == list(range(len(SAMPLES)))
+    log.close()  # closed now: nothing more to do
