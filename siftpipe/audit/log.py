@@ -585,8 +585,9 @@ class AuditLog:
     def _end_marker_error(self) -> str:
         """What a close that could not write the end marker says (found by review, 2026-12-06: the
         generic write error, advising on_full='drop', and a second close() returned silently)."""
+        cause = str(self._end_error).replace(wire.DROP_ADVICE, "")
         return (
-            f"{str(self._end_error).replace(wire.DROP_ADVICE, '')}. Every record of this attempt is in the log "
+            f"{cause}. Every record of this attempt is in the log "
             f"({self.stats.records} records in {self._next_part - self._first_part} part(s)), but "
             f"without its end marker (_end-{self.attempt}.json) `siftpipe log verify` reads the "
             "attempt as not closed (INCOMPLETE). Call close() again once the storage answers: it "
