@@ -337,40 +337,60 @@ class Decider:
             losses = pre_loss.copy()
             sources = np.full(group.rows, FEEDBACK, dtype=np.int8)
             rest = np.flatnonzero(~mask)
-            if rest.size:
+            prekept = group.rows - rest.size
+            self.counts["from_memory"] += prekept
+            if rest.size and memory is None:
                 losses[rest] = self._score_rows(group, rest)
                 sources[rest] = source
-            self.counts["from_memory"] += int(mask.sum())
+            elif memory is not None:
+                # the rows not kept before decode go the memory's way, as in a group with none
+                # kept: looked up in the live memory (newer than the publication), unknown="keep",
+                # forwards remembered, the lookups counted (found by review, 2026-12-06: they were
+                # scored unremembered, so scored again each epoch, kept-unknown rows were scored
+                # and dropped, and a false "found none" warning blamed the keys)
+                self._lookups[1] += prekept
+                self._lookups[2] += prekept
+                if rest.size:
+                    losses[rest], sources[rest] = self._remembered(group, memory, rest)
             return losses, sources
         if memory is None:
             return self._score_rows(group, None), source
+        return self._remembered(group, memory, None)
+
+    def _remembered(self, group: Group, memory: Any, at: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Losses of the rows ``at`` of ``group`` (``None``: all of them) from the memory, and
+        where each came from; a row it lacks is kept unknown (``unknown="keep"``) or scored, its
+        forward remembered (``remember_forward``)."""
         # integer keys stay one array (no Python object per key); anything else is a list
         keys: Any = key_array(group, self.scoring.batched, self.key)
         if keys is None:
             keys = self.keys(group, required=True, purpose="the score memory")
         assert keys is not None  # key=None with a memory is refused at construction
+        if at is not None:
+            keys = pick_keys(keys, at)
         losses, remembered = memory.lookup_keys(keys, self.epoch)
+        rows = len(losses)
         miss = np.flatnonzero(np.isnan(losses))
         lookups = self._lookups
-        lookups[1] += group.rows
-        lookups[2] += group.rows - miss.size
+        lookups[1] += rows
+        lookups[2] += rows - miss.size
         sources = np.where(remembered == FEEDBACK, FEEDBACK, STALE).astype(np.int8)
         if miss.size and self.unknown == "keep":
             sources[miss] = NONE
             unknown = np.zeros(group.rows, dtype=bool)
-            unknown[miss] = True
+            unknown[miss if at is None else at[miss]] = True
             group.unknown = unknown
             self.counts["unknown"] += miss.size
         elif miss.size:
-            fresh = self._score_rows(group, miss)
+            fresh = self._score_rows(group, miss if at is None else at[miss])
             losses[miss] = fresh
-            sources[miss] = source
+            sources[miss] = self.loss_source
             if self.remember_forward:
                 if self.on_nan == "raise" and np.count_nonzero(np.isfinite(fresh)) != miss.size:
                     # raised before the memory holds any loss of a group that is not decided
                     self._raise_non_finite(group, losses, np.isfinite(losses))
-                memory.update_keys(pick_keys(keys, miss), fresh, self.epoch, source)
-        self.counts["from_memory"] += group.rows - miss.size
+                memory.update_keys(pick_keys(keys, miss), fresh, self.epoch, self.loss_source)
+        self.counts["from_memory"] += rows - miss.size
         return losses, sources
 
     def pass_begins(self, whole: bool) -> None:

@@ -1116,3 +1116,44 @@ def test_a_5xx_spell_is_retried_and_a_filter_whose_storage_is_down_waits_its_own
     failed = pytest.raises(sp.SiftError, match=r"reading the publication at s3://.*latest.json failed after")
     with said, failed:
         list(prefilter(iter(RAW)))
+
+
+@pytest.mark.parametrize("unknown", ["score", "keep"])
+def test_rows_not_kept_before_decode_go_the_memorys_way_in_a_group_holding_kept_ones(tmp_path, unknown):
+    """In a group that held a row the filter kept, the other rows were scored past the live memory:
+    their forwards were never remembered (scored again each epoch once the publication's losses
+    aged out), unknown="keep" was ignored (scored, and dropped by the policy), and the lookups went
+    uncounted, so a pass could warn that it found nothing in the memory, blaming the keys (found
+    by review, 2026-12-06). Losses age out after 2 epochs here, so samples come back unknown
+    beside kept ones from the fourth epoch on."""
+    published = str(tmp_path / "memory")
+    memory = sp.ScoreMemory(1000, max_age=2)
+    scored: list = []
+
+    def counting(model, batch):
+        scored.extend(batch["__key__"])
+        return batch["loss"].double()
+
+    stage = sp.Sifter(
+        None,
+        counting,
+        sp.RelativeProbabilistic(1.0, 200),
+        micro_batch=2,
+        memory=memory,
+        unknown=unknown,
+        remember_forward=unknown == "score",
+    )
+    prefilter = sp.PreDecodeFilter(published)
+    for epoch in range(6):
+        stage.set_epoch(epoch)
+        prefilter.set_epoch(epoch)
+        del scored[:]
+        for sample in stage(DataLoader(Shards(prefilter), batch_size=None)):
+            stage.observe([sample["__key__"]], np.array([sample["loss"]]))
+        stage.publish_memory(published)
+        if unknown == "keep":
+            assert scored == [], epoch  # kept unknown, never scored
+        else:  # each forward remembered: known in the next epoch, decided from the memory then
+            losses, _ = memory.lookup_keys(scored, epoch + 1)
+            assert not np.isnan(losses).any(), epoch
+    assert stage.stats.unknown > 0 if unknown == "keep" else stage.stats.scored > 400
