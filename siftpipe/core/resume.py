@@ -86,11 +86,26 @@ def reread_groups(
         group = Group(items, desc["rows"], desc["seq0"], before)
         if reader.skipped:
             group.skipped = tuple(reader.skipped)
-        if len(items) < desc["n_items"] or (batched and _batch.batch_size(items[0]) != desc["rows"]):
+        # a tracked source was put back where the checkpoint left it by the stage: feeding it
+        # from an item is not the fix there (found by review, 2026-12-06)
+        fix = (
+            "feed the loader whole, built as when the checkpoint was taken (its batch size, "
+            "collate_fn, dataset and sampler)"
+            if snapshot is not None
+            else f"feed it from item {state['consumed']}"
+        )
+        if len(items) < desc["n_items"]:
             raise ResumeError(
                 f"resuming needs the {desc['n_items']} input item(s) decided before the "
-                f"checkpoint (sample seq {desc['seq0']}..), but the source gave "
-                f"{len(items)} item(s) of another size; feed it from item {state['consumed']}"
+                f"checkpoint (sample seq {desc['seq0']}..), but the source ended after "
+                f"{len(items)}; {fix}"
+            )
+        if batched and _batch.batch_size(items[0]) != desc["rows"]:
+            raise ResumeError(
+                f"resuming needs the input batch decided before the checkpoint (sample seq "
+                f"{desc['seq0']}..) of {desc['rows']} rows, but the source gave one of "
+                f"{_batch.batch_size(items[0])}: its batch size or collate_fn changed, or it is fed "
+                f"from elsewhere; {fix}"
             )
         if desc["keys"] is not None and key is not None:
             got = keys_of(group, batched, key)

@@ -821,3 +821,27 @@ def test_a_resumed_batched_pass_cuts_row_tuples_as_the_first_read_did(kind):
     resumed = new()
     resumed.load_state_dict(roundtrip(first.state_dict(held=1)))  # the batch held is not trained
     assert [seen(out) for out in resumed(data[resumed.resume_from or 0 :])] == whole
+
+
+def test_a_tracked_loader_resumed_with_another_batch_size_is_refused_naming_both_sizes():
+    """A tracked loader (the stage repositions it) resumed with another batch size was told
+    "of another size; feed it from item 1", which is no fix for a tracked source and named
+    neither size (found by review, 2026-12-06)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    data = [{"__key__": f"s{i:03d}", "loss": float(i % 7)} for i in range(60)]
+
+    def sifter():
+        # output batches of 5 rows: a checkpoint after the first leaves the batch's rest pending
+        return sp.Sifter(None, loss_field, sp.Uniform(1.0), batched=True, micro_batch=None, output_batch=5)
+
+    s = sifter()
+    it = s(StatefulDataLoader(data, batch_size=12))
+    next(it)
+    state = roundtrip(s.state_dict())
+    t = sifter()
+    t.load_state_dict(state)
+    with pytest.raises(
+        sp.ResumeError, match=r"of 12 rows, but the source gave one of 10.*feed the loader whole"
+    ):
+        list(t(StatefulDataLoader(data, batch_size=10)))
