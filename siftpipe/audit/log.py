@@ -359,7 +359,8 @@ class AuditLog:
         """Record one decided group (called by the stage on the training thread)."""
         self._raise_if_failed()
         if self._closed:
-            raise AuditError(f"the audit log at {self._safe_url()} is closed; create a new AuditLog")
+            raise AuditError(self._closed_message())
+        self._check_process()
         d = decisions
         if d.merged:
             self._merged = True
@@ -452,10 +453,32 @@ class AuditLog:
         Raises ``AuditError`` when the directory holds another job's records (the same run id
         used twice: see ``run_id``) or when the destination refuses the claim for good (no such
         bucket, access denied, unknown protocol): before any record is decided."""
+        if self._closed:
+            # refused before the pass decides anything (found by review, 2026-12-06: the first
+            # micro-batch was decided, and lost, before write() refused it)
+            raise AuditError(self._closed_message())
         self._writer()
         with self._space:
             self._space.wait_for(lambda: self._claim != "pending")
         self._raise_if_failed()
+
+    def _closed_message(self) -> str:
+        return (
+            f"the audit log at {self._safe_url()} is closed: it takes no more records. A Sifter "
+            "that wrote it numbers its samples on from where the log ended: give a new Sifter a "
+            "new AuditLog, or load a checkpoint into a Sifter with a new AuditLog"
+        )
+
+    def _check_process(self) -> None:
+        """``AuditError`` in a forked child of the process whose writer this log's records go to:
+        the child's records would never reach it (found by review, 2026-12-06: a pass in a
+        forked child logged nothing, said nothing, and its close() waited for good)."""
+        if self._transport is not None and self._pid != os.getpid():
+            raise AuditError(
+                f"the audit log at {self._safe_url()} is written by process {self._pid}, and this "
+                f"is process {os.getpid()} (a forked child): its records would never be written. "
+                "Make the Sifter and its AuditLog in the process that sifts, or sift in the parent"
+            )
 
     def _send(self, header: dict[str, Any], buffers: list[Any], rows: int) -> None:
         transport = self._writer()
@@ -478,6 +501,7 @@ class AuditLog:
 
     def _flush(self, wait: float | None, said: float | None) -> None:
         """``flush``, waiting ``wait`` s; its error names ``said``, the caller's whole timeout."""
+        self._check_process()
         self.seal()
         with self._space:
             done = self._space.wait_for(lambda: self._queued == 0, wait)
@@ -508,6 +532,17 @@ class AuditLog:
         The timeout bounds the whole close (found by review, 2026-12-05: each of its waits took
         the whole timeout, about 3x in all with a writer process)."""
         if self._closed and self._end_pending is None:
+            return
+        if self._transport is not None and self._pid != os.getpid():
+            # a forked child's copy: its writer is the parent's; waiting for it would never end
+            self._closed = True
+            warnings.warn(
+                f"siftpipe: the audit log at {self._safe_url()} was closed in process "
+                f"{os.getpid()}, a forked child of the process that writes it ({self._pid}): "
+                "nothing was written from here",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return
         deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -673,6 +708,7 @@ class AuditLog:
     # ------------------------------------------------------------------ the writer
 
     def _writer(self) -> _Transport:
+        self._check_process()
         gone = self._transport is not None and getattr(self._transport, "gone", False)
         if gone and self.on_full == "drop" and self._restarts < _WRITER_RESTARTS:
             # the writer process exited under the run (the OOM killer, a signal): with

@@ -479,3 +479,103 @@ def test_one_audit_log_given_to_two_sifters_is_refused_for_the_second(tmp_path):
     first.close()
     report = sp.verify_log(str(tmp_path))
     assert report.complete and report.streams[0].records == 400
+
+
+def test_a_closed_log_is_refused_before_a_pass_decides_and_a_new_log_is_bound(tmp_path):
+    """A Sifter read again after close(): the closed log was refused only at the first write,
+    after a micro-batch was decided and lost; a log given in its place, or one a checkpoint is
+    loaded into on the same Sifter, was never bound, so its claim and manifests held no stage
+    settings (found by review, 2026-12-06)."""
+    import glob
+    import json
+
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, seed=2,
+                  audit=sp.AuditLog(str(tmp_path), run_id="first", writer="thread"))  # fmt: skip
+    it = s(SAMPLES)
+    for _ in range(5):
+        next(it)
+    state = s.state_dict()
+    list(it)
+    s.close()
+    seen = s.stats.seen
+    with pytest.raises(sp.AuditError, match="is closed.*give a new Sifter a new AuditLog"):
+        next(s(SAMPLES))
+    assert s.stats.seen == seen  # nothing decided
+    s.audit = sp.AuditLog(str(tmp_path), run_id="first", writer="thread")
+    s.load_state_dict(state)  # a rollback on the same Sifter, into a new log
+    list(s(SAMPLES))
+    s.close()
+    for claim in glob.glob(str(tmp_path / "run=first" / "rank=0" / "_claim-*.json")):
+        with open(claim) as f:
+            assert json.load(f)["stage"]["policy"], claim  # bound: the stage's settings recorded
+    assert sp.verify_log(str(tmp_path)).ok
+
+
+def _script(tmp_path, body: str) -> subprocess.CompletedProcess:
+    code = textwrap.dedent(
+        f"""
+        import os, sys, warnings
+        sys.path.insert(0, {str(REPO)!r})
+        import siftpipe as sp
+        from tests.common import loss_field, make_samples
+        root = {str(tmp_path)!r}
+        """
+    ) + textwrap.dedent(body)
+    return subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+
+
+def test_a_script_ending_with_a_pass_open_notes_the_rows_it_never_handed_on(tmp_path):
+    """A step-based loop (next() for max_steps batches) ending without close(): the exit closed the
+    log "cleanly" with the pass still open, and rows decided kept but never handed on read as
+    trained; verify said OK (found by review, 2026-12-06). The exit leaves the pass first."""
+    done = _script(
+        tmp_path,
+        """
+        s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, seed=2, output_batch=5,
+                      audit=sp.AuditLog(root, run_id="steps"))
+        batches = s(make_samples(300, seed=8))
+        trained = [k for _ in range(4) for k in next(batches)["__key__"]]
+        print(len(trained))
+        """,
+    )
+    assert done.returncode == 0, done.stderr
+    trained = int(done.stdout.split()[-1])
+    table = sp.read_log(str(tmp_path))
+    assert sum(table.column("kept").to_pylist()) == trained == 20
+    report = sp.verify_log(str(tmp_path))
+    text = "\n".join(report.lines())
+    assert report.ok and "never handed on" in text and "closed cleanly" in text, text
+
+
+def test_a_pass_in_a_forked_child_on_its_parents_log_is_refused_and_close_does_not_hang(tmp_path):
+    """A forked child reading a pass of its parent's Sifter: nothing it decided reached storage,
+    nothing said, and its close() waited for good (found by review, 2026-12-06)."""
+    done = _script(
+        tmp_path,
+        """
+        s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, seed=2,
+                      audit=sp.AuditLog(root, run_id="fork", writer="thread"))
+        list(s(make_samples(100, seed=8)))
+        pid = os.fork()
+        if pid == 0:
+            code = 3
+            try:
+                next(s(make_samples(100, seed=9)))
+            except sp.AuditError as exc:
+                code = 0 if "a forked child" in str(exc) else 4
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                s.audit.close()
+            if not any("forked child" in str(w.message) for w in caught):
+                code = 5
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        s.close()
+        print(os.waitstatus_to_exitcode(status))
+        """,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "0", done.stdout
+    assert sp.verify_log(str(tmp_path)).ok
