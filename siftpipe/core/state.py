@@ -367,8 +367,12 @@ def override_names(override: Iterable[str]) -> set[str]:
 
 
 class _Missing:
+    """A setting one side does not name: a policy names its settings that are off only when on
+    (``graded``, ``min_spread=None``), so their absence reads "not set", not damage (review,
+    2026-12-06: "min_spread=(missing) in the checkpoint" read like a damaged checkpoint)."""
+
     def __repr__(self) -> str:
-        return "(missing)"
+        return "(not set: off)"
 
 
 MISSING = _Missing()

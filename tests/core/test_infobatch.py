@@ -1107,3 +1107,13 @@ def test_a_run_within_its_budget_says_nothing_of_it(caplog):
     with caplog.at_level(logging.WARNING, logger="siftpipe"):
         _train_on_indices(s, n, epochs=3)
     assert not [r for r in caplog.records if "budget" in r.getMessage()]
+
+
+def test_a_setting_off_in_the_checkpoint_is_said_to_be_not_set_not_missing():
+    """A recipe checkpoint made with min_spread=None resumed with the default said
+    "min_spread=(missing) in the checkpoint", which read like damage (found by review,
+    2026-12-06)."""
+    made = sp.recipe(None, _never, budget=10, min_spread=None)
+    state = made.state_dict()
+    with pytest.raises(sp.ResumeError, match=r"min_spread=\(not set: off\) in the checkpoint, 0.25 here"):
+        sp.recipe(None, _never, budget=10).load_state_dict(state)
