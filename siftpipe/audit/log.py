@@ -107,6 +107,9 @@ EXIT_TIMEOUT = 120.0
 EXIT_MARGIN = 60.0
 #: Seconds of waiting at exit before ``close_open_logs`` says on stderr what it waits for.
 EXIT_NOTE_AFTER = 3.0
+#: Seconds a pass waits for storage to answer its log's claim before it says on stderr what it
+#: waits for (``AuditLog.start``).
+CLAIM_NOTE_AFTER = 5.0
 
 
 def close_open_logs(stopped_by: str | None = None) -> None:
@@ -459,7 +462,20 @@ class AuditLog:
             raise AuditError(self._closed_message())
         self._writer()
         with self._space:
-            self._space.wait_for(lambda: self._claim != "pending")
+            answered = self._space.wait_for(lambda: self._claim != "pending", CLAIM_NOTE_AFTER)
+            if not answered:
+                # storage that does not answer (a mistyped endpoint or port) is retried for
+                # retry_timeout before the claim fails: said on stderr, where the job sat silent
+                # for up to 10 minutes before its first sample (found by review, 2026-12-06)
+                print(
+                    f"siftpipe: the audit log at {self._safe_url()} has had no answer from storage "
+                    f"for {CLAIM_NOTE_AFTER:g} s; retrying for up to {self.retry_timeout:g} s "
+                    "(retry_timeout) before the pass fails. Check the endpoint_url, the bucket and "
+                    "the network",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self._space.wait_for(lambda: self._claim != "pending")
         self._raise_if_failed()
 
     def _closed_message(self) -> str:

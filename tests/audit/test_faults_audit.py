@@ -814,3 +814,28 @@ def test_an_end_marker_storage_refuses_at_close_is_written_by_the_next_close(
     assert report.ok and "closed cleanly" in "\n".join(report.lines()), report.lines()
     assert sp.read_log(root, local_s3.storage_options).column("seq").to_pylist() == list(range(len(SAMPLES)))
     log.close()  # closed now: nothing more to do
+
+
+def test_a_claim_storage_does_not_answer_is_said_on_stderr_while_it_is_retried(
+    local_s3, bucket, proxy, monkeypatch, capfd
+):
+    """A mistyped endpoint or port: the pass waited silently for retry_timeout (10 minutes by
+    default) before its first sample (found by review, 2026-12-06). It says what it waits for."""
+    from siftpipe.audit import log as audit_log
+
+    monkeypatch.setattr(audit_log, "CLAIM_NOTE_AFTER", 0.3)
+    root = f"s3://{bucket}/claim-held"
+    proxy.fail("hold", 0, times=1, method="PUT", path="/_claim-")
+    log = sp.AuditLog(root, storage_options=options(proxy), writer="thread", retry_timeout=60)
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32, audit=log)
+    releaser = threading.Timer(1.5, proxy.release)
+    releaser.start()
+    try:
+        assert len(list(s(SAMPLES))) > 0  # answered in the end: the pass goes on
+    finally:
+        releaser.cancel()
+    s.close()
+    err = capfd.readouterr().err
+    assert f"the audit log at {root} has had no answer from storage for 0.3 s" in err
+    assert "up to 60 s (retry_timeout)" in err and "endpoint_url" in err
+    assert sp.verify_log(root, local_s3.storage_options).ok
