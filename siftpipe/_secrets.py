@@ -236,7 +236,7 @@ _VALUE = r"(\"[^\"]*\"|'[^']*'|[^\s;&|]+)"
 _NO_VALUE_PASS = r"(?:no|one|two|single|multi|first|second|skip|dry|by)"
 # --<name>-key flags whose value is data, not a credential (a table's, a queue's, a cache's key)
 _DATA_KEY = (
-    r"(?:sort|partition|primary|hash|range|row|routing|shard|group|message-group|dedup|deduplication"
+    r"(?:sort|partition|hash|range|row|routing|shard|group|message-group|dedup|deduplication"
     r"|idempotency|cache|index|lookup|join|foreign|order|cluster|distribution|public|object|s3)"
 )
 # a flag naming a key or a password: --key, --sse-c-key, --decryption-keys, --sse_c_key,

@@ -255,6 +255,11 @@ def test_credentials_in_a_command_never_reach_errors_warnings_or_samples(shards,
             "jq --sort-keys . --partition-keys y,m x; t --no-pass s3://b/x; ffmpeg --two-pass o",
         ),
         ("aws s3 cp --sse-kms-key-id alias/k s3://b/x -", "aws s3 cp --sse-kms-key-id alias/k s3://b/x -"),
+        # (2026-12-06) Azure's --primary-key/--secondary-key are credentials, not a table's key
+        (
+            "az iot device --primary-key abcd --secondary-key efgh x",
+            "az iot device --primary-key *** --secondary-key *** x",
+        ),
         # (2026-12-05, sixth session) openssl's -k password and -K key, curl's certificate password;
         # curl's -k takes no value and grep's -E is not a certificate
         (
