@@ -91,6 +91,7 @@ class Decider:
         # this pass's look-ups in the memory: [usable losses when it began, looked up, found]; a
         # whole pass finding none where earlier passes left some is a mistake worth a warning
         self._lookups = [0, 0, 0]
+        self._looked_last: Any = None  # the keys the last group looked up in the memory
         self._warned_memory = False
         # the memory's count of repeated keys and the losses observed when this pass began, and
         # the most losses one observe() call has handed back in it
@@ -369,6 +370,7 @@ class Decider:
         if at is not None:
             keys = pick_keys(keys, at)
         losses, remembered = memory.lookup_keys(keys, self.epoch)
+        self._looked_last = keys
         rows = len(losses)
         miss = np.flatnonzero(np.isnan(losses))
         lookups = self._lookups
@@ -423,6 +425,8 @@ class Decider:
         usable, looked, found = self._lookups
         if self._warned_memory or not usable or not looked or found:
             return
+        if self._keys_stored_this_pass():
+            return  # the pass's samples are new to the memory (another dataset), its keys sound
         self._warned_memory = True
         warnings.warn(
             f"siftpipe: a whole pass (epoch {self.epoch}) looked up {looked:,} samples in the score "
@@ -434,6 +438,21 @@ class Decider:
             ScoreMemoryWarning,
             stacklevel=3,  # the loop over the stage's pass
         )
+
+    def _keys_stored_this_pass(self) -> bool:
+        """Whether the memory holds a loss stored in this epoch for any of the keys the pass's
+        last group looked up (observe() handed them back in the form the stage looks them up
+        in): then a pass that found none of its samples read a dataset new to the memory (a
+        curriculum's next one), not keys in another form; the warning said the keys were wrong,
+        once for the run (found by review, 2026-12-06)."""
+        keys = self._looked_last
+        memory = self.memory
+        if keys is None or memory is None:
+            return False
+        n = min(len(keys), 256)
+        sample = pick_keys(keys, np.arange(n))
+        losses, _ = memory.lookup_keys(sample, self.epoch + 1)  # (usable from the next epoch on)
+        return bool(np.isfinite(losses).any())
 
     #: ``ScoreMemory.persistent_hard()`` from which the stage logs that sifting may not pay.
     HARD_WARN = 0.15

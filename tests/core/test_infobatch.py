@@ -162,6 +162,28 @@ def test_keys_observed_in_a_form_the_batch_does_not_carry_are_a_warning_not_a_si
     assert s.from_memory == 0 and s.dropped == 0
 
 
+def test_a_pass_over_a_dataset_new_to_the_memory_is_not_blamed_on_the_keys():
+    """A curriculum: dataset A for two passes, then dataset B (keys the memory never held). B's
+    first pass found none of its samples, and the once-a-run warning said observe() got keys in
+    another form; a real mix-up later went unsaid (found by review, 2026-12-06). Its keys came
+    back in the form it looks them up in, so it is a new dataset: nothing said."""
+    n = 200
+    stage = sp.recipe(None, _never, budget=4 * n, batched=True, micro_batch=None, seed=1, cost_guard=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sp.ScoreMemoryWarning)
+        for epoch, first in enumerate((0, 0, 10_000)):
+            stage.set_epoch(epoch)
+            batches = [{"__key__": torch.arange(first + i, first + i + 50)} for i in range(0, n, 50)]
+            for batch in stage(batches):
+                stage.observe(batch["__key__"], (batch["__key__"] % 10).double())
+    # and keys handed back in another form after it are still said, at their first pass
+    with pytest.warns(sp.ScoreMemoryWarning, match=r"whole pass \(epoch 3\) .* found none"):
+        stage.set_epoch(3)
+        batches = [{"__key__": torch.arange(20_000 + i, 20_000 + i + 50)} for i in range(0, n, 50)]
+        for batch in stage(batches):
+            stage.observe(batch["__key__"] + 0.5, torch.ones(len(batch["__key__"]), dtype=torch.float64))
+
+
 def test_a_pruned_sample_keeps_its_last_loss_and_the_mean_counts_every_remembered_loss():
     n = 1000
     keys = list(range(n))
