@@ -140,6 +140,16 @@ def _leave_at_exit(sifter: Sifter) -> None:
         atexit.register(_leave_passes_at_exit)
 
 
+def _forget_at_exit() -> None:
+    """In a forked child: its parent's passes are its parent's (the review of the exit handler:
+    a child's exit closed the parent's DataLoader iterator through its copy, and the parent
+    hung on its next read)."""
+    _AT_EXIT.clear()
+
+
+os.register_at_fork(after_in_child=_forget_at_exit)
+
+
 def _leave_passes_at_exit() -> None:
     """Leave the open pass of each Sifter with an audit sink, as ``close()`` would, before the
     logs are closed at the interpreter's exit: its rows decided kept and never handed on are

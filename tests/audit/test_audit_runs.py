@@ -579,3 +579,43 @@ def test_a_pass_in_a_forked_child_on_its_parents_log_is_refused_and_close_does_n
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[-1] == "0", done.stdout
     assert sp.verify_log(str(tmp_path)).ok
+
+
+def test_a_forked_childs_exit_leaves_its_parents_open_pass_alone(tmp_path):
+    """The review of the exit handler: a forked child that sifted on its own and exited normally
+    left its parent's open pass too (its copy in the child), closing the parent's source there:
+    a DataLoader's workers were told to stop, and the parent hung on its next read."""
+    marker = tmp_path / "closed-by"
+    done = _script(
+        tmp_path,
+        f"""
+        def source():
+            try:
+                yield from make_samples(300, seed=8)
+            finally:
+                with open({str(marker)!r}, "a") as f:
+                    f.write(f"{{os.getpid()}}\\n")
+
+        s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, seed=2,
+                      audit=sp.AuditLog(root + "/parent", run_id="p", writer="thread"))
+        it = s(source())
+        first = next(it)
+        pid = os.fork()
+        if pid == 0:
+            child = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, seed=3,
+                              audit=sp.AuditLog(root + "/child", run_id="c", writer="thread"))
+            list(child(make_samples(50, seed=9)))
+            child.close()
+            sys.exit(0)  # a normal exit: the exit handlers run
+        os.waitpid(pid, 0)
+        rest = list(it)
+        s.close()
+        print(pid, 1 + len(rest))
+        """,
+    )
+    assert done.returncode == 0, done.stderr
+    child, handed = (int(v) for v in done.stdout.split()[-2:])
+    closers = marker.read_text().split()
+    assert str(child) not in closers, closers  # only the parent ended its source
+    assert sp.verify_log(str(tmp_path / "parent")).ok
+    assert sum(sp.read_log(str(tmp_path / "parent")).column("kept").to_pylist()) == handed
