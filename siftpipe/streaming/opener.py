@@ -589,6 +589,8 @@ class PipeStream(_Readable):
     #: Bytes ``finish()`` reads past the archive's end, waiting for the command's output to end
     #: (a tar's record padding is under 10 KiB; gzip's trailer 8 bytes).
     DRAIN_BYTES = 1 << 20
+    #: Seconds each read of ``_drain`` waits before it checks whether the command has exited.
+    DRAIN_POLL = 0.05
 
     def __init__(self, command: str, shown: str, timeout: float | None = None) -> None:
         super().__init__()
@@ -715,14 +717,21 @@ class PipeStream(_Readable):
         ``pipe:curl -s URL`` failed each shard whose padding came in a later write than its
         marker, losing its last sample (found by review, 2026-12-06). At most ``DRAIN_BYTES``
         bytes and ``timeout`` seconds: a command that lingers or writes on after its archive is
-        ended as before."""
+        ended as before; and no longer than the command runs: a process it left in the
+        background may hold the pipe open for good (the review of the fix: ``sh -c 'cat x.tar;
+        (sleep 600 &)'`` waited ``timeout`` seconds a shard)."""
         left = self.DRAIN_BYTES
-        with self.at_most(self.timeout):
-            while left > 0:
+        end = None if self.timeout is None else time.monotonic() + self.timeout
+        while left > 0:
+            with self.at_most(self.DRAIN_POLL):
                 chunk = self._read1(min(left, 1 << 16))
-                if not chunk:  # its end (b""), or nothing within the bound (None)
-                    return
-                left -= len(chunk)
+            if chunk == b"":
+                return  # its end
+            if chunk is None:  # nothing within the poll
+                if self.proc.poll() is not None or (end is not None and time.monotonic() >= end):
+                    return  # the command exited (what holds the pipe is not it), or it lingers
+                continue
+            left -= len(chunk)
 
     def _ended(self) -> None:
         status = self._wait(self.timeout)

@@ -116,6 +116,23 @@ def test_a_command_that_ignores_sigpipe_and_writes_its_padding_late_reads_whole(
         assert keys(WebDataset(urls, shardshuffle=False)) == ALL_KEYS
 
 
+def test_a_command_that_leaves_a_process_holding_its_output_ends_its_shard_when_it_exits(shards):
+    """The review of the fix above: reading on to the output's end waited for a process the
+    command left in the background (it holds the pipe), ``timeout`` seconds a shard, though the
+    command had written its archive and exited 0."""
+    import threading
+
+    urls = [f"pipe:sh -c 'cat {u}; (sleep 30 &)'" for u in shards.urls[:2]]
+    got: list = []
+    reader = threading.Thread(
+        target=lambda: got.extend(keys(ShardReader(ShardOpener(timeout=120))(urls))), daemon=True
+    )
+    reader.start()
+    reader.join(60)  # a bound on a hang, not a timing: each shard would wait 120 s
+    assert not reader.is_alive(), "the reader waited for the command's background process"
+    assert got == ALL_KEYS[: 2 * PER_SHARD]
+
+
 def test_a_truncated_stream_is_a_tar_read_error(shards):
     import tarfile
 
