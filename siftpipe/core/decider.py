@@ -389,8 +389,14 @@ class Decider:
             sources[miss] = self.loss_source
             if self.remember_forward:
                 if self.on_nan == "raise" and np.count_nonzero(np.isfinite(fresh)) != miss.size:
-                    # raised before the memory holds any loss of a group that is not decided
-                    self._raise_non_finite(group, losses, np.isfinite(losses))
+                    # raised before the memory holds any loss of a group that is not decided;
+                    # named by the group's rows (the review of the pre-kept rows' fix: the rows
+                    # ``at`` were named by their places among themselves)
+                    whole = losses
+                    if at is not None:
+                        whole = np.zeros(group.rows)
+                        whole[at] = losses
+                    self._raise_non_finite(group, whole, np.isfinite(whole))
                 memory.update_keys(pick_keys(keys, miss), fresh, self.epoch, self.loss_source)
         self.counts["from_memory"] += rows - miss.size
         return losses, sources

@@ -4,6 +4,7 @@ import collections
 import io
 import itertools
 import json
+import re
 import types
 import warnings
 
@@ -1157,3 +1158,33 @@ def test_rows_not_kept_before_decode_go_the_memorys_way_in_a_group_holding_kept_
             losses, _ = memory.lookup_keys(scored, epoch + 1)
             assert not np.isnan(losses).any(), epoch
     assert stage.stats.unknown > 0 if unknown == "keep" else stage.stats.scored > 400
+
+
+def test_a_non_finite_loss_beside_rows_kept_before_decode_names_its_own_sample(tmp_path):
+    """The review of the fix above: a NaN loss of a row scored beside rows kept before decode was
+    named by its place among the scored rows, so the error named another sample (one kept
+    before decode) and another seq."""
+    published = str(tmp_path / "memory")
+    given: list = []
+    epoch_now = [0]
+
+    def scorer(model, batch):
+        out = batch["loss"].double().clone()
+        if epoch_now[0] >= 3:  # losses from the fourth epoch on come back NaN
+            out[:] = float("nan")
+            given.extend(batch["__key__"])
+        return out
+
+    stage = sp.Sifter(None, scorer, sp.RelativeProbabilistic(1.0, 200), micro_batch=4,
+                      memory=sp.ScoreMemory(1000, max_age=2))  # fmt: skip
+    prefilter = sp.PreDecodeFilter(published)
+    with pytest.raises(sp.NonFiniteLossError) as caught:
+        for epoch in range(6):
+            epoch_now[0] = epoch
+            stage.set_epoch(epoch)
+            prefilter.set_epoch(epoch)
+            for sample in stage(DataLoader(Shards(prefilter), batch_size=None)):
+                stage.observe([sample["__key__"]], np.array([sample["loss"]]))
+            stage.publish_memory(published)
+    named = re.search(r"keys \['(\w+)'", str(caught.value)).group(1)
+    assert named in given, (named, str(caught.value))
