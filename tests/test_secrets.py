@@ -685,3 +685,12 @@ def test_no_credentials_reach_a_memory_publication_or_pass_a_chained_or_query_ur
     )  # fmt: skip
     clean.publish_memory(str(publication))
     assert (publication / "latest.json").exists()
+
+
+def test_a_samples_key_field_in_a_message_is_data_not_a_secret():
+    """The review of the underscore fix: "__key__" ends in "key", and a sample's repr or
+    "__key__=..." in a message hid the very key a user needs to find a bad sample."""
+    text = "bad sample {'__key__': 'shard-0001/img_42', 'x': 1}; __key__=img_42; ?__token__=abcdef12"
+    assert (
+        redact(text) == "bad sample {'__key__': 'shard-0001/img_42', 'x': 1}; __key__=img_42; ?__token__=***"
+    )
