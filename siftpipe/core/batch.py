@@ -205,11 +205,14 @@ def _single_values(value: Any) -> bool:
     )
 
 
-def _row_pairs(value: tuple[Any, ...], n: int) -> bool:
-    """``n`` plain tuples of single values, not all of ``n`` entries: one row's own tuple each (a
-    ``zip(*samples)`` collate's ``(h, w)`` pairs). Of ``n`` entries each they may as well be
-    columns (a tuple of per-row tuples, one per field), and are read so, as a list of them is."""
-    return all(type(v) is tuple and _single_values(v) for v in value) and not all(len(v) == n for v in value)
+def _row_pairs(value: tuple[Any, ...]) -> bool:
+    """Plain tuples of single values: one row's own tuple each (a ``zip(*samples)`` collate's
+    ``(h, w)`` pairs). Of as many entries each as rows they may be columns too (a tuple of
+    per-row tuples, one per field): read as rows all the same, as the same field is in batches
+    of other sizes, and warned about (the review of the first version, which read them as
+    columns: an epoch's short last batch of 2 rows, joined by ``output_batch`` with others,
+    misaligned their rows)."""
+    return all(type(v) is tuple and _single_values(v) for v in value)
 
 
 #: Types ``mark_row_tuples`` need not look into (the common fields, skipped at once)
@@ -228,10 +231,12 @@ def mark_row_tuples(batch: Batch, n: int) -> Batch:
     pairs were handed on whole beside the kept rows; found by review.)"""
 
     def row_tuple(value: Any) -> bool:
-        return type(value) is tuple and len(value) == n and (_single_values(value) or _row_pairs(value, n))
+        return type(value) is tuple and len(value) == n and (_single_values(value) or _row_pairs(value))
 
     def mark(value: Any, top: bool = False, path: tuple[Any, ...] = ()) -> Any:
         if not top and row_tuple(value):
+            if n > 1 and all(type(v) is tuple and len(v) == n for v in value):
+                _warn_square_tuple(path, n)
             return RowTuple(value)
         if isinstance(value, Mapping):
             out = None
@@ -246,12 +251,13 @@ def mark_row_tuples(batch: Batch, n: int) -> Batch:
             return value if out is None else like(value, out)
         if type(value) is tuple or (isinstance(value, tuple) and hasattr(value, "_fields")):
             # (not another tuple subclass, torch.Size say, which a rebuild may not fit)
-            if not top and n > 1 and len(value) == n and all(type(v) is tuple and len(v) == n for v in value):
-                _warn_square_tuple(path, n)
             parts = [v if type(v) in _LEAVES else mark(v, path=(*path, i)) for i, v in enumerate(value)]
             if all(p is v for p, v in zip(parts, value)):
                 return value
-            return type(value)(*parts) if hasattr(value, "_fields") else type(value)(parts)
+            if hasattr(value, "_fields"):  # a namedtuple (_make: one with its own __new__ too)
+                make = getattr(type(value), "_make", None)
+                return make(parts) if make is not None else type(value)(*parts)
+            return tuple(parts)
         return value
 
     return mark(batch, top=True)
@@ -260,13 +266,13 @@ def mark_row_tuples(batch: Batch, n: int) -> Batch:
 def _warn_square_tuple(path: tuple[Any, ...], n: int) -> None:
     """A tuple of ``n`` tuples of ``n`` entries each, in a batch of ``n`` rows: one tuple per row
     or per field, the shapes cannot tell (a batch of as many rows as a row's pair has entries: an
-    epoch's short last batch, say)."""
+    epoch's short last batch, say). Read per row, as such tuples are in batches of other sizes."""
     shown = "".join(f"[{p!r}]" for p in path)
     warnings.warn(
         f"siftpipe: the batch field {shown} is a tuple of {n} tuples of {n} entries each, in a "
-        f"batch of {n} rows: it is read as one tuple per field (columns), each cut to the kept "
-        "rows. If each tuple is one sample's own ((h, w) pairs from a zip(*samples) collate), "
-        "they would be cut wrongly: stack them into a tensor or array of one row per sample",
+        f"batch of {n} rows: it is read as one tuple per sample ((h, w) pairs from a "
+        "zip(*samples) collate), cut to the kept rows. If it holds one tuple per field (columns) "
+        "instead, the rows would be cut wrongly: make it a dict of those tuples",
         BatchShapeWarning,
         stacklevel=3,
     )
@@ -520,6 +526,12 @@ def _mismatch(batches: Sequence[Batch], path: str) -> str | None:
     first = batches[0]
     shown = path or "the batch"
     for i, b in enumerate(batches[1:], 1):
+        if {type(b), type(first)} == {RowTuple, tuple}:
+            return (
+                f"{shown} is read as one entry per row in one input batch and as one tuple per "
+                "field (columns) in another (a BatchShapeWarning names such a batch): hold it in "
+                "a numpy array or tensor of one row per sample"
+            )
         if type(b) is not type(first) and not (isinstance(b, Mapping) and isinstance(first, Mapping)):
             return f"{shown} is a {type(first).__name__} in one input batch, a {type(b).__name__} in another"
         if isinstance(first, torch.Tensor | np.ndarray):
@@ -564,6 +576,12 @@ def _concat(batches: Sequence[Batch], nested: bool = False) -> Batch:
         return np.concatenate(list(batches)) if first.ndim else first
     if isinstance(first, Mapping):
         return like(first, {k: _concat([b[k] for b in batches], True) for k in first})
+    if (type(first) is RowTuple or type(first) is tuple) and any(
+        (type(b) is RowTuple) is not (type(first) is RowTuple) for b in batches
+    ):
+        # read per row in some batches and as columns in others: joined, rows would misalign
+        # (the review of the square reading, 2026-12-06); concat names the field
+        raise TypeError("a tuple read per row in one input batch and as columns in another")
     if nested and _scalar_tuple(first):
         entries = tuple(x for b in batches for x in b)
         return RowTuple(entries) if type(first) is RowTuple else entries
