@@ -706,9 +706,11 @@ class PipeStream(_Readable):
         """The shard was read to its end: read what the command still writes (``_drain``), stop
         reading, wait for the command, check its status."""
         assert self.proc.stdout is not None
+        started = time.monotonic()
         self._drain()
         self.proc.stdout.close()
-        self._ended()
+        # one timeout for the reading on and the wait together (the review of the reading on)
+        self._ended(None if self.timeout is None else max(0.0, self.timeout - (time.monotonic() - started)))
 
     def _drain(self) -> None:
         """Read the command's output past the archive's end-of-archive marker to its end: a tar
@@ -727,14 +729,18 @@ class PipeStream(_Readable):
                 chunk = self._read1(min(left, 1 << 16))
             if chunk == b"":
                 return  # its end
-            if chunk is None:  # nothing within the poll
-                if self.proc.poll() is not None or (end is not None and time.monotonic() >= end):
-                    return  # the command exited (what holds the pipe is not it), or it lingers
-                continue
-            left -= len(chunk)
+            if chunk is None and self.proc.poll() is not None:
+                return  # nothing more, and the command exited (what holds the pipe is not it)
+            if end is not None and time.monotonic() >= end:
+                # it lingers, or writes on (checked after every read: a command writing a byte
+                # every few ms read on for hours; the review of the fix)
+                return
+            if chunk is not None:
+                left -= len(chunk)
 
-    def _ended(self) -> None:
-        status = self._wait(self.timeout)
+    def _ended(self, wait: float | None = None) -> None:
+        """Wait for the command to exit (``wait`` seconds; default ``timeout``), check its status."""
+        status = self._wait(self.timeout if wait is None else wait)
         if status is None:
             self._kill()
             raise ShardError(

@@ -4,6 +4,7 @@ subprocesses (cat, head, sh); errors name the command with its credentials redac
 from __future__ import annotations
 
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -131,6 +132,33 @@ def test_a_command_that_leaves_a_process_holding_its_output_ends_its_shard_when_
     reader.join(60)  # a bound on a hang, not a timing: each shard would wait 120 s
     assert not reader.is_alive(), "the reader waited for the command's background process"
     assert got == ALL_KEYS[: 2 * PER_SHARD]
+
+
+def test_a_command_writing_on_after_its_archive_is_ended_within_its_timeout(shards, tmp_path):
+    """The review of the reading on: its deadline was looked at only when a read got nothing, so
+    a command writing a byte every 5 ms after its archive was read on for hours (1 MiB at that
+    pace), where the timeout said 1 s."""
+    import threading
+
+    trickle = tmp_path / "trickle.py"
+    trickle.write_text(
+        "import sys, time\nwhile True:\n"
+        "    sys.stdout.write('x')\n    sys.stdout.flush()\n    time.sleep(0.005)\n"
+    )
+    url = f"pipe:cat {shards.urls[0]}; exec {sys.executable} {trickle}"
+    got: list = []
+
+    def run():
+        try:
+            list(ShardReader(ShardOpener(timeout=1))([url]))
+        except sp.ShardError as exc:
+            got.append(exc)
+
+    reader = threading.Thread(target=run, daemon=True)
+    reader.start()
+    reader.join(60)  # a bound on a hang, not a timing
+    assert not reader.is_alive(), "the reader read on past its timeout"
+    assert len(got) == 1 and got[0].kind == "command"
 
 
 def test_a_truncated_stream_is_a_tar_read_error(shards):
