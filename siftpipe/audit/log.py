@@ -284,6 +284,7 @@ class AuditLog:
         self._closed = False
         # the end marker a close could not write (storage down), sent again by the next close()
         self._end_pending: dict[str, Any] | None = None
+        self._end_written = False  # storage took it
         self._end_error: str | None = None  # why the last try to write it failed
         self._exit_stopped_by: str | None = None  # set at exit after an uncaught exception
         self._pid = os.getpid()  # the process whose exit closes it (set again when its writer starts)
@@ -573,7 +574,7 @@ class AuditLog:
             if again:
                 self._end_error = None
                 self._send(self._end_marker_frame(), [], 0)
-                self._flush(left(), timeout)
+                self._flush_marker(left(), timeout)
             elif not (refused and not self._buffer):
                 self._flush(left(), timeout)
             if not again and self._transport is not None and self._failed is None:
@@ -599,7 +600,7 @@ class AuditLog:
                     marker["stopped_by"] = stopped_by
                 self._end_pending = marker
                 self._send(self._end_marker_frame(), [], 0)
-                self._flush(left(), timeout)
+                self._flush_marker(left(), timeout)
             if self._end_error is not None:
                 error = self._end_marker_error()
                 if self.on_full == "block":
@@ -613,18 +614,35 @@ class AuditLog:
         finally:
             self._closed = True
             _open_logs.discard(self)
-            if self._transport is not None:
-                transport = self._transport
-                if self._end_error is not None:
-                    self._transport = None  # the next close() starts a writer for the marker
-                else:
-                    self._end_pending = None  # written, or never to be (an interrupt, a failure)
+            transport = self._transport
+            if transport is not None:
                 try:
                     transport.close(0.0 if interrupted else left())
                 except KeyboardInterrupt:
                     # Ctrl-C in this wait (after a flush that ran out of time): stop it now too
                     transport.close(0.0)
                     raise
+                finally:
+                    # (after the writer stopped: its last answers are in)
+                    if self._end_pending is not None and not self._end_written and self._failed is None:
+                        # not written (refused, out of time, interrupted): the next close() starts
+                        # a writer for it (the review of the fix: a close whose timeout ran out
+                        # while the marker was retried lost it, and a later close() did nothing)
+                        self._transport = None
+                    else:
+                        self._end_pending = None  # written, or never to be (the log failed)
+
+    def _flush_marker(self, wait: float | None, said: float | None) -> None:
+        """``_flush`` of the end marker (everything before it is written): running out of time
+        says so as a marker that storage refused does."""
+        try:
+            self._flush(wait, said)
+        except AuditError:
+            if self._end_written or self._failed is not None:
+                raise
+            raise AuditError(
+                self._end_marker_error(f"the end marker was not written within {said} s")
+            ) from None
 
     def _end_marker_frame(self) -> dict[str, Any]:
         assert self._end_pending is not None
@@ -633,10 +651,12 @@ class AuditLog:
     def _end_marker_path(self) -> str:
         return f"{self.directory}/_end-{self.attempt}.json"
 
-    def _end_marker_error(self) -> str:
+    def _end_marker_error(self, cause: str | None = None) -> str:
         """What a close that could not write the end marker says (found by review, 2026-12-06: the
-        generic write error, advising on_full='drop', and a second close() returned silently)."""
-        cause = str(self._end_error).replace(wire.DROP_ADVICE, "")
+        generic write error, advising on_full='drop', and a second close() returned silently).
+        ``cause``: why (default: the writer's error)."""
+        if cause is None:
+            cause = str(self._end_error).replace(wire.DROP_ADVICE, "")
         return (
             f"{cause}. Every record of this attempt is in the log "
             f"({self.stats.records} records in {self._next_part - self._first_part} part(s)), but "
@@ -803,7 +823,9 @@ class AuditLog:
         elif header["op"] == "claim" and reply.get("ok"):
             self._claim = "ok"
         elif reply.get("ok"):
-            if header["op"] == "part":
+            if header["op"] == "json" and header.get("path") == self._end_marker_path():
+                self._end_written = True
+            elif header["op"] == "part":
                 self.stats.parts_written += 1
                 self.stats.bytes_written += int(reply.get("bytes", 0))
                 if reply.get("manifest_error"):

@@ -839,3 +839,25 @@ def test_a_claim_storage_does_not_answer_is_said_on_stderr_while_it_is_retried(
     assert f"the audit log at {root} has had no answer from storage for 0.3 s" in err
     assert "up to 60 s (retry_timeout)" in err and "endpoint_url" in err
     assert sp.verify_log(root, local_s3.storage_options).ok
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_an_end_marker_a_close_runs_out_of_time_on_is_written_by_the_next_close(
+    local_s3, bucket, proxy, writer
+):
+    """The review of the fix above: close(timeout=) running out while the end marker was still
+    on its way said "did not finish writing (1 part(s) queued)" with every record written, and
+    dropped the marker: a later close() did nothing and verify said the attempt did not close."""
+    root = f"s3://{bucket}/end-late-{writer}"
+    log = sp.AuditLog(root, storage_options=options(proxy), flush_every=128, writer=writer, retry_timeout=60)
+    s, _ = run(log)
+    log.flush()
+    proxy.fail("hold", 0, times=1, method="PUT", path="/_end-")  # storage stops answering
+    with pytest.raises(
+        sp.AuditError, match=r"end marker was not written within 1 s.*640 records.*close\(\) again"
+    ):
+        log.close(timeout=1)
+    proxy.release()
+    s.close()  # (the Sifter's close closes its log)
+    report = sp.verify_log(root, local_s3.storage_options)
+    assert report.ok and "closed cleanly" in "\n".join(report.lines()), report.lines()
