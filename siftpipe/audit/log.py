@@ -25,6 +25,7 @@ import contextlib
 import datetime as _dt
 import json
 import math
+import multiprocessing.util
 import os
 import queue
 import re
@@ -99,6 +100,22 @@ def _flush_at_exit() -> None:
     # (in an interactive session that is any earlier error, so it says nothing there)
     last = getattr(sys, "last_value", None)
     close_open_logs(None if last is None or hasattr(sys, "ps1") else _stopping(last))
+
+
+_exit_armed: list[int] = []  # the process whose multiprocessing exit closes its logs
+
+
+def _close_at_process_exit() -> None:
+    """Have a multiprocessing child close its open logs when it ends: it ends with ``os._exit``
+    after multiprocessing's own finalizers, and no ``atexit`` handler runs there (the review of
+    the exit handler, 2026-12-06: a fork child that sifted and returned without ``close()`` lost
+    every record, where a script's exit closes its logs). Armed once a process, when a log's
+    writer starts in it; in the main process ``atexit`` closes them first, and this finds none
+    open."""
+    if _exit_armed != [os.getpid()]:
+        _exit_armed[:] = [os.getpid()]
+        # after the stage's finalizer, which leaves open passes first (higher priorities first)
+        multiprocessing.util.Finalize(None, close_open_logs, exitpriority=10)
 
 
 #: Seconds ``close_open_logs`` (the interpreter's exit) waits for each open log at least; a log
@@ -779,6 +796,7 @@ class AuditLog:
             self._transport = cls(config, self._on_reply, self._safe_url())
             _open_logs.add(self)
             self._pid = os.getpid()  # the process whose exit closes it (not a forked child)
+            _close_at_process_exit()
         if self._claim is None and self._failed is None:
             self._claim = "pending"
             body = {**self._identity(), "resumed": self._resumed, "run_id_from": self._run_id_from}

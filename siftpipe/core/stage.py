@@ -7,6 +7,7 @@ import contextlib
 import copy
 import logging
 import math
+import multiprocessing.util
 import os
 import threading
 import time
@@ -138,6 +139,10 @@ def _leave_at_exit(sifter: Sifter) -> None:
         # loaded), so it runs first: atexit runs the handler registered last first
         _at_exit_pid[:] = [os.getpid()]
         atexit.register(_leave_passes_at_exit)
+        # a multiprocessing child ends with os._exit after multiprocessing's finalizers, and
+        # runs no atexit handler: there this leaves the passes, before the logs' finalizer
+        # (priority 10) closes them (the review of the exit handler, 2026-12-06)
+        multiprocessing.util.Finalize(None, _leave_passes_at_exit, exitpriority=20)
 
 
 def _forget_at_exit() -> None:
