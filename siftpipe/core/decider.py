@@ -92,6 +92,7 @@ class Decider:
         # whole pass finding none where earlier passes left some is a mistake worth a warning
         self._lookups = [0, 0, 0]
         self._looked_last: Any = None  # the keys the last group looked up in the memory
+        self._excused = False  # the last pass that found none was taken for a new dataset
         self._warned_memory = False
         # the memory's count of repeated keys and the losses observed when this pass began, and
         # the most losses one observe() call has handed back in it
@@ -429,10 +430,16 @@ class Decider:
         self._warn_no_feedback()
         self._warn_hard()
         usable, looked, found = self._lookups
+        if found:
+            self._excused = False
         if self._warned_memory or not usable or not looked or found:
             return
-        if self._keys_stored_this_pass():
-            return  # the pass's samples are new to the memory (another dataset), its keys sound
+        if not self._excused and self._keys_stored_this_pass():
+            # the pass's samples are new to the memory (another dataset), its keys sound; once in
+            # a row: keys that never repeat across passes (an epoch or augmentation id in them)
+            # look the same every pass (the review of the excuse, which then never warned)
+            self._excused = True
+            return
         self._warned_memory = True
         warnings.warn(
             f"siftpipe: a whole pass (epoch {self.epoch}) looked up {looked:,} samples in the score "
@@ -457,8 +464,9 @@ class Decider:
             return False
         n = min(len(keys), 256)
         sample = pick_keys(keys, np.arange(n))
-        losses, _ = memory.lookup_keys(sample, self.epoch + 1)  # (usable from the next epoch on)
-        return bool(np.isfinite(losses).any())
+        losses, sources = memory.lookup_keys(sample, self.epoch + 1)  # (usable from the next epoch)
+        # handed back by observe(), not the stage's own forwards (stored under its own keys)
+        return bool((np.isfinite(losses) & (sources == FEEDBACK)).any())
 
     #: ``ScoreMemory.persistent_hard()`` from which the stage logs that sifting may not pay.
     HARD_WARN = 0.15

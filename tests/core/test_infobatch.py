@@ -184,6 +184,29 @@ def test_a_pass_over_a_dataset_new_to_the_memory_is_not_blamed_on_the_keys():
             stage.observe(batch["__key__"] + 0.5, torch.ones(len(batch["__key__"]), dtype=torch.float64))
 
 
+@pytest.mark.parametrize("unknown", ["keep", "score"])
+def test_keys_that_never_repeat_across_passes_are_said_at_the_second_pass_that_finds_none(unknown):
+    """The review of the new-dataset excuse: keys holding the epoch (an augmentation id) are new
+    to the memory every pass and come back through observe() in the right form, so every pass
+    was taken for a new dataset and sifting from memory silently did nothing all run. The
+    excuse holds once in a row, and only for losses observe() handed back."""
+    n = 128
+    memory = sp.ScoreMemory(10_000)
+
+    def scorer(model, batch):
+        return torch.ones(len(batch["__key__"]), dtype=torch.float64)
+
+    stage = sp.Sifter(None, scorer, sp.Uniform(0.5), batched=True, micro_batch=None, memory=memory,
+                      unknown=unknown, seed=1)  # fmt: skip
+    with pytest.warns(sp.ScoreMemoryWarning, match=r"whole pass \(epoch 2\) .* found none") as caught:
+        for epoch in range(4):
+            stage.set_epoch(epoch)
+            batches = [{"__key__": [f"e{epoch}-{i + j}" for j in range(32)]} for i in range(0, n, 32)]
+            for batch in stage(batches):
+                stage.observe(batch["__key__"], torch.rand(len(batch["__key__"]), dtype=torch.float64))
+    assert len([w for w in caught if w.category is sp.ScoreMemoryWarning]) == 1
+
+
 def test_a_pruned_sample_keeps_its_last_loss_and_the_mean_counts_every_remembered_loss():
     n = 1000
     keys = list(range(n))
