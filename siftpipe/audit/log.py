@@ -482,14 +482,19 @@ class AuditLog:
         with self._space:
             answered = self._space.wait_for(lambda: self._claim != "pending", CLAIM_NOTE_AFTER)
             if not answered:
+                gives_up = (
+                    "the pass fails"
+                    if self.on_full == "block"
+                    else "the pass goes on without the log, dropping and counting records (on_full='drop')"
+                )
                 # storage that does not answer (a mistyped endpoint or port) is retried for
                 # retry_timeout before the claim fails: said on stderr, where the job sat silent
                 # for up to 10 minutes before its first sample (found by review, 2026-12-06)
                 print(
                     f"siftpipe: the audit log at {self._safe_url()} has had no answer from storage "
                     f"for {CLAIM_NOTE_AFTER:g} s; retrying for up to {self.retry_timeout:g} s "
-                    "(retry_timeout) before the pass fails. Check the endpoint_url, the bucket and "
-                    "the network",
+                    f"(retry_timeout) before {gives_up}. Check the endpoint_url, the bucket and the "
+                    "network",
                     file=sys.stderr,
                     flush=True,
                 )
