@@ -4,6 +4,7 @@ each decided group written to the sink."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 import warnings
@@ -91,7 +92,8 @@ class Decider:
         # this pass's look-ups in the memory: [usable losses when it began, looked up, found]; a
         # whole pass finding none where earlier passes left some is a mistake worth a warning
         self._lookups = [0, 0, 0]
-        self._looked_last: Any = None  # the keys the last group looked up in the memory
+        # the keys the last groups looked up in the memory (``_keys_stored_this_pass``)
+        self._looked_recent: collections.deque[Any] = collections.deque(maxlen=8)
         self._excused = False  # the last pass that found none was taken for a new dataset
         self._warned_memory = False
         # the memory's count of repeated keys and the losses observed when this pass began, and
@@ -371,7 +373,7 @@ class Decider:
         if at is not None:
             keys = pick_keys(keys, at)
         losses, remembered = memory.lookup_keys(keys, self.epoch)
-        self._looked_last = keys
+        self._looked_recent.append(keys)
         rows = len(losses)
         miss = np.flatnonzero(np.isnan(losses))
         lookups = self._lookups
@@ -414,6 +416,7 @@ class Decider:
             # where they are no longer usable (one pass over the table, once a pass)
             usable = memory.usable_at(self.epoch)
         self._lookups = [usable, 0, 0]
+        self._looked_recent.clear()  # (this pass's groups only: earlier ones were found before)
         self._repeated = (
             memory.repeated if memory is not None else 0,
             self.counts["observed"] + self.counts["scored"],
@@ -447,7 +450,9 @@ class Decider:
             f"every sample was {'kept unknown' if self.unknown == 'keep' else 'scored'} and "
             "nothing was sifted from memory. observe() must get the keys the batch carries, in the "
             "same form (5, '5' and an integer tensor's 5 are one key; 5.0 and 'tensor(5)' are "
-            "others), and samples must repeat across passes",
+            "others), and samples must repeat across passes (not so where each pass reads samples "
+            "new to the memory: keys holding an epoch or augmentation id, or a curriculum's next "
+            "dataset each pass; sifting from memory cannot work there)",
             ScoreMemoryWarning,
             stacklevel=3,  # the loop over the stage's pass
         )
@@ -458,15 +463,18 @@ class Decider:
         in): then a pass that found none of its samples read a dataset new to the memory (a
         curriculum's next one), not keys in another form; the warning said the keys were wrong,
         once for the run (found by review, 2026-12-06)."""
-        keys = self._looked_last
         memory = self.memory
-        if keys is None or memory is None:
+        if memory is None:
             return False
-        n = min(len(keys), 256)
-        sample = pick_keys(keys, np.arange(n))
-        losses, sources = memory.lookup_keys(sample, self.epoch + 1)  # (usable from the next epoch)
-        # handed back by observe(), not the stage's own forwards (stored under its own keys)
-        return bool((np.isfinite(losses) & (sources == FEEDBACK)).any())
+        # the last few groups' (the review of the excuse: a short last group whose rows were all
+        # dropped was never observed, and a new dataset was blamed on its keys)
+        for keys in self._looked_recent:
+            sample = pick_keys(keys, np.arange(min(len(keys), 64)))
+            losses, sources = memory.lookup_keys(sample, self.epoch + 1)  # (usable from the next epoch)
+            # handed back by observe(), not the stage's own forwards (stored under its own keys)
+            if (np.isfinite(losses) & (sources == FEEDBACK)).any():
+                return True
+        return False
 
     #: ``ScoreMemory.persistent_hard()`` from which the stage logs that sifting may not pay.
     HARD_WARN = 0.15
