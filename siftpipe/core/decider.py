@@ -4,7 +4,6 @@ each decided group written to the sink."""
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 import warnings
@@ -92,9 +91,6 @@ class Decider:
         # this pass's look-ups in the memory: [usable losses when it began, looked up, found]; a
         # whole pass finding none where earlier passes left some is a mistake worth a warning
         self._lookups = [0, 0, 0]
-        # the keys the last groups looked up in the memory (``_keys_stored_this_pass``)
-        self._looked_recent: collections.deque[Any] = collections.deque(maxlen=8)
-        self._excused = False  # the last pass that found none was taken for a new dataset
         self._warned_memory = False
         # the memory's count of repeated keys and the losses observed when this pass began, and
         # the most losses one observe() call has handed back in it
@@ -373,7 +369,6 @@ class Decider:
         if at is not None:
             keys = pick_keys(keys, at)
         losses, remembered = memory.lookup_keys(keys, self.epoch)
-        self._looked_recent.append(keys)
         rows = len(losses)
         miss = np.flatnonzero(np.isnan(losses))
         lookups = self._lookups
@@ -416,7 +411,6 @@ class Decider:
             # where they are no longer usable (one pass over the table, once a pass)
             usable = memory.usable_at(self.epoch)
         self._lookups = [usable, 0, 0]
-        self._looked_recent.clear()  # (this pass's groups only: earlier ones were found before)
         self._repeated = (
             memory.repeated if memory is not None else 0,
             self.counts["observed"] + self.counts["scored"],
@@ -433,48 +427,21 @@ class Decider:
         self._warn_no_feedback()
         self._warn_hard()
         usable, looked, found = self._lookups
-        if found:
-            self._excused = False
         if self._warned_memory or not usable or not looked or found:
-            return
-        if not self._excused and self._keys_stored_this_pass():
-            # the pass's samples are new to the memory (another dataset), its keys sound; once in
-            # a row: keys that never repeat across passes (an epoch or augmentation id in them)
-            # look the same every pass (the review of the excuse, which then never warned)
-            self._excused = True
             return
         self._warned_memory = True
         warnings.warn(
             f"siftpipe: a whole pass (epoch {self.epoch}) looked up {looked:,} samples in the score "
             f"memory and found none, though it held {usable:,} usable losses from earlier passes: "
             f"every sample was {'kept unknown' if self.unknown == 'keep' else 'scored'} and "
-            "nothing was sifted from memory. observe() must get the keys the batch carries, in the "
-            "same form (5, '5' and an integer tensor's 5 are one key; 5.0 and 'tensor(5)' are "
-            "others), and samples must repeat across passes (not so where each pass reads samples "
-            "new to the memory: keys holding an epoch or augmentation id, or a curriculum's next "
-            "dataset each pass; sifting from memory cannot work there)",
+            "nothing was sifted from memory. Either observe() gets keys in another form than the "
+            "batch carries (5, '5' and an integer tensor's 5 are one key; 5.0 and 'tensor(5)' are "
+            "others), or this pass read samples new to the memory: a curriculum's next dataset "
+            "(nothing is wrong then), or keys that change every pass (an epoch or augmentation id "
+            "in them: sifting from memory cannot work). Said once a run",
             ScoreMemoryWarning,
             stacklevel=3,  # the loop over the stage's pass
         )
-
-    def _keys_stored_this_pass(self) -> bool:
-        """Whether the memory holds a loss stored in this epoch for any of the keys the pass's
-        last group looked up (observe() handed them back in the form the stage looks them up
-        in): then a pass that found none of its samples read a dataset new to the memory (a
-        curriculum's next one), not keys in another form; the warning said the keys were wrong,
-        once for the run (found by review, 2026-12-06)."""
-        memory = self.memory
-        if memory is None:
-            return False
-        # the last few groups' (the review of the excuse: a short last group whose rows were all
-        # dropped was never observed, and a new dataset was blamed on its keys)
-        for keys in self._looked_recent:
-            sample = pick_keys(keys, np.arange(min(len(keys), 64)))
-            losses, sources = memory.lookup_keys(sample, self.epoch + 1)  # (usable from the next epoch)
-            # handed back by observe(), not the stage's own forwards (stored under its own keys)
-            if (np.isfinite(losses) & (sources == FEEDBACK)).any():
-                return True
-        return False
 
     #: ``ScoreMemory.persistent_hard()`` from which the stage logs that sifting may not pay.
     HARD_WARN = 0.15

@@ -1141,9 +1141,6 @@ class Sifter:
         self._decider.counts = {**dict.fromkeys(COUNTS, 0), **{k: int(v) for k, v in state["counts"].items()}}
         # an earlier process ran passes: they count as evidence for the stage's warnings
         self._decider.passes_ended = 1 if self._decider.counts["seen"] else 0
-        # the score memory's new-dataset excuse (once in a row) is not in the state: a resumed
-        # job takes it as spent, where a job resumed after every pass would be excused for good
-        self._decider._excused = bool(self._decider.counts["seen"])
         self._decider.seconds = [float(v) for v in state["seconds"]]
         self._account = CostAccount()  # the checkpoint's (states written before it: afresh)
         if "account" in state:
