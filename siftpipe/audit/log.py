@@ -628,8 +628,6 @@ class AuditLog:
                 if self.on_full == "block":
                     raise AuditError(error)
                 warnings.warn(f"siftpipe: {error}", RuntimeWarning, stacklevel=2)
-            else:
-                self._end_pending = None
         except KeyboardInterrupt:
             interrupted = True  # Ctrl-C while it waits: stop the writer now, not after timeout
             raise
