@@ -160,9 +160,8 @@ def _leave_passes_at_exit() -> None:
     logs are closed at the interpreter's exit: its rows decided kept and never handed on are
     noted so (found by review, 2026-12-06: a script that read ``max_steps`` batches with
     ``next()`` and ended without ``close()`` left a log whose kept rows included the untrained
-    ones, and ``verify`` said OK). The log's own exit handler closes the logs after it."""
-    if _at_exit_pid != [os.getpid()]:
-        return  # a forked child's exit: the passes are its parent's
+    ones, and ``verify`` said OK). The log's own exit handler closes the logs after it. (A
+    forked child holds only the Sifters it opened passes of: ``_forget_at_exit``.)"""
     for sifter in list(_AT_EXIT):
         with contextlib.suppress(Exception):
             sifter._passes.close_active("the interpreter exited while the pass was open")
