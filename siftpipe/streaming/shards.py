@@ -499,6 +499,11 @@ def _remove(
             raise ShardError(said(str(exc), shown), url=left[0], kind=exc.kind) from None
 
 
+def _span(first: int, last: int) -> str:
+    """``shard 2``, or ``shards 0 to 4``."""
+    return f"shard {first}" if first == last else f"shards {first} to {last}"
+
+
 def _remove_quietly(fs: Any, urls: list[str]) -> None:
     """Delete ``urls`` as far as possible, saying nothing (an error is already on its way)."""
     for url in urls:
@@ -527,10 +532,13 @@ def _move_into_place(
             opener.retrying("writing", url[: -len(suffix)], move)
         except BaseException as exc:
             _remove_quietly(fs, staged[i:])
-            parts = [f"shards 0 to {i - 1} hold the new dataset"] if i else []
+            parts = [f"{_span(0, i - 1)} {'holds' if i == 1 else 'hold'} the new dataset"] if i else []
             if i < old:
-                parts.append(f"shards {i} to {old - 1} the earlier one")
-            parts.append(f"the new dataset's shards {i} to {len(staged) - 1} are not there")
+                parts.append(f"{_span(i, old - 1)} the earlier one")
+            missing = len(staged) - i
+            parts.append(
+                f"the new dataset's {_span(i, len(staged) - 1)} {'is' if missing == 1 else 'are'} not there"
+            )
             cause = opener.redact(redact_url(f"{type(exc).__name__}: {exc}"))
             message = (
                 f"replacing the shards at {shown} stopped at shard {i} ({cause}): "
