@@ -7,6 +7,7 @@ import contextlib
 import copy
 import logging
 import math
+import multiprocessing
 import multiprocessing.util
 import os
 import threading
@@ -1731,3 +1732,34 @@ def _check_not_in_worker() -> None:
             "Decode and batch in the workers, and sift in the training process after the "
             "loader: WebLoader(dataset, ...).sift(sifter), or `for x in sifter(loader)`."
         )
+    worker = _torchdata_worker()
+    if worker is not None:
+        # a Sifter called in a ParallelMapper's map function: torchdata's worker processes are
+        # not DataLoader workers (found by review, 2026-12-05, and documented; refused since
+        # 2026-12-06: a process scored with its copy of the model, a thread raced the step)
+        raise SiftInWorkerError(_TORCHDATA_WORKER.format(worker=worker))
+
+
+_TORCHDATA_WORKER = (
+    "siftpipe.Sifter is called inside torchdata's worker {worker} (a ParallelMapper's map "
+    "function, or another torchdata node's thread or process), which only moves data: in a "
+    "worker process the model is a copy made when it started, so its scores would come from "
+    "stale weights; in a worker thread the stage would score with the model while the training "
+    "step uses it. Decode in the mapper and sift above it, in the training loop: "
+    "SiftNode(ParallelMapper(source, decode, ...), sifter), or `for x in sifter(Loader(node))`."
+)
+
+
+def _torchdata_worker() -> str | None:
+    """``"thread <name> running <function>"`` (or ``process``) when this thread, or this process,
+    runs a function of torchdata's nodes (``ParallelMapper``'s ``_apply_udf``, a prefetcher's
+    loop): those only move data, never train. Read from the running ``Thread``'s and
+    ``Process``'s target, which both keep while they run."""
+    runners = (("thread", threading.current_thread()), ("process", multiprocessing.current_process()))
+    for kind, runner in runners:
+        target = getattr(runner, "_target", None)
+        module = getattr(target, "__module__", None)
+        if isinstance(module, str) and (module == "torchdata.nodes" or module.startswith("torchdata.nodes.")):
+            name = getattr(target, "__qualname__", None) or getattr(target, "__name__", "?")
+            return f"{kind} {runner.name!r} running {module}.{name}"
+    return None

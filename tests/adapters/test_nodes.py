@@ -869,6 +869,31 @@ def test_a_sift_node_read_from_a_prefetching_thread_is_refused_and_below_one_it_
     assert 0 < len(out) < 64 and sifter.stats.seen == 64 and model.training
 
 
+@pytest.mark.adversarial
+@pytest.mark.parametrize("method", ["process", "thread"])
+def test_a_sifter_called_in_a_parallel_mappers_map_function_is_refused(method):
+    # before: nothing refused it (torchdata's workers are not DataLoader workers): a process
+    # scored with its copy of the model as it was when the worker started, a thread scored
+    # with the shared model while the training step used it; every batch came out "sifted"
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5)).train()
+    sifter = sp.Sifter(model, _dropout_scorer, sp.RelativeProbabilistic(1.0, 50), micro_batch=8, seed=0)
+
+    def sift_in_worker(batch: list[dict]) -> list[dict]:
+        return list(sifter(batch))
+
+    chunks = [_xy(16) for _ in range(4)]
+    node = ParallelMapper(IterableWrapper(chunks), sift_in_worker, num_workers=2, method=method)
+    with pytest.raises(
+        sp.SiftInWorkerError, match=f"torchdata's worker {method} .*_apply_udf.*sift above it"
+    ):
+        list(Loader(node))
+    assert model.training and sifter.stats.seen == 0
+    # the stage above the mapper, in the loop: it runs
+    node = ParallelMapper(IterableWrapper(_xy()), lambda s: s, num_workers=2, method=method)
+    out = list(Loader(SiftNode(node, sifter)))
+    assert 0 < len(out) < 64 and sifter.stats.seen == 64 and model.training
+
+
 def test_a_pass_read_by_a_background_thread_is_refused_when_the_stage_has_a_memory():
     import threading
 
