@@ -816,6 +816,30 @@ def test_an_end_marker_storage_refuses_at_close_is_written_by_the_next_close(
     log.close()  # closed now: nothing more to do
 
 
+def test_an_end_marker_written_late_by_the_writer_a_close_gave_up_on_is_not_said_missing(
+    local_s3, bucket, proxy
+):
+    """The review of the fix above: close(timeout=) ran out while storage was slow on the end
+    marker; the next close()'s own try was refused, the first writer's try then went through,
+    and that close raised that the marker was not written, with it written (verify: OK)."""
+    root = f"s3://{bucket}/end-overlap"
+    log = sp.AuditLog(
+        root, storage_options=options(proxy), flush_every=128, writer="thread", retry_timeout=0.6
+    )
+    s, _ = run(log)
+    log.flush()
+    proxy.fail("stall", 2.5, times=1, method="PUT", path="/_end-")  # slow, then written
+    proxy.fail("status", 503, times=10_000, method="PUT", path="/_end-")  # every later try refused
+    with pytest.raises(sp.AuditError, match=r"end marker was not written within 0.5 s"):
+        log.close(timeout=0.5)
+    log.close()  # the first writer's try is the marker: no error
+    with proxy.lock:
+        proxy.plan.clear()
+    report = sp.verify_log(root, local_s3.storage_options)
+    assert report.ok and "closed cleanly" in "\n".join(report.lines()), report.lines()
+    log.close()
+
+
 def test_a_claim_storage_does_not_answer_is_said_on_stderr_while_it_is_retried(
     local_s3, bucket, proxy, monkeypatch, capfd
 ):
