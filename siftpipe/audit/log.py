@@ -291,6 +291,7 @@ class AuditLog:
         self._owner: weakref.ref[Any] | None = None  # what bound the log: one stage's shard watcher
         self._merged = False  # some decision was made against a cross-rank history (sync_history)
         self._shard_report: Callable[[], dict[str, Any] | None] | None = None
+        self._leave_pass: weakref.WeakMethod[Callable[[str], None]] | None = None  # before_close
         self._transport: _Transport | None = None
         self._restarts = 0  # writer processes started again after one exited (on_full="drop")
         self._space = threading.Condition()  # guards the counters below
@@ -371,6 +372,15 @@ class AuditLog:
             self._owner = None
         self._metadata = info.as_dict()
         self._shard_report = shard_report
+
+    def before_close(self, leave: Callable[[str], None]) -> None:
+        """Have ``close()`` first call ``leave(why)``, a bound method of the stage that leaves its
+        open pass (kept weakly): rows it decided kept and never handed on are noted so before the
+        end marker. Found by review, 2026-12-06: a log closed by hand (or by the ``with`` block
+        around it) while a loop read a pass with ``next()`` recorded the untrained rows as kept,
+        and ``verify`` said OK; the interpreter's exit left the pass, an explicit close did not.
+        """
+        self._leave_pass = weakref.WeakMethod(leave)  # type: ignore[arg-type]
 
     def _written(self) -> bool:
         """Whether any record was handed to this log."""
@@ -583,6 +593,10 @@ class AuditLog:
                 stacklevel=2,
             )
             return
+        leave = self._leave_pass() if self._leave_pass is not None else None
+        if leave is not None and not self._closed:
+            with contextlib.suppress(Exception):  # (a pass read by another thread this moment)
+                leave("its audit log was closed while the pass was open")
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def left() -> float | None:

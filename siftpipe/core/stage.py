@@ -810,6 +810,11 @@ class Sifter:
             passes.unstarted = True
         return True
 
+    def _leave_pass(self, why: str) -> None:
+        """Leave the open pass (its rows decided kept and never handed on noted so), for the
+        reason ``why``: its audit log is being closed (``AuditLog.before_close``)."""
+        self._passes.close_active(why)
+
     def _note_given_up(self, first: int, count: int) -> None:
         """``count`` kept rows from seq ``first`` to the loaded checkpoint's last decision, never
         trained: counted (``stats.unhanded``) and noted in the audit log (one range: the rows
@@ -884,6 +889,9 @@ class Sifter:
                 # too: until 2026-12-06 its claim and manifests held no settings; review.)
                 self.audit.bind(self.describe(), self._shards.report)
                 self._sink_bound = self.audit
+                before_close = getattr(self.audit, "before_close", None)
+                if callable(before_close):  # (an AuditLog: closed by hand, it leaves the pass)
+                    before_close(self._leave_pass)
             self.audit.start()
             _leave_at_exit(self)
         self._scoring.device = CPU if device.type == "cpu" else device

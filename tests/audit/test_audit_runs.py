@@ -549,6 +549,29 @@ def test_a_script_ending_with_a_pass_open_notes_the_rows_it_never_handed_on(tmp_
     assert report.ok and "never handed on" in text and "closed cleanly" in text, text
 
 
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_a_log_closed_by_hand_with_a_pass_open_notes_the_rows_it_never_handed_on(tmp_path, writer):
+    """The review of the test above: the log closed by the `with` block around it (or by
+    `log.close()`) while the loop read the pass with next() recorded the untrained rows as kept,
+    and verify said OK; only the interpreter's exit left the pass first. Reading the pass again
+    says why it ended."""
+    root = str(tmp_path / "log")
+    with sp.AuditLog(root, run_id="by-hand", writer=writer) as log:
+        s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, seed=2, output_batch=5, audit=log)
+        batches = s(make_samples(300, seed=8))
+        trained = [k for _ in range(4) for k in next(batches)["__key__"]]
+    assert len(trained) == 20 and s.stats.unhanded > 0
+    with pytest.raises(sp.PassClosedError, match="its audit log was closed while the pass was open"):
+        next(batches)
+    table = sp.read_log(root)
+    kept = [k for k, kept in zip(table.column("key").to_pylist(), table.column("kept").to_pylist()) if kept]
+    assert kept == trained
+    report = sp.verify_log(root)
+    text = "\n".join(report.lines())
+    assert report.ok and f"{s.stats.unhanded} records decided kept were never handed on" in text, text
+    s.close()  # (the log is closed: nothing more)
+
+
 def test_a_pass_in_a_forked_child_on_its_parents_log_is_refused_and_close_does_not_hang(tmp_path):
     """A forked child reading a pass of its parent's Sifter: nothing it decided reached storage,
     nothing said, and its close() waited for good (found by review, 2026-12-06)."""
