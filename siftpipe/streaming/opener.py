@@ -591,6 +591,13 @@ class PipeStream(_Readable):
     DRAIN_BYTES = 1 << 20
     #: Seconds each read of ``_drain`` waits before it checks whether the command has exited.
     DRAIN_POLL = 0.05
+    #: Seconds ``finish()`` reads on past the archive's end at most, whatever ``timeout`` says
+    #: (the padding comes with the archive; a command writing slowly on after it is ended by
+    #: the closed pipe, as before 2026-12-06, not waited for).
+    DRAIN_SECONDS = 2.0
+    #: Seconds a command gets to exit once its output is closed, even with ``timeout`` spent:
+    #: one still writing dies of SIGPIPE at its next write.
+    EXIT_GRACE = 1.0
 
     def __init__(self, command: str, shown: str, timeout: float | None = None) -> None:
         super().__init__()
@@ -709,8 +716,11 @@ class PipeStream(_Readable):
         started = time.monotonic()
         self._drain()
         self.proc.stdout.close()
-        # one timeout for the reading on and the wait together (the review of the reading on)
-        self._ended(None if self.timeout is None else max(0.0, self.timeout - (time.monotonic() - started)))
+        # one timeout for the reading on and the wait together (the review of the reading on), and
+        # a moment to die of SIGPIPE after writing on (the review of that: a command still writing
+        # when the timeout was spent was killed and failed the shard, its last sample lost)
+        spent = time.monotonic() - started
+        self._ended(None if self.timeout is None else max(self.EXIT_GRACE, self.timeout - spent))
 
     def _drain(self) -> None:
         """Read the command's output past the archive's end-of-archive marker to its end: a tar
@@ -718,12 +728,14 @@ class PipeStream(_Readable):
         when the pipe closes fails. ``curl`` ignores SIGPIPE and exits 23 on the broken pipe:
         ``pipe:curl -s URL`` failed each shard whose padding came in a later write than its
         marker, losing its last sample (found by review, 2026-12-06). At most ``DRAIN_BYTES``
-        bytes and ``timeout`` seconds: a command that lingers or writes on after its archive is
-        ended as before; and no longer than the command runs: a process it left in the
-        background may hold the pipe open for good (the review of the fix: ``sh -c 'cat x.tar;
-        (sleep 600 &)'`` waited ``timeout`` seconds a shard)."""
+        bytes and ``DRAIN_SECONDS`` (or ``timeout``, if shorter): a command that lingers or writes
+        on after its archive is ended as before (a command writing a byte every 10 ms after it
+        was read on for ``timeout``, for hours with none, and then failed: the review of the fix);
+        and no longer than the command runs: a process it left in the background may hold the
+        pipe open for good (``sh -c 'cat x.tar; (sleep 600 &)'`` waited ``timeout`` a shard)."""
         left = self.DRAIN_BYTES
-        end = None if self.timeout is None else time.monotonic() + self.timeout
+        bound = self.DRAIN_SECONDS if self.timeout is None else min(self.timeout, self.DRAIN_SECONDS)
+        end = time.monotonic() + bound
         while left > 0:
             with self.at_most(self.DRAIN_POLL):
                 chunk = self._read1(min(left, 1 << 16))
@@ -731,7 +743,7 @@ class PipeStream(_Readable):
                 return  # its end
             if chunk is None and self.proc.poll() is not None:
                 return  # nothing more, and the command exited (what holds the pipe is not it)
-            if end is not None and time.monotonic() >= end:
+            if time.monotonic() >= end:
                 # it lingers, or writes on (checked after every read: a command writing a byte
                 # every few ms read on for hours; the review of the fix)
                 return

@@ -161,6 +161,34 @@ def test_a_command_writing_on_after_its_archive_is_ended_within_its_timeout(shar
     assert len(got) == 1 and got[0].kind == "command"
 
 
+@pytest.mark.parametrize("timeout", [None, 1])
+def test_a_command_writing_on_slowly_after_its_archive_is_ended_by_the_closed_pipe_and_reads_whole(
+    shards, timeout
+):
+    """The review of the fix above: a command that writes on after its archive and dies of
+    SIGPIPE (a shell loop) was read on for the whole timeout, then given no time to exit, killed,
+    and its shard failed with its last sample lost (with no timeout: read on for hours at its
+    pace). Before the reading on, the closed pipe ended it and the shard read whole."""
+    import threading
+
+    url = f"pipe:cat {shards.urls[0]}; while true; do printf x; sleep 0.01; done"
+    got: list = []
+    failed: list = []
+
+    def run():
+        try:
+            got.extend(keys(ShardReader(ShardOpener(timeout=timeout))([url])))
+        except Exception as exc:
+            failed.append(exc)
+
+    reader = threading.Thread(target=run, daemon=True)
+    reader.start()
+    reader.join(60)  # a bound on a hang, not a timing
+    assert not reader.is_alive(), "the reader read on after the archive for good"
+    assert not failed, failed
+    assert got == ALL_KEYS[:PER_SHARD]
+
+
 def test_a_truncated_stream_is_a_tar_read_error(shards):
     import tarfile
 
