@@ -96,7 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         said: set[str] = set()
 
         def show(message: Any, category: Any, *rest: Any, **kw: Any) -> None:
-            line = f"siftpipe: warning: {redact(str(message), secrets)}"
+            text = redact(str(message), secrets).removeprefix("siftpipe: ")  # (said once)
+            line = f"siftpipe: warning: {text}"
             if line not in said:  # once: whatif lists the log for each policy it replays
                 said.add(line)
                 print(line, file=sys.stderr)

@@ -295,6 +295,8 @@ def _add_whatif(a: WhatIf, b: WhatIf) -> WhatIf:
         to_kept=a.to_kept + b.to_kept,
         to_dropped=a.to_dropped + b.to_dropped,
         keep=np.concatenate([a.keep, b.keep]),
+        after_gap=a.after_gap + b.after_gap,
+        flips_after_gap=a.flips_after_gap + b.flips_after_gap,
     )
 
 
