@@ -501,7 +501,12 @@ class SiftTrainerMixin(_Base):
             # the epoch of the pass that handed the batch on: the Trainer fetches ahead, so a
             # pass's last batch is trained after the next pass began
             epoch = meta.get(EPOCH_FIELD)
-            sifter.observe(keys, (sums.detach() / counts.clamp(min=1)), epoch=epoch)
+            # a row with no loss terms (every label -100: a masking collator that masked none of
+            # a short row's tokens this time) has no loss to remember: NaN, which observe passes
+            # over (found by review, 2026-12-06: remembered as 0.0, the most learned sample)
+            per_sample = sums.detach() / counts.clamp(min=1)
+            per_sample = per_sample.masked_fill(counts == 0, float("nan"))
+            sifter.observe(keys, per_sample, epoch=epoch)
         if weights is not None:
             total = sums.detach().sum()
             if total > 0:
