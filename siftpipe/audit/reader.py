@@ -79,6 +79,9 @@ class _Attempt:
     unhanded_notes: list[Any] = field(default_factory=list)
     #: How many such entries its manifests say its notes hold (the most any says; 0 if none says).
     unhanded_said: int = 0
+    #: The seq before which every row it decided kept had been handed on when its last part was
+    #: sealed (its manifests' ``handed_until``, the most any says); None if none says.
+    handed_until: int | None = None
     #: Other streams its own objects (manifests, claim, end marker) name, as ``"run=t rank=0"``:
     #: objects copied or moved here from there (each names the run and rank that wrote it).
     named: list[str] = field(default_factory=list)
@@ -328,6 +331,8 @@ def list_parts(
         attempt.unhanded_notes = notes.get(stream_key, [])
         noted: list[Any] = [(p.manifest or {}).get("unhanded_noted") for p in attempt.parts]
         attempt.unhanded_said = max([int(n) for n in noted if _count_like(n)] or [0])
+        handed = [(p.manifest or {}).get("handed_until") for p in attempt.parts]
+        attempt.handed_until = max((int(h) for h in handed if h is not None and _count_like(h)), default=None)
         origin = (attempt.end or {}).get("origin")
         attempt.origin = origin if isinstance(origin, str) else origins.get(stream_key)
         times = [_number((p.manifest or {}).get("decided_until"), None) for p in attempt.parts]
@@ -466,6 +471,7 @@ _MANIFEST_CHECKS: dict[str, Callable[[Any], bool]] = {
     "shards": lambda v: isinstance(v, dict),
     "origin": lambda v: isinstance(v, str | None),
     "decided_until": lambda v: v is None or (isinstance(v, _NUMBER) and not isinstance(v, bool)),
+    "handed_until": lambda v: _count_like(v, optional=True),
 }
 _CLAIM_CHECKS: dict[str, Callable[[Any], bool]] = {
     **_MANIFEST_CHECKS,
@@ -1240,6 +1246,13 @@ class LogReport:
                 out.append(
                     f"  attempt {a['attempt']}: {how}, {a['parts']} part(s), {a['records']} records, {end}"
                 )
+                if a.get("unconfirmed"):
+                    count, first, last = a["unconfirmed"]
+                    out.append(
+                        f"    {count} records decided kept (seq {first}..{last}) were not yet handed on "
+                        "when its last part was written, and it stopped before saying which it handed "
+                        "on after: some may never have been trained (read_log reads them as kept)"
+                    )
                 if a.get("unhanded"):
                     out.append(
                         f"    {a['unhanded']} records decided kept were never handed on (a pass was left "
@@ -1431,6 +1444,8 @@ def verify_log(
     # records decided kept that read_log reads as not kept (never handed on), per attempt
     unhanded = unhanded_ranges(attempts)
     not_handed: dict[tuple[str, int, str], int] = {}
+    # of an attempt that did not close: its kept records from its last manifest's handed_until on
+    unconfirmed: dict[tuple[str, int, str], list[int]] = {}
     seq_of: dict[int, Any] = {}
     readable = [p for p in infos if p.path is not None]
     for info, table in zip(readable, seqs):
@@ -1485,13 +1500,20 @@ def verify_log(
         live = seq[seq < info.cutoff] if info.cutoff != float("inf") else seq
         report.superseded += int(seq.size - live.size)
         ranges = unhanded.get((info.run, info.rank, info.attempt))
-        if ranges:
+        whose = (info.run, info.rank, info.attempt)
+        open_from = None if owner is None or owner.ended else owner.handed_until
+        if ranges or open_from is not None:
             kept = table.column("kept").to_numpy(zero_copy_only=False) & (seq < info.cutoff)
             inside = np.zeros(seq.size, dtype=bool)
-            for first, last in ranges:
+            for first, last in ranges or ():
                 inside |= (seq >= first) & (seq <= last)
-            whose = (info.run, info.rank, info.attempt)
             not_handed[whose] = not_handed.get(whose, 0) + int((kept & inside).sum())
+            if open_from is not None:
+                after = seq[kept & ~inside & (seq >= open_from)]
+                if after.size:
+                    was = unconfirmed.setdefault(whose, [0, int(after.min()), int(after.max())])
+                    was[0] += int(after.size)
+                    was[1], was[2] = min(was[1], int(after.min())), max(was[2], int(after.max()))
         canonical.setdefault(key, []).append(live)
     for attempt in attempts:
         report = streams.setdefault((attempt.run, attempt.rank), StreamReport(attempt.run, attempt.rank))
@@ -1531,6 +1553,7 @@ def verify_log(
                 "ended": attempt.ended,
                 "stopped_by": _text_or_none((attempt.end or {}).get("stopped_by")),
                 "unhanded": not_handed.get((attempt.run, attempt.rank, attempt.attempt), 0),
+                "unconfirmed": None,
                 "origin": attempt.origin,
                 "shards_skipped": skipped,
                 "samples_skipped": int(_number(shards.get("samples_skipped"), 0)),
@@ -1572,6 +1595,11 @@ def verify_log(
     for key, attempt in latest.items():
         records = _number((attempt.end or {}).get("records"), None)
         report = streams[key]
+        open_rows = unconfirmed.get((attempt.run, attempt.rank, attempt.attempt))
+        if open_rows is not None:  # (an attempt resumed since: the resumed one re-read those rows)
+            for entry in report.attempts:
+                if entry["attempt"] == attempt.attempt:
+                    entry["unconfirmed"] = tuple(open_rows)
         if isinstance(records, int):
             stop = attempt.resumed_from + records  # one past the last sequence number it decided
             after = -1 if report.last_seq is None else report.last_seq

@@ -815,6 +815,13 @@ class Sifter:
         reason ``why``: its audit log is being closed (``AuditLog.before_close``)."""
         self._passes.close_active(why)
 
+    def _handed_until(self) -> int:
+        """The seq before which every row decided kept has been handed on: the first kept row
+        the pending groups still hold, or the next seq to decide (``AuditLog.track_handed``)."""
+        ledger = self._ledger
+        seq = ledger.seq_at(ledger.emitted)
+        return seq if seq >= 0 else int(self._decider.counts["seen"])
+
     def _note_given_up(self, first: int, count: int) -> None:
         """``count`` kept rows from seq ``first`` to the loaded checkpoint's last decision, never
         trained: counted (``stats.unhanded``) and noted in the audit log (one range: the rows
@@ -892,6 +899,9 @@ class Sifter:
                 before_close = getattr(self.audit, "before_close", None)
                 if callable(before_close):  # (an AuditLog: closed by hand, it leaves the pass)
                     before_close(self._leave_pass)
+                track_handed = getattr(self.audit, "track_handed", None)
+                if callable(track_handed):  # (an AuditLog: its manifests say what was handed on)
+                    track_handed(self._handed_until)
             self.audit.start()
             _leave_at_exit(self)
         self._scoring.device = CPU if device.type == "cpu" else device
