@@ -591,10 +591,6 @@ class PipeStream(_Readable):
     DRAIN_BYTES = 1 << 20
     #: Seconds each read of ``_drain`` waits before it checks whether the command has exited.
     DRAIN_POLL = 0.05
-    #: Seconds ``finish()`` reads on past the archive's end at most, whatever ``timeout`` says
-    #: (the padding comes with the archive; a command writing slowly on after it is ended by
-    #: the closed pipe, as before 2026-12-06, not waited for).
-    DRAIN_SECONDS = 2.0
     #: Seconds a command gets to exit once its output is closed, even with ``timeout`` spent:
     #: one still writing dies of SIGPIPE at its next write.
     EXIT_GRACE = 1.0
@@ -611,6 +607,7 @@ class PipeStream(_Readable):
         self.timeout = timeout
         self._pos = 0  # bytes of its output read
         self._zeros = 0  # of them, the zero bytes they end with
+        self._head = b""  # its first two bytes (gzip's magic number, or not)
         self._deadline: float | None = None  # reads wait until then at most (``at_most``)
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
         self.proc = subprocess.Popen(
@@ -705,6 +702,8 @@ class PipeStream(_Readable):
 
     def _count(self, data: bytes) -> None:
         """Advance the position and the run of zero bytes the output ends with by ``data``."""
+        if self._pos < 2:
+            self._head += data[: 2 - self._pos]
         self._pos += len(data)
         trailing = len(data) - len(data.rstrip(b"\0"))
         self._zeros = self._zeros + trailing if trailing == len(data) else trailing
@@ -728,14 +727,16 @@ class PipeStream(_Readable):
         when the pipe closes fails. ``curl`` ignores SIGPIPE and exits 23 on the broken pipe:
         ``pipe:curl -s URL`` failed each shard whose padding came in a later write than its
         marker, losing its last sample (found by review, 2026-12-06). At most ``DRAIN_BYTES``
-        bytes and ``DRAIN_SECONDS`` (or ``timeout``, if shorter): a command that lingers or writes
-        on after its archive is ended as before (a command writing a byte every 10 ms after it
-        was read on for ``timeout``, for hours with none, and then failed: the review of the fix);
+        bytes and ``timeout`` seconds (a stall before the padding, as a network gives, is waited
+        for); after a plain tar, only while what comes is zeros (its padding): a command that
+        writes anything else after its archive is ended by the closed pipe, as before the fix (a
+        shell loop writing a byte every 10 ms was read on for ``timeout``, for hours with none,
+        then killed: the review of the fix; a gzip archive's tail is compressed, read whole);
         and no longer than the command runs: a process it left in the background may hold the
         pipe open for good (``sh -c 'cat x.tar; (sleep 600 &)'`` waited ``timeout`` a shard)."""
         left = self.DRAIN_BYTES
-        bound = self.DRAIN_SECONDS if self.timeout is None else min(self.timeout, self.DRAIN_SECONDS)
-        end = time.monotonic() + bound
+        plain = not self._head.startswith(b"\x1f\x8b")
+        end = None if self.timeout is None else time.monotonic() + self.timeout
         while left > 0:
             with self.at_most(self.DRAIN_POLL):
                 chunk = self._read1(min(left, 1 << 16))
@@ -743,7 +744,9 @@ class PipeStream(_Readable):
                 return  # its end
             if chunk is None and self.proc.poll() is not None:
                 return  # nothing more, and the command exited (what holds the pipe is not it)
-            if time.monotonic() >= end:
+            if plain and chunk and chunk.strip(b"\0"):
+                return  # not a tar's padding: the command writes on after its archive
+            if end is not None and time.monotonic() >= end:
                 # it lingers, or writes on (checked after every read: a command writing a byte
                 # every few ms read on for hours; the review of the fix)
                 return
