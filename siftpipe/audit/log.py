@@ -291,7 +291,6 @@ class AuditLog:
         self._owner: weakref.ref[Any] | None = None  # what bound the log: one stage's shard watcher
         self._merged = False  # some decision was made against a cross-rank history (sync_history)
         self._shard_report: Callable[[], dict[str, Any] | None] | None = None
-        self._leave_pass: weakref.WeakMethod[Callable[[str], None]] | None = None  # before_close
         self._handed: weakref.WeakMethod[Callable[[], int]] | None = None  # track_handed
         self._transport: _Transport | None = None
         self._restarts = 0  # writer processes started again after one exited (on_full="drop")
@@ -374,15 +373,6 @@ class AuditLog:
         self._metadata = info.as_dict()
         self._shard_report = shard_report
 
-    def before_close(self, leave: Callable[[str], None]) -> None:
-        """Have ``close()`` first call ``leave(why)``, a bound method of the stage that leaves its
-        open pass (kept weakly): rows it decided kept and never handed on are noted so before the
-        end marker. Found by review, 2026-12-06: a log closed by hand (or by the ``with`` block
-        around it) while a loop read a pass with ``next()`` recorded the untrained rows as kept,
-        and ``verify`` said OK; the interpreter's exit left the pass, an explicit close did not.
-        """
-        self._leave_pass = weakref.WeakMethod(leave)  # type: ignore[arg-type]
-
     def track_handed(self, handed: Callable[[], int]) -> None:
         """Record in each manifest, as ``handed_until``, what ``handed()`` (a bound method of the
         stage, kept weakly) says when the part is sealed: the seq before which every row
@@ -390,7 +380,9 @@ class AuditLog:
         handed on: an attempt killed before it could note its rows never handed on (no end
         marker, no ``_unhanded`` note) holds kept records the loop may never have received, and
         ``verify`` counts those from its last manifest's ``handed_until`` on (found by review,
-        2026-12-06: 9 to 11 rows read as kept and never trained, nothing said)."""
+        2026-12-06: 9 to 11 rows read as kept and never trained, nothing said). The end marker
+        records it too: a log closed by hand (``log.close()``, the end of a ``with`` block around
+        the loop) while a pass was open holds kept rows not handed on when it closed."""
         self._handed = weakref.WeakMethod(handed)  # type: ignore[arg-type]
 
     def _written(self) -> bool:
@@ -607,10 +599,6 @@ class AuditLog:
                 stacklevel=2,
             )
             return
-        leave = self._leave_pass() if self._leave_pass is not None else None
-        if leave is not None and not self._closed:
-            with contextlib.suppress(Exception):  # (a pass read by another thread this moment)
-                leave("its audit log was closed while the pass was open")
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def left() -> float | None:
@@ -640,6 +628,13 @@ class AuditLog:
                 }
                 if self._unhanded:
                     marker["unhanded"] = self._unhanded
+                handed = self._handed() if self._handed is not None else None
+                if handed is not None:
+                    # the log closed by hand while a pass was open (not by the Sifter's close,
+                    # which leaves the pass first): the rows decided kept from here on were not
+                    # handed on then, and verify says so (found by review, 2026-12-06; leaving
+                    # the pass here instead cost a checkpoint taken after it its place)
+                    marker["handed_until"] = int(handed())
                 if self._manifestless:
                     # written parts whose manifests storage refused: verify reads them as whole
                     marker["manifests_unwritten"] = sorted(self._manifestless)

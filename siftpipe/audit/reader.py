@@ -79,8 +79,9 @@ class _Attempt:
     unhanded_notes: list[Any] = field(default_factory=list)
     #: How many such entries its manifests say its notes hold (the most any says; 0 if none says).
     unhanded_said: int = 0
-    #: The seq before which every row it decided kept had been handed on when its last part was
-    #: sealed (its manifests' ``handed_until``, the most any says); None if none says.
+    #: The seq before which every row it decided kept had been handed on when it closed (its
+    #: end marker's ``handed_until``), else when its last part was sealed (the most its
+    #: manifests say); None if none says.
     handed_until: int | None = None
     #: Other streams its own objects (manifests, claim, end marker) name, as ``"run=t rank=0"``:
     #: objects copied or moved here from there (each names the run and rank that wrote it).
@@ -332,7 +333,13 @@ def list_parts(
         noted: list[Any] = [(p.manifest or {}).get("unhanded_noted") for p in attempt.parts]
         attempt.unhanded_said = max([int(n) for n in noted if _count_like(n)] or [0])
         handed = [(p.manifest or {}).get("handed_until") for p in attempt.parts]
-        attempt.handed_until = max((int(h) for h in handed if h is not None and _count_like(h)), default=None)
+        closing = (attempt.end or {}).get("handed_until")
+        if closing is not None and _count_like(closing):
+            attempt.handed_until = int(closing)  # (when it closed: exact, the manifests' may lag)
+        else:
+            attempt.handed_until = max(
+                (int(h) for h in handed if h is not None and _count_like(h)), default=None
+            )
         origin = (attempt.end or {}).get("origin")
         attempt.origin = origin if isinstance(origin, str) else origins.get(stream_key)
         times = [_number((p.manifest or {}).get("decided_until"), None) for p in attempt.parts]
@@ -1246,12 +1253,19 @@ class LogReport:
                 out.append(
                     f"  attempt {a['attempt']}: {how}, {a['parts']} part(s), {a['records']} records, {end}"
                 )
-                if a.get("unconfirmed"):
+                if a.get("unconfirmed") and not a["ended"]:
                     count, first, last = a["unconfirmed"]
                     out.append(
                         f"    {count} records decided kept (seq {first}..{last}) were not yet handed on "
                         "when its last part was written, and it stopped before saying which it handed "
                         "on after: some may never have been trained (read_log reads them as kept)"
+                    )
+                elif a.get("unconfirmed"):
+                    count, first, last = a["unconfirmed"]
+                    out.append(
+                        f"    {count} records decided kept (seq {first}..{last}) had not been handed on "
+                        "when the log was closed with its pass open (closed by hand, not by the "
+                        "Sifter's close(), which leaves the pass first): read_log reads them as kept"
                     )
                 if a.get("unhanded"):
                     out.append(
@@ -1501,7 +1515,7 @@ def verify_log(
         report.superseded += int(seq.size - live.size)
         ranges = unhanded.get((info.run, info.rank, info.attempt))
         whose = (info.run, info.rank, info.attempt)
-        open_from = None if owner is None or owner.ended else owner.handed_until
+        open_from = None if owner is None else owner.handed_until
         if ranges or open_from is not None:
             kept = table.column("kept").to_numpy(zero_copy_only=False) & (seq < info.cutoff)
             inside = np.zeros(seq.size, dtype=bool)

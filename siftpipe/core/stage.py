@@ -810,11 +810,6 @@ class Sifter:
             passes.unstarted = True
         return True
 
-    def _leave_pass(self, why: str) -> None:
-        """Leave the open pass (its rows decided kept and never handed on noted so), for the
-        reason ``why``: its audit log is being closed (``AuditLog.before_close``)."""
-        self._passes.close_active(why)
-
     def _handed_until(self) -> int:
         """The seq before which every row decided kept has been handed on: the first kept row
         the pending groups still hold, or the next seq to decide (``AuditLog.track_handed``)."""
@@ -896,9 +891,6 @@ class Sifter:
                 # too: until 2026-12-06 its claim and manifests held no settings; review.)
                 self.audit.bind(self.describe(), self._shards.report)
                 self._sink_bound = self.audit
-                before_close = getattr(self.audit, "before_close", None)
-                if callable(before_close):  # (an AuditLog: closed by hand, it leaves the pass)
-                    before_close(self._leave_pass)
                 track_handed = getattr(self.audit, "track_handed", None)
                 if callable(track_handed):  # (an AuditLog: its manifests say what was handed on)
                     track_handed(self._handed_until)

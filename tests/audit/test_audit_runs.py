@@ -551,26 +551,49 @@ def test_a_script_ending_with_a_pass_open_notes_the_rows_it_never_handed_on(tmp_
 
 
 @pytest.mark.parametrize("writer", ["thread", "process"])
-def test_a_log_closed_by_hand_with_a_pass_open_notes_the_rows_it_never_handed_on(tmp_path, writer):
+def test_a_log_closed_by_hand_with_a_pass_open_says_which_kept_rows_were_not_handed_on(tmp_path, writer):
     """The review of the test above: the log closed by the `with` block around it (or by
     `log.close()`) while the loop read the pass with next() recorded the untrained rows as kept,
-    and verify said OK; only the interpreter's exit left the pass first. Reading the pass again
-    says why it ended."""
+    and verify said nothing. A first fix left the pass from close(): an emergency checkpoint
+    taken after the block (a preemption raised in the loop) then restarted the epoch, training
+    rows twice (its review). The pass stays, the checkpoint resumes inside it, verify says it."""
+    samples = make_samples(300, seed=8)
+
+    def sifter(log):
+        return sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, seed=2, output_batch=5, audit=log)
+
+    whole = sifter(sp.AuditLog(str(tmp_path / "whole")))
+    uninterrupted = [k for b in whole(samples) for k in b["__key__"]]
+    whole.close()
     root = str(tmp_path / "log")
-    with sp.AuditLog(root, run_id="by-hand", writer=writer) as log:
-        s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, seed=2, output_batch=5, audit=log)
-        batches = s(make_samples(300, seed=8))
-        trained = [k for _ in range(4) for k in next(batches)["__key__"]]
-    assert len(trained) == 20 and s.stats.unhanded > 0
-    with pytest.raises(sp.PassClosedError, match="its audit log was closed while the pass was open"):
-        next(batches)
-    table = sp.read_log(root)
-    kept = [k for k, kept in zip(table.column("key").to_pylist(), table.column("kept").to_pylist()) if kept]
-    assert kept == trained
+    trained: list[str] = []
+    with pytest.raises(KeyboardInterrupt), sp.AuditLog(root, run_id="by-hand", writer=writer) as log:
+        s = sifter(log)
+        batches = s(samples)
+        for step in range(100):
+            trained += next(batches)["__key__"]  # (handed on: trained, or lost with the step)
+            if step == 4:
+                raise KeyboardInterrupt  # preempted: the loop ends, the with block closes the log
+    state = roundtrip(s.state_dict())  # the emergency checkpoint, after the block
+    assert state["pass_open"]
     report = sp.verify_log(root)
     text = "\n".join(report.lines())
-    assert report.ok and f"{s.stats.unhanded} records decided kept were never handed on" in text, text
-    s.close()  # (the log is closed: nothing more)
+    said = re.search(
+        r"(\d+) records decided kept \(seq (\d+)\.\.(\d+)\) had not been handed on when the log", text
+    )
+    assert report.ok and said is not None, text
+    table = sp.read_log(root)
+    keys, kept, seqs = (table.column(c).to_pylist() for c in ("key", "kept", "seq"))
+    count, first, last = map(int, said.groups())
+    not_trained = [q for k, was, q in zip(keys, kept, seqs) if was and k not in trained]
+    assert not_trained and (first, last, count) == (min(not_trained), max(not_trained), len(not_trained))
+    # the checkpoint resumes inside the pass: every row once, as the uninterrupted run
+    again = sifter(sp.AuditLog(root))
+    again.load_state_dict(state)
+    trained += [k for b in again(samples[state["consumed"] :]) for k in b["__key__"]]
+    again.close()
+    assert trained == uninterrupted
+    assert "had not been handed on" not in "\n".join(sp.verify_log(root).lines())  # resumed: whole
 
 
 @pytest.mark.parametrize("output_batch", [None, 16])
