@@ -703,9 +703,10 @@ def _after_gaps(ordered: Mapping[tuple[str, int], np.ndarray], seqs: np.ndarray,
         warnings.warn(
             f"siftpipe: {'; '.join(said[:3])}{' (and more)' if len(said) > 3 else ''}: the records "
             "are not in the log (lost, or dropped under on_full='drop': siftpipe log verify says "
-            "which). The replay cannot redo their random draws and loss history, so the decisions "
-            "after a gap are not the policy re-run: flips there do not mean that the logged "
-            "policy decided otherwise (counted apart: flips_after_gap)",
+            "which; or, before its first record, in another log: a run resumed into a new root "
+            "starts at its checkpoint). The replay cannot redo their random draws and loss "
+            "history, so the decisions after a gap are not the policy re-run: flips there do not "
+            "mean that the logged policy decided otherwise (counted apart: flips_after_gap)",
             UserWarning,
             stacklevel=3,
         )
