@@ -236,6 +236,48 @@ class ModelLoss:
         return f"ModelLoss(kind={self.kind!r}, labels={self.labels!r})"
 
 
+def _split_tails(loader: Any) -> None:
+    """Make the ``IterableDatasetShard`` ``loader`` reads (several processes, an iterable
+    dataset) split each pass's short last global batch among the processes as it is, where
+    accelerate completes it with the pass's first batch: each process then trained those samples
+    a second time in the pass, after another process had (found by review, 2026-12-06: 32
+    decisions a pass for 30 samples, samples trained on both ranks in one pass). The sifted
+    stream never ends before ``max_steps``: processes need no equal counts."""
+    shard: Any = getattr(loader, "dataset", None)
+    try:
+        from accelerate.data_loader import IterableDatasetShard
+    except ImportError:  # pragma: no cover - transformers' Trainer needs accelerate
+        return
+    if type(shard) is IterableDatasetShard and shard.num_processes > 1 and not shard.drop_last:
+        shard.__class__ = _tail_split_shard(cast(Any, IterableDatasetShard))
+
+
+@functools.cache
+def _tail_split_shard(base: type) -> type:
+    class TailSplitShard(base):  # type: ignore[misc, valid-type]
+        """accelerate's ``IterableDatasetShard``, whose pass's short last batch is split among
+        the processes as it is (a process may get fewer rows, or none), not completed."""
+
+        def __iter__(self) -> Iterator[Any]:
+            dataset = self.dataset
+            if not hasattr(dataset, "set_epoch") and isinstance(
+                getattr(dataset, "generator", None), torch.Generator
+            ):
+                dataset.generator.manual_seed(self.epoch)  # (as accelerate's own does)
+            whole = self.batch_size if self.split_batches else self.batch_size * self.num_processes
+            share = self.batch_size // self.num_processes if self.split_batches else self.batch_size
+            mine = slice(self.process_index * share, (self.process_index + 1) * share)
+            batch: list[Any] = []
+            for element in dataset:
+                batch.append(element)
+                if len(batch) == whole:
+                    yield from batch[mine]
+                    batch = []
+            yield from batch[mine]  # the short last batch: this process's rows of it, if any
+
+    return TailSplitShard
+
+
 class _TrainLoader:
     """What the Trainer iterates: the sifted stream. It has no length: the Trainer runs ``max_steps``."""
 
@@ -336,6 +378,15 @@ class SiftTrainerMixin(_Base):
             )
         # an IterableDataset would otherwise be read by process 0 and dispatched (see above)
         config.dispatch_batches = False
+        if not getattr(config, "use_seedable_sampler", True) and self.accelerator.num_processes > 1:
+            # found by review, 2026-12-06: 2 processes hung at the first pass boundary, one in
+            # the step's all_gather, the other in the broadcast the loader's rng sync makes
+            raise sp.ConfigError(
+                "accelerator_config use_seedable_sampler=False makes the training loader "
+                "synchronise its random state across processes (a broadcast) each time a pass "
+                "starts, and sifting processes start their passes at different steps: they would "
+                "wait for each other for good. Leave use_seedable_sampler on (the default)"
+            )
         for name in ("save_strategy", "eval_strategy"):
             if str(getattr(targs, name, "")).lower().endswith("epoch"):
                 warnings.warn(
@@ -420,6 +471,7 @@ class SiftTrainerMixin(_Base):
         finally:
             self.train_dataset, self.data_collator = dataset, collator
             config.even_batches = even
+        _split_tails(self._sift_inner)
         return _TrainLoader(self.sift_stream)
 
     def _sift_open_pass(self, epoch: int, skip: int) -> tuple[Any, int]:

@@ -827,6 +827,84 @@ def test_under_torchrun_no_process_trains_a_sample_twice_in_a_pass(tmp_path):
     assert first["repeated"] == second["repeated"] == 0
 
 
+ITERABLE_RUN = """
+import json, os, random, sys
+import torch
+from transformers import TrainingArguments
+import siftpipe as sp
+from siftpipe.integrations.hf import ModelLoss, SiftTrainer
+from tests.integrations.test_hf import gpt2, pad, sequences
+
+class Stream(torch.utils.data.IterableDataset):
+    # keyed samples in a new order each pass
+    def __init__(self, items):
+        self.items, self.epoch = items, 0
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+    def __iter__(self):
+        order = list(range(len(self.items)))
+        random.Random(self.epoch).shuffle(order)
+        for i in order:
+            yield {"__key__": f"s{i}", **self.items[i]}
+
+out, mode = sys.argv[1], sys.argv[2]
+extra = {"accelerator_config": {"use_seedable_sampler": False}} if mode == "unseeded" else {}
+args = TrainingArguments(output_dir=out, max_steps=20, per_device_train_batch_size=4, learning_rate=3e-3,
+                         save_steps=100, report_to="none", use_cpu=True, seed=0, disable_tqdm=True, **extra)
+items = sequences(30)
+data = Stream(items) if mode == "iterable" else torch.utils.data.Subset(items, range(30))
+sifter = sp.Sifter(None, ModelLoss(), sp.RelativeProbabilistic(1.0, history=64), micro_batch=8, delay=8,
+                   memory=sp.ScoreMemory(1000), audit=os.path.join(out, "audit"))
+trainer = SiftTrainer(model=gpt2(0.1), args=args, train_dataset=data, data_collator=pad, sifter=sifter)
+trainer.train()
+print(json.dumps({"steps": trainer.state.global_step, "epoch": trainer.sift_stream.epoch}))
+"""
+
+
+def test_under_torchrun_an_iterable_dataset_is_decided_once_a_pass_across_processes(tmp_path):
+    """accelerate's IterableDatasetShard completes each pass's short last global batch with the
+    pass's first batch: with 2 processes, 30 samples and batches of 4, every pass decided 32
+    rows for 30 samples, and samples were trained on both processes in one pass (found by
+    review, 2026-12-06). The short batch is split among the processes as it is."""
+    script = tmp_path / "run.py"
+    script.write_text(ITERABLE_RUN)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    result = run_json([*cmd, str(tmp_path), "iterable"])
+    assert result["steps"] == 20 and result["epoch"] >= 3
+    table = sp.read_log(str(tmp_path / "audit"))
+    by_epoch: dict[int, list[str]] = {}
+    for key, epoch in zip(table.column("key").to_pylist(), table.column("epoch").to_pylist()):
+        by_epoch.setdefault(epoch, []).append(key)
+    whole = [keys for epoch, keys in sorted(by_epoch.items())][:-1]  # (the last pass: cut by max_steps)
+    assert len(whole) >= 3
+    for keys in whole:
+        assert sorted(keys) == sorted(f"s{i}" for i in range(30)), "each sample decided once a pass"
+
+
+def test_under_torchrun_the_unseeded_sampler_is_refused_not_hung(tmp_path):
+    """use_seedable_sampler=False: the loader broadcasts its random state each time a pass
+    starts, and sifting processes start their passes at different steps: 2 processes hung at
+    the first pass boundary, one in the step's all_gather, one in that broadcast (found by
+    review, 2026-12-06). Refused up front."""
+    script = tmp_path / "run.py"
+    script.write_text(ITERABLE_RUN)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [*cmd, str(tmp_path), "unseeded"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        start_new_session=True,  # (a hang is ended with its ranks)
+    )  # fmt: skip
+    try:
+        _, stderr = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, stderr = proc.communicate()
+        pytest.fail(f"hung:\n{stderr[-3000:]}")
+    assert proc.returncode != 0 and "use_seedable_sampler=False" in stderr, stderr[-3000:]
+    assert "Leave use_seedable_sampler on" in stderr
+
+
 @pytest.mark.adversarial
 def test_killed_training_resumes_from_its_checkpoint_exactly(tmp_path):
     """SIGKILL the example after its second checkpoint; resuming from that checkpoint ends where the
