@@ -334,8 +334,11 @@ def list_parts(
         attempt.unhanded_said = max([int(n) for n in noted if _count_like(n)] or [0])
         handed = [(p.manifest or {}).get("handed_until") for p in attempt.parts]
         closing = (attempt.end or {}).get("handed_until")
-        if closing is not None and _count_like(closing):
-            attempt.handed_until = int(closing)  # (when it closed: exact, the manifests' may lag)
+        if attempt.end is not None:
+            # closed: the end marker's alone (the manifests' were taken mid-pass, behind every
+            # row decided after them; an end marker without it, a stage gone before its log
+            # closed, says nothing: the review of the fix, a whole run read as rows not handed on)
+            attempt.handed_until = int(closing) if closing is not None and _count_like(closing) else None
         else:
             attempt.handed_until = max(
                 (int(h) for h in handed if h is not None and _count_like(h)), default=None

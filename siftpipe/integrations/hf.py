@@ -45,6 +45,7 @@ from ._common import (
 
 try:
     from accelerate import skip_first_batches
+    from accelerate.data_loader import IterableDatasetShard
     from transformers import Trainer, TrainerCallback
     from transformers.models.auto import modeling_auto
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
@@ -244,38 +245,32 @@ def _split_tails(loader: Any) -> None:
     decisions a pass for 30 samples, samples trained on both ranks in one pass). The sifted
     stream never ends before ``max_steps``: processes need no equal counts."""
     shard: Any = getattr(loader, "dataset", None)
-    try:
-        from accelerate.data_loader import IterableDatasetShard
-    except ImportError:  # pragma: no cover - transformers' Trainer needs accelerate
-        return
     if type(shard) is IterableDatasetShard and shard.num_processes > 1 and not shard.drop_last:
-        shard.__class__ = _tail_split_shard(cast(Any, IterableDatasetShard))
+        shard.__class__ = TailSplitShard
 
 
-@functools.cache
-def _tail_split_shard(base: type) -> type:
-    class TailSplitShard(base):  # type: ignore[misc, valid-type]
-        """accelerate's ``IterableDatasetShard``, whose pass's short last batch is split among
-        the processes as it is (a process may get fewer rows, or none), not completed."""
+class TailSplitShard(IterableDatasetShard):  # type: ignore[misc]
+    """accelerate's ``IterableDatasetShard``, whose pass's short last batch is split among the
+    processes as it is (a process may get fewer rows, or none), not completed. At module level:
+    DataLoader workers started by spawn or forkserver pickle it by name (the review of the fix:
+    a class made inside a function could not be pickled)."""
 
-        def __iter__(self) -> Iterator[Any]:
-            dataset = self.dataset
-            if not hasattr(dataset, "set_epoch") and isinstance(
-                getattr(dataset, "generator", None), torch.Generator
-            ):
-                dataset.generator.manual_seed(self.epoch)  # (as accelerate's own does)
-            whole = self.batch_size if self.split_batches else self.batch_size * self.num_processes
-            share = self.batch_size // self.num_processes if self.split_batches else self.batch_size
-            mine = slice(self.process_index * share, (self.process_index + 1) * share)
-            batch: list[Any] = []
-            for element in dataset:
-                batch.append(element)
-                if len(batch) == whole:
-                    yield from batch[mine]
-                    batch = []
-            yield from batch[mine]  # the short last batch: this process's rows of it, if any
-
-    return TailSplitShard
+    def __iter__(self) -> Iterator[Any]:
+        dataset: Any = self.dataset
+        if not hasattr(dataset, "set_epoch") and isinstance(
+            getattr(dataset, "generator", None), torch.Generator
+        ):
+            dataset.generator.manual_seed(self.epoch)  # (as accelerate's own does)
+        whole = self.batch_size if self.split_batches else self.batch_size * self.num_processes
+        share = self.batch_size // self.num_processes if self.split_batches else self.batch_size
+        mine = slice(self.process_index * share, (self.process_index + 1) * share)
+        batch: list[Any] = []
+        for element in dataset:
+            batch.append(element)
+            if len(batch) == whole:
+                yield from batch[mine]
+                batch = []
+        yield from batch[mine]  # the short last batch: this process's rows of it, if any
 
 
 class _TrainLoader:

@@ -1,5 +1,6 @@
 """Run ids: a job never supersedes another job's records, and verify tells a resume from a collision."""
 
+import gc
 import os
 import re
 import shutil
@@ -594,6 +595,25 @@ def test_a_log_closed_by_hand_with_a_pass_open_says_which_kept_rows_were_not_han
     again.close()
     assert trained == uninterrupted
     assert "had not been handed on" not in "\n".join(sp.verify_log(root).lines())  # resumed: whole
+
+
+def test_a_whole_run_whose_sifter_is_gone_before_its_log_closes_says_no_rows_unhanded(tmp_path):
+    """The review of the two tests around: a Sifter built inside a function (gone, collected,
+    when the `with` block around its log closes it) left no handed_until in the end marker, and
+    verify read the manifests' (taken mid-pass) and said rows of a whole run had not been handed
+    on when the log closed."""
+    root = str(tmp_path / "log")
+
+    def train(log) -> int:
+        s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, seed=2, output_batch=5, audit=log)
+        return sum(len(b["__key__"]) for _ in range(2) for b in s(make_samples(300, seed=8)))
+
+    with sp.AuditLog(root, run_id="fn", flush_every=100) as log:
+        trained = train(log)
+        gc.collect()
+    assert sum(sp.read_log(root).column("kept").to_pylist()) == trained
+    lines = "\n".join(sp.verify_log(root).lines())
+    assert "closed cleanly" in lines and "handed on" not in lines, lines
 
 
 @pytest.mark.parametrize("output_batch", [None, 16])

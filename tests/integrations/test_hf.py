@@ -881,6 +881,43 @@ def test_under_torchrun_an_iterable_dataset_is_decided_once_a_pass_across_proces
         assert sorted(keys) == sorted(f"s{i}" for i in range(30)), "each sample decided once a pass"
 
 
+class Numbers(torch.utils.data.IterableDataset):
+    """0..n-1 (at module level: spawned DataLoader workers import it by name)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+def test_the_split_tail_shard_gives_each_row_once_and_travels_to_spawned_workers():
+    """The shard that splits a pass's short last batch among processes: every row once across
+    processes, and picklable (the review of the fix: a class made inside a function could not
+    be pickled, and DataLoader workers started by spawn or forkserver failed to start)."""
+    import pickle
+    import types
+
+    from accelerate.data_loader import IterableDatasetShard
+
+    from siftpipe.integrations.hf import TailSplitShard, _split_tails
+
+    shards = [
+        IterableDatasetShard(Numbers(10), batch_size=4, num_processes=2, process_index=i) for i in (0, 1)
+    ]
+    for shard in shards:
+        _split_tails(types.SimpleNamespace(dataset=shard))
+        assert type(shard) is TailSplitShard
+    rows = [list(shard) for shard in shards]
+    assert rows == [[0, 1, 2, 3, 8, 9], [4, 5, 6, 7]]  # accelerate's: [.., 8, 9, 0, 1], [.., 2, 3]
+    again = pickle.loads(pickle.dumps(shards[1]))
+    assert type(again) is TailSplitShard and list(again) == [4, 5, 6, 7]
+    loader = torch.utils.data.DataLoader(
+        shards[0], batch_size=2, num_workers=1, multiprocessing_context="spawn"
+    )
+    assert [int(x) for batch in loader for x in batch] == [0, 1, 2, 3, 8, 9]
+
+
 def test_under_torchrun_the_unseeded_sampler_is_refused_not_hung(tmp_path):
     """use_seedable_sampler=False: the loader broadcasts its random state each time a pass
     starts, and sifting processes start their passes at different steps: 2 processes hung at
