@@ -223,8 +223,9 @@ def _cmd_keys(args: argparse.Namespace) -> int:
         # a record without a key (a stage run with key=None) printed as "None", which a real
         # key "None" could not be told from
         print(
-            f"siftpipe: {keyless} record(s) have no key (the stage ran with key=None), so they "
-            "are not listed: give the stage a key to name samples in the log",
+            f"siftpipe: {keyless} {'kept' if want_kept else 'dropped'} record(s) have no key (the "
+            "stage ran with key=None), so they are not listed: give the stage a key to name "
+            "samples in the log",
             file=sys.stderr,
         )
         return 1
