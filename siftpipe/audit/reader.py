@@ -1453,6 +1453,7 @@ def verify_log(
     # those that left only a claim are noted below; they wrote nothing that could collide or end
     writers = [a for a in attempts if a.claim_only is None]
     secrets = secret_values(storage_options, url)
+    last_of: dict[tuple[str, int], _Attempt] = {(a.run, a.rank): a for a in writers}  # (start order)
     seqs = read_many(
         fs,
         [p.path for p in infos if p.path is not None],
@@ -1518,13 +1519,26 @@ def verify_log(
         report.superseded += int(seq.size - live.size)
         ranges = unhanded.get((info.run, info.rank, info.attempt))
         whose = (info.run, info.rank, info.attempt)
-        open_from = None if owner is None else owner.handed_until
+        latest_one = last_of.get(key)
+        open_from = None if owner is None or owner is not latest_one else owner.handed_until
+        if (
+            open_from is None
+            and latest_one is not None
+            and latest_one.reread_from is not None
+            and latest_one.handed_until is not None
+        ):
+            # rows of an earlier attempt that the latest re-read (from its reread_from up to its
+            # resume point: its notes decide them) are the latest's to have handed on (found by
+            # review, 2026-12-06: a resumed job whose log closed before its first batch)
+            open_from = max(latest_one.handed_until, latest_one.reread_from)
+            whose = (latest_one.run, latest_one.rank, latest_one.attempt)
         if ranges or open_from is not None:
             kept = table.column("kept").to_numpy(zero_copy_only=False) & (seq < info.cutoff)
             inside = np.zeros(seq.size, dtype=bool)
             for first, last in ranges or ():
                 inside |= (seq >= first) & (seq <= last)
-            not_handed[whose] = not_handed.get(whose, 0) + int((kept & inside).sum())
+            own = (info.run, info.rank, info.attempt)
+            not_handed[own] = not_handed.get(own, 0) + int((kept & inside).sum())
             if open_from is not None:
                 after = seq[kept & ~inside & (seq >= open_from)]
                 if after.size:

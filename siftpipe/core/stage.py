@@ -165,7 +165,7 @@ def _leave_passes_at_exit() -> None:
     forked child holds only the Sifters it opened passes of: ``_forget_at_exit``.)"""
     for sifter in list(_AT_EXIT):
         with contextlib.suppress(Exception):
-            sifter._passes.close_active("the interpreter exited while the pass was open")
+            sifter._leave_pass("the interpreter exited while the pass was open")
 
 
 class _WeightSetting(Setting):
@@ -810,11 +810,33 @@ class Sifter:
             passes.unstarted = True
         return True
 
+    def _leave_pass(self, why: str) -> None:
+        """Close the running pass for the reason ``why`` (``Passes.close_active``). A pass opened
+        on a loaded mid-pass checkpoint and never read is given up as a torchdata reset gives it
+        up: the checkpoint's rows decided kept and never handed on are noted (found by review,
+        2026-12-06: a job resumed and stopped again before its first batch left no note, and its
+        log read those rows as trained, verify OK). Also one whose iterator was dropped unread,
+        or that was never opened."""
+        passes = self._passes
+        passes.close_active(why)
+        restore = passes.restore  # (a pass that started reading has re-read it, and let it go)
+        if restore is not None and restore.get("pass_open"):
+            self._give_up_loaded_pass()
+
     def _handed_until(self) -> int:
         """The seq before which every row decided kept has been handed on: the first kept row
-        the pending groups still hold, or the next seq to decide (``AuditLog.track_handed``)."""
+        the pending groups still hold (a loaded checkpoint's, while its pass is not read yet),
+        or the next seq to decide (``AuditLog.track_handed``)."""
         ledger = self._ledger
         seq = ledger.seq_at(ledger.emitted)
+        restore = self._passes.restore
+        if seq < 0 and restore is not None and restore.get("pass_open") and not ledger.pending:
+            skip = int(restore["emitted"])
+            for desc in restore["pending"]:
+                kept = np.flatnonzero(desc["keep"].numpy().astype(bool))
+                if skip < kept.size:
+                    return int(desc["seq0"]) + int(kept[skip])
+                skip -= kept.size
         return seq if seq >= 0 else int(self._decider.counts["seen"])
 
     def _note_given_up(self, first: int, count: int) -> None:
@@ -1172,7 +1194,7 @@ class Sifter:
     def close(self) -> None:
         """Stop the active pass and flush and close the audit log (if any). Reading the stopped
         pass's iterator on raises ``PassClosedError``."""
-        self._passes.close_active("the Sifter was closed (close(), or the end of a with block)")
+        self._leave_pass("the Sifter was closed (close(), or the end of a with block)")
         self._output = None
         if self.audit is not None:
             self.audit.close()

@@ -616,6 +616,47 @@ def test_a_whole_run_whose_sifter_is_gone_before_its_log_closes_says_no_rows_unh
     assert "closed cleanly" in lines and "handed on" not in lines, lines
 
 
+@pytest.mark.parametrize("how", ["sifter.close", "log.close"])
+def test_a_resumed_job_stopped_before_its_first_batch_leaves_the_checkpoints_rows_untrained(tmp_path, how):
+    """A job resumed from a mid-pass checkpoint and stopped again before its first batch (closed,
+    preempted): the pass never started, so nothing noted the checkpoint's rows decided kept and
+    not handed on, and the log read them as trained, verify OK (found by review, 2026-12-06).
+    Closed by the Sifter, they are noted never handed on; with its log closed by hand, verify
+    names them."""
+    root = str(tmp_path / "log")
+    samples = make_samples(400, seed=8)
+
+    def sifter() -> sp.Sifter:
+        log = sp.AuditLog(root, run_id="r", flush_every=30)
+        return sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=40, seed=2, output_batch=5, audit=log)
+
+    first = sifter()
+    batches = first(samples)
+    trained = [k for _ in range(3) for k in next(batches)["__key__"]]
+    state = roundtrip(first.state_dict())
+    for _ in range(4):
+        next(batches)  # rolled back by the resume
+    first.close()
+    again = sifter()
+    again.load_state_dict(state)
+    again(samples[state["consumed"] :])  # the pass is opened, and the job stops before reading it
+    if how == "sifter.close":
+        again.close()
+    else:
+        again.audit.close()
+    table = sp.read_log(root)
+    keys, kept, seqs = (table.column(c).to_pylist() for c in ("key", "kept", "seq"))
+    not_trained = [q for k, was, q in zip(keys, kept, seqs) if was and k not in trained]
+    report = sp.verify_log(root)
+    lines = "\n".join(report.lines())
+    if how == "sifter.close":
+        assert not not_trained and report.ok, lines  # noted: read as not kept
+        assert again.stats.unhanded > 0
+    else:
+        said = f"{len(not_trained)} records decided kept (seq {min(not_trained)}..{max(not_trained)}) had not"
+        assert not_trained and said in lines, lines
+
+
 @pytest.mark.parametrize("output_batch", [None, 16])
 def test_a_job_killed_mid_pass_says_which_kept_records_it_may_never_have_handed_on(tmp_path, output_batch):
     """Parts are sealed as rows are decided, before they are handed on: a job killed by SIGKILL
