@@ -811,17 +811,32 @@ class Sifter:
         return True
 
     def _leave_pass(self, why: str) -> None:
-        """Close the running pass for the reason ``why`` (``Passes.close_active``). A pass opened
-        on a loaded mid-pass checkpoint and never read is given up as a torchdata reset gives it
-        up: the checkpoint's rows decided kept and never handed on are noted (found by review,
-        2026-12-06: a job resumed and stopped again before its first batch left no note, and its
-        log read those rows as trained, verify OK). Also one whose iterator was dropped unread,
-        or that was never opened."""
+        """Close the running pass for the reason ``why`` (``Passes.close_active``). Of a loaded
+        mid-pass checkpoint not read since (its pass opened and not read, its iterator dropped,
+        or never opened), the rows decided kept and never handed on are noted so (found by
+        review, 2026-12-06: a job resumed and stopped again before its first batch left no note,
+        and its log read those rows as trained, verify OK). The checkpoint's position stays:
+        ``state_dict()`` after this still resumes inside its pass."""
         passes = self._passes
         passes.close_active(why)
         restore = passes.restore  # (a pass that started reading has re-read it, and let it go)
-        if restore is not None and restore.get("pass_open"):
-            self._give_up_loaded_pass()
+        ledger = self._ledger
+        if restore is None or not restore.get("pass_open") or restore.get("noted") or ledger.pending:
+            return
+        # noted, and kept: a state taken after close() still resumes the checkpoint's pass (the
+        # review of the fix: giving the pass up lost its position, 92 samples of the epoch never
+        # trained); the resumed attempt re-reads those rows, and its notes decide them
+        restore["noted"] = True
+        consumed = ledger.consumed
+        for desc in restore["pending"]:
+            group = Group([], int(desc["rows"]), int(desc["seq0"]), None)
+            group.kept_index = np.flatnonzero(desc["keep"].numpy().astype(bool))
+            ledger.pending.append(group)
+        ledger.emitted = int(restore["emitted"])
+        try:
+            self._unhanded()
+        finally:
+            ledger.drop_pending(consumed=consumed)
 
     def _handed_until(self) -> int:
         """The seq before which every row decided kept has been handed on: the first kept row

@@ -652,6 +652,21 @@ def test_a_resumed_job_stopped_before_its_first_batch_leaves_the_checkpoints_row
     if how == "sifter.close":
         assert not not_trained and report.ok, lines  # noted: read as not kept
         assert again.stats.unhanded > 0
+        # and the position stays (the review of the fix: giving the pass up lost it, and a
+        # state saved after close() started a new pass: 92 samples of the epoch never trained)
+        saved = roundtrip(again.state_dict())
+        assert saved["pass_open"] and saved["consumed"] == state["consumed"] and saved["pending"]
+        third = sifter()
+        third.load_state_dict(saved)
+        trained += [k for b in third(samples[saved["consumed"] :]) for k in b["__key__"]]
+        third.close()
+        whole = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=40, seed=2, output_batch=5)
+        assert trained == [k for b in whole(samples) for k in b["__key__"]]
+        table = sp.read_log(root)
+        assert sorted(
+            k for k, was in zip(table.column("key").to_pylist(), table.column("kept").to_pylist()) if was
+        ) == sorted(trained)
+        assert sp.verify_log(root).ok
     else:
         said = f"{len(not_trained)} records decided kept (seq {min(not_trained)}..{max(not_trained)}) had not"
         assert not_trained and said in lines, lines
