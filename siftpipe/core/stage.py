@@ -827,6 +827,7 @@ class Sifter:
         # review of the fix: giving the pass up lost its position, 92 samples of the epoch never
         # trained); the resumed attempt re-reads those rows, and its notes decide them
         restore["noted"] = True
+        before = self._decider.counts["unhanded"]
         consumed = ledger.consumed
         for desc in restore["pending"]:
             group = Group([], int(desc["rows"]), int(desc["seq0"]), None)
@@ -837,6 +838,7 @@ class Sifter:
             self._unhanded()
         finally:
             ledger.drop_pending(consumed=consumed)
+            restore["noted_rows"] = self._decider.counts["unhanded"] - before
 
     def _handed_until(self) -> int:
         """The seq before which every row decided kept has been handed on: the first kept row
@@ -896,6 +898,16 @@ class Sifter:
             self._rng_untouched = False
             self._seed_by_rank()
         tracked = self._tracks(source)
+        restore = self._passes.restore
+        if restore is not None and restore.get("noted"):
+            # a closed Sifter read again: close() noted the loaded pass's undelivered rows never
+            # handed on, so this pass does not resume it and hand them on (the review of that
+            # fix); as after close() of a pass that was read, the next pass starts. (A state
+            # taken before this still resumes it, in a new Sifter with a new log.)
+            self._passes.restore = None
+            self._passes.open = False
+            if not restore.get("pass_read", True):
+                self._passes.unstarted = True
         resume, advance = self._passes.begin(source, tracked, self.track_source)
         if advance:
             self.epoch += 1
@@ -1001,7 +1013,7 @@ class Sifter:
             "config": stage_config(self),
             "policy": self.policy.state_dict(),
             "rng": self._decider.rng.bit_generator.state,
-            "counts": dict(self._decider.counts),
+            "counts": self._saved_counts(),
             "seconds": list(self._decider.seconds),
             "epoch": self.epoch,
             "model_version": self.model_version,
@@ -1027,6 +1039,17 @@ class Sifter:
                 f"could mix two moments and is not returned; {waiting}"
             )
         return state
+
+    def _saved_counts(self) -> dict[str, Any]:
+        """The counters a state holds: a loaded checkpoint's rows that ``close()`` noted never
+        handed on (``_leave_pass``) and whose position the state still holds are the checkpoint's
+        pending rows again, which the resumed run hands on: not counted unhanded (the review of
+        the fix: ``stats.unhanded`` grew by them at each load, close and save)."""
+        counts = dict(self._decider.counts)
+        restore = self._passes.restore
+        if restore is not None and restore.get("noted"):
+            counts["unhanded"] -= int(restore.get("noted_rows", 0))
+        return counts
 
     def _moment(self) -> tuple[int, int, int, int, bool]:
         """What a read of the pass moves: its position (rows and items handed on), the samples
