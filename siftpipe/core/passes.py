@@ -142,6 +142,8 @@ class Passes:
         restore = self.restore
         if restore is None or (restore.get("source") is not None and track_source is not False):
             return None
+        if restore.get("noted"):
+            return None  # closed unread (Sifter._leave_pass): the next call starts the next pass
         return int(restore["consumed"])
 
     def begin(

@@ -782,6 +782,13 @@ class Sifter:
         True if there was a pass to give up or rows to note."""
         passes = self._passes
         restore = passes.restore
+        if restore is not None and restore.get("pass_open") and restore.get("noted"):
+            # close() noted its rows already (_leave_pass): only the handed ones are new (the
+            # review of that: a reset(None) after close() counted them twice)
+            self._drop_noted_restore()
+            if handed_from is not None and handed_rows > 0:
+                self._note_given_up(handed_from, handed_rows)
+            return True
         if handed_from is not None and handed_rows > 0 and (restore is None or not restore.get("pass_open")):
             self._note_given_up(handed_from, handed_rows)
             return True
@@ -904,10 +911,7 @@ class Sifter:
             # handed on, so this pass does not resume it and hand them on (the review of that
             # fix); as after close() of a pass that was read, the next pass starts. (A state
             # taken before this still resumes it, in a new Sifter with a new log.)
-            self._passes.restore = None
-            self._passes.open = False
-            if not restore.get("pass_read", True):
-                self._passes.unstarted = True
+            self._drop_noted_restore()
         resume, advance = self._passes.begin(source, tracked, self.track_source)
         if advance:
             self.epoch += 1
@@ -1039,6 +1043,17 @@ class Sifter:
                 f"could mix two moments and is not returned; {waiting}"
             )
         return state
+
+    def _drop_noted_restore(self) -> None:
+        """Forget a loaded pass whose undelivered rows ``close()`` noted (``_leave_pass``): the
+        next pass starts, as after ``close()`` of a pass that was read."""
+        passes = self._passes
+        restore = passes.restore
+        assert restore is not None
+        passes.restore = None
+        passes.open = False
+        if not restore.get("pass_read", True):
+            passes.unstarted = True
 
     def _saved_counts(self) -> dict[str, Any]:
         """The counters a state holds: a loaded checkpoint's rows that ``close()`` noted never

@@ -869,6 +869,34 @@ def test_a_sift_node_read_from_a_prefetching_thread_is_refused_and_below_one_it_
     assert 0 < len(out) < 64 and sifter.stats.seen == 64 and model.training
 
 
+def test_a_reset_after_close_does_not_count_the_loaded_passs_rows_twice():
+    """A SiftNode reset to a mid-pass state, its Sifter closed (which notes the checkpoint's rows
+    decided kept and never handed on), then reset(None): the rows were noted, and counted,
+    a second time (found by review, 2026-12-06): kept no longer equalled trained + unhanded."""
+    samples = _xy(200)
+
+    def node() -> SiftNode:
+        sifter = sp.Sifter(
+            None, lambda m, b: b["x"].sum(1), sp.Uniform(0.5), micro_batch=40, seed=2, output_batch=5
+        )
+        return SiftNode(IterableWrapper(samples), sifter)
+
+    first = node()
+    first.reset(None)
+    trained = [k for _ in range(3) for k in first.next()["__key__"]]
+    state = roundtrip(first.get_state())
+    second = node()
+    second.reset(state)
+    second.sifter.close()
+    noted = second.sifter.stats.unhanded
+    assert noted > 0
+    second.reset(None)
+    assert second.sifter.stats.unhanded == noted
+    rest = [k for batch in Loader(second) for k in batch["__key__"]]
+    stats = second.sifter.stats
+    assert stats.kept == len(trained) + len(rest) + stats.unhanded
+
+
 @pytest.mark.adversarial
 @pytest.mark.parametrize("method", ["process", "thread"])
 def test_a_sifter_called_in_a_parallel_mappers_map_function_is_refused(method):
