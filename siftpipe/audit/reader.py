@@ -1462,7 +1462,9 @@ def verify_log(
     # records decided kept that read_log reads as not kept (never handed on), per attempt
     unhanded = unhanded_ranges(attempts)
     not_handed: dict[tuple[str, int, str], int] = {}
-    # of an attempt that did not close: its kept records from its last manifest's handed_until on
+    # of each stream's latest attempt: its kept records (and the earlier attempt's it re-read)
+    # from its handed_until on, not noted never handed on: "not yet handed on" (did not close),
+    # "had not been handed on" (its log closed with the pass open)
     unconfirmed: dict[tuple[str, int, str], list[int]] = {}
     seq_of: dict[int, Any] = {}
     readable = [p for p in infos if p.path is not None]
