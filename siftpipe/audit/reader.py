@@ -1256,19 +1256,18 @@ class LogReport:
                 out.append(
                     f"  attempt {a['attempt']}: {how}, {a['parts']} part(s), {a['records']} records, {end}"
                 )
-                if a.get("unconfirmed") and not a["ended"]:
+                if a.get("unconfirmed"):
                     count, first, last = a["unconfirmed"]
-                    out.append(
-                        f"    {count} records decided kept (seq {first}..{last}) were not yet handed on "
-                        "when its last part was written, and it stopped before saying which it handed "
-                        "on after: some may never have been trained (read_log reads them as kept)"
+                    when = (
+                        "had not been handed on when the log was closed with its pass open (closed by "
+                        "hand, not by the Sifter's close(), which leaves the pass first)"
+                        if a["ended"]
+                        else "were not yet handed on when its last part was written, and it stopped "
+                        "before saying which it handed on after: some may never have been trained"
                     )
-                elif a.get("unconfirmed"):
-                    count, first, last = a["unconfirmed"]
                     out.append(
-                        f"    {count} records decided kept (seq {first}..{last}) had not been handed on "
-                        "when the log was closed with its pass open (closed by hand, not by the "
-                        "Sifter's close(), which leaves the pass first): read_log reads them as kept"
+                        f"    {count} records decided kept (seq {first}..{last}) {when}; read_log reads "
+                        "them as kept"
                     )
                 if a.get("unhanded"):
                     out.append(
