@@ -1452,7 +1452,8 @@ def verify_log(
     # those that left only a claim are noted below; they wrote nothing that could collide or end
     writers = [a for a in attempts if a.claim_only is None]
     secrets = secret_values(storage_options, url)
-    last_of: dict[tuple[str, int], _Attempt] = {(a.run, a.rank): a for a in writers}  # (start order)
+    # each stream's latest attempt that wrote something (attempts are listed in start order)
+    last_of: dict[tuple[str, int], _Attempt] = {(a.run, a.rank): a for a in writers}
     seqs = read_many(
         fs,
         [p.path for p in infos if p.path is not None],
@@ -1623,8 +1624,7 @@ def verify_log(
         _missing_ranks(infos, attempts, streams)
     _verify_predecode(fs, url, storage_options, run, rank, streams, secrets)
     # records lost after the last one found: the latest attempt's end marker says where it ended
-    latest: dict[tuple[str, int], _Attempt] = {(a.run, a.rank): a for a in writers}  # in start order
-    for key, attempt in latest.items():
+    for key, attempt in last_of.items():
         records = _number((attempt.end or {}).get("records"), None)
         report = streams[key]
         open_rows = unconfirmed.get((attempt.run, attempt.rank, attempt.attempt))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -128,12 +128,32 @@ class Ledger:
     def seq_at(self, pos: int) -> int:
         """The seq of kept row ``pos`` of the pending groups (in the order they are handed on;
         ``emitted`` is the first not yet handed), or -1 if they hold fewer rows."""
-        for group in self.pending:
-            index = group.kept_index
-            if pos < index.size:
-                return group.seq0 + int(index[pos])
-            pos -= index.size
-        return -1
+        return kept_seq(self.pending, pos)
+
+
+def kept_seq(groups: Iterable[Group], pos: int) -> int:
+    """The seq of kept row ``pos`` of ``groups`` (in the order they are handed on), or -1 if
+    they hold fewer rows."""
+    for group in groups:
+        index = group.kept_index
+        if pos < index.size:
+            return group.seq0 + int(index[pos])
+        pos -= index.size
+    return -1
+
+
+def restored_groups(restore: Mapping[str, Any]) -> list[Group]:
+    """The pending groups of a loaded checkpoint (``restore["pending"]``) as ``Group``s holding
+    only their decisions (rows, first seq, keep mask): enough to count and name the kept rows
+    its run had not handed on (``Sifter._give_up_loaded_pass``, ``_leave_pass``,
+    ``_handed_until``), not to hand them on."""
+    groups = []
+    for desc in restore["pending"]:
+        group = Group([], int(desc["rows"]), int(desc["seq0"]), None)
+        group.keep = desc["keep"].numpy().astype(bool)
+        group.kept_index = np.flatnonzero(group.keep)
+        groups.append(group)
+    return groups
 
 
 #: Batches handed on whose rows ``Sifter.discard_last`` can still find: the batch a consumer

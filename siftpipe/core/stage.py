@@ -40,7 +40,7 @@ from .decide import REASONS
 from .decider import Decider
 from .files import RETRY_TIMEOUT
 from .hostcopy import HostCopy, host_losses
-from .ledger import RECENT_BATCHES, Group, Ledger, Output
+from .ledger import RECENT_BATCHES, Group, Ledger, Output, kept_seq, restored_groups
 from .memory import SOURCES, ScoreMemory, check_epoch
 from .passes import Passes, Superseded
 from .policies import Policy, get_policy, integer_count
@@ -785,7 +785,7 @@ class Sifter:
         if restore is not None and restore.get("pass_open") and restore.get("noted"):
             # close() noted its rows already (_leave_pass): only the handed ones are new (the
             # review of that: a reset(None) after close() counted them twice)
-            self._drop_noted_restore()
+            self._forget_restore()
             if handed_from is not None and handed_rows > 0:
                 self._note_given_up(handed_from, handed_rows)
             return True
@@ -797,11 +797,7 @@ class Sifter:
         passes.close_active("the checkpoint's pass was given up for a new one before it was read")
         ledger = self._ledger
         ledger.drop_pending(consumed=int(restore["consumed"]))
-        for desc in restore["pending"]:
-            group = Group([], int(desc["rows"]), int(desc["seq0"]), None)
-            group.keep = desc["keep"].numpy().astype(bool)
-            group.kept_index = np.flatnonzero(group.keep)
-            ledger.pending.append(group)
+        ledger.pending.extend(restored_groups(restore))
         ledger.emitted = int(restore["emitted"])
         if handed_from is not None and handed_rows > 0:
             pending = sum(group.n_kept for group in ledger.pending) - ledger.emitted
@@ -809,12 +805,7 @@ class Sifter:
         else:
             self._unhanded()
         ledger.drop_pending()
-        passes.restore = None
-        passes.open = False
-        if not restore.get("pass_read", True):
-            # a pass that had read nothing, given up: the next one is the same epoch, as in the
-            # process that took the state (found by review, 2026-12-05: one epoch ahead)
-            passes.unstarted = True
+        self._forget_restore()
         return True
 
     def _leave_pass(self, why: str) -> None:
@@ -836,10 +827,7 @@ class Sifter:
         restore["noted"] = True
         before = self._decider.counts["unhanded"]
         consumed = ledger.consumed
-        for desc in restore["pending"]:
-            group = Group([], int(desc["rows"]), int(desc["seq0"]), None)
-            group.kept_index = np.flatnonzero(desc["keep"].numpy().astype(bool))
-            ledger.pending.append(group)
+        ledger.pending.extend(restored_groups(restore))
         ledger.emitted = int(restore["emitted"])
         try:
             self._unhanded()
@@ -855,12 +843,7 @@ class Sifter:
         seq = ledger.seq_at(ledger.emitted)
         restore = self._passes.restore
         if seq < 0 and restore is not None and restore.get("pass_open") and not ledger.pending:
-            skip = int(restore["emitted"])
-            for desc in restore["pending"]:
-                kept = np.flatnonzero(desc["keep"].numpy().astype(bool))
-                if skip < kept.size:
-                    return int(desc["seq0"]) + int(kept[skip])
-                skip -= kept.size
+            seq = kept_seq(restored_groups(restore), int(restore["emitted"]))
         return seq if seq >= 0 else int(self._decider.counts["seen"])
 
     def _note_given_up(self, first: int, count: int) -> None:
@@ -911,7 +894,7 @@ class Sifter:
             # handed on, so this pass does not resume it and hand them on (the review of that
             # fix); as after close() of a pass that was read, the next pass starts. (A state
             # taken before this still resumes it, in a new Sifter with a new log.)
-            self._drop_noted_restore()
+            self._forget_restore()
         resume, advance = self._passes.begin(source, tracked, self.track_source)
         if advance:
             self.epoch += 1
@@ -1044,15 +1027,17 @@ class Sifter:
             )
         return state
 
-    def _drop_noted_restore(self) -> None:
-        """Forget a loaded pass whose undelivered rows ``close()`` noted (``_leave_pass``): the
-        next pass starts, as after ``close()`` of a pass that was read."""
+    def _forget_restore(self) -> None:
+        """Forget a loaded mid-pass checkpoint given up (``_give_up_loaded_pass``), or whose
+        undelivered rows ``close()`` noted (``_leave_pass``): the next call starts a new pass."""
         passes = self._passes
         restore = passes.restore
         assert restore is not None
         passes.restore = None
         passes.open = False
         if not restore.get("pass_read", True):
+            # a pass that had read nothing, given up: the next one is the same epoch, as in the
+            # process that took the state (found by review, 2026-12-05: one epoch ahead)
             passes.unstarted = True
 
     def _saved_counts(self) -> dict[str, Any]:
