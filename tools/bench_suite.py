@@ -59,6 +59,7 @@ Usage: python tools/bench_suite.py [--seeds 3] [--tasks ...] [--arms ...] [--mar
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -587,8 +588,12 @@ def run_arm(
 
     def evaluate() -> None:
         nonlocal paused
-        t0 = time.perf_counter()
-        got = task.evaluate(model, data.xt, data.yt)
+        t0, cpu_at = time.perf_counter(), time.process_time()
+        # an evaluation is not the training step: off the stage's clock (stats.step_seconds,
+        # saved_seconds and the recipe's cost guard), as it is off the run's (found by review,
+        # 2026-12-06: it counted as step time, and the guard saw sifting pay more than it did)
+        with sifter.off_clock() if sifter is not None else contextlib.nullcontext():
+            got = task.evaluate(model, data.xt, data.yt)
         if sifter is not None and arm.kind != "uniform":
             # scoring forwards so far (the units to target count them): none in today's arms
             state["scored"] = sifter.stats.scored
@@ -602,7 +607,9 @@ def run_arm(
             }
         )
         paused += time.perf_counter() - t0
+        cpu_paused[0] += time.process_time() - cpu_at
 
+    cpu_paused = [0.0]  # CPU seconds in evaluations, left out of cpu_seconds as out of seconds
     clock = {"select": 0.0, "feedback": 0.0}
     model.train()
     start = time.perf_counter()
@@ -694,7 +701,7 @@ def run_arm(
             hard = sifter.memory.persistent_hard()  # applied losses only: reading changes nothing
             hard_per_epoch.append(None if hard is None else round(hard, 4))
     seconds = time.perf_counter() - start - paused
-    cpu_seconds = time.process_time() - cpu0
+    cpu_seconds = time.process_time() - cpu0 - cpu_paused[0]
     evaluate()
     stats = sifter.stats if sifter is not None else None
     if stats is not None:

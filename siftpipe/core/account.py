@@ -29,7 +29,8 @@ class CostAccount:
     from checkpoints is judged on its whole run).
 
     ``inside``: seconds inside the stage's passes; ``source``: the part of it spent waiting for the
-    source; ``outside``: seconds between handing an item on and being asked for the next;
+    source; ``outside``: seconds between handing an item on and being asked for the next, less
+    what the consumer spent off the clock (``off_clock``);
     ``observe``: seconds in ``observe()`` (the consumer calls it, but it is the stage's cost);
     ``handed``: samples handed on; ``dropped``: samples dropped.
     """
@@ -39,7 +40,9 @@ class CostAccount:
     MIN_EVIDENCE_SECONDS = 1.0
 
     __slots__ = (
+        "_away",
         "_emitted",
+        "_handing",
         "_moved",
         "_pass",
         "dropped",
@@ -57,6 +60,8 @@ class CostAccount:
         self.handed = self.dropped = 0
         self._emitted = 0  # the pass output's count of samples handed on, when last added
         self._moved = 0.0  # seconds timed inside that were the step's (to_step), not yet added
+        self._handing = False  # the consumer holds the pass's items: its time is its step's
+        self._away = 0.0  # seconds of it the consumer spent off the clock (``off_clock``)
         self._pass = 0  # samples dropped before the running pass
         self.dropping_passes = 0
         self.warned = False
@@ -108,6 +113,14 @@ class CostAccount:
         without sifting spends too. Moved at the next ``add`` (or the pass's end)."""
         self._moved += seconds
 
+    def off_clock(self, seconds: float) -> None:
+        """``seconds`` the consumer spent, between two items of a pass, on work that is not its
+        training step (an evaluation, a checkpoint): left out of ``outside``, so that the step
+        time per sample (and so ``saved_seconds``) is the step's. Ignored outside a pass's hand
+        on (between passes nothing is timed)."""
+        if self._handing and seconds > 0:
+            self._away += seconds
+
     def add(self, inside: float, outside: float, handed: int) -> None:
         """Add seconds ``inside`` the stage and ``outside`` it; ``handed``: samples the pass's
         output has handed on so far."""
@@ -135,16 +148,22 @@ class CostAccount:
                     continue  # nothing kept: its time goes with the next group that hands on
                 handed_at, busy = clock(), out.busy
                 inside += handed_at - mark
+                self._away, self._handing = 0.0, True
                 yield first
                 yield from items
                 mark = clock()
+                self._handing = False
                 busy = out.busy - busy
                 inside += busy
-                outside += mark - handed_at - busy
+                # time the consumer said was not its step (off_clock) is nobody's: an
+                # evaluation between steps inflated the step time, and so what sifting saved
+                # (found by review, 2026-12-06)
+                outside += max(0.0, mark - handed_at - busy - self._away)
                 self.add(inside, outside, out.handed)
                 inside = outside = 0.0
             return mark
         finally:
+            self._handing = False
             self.add(inside, outside, out.handed)
 
     def pass_begins(self, resumed: bool = False) -> None:

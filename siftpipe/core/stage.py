@@ -624,6 +624,31 @@ class Sifter:
         self.epoch = int(epoch)
         self._passes.epoch_set = True
 
+    @contextlib.contextmanager
+    def off_clock(self) -> Iterator[None]:
+        """Leave the block's wall time out of the stage's account of your training step.
+
+        The stage times your step as the time between handing a batch on and being asked for
+        the next (``stats.step_seconds``), and from it what its dropped samples would have cost
+        (``stats.saved_seconds``, what ``cost_guard`` weighs against the stage's own time). An
+        evaluation, a checkpoint or a long log write in the training loop, between two batches,
+        would count as step time and make sifting look more worth it than it is: wrap it::
+
+            for step, batch in enumerate(loader):
+                train_step(batch)
+                if step % 1000 == 0:
+                    with sifter.off_clock():
+                        evaluate(model)
+
+        Changes no decision by itself; outside a pass (between epochs) it does nothing, since
+        nothing is timed there.
+        """
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._account.off_clock(time.perf_counter() - start)
+
     def observe(self, keys: Sequence[Any], losses: Any, epoch: int | None = None) -> None:
         """Hand back per-sample losses the training step computed anyway, for later epochs.
 

@@ -4,6 +4,7 @@ streamed from shards through DataLoader workers, timed and evaluated."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import time
@@ -399,7 +400,9 @@ def train_run(
         seconds = t0 - start - paused
         was = model.training
         model.eval()
-        with torch.inference_mode():
+        # not the training step: off the stage's clock (its step time, and what it saved)
+        off_clock = sifter.off_clock() if sifter is not None else contextlib.nullcontext()
+        with off_clock, torch.inference_mode():
             accuracy = (model(x_test).argmax(1) == y_test).double().mean().item()
         model.train(was)
         scored = sifter.stats.scored if sifter is not None and arm.scoring != "free" else 0

@@ -570,6 +570,18 @@ class SiftTrainerMixin(_Base):
         inputs, _ = split_meta(inputs)
         return super().prediction_step(model, inputs, *args, **kwargs)
 
+    def evaluate(self, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.evaluate``, off the stage's clock: an evaluation between training steps is
+        not step time (``Sifter.off_clock``: ``stats.step_seconds``, ``saved_seconds`` and the
+        cost guard's judgement would count it otherwise)."""
+        with self.sifter.off_clock():
+            return super().evaluate(*args, **kwargs)
+
+    def _save_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        # a checkpoint between steps is not step time either (as evaluate, above)
+        with self.sifter.off_clock():
+            return super()._save_checkpoint(*args, **kwargs)
+
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         """The Trainer's log, plus the stage's counters (``sift/...``) with every training loss."""
         if "loss" in logs:

@@ -21,6 +21,7 @@ docs/integrations.md.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -197,6 +198,7 @@ class SiftCallback(Callback):
         # inside the fit (see on_validation_start)
         self._rng_after_batch: dict[str, Any] | None = None
         self._validated = False
+        self._off_clock = contextlib.ExitStack()  # open while a validation inside the fit runs
         self._restored_at_epoch_end = False
         self._pending_state: dict[str, Any] | None = None
         self._attached = False  # setup() ran: the callback is in the Trainer's callbacks
@@ -605,7 +607,14 @@ class SiftCallback(Callback):
         # starts from the states the last one ended with, resumed or not (restore_rng)
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
             self._validated = True  # (Lightning runs the sanity check on states of its own)
+            # validation between training steps is not step time: off the stage's clock
+            # (Sifter.off_clock: stats.step_seconds, saved_seconds and the cost guard)
+            self._off_clock.close()
+            self._off_clock.enter_context(self.sifter.off_clock())
         self._in_batch = False  # (a step that returned -1 from on_train_batch_start never ended)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._off_clock.close()
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._in_batch = False  # as above: an epoch ended early by on_train_batch_start's -1

@@ -2,6 +2,7 @@
 saved_seconds, net_seconds) and its warning when a pass does not pay. Timing enters only as lower
 bounds that sleeps guarantee; no test depends on how fast this machine is."""
 
+import contextlib
 import logging
 import time
 
@@ -388,3 +389,36 @@ def test_on_one_rank_of_several_the_guard_logs_and_does_not_stop(caplog, monkeyp
         r.getMessage() for r in caplog.records if "does not stop sifting on one rank of 2" in r.getMessage()
     ]
     assert len(why) == 1
+
+
+class StepClock:
+    """``time.perf_counter`` that moves only when told (and a nanosecond per read, to stay
+    monotonic): the account's arithmetic, judged exactly."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        self.now += 1e-9
+        return self.now
+
+
+def test_time_spent_off_the_clock_between_batches_is_not_step_time_nor_saved(monkeypatch):
+    clock = StepClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    runs = {}
+    for off in (False, True):
+        s = stage()
+        for _epoch in range(2):
+            for _ in s(samples()):
+                clock.now += 1.0  # the training step: one second a sample handed on
+                with s.off_clock() if off else contextlib.nullcontext():
+                    clock.now += 100.0  # an evaluation between two steps
+            with s.off_clock():
+                clock.now += 1000.0  # between passes: nothing is timed, off the clock or not
+        runs[off] = s.stats
+    on, off = runs[False], runs[True]
+    assert on.kept == off.kept and 0 < off.kept < N  # the same decisions
+    assert off.step_seconds == pytest.approx(off.kept * 1.0, abs=1e-3)  # the steps alone
+    assert on.step_seconds == pytest.approx(on.kept * 101.0, abs=1e-3)  # without it: evaluations too
+    assert off.saved_seconds == pytest.approx(off.dropped * off.step_seconds / off.kept)

@@ -356,6 +356,36 @@ def test_a_batch_trained_after_the_next_pass_began_counts_for_its_own_pass(tmp_p
     assert full.sifter.memory.repeated == 0
 
 
+def test_evaluations_and_checkpoints_between_steps_are_not_the_steps_time(tmp_path, monkeypatch):
+    # the clock jumps 1000 s in each evaluation and each checkpoint: what the stage counts as
+    # the training step (and so what its drops saved, which the cost guard weighs) leaves them out
+    offset = [0.0]
+    real = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: real() + offset[0])
+    calls = {"evaluate": 0, "save": 0}
+
+    def slow(name, method):
+        def run(self, *args, **kwargs):
+            calls[name] += 1
+            offset[0] += 1000.0
+            return method(self, *args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(Trainer, "evaluate", slow("evaluate", Trainer.evaluate))
+    monkeypatch.setattr(Trainer, "_save_checkpoint", slow("save", Trainer._save_checkpoint))
+
+    class Evaluated(Recording):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, eval_dataset=Listed(sequences(8, seed=1)), **kwargs)
+
+    trainer = train(tmp_path, trainer_cls=Evaluated, eval_strategy="steps", eval_steps=3)
+    assert calls["evaluate"] >= 3 and calls["save"] >= 3  # between steps, inside the pass
+    stats = trainer.sifter.stats
+    assert stats.kept > 0 and 0 < stats.step_seconds < 1000.0
+    assert stats.saved_seconds < 1000.0
+
+
 def test_a_key_in_an_ordinary_field_gets_the_steps_losses(tmp_path):
     """key="id": the key is carried past the collator (which knows nothing of it) into the
     training batch, the step's losses reach the memory under it, and the model never gets it."""

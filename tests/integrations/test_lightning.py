@@ -7,10 +7,12 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import warnings
 from collections import UserDict
 from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
 import lightning.pytorch as L
 import pytest
@@ -260,6 +262,29 @@ def test_resume_from_a_checkpoint_written_at_validations_end_equals_the_uninterr
     assert part.trained == full.trained[12:]
     assert torch.equal(weights(part), weights(full))
     assert counters(resumed) == counters(sift)
+
+
+class SlowValidation(Validated):
+    """Validation that moves the clock 1000 s (``offset``)."""
+
+    offset: ClassVar[list[float]] = [0.0]
+
+    def validation_step(self, batch, batch_idx):
+        if batch_idx == 0:
+            self.offset[0] += 1000.0
+        return super().validation_step(batch, batch_idx)
+
+
+def test_validation_inside_the_fit_is_not_the_steps_time(tmp_path, monkeypatch):
+    # what the stage counts as the training step (and so what its drops saved, which the cost
+    # guard weighs) leaves out validation between steps: the clock jumps 1000 s in each
+    real = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: real() + SlowValidation.offset[0])
+    _, model, sift = fit(tmp_path, steps=16, net=SlowValidation, trainer_kw={"val_check_interval": 5})
+    assert SlowValidation.offset[0] >= 3000.0  # three validations inside the pass, at least
+    stats = sift.sifter.stats
+    assert stats.kept > 0 and 0 < stats.step_seconds < 1000.0
+    assert stats.saved_seconds < 1000.0
 
 
 class Drawing(Validated):
