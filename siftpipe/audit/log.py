@@ -448,7 +448,8 @@ class AuditLog:
         if self._next_part > self._first_part:
             self._note_unhanded()
         # else every record of this attempt is still in the buffer: the next part's seal notes
-        # them (a note alone, with no part, would only make the directory look like another job's)
+        # them, or a flush (a note alone, with no part, would only make the directory look like
+        # another job's; a flush's comes after the attempt's claim, which names it)
 
     def _note_unhanded(self) -> None:
         """Write the entries of ``_unhanded`` no note holds yet, in one note."""
@@ -558,6 +559,12 @@ class AuditLog:
         """``flush``, waiting ``wait`` s; its error names ``said``, the caller's whole timeout."""
         self._check_process()
         self.seal()
+        if len(self._unhanded) > self._noted and self._claim is not None:
+            # a note held back for the attempt's first part (unhanded): a flush promises that
+            # what was said so far is durable, and the attempt's claim names it (found by review,
+            # 2026-12-06: a resumed attempt that decided nothing new, flushed at its checkpoint
+            # and was killed left no note, and its earlier attempt's rows read as trained)
+            self._note_unhanded()
         with self._space:
             done = self._space.wait_for(lambda: self._queued == 0, wait)
         if not done:

@@ -292,8 +292,11 @@ def list_parts(
             )
             if _count_like(marker.get("reread_from")):
                 attempts[stream_key].reread_from = int(marker["reread_from"])
-    # attempts that left a claim and nothing else: listed last, for verify's note only (they hold
-    # no records, so they supersede nothing, collide with nothing and end no stream)
+    # attempts that left a claim and nothing else (no part, no end marker): listed in start order
+    # with the others, for verify (the latest of a stream says whether it closed); they hold no
+    # records, so they supersede nothing and collide with nothing. One may have left a note of
+    # rows it never handed on (a resumed attempt whose pass ended with nothing new decided, killed
+    # after a flush): those rows are an earlier attempt's records, and the note says so
     bare: list[_Attempt] = []
     for stream_key, path in sorted(claim_paths.items()):
         if stream_key not in attempts:
@@ -306,6 +309,11 @@ def list_parts(
             )
             origin = origins.get(stream_key)
             attempt.origin = origin if isinstance(origin, str) else None
+            attempt.unhanded_notes = notes.get(stream_key, [])
+            if attempt.unhanded_notes and _count_like(claim.get("reread_from")):
+                # (with no note it handed nothing on that it said: its re-read rows have no word
+                # from it, and the earlier attempt's notes keep theirs)
+                attempt.reread_from = int(claim["reread_from"])
             bare.append(attempt)
     for stream_key, attempt in attempts.items():
         own = [p.manifest for p in attempt.parts] + [ends.get(stream_key), claims.get(stream_key)]
@@ -366,11 +374,18 @@ def list_parts(
     by_stream: dict[tuple[str, int], list[_Attempt]] = {}
     for attempt in attempts.values():
         by_stream.setdefault((attempt.run, attempt.rank), []).append(attempt)
+    for attempt in bare:
+        by_stream.setdefault((attempt.run, attempt.rank), []).append(attempt)
     ordered: list[_Attempt] = []
     for stream in sorted(by_stream):
+        # in start order, claim-only attempts too: verify reads a stream's latest attempt as the
+        # one that says whether it closed (found by review, 2026-12-06: listed after the others,
+        # an attempt killed at its first sample made a later attempt that closed read as killed)
         chain = sorted(by_stream[stream], key=lambda a: (a.started, a.attempt))
         cutoffs: dict[str | None, float] = {}
         for attempt in reversed(chain):
+            if attempt.claim_only is not None:
+                continue
             cutoff = cutoffs.get(attempt.origin, float("inf"))
             for info in attempt.parts:
                 info.cutoff = cutoff
@@ -380,7 +395,7 @@ def list_parts(
         parts.values(),
         key=lambda p: (p.run, p.rank, p.part, attempts[(p.run, p.rank, p.attempt)].started),
     )
-    return fs, infos, ordered + bare
+    return fs, infos, ordered
 
 
 def describe_missing(info: PartInfo) -> str:
@@ -1565,8 +1580,9 @@ def verify_log(
             )
         if attempt.claim_only is not None:
             report.notes.append(
-                f"attempt {attempt.attempt} left only its claim ({attempt.claim_only}), no records: "
-                "killed before it wrote its first part, or still running before it. While the claim "
+                f"attempt {attempt.attempt} left only its claim ({attempt.claim_only})"
+                f"{' and a note of rows it never handed on' if attempt.unhanded_notes else ''}, no "
+                "records: killed before it wrote its first part, or still running before it. While the claim "
                 "is there a fresh job under this run id is refused; if that job is dead, delete the "
                 "claim to start again (a job resuming from its checkpoint is not affected)"
             )

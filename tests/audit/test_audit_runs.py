@@ -142,12 +142,10 @@ def checkpointed_run(tmp_path, **log_options):
     return log, state_file
 
 
-def test_a_resumed_attempt_killed_before_its_first_part_supersedes_nothing(tmp_path, no_run_id_env):
-    # its claim says it resumed from seq 100; with no part written it redid nothing, so the first
-    # attempt's records from there on still stand (read as superseded by a claim, 200 were lost)
-    root = str(tmp_path)
-    _, state_file = checkpointed_run(tmp_path)
-    dead = claim_then_die(
+def resumed_then_die(root: str, state_file) -> str:
+    """A job resumed from ``state_file`` (``checkpointed_run``'s) in a new process, which claims
+    the run id and dies by SIGKILL before writing a part; the dead attempt's id."""
+    return claim_then_die(
         f"""
         import torch
         import siftpipe as sp
@@ -157,6 +155,14 @@ def test_a_resumed_attempt_killed_before_its_first_part_supersedes_nothing(tmp_p
         s.load_state_dict(torch.load({str(state_file)!r}, weights_only=True))
         """
     )
+
+
+def test_a_resumed_attempt_killed_before_its_first_part_supersedes_nothing(tmp_path, no_run_id_env):
+    # its claim says it resumed from seq 100; with no part written it redid nothing, so the first
+    # attempt's records from there on still stand (read as superseded by a claim, 200 were lost)
+    root = str(tmp_path)
+    _, state_file = checkpointed_run(tmp_path)
+    dead = resumed_then_die(root, state_file)
     assert os.path.exists(tmp_path / "run=mine" / "rank=0" / f"_claim-{dead}.json")
     assert sp.read_log(root).num_rows == len(SAMPLES)
     report = sp.verify_log(root)
@@ -833,3 +839,100 @@ def test_a_multiprocessing_child_that_sifts_and_returns_without_close_keeps_its_
     text = "\n".join(report.lines())
     assert report.ok and "closed cleanly" in text and "never handed on" in text, text
     assert sum(sp.read_log(str(tmp_path / "child")).column("kept").to_pylist()) == 20
+
+
+def test_a_resumed_attempt_killed_before_its_first_part_does_not_hide_a_later_close(tmp_path, no_run_id_env):
+    # attempts in start order: the claim-only one is not the stream's latest when a later one
+    # resumed from the same checkpoint and closed (found by review, 2026-12-06: listed last, it
+    # made verify say the stream did not close, exit 3)
+    root = str(tmp_path)
+    _, state_file = checkpointed_run(tmp_path)
+    dead = resumed_then_die(root, state_file)
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=25, seed=2)
+    s.audit = sp.AuditLog(root, flush_every=50)
+    s.load_state_dict(torch.load(state_file, weights_only=True))
+    list(s(SAMPLES[s.resume_from :]))
+    s.close()
+    report = sp.verify_log(root)
+    (stream,) = report.streams
+    assert [a["attempt"] for a in stream.attempts][1:] == [dead, s.audit.attempt]
+    assert stream.closed and report.ok, "\n".join(report.lines())
+
+
+def test_a_resumed_attempts_note_of_rows_never_handed_on_is_durable_at_a_flush(tmp_path):
+    """A resumed attempt that decided nothing new (its pass re-read the checkpoint's rows, and
+    drop_last left the short tail unhanded) held its note back for a first part it never wrote:
+    flushed at its next checkpoint and killed, it left no note, and the earlier attempt's records
+    of those rows read as trained (found by review, 2026-12-06)."""
+    trained = tmp_path / "trained.txt"
+    setup = f"""
+        import signal, torch
+        def batches(epoch):
+            g = torch.Generator().manual_seed(epoch)
+            perm = torch.randperm(100, generator=g)
+            return [{{"loss": torch.rand(20, generator=g), "__key__": perm[i : i + 20]}}
+                    for i in range(0, 100, 20)]
+        def loss(model, b):
+            return b["loss"]
+        log = sp.AuditLog(root + "/log", run_id="job", flush_every=1000)
+        def sifter(audit):
+            return sp.Sifter(None, loss, sp.Uniform(0.7), batched=True, micro_batch=20, output_batch=8,
+                             drop_last=True, seed=3, audit=audit)
+        s = sifter(log)
+        out = open({str(trained)!r}, "a")
+        def train(b):
+            out.write("".join(f"{{int(k)}}\\n" for k in b["__key__"]))
+            out.flush()
+        def save(epoch):
+            torch.save({{"sift": s.state_dict(), "epoch": epoch}}, root + "/ck.pt")
+            log.flush()
+        def resume():
+            c = torch.load(root + "/ck.pt", weights_only=True)
+            s.load_state_dict(c["sift"])
+            return c["epoch"]
+        """
+    first = _script(
+        tmp_path,
+        setup
+        + """
+        last = sum(1 for _ in sifter(None)(batches(0))) - 1  # epoch 0's last full batch
+        s.set_epoch(0)
+        for i, b in enumerate(s(batches(0))):
+            train(b)
+            save(0)
+            if i == last:  # its short tail still pending: killed before the pass ends
+                os.kill(os.getpid(), signal.SIGKILL)
+        """,
+    )
+    assert first.returncode == -9, first.stderr
+    second = _script(
+        tmp_path,
+        setup
+        + """
+        s.set_epoch(resume())
+        for b in s(batches(0)[s.resume_from :]):
+            train(b)
+        assert s.stats.unhanded > 0  # drop_last: the tail never handed on
+        save(1)
+        os._exit(9)  # killed before its first part: it decided nothing new
+        """,
+    )
+    assert second.returncode == 9, second.stderr
+    third = _script(
+        tmp_path,
+        setup
+        + """
+        for epoch in range(resume(), 3):
+            s.set_epoch(epoch)
+            for b in s(batches(epoch)):
+                train(b)
+        s.close()
+        """,
+    )
+    assert third.returncode == 0, third.stderr
+    table = sp.read_log(str(tmp_path / "log"))
+    keys, kept = table.column("key").to_pylist(), table.column("kept").to_pylist()
+    loop = sorted(int(k) for k in trained.read_text().split())  # what the loop was handed
+    assert sorted(int(k) for k, was in zip(keys, kept) if was) == loop
+    report = sp.verify_log(str(tmp_path / "log"))
+    assert report.ok and report.streams[0].closed, "\n".join(report.lines())
