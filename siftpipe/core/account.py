@@ -44,6 +44,8 @@ class CostAccount:
         "_emitted",
         "_handing",
         "_moved",
+        "_off_depth",
+        "_off_since",
         "_pass",
         "dropped",
         "dropping_passes",
@@ -62,6 +64,8 @@ class CostAccount:
         self._moved = 0.0  # seconds timed inside that were the step's (to_step), not yet added
         self._handing = False  # the consumer holds the pass's items: its time is its step's
         self._away = 0.0  # seconds of it the consumer spent off the clock (``off_clock``)
+        self._off_depth = 0  # off_clock blocks open (nested, or in several threads)
+        self._off_since = 0.0  # when the outermost opened
         self._pass = 0  # samples dropped before the running pass
         self.dropping_passes = 0
         self.warned = False
@@ -120,6 +124,20 @@ class CostAccount:
         on (between passes nothing is timed)."""
         if self._handing and seconds > 0:
             self._away += seconds
+
+    def off_begins(self) -> None:
+        """An ``off_clock`` block opens; blocks nested or overlapping (in several threads) count
+        once, from the first's start to the last's end (the review of the change: a nested
+        block was left out twice, and the step time of its group came out 0)."""
+        self._off_depth += 1
+        if self._off_depth == 1:
+            self._off_since = time.perf_counter()
+
+    def off_ends(self) -> None:
+        """An ``off_clock`` block closes (see ``off_begins``)."""
+        self._off_depth = max(0, self._off_depth - 1)
+        if self._off_depth == 0:
+            self.off_clock(time.perf_counter() - self._off_since)
 
     def add(self, inside: float, outside: float, handed: int) -> None:
         """Add seconds ``inside`` the stage and ``outside`` it; ``handed``: samples the pass's

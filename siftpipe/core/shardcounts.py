@@ -3,6 +3,7 @@ across DataLoader worker processes; the stage reads them for its audit manifests
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import weakref
@@ -116,8 +117,22 @@ class _SharedBuffer:
 
     ROWS = 129  # the training process and 128 DataLoader workers
 
-    _buffer: Any
     _views: Any
+    _box: list[Any]
+
+    @property
+    def _buffer(self) -> Any:
+        return self._box[0]
+
+    @_buffer.setter
+    def _buffer(self, value: Any) -> None:
+        # held in a one-item list that share() swaps the buffer in: a ShardWatch's finalizer
+        # reads the counts of a reader gone since through it (``ShardWatch.watch``)
+        box = self.__dict__.get("_box")
+        if box is None:
+            self.__dict__["_box"] = [value]
+        else:
+            box[0] = value
 
     def _own(self, buffer: Any) -> None:
         """Hold ``buffer`` (the process's own memory) until a worker could need it shared."""
@@ -391,26 +406,81 @@ class ShardWatch:
     REPORTED_URLS = 100
 
     def __init__(self) -> None:
-        self.counters: list[SharedShardCounts] = []
+        # weak references: a pipeline made for one pass (a loader built each epoch) is let go
+        # with its shard readers, their shared memory and its threads (found by review,
+        # 2026-12-06: kept for the stage's life, 9 file descriptors and a thread an epoch). What
+        # a reader counted is added to ``_gone`` as it goes, so the counts stay the run's.
+        self._refs: list[weakref.ref[SharedShardCounts]] = []
+        self._gone: ShardStats | None = None
+        # what the finalizers of readers let go found, not yet added to _gone: a deque they append
+        # to without a lock (a finalizer runs wherever a garbage collection starts, inside this
+        # class's own locked code too: the review of the change, a thread waiting on itself)
+        self._folds: collections.deque[tuple[weakref.ref[SharedShardCounts], ShardStats]] = (
+            collections.deque()
+        )
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # (a pickled or copied stage: the live counters go as they are, and are watched again)
+        self._drain()
+        return {"counters": self.counters, "gone": self._gone}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+        self._gone = state["gone"]
+        self._add(state["counters"])
+
+    @property
+    def counters(self) -> list[SharedShardCounts]:
+        """The watched shard counters still alive."""
+        return [c for c in (r() for r in self._refs) if c is not None]
 
     def watch(self, *pipelines: Any) -> None:
-        """Watch the shard readers in ``pipelines`` too (each counter once)."""
-        for counts in find_shard_counts(*pipelines):
-            if all(counts is not c for c in self.counters):
-                self.counters.append(counts)
+        """Watch the shard readers in ``pipelines`` too (each counter once), for as long as
+        something else holds them; what they counted stays counted after."""
+        self._add(find_shard_counts(*pipelines))
+
+    def _add(self, found: Iterable[SharedShardCounts]) -> None:
+        live = self.counters
+        for counts in found:
+            if all(counts is not c for c in live):
+                ref = weakref.ref(counts)
+                with self._lock:
+                    self._refs.append(ref)
+                live.append(counts)
+                done = weakref.finalize(counts, _fold_gone, self._folds, ref, type(counts), counts._box)
+                done.atexit = False  # (at the interpreter's exit nothing reads the counts again)
+
+    def _drain(self) -> None:
+        """Add what the readers let go since counted to ``_gone``."""
+        with self._lock:
+            while self._folds:
+                ref, stats = self._folds.popleft()
+                self._refs = [r for r in self._refs if r is not ref]
+                self._gone = stats if self._gone is None else _added(self._gone, stats)
 
     def skipped(self) -> tuple[int, int]:
         """(shards skipped, samples skipped) over the watched readers (cheap: no URLs decoded)."""
-        shards = samples = 0
-        for counts in self.counters:
+        live = self.counters  # (held while read: none of them is folded meanwhile)
+        self._drain()
+        gone = self._gone
+        shards, samples = (0, 0) if gone is None else (gone.skipped, gone.samples_skipped)
+        for counts in live:
             totals = counts.totals()
             shards += totals["skipped"]
             samples += totals["samples_skipped"]
         return shards, samples
 
     def stats(self) -> ShardStats | None:
-        """What the watched readers counted (``None`` if none is watched)."""
-        return merge_shard_stats(self.counters) if self.counters else None
+        """What the watched readers counted, those let go since included (``None`` if none was
+        ever watched)."""
+        live = self.counters  # (held while read: none of them is folded meanwhile)
+        self._drain()
+        gone = self._gone
+        if not live:
+            return gone
+        merged = merge_shard_stats(live)
+        return merged if gone is None else _added(gone, merged)
 
     def report(self) -> dict[str, Any] | None:
         """The counters for the audit log's manifests (at most ``REPORTED_URLS`` skipped URLs)."""
@@ -420,3 +490,22 @@ class ShardWatch:
         report = stats.as_dict()
         report["skipped_urls"] = report["skipped_urls"][: self.REPORTED_URLS]
         return report
+
+
+def _fold_gone(
+    folds: collections.deque[tuple[weakref.ref[SharedShardCounts], ShardStats]],
+    ref: weakref.ref[SharedShardCounts],
+    cls: type[SharedShardCounts],
+    box: list[Any],
+) -> None:
+    """A watched reader's counters were let go: what they counted, for the watch's total (taken
+    in by ``ShardWatch._drain``; an append, so that no lock is taken here)."""
+    reader = cls.__new__(cls)  # reads the same buffer (``box``: the one share() swapped in last)
+    reader.__dict__.update(_box=box, _views=None)
+    folds.append((ref, reader.stats()))
+
+
+def _added(a: ShardStats, b: ShardStats) -> ShardStats:
+    """Two stats added up (``b``'s skipped URLs after ``a``'s)."""
+    totals = {name: getattr(a, name) + getattr(b, name) for name in _FIELDS}
+    return ShardStats(**totals, skipped_urls=a.skipped_urls + b.skipped_urls)

@@ -8,6 +8,7 @@ import gc
 import gzip
 import time
 import warnings
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -1140,3 +1141,30 @@ def test_one_sifter_in_two_sift_nodes_is_told_so_by_the_error():
         sp.PassClosedError, match="a second SiftNode over this Sifter.*give each node its own"
     ):
         list(loader)
+
+
+def test_a_pipeline_made_for_each_epoch_is_let_go_and_its_skipped_shards_stay_counted(shards, tmp_path):
+    """One Sifter over a run, a new torchdata pipeline each epoch (as a trainer that builds its
+    loader per epoch does): the Sifter held every one for its life, with its workers' shared
+    memory and its threads (found by review, 2026-12-06: 9 file descriptors and a thread more
+    an epoch, "Too many open files" after enough of them). Now they are let go (the last pass's
+    source until the next pass), and what their readers skipped stays in the run's counts."""
+    sifter = sp.Sifter(None, norm_loss, sp.Uniform(0.5), micro_batch=16, seed=7)
+    missing = str(tmp_path / "missing-000.tar")
+    gone = []
+    for epoch in range(4):
+        sifter.set_epoch(epoch)
+        source = ShardSource([missing, *shards.urls], handler=warn_and_continue)
+        # (a Mapper: a ParallelMapper's own threads hold it for a while after its epoch)
+        mapper = Mapper(source, decode)
+        loader = Loader(SiftNode(mapper, sifter))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ShardWarning)
+            assert sum(1 for _ in loader) > 0
+        gone.append((weakref.ref(mapper), weakref.ref(source), weakref.ref(source.opener.counts)))
+        del source, mapper, loader
+        gc.collect()
+        # let go: each earlier epoch's (the stage keeps its last pass's source, until the next)
+        assert all(ref() is None for refs in gone[:-1] for ref in refs), epoch
+        assert sifter.stats.shards_skipped == epoch + 1  # still counted
+

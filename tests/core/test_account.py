@@ -407,18 +407,23 @@ def test_time_spent_off_the_clock_between_batches_is_not_step_time_nor_saved(mon
     clock = StepClock()
     monkeypatch.setattr(time, "perf_counter", clock)
     runs = {}
-    for off in (False, True):
+    for off in (False, True, "nested"):
         s = stage()
         for _epoch in range(2):
             for _ in s(samples()):
                 clock.now += 1.0  # the training step: one second a sample handed on
                 with s.off_clock() if off else contextlib.nullcontext():
-                    clock.now += 100.0  # an evaluation between two steps
+                    clock.now += 50.0  # an evaluation between two steps
+                    # (a trainer's evaluation is off the clock already: a block of one's own
+                    # inside it is left out once, where twice made the step time 0)
+                    with s.off_clock() if off == "nested" else contextlib.nullcontext():
+                        clock.now += 50.0
             with s.off_clock():
                 clock.now += 1000.0  # between passes: nothing is timed, off the clock or not
         runs[off] = s.stats
     on, off = runs[False], runs[True]
-    assert on.kept == off.kept and 0 < off.kept < N  # the same decisions
+    assert on.kept == off.kept == runs["nested"].kept and 0 < off.kept < N  # the same decisions
+    assert runs["nested"].step_seconds == pytest.approx(off.step_seconds, abs=1e-6)
     assert off.step_seconds == pytest.approx(off.kept * 1.0, abs=1e-3)  # the steps alone
     assert on.step_seconds == pytest.approx(on.kept * 101.0, abs=1e-3)  # without it: evaluations too
     assert off.saved_seconds == pytest.approx(off.dropped * off.step_seconds / off.kept)
