@@ -4,6 +4,7 @@ to be re-read, and the stage's position in its passes as a checkpoint records it
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import sys
 import weakref
@@ -184,7 +185,11 @@ class Passes:
         #: whether this pass's source was repositioned from a state (which says its epoch)
         self.source_restored = source_state is not None and tracked
         if self.source_restored:
-            source.load_state_dict(source_state)
+            # a copy: a source may keep the dict it is given and change it as it reads
+            # (torchdata's MultiNodeWeightedSampler marks datasets exhausted in it), which is the
+            # stage's own saved state (found by review, 2026-12-06: a job resumed twice skipped a
+            # dataset, a sample lost or a ResumeError saying the source had changed)
+            source.load_state_dict(copy.deepcopy(source_state))
             if self.source_abandoned:
                 # the checkpoint's source was left mid-way through a pass: in its process the
                 # next iteration started a new one, and so does iterating the restored one once

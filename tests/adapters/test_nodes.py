@@ -1168,3 +1168,42 @@ def test_a_pipeline_made_for_each_epoch_is_let_go_and_its_skipped_shards_stay_co
         assert all(ref() is None for refs in gone[:-1] for ref in refs), epoch
         assert sifter.stats.shards_skipped == epoch + 1  # still counted
 
+
+def test_a_job_resumed_twice_over_a_weighted_sampler_reads_the_uninterrupted_rows():
+    """torchdata's MultiNodeWeightedSampler keeps the state dict it is reset with and marks
+    datasets exhausted in it: given the stage's own saved source state, it changed that state
+    while the resumed pass re-read, and a checkpoint taken then recorded a dataset exhausted
+    that was not (found by review, 2026-12-06: the job resumed from it lost a row, or with keys
+    was refused as if its source had changed)."""
+    from torchdata.nodes import MultiNodeWeightedSampler, StopCriteria
+
+    def build():
+        def src(i):
+            samples = [{**s, "__key__": f"d{i}-" + s["__key__"]} for s in make_samples(4 + 3 * i, seed=i)]
+            return IterableWrapper(samples)
+
+        sampler = MultiNodeWeightedSampler(
+            {f"d{i}": src(i) for i in range(3)},
+            {"d0": 0.2, "d1": 0.3, "d2": 0.5},
+            StopCriteria.ALL_DATASETS_EXHAUSTED,
+            seed=0,
+        )
+        return Loader(
+            SiftNode(sampler, sp.Sifter(None, loss_field, sp.Uniform(0.7), micro_batch=4, seed=3)),
+            restart_on_stop_iteration=False,
+        )
+
+    whole = [s["__key__"] for s in build()]
+    for first, second in ((13, 1), (13, 2), (14, 1)):  # (the cuts where it went wrong)
+        loader = build()
+        it = iter(loader)
+        head = [next(it)["__key__"] for _ in range(first)]
+        state = roundtrip(loader.state_dict())
+        loader = build()
+        loader.load_state_dict(state)
+        it = iter(loader)
+        head += [next(it)["__key__"] for _ in range(second)]
+        state = roundtrip(loader.state_dict())  # a job resumed, checkpointed soon after
+        loader = build()
+        loader.load_state_dict(state)
+        assert head + [s["__key__"] for s in loader] == whole, (first, second)
