@@ -16,7 +16,7 @@ __all__ = ["recipe"]
 
 #: The recipe's settings: the configuration that did best across tools/bench_suite.py's tasks
 #: (docs/suite.md, "Recipe variants"; docs/benchmarks.md has the reading).
-DEFAULTS: dict[str, float] = {"ratio": 0.5, "warmup": 0.0, "anneal": 0.875, "guard": 0.5, "min_spread": 0.25}
+DEFAULTS: dict[str, float] = {"ratio": 0.35, "warmup": 0.0, "anneal": 0.875, "guard": 0.5, "min_spread": 0.25}
 
 
 def recipe(
