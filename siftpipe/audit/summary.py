@@ -118,6 +118,18 @@ def summarize(table: Any, *, buckets: int = 10, top_shards: int = 10) -> dict[st
     return out
 
 
+def _spans(numbers: list[int]) -> str:
+    """Sorted integers as runs: ``[0, 1, 2, 3, 7]`` -> ``"0..3, 7"`` (a 250-epoch log printed
+    every epoch number on one line)."""
+    spans: list[list[int]] = []
+    for n in numbers:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in spans) or "none"
+
+
 def print_summary(s: Mapping[str, Any], out: Any) -> None:
     if not s.get("records"):
         print("no records", file=out)
@@ -127,7 +139,8 @@ def print_summary(s: Mapping[str, Any], out: Any) -> None:
         file=out,
     )
     if "runs" in s:
-        print(f"runs {', '.join(s['runs'])}  ranks {s['ranks']}  epochs {s.get('epochs')}", file=out)
+        epochs = _spans(s["epochs"]) if isinstance(s.get("epochs"), list) else s.get("epochs")
+        print(f"runs {', '.join(s['runs'])}  ranks {s['ranks']}  epochs {epochs}", file=out)
     print("reasons: " + ", ".join(f"{k} {v}" for k, v in sorted(s["reasons"].items())), file=out)
     if s.get("predecode_dropped"):
         print(f"dropped before decode (PreDecodeFilter): {s['predecode_dropped']}", file=out)

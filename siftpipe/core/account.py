@@ -10,6 +10,7 @@ cost is estimated from the second: samples dropped x step time per sample handed
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Generator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,10 @@ if TYPE_CHECKING:
 __all__ = ["CostAccount"]
 
 _log = logging.getLogger("siftpipe")
+
+#: Guards ``CostAccount.off_begins``/``off_ends`` (blocks open in several threads; one lock for
+#: every account, so that an account stays picklable)
+_OFF_LOCK = threading.Lock()
 
 
 class CostAccount:
@@ -129,15 +134,19 @@ class CostAccount:
         """An ``off_clock`` block opens; blocks nested or overlapping (in several threads) count
         once, from the first's start to the last's end (the review of the change: a nested
         block was left out twice, and the step time of its group came out 0)."""
-        self._off_depth += 1
-        if self._off_depth == 1:
-            self._off_since = time.perf_counter()
+        with _OFF_LOCK:
+            self._off_depth += 1
+            if self._off_depth == 1:
+                self._off_since = time.perf_counter()
 
     def off_ends(self) -> None:
         """An ``off_clock`` block closes (see ``off_begins``)."""
-        self._off_depth = max(0, self._off_depth - 1)
-        if self._off_depth == 0:
-            self.off_clock(time.perf_counter() - self._off_since)
+        with _OFF_LOCK:
+            if self._off_depth <= 0:
+                return  # (none open: nothing to leave out)
+            self._off_depth -= 1
+            if self._off_depth == 0:
+                self.off_clock(time.perf_counter() - self._off_since)
 
     def add(self, inside: float, outside: float, handed: int) -> None:
         """Add seconds ``inside`` the stage and ``outside`` it; ``handed``: samples the pass's

@@ -422,8 +422,9 @@ class ShardWatch:
 
     def __getstate__(self) -> dict[str, Any]:
         # (a pickled or copied stage: the live counters go as they are, and are watched again)
+        live = self.counters  # (first: one collected after the drain would be in neither)
         self._drain()
-        return {"counters": self.counters, "gone": self._gone}
+        return {"counters": live, "gone": self._gone}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__()  # type: ignore[misc]

@@ -468,3 +468,29 @@ def test_a_run_or_rank_asked_for_and_absent_is_said_by_every_reader(tmp_path, ca
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         assert sp.read_log(root, run="a", rank=0).num_rows == 200
+
+
+def test_summary_prints_epochs_as_runs_of_numbers():
+    # a 250-epoch log printed all 250 numbers on one line
+    import io
+
+    import pyarrow as pa
+
+    from siftpipe.audit.summary import print_summary, summarize
+
+    epochs = [*range(250), 300, 302, 303]
+    n = len(epochs)
+    table = pa.table(
+        {
+            "seq": pa.array(range(n), pa.int64()),
+            "epoch": pa.array(epochs, pa.int64()),
+            "run": ["r"] * n,
+            "rank": pa.array([0] * n, pa.int64()),
+            "kept": [i % 2 == 0 for i in range(n)],
+            "loss": [1.0] * n,
+            "reason": ["policy"] * n,
+        }
+    )
+    out = io.StringIO()
+    print_summary(summarize(table), out)
+    assert "epochs 0..249, 300, 302..303" in out.getvalue()

@@ -427,3 +427,36 @@ def test_time_spent_off_the_clock_between_batches_is_not_step_time_nor_saved(mon
     assert off.step_seconds == pytest.approx(off.kept * 1.0, abs=1e-3)  # the steps alone
     assert on.step_seconds == pytest.approx(on.kept * 101.0, abs=1e-3)  # without it: evaluations too
     assert off.saved_seconds == pytest.approx(off.dropped * off.step_seconds / off.kept)
+
+
+def test_off_clock_blocks_in_several_threads_close_to_none_open(monkeypatch):
+    # the depth of open blocks was counted without a lock: a thread switch inside the update
+    # left it above 0 with every block closed, and from then on no block was left out (the
+    # review of the change, 2026-12-06)
+    import sys
+    import threading
+
+    s = stage()
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+
+        def blocks():
+            for _ in range(5000):
+                with s.off_clock():
+                    pass
+
+        threads = [threading.Thread(target=blocks) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    clock = StepClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    for _ in s(samples()):
+        clock.now += 1.0
+        with s.off_clock():
+            clock.now += 100.0
+    assert s.stats.step_seconds == pytest.approx(s.stats.kept * 1.0, abs=1e-3)
