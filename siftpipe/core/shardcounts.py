@@ -443,6 +443,7 @@ class ShardWatch:
 
     def _add(self, found: Iterable[SharedShardCounts]) -> None:
         live = self.counters
+        self._drain()  # (the readers let go so far: their references go, in a run that never reads)
         for counts in found:
             if all(counts is not c for c in live):
                 ref = weakref.ref(counts)

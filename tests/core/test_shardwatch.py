@@ -59,3 +59,11 @@ def test_readers_collected_inside_the_watchs_own_work_neither_hang_nor_lose_coun
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["6000"]
+
+
+def test_a_run_that_never_reads_the_counts_holds_no_reference_per_reader_let_go():
+    watch = ShardWatch()
+    for _ in range(200):
+        watch.watch(Reader(0))  # a reader made for one pass, let go after it
+    assert len(watch._refs) <= 1 and len(watch._folds) <= 1
+    assert watch.stats() is not None and watch.skipped() == (0, 0)
