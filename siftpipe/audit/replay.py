@@ -484,6 +484,9 @@ class WhatIf:
             or dropped by ``on_full="drop"``): the replay cannot redo the missing rows' random
             draws and loss history, so from a gap on it is not the policy re-run.
         flips_after_gap: Of the flips, those among the ``after_gap`` samples.
+        no_loss: Samples with no loss in the log (``reason`` ``unknown``: never trained before,
+            or decided after the cost guard stopped sifting): every policy keeps them, as the
+            logged run did, so they are in ``samples`` and ``kept`` of every policy alike.
     """
 
     policy: str
@@ -495,6 +498,7 @@ class WhatIf:
     keep: np.ndarray
     after_gap: int = 0
     flips_after_gap: int = 0
+    no_loss: int = 0
 
     @property
     def keep_rate(self) -> float:
@@ -515,6 +519,7 @@ class WhatIf:
             "flips": self.flips,
             "after_gap": self.after_gap,
             "flips_after_gap": self.flips_after_gap,
+            "no_loss": self.no_loss,
         }
 
 
@@ -590,7 +595,7 @@ def whatif(
             storage_options,
             run=run,
             rank=rank,
-            columns=["seq", "loss", "prob", "kept", "reason", "micro_batch"],
+            columns=["seq", "loss", "prob", "kept", "reason", "micro_batch", "source"],
             as_decided=True,  # the decisions, also of rows a pass was left before handing on
         )
     else:
@@ -605,6 +610,7 @@ def whatif(
             )
     reason = np.asarray(table.column("reason").to_pylist(), dtype=object)
     unknown = reason == REASONS[UNKNOWN]
+    _warn_what_the_losses_are(table, int(unknown.sum()))
     # kept before decode by a PreDecodeFilter: decided upstream, never by the stage's policy (nor
     # by its generator), as the live stage did
     upstream = reason == REASONS[PREDECODE]
@@ -670,9 +676,40 @@ def whatif(
                 keep=keep,
                 after_gap=int(after_gap.sum()),
                 flips_after_gap=int((after_gap & (keep != logged)).sum()),
+                no_loss=int(unknown.sum()),
             )
         )
     return results
+
+
+def _warn_what_the_losses_are(table: Any, no_loss: int) -> None:
+    """Say what a what-if over ``table`` cannot be (found by review, 2026-12-06: over the default
+    recipe's log, rows with no loss read as kept by every policy and remembered training losses
+    as fresh scores, and nothing said so)."""
+    n = table.num_rows
+    if no_loss:
+        warnings.warn(
+            f"siftpipe: {no_loss} of {n} decisions have no loss in the log (reason 'unknown': "
+            "samples never trained before, or decided after the cost guard stopped sifting): "
+            "every policy keeps them here, as the logged run did, so keep rates are alike there "
+            "(WhatIf.no_loss; the table says how many)",
+            UserWarning,
+            stacklevel=3,
+        )
+    if "source" not in table.column_names:
+        return
+    source = np.asarray(table.column("source").to_pylist(), dtype=object)
+    remembered = int(np.isin(source, ["feedback", "stale"]).sum())
+    if remembered:
+        warnings.warn(
+            f"siftpipe: {remembered} of {n} decisions were made from losses remembered from earlier "
+            "training steps or forwards (source 'feedback' or 'stale'), not scored as they were "
+            "decided: the replay applies each policy to those same losses, but a policy that had "
+            "kept other samples would have remembered other, fresher losses; read its keep rate "
+            "as indicative, not as what it would have done",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _in_order(rows: list[int], seqs: np.ndarray) -> np.ndarray:
@@ -731,6 +768,11 @@ def format_whatif(results: Sequence[WhatIf], logged_keep_rate: float) -> str:
         lines.append(
             f"{results[0].after_gap} of {results[0].samples} decisions come after a gap in the log's "
             "sequence numbers: flips among them are not the policy's (see the warning)"
+        )
+    if results and results[0].no_loss:
+        lines.append(
+            f"{results[0].no_loss} of {results[0].samples} decisions have no loss in the log: every "
+            "policy keeps them, as the logged run did"
         )
     return "\n".join(lines)
 

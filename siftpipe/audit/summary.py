@@ -214,7 +214,9 @@ def plot_log(table: Any, path: str) -> str:
         pick = np.random.default_rng(0).choice(pick, 20000, replace=False)
     axes[2].scatter(score[pick], prob[pick], s=2, alpha=0.3)
     axes[2].set(
-        title="keep probability vs policy score", xlabel="score (percentile)", ylabel="keep probability"
+        title="keep probability vs policy score",
+        xlabel="score (the policy's: docs/audit.md)",
+        ylabel="keep probability",
     )
     fig.tight_layout()
     try:

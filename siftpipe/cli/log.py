@@ -298,6 +298,7 @@ def _add_whatif(a: WhatIf, b: WhatIf) -> WhatIf:
         keep=np.concatenate([a.keep, b.keep]),
         after_gap=a.after_gap + b.after_gap,
         flips_after_gap=a.flips_after_gap + b.flips_after_gap,
+        no_loss=a.no_loss + b.no_loss,
     )
 
 
@@ -323,8 +324,9 @@ def add_cli(commands: Any) -> None:
         "--beta",
         type=float,
         nargs="+",
-        help="RelativeProbabilistic betas, over the logged policy's history window (with no "
-        "policy option at all: 0.5 1 3)",
+        help="RelativeProbabilistic betas, over the logged policy's history window (500 samples "
+        "where the logged policy has none, as InfoBatch, the recipe's; with no policy option at "
+        "all: 0.5 1 3)",
     )
     p.add_argument("--top", type=float, nargs="+", help="TopFraction keep fractions")
     p.add_argument("--uniform", type=float, nargs="+", help="Uniform keep fractions")

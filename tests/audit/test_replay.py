@@ -913,3 +913,31 @@ def test_whatif_says_when_a_resume_changed_the_settings_it_replays_with(tmp_path
         assert result.flips == 0 and not changed
     else:
         assert len(changed) == 1
+
+
+def test_whatif_over_a_recipe_log_says_which_rows_have_no_loss_and_which_losses_are_remembered(tmp_path):
+    """The default recipe's log: the first pass has no loss (never trained) and every later loss
+    is one a training step handed back in an earlier pass. Every policy kept the rows with no
+    loss, read as a keep rate, and the remembered losses were replayed as if scored fresh, with
+    nothing said (found by review, 2026-12-06)."""
+    from siftpipe.cli import main as cli
+
+    samples = make_samples(200, seed=3)
+    log = sp.AuditLog(str(tmp_path), run_id="recipe", flush_every=100)
+    s = sp.recipe(None, loss_field, budget=3 * len(samples), audit=log, seed=0)
+    rng = np.random.default_rng(0)
+    for epoch in range(3):
+        s.set_epoch(epoch)
+        for x in s(samples):
+            s.observe([x["__key__"]], np.array([rng.exponential()]))
+    s.close()
+    with pytest.warns(UserWarning) as said:
+        (result,) = sp.whatif(str(tmp_path), [sp.TopFraction(0.5)])
+    text = " ".join(str(w.message) for w in said)
+    assert result.no_loss == len(samples) and result.samples == 3 * len(samples)
+    assert f"{len(samples)} of {3 * len(samples)} decisions have no loss in the log" in text
+    assert f"{2 * len(samples)} of {3 * len(samples)} decisions were made from losses remembered" in text
+    # every policy keeps the rows with no loss: TopFraction(0.5) keeps half of the others only
+    assert result.kept == len(samples) + len(samples)
+    with pytest.warns(UserWarning, match="no loss in the log"):
+        assert cli(["log", "whatif", str(tmp_path), "--top", "0.5"]) == 0
