@@ -487,6 +487,10 @@ class WhatIf:
         no_loss: Samples with no loss in the log (``reason`` ``unknown``: never trained before,
             or decided after the cost guard stopped sifting): every policy keeps them, as the
             logged run did, so they are in ``samples`` and ``kept`` of every policy alike.
+        remembered: Samples the logged run decided from a loss a training step handed back in
+            an earlier pass (``source`` ``feedback``; and ``stale`` in a run that had such losses,
+            whose expiry followed what was trained): another policy would have trained other
+            samples and remembered other losses, so its replay there is indicative.
     """
 
     policy: str
@@ -499,6 +503,7 @@ class WhatIf:
     after_gap: int = 0
     flips_after_gap: int = 0
     no_loss: int = 0
+    remembered: int = 0
 
     @property
     def keep_rate(self) -> float:
@@ -520,6 +525,7 @@ class WhatIf:
             "after_gap": self.after_gap,
             "flips_after_gap": self.flips_after_gap,
             "no_loss": self.no_loss,
+            "remembered": self.remembered,
         }
 
 
@@ -537,6 +543,7 @@ def whatif(
     micro_batch: int | None = None,
     run: str | Sequence[str] | None = None,
     rank: int | Sequence[int] | None = None,
+    say_losses: bool = True,
 ) -> list[WhatIf]:
     """Re-run ``policies`` over the logged losses, in order, and compare with the logged decisions.
 
@@ -554,6 +561,9 @@ def whatif(
         micro_batch: Re-chunk into micro-batches of this many samples instead of the logged ones.
         run: With a URL, only these runs.
         rank: With a URL, only these ranks.
+        say_losses: Warn when rows have no loss (``WhatIf.no_loss``) or were decided from
+            remembered training losses (``WhatIf.remembered``); False for a caller that adds up
+            several calls and says it once (``warn_losses``).
     """
     stages: dict[tuple[str, int], dict[str, Any]] = {}
     if isinstance(log, str):
@@ -610,10 +620,12 @@ def whatif(
             )
     reason = np.asarray(table.column("reason").to_pylist(), dtype=object)
     unknown = reason == REASONS[UNKNOWN]
-    _warn_what_the_losses_are(table, int(unknown.sum()))
     # kept before decode by a PreDecodeFilter: decided upstream, never by the stage's policy (nor
     # by its generator), as the live stage did
     upstream = reason == REASONS[PREDECODE]
+    remembered = _remembered(table, ~upstream)
+    if say_losses:
+        warn_losses(int(unknown.sum()), remembered, table.num_rows, stacklevel=3)
     upstream_prob = (
         table.column("prob").to_numpy(zero_copy_only=False).astype(np.float64)
         if "prob" in table.column_names
@@ -677,16 +689,30 @@ def whatif(
                 after_gap=int(after_gap.sum()),
                 flips_after_gap=int((after_gap & (keep != logged)).sum()),
                 no_loss=int(unknown.sum()),
+                remembered=remembered,
             )
         )
     return results
 
 
-def _warn_what_the_losses_are(table: Any, no_loss: int) -> None:
-    """Say what a what-if over ``table`` cannot be (found by review, 2026-12-06: over the default
-    recipe's log, rows with no loss read as kept by every policy and remembered training losses
-    as fresh scores, and nothing said so)."""
-    n = table.num_rows
+def _remembered(table: Any, decided_here: np.ndarray) -> int:
+    """Rows decided here (not before decode) from a loss a training step handed back in an earlier
+    pass (``WhatIf.remembered``). Remembered forward losses (``stale``) count only in a run that
+    had such losses: with forward scoring alone every scored loss is remembered, kept or not,
+    and the memory is the same whatever the policy (the review of the change)."""
+    if "source" not in table.column_names:
+        return 0  # (a table read without it: nothing to say)
+    source = np.asarray(table.column("source").to_pylist(), dtype=object)
+    feedback = (source == "feedback") & decided_here
+    if not feedback.any():
+        return 0
+    return int((feedback | ((source == "stale") & decided_here)).sum())
+
+
+def warn_losses(no_loss: int, remembered: int, n: int, stacklevel: int = 2) -> None:
+    """Say what a what-if over ``n`` decisions cannot be (found by review, 2026-12-06: over the
+    default recipe's log, rows with no loss read as kept by every policy and remembered training
+    losses as fresh scores, and nothing said so)."""
     if no_loss:
         warnings.warn(
             f"siftpipe: {no_loss} of {n} decisions have no loss in the log (reason 'unknown': "
@@ -694,21 +720,17 @@ def _warn_what_the_losses_are(table: Any, no_loss: int) -> None:
             "every policy keeps them here, as the logged run did, so keep rates are alike there "
             "(WhatIf.no_loss; the table says how many)",
             UserWarning,
-            stacklevel=3,
+            stacklevel=stacklevel + 1,
         )
-    if "source" not in table.column_names:
-        return
-    source = np.asarray(table.column("source").to_pylist(), dtype=object)
-    remembered = int(np.isin(source, ["feedback", "stale"]).sum())
     if remembered:
         warnings.warn(
-            f"siftpipe: {remembered} of {n} decisions were made from losses remembered from earlier "
-            "training steps or forwards (source 'feedback' or 'stale'), not scored as they were "
-            "decided: the replay applies each policy to those same losses, but a policy that had "
-            "kept other samples would have remembered other, fresher losses; read its keep rate "
-            "as indicative, not as what it would have done",
+            f"siftpipe: {remembered} of {n} decisions were made from losses training steps handed "
+            "back in earlier passes (source 'feedback', and 'stale' with them), not scored as they "
+            "were decided: the replay applies each policy to those same losses, but a policy that "
+            "had trained other samples would have remembered other losses; read its keep rate as "
+            "indicative, not as what it would have done (WhatIf.remembered)",
             UserWarning,
-            stacklevel=3,
+            stacklevel=stacklevel + 1,
         )
 
 

@@ -27,7 +27,7 @@ from ..audit.reader import (
     verify_log,
     wholly_superseded,
 )
-from ..audit.replay import WhatIf, format_whatif, whatif
+from ..audit.replay import WhatIf, format_whatif, warn_losses, whatif
 from ..audit.summary import SUMMARY_COLUMNS, plot_log, print_summary, summarize
 from ..core.policies import (
     Policy,
@@ -276,8 +276,12 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
         if not policies:
             policies = [RelativeProbabilistic(beta=b, history=history) for b in (0.5, 1.0, 3.0)]
         only = args.run if len(groups) == 1 else runs
-        results = whatif(args.url, policies, storage_options=options, run=only, rank=args.rank)
+        results = whatif(
+            args.url, policies, storage_options=options, run=only, rank=args.rank, say_losses=False
+        )
         merged = results if not merged else [_add_whatif(a, b) for a, b in zip(merged, results, strict=True)]
+    # once, over every group (each group's own counts contradicted the table: the review of it)
+    warn_losses(merged[0].no_loss, merged[0].remembered, merged[0].samples)
     logged = merged[0].logged_kept / merged[0].samples
     if args.json:
         print(json.dumps({"logged_keep_rate": logged, "results": [r.as_dict() for r in merged]}, indent=1))
@@ -299,6 +303,7 @@ def _add_whatif(a: WhatIf, b: WhatIf) -> WhatIf:
         after_gap=a.after_gap + b.after_gap,
         flips_after_gap=a.flips_after_gap + b.flips_after_gap,
         no_loss=a.no_loss + b.no_loss,
+        remembered=a.remembered + b.remembered,
     )
 
 

@@ -936,8 +936,22 @@ def test_whatif_over_a_recipe_log_says_which_rows_have_no_loss_and_which_losses_
     text = " ".join(str(w.message) for w in said)
     assert result.no_loss == len(samples) and result.samples == 3 * len(samples)
     assert f"{len(samples)} of {3 * len(samples)} decisions have no loss in the log" in text
-    assert f"{2 * len(samples)} of {3 * len(samples)} decisions were made from losses remembered" in text
+    assert f"{2 * len(samples)} of {3 * len(samples)} decisions were made from losses training steps" in text
+    assert result.remembered == 2 * len(samples)
     # every policy keeps the rows with no loss: TopFraction(0.5) keeps half of the others only
     assert result.kept == len(samples) + len(samples)
-    with pytest.warns(UserWarning, match="no loss in the log"):
+    with pytest.warns(UserWarning, match="no loss in the log") as said:
         assert cli(["log", "whatif", str(tmp_path), "--top", "0.5"]) == 0
+    assert sum("no loss in the log" in str(w.message) for w in said) == 1  # once, with the totals
+    # a log whose losses were all scored by forwards (remembered or not) has nothing to say
+    fresh = tmp_path / "forward"
+    log = sp.AuditLog(str(fresh), run_id="forward", flush_every=100)
+    s = sp.Sifter(None, loss_field, sp.TopFraction(0.5), memory=sp.ScoreMemory(1000, max_age=2), audit=log)
+    for epoch in range(2):
+        s.set_epoch(epoch)
+        list(s(samples))
+    s.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (result,) = sp.whatif(str(fresh), [sp.TopFraction(0.5)])
+    assert result.remembered == result.no_loss == 0 and result.flips == 0
