@@ -244,10 +244,21 @@ class SiftCallback(Callback):
                 lockstep=True,
                 sync_every=self.sync_every,
                 # a RankShareSampler keeps each rank's samples its own: nothing to share then
-                share_memory=lambda: not self._rank_share,
+                share_memory=self._share_memory,
                 generators=self._generators,
             )
         return self._stream
+
+    def _share_memory(self) -> bool:
+        """Whether the ranks share their score memories as a pass begins: not when each reads
+        its own share of the samples every epoch (a ``RankShareSampler``). The inner loader,
+        which says so, is built first: a fit resumed from a checkpoint taken at an epoch's last
+        step asked before it was, shared, and decided the next epoch from other ranks' losses
+        (found by review, 2026-12-06: one sample otherwise on one of 2 ranks, and the runs
+        diverged from there)."""
+        if self._inner is None and self._source is not None:
+            self._inner = self._build_inner()
+        return not self._rank_share
 
     @property
     def feedback(self) -> bool:

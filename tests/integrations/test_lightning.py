@@ -3,6 +3,7 @@ with weights and accumulation checked, and DDP on two gloo processes."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -831,6 +832,24 @@ def test_ddp_keeps_the_dataloaders_sampler_and_shards_a_batch_sampler(tmp_path):
     shared, own = result["memory_own_distributed_sampler"], result["memory_rank_share"]
     assert shared["held"] == [N_POINTS, N_POINTS] and shared["unknown"] == [120, 120]
     assert own["held"] == [120, 120] and own["unknown"] == [120, 120]
+
+
+def test_under_ddp_the_recipe_resumes_exactly_from_an_epochs_last_step(tmp_path):
+    """Two DDP processes with a score memory: the callback asked whether to share the ranks'
+    memories as a pass began before its loader said each rank reads its own share
+    (RankShareSampler). A fit resumed from a checkpoint at an epoch's last step shared them,
+    decided the next epoch from the other rank's losses too, and diverged (found by review,
+    2026-12-06: one sample otherwise on one rank, other weights from there)."""
+    script = str(ROOT / "tests" / "integrations" / "lightning_ddp_resume.py")
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script]
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    run_json([*run, str(full)], timeout=200)
+    run_json([*run, str(cut), str(full / "step=20.ckpt")], timeout=200)
+    for rank in (0, 1):
+        whole = json.loads((full / f"rank-{rank}.json").read_text())
+        resumed = json.loads((cut / f"rank-{rank}.json").read_text())
+        assert whole["trained"][20:] == resumed["trained"], rank  # steps 21..36: the same samples
+        assert whole["weights"] == resumed["weights"] and whole["kept"] == resumed["kept"], rank
 
 
 N_POINTS = 240  # tests/integrations/lightning_ddp_loaders.py's dataset
