@@ -77,17 +77,18 @@ class Net(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+def ddp_trainer(**settings) -> L.Trainer:
+    """A quiet Lightning Trainer on two gloo processes (CPU, DDP), with ``settings`` on top (also
+    used by tests/integrations/lightning_ddp_resume.py)."""
+    quiet = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False}
+    return L.Trainer(accelerator="cpu", devices=2, strategy="ddp", **{**quiet, **settings})
+
+
 def fit(model: Net, epochs: int = 1, use_distributed_sampler: bool = True) -> None:
     """``trainer.fit`` on two gloo processes with the model's sifting callback."""
-    trainer = L.Trainer(
+    trainer = ddp_trainer(
         max_epochs=epochs,
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        logger=False,
         enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[model.sift],
         use_distributed_sampler=use_distributed_sampler,
     )

@@ -19,6 +19,7 @@ import torch
 
 import siftpipe as sp
 from siftpipe.integrations.lightning import SiftCallback
+from tests.integrations.lightning_ddp_loaders import ddp_trainer
 from tests.integrations.test_lightning import Net, Points
 
 warnings.filterwarnings("ignore")
@@ -33,15 +34,9 @@ def main(out: str, ckpt: str | None) -> None:
     checkpoints = L.callbacks.ModelCheckpoint(
         dirpath=out, save_top_k=-1, filename="{step}", every_n_train_steps=10, enable_version_counter=False
     )
-    trainer = L.Trainer(
+    trainer = ddp_trainer(
         max_steps=36,
         default_root_dir=out,
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         num_sanity_val_steps=0,
         limit_val_batches=0,
         callbacks=[sift, checkpoints],
