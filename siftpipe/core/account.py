@@ -75,6 +75,19 @@ class CostAccount:
         self.dropping_passes = 0
         self.warned = False
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy (pickled, deep-copied) made inside an off_clock block has no block of its own
+        # open: the block's end closes the original's, and the copy's depth would never return to
+        # 0, so none of its later blocks would be left out (found 2026-12-06)
+        with _OFF_LOCK:
+            state = {name: getattr(self, name) for name in self.__slots__}
+        state["_off_depth"] = 0
+        return state
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+
     @property
     def stage_seconds(self) -> float:
         """Seconds of the stage's own work: scoring, deciding, re-batching, the audit hand-off and

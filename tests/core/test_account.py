@@ -460,3 +460,23 @@ def test_off_clock_blocks_in_several_threads_close_to_none_open(monkeypatch):
         with s.off_clock():
             clock.now += 100.0
     assert s.stats.step_seconds == pytest.approx(s.stats.kept * 1.0, abs=1e-3)
+
+
+def test_a_copy_made_inside_an_off_clock_block_has_none_open(monkeypatch):
+    # a stage pickled (or deep-copied) while an off_clock block was open carried the open block
+    # into the copy, where nothing closes it: no block of the copy's was ever left out again
+    import copy
+    import pickle
+
+    s = stage()
+    with s.off_clock():
+        copies = [pickle.loads(pickle.dumps(s)), copy.deepcopy(s)]
+    clock = StepClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    for c in copies:
+        for _ in c(samples()):
+            clock.now += 1.0
+            with c.off_clock():
+                clock.now += 100.0
+        assert 0 < c.stats.kept < N
+        assert c.stats.step_seconds == pytest.approx(c.stats.kept * 1.0, abs=1e-3)
