@@ -159,7 +159,8 @@ class Decider:
             warnings.warn(
                 f"policy {type(self.policy).__name__} gave kept samples weights other than 1, but "
                 "its class does not say weighted = True, so they are not attached to the samples "
-                "and the training step does not see them (the audit log records them): set "
+                "and the training step does not see them (nor does the audit log, which records "
+                "the weight trained with, 1): set "
                 "`weighted = True` on the policy's class, or Sifter(attach_weight=True)",
                 UserWarning,
                 stacklevel=3,
@@ -247,7 +248,9 @@ class Decider:
                     score=d.score,
                     prob=d.prob,
                     kept=keep,
-                    weight=weight,
+                    # the weight the step trains with: 1 where none is attached (found by review,
+                    # 2026-12-06: the policy's weights were logged that nothing handed on)
+                    weight=weight if self.attach_weight else None,
                     reason=d.reason,
                     micro_batch0=micro_batch0,
                     chunk=chunk,

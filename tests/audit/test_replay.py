@@ -118,6 +118,29 @@ def test_replay_attaches_logged_weights(tmp_path, mapping):
     assert keyed_weights(replayed) == keyed_weights(out)
 
 
+def test_weights_not_attached_are_logged_as_the_one_trained_with(tmp_path):
+    """With attach_weight=False every kept sample trains at weight 1, but the log's weight column
+    held the policy's weights (2.0 for PruneEasy(0.5)'s survivors) that nothing handed on (found by
+    review, 2026-12-06)."""
+    for attach in (False, True):
+        root = tmp_path / str(attach)
+        log = sp.AuditLog(str(root), run_id="w", flush_every=100)
+        s = sp.Sifter(
+            None, loss_field, sp.PruneEasy(0.5, history=100), micro_batch=32, audit=log, attach_weight=attach
+        )
+        out = list(s(SAMPLES))
+        s.close()
+        table = sp.read_log(str(root))
+        logged = dict(zip(table.column("key").to_pylist(), table.column("weight").to_pylist(), strict=True))
+        trained = {o["__key__"]: float(o.get("__sift_weight__", 1.0)) for o in out}
+        assert {k: logged[k] for k in trained} == trained
+        assert (max(trained.values()) == 2.0) is attach  # survivors of the pruning carry 1/(1-r)
+        replayed = list(sp.replay(str(root))(SAMPLES))
+        assert [(o["__key__"], float(o.get("__sift_weight__", 1.0))) for o in replayed] == list(
+            trained.items()
+        )
+
+
 def test_replay_attaches_logged_weights_to_tuples_and_namedtuples_as_the_run_did(tmp_path):
     """The run appends the weight to a tuple sample, or fills a namedtuple's field; replay
     attached weights to dicts only, so a tuple came back without it (x, y, w = sample broke) and
