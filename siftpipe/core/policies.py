@@ -290,7 +290,8 @@ class TopFraction(_KeepFraction):
         self._counts: dict[tuple[float, int], int] = {}  # (keep, micro-batch size) -> samples kept
         self._widest = 0  # the largest micro-batch decided (the stage's micro_batch, usually)
         self._none_run = 0  # micro-batches of that size in a row that kept none
-        self._warned_none = False
+        self._all_run = 0  # ... that kept all
+        self._warned_none = self._warned_all = False
 
     def decide(self, losses: np.ndarray, rng: np.random.Generator, seen: int) -> Decision:
         n = losses.size
@@ -311,13 +312,17 @@ class TopFraction(_KeepFraction):
             if len(counts) > 64:
                 counts.clear()
             k = counts[(self.keep, n)] = math.floor(Fraction(repr(self.keep)) * n + Fraction(1, 2))
-        if n >= self._widest and not self._warned_none:
+        if n >= self._widest and not (self._warned_none and self._warned_all):
             # found by review, 2026-12-05: every micro-batch kept none, and the stream handed
             # nothing on, nothing said. Said after several of the widest size in a row: not for a
-            # pass's last, shorter micro-batch, nor a small first batch of a batched stream
-            self._none_run = self._none_run + 1 if n == self._widest and not k else int(not k)
+            # pass's last, shorter micro-batch, nor a small first batch of a batched stream. And
+            # the other edge (review, 2026-12-06): keep=0.5 of micro-batches of 1 kept all, and
+            # nothing was sifted, nothing said
+            same = n == self._widest
+            self._none_run = self._none_run + 1 if same and not k else int(not k)
+            self._all_run = self._all_run + 1 if same and k == n else int(k == n)
             self._widest = n
-            if self._none_run >= _NONE_RUN:
+            if self._none_run >= _NONE_RUN and not self._warned_none:
                 self._warned_none = True
                 warnings.warn(
                     f"siftpipe: TopFraction({self.keep}) kept none of each of {_NONE_RUN} micro-batches "
@@ -325,6 +330,17 @@ class TopFraction(_KeepFraction):
                     f"raise micro_batch (in batched mode with micro_batch=None: the input batches) to "
                     f"at least {math.ceil(0.5 / self.keep)} samples, or keep; it keeps "
                     "round(keep * n) of each micro-batch of n",
+                    stacklevel=3,
+                )
+            if self._all_run >= _NONE_RUN and self.keep < 1 and not self._warned_all:
+                self._warned_all = True
+                least = math.floor(Fraction(1, 2) / (1 - Fraction(repr(self.keep)))) + 1
+                warnings.warn(
+                    f"siftpipe: TopFraction({self.keep}) kept all of each of {_NONE_RUN} micro-batches "
+                    f"of {n} samples in a row (round({self.keep} * {n}) = {n}), so nothing is sifted: "
+                    f"raise micro_batch (in batched mode with micro_batch=None: the input batches) to "
+                    f"at least {least} samples, or lower keep; it keeps round(keep * n) of each "
+                    "micro-batch of n",
                     stacklevel=3,
                 )
         return k

@@ -286,6 +286,28 @@ def test_top_fraction_follows_keep_set_anew():
     assert policy.decide(losses, np.random.default_rng(0), 0).keep.sum() == 2
 
 
+def test_top_fraction_that_keeps_all_of_a_micro_batch_says_so():
+    """TopFraction(0.9) over micro-batches of 3 keeps round(2.7) = 3 of each, and keep=0.5 of
+    micro-batches of 1 keeps round(0.5) = 1: nothing was sifted and nothing said, where keeping
+    none warned (found by review, 2026-12-06). Named: the least micro-batch that sifts."""
+    for keep, micro_batch, least in ((0.9, 3, 6), (0.5, 1, 2), (0.75, 2, 3)):
+        said = rf"TopFraction\({keep}\) kept all .* 8 micro-batches of {micro_batch} .* at least {least} "
+        with pytest.warns(UserWarning, match=said):
+            keep_, _ = run_policy(sp.TopFraction(keep), np.random.default_rng(0).random(60), micro_batch)
+        assert keep_.all()
+        # the least micro-batch it names does sift
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            keep_, _ = run_policy(sp.TopFraction(keep), np.random.default_rng(0).random(60), least)
+        assert not keep_.all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # keep=1 keeps all by design; a pass's last, shorter micro-batch kept whole is not said
+        run_policy(sp.TopFraction(1.0), np.random.default_rng(0).random(60), micro_batch=4)
+        keep_, _ = run_policy(sp.TopFraction(0.5), np.random.default_rng(0).random(65), micro_batch=16)
+        assert keep_.sum() == 33  # 8 of each 16, the last 1 kept
+
+
 def test_top_fraction_that_keeps_none_of_a_micro_batch_says_so():
     """TopFraction(0.1) over micro-batches of 4 keeps round(0.4) = 0 of each: before, the stream
     handed nothing on and nothing was said (found by review, 2026-12-05). A pass's last, shorter
