@@ -612,15 +612,64 @@ def test_credentials_in_urls_and_options_never_reach_errors_reprs_or_the_command
 
 def test_a_url_password_quoted_back_by_the_store_never_shows(local_s3, bucket):
     """botocore quotes the bucket it was given, ``KEY:SECRET@bucket``, in its error: the opener's
-    message, warning and log line carried the secret the URL had (found by review)."""
+    message, warning and log line carried the secret the URL had (found by review). A secret
+    with a / in it (about half of AWS's) was cut there, and the store quoted its first piece as
+    the bucket's name, in clear (review, 2026-12-06): such a URL is refused before any request,
+    reading or writing shards, saying where credentials go."""
+    from siftpipe.nodes import ShardSource
+    from siftpipe.shards import write_shards
     from siftpipe.webdataset import WebDataset
 
     local_s3.fs().pipe(f"{bucket}/x-000.tar", b"")
+    options = local_s3.storage_options
     for where in (bucket, "nobucket"):
-        url = f"s3://AKIAINURLKEY:UrLsEcReTvAlUe99@{where}/x-000.tar"
-        with pytest.raises(sp.ShardError) as err:
-            list(WebDataset(url, shardshuffle=False, storage_options=local_s3.storage_options))
-        assert "UrLsEcReTvAlUe99" not in str(err.value) and "AKIAINURLKEY:***@" in str(err.value)
+        for secret in ("UrLsEcReTvAlUe99", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"):
+            url = f"s3://AKIAINURLKEY:{secret}@{where}/x-000.tar"
+            for run in (
+                lambda url=url: list(WebDataset(url, shardshuffle=False, storage_options=options)),
+                lambda url=url: list(ShardSource([url], storage_options=options)),
+                lambda url=url: write_shards([{"__key__": "a"}], url[:-8], storage_options=options),
+            ):
+                with pytest.raises(sp.ConfigError, match="holds credentials.*storage options") as err:
+                    run()
+                for piece in secret.split("/"):
+                    assert piece not in str(err.value), str(err.value)
+                assert "AKIAINURLKEY:***@" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "https://h.example/a.tar?pass=SeCrEt0099&part=3",
+        "https://h.example/a.tar?pw=SeCrEt0099&part=3",
+        "https://h.example/a.tar?accesskey=SeCrEt0099&part=3",
+        "https://h.example/a.tar?secretKey=SeCrEt0099&part=3",
+        "https://h.example/a.tar?privatekey=SeCrEt0099&part=3",
+        "https://h.example/a.tar?authkey=SeCrEt0099&part=3",
+        "https://h.example/a.tar?sign=SeCrEt0099&part=3",
+        "https://h.example/a.tar?hmac=SeCrEt0099&part=3",
+        "https://h.example/a.tar?hdnts=exp=1700000000~acl=/*~hmac=SeCrEt0099&part=3",
+        "pipe:curl -s -ubob:SeCrEt0099 https://h.example/a.tar",
+        "pipe:curl -s -x bob:SeCrEt0099@proxy.example:3128 https://h.example/a.tar",
+        "pipe:curl -s --proxy bob:SeCrEt0099@proxy.example:3128 https://h.example/a.tar",
+    ],
+)
+def test_more_credential_names_and_curl_forms_never_show(text):
+    """Query parameters named pass, pw, accesskey (one word), sign, hmac, hdnts, and curl's
+    attached -uUSER:PASSWORD and a proxy's user:password@ with no scheme were shown and written
+    to the audit log's url column (found by review, 2026-12-06)."""
+    from siftpipe._secrets import command_secrets, redact_command, url_secrets
+
+    if text.startswith("pipe:"):
+        command = text[len("pipe:") :]
+        out = redact_command(command)
+        assert "SeCrEt0099" in command_secrets(command)
+        assert "h.example/a.tar" in out
+    else:
+        out = redact(text)
+        assert any("SeCrEt0099" in found for found in url_secrets(text))
+        assert "h.example/a.tar" in out and "part=3" in out
+    assert "SeCrEt0099" not in out, out
 
 
 def test_path_segments_that_look_like_pairs_are_data_not_secrets(tmp_path):
@@ -694,3 +743,20 @@ def test_a_samples_key_field_in_a_message_is_data_not_a_secret():
     assert (
         redact(text) == "bad sample {'__key__': 'shard-0001/img_42', 'x': 1}; __key__=img_42; ?__token__=***"
     )
+
+
+def test_an_azure_container_before_the_at_is_data_not_a_credential():
+    """adlfs's own URL form, ``abfs://container@account.dfs.core.windows.net/path``: the container
+    was read as a user-only token, hidden in every message and ``__url__``, and the audit log
+    refused the URL as holding credentials (found 2026-12-06). A password there still counts."""
+    from siftpipe._secrets import refuse_credentials_in_url, url_secrets
+
+    for url in (
+        "abfs://mycontainer@myaccount.dfs.core.windows.net/data/x-000.tar",
+        "az://mycontainer@myaccount.blob.core.windows.net/x-000.tar",
+    ):
+        assert redact(url) == url and not url_secrets(url)
+        refuse_credentials_in_url(url)
+    with pytest.raises(sp.AuditError, match="holds credentials"):
+        refuse_credentials_in_url("abfs://acct:SeCrEtKey99@container/x.tar")
+    assert redact("https://tokenabcdef@github.com/x") == "https://***@github.com/x"  # elsewhere a token
