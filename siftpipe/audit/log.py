@@ -62,7 +62,7 @@ Writer = Literal["process", "thread"]
 
 
 def _new_run_id() -> str:
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     return f"{stamp}-{_random.token_hex(4)}"
 
 
@@ -1032,6 +1032,10 @@ class _ThreadTransport(_Transport):
 _BOOT = (
     "import importlib, os, sys, types\n"
     "root = sys.argv[1]\n"
+    # the trainer's import path too (a notebook's sys.path.insert, a pip --target folder): the
+    # writer found no fsspec there and blamed the URL (found by review, 2026-12-06); appended,
+    # so nothing there shadows the interpreter's own modules
+    "sys.path += [p for p in sys.argv[2:] if p not in sys.path]\n"
     "for name, path in (('', root), ('.core', 'core'), ('.audit', 'audit')):\n"
     "    pkg = types.ModuleType('siftpipe_audit_writer' + name)\n"
     "    pkg.__path__ = [os.path.join(root, path)]\n"
@@ -1057,7 +1061,7 @@ class _ProcessTransport(_Transport):
         self.url, self.storage_options = str(config["url"]), dict(config["storage_options"])
         root = os.path.dirname(os.path.dirname(os.path.abspath(wire.__file__)))
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOT, root],
+            [sys.executable, "-c", _BOOT, root, *(os.path.abspath(p) for p in sys.path if p)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             start_new_session=True,  # Ctrl-C in the terminal is the trainer's to handle

@@ -461,6 +461,37 @@ def test_the_writer_process_loads_neither_torch_nor_webdataset():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_writer_process_finds_the_packages_the_trainer_found_on_its_own_path(tmp_path):
+    """A trainer that reaches siftpipe and its packages through ``sys.path.insert`` (a notebook, a
+    ``pip --target`` folder): the writer process, a fresh interpreter, did not, and its error
+    blamed the URL ("no filesystem for this URL's protocol ... No module named 'fsspec'"; found
+    by review, 2026-12-06). Run here on the interpreter under this virtual environment, whose
+    own site-packages hold none of them."""
+    import site
+    import subprocess
+    import sys
+
+    base = os.path.join(sys.base_prefix, "bin", "python3")
+    if sys.prefix == sys.base_prefix or not os.path.exists(base):
+        pytest.skip("needs a virtual environment over a base interpreter")
+    here = os.path.dirname(os.path.dirname(os.path.abspath(sp.__file__)))
+    script = (
+        "import sys\n"
+        f"sys.path[:0] = {[here, *site.getsitepackages()]!r}\n"
+        "import siftpipe as sp\n"
+        f"log = sp.AuditLog({str(tmp_path)!r}, run_id='r', writer='process')\n"
+        "s = sp.Sifter(None, lambda m, b: b['loss'].double(), sp.Uniform(0.5), micro_batch=8, audit=log)\n"
+        "import torch\n"
+        "out = list(s([{'__key__': f'k{i}', 'loss': torch.tensor(1.0)} for i in range(40)]))\n"
+        "s.close()\n"
+        "print(sp.read_log(" + repr(str(tmp_path)) + ").num_rows, len(out))\n"
+    )
+    out = subprocess.run([base, "-c", script], check=False, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows, kept = map(int, out.stdout.split())
+    assert rows == 40 and 0 < kept < 40
+
+
 def test_a_storage_option_the_writer_process_cannot_receive_is_refused_by_name(tmp_path):
     """It once killed the writer's sender thread, and the stage waited for its claim forever."""
 
