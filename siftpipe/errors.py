@@ -73,8 +73,16 @@ class MissingKeyError(SiftError):
 
 
 class MissingExtraError(SiftError, ImportError):
-    """An optional dependency is not installed (a plot needs matplotlib); the message names the
-    ``pip install "siftpipe[...]"`` that brings it."""
+    """An optional dependency is not installed (a plot needs matplotlib, an integration its
+    trainer); the message names the ``pip install "siftpipe[...]"`` that brings it."""
+
+    @classmethod
+    def of(cls, module: str, extra: str, packages: str, cause: ImportError) -> MissingExtraError:
+        """The error for ``module``, which needs ``packages`` from ``siftpipe[extra]``."""
+        missing = cause.name or str(cause)
+        return cls(
+            f'{module} needs {packages} ({missing} is not importable): pip install "siftpipe[{extra}]"'
+        )
 
 
 class PolicyError(SiftError):

@@ -12,18 +12,8 @@ Each submodule imports its trainer only when it is imported itself; a missing on
 
 from __future__ import annotations
 
-import siftpipe as sp
+# one class: ``except sp.MissingExtraError`` catches an integration's too (until 2026-12-06 this
+# module defined a second one, which it did not: found by review)
+from ..errors import MissingExtraError
 
 __all__ = ["MissingExtraError"]
-
-
-class MissingExtraError(sp.SiftError, ImportError):
-    """An integration's trainer package is not installed; the message names the extra to install."""
-
-    @classmethod
-    def of(cls, module: str, extra: str, packages: str, cause: ImportError) -> MissingExtraError:
-        """The error for ``module``, which needs ``packages`` from ``siftpipe[extra]``."""
-        missing = cause.name or str(cause)
-        return cls(
-            f'{module} needs {packages} ({missing} is not importable): pip install "siftpipe[{extra}]"'
-        )
