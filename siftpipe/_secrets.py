@@ -91,8 +91,9 @@ _SECRET_NAMES = frozenset(
 _DATA_NAMES = frozenset({"__key__"})
 _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z0-9]+")
 _SENSITIVE_ENV = re.compile(
-    r"(^|_)(SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIALS?|SAS)(_|$)|ACCESS_KEY|ACCOUNT_KEY|API_KEY|"
-    r"CONNECTION_STRING|SECRET_KEY",
+    r"(^|_)(SECRET|TOKEN|CREDENTIALS?|SAS)(_|$)|PASSWORD|PASSWD|_PWD$|^SSHPASS$|"
+    # (PGPASSWORD, MYSQL_PWD, SSHPASS, AZURE_STORAGE_KEY, B2_APPLICATION_KEY: review, 2026-12-06)
+    r"ACCESS_KEY|ACCOUNT_KEY|API_KEY|STORAGE_KEY|APPLICATION_KEY|CONNECTION_STRING|SECRET_KEY",
     re.I,
 )
 _NOT_SECRET = re.compile(r"(?i)^(true|false|none|null|yes|no|on|off|[0-9.]+)$")

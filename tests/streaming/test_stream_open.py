@@ -246,6 +246,14 @@ def test_only_credential_like_environment_variables_are_treated_as_secrets(monke
     redact = Redactor({"client_kwargs": {"aws_secret_access_key": "nested-secret-value"}, "anon": False})
     text = redact("false hf_abcdefghijklmnop correct-horse nested-secret-value")
     assert text == "false *** *** ***"
+    # more tools' own names (review, 2026-12-06); the shell's PWD is a directory, not a password
+    for name in ("PGPASSWORD", "MYSQL_PWD", "SSHPASS", "AZURE_STORAGE_KEY", "B2_APPLICATION_KEY"):
+        monkeypatch.setenv(name, f"value-of-{name.lower()}")
+    monkeypatch.setenv("PWD", "/home/someone/project")
+    redact = Redactor({})
+    names = ("pgpassword", "mysql_pwd", "sshpass", "azure_storage_key", "b2_application_key")
+    text = redact(" ".join(f"value-of-{name}" for name in names) + " /home/someone/project/x.tar")
+    assert text == "*** *** *** *** *** /home/someone/project/x.tar"
 
 
 def test_anon_option_reaches_s3fs_and_a_private_bucket_refuses_it(local_s3, s3_shards):
