@@ -45,6 +45,8 @@ __all__ = [
     "redact_json",
     "redact_options",
     "redact_url",
+    "refuse_credentials_in_endpoint",
+    "refuse_credentials_in_url",
     "safe_options",
     "secret_values",
     "url_secrets",
@@ -527,6 +529,33 @@ safe_options = redact_options
 #: Object stores whose fsspec filesystems do not read credentials from a URL: s3fs takes
 #: ``s3://KEY:SECRET@bucket`` for a bucket named ``KEY:SECRET`` and names it in its errors.
 _NO_URL_CREDENTIALS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"})
+
+
+def refuse_credentials_in_endpoint(
+    url: str, storage_options: Mapping[str, Any] | None, error: type[Exception] | None = None
+) -> None:
+    """Raise ``error`` (default ``AuditError``) for an ``s3://`` URL whose storage options give an
+    ``endpoint_url`` with a password in it: botocore signs every request and aiohttp refuses a
+    URL's credentials beside the signature ("Cannot combine AUTHORIZATION header"), which read as
+    an outage, retried until the timeout and said "the storage did not answer" (found by review,
+    2026-12-06). Credentials go in ``key=``/``secret=``."""
+    if not any(link.partition("://")[0].lower() in ("s3", "s3a") for link in url.split("::")):
+        return
+    options = storage_options or {}
+    client = options.get("client_kwargs")
+    for where, endpoint in (
+        ("endpoint_url", options.get("endpoint_url")),
+        ("client_kwargs.endpoint_url", client.get("endpoint_url") if isinstance(client, Mapping) else None),
+    ):
+        if isinstance(endpoint, str) and "://" in endpoint and _userinfo(endpoint) is not None:
+            from .errors import AuditError
+
+            raise (error or AuditError)(
+                f"the storage option {where} ({redact(endpoint, url_secrets(endpoint))}) holds "
+                "credentials; s3:// requests are signed, and an endpoint's credentials cannot go "
+                "with the signature: pass them as storage options key= and secret= (or the "
+                "provider's standard environment or profile)"
+            )
 
 
 def refuse_credentials_in_url(url: str, error: type[Exception] | None = None) -> None:

@@ -572,6 +572,11 @@ def test_credentials_in_urls_and_options_never_reach_errors_reprs_or_the_command
         texts[f"error {len(texts)}"] = str(err.value) + repr(err.value)
     endpoint = f"http://user:{ENDPOINT_PASSWORD}@127.0.0.1:9"
     options = {**OPTION_SECRETS, "client_kwargs": {"endpoint_url": endpoint}}
+    # (an s3:// endpoint holding credentials is refused at once since 2026-12-06)
+    with pytest.raises(sp.AuditError, match="endpoint_url .*holds credentials") as err:
+        sp.AuditLog(f"s3://{bucket}/opts", storage_options=options, retry_timeout=1)
+    texts["endpoint refused"] = str(err.value) + repr(err.value)
+    options = {**OPTION_SECRETS, "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}
     log = sp.AuditLog(f"s3://{bucket}/opts", storage_options=options, retry_timeout=1)
     texts["repr(AuditLog)"] = repr(log)
     s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=10, audit=log)
@@ -760,3 +765,34 @@ def test_an_azure_container_before_the_at_is_data_not_a_credential():
     with pytest.raises(sp.AuditError, match="holds credentials"):
         refuse_credentials_in_url("abfs://acct:SeCrEtKey99@container/x.tar")
     assert redact("https://tokenabcdef@github.com/x") == "https://***@github.com/x"  # elsewhere a token
+
+
+def test_an_s3_endpoint_url_with_a_password_is_refused_at_once(local_s3, bucket):
+    """s3fs with ``client_kwargs={"endpoint_url": "http://user:pass@host"}``: aiohttp refuses a
+    URL's credentials beside botocore's signature, which read as an outage, was retried for the
+    whole timeout and said "the storage did not answer: check the endpoint" (found by review,
+    2026-12-06). Refused before any request, naming where credentials go, password hidden."""
+    import copy
+
+    from siftpipe.nodes import ShardSource
+
+    options = copy.deepcopy(local_s3.storage_options)
+    endpoint = local_s3.endpoint.replace("http://", "http://reader:EndPointPw-123@")
+    runs = []
+    for where in ("client_kwargs", "top"):
+        given = copy.deepcopy(options)
+        if where == "top":
+            given.pop("client_kwargs", None)
+            given["endpoint_url"] = endpoint
+        else:
+            given.setdefault("client_kwargs", {})["endpoint_url"] = endpoint
+        url = f"s3://{bucket}/x-000.tar"
+        runs += [
+            (sp.ConfigError, lambda given=given, url=url: list(ShardSource([url], storage_options=given))),
+            (sp.AuditError, lambda given=given: sp.AuditLog(f"s3://{bucket}/log", storage_options=given)),
+        ]
+    for error, run in runs:
+        # (a configuration error, raised before any request: not retried as an outage)
+        with pytest.raises(error, match=r"endpoint_url .*holds credentials.*key= and secret=") as err:
+            run()
+        assert "EndPointPw-123" not in str(err.value) and "reader:***@" in str(err.value)

@@ -43,6 +43,7 @@ import numpy as np
 
 from .._secrets import (
     redact,
+    refuse_credentials_in_endpoint,
     refuse_credentials_in_url,
     safe_options,
     secret_values,
@@ -245,6 +246,7 @@ class AuditLog:
         if not isinstance(url, str) or not url:
             raise AuditError(f"the audit log needs a root URL or path, got {url!r}")
         refuse_credentials_in_url(url)
+        refuse_credentials_in_endpoint(url, storage_options)
         _check_protocol(url)
         if not isinstance(flush_every, int) or flush_every < 1:
             raise AuditError(f"flush_every must be a number of records >= 1, got {flush_every!r}")

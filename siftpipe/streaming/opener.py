@@ -45,6 +45,7 @@ from .._secrets import (
     redact_command,
     redact_options,
     redact_url,
+    refuse_credentials_in_endpoint,
     refuse_credentials_in_url,
     secret_values,
     url_secrets,
@@ -383,6 +384,7 @@ class ShardOpener:
         # s3://KEY:SECRET@bucket: refused before any request (the store's error quoted a piece of
         # the secret as a bucket name; found by review, 2026-12-06), as the audit log refuses it
         refuse_credentials_in_url(url, ConfigError)
+        refuse_credentials_in_endpoint(url, self.storage_options, ConfigError)
         protocol, _ = split_protocol(url)
         protocol = protocol or "file"
         if "::" in url:  # chained URLs (simplecache::s3://...) carry per-layer options
