@@ -531,6 +531,17 @@ safe_options = redact_options
 _NO_URL_CREDENTIALS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"})
 
 
+def _store_credentials(link: str) -> bool:
+    """Whether an object-store URL carries credentials: a userinfo before its ``@``, or a
+    credential in its query. Not its path, which is only the object's key: a Hive-style
+    ``.../token=bpe32k/...`` segment is data (the review of 2026-12-06: shards there were refused
+    once shard URLs were checked)."""
+    if _userinfo(link) is not None:
+        return True
+    query = link.partition("?")[2].partition("#")[0]
+    return bool(query) and bool(url_secrets(query))
+
+
 def refuse_credentials_in_endpoint(
     url: str, storage_options: Mapping[str, Any] | None, error: type[Exception] | None = None
 ) -> None:
@@ -564,7 +575,7 @@ def refuse_credentials_in_url(url: str, error: type[Exception] | None = None) ->
     # each link of a chained URL (simplecache::s3://...), and its query too (?token=...)
     for link in url.split("::"):
         protocol, sep, rest = link.partition("://")
-        if sep and protocol.lower() in _NO_URL_CREDENTIALS and url_secrets(link):
+        if sep and protocol.lower() in _NO_URL_CREDENTIALS and _store_credentials(link):
             # imported here: the audit writer process loads this module without the rest of the
             # package, and siftpipe.errors imports webdataset (and with it torch: 1.4 s, ~200 MiB)
             from .errors import AuditError

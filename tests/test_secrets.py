@@ -796,3 +796,22 @@ def test_an_s3_endpoint_url_with_a_password_is_refused_at_once(local_s3, bucket)
         with pytest.raises(error, match=r"endpoint_url .*holds credentials.*key= and secret=") as err:
             run()
         assert "EndPointPw-123" not in str(err.value) and "reader:***@" in str(err.value)
+
+
+def test_object_store_paths_that_look_like_credentials_are_keys_not_refused(local_s3, bucket):
+    """In s3://, gs://, az:// URLs the path is the object's key: Hive-style segments such as
+    ``token=bpe32k`` or ``auth=none`` name data. Refused as credentials once shard URLs were
+    checked (the review of that change, 2026-12-06): only a userinfo or a query credential is."""
+    from siftpipe.nodes import ShardSource
+    from siftpipe.shards import write_shards
+
+    options = local_s3.storage_options
+    for prefix in ("ds/token=bpe32k/train", "ds/auth=none/train", "ds/part.key=a1b2/train"):
+        urls = write_shards(
+            [{"__key__": f"k{i}", "cls": i} for i in range(4)],
+            f"s3://{bucket}/{prefix}",
+            storage_options=options,
+            progress=False,
+        )
+        got = [s["__key__"] for s in ShardSource(urls, storage_options=options)]
+        assert got == [f"k{i}" for i in range(4)], prefix

@@ -84,7 +84,9 @@ class CostAccount:
         state["_off_depth"] = 0
         return state
 
-    def __setstate__(self, state: Mapping[str, Any]) -> None:
+    def __setstate__(self, state: Mapping[str, Any] | tuple[Any, Mapping[str, Any] | None]) -> None:
+        if isinstance(state, tuple):  # pickled before 2026-12-06: (None, the slots' values)
+            state = {**(state[1] or {}), "_off_depth": 0}
         for name, value in state.items():
             setattr(self, name, value)
 

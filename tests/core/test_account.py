@@ -480,3 +480,20 @@ def test_a_copy_made_inside_an_off_clock_block_has_none_open(monkeypatch):
                 clock.now += 100.0
         assert 0 < c.stats.kept < N
         assert c.stats.step_seconds == pytest.approx(c.stats.kept * 1.0, abs=1e-3)
+
+
+def test_an_account_pickled_before_its_own_getstate_still_loads():
+    # Python pickles a class with slots and no __getstate__ as (None, {slot: value}): such
+    # pickles (a Sifter pickled whole by the version before) failed to load with "'tuple' object
+    # has no attribute 'items'" once the account had a __setstate__ (the review of the change)
+    s = stage()
+    list(s(samples()))
+    account = s._account
+    old = (None, {name: getattr(account, name) for name in CostAccount.__slots__})
+    old[1]["_off_depth"] = 1  # (taken inside an off_clock block)
+    loaded = CostAccount.__new__(CostAccount)
+    loaded.__setstate__(old)
+    assert loaded.state_dict() == account.state_dict()
+    loaded.off_begins()
+    loaded.off_ends()  # none open in the copy: one block opens and closes to none
+    assert loaded._off_depth == 0
