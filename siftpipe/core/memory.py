@@ -11,15 +11,17 @@ workers for sifting before decode.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
 import secrets as _random
+import threading
 import time
 import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import repeat
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 import torch
@@ -201,6 +203,21 @@ def _key_text(key: Any) -> str:
     return str(key)
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _locked(method: Callable[Concatenate[ScoreMemory, _P], _R]) -> Callable[Concatenate[ScoreMemory, _P], _R]:
+    """``method`` run holding the memory's lock (see ``ScoreMemory``: several threads)."""
+
+    @functools.wraps(method)
+    def run(self: ScoreMemory, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return run
+
+
 class ScoreMemory:
     """The last known loss of up to ``capacity`` samples, by key.
 
@@ -220,6 +237,10 @@ class ScoreMemory:
             training step. ``lookup_keys``, ``update_keys`` and ``hashes`` use it; the cache is
             not part of the state (a key's slot never changes until the table is refilled, which
             empties it).
+
+    One memory may be used from several threads (two sifters sharing it, each in its own thread,
+    or ``observe`` called from a loss-logging thread): its reads and updates hold a lock (until
+    2026-12-06 two inserts at once could claim one slot, and a key held another's loss).
 
     Besides losses, the memory measures what dropping did (see ``forgetting``): when the training
     step hands back the loss of a sample whose remembered loss is two or more epochs old (it was
@@ -244,6 +265,7 @@ class ScoreMemory:
             raise ConfigError(f"key_cache must be a number of keys >= 0, got {key_cache!r}")
         capacity, key_cache = int(capacity), int(key_cache)
         max_age = None if max_age is None else int(max_age)
+        self._lock = threading.RLock()
         self.capacity = capacity
         self.max_age = max_age
         self.key_cache = key_cache
@@ -301,6 +323,16 @@ class ScoreMemory:
         #: Whether ``siftpipe.sync_memory`` has warned that other ranks' losses did not fit.
         self.warned_full_sync = False
 
+    def __getstate__(self) -> dict[str, Any]:
+        with self._lock:
+            state = self.__dict__.copy()
+        del state["_lock"]  # (a lock does not pickle; a copy has its own)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
     @property
     def refused(self) -> int:
         """New keys turned away because the memory was full."""
@@ -323,6 +355,7 @@ class ScoreMemory:
     #: Losses ``defer_keys`` lets wait before it applies them itself.
     DEFER_ROWS = 8192
 
+    @_locked
     def defer_keys(self, keys: Keys, losses: np.ndarray | HostCopy, epoch: int, source: int) -> None:
         """``update_keys(keys, losses, epoch, source)``, applied later: before the memory is next
         read (a look-up, ``mean``, ``len``, the counters, the state, a file, any update) or once
@@ -345,6 +378,12 @@ class ScoreMemory:
 
     def flush(self) -> None:
         """Apply the losses ``defer_keys`` holds (every read does this first)."""
+        if not self._deferred:
+            return
+        with self._lock:
+            self._flush()
+
+    def _flush(self) -> None:
         deferred = self._deferred
         if not deferred:
             return
@@ -390,6 +429,7 @@ class ScoreMemory:
         self._deferred = waiting + self._deferred
         self._deferred_rows = sum(r[1].size for r in self._deferred)
 
+    @_locked
     def usable_at(self, epoch: int) -> int:
         """Keys whose loss a look-up in ``epoch`` can use: stored in an earlier epoch (a loss is not
         used in the epoch it was stored in) and at most ``max_age`` epochs before. One pass over
@@ -399,6 +439,7 @@ class ScoreMemory:
             return 0
         return int(np.count_nonzero(self._usable(self._epoch, epoch) & (self._keys != _EMPTY)))
 
+    @_locked
     def newest_epoch(self) -> int | None:
         """The latest epoch any remembered loss was stored in; None when empty. One pass over
         the table."""
@@ -517,6 +558,7 @@ class ScoreMemory:
             slot[pending] = (slot[pending] + 1) % int(self._slots_n)
         raise RuntimeError("score memory probe limit reached; the table is corrupt")
 
+    @_locked
     def update(self, hashes: np.ndarray, losses: np.ndarray, epoch: int, source: int) -> None:
         """Remember ``losses`` for ``hashes`` (the last value wins for a repeated key)."""
         self.flush()
@@ -681,6 +723,7 @@ class ScoreMemory:
             drift[1, 0] += sums[2]
             drift[1, 1] += counts[2]
 
+    @_locked
     def forgetting(self) -> float | None:
         """How much more the loss of samples that were not trained rose than that of easy samples
         that were, in units of the mean remembered loss (0: dropping cost nothing; 0.5: dropped
@@ -703,6 +746,7 @@ class ScoreMemory:
     #: Training losses of known samples a ``persistent_hard`` share needs.
     MIN_HARD_EVIDENCE = 256
 
+    @_locked
     def persistent_hard(self) -> float | None:
         """The share of training losses handed back for samples trained in an earlier epoch that
         were, like the loss remembered for that sample, above ``HARD_MULTIPLE`` (2) times the mean
@@ -737,6 +781,7 @@ class ScoreMemory:
     #: have been applied since it last was.
     SPREAD_PERIOD = 4
 
+    @_locked
     def spread(self) -> float | None:
         """How far the remembered losses sit below their mean, on average over every remembered
         loss, in units of the mean: ``mean(max(0, mean - loss)) / mean``. 0 when every loss equals
@@ -758,6 +803,7 @@ class ScoreMemory:
             read = self._read_spread = (self._applied, self._measure_spread())
         return None if np.isnan(read[1]) else read[1]
 
+    @_locked
     def measure_spread(self) -> float | None:
         """``spread()`` as a policy reads it before it decides: measured again once a quarter of
         the memory's size of losses has been applied since the policy's last measure. A given
@@ -789,6 +835,7 @@ class ScoreMemory:
             return float("nan")
         return float(np.maximum(mean - loss, 0.0).mean() / mean)
 
+    @_locked
     def mean(self) -> float:
         """The mean of every remembered loss (any age); NaN when empty."""
         self.flush()
@@ -820,6 +867,7 @@ class ScoreMemory:
 
     # ------------------------------------------------------------------ across ranks
 
+    @_locked
     def changes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The entries this process stored since the last ``mark_synced`` (its training losses
         and scoring forwards, not what ``merge`` brought): ``(hashes, losses, epochs, sources)``,
@@ -828,11 +876,13 @@ class ScoreMemory:
         at = np.flatnonzero((self._mark == _UNSENT) & (self._keys != _EMPTY))
         return self._keys[at], self._loss[at], self._epoch[at], self._source[at]
 
+    @_locked
     def mark_synced(self) -> None:
         """Every entry stored so far has been handed on (``changes`` returns none of them again)."""
         self.flush()
         self._mark[self._mark == _UNSENT] = _SENT
 
+    @_locked
     def merge(
         self,
         hashes: np.ndarray,
@@ -935,6 +985,7 @@ class ScoreMemory:
         self._applied += stored  # the spread is measured again as often as without merges
         return stored
 
+    @_locked
     def lookup(self, hashes: np.ndarray, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(loss, source) per hash: NaN loss where unknown or older than ``max_age`` epochs."""
         self.flush()
@@ -953,6 +1004,7 @@ class ScoreMemory:
         loss = np.where(usable, self._loss[slot].astype(np.float64), np.nan)
         return loss, self._source[slot]
 
+    @_locked
     def lookup_keys(self, keys: Keys, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """``lookup(key_hashes(keys), epoch)``, with no hashing or probing for cached keys."""
         self.flush()
@@ -972,6 +1024,7 @@ class ScoreMemory:
         unknown[miss[~held]] = True
         return self._read(slots, unknown, epoch)
 
+    @_locked
     def update_keys(self, keys: Keys, losses: np.ndarray, epoch: int, source: int) -> None:
         """``update(key_hashes(keys), losses, epoch, source)``, with no hashing or probing when
         every key is cached, distinct and has a finite loss (the training step's usual batch)."""
@@ -1017,6 +1070,7 @@ class ScoreMemory:
     def _occupied(self) -> np.ndarray:
         return np.flatnonzero(self._keys != _EMPTY)
 
+    @_locked
     def state_dict(self) -> dict[str, Any]:
         self.flush()
         at = self._occupied()
@@ -1042,6 +1096,7 @@ class ScoreMemory:
             "spread_at": self._spread_at,
         }
 
+    @_locked
     def load_state_dict(self, state: Mapping[str, Any], *, fit: bool = False) -> None:
         """Restore ``state_dict()``. ``fit``: load what fits into a smaller memory (the rest is
         refused and counted) instead of raising ``ResumeError``. A damaged state (a missing or
@@ -1133,6 +1188,7 @@ class ScoreMemory:
         self._hard = np.zeros((2, 2))
         self._hard_verdict = float("nan")
 
+    @_locked
     def save(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         """Write the memory to ``url`` (any fsspec URL) as an ``.npz`` of plain arrays (no pickle)."""
         self.flush()
@@ -1300,6 +1356,7 @@ class ScoreMemory:
         memory._refused = refused
         return memory
 
+    @_locked
     def losses(self) -> np.ndarray:
         """Every remembered loss (any age), for summaries."""
         self.flush()

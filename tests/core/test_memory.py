@@ -800,3 +800,48 @@ def test_keys_that_are_not_one_per_loss_are_refused_before_anything_is_stored():
     assert len(memory) == 0 and memory.repeated == 0 and memory.refused == 0
     memory.update_keys(np.array([1, 2]), np.array([1.0, 2.0]), 0, FEEDBACK)  # 1-d: taken
     assert len(memory) == 2
+
+
+def test_a_memory_used_from_several_threads_loses_and_mixes_up_nothing():
+    """Two sifters sharing a memory in two threads (a train and an auxiliary stream), or a
+    loss-logging thread calling ``observe``: two inserts claimed one empty slot, a key held
+    another's loss or none while ``len`` counted it (found by review, 2026-12-06). Each thread
+    stores its own new keys, directly, deferred and read back, at a tiny switch interval."""
+    import sys
+    import threading
+
+    memory = sp.ScoreMemory(200_000, max_age=None)
+    threads_n, batches, rows = 4, 60, 64
+    errors = []
+
+    def work(t):
+        try:
+            for b in range(batches):
+                keys = [f"t{t}-{b}-{i}" for i in range(rows)]
+                losses = np.full(rows, t * 1000 + b, dtype=np.float64) + np.arange(rows) / 100
+                if b % 2:
+                    memory.defer_keys(keys, losses, 0, FEEDBACK)
+                else:
+                    memory.update_keys(keys, losses, 0, FORWARD)
+                memory.lookup_keys(keys[:8], 1)
+        except BaseException as exc:
+            errors.append(exc)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(threads_n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert not errors, errors
+    keys = [f"t{t}-{b}-{i}" for t in range(threads_n) for b in range(batches) for i in range(rows)]
+    want = np.array(
+        [t * 1000 + b + i / 100 for t in range(threads_n) for b in range(batches) for i in range(rows)]
+    )
+    got, _ = memory.lookup_keys(keys, 1)
+    assert len(memory) == len(keys)
+    assert np.array_equal(got, want.astype(np.float32)), int((got != want.astype(np.float32)).sum())
