@@ -80,17 +80,26 @@ def publication_checksum(meta: Mapping[str, Any]) -> str:
 def key_hashes(keys: Iterable[Any]) -> np.ndarray:
     """Stable 64-bit hashes (BLAKE2b) of sample keys, the same in every process and run; never 0."""
     blake = hashlib.blake2b
+    if not isinstance(keys, Sequence | np.ndarray):
+        keys = list(keys)  # (read twice where one holds a lone surrogate)
     # one bytes object of 8-byte digests read as little-endian integers: the same values as
     # int.from_bytes(digest, "little") per key, without a Python int per key
-    digests = b"".join(
-        [
-            blake(
-                (k if type(k) is str else str(k) if type(k) in _TEXT_IS_STR else _key_text(k)).encode(),
-                digest_size=8,
-            ).digest()
-            for k in keys
-        ]
-    )
+    try:
+        digests = b"".join(
+            [
+                blake(
+                    (k if type(k) is str else str(k) if type(k) in _TEXT_IS_STR else _key_text(k)).encode(),
+                    digest_size=8,
+                ).digest()
+                for k in keys
+            ]
+        )
+    except UnicodeEncodeError:
+        # a key with a lone surrogate (a tar member's name that was not valid UTF-8, as Python
+        # decodes it): its own bytes, where it raised a bare UnicodeEncodeError (found by review,
+        # 2026-12-06); valid text encodes as before, so no stored hash moves
+        text = [k if type(k) is str else str(k) if type(k) in _TEXT_IS_STR else _key_text(k) for k in keys]
+        digests = b"".join([blake(t.encode("utf-8", "surrogatepass"), digest_size=8).digest() for t in text])
     out = np.frombuffer(digests, dtype="<u8").astype(np.uint64)  # a writable copy, native order
     out[out == _EMPTY] = 1  # 0 marks an empty slot
     return out

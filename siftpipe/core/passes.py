@@ -19,6 +19,7 @@ from ..errors import PassClosedError, ResumeError
 from .ledger import Group, Ledger
 from .resume import first_key, first_shard, shard_names
 from .source import END, Raised, Reader
+from .values import plain_keys
 
 __all__ = ["POSITION", "Passes", "Superseded"]
 
@@ -283,7 +284,7 @@ class Passes:
                     "keep": torch.from_numpy(g.keep.copy()),
                     # float64, as handed on: a float32 copy made resumed weights differ in the last bits
                     "weight": None if g.weight is None else torch.from_numpy(g.weight.astype(np.float64)),
-                    "keys": keys(g),
+                    "keys": plain_keys(keys(g)),
                     # the shards they came from: keys that shards number alike match elsewhere
                     "shards": shard_names(g, batched),
                 }
@@ -312,7 +313,7 @@ class Passes:
                     if self.source is not None:
                         source_state = reader.ahead_snapshot
                     if not isinstance(ahead, Raised):
-                        next_key = first_key(ahead, batched, key)
+                        next_key = plain_keys([first_key(ahead, batched, key)])[0]
                         next_shard = first_shard(ahead, batched)
             elif self.source is not None:
                 source_state = self.snapshot()

@@ -211,9 +211,11 @@ def keys_of(
                     f"pass key=<field, position or callable>{_without_keys(purpose)}"
                 ) from None
         raise
-    if keys and isinstance(keys[0], torch.Tensor | np.ndarray):
+    if keys and any(issubclass(t, torch.Tensor | np.ndarray) for t in set(map(type, keys))):
         # a sample's key as a 0-d tensor (torch.tensor(i)): its value, as the collated batch's
-        # tensor of keys gives it, not the text "tensor(5)" (another key, found by nothing)
+        # tensor of keys gives it, not the text "tensor(5)" (another key, found by nothing).
+        # Any row's, not only the first's: two datasets mixed, one keyed by text, one by tensor,
+        # logged "tensor(1)" where the memory and replay used 1 (found by review, 2026-12-06)
         keys = [scalar_key(k) for k in keys]
     return keys
 

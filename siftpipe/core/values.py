@@ -17,6 +17,16 @@ def short_repr(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def plain_keys(keys: Any) -> Any:
+    """``keys`` (a list, or None) with numpy scalars as Python values, for a state: a numpy
+    scalar does not load with ``torch.load``'s default ``weights_only=True`` (found by review,
+    2026-12-06: keys ``ids[i]`` of an array made every checkpoint refuse to load). The memory
+    and the resume check read both alike (``np.int64(5) == 5``, one hash)."""
+    if isinstance(keys, list) and any(isinstance(k, np.generic) for k in keys):
+        return [k.item() if isinstance(k, np.generic) else k for k in keys]
+    return keys
+
+
 def scalar_key(key: Any) -> Any:
     """A tensor or array key as its Python value(s), as a collated batch's column of keys gives
     each row: a 0-d one (``tensor(5)``) as its value ``5`` (a (B,) column's row), any other as

@@ -28,5 +28,10 @@ def loggable_text(text: str) -> str:
     try:
         text.encode()
     except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        try:
+            return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:
+            # a surrogate no undecodable byte gives (U+D800-U+DC7F: a JSON "\ud800"): written
+            # \ud800; it raised, and the part holding it was lost (found by review, 2026-12-06)
+            return text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text

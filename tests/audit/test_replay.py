@@ -395,6 +395,40 @@ def test_keys_and_urls_that_are_not_valid_utf8_are_logged_escaped_and_replayed(t
     assert output_keys(r(samples)) == out and r.stats["missing"] == 0
 
 
+def test_keys_with_any_lone_surrogate_are_logged_remembered_and_replayed(tmp_path):
+    """A surrogate that no undecodable byte gives ("\ud800", from JSON) raised at the part's
+    seal, and that part's records were lost while close() said nothing wrong; and a score memory
+    raised a bare UnicodeEncodeError on any lone surrogate the audit log took (found by review,
+    2026-12-06)."""
+    samples = [
+        {**x, "__key__": f"\ud800{i:03d}" if i % 2 else f"caf\udce9-{i:03d}"}
+        for i, x in enumerate(SAMPLES[:100])
+    ]
+    memory = sp.ScoreMemory(1000)
+    s, outs = logged_run(str(tmp_path), samples=samples, epochs=2, memory=memory)
+    assert len(memory) == 100 and s.stats.from_memory == 100  # the second epoch from the memory
+    report = sp.verify_log(str(tmp_path))
+    assert report.ok and report.streams[0].records == 200
+    keys = set(sp.read_log(str(tmp_path)).column("key").to_pylist())
+    assert "\\ud800001" in keys and "caf\\xe9-000" in keys and len(keys) == 100
+    r = sp.replay(str(tmp_path))
+    assert [output_keys(r(samples)) for _ in outs] == outs and r.stats["missing"] == 0
+
+
+def test_tensor_keys_mixed_with_text_keys_are_logged_as_their_values(tmp_path):
+    """Two datasets mixed, one keyed by text, one by 0-d tensors: only a micro-batch whose first
+    key was a tensor had its keys read as values, so the log held "tensor(1)" where the memory
+    used 1, and replay found no decision for those samples (found by review, 2026-12-06)."""
+    samples = [
+        {**x, "__key__": f"a{i}" if i % 2 == 0 else torch.tensor(i)} for i, x in enumerate(SAMPLES[:96])
+    ]
+    _, (out,) = logged_run(str(tmp_path), samples=samples)
+    keys = sp.read_log(str(tmp_path)).column("key").to_pylist()
+    assert sorted(keys) == sorted(f"a{i}" if i % 2 == 0 else str(i) for i in range(96))
+    r = sp.replay(str(tmp_path))
+    assert output_keys(r(samples)) == out and r.stats["missing"] == 0
+
+
 @pytest.mark.parametrize("batched", [False, True])
 def test_rows_a_pass_was_left_before_are_counted_and_read_as_not_kept(tmp_path, batched):
     # found by review: a pass left early (EqualSteps ending an epoch on a rank with more data, a

@@ -110,6 +110,30 @@ def test_state_survives_weights_only_load_and_holds_no_sample_data():
     assert state["pending"][0]["keys"][:2] == ["s000000", "s000001"]
 
 
+def test_a_state_with_numpy_scalar_keys_loads_weights_only_and_resumes_exactly():
+    """Keys taken from an array (``ids[i]``: np.int64; names: np.str_) were kept in the state as
+    numpy scalars, which torch.load's default weights_only=True refuses: every checkpoint of such
+    a stage failed to load (found by review, 2026-12-06). They are Python values in the state."""
+    import numpy as np
+
+    for make_key in (np.int64, lambda i: np.str_(f"k{i:03d}")):
+        samples = [{**x, "__key__": make_key(i)} for i, x in enumerate(SAMPLES[:200])]
+
+        def make():
+            return sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32, seed=3)
+
+        whole = output_keys(make()(samples))
+        s = make()
+        it = s(samples)
+        head = [next(it) for _ in range(5)]
+        state = roundtrip(s.state_dict())  # torch.save, then torch.load(weights_only=True)
+        assert {type(k) for k in state["pending"][0]["keys"]} <= {int, str}
+        t = make()
+        t.load_state_dict(state)
+        tail = list(t(samples[t.resume_from or 0 :]))
+        assert output_keys(head + tail) == whole
+
+
 def test_resume_from_a_misaligned_source_names_the_fix():
     s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=32)
     it = s(SAMPLES)
