@@ -48,6 +48,10 @@ _EMPTY = np.uint64(0)
 # where each slot's entry came from (``ScoreMemory._mark``): stored here and handed to other ranks
 # (or never to be: a single process), stored here and not handed on yet, or sent by another rank
 _SENT, _UNSENT, _MERGED = 0, 1, 2
+# handed out by ``changes`` and not yet confirmed by ``mark_synced``: an update in between marks
+# the slot _UNSENT again, so that what a loss-logging thread stored while the ranks exchanged
+# theirs is sent next time (found by review, 2026-12-06: it was marked sent, never sent)
+_SENDING = 3
 _MAX_LOAD = 0.7
 _MAX_PROBES = 4096
 
@@ -880,16 +884,19 @@ class ScoreMemory:
     def changes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The entries this process stored since the last ``mark_synced`` (its training losses
         and scoring forwards, not what ``merge`` brought): ``(hashes, losses, epochs, sources)``,
-        uint64, float32, int16 and int8 arrays. What ``siftpipe.sync_memory`` sends to other ranks."""
+        uint64, float32, int16 and int8 arrays. What ``siftpipe.sync_memory`` sends to other ranks;
+        they are being sent until ``mark_synced`` (``changes`` returns them again before it)."""
         self.flush()
-        at = np.flatnonzero((self._mark == _UNSENT) & (self._keys != _EMPTY))
+        at = np.flatnonzero(((self._mark == _UNSENT) | (self._mark == _SENDING)) & (self._keys != _EMPTY))
+        self._mark[at] = _SENDING
         return self._keys[at], self._loss[at], self._epoch[at], self._source[at]
 
     @_locked
     def mark_synced(self) -> None:
-        """Every entry stored so far has been handed on (``changes`` returns none of them again)."""
+        """The entries the last ``changes`` returned have been handed on (it returns none of them
+        again); one stored since, or stored again, is handed on next time."""
         self.flush()
-        self._mark[self._mark == _UNSENT] = _SENT
+        self._mark[self._mark == _SENDING] = _SENT
 
     @_locked
     def merge(
@@ -1090,7 +1097,7 @@ class ScoreMemory:
             "loss": torch.from_numpy(self._loss[at].copy()),
             "epoch": torch.from_numpy(self._epoch[at].copy()),
             "source": torch.from_numpy(self._source[at].copy()),
-            "unsynced": torch.from_numpy(self._mark[at] == _UNSENT),
+            "unsynced": torch.from_numpy((self._mark[at] == _UNSENT) | (self._mark[at] == _SENDING)),
             "merged": torch.from_numpy(self._mark[at] == _MERGED),
             "refused": self._refused,
             "repeated": self._repeated,

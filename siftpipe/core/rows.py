@@ -185,7 +185,10 @@ def keys_of(
                         f"pass key=<field or callable>{_without_keys(purpose)}"
                     ) from None
                 return None
-            keys = key_list(_per_row(keys, group, spec, purpose))
+            column = _per_row(keys, group, spec, purpose)
+            keys = key_list(column)
+            if not isinstance(column, torch.Tensor | np.ndarray):
+                keys = _tensor_values(keys)  # a list column holding tensors (the review, 2026-12-06)
         if len(keys) != group.rows:
             raise MissingKeyError(
                 f"the input batch at sample seq {group.seq0} has {len(keys)} keys in its key "
@@ -211,12 +214,17 @@ def keys_of(
                     f"pass key=<field, position or callable>{_without_keys(purpose)}"
                 ) from None
         raise
+    return _tensor_values(keys)
+
+
+def _tensor_values(keys: list[Any]) -> list[Any]:
+    """``keys`` with each tensor or array key as its value (``scalar_key``): a sample's key as a
+    0-d tensor (torch.tensor(i)) is its value, as the collated batch's tensor of keys gives it,
+    not the text "tensor(5)" (another key, found by nothing). Any row's, not only the first's:
+    two datasets mixed, one keyed by text, one by tensor, logged "tensor(1)" where the memory and
+    replay used 1 (found by review, 2026-12-06)."""
     if keys and any(issubclass(t, torch.Tensor | np.ndarray) for t in set(map(type, keys))):
-        # a sample's key as a 0-d tensor (torch.tensor(i)): its value, as the collated batch's
-        # tensor of keys gives it, not the text "tensor(5)" (another key, found by nothing).
-        # Any row's, not only the first's: two datasets mixed, one keyed by text, one by tensor,
-        # logged "tensor(1)" where the memory and replay used 1 (found by review, 2026-12-06)
-        keys = [scalar_key(k) for k in keys]
+        return [scalar_key(k) for k in keys]
     return keys
 
 

@@ -22,9 +22,19 @@ def plain_keys(keys: Any) -> Any:
     scalar does not load with ``torch.load``'s default ``weights_only=True`` (found by review,
     2026-12-06: keys ``ids[i]`` of an array made every checkpoint refuse to load). The memory
     and the resume check read both alike (``np.int64(5) == 5``, one hash)."""
-    if isinstance(keys, list) and any(isinstance(k, np.generic) for k in keys):
-        return [k.item() if isinstance(k, np.generic) else k for k in keys]
+    if isinstance(keys, list) and any(isinstance(k, np.generic | tuple | list) for k in keys):
+        return [_plain(k) for k in keys]
     return keys
+
+
+def _plain(key: Any) -> Any:
+    """A key with the numpy scalars in it, at any depth of tuples and lists, as Python values
+    (``("shard-0", ids[i])``: the review of ``plain_keys``)."""
+    if isinstance(key, np.generic):
+        return key.item()
+    if isinstance(key, tuple | list) and any(isinstance(k, np.generic | tuple | list) for k in key):
+        return type(key)(_plain(k) for k in key) if type(key) in (tuple, list) else key
+    return key
 
 
 def scalar_key(key: Any) -> Any:

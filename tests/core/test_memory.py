@@ -511,6 +511,37 @@ def test_changes_hands_on_own_entries_once_and_never_what_merge_brought():
     assert sorted(memory.changes()[1].tolist()) == [5.0, 6.0]
 
 
+def test_an_entry_stored_while_the_ranks_exchange_is_sent_next_time():
+    """A loss-logging thread storing while sync_memory gathered (between ``changes`` and
+    ``mark_synced``): marked sent and never sent, the other ranks never got it (found by review,
+    2026-12-06). So is a key stored again in that window, with its new loss."""
+    memory = sp.ScoreMemory(100, max_age=None)
+    memory.update_keys(["a", "b"], np.array([1.0, 2.0]), 0, FEEDBACK)
+    sent = memory.changes()
+    memory.update_keys(["late"], np.array([5.0]), 0, FEEDBACK)  # in the window
+    memory.update_keys(["b"], np.array([7.0]), 0, FEEDBACK)  # stored again in the window
+    memory.mark_synced()
+    assert sorted(sent[0].tolist()) == sorted(key_hashes(["a", "b"]).tolist())
+    hashes, losses, _, _ = memory.changes()
+    assert dict(zip(hashes.tolist(), losses.tolist(), strict=True)) == dict(
+        zip(key_hashes(["late", "b"]).tolist(), [5.0, 7.0], strict=True)
+    )
+    memory.mark_synced()
+    assert memory.changes()[0].size == 0
+    # an exchange that failed after changes() (no mark_synced): all of it is sent next time
+    memory.update_keys(["c"], np.array([3.0]), 0, FEEDBACK)
+    memory.changes()
+    assert memory.changes()[0].tolist() == key_hashes(["c"]).tolist()
+    assert resumed_unsynced(memory) == key_hashes(["c"]).tolist()
+
+
+def resumed_unsynced(memory):
+    """What a memory resumed from ``memory``'s state would send."""
+    resumed = sp.ScoreMemory(100, max_age=None)
+    resumed.load_state_dict(roundtrip(memory.state_dict()))
+    return resumed.changes()[0].tolist()
+
+
 def test_merge_keeps_the_newer_entry_and_resolves_ties_the_same_way_on_every_rank():
     keys = ["old", "new", "fwd", "tie", "only_b"]
     a, b = sp.ScoreMemory(100, max_age=None), sp.ScoreMemory(100, max_age=None)
@@ -548,6 +579,7 @@ def test_merge_beyond_capacity_refuses_and_counts_new_keys_but_updates_held_ones
 def test_which_entries_are_still_to_send_survives_a_checkpoint():
     memory = sp.ScoreMemory(100, max_age=None)
     memory.update_keys(["a"], np.array([1.0]), 0, FEEDBACK)
+    memory.changes()
     memory.mark_synced()
     memory.merge(key_hashes(["m"]), np.array([2.0]), np.array([0]), np.array([FEEDBACK]))
     memory.update_keys(["b"], np.array([3.0]), 1, FEEDBACK)

@@ -116,7 +116,8 @@ def test_a_state_with_numpy_scalar_keys_loads_weights_only_and_resumes_exactly()
     a stage failed to load (found by review, 2026-12-06). They are Python values in the state."""
     import numpy as np
 
-    for make_key in (np.int64, lambda i: np.str_(f"k{i:03d}")):
+    # (and inside a tuple key: the review of the fix)
+    for make_key in (np.int64, lambda i: np.str_(f"k{i:03d}"), lambda i: ("shard-0", np.int64(i))):
         samples = [{**x, "__key__": make_key(i)} for i, x in enumerate(SAMPLES[:200])]
 
         def make():
@@ -127,11 +128,40 @@ def test_a_state_with_numpy_scalar_keys_loads_weights_only_and_resumes_exactly()
         it = s(samples)
         head = [next(it) for _ in range(5)]
         state = roundtrip(s.state_dict())  # torch.save, then torch.load(weights_only=True)
-        assert {type(k) for k in state["pending"][0]["keys"]} <= {int, str}
+        assert {type(k) for k in state["pending"][0]["keys"]} <= {int, str, tuple}
         t = make()
         t.load_state_dict(state)
         tail = list(t(samples[t.resume_from or 0 :]))
         assert output_keys(head + tail) == whole
+
+
+def test_a_batched_key_column_holding_arrays_resumes_exactly():
+    """A collated batch's key column as a list holding arrays among integers (two datasets
+    mixed): the resume check compared arrays with != and raised a bare "truth value of an array
+    is ambiguous", and the state did not load weights_only (found by review, 2026-12-06)."""
+    import numpy as np
+
+    data = [
+        {
+            "loss": torch.tensor([x["loss"] for x in SAMPLES[b : b + 32]]),
+            "__key__": [i if i % 2 else np.array([i, i]) for i in range(b, b + 32)],
+        }
+        for b in range(0, 256, 32)
+    ]
+
+    def make():
+        return sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=16, seed=3, batched=True)
+
+    whole = [k for b in make()(data) for k in b["__key__"]]
+    s = make()
+    it = s(data)
+    head = [k for _ in range(3) for k in next(it)["__key__"]]
+    state = roundtrip(s.state_dict())
+    t = make()
+    t.load_state_dict(state)
+    tail = [k for b in t(data[t.resume_from or 0 :]) for k in b["__key__"]]
+    same = [np.array_equal(a, b) for a, b in zip(head + tail, whole, strict=True)]
+    assert all(same) and len(head + tail) == len(whole)
 
 
 def test_resume_from_a_misaligned_source_names_the_fix():
