@@ -17,6 +17,7 @@ import json
 import re
 import signal
 import struct
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
@@ -323,6 +324,7 @@ class PartWriter:
         self.failed: str | None = None
         self.claim: Mapping[str, Any] | None = None  # a claim still to make (on_full="drop")
         self._fs: Any = None
+        self.noted = False  # a write retried past NOTE_AFTER was said on standard error
 
     def handle(self, header: Mapping[str, Any], payload: memoryview | bytes) -> dict[str, Any]:
         """Do what a frame asks; the reply says how it went (errors already redacted).
@@ -532,10 +534,18 @@ class PartWriter:
             reply["manifest_error"] = str(exc)
         return {**reply, "retries": retries}
 
+    #: Seconds one write is retried before the writer says so on standard error.
+    NOTE_AFTER = 5.0
+
     def _retrying(self, action: Callable[[], None], what: str) -> int:
         """Do ``action``, retrying transient failures for ``retry_timeout`` seconds; a permanent
-        one (see ``permanent_cause``) fails at once. Returns the number of retries."""
-        deadline = time.monotonic() + self.retry_timeout
+        one (see ``permanent_cause``) fails at once. Returns the number of retries.
+
+        Past ``NOTE_AFTER`` seconds of retries it says so once on standard error, what and why
+        (the trainer notes the claim itself): a full or read-only disk under the log was retried
+        for 10 minutes with nothing said, the job looking hung (found by review, 2026-12-06)."""
+        start = time.monotonic()
+        deadline = start + self.retry_timeout
         delay, retries = 0.2, 0
         while True:
             try:
@@ -543,6 +553,21 @@ class PartWriter:
                 return retries
             except Exception as exc:
                 where = redact(self.url, self.secrets)
+                if (
+                    what != "write the claim"
+                    and not self.noted
+                    and time.monotonic() - start >= self.NOTE_AFTER
+                    and permanent_cause(exc) is None
+                ):
+                    self.noted = True
+                    print(
+                        f"siftpipe: the audit log at {where} could not {what} for "
+                        f"{time.monotonic() - start:.0f} s ({self.safe(exc)}); retrying for up to "
+                        f"{self.retry_timeout:g} s (retry_timeout) while training waits. Check the "
+                        "destination (space, permissions, endpoint); said once",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 cause = permanent_cause(exc)
                 if cause is not None:
                     raise OSError(

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .._secrets import redact, redact_url, refuse_credentials_in_url, secret_values
-from ..errors import ConfigError, MissingKeyError, ResumeError
+from ..errors import ConfigError, MissingKeyError, ResumeError, SiftError
 from .exactsum import ExactSum
 from .files import RETRY_TIMEOUT, check_retry_timeout, put_whole, retrying
 from .history import check_fits
@@ -1206,7 +1206,17 @@ class ScoreMemory:
 
     @_locked
     def save(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
-        """Write the memory to ``url`` (any fsspec URL) as an ``.npz`` of plain arrays (no pickle)."""
+        """Write the memory to ``url`` (any fsspec URL) as an ``.npz`` of plain arrays (no pickle).
+
+        A failure of the storage (no space, no permission) raises ``SiftError`` naming the file
+        and the cause."""
+        try:
+            self._save(url, storage_options)
+        except OSError as exc:
+            shown = redact(redact_url(url), secret_values(storage_options))
+            raise _storage_error(f"saving the score memory to {shown}", exc) from None
+
+    def _save(self, url: str, storage_options: Mapping[str, Any] | None) -> None:
         self.flush()
 
         at = self._occupied()
@@ -1269,11 +1279,14 @@ class ScoreMemory:
         version = f"{epoch:06d}-{_random.token_hex(4)}"
         url = url.rstrip("/")
         shown = redact(redact_url(url), secret_values(storage_options))
-        retrying(
-            lambda: self.save(f"{url}/memory-{version}.npz", storage_options),
-            f"publishing the score memory to {shown}",
-            retry_timeout,
-        )
+        try:
+            retrying(
+                lambda: self._save(f"{url}/memory-{version}.npz", storage_options),
+                f"publishing the score memory to {shown}",
+                retry_timeout,
+            )
+        except OSError as exc:
+            raise _storage_error(f"publishing the score memory to {shown}", exc) from None
         meta = {
             "version": version,
             "file": f"memory-{version}.npz",
@@ -1292,12 +1305,21 @@ class ScoreMemory:
         # whole or not at all: workers read it at any moment (rewritten in place, a reader
         # caught it empty: JSONDecodeError in a DataLoader worker)
         body = json.dumps(meta).encode()
-        retrying(
-            lambda: _put_whole(f"{url}/latest.json", body, storage_options),
-            f"publishing the score memory's latest.json to {shown}",
-            retry_timeout,
-        )
         files = self._published.setdefault(url, [])
+        try:
+            retrying(
+                lambda: _put_whole(f"{url}/latest.json", body, storage_options),
+                f"publishing the score memory's latest.json to {shown}",
+                retry_timeout,
+            )
+        except BaseException as exc:
+            # the file no latest.json names: deleted, or (when that fails too) pruned with the
+            # next publications by keep= (found by review, 2026-12-06: it stayed for good)
+            if not _delete_quietly(f"{url}/memory-{version}.npz", storage_options):
+                files.append(f"memory-{version}.npz")
+            if isinstance(exc, OSError):
+                raise _storage_error(f"publishing the score memory's latest.json to {shown}", exc) from None
+            raise
         files.append(f"memory-{version}.npz")
         if keep is not None and len(files) > keep:
             _delete_files(url, files[:-keep], storage_options)
@@ -1377,6 +1399,31 @@ class ScoreMemory:
         """Every remembered loss (any age), for summaries."""
         self.flush()
         return self._loss[self._occupied()].astype(np.float64)
+
+
+def _storage_error(what: str, exc: OSError) -> SiftError:
+    """``SiftError`` for a storage failure of ``what`` (whose URL is shown redacted): the cause's
+    errno text, never the error's own (it may quote a URL with credentials or a temporary file's
+    name). A bare ``OSError [Errno 28]`` named neither the file nor the fix (found by review,
+    2026-12-06)."""
+    reason = exc.strerror or type(exc).__name__
+    return SiftError(
+        f"{what} failed: {reason}{f' (errno {exc.errno})' if exc.errno else ''}; check the "
+        "destination's free space and permissions"
+    )
+
+
+def _delete_quietly(url: str, storage_options: Mapping[str, Any] | None) -> bool:
+    """Delete ``url``; whether it is gone."""
+    from fsspec.core import url_to_fs
+
+    try:
+        fs, path = url_to_fs(url, **(storage_options or {}))
+        if fs.exists(path):
+            fs.rm_file(path)
+    except Exception:  # (best effort: the caller keeps it to prune later)
+        return False
+    return True
 
 
 def _put_whole(url: str, data: bytes, storage_options: Mapping[str, Any] | None) -> None:

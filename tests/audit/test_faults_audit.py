@@ -885,3 +885,52 @@ def test_an_end_marker_a_close_runs_out_of_time_on_is_written_by_the_next_close(
     s.close()  # (the Sifter's close closes its log)
     report = sp.verify_log(root, local_s3.storage_options)
     assert report.ok and "closed cleanly" in "\n".join(report.lines()), report.lines()
+
+
+def test_a_part_retried_for_a_while_is_said_once_on_standard_error(
+    local_s3, bucket, proxy, capfd, monkeypatch
+):
+    """A full or read-only disk (or a destination that fails for minutes) under the log: the
+    parts were retried for retry_timeout (10 minutes by default) with nothing said, the job
+    looking hung; only the claim was noted (found by review, 2026-12-06). Said once, naming the
+    part and the cause; nothing lost once it passes."""
+    from siftpipe.audit import wire
+
+    monkeypatch.setattr(wire.PartWriter, "NOTE_AFTER", 0.5)
+    root = f"s3://{bucket}/slow-parts"
+    proxy.fail("status", 503, times=4, method="PUT", path="/part-")  # about 3 s of retries
+    log = sp.AuditLog(
+        root, storage_options=options(proxy), flush_every=128, writer="thread", retry_timeout=60
+    )
+    s, _ = run(log)
+    s.close()
+    said = [line for line in capfd.readouterr().err.splitlines() if "retrying for up to 60 s" in line]
+    assert len(said) == 1 and "could not write part 0" in said[0] and "Service" in said[0], said
+    assert root in said[0] and log.stats.unwritten_records == 0
+    assert sp.read_log(root, local_s3.storage_options).num_rows == len(SAMPLES)
+
+
+def test_an_end_marker_refused_after_parts_were_dropped_says_what_the_log_holds(local_s3, bucket, proxy):
+    """on_full='drop' past parts storage refused, then the end marker refused too: close() said
+    "Every record of this attempt is in the log (640 records in 5 part(s))" where parts had been
+    dropped (found by review, 2026-12-06). It says how many are there and how many were dropped."""
+    root = f"s3://{bucket}/end-after-drops"
+    proxy.fail("status", 503, times=10_000, method="PUT", path="/part-00000002")
+    proxy.fail("status", 503, times=10_000, method="PUT", path="/part-00000003")
+    proxy.fail("status", 503, times=10_000, method="PUT", path="/_end-")
+    log = sp.AuditLog(
+        root,
+        storage_options=options(proxy),
+        flush_every=128,
+        writer="thread",
+        retry_timeout=0.6,
+        on_full="drop",
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        s, _ = run(log)
+        s.close()
+    said = [str(w.message) for w in caught if "_end-" in str(w.message)]
+    assert len(said) == 1 and "Every record" not in said[0], said
+    assert "384 of this attempt's 640 records are in the log (3 part(s)); 256 were dropped" in said[0]
+    assert sp.read_log(root, local_s3.storage_options).num_rows == 384

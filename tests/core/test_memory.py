@@ -877,3 +877,55 @@ def test_a_memory_used_from_several_threads_loses_and_mixes_up_nothing():
     got, _ = memory.lookup_keys(keys, 1)
     assert len(memory) == len(keys)
     assert np.array_equal(got, want.astype(np.float32)), int((got != want.astype(np.float32)).sum())
+
+
+def test_a_storage_failure_saving_or_publishing_names_the_file_and_leaves_no_orphan(
+    tmp_path, local_s3, bucket
+):
+    """A full disk under save()/publish(): a bare "OSError [Errno 28]" naming neither the file nor
+    the fix (or, for a permission, only a hidden temporary file); and a publication whose
+    latest.json failed left its .npz behind for good, keep= never pruning it (found by review,
+    2026-12-06). Broken for real: a file-size limit (EFBIG: a write the OS refuses, as ENOSPC),
+    and S3 behind a proxy that refuses latest.json."""
+    import os
+    import resource
+    import signal
+
+    from tests.faults import FaultProxy
+
+    memory = sp.ScoreMemory(10_000)
+    memory.update_keys([f"k{i}" for i in range(5000)], np.random.default_rng(0).random(5000), 0, FEEDBACK)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    before = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+    try:
+        with pytest.raises(
+            sp.SiftError, match=r"saving the score memory to .*mem\.npz failed: File too large"
+        ):
+            memory.save(str(tmp_path / "mem.npz"))
+        with pytest.raises(
+            sp.SiftError, match=r"publishing the score memory to .*pub failed: File too large"
+        ):
+            memory.publish(str(tmp_path / "pub"), epoch=0, seed=1, beta=1.0, retry_timeout=0)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, before)
+    assert not [n for n in os.listdir(tmp_path) if not n.startswith("pub")]  # no temporary file left
+    proxy = FaultProxy(local_s3.port)
+    try:
+        options = {"endpoint_url": proxy.endpoint, "config_kwargs": {"retries": {"total_max_attempts": 1}}}
+        url = f"s3://{bucket}/pub"
+        proxy.fail("status", 503, times=1_000, method="PUT", path="/latest.json")
+        with pytest.raises(sp.SiftError, match=r"latest\.json to .*pub failed"):
+            memory.publish(url, epoch=0, seed=1, beta=1.0, keep=1, storage_options=options, retry_timeout=0)
+        fs = local_s3.fs()
+        assert not fs.exists(f"{bucket}/pub") or not fs.ls(f"{bucket}/pub")  # its .npz deleted
+        with proxy.lock:
+            proxy.plan.clear()
+        for epoch in (1, 2):
+            memory.publish(
+                url, epoch=epoch, seed=1, beta=1.0, keep=1, storage_options=options, retry_timeout=0
+            )
+        assert len([n for n in fs.ls(f"{bucket}/pub", refresh=True) if n.endswith(".npz")]) == 1
+    finally:
+        proxy.stop()
