@@ -233,6 +233,9 @@ def plot_log(table: Any, path: str) -> str:
 
 def _plot_path(path: str, plt: Any) -> str:
     """Where ``plot_log`` writes for ``path`` (see there)."""
+    if not path:
+        # (it wrote ./.png.png and said "wrote .png": review, 2026-12-06)
+        raise ConfigError("the plot needs a file name: siftpipe log plot -o NAME.png (or a folder)")
     if path.endswith(("/", os.sep)) or os.path.isdir(path):
         return os.path.join(path, "sift.png")
     suffix = os.path.splitext(path)[1].lower().lstrip(".")

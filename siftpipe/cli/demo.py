@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from ..demo.job import run_demo
+from ..errors import ConfigError
 from .options import add_storage_option_flag, parse_storage_options
 
 
@@ -99,34 +100,41 @@ def _cli_demo(args: argparse.Namespace) -> int:
         "width",
     ):
         if getattr(args, name) < (0 if name == "workers" else 1):
-            raise SystemExit(f"--{name.replace('_', '-')} must be >= {0 if name == 'workers' else 1}")
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= {0 if name == 'workers' else 1}")
     if args.epochs < 1 and not args.budget_seconds:
-        raise SystemExit("--epochs must be >= 1 (or give --budget-seconds)")
+        raise ConfigError("--epochs must be >= 1 (or give --budget-seconds)")
     # (NaN and infinity too: found by review, 2026-12-05, refused only after the full run had
     # trained, or trained on NaN losses without a word)
     if not (args.beta > 0 and math.isfinite(args.beta)):
-        raise SystemExit(f"--beta must be a finite number > 0, got {args.beta}")
+        raise ConfigError(f"--beta must be a finite number > 0, got {args.beta}")
     for name in ("seed", "task_seed"):
-        if getattr(args, name) < 0:
-            raise SystemExit(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+        # (below 2**63: torch.manual_seed took 2**64 with a traceback; review, 2026-12-06)
+        if not 0 <= getattr(args, name) < 2**63:
+            raise ConfigError(
+                f"--{name.replace('_', '-')} must be >= 0 and < 2**63, got {getattr(args, name)}"
+            )
+    # (a thread each: --threads 100000 crashed the process in OpenMP with no word; review, 2026-12-06)
+    most = max(64, 4 * (os.cpu_count() or 1))
+    if args.threads > most:
+        raise ConfigError(f"--threads must be at most {most} (4 per CPU here), got {args.threads}")
     # (infinity too: the learning rate, scheduled by the budget's share spent, stayed 0 and the
     # run never ended; found by review, 2026-12-05)
     if args.budget_seconds is not None and not (
         args.budget_seconds > 0 and math.isfinite(args.budget_seconds)
     ):
-        raise SystemExit(f"--budget-seconds must be a finite number > 0, got {args.budget_seconds}")
+        raise ConfigError(f"--budget-seconds must be a finite number > 0, got {args.budget_seconds}")
     if not (args.lr > 0 and math.isfinite(args.lr)):
-        raise SystemExit(f"--lr must be a finite number > 0, got {args.lr}")
+        raise ConfigError(f"--lr must be a finite number > 0, got {args.lr}")
     for name in ("hard_fraction", "label_noise"):
         value = getattr(args, name)
         if not 0 <= value < 1:
-            raise SystemExit(f"--{name.replace('_', '-')} must be a fraction in [0, 1), got {value}")
+            raise ConfigError(f"--{name.replace('_', '-')} must be a fraction in [0, 1), got {value}")
     if args.memory_age < 0:
-        raise SystemExit(f"--memory-age must be >= 0 epochs, got {args.memory_age}")
+        raise ConfigError(f"--memory-age must be >= 0 epochs, got {args.memory_age}")
     if not args.store and os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise SystemExit(f"--out {args.out!r} is a file; give a directory (it is made if missing)")
+        raise ConfigError(f"--out {args.out!r} is a file; give a directory (it is made if missing)")
     try:
         os.makedirs(args.out, exist_ok=True)
     except OSError as exc:
-        raise SystemExit(f"--out {args.out!r} cannot be made: {exc.strerror or exc}") from None
+        raise ConfigError(f"--out {args.out!r} cannot be made: {exc.strerror or exc}") from None
     return run_demo(args, parse_storage_options(args.storage_option))

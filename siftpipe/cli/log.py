@@ -36,6 +36,7 @@ from ..core.policies import (
     TopFraction,
     Uniform,
 )
+from ..errors import ConfigError
 from .options import add_storage_option_flag, parse_storage_options
 
 __all__ = ["add_cli"]
@@ -243,6 +244,19 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_whatif(args: argparse.Namespace) -> int:
+    # each value checked by the policy it makes, before any reading, and named by its flag (the
+    # policy's error named its parameter, "keep must be a fraction": review, 2026-12-06)
+    for flag, values, make in (
+        ("--beta", args.beta, RelativeProbabilistic),
+        ("--top", args.top, TopFraction),
+        ("--uniform", args.uniform, Uniform),
+        ("--prune", args.prune, PruneEasy),
+    ):
+        for value in values or ():
+            try:
+                make(value)
+            except ConfigError as exc:
+                raise ConfigError(f"log whatif: {flag} {value}: {exc}") from None
     options = parse_storage_options(args.storage_option)
     _, infos, attempts = list_parts(args.url, options, run=args.run, rank=args.rank)
     if not infos:

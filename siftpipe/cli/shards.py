@@ -48,6 +48,17 @@ def _cli_write(args: argparse.Namespace) -> int:
         raise ConfigError(f"shards write: --samples must be >= 1, got {args.samples}")
     if args.seed < 0:  # (numpy's own error for it was a traceback, exit status 1)
         raise ConfigError(f"shards write: --seed must be >= 0, got {args.seed}")
+    # named by their flags, before any work (the library's errors named its parameters, one
+    # after a progress bar had started: review, 2026-12-06)
+    for flag, value, least in (
+        ("--per-shard", args.per_shard, 1),
+        ("--dim", args.dim, 2),
+        ("--classes", args.classes, 2),
+    ):
+        if value < least:
+            raise ConfigError(f"shards write: {flag} must be >= {least}, got {value}")
+    if not 0.0 <= args.hard_fraction <= 1.0:
+        raise ConfigError(f"shards write: --hard-fraction must be in [0, 1], got {args.hard_fraction}")
     # a malformed --storage-option too, and any settings error write_shards raises (ConfigError:
     # no filesystem for the URL's protocol, options of the wrong type); a shard the destination
     # did not take (ShardError) is a failure, status 1

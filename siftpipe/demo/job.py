@@ -6,6 +6,7 @@ import argparse
 import errno
 import math
 import os
+import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -13,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..errors import ConfigError
 from .run import Arm, RunResult, time_to_target, train_options, train_run
 from .task import redundant_task, write_task_shards
 
@@ -136,8 +138,8 @@ def _hold_out(out: str) -> Any:
     try:
         lock = open(path, "a+")  # noqa: SIM115 (held open for the demo's length)
     except OSError as exc:  # (the review of the lock: a read-only --out gave a traceback)
-        raise SystemExit(
-            f"siftpipe demo: cannot write in {out} ({exc.strerror or exc}): give an --out that can be written"
+        raise ConfigError(
+            f"demo: cannot write in {out} ({exc.strerror or exc}): give an --out that can be written"
         ) from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -145,9 +147,9 @@ def _hold_out(out: str) -> Any:
         lock.close()
         if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             return None  # a filesystem without locks (some NFS, FUSE): not held, as on Windows
-        raise SystemExit(
-            f"siftpipe demo: another siftpipe demo is running in {out} (it holds {path}): wait "
-            "for it to end, or give this one another --out"
+        raise ConfigError(
+            f"demo: another siftpipe demo is running in {out} (it holds {path}): wait for it to "
+            "end, or give this one another --out"
         ) from None
     return lock
 
@@ -200,7 +202,7 @@ def _run_demo(args: argparse.Namespace, storage_options: Mapping[str, Any] | Non
     audit_root = os.path.join(out, "audit")
     if os.path.exists(audit_root) and not os.path.isdir(audit_root):
         # said before anything runs, not after the full run trained (found by review, 2026-12-05)
-        raise SystemExit(f"siftpipe demo: {audit_root} (the audit log's folder) is a file: move it away")
+        raise ConfigError(f"demo: {audit_root} (the audit log's folder) is a file: move it away")
     try:
         # the demo's own folder is replaced; a --store that holds shards only with --overwrite
         written = write_task_shards(
@@ -212,8 +214,9 @@ def _run_demo(args: argparse.Namespace, storage_options: Mapping[str, Any] | Non
             progress=not quiet,
             existing="replace" if not args.store or args.overwrite else "refuse",
         )
-    except (sp.ShardError, sp.ConfigError) as exc:
+    except sp.ShardError as exc:
         raise SystemExit(f"siftpipe demo: {exc}") from None
+    # (a ConfigError is the command line's usage error: one line, status 2, as every command's)
     say(f"wrote {len(written.urls)} shards: {written.pattern}")
     test = (torch.from_numpy(xt), torch.from_numpy(yt))
     budget = (
@@ -300,7 +303,8 @@ def _run_demo(args: argparse.Namespace, storage_options: Mapping[str, Any] | Non
     run_id = audit.run_id if audit is not None else "?"
     print(f"audit log of the sifted run: {audit_root} (run {run_id}); inspect it with")
     # --run: a root that earlier demos wrote to holds their runs too
-    print(f"  siftpipe log summary {audit_root} --run {run_id}")
+    # (quoted: an --out with a space made the line fail when pasted; review, 2026-12-06)
+    print(f"  siftpipe log summary {shlex.quote(audit_root)} --run {shlex.quote(run_id)}")
     if can_plot:
         print(f"plot of test accuracy against wall time: {plot}")
     say(f"(demo took {time.perf_counter() - wall0:.0f} s in all)")

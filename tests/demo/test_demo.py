@@ -112,6 +112,9 @@ def test_demo_runs_end_to_end_and_leaves_its_log_and_plot(tmp_path):
         # found by review (2026-12-05): its learning rate stayed 0, and the run never ended
         (["--budget-seconds", "inf"], "--budget-seconds must be a finite number > 0"),
         (["--memory-age", "-1"], "--memory-age must be >= 0"),
+        # found by review (2026-12-06): a traceback from torch.manual_seed; a segfault in OpenMP
+        (["--seed", str(2**64)], "--seed must be >= 0 and < 2**63"),
+        (["--threads", "100000"], "--threads must be at most"),
         (["--out", "{file}"], "is a file; give a directory"),
         (["--out", "{file}/x"], "cannot be made"),
     ],
@@ -125,7 +128,10 @@ def test_bad_demo_values_are_one_line_refusals(tmp_path, bad, said):
         capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)),
         cwd=tmp_path, check=False,
     )  # fmt: skip
-    assert done.returncode != 0 and said in done.stderr and "Traceback" not in done.stderr
+    # status 2 and the one prefix, as every command's usage error (it was 1, unprefixed: review,
+    # 2026-12-06); a traceback would be 1
+    assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr
+    assert done.stderr.startswith("siftpipe: error: "), done.stderr
     assert done.stderr.count("\n") == 1 and not (tmp_path / "siftpipe-demo").exists()
 
 
@@ -185,7 +191,7 @@ def test_the_demos_hold_on_its_out_folder_fails_only_for_another_demo(tmp_path, 
 
     blocked = tmp_path / "blocked"
     (blocked / ".demo.lock").mkdir(parents=True)  # cannot be opened as a file
-    with pytest.raises(SystemExit, match=r"cannot write in .*blocked.*an --out that can be written"):
+    with pytest.raises(sp.ConfigError, match=r"cannot write in .*blocked.*an --out that can be written"):
         job._hold_out(str(blocked))
 
     def no_locks(file, operation):
@@ -448,3 +454,26 @@ def test_a_run_stopped_by_its_time_budget_counts_what_its_stage_decided_as_seen(
     log = sp.read_log(str(tmp_path / "audit"))
     assert sifted.seen == log.num_rows == sifted.stats["seen_by_sifter"]
     assert sifted.trained == sum(log.column("kept").to_pylist())
+
+
+def test_the_command_it_prints_to_inspect_its_log_runs_as_pasted_from_an_out_with_spaces(tmp_path):
+    """``--out "my out"``: the printed ``siftpipe log summary ...`` line was not quoted, and pasted
+    into a shell it failed with "unrecognized arguments: out/audit" (found by review, 2026-12-06)."""
+    import shlex
+
+    out = tmp_path / "my out ü"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-m", "siftpipe", "demo", "--quiet", *TINY, "--out", str(out)],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    command = lines[next(i for i, line in enumerate(lines) if "inspect it with" in line) + 1].strip()
+    assert command.startswith("siftpipe log summary ")
+    argv = shlex.split(command)  # as a shell reads the pasted line
+    summary = subprocess.run(
+        [sys.executable, "-m", "siftpipe", *argv[1:]],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert summary.returncode == 0 and "records" in summary.stdout, summary.stderr

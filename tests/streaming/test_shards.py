@@ -333,6 +333,17 @@ def test_cli_usage_errors_exit_2_unmangled_and_a_failed_write_1(local_s3, capsys
     assert "--seed must be >= 0" in capsys.readouterr().err
     assert main(["log", "verify", "/nonexistent", "--storage-option", "novalue"]) == 2
     assert "takes NAME=VALUE" in capsys.readouterr().err
+    # named by their flags, before any work: the library's errors named its parameters
+    # (samples_per_shard, "need n >= 0, dim >= 2") after a progress bar had started (review,
+    # 2026-12-06)
+    for flag, value in (("--per-shard", "0"), ("--dim", "1"), ("--classes", "1"), ("--hard-fraction", "2")):
+        assert main(["shards", "write", "/tmp/x/t", "--samples", "3", flag, value]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"siftpipe: error: shards write: {flag} must be") and err.count("\n") == 1, err
+    for flag, value in (("--top", "2.0"), ("--uniform", "0"), ("--prune", "1.5"), ("--beta", "-1")):
+        assert main(["log", "whatif", "/nonexistent", flag, value]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"siftpipe: error: log whatif: {flag} {float(value)}: "), err
 
 
 def test_a_local_destination_that_cannot_be_made_is_a_shard_error_naming_it(tmp_path, capsys):
