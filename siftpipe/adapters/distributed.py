@@ -395,7 +395,7 @@ def _unshared(sifter: Any, share_memory: bool | None) -> int:
     memory = getattr(sifter, "memory", None)
     if memory is None or share_memory is False:
         return 0
-    return int(memory.changes()[0].size)
+    return memory.unsynced()
 
 
 def fixed_steps(source: Iterable[T], steps: int) -> Iterator[T]:

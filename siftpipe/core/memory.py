@@ -892,6 +892,15 @@ class ScoreMemory:
         return self._keys[at], self._loss[at], self._epoch[at], self._source[at]
 
     @_locked
+    def unsynced(self) -> int:
+        """How many entries ``changes`` would return now (it marks them as being sent; this
+        changes nothing)."""
+        self.flush()
+        return int(
+            np.count_nonzero(((self._mark == _UNSENT) | (self._mark == _SENDING)) & (self._keys != _EMPTY))
+        )
+
+    @_locked
     def mark_synced(self) -> None:
         """The entries the last ``changes`` returned have been handed on (it returns none of them
         again); one stored since, or stored again, is handed on next time."""

@@ -517,6 +517,7 @@ def test_an_entry_stored_while_the_ranks_exchange_is_sent_next_time():
     2026-12-06). So is a key stored again in that window, with its new loss."""
     memory = sp.ScoreMemory(100, max_age=None)
     memory.update_keys(["a", "b"], np.array([1.0, 2.0]), 0, FEEDBACK)
+    assert memory.unsynced() == 2 and memory.unsynced() == 2  # (counting marks nothing)
     sent = memory.changes()
     memory.update_keys(["late"], np.array([5.0]), 0, FEEDBACK)  # in the window
     memory.update_keys(["b"], np.array([7.0]), 0, FEEDBACK)  # stored again in the window
