@@ -887,7 +887,7 @@ class ScoreMemory:
         uint64, float32, int16 and int8 arrays. What ``siftpipe.sync_memory`` sends to other ranks;
         they are being sent until ``mark_synced`` (``changes`` returns them again before it)."""
         self.flush()
-        at = np.flatnonzero(((self._mark == _UNSENT) | (self._mark == _SENDING)) & (self._keys != _EMPTY))
+        at = np.flatnonzero(self._unsent())
         self._mark[at] = _SENDING
         return self._keys[at], self._loss[at], self._epoch[at], self._source[at]
 
@@ -896,9 +896,11 @@ class ScoreMemory:
         """How many entries ``changes`` would return now (it marks them as being sent; this
         changes nothing)."""
         self.flush()
-        return int(
-            np.count_nonzero(((self._mark == _UNSENT) | (self._mark == _SENDING)) & (self._keys != _EMPTY))
-        )
+        return int(np.count_nonzero(self._unsent()))
+
+    def _unsent(self) -> np.ndarray:
+        """Which slots hold an entry stored here not yet confirmed sent (a bool per slot)."""
+        return ((self._mark == _UNSENT) | (self._mark == _SENDING)) & (self._keys != _EMPTY)
 
     @_locked
     def mark_synced(self) -> None:
