@@ -109,3 +109,30 @@ def load_tool(name: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def race(*work) -> list[BaseException]:
+    """Run each of ``work`` (callables) in its own thread at once, at a switch interval of 1 µs
+    (a thread switch inside nearly any update: races show); the exceptions they raised."""
+    import sys
+    import threading
+
+    errors: list[BaseException] = []
+
+    def run(fn):
+        try:
+            fn()
+        except BaseException as exc:
+            errors.append(exc)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=run, args=(fn,)) for fn in work]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    return errors

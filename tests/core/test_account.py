@@ -13,7 +13,7 @@ import torch
 import siftpipe as sp
 from siftpipe.core.account import CostAccount
 from siftpipe.core.state import digest
-from tests.common import roundtrip
+from tests.common import race, roundtrip
 
 N = 64
 
@@ -433,26 +433,14 @@ def test_off_clock_blocks_in_several_threads_close_to_none_open(monkeypatch):
     # the depth of open blocks was counted without a lock: a thread switch inside the update
     # left it above 0 with every block closed, and from then on no block was left out (the
     # review of the change, 2026-12-06)
-    import sys
-    import threading
-
     s = stage()
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
 
-        def blocks():
-            for _ in range(5000):
-                with s.off_clock():
-                    pass
+    def blocks():
+        for _ in range(5000):
+            with s.off_clock():
+                pass
 
-        threads = [threading.Thread(target=blocks) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(switch)
+    assert not race(*[blocks] * 4)
     clock = StepClock()
     monkeypatch.setattr(time, "perf_counter", clock)
     for _ in s(samples()):

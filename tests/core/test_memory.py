@@ -4,7 +4,7 @@ import torch
 
 import siftpipe as sp
 from siftpipe.core.memory import FEEDBACK, FORWARD, key_hashes
-from tests.common import roundtrip
+from tests.common import race, roundtrip
 
 
 def test_hashes_are_stable_and_never_zero():
@@ -840,36 +840,20 @@ def test_a_memory_used_from_several_threads_loses_and_mixes_up_nothing():
     loss-logging thread calling ``observe``: two inserts claimed one empty slot, a key held
     another's loss or none while ``len`` counted it (found by review, 2026-12-06). Each thread
     stores its own new keys, directly, deferred and read back, at a tiny switch interval."""
-    import sys
-    import threading
-
     memory = sp.ScoreMemory(200_000, max_age=None)
     threads_n, batches, rows = 4, 60, 64
-    errors = []
 
     def work(t):
-        try:
-            for b in range(batches):
-                keys = [f"t{t}-{b}-{i}" for i in range(rows)]
-                losses = np.full(rows, t * 1000 + b, dtype=np.float64) + np.arange(rows) / 100
-                if b % 2:
-                    memory.defer_keys(keys, losses, 0, FEEDBACK)
-                else:
-                    memory.update_keys(keys, losses, 0, FORWARD)
-                memory.lookup_keys(keys[:8], 1)
-        except BaseException as exc:
-            errors.append(exc)
+        for b in range(batches):
+            keys = [f"t{t}-{b}-{i}" for i in range(rows)]
+            losses = np.full(rows, t * 1000 + b, dtype=np.float64) + np.arange(rows) / 100
+            if b % 2:
+                memory.defer_keys(keys, losses, 0, FEEDBACK)
+            else:
+                memory.update_keys(keys, losses, 0, FORWARD)
+            memory.lookup_keys(keys[:8], 1)
 
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        threads = [threading.Thread(target=work, args=(t,)) for t in range(threads_n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(switch)
+    errors = race(*[lambda t=t: work(t) for t in range(threads_n)])
     assert not errors, errors
     keys = [f"t{t}-{b}-{i}" for t in range(threads_n) for b in range(batches) for i in range(rows)]
     want = np.array(
