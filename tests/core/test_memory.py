@@ -841,7 +841,7 @@ def test_a_memory_used_from_several_threads_loses_and_mixes_up_nothing():
     another's loss or none while ``len`` counted it (found by review, 2026-12-06). Each thread
     stores its own new keys, directly, deferred and read back, at a tiny switch interval."""
     memory = sp.ScoreMemory(200_000, max_age=None)
-    threads_n, batches, rows = 4, 60, 64
+    threads_n, batches, rows = 4, 200, 64
 
     def work(t):
         for b in range(batches):
