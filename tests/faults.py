@@ -33,7 +33,9 @@ class FaultProxy:
     (``method=None``: any method; ``path``: only requests whose path contains it):
     ``("status", 503)`` answers with that S3 error; ``("cut", 0.5)`` sends the headers and the
     given fraction of the body, then drops the connection; ``("stall", 2.0)`` waits that many
-    seconds before answering; ``("hold", 0)`` waits until ``release()`` (a destination that
+    seconds before answering; ``("lost", 0)`` forwards the request and drops the connection
+    without answering (a write the store took whose answer was lost); ``("hold", 0)`` waits until
+    ``release()`` (a destination that
     hangs for as long as a test needs, without a clock). ``log`` records ``(method, path, range
     header, fault)``.
     """
@@ -129,6 +131,12 @@ class FaultProxy:
             return
         finally:
             conn.close()
+        if fault is not None and fault[0] == "lost":
+            # the upstream did it, the client never hears: a write stored whose answer was lost
+            h.close_connection = True
+            with contextlib.suppress(OSError):
+                h.connection.shutdown(socket.SHUT_RDWR)
+            return
         h.send_response(resp.status)
         for k, v in resp.getheaders():
             if k.lower() not in _HOP and (k.lower() != "content-length" or h.command == "HEAD"):

@@ -116,7 +116,9 @@ def _cli_demo(args: argparse.Namespace) -> int:
     # (a thread each: --threads 100000 crashed the process in OpenMP with no word; review, 2026-12-06)
     most = max(64, 4 * (os.cpu_count() or 1))
     if args.threads > most:
-        raise ConfigError(f"--threads must be at most {most} (4 per CPU here), got {args.threads}")
+        raise ConfigError(
+            f"--threads must be at most {most} (the larger of 64 and 4 per CPU), got {args.threads}"
+        )
     # (infinity too: the learning rate, scheduled by the budget's share spent, stayed 0 and the
     # run never ended; found by review, 2026-12-05)
     if args.budget_seconds is not None and not (

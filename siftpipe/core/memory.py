@@ -1324,9 +1324,17 @@ class ScoreMemory:
                 retry_timeout,
             )
         except BaseException as exc:
-            # the file no latest.json names: deleted, or (when that fails too) pruned with the
-            # next publications by keep= (found by review, 2026-12-06: it stayed for good)
-            if not _delete_quietly(f"{url}/memory-{version}.npz", storage_options):
+            # the file no latest.json names: deleted, or (when that cannot be told or done)
+            # pruned with the next publications by keep= (found by review, 2026-12-06: it stayed
+            # for good). Only once latest.json is read back naming another: a write the store
+            # took whose answer was lost (or an interrupt after it) names this one, and deleting
+            # it stopped every worker (the review of that fix)
+            gone = (
+                isinstance(exc, Exception)
+                and _latest_names_another(url, version, storage_options)
+                and _delete_quietly(f"{url}/memory-{version}.npz", storage_options)
+            )
+            if not gone:
                 files.append(f"memory-{version}.npz")
             if isinstance(exc, OSError):
                 raise _storage_error(f"publishing the score memory's latest.json to {shown}", exc) from None
@@ -1422,6 +1430,20 @@ def _storage_error(what: str, exc: OSError) -> SiftError:
         f"{what} failed: {reason}{f' (errno {exc.errno})' if exc.errno else ''}; check the "
         "destination's free space and permissions"
     )
+
+
+def _latest_names_another(url: str, version: str, storage_options: Mapping[str, Any] | None) -> bool:
+    """Whether ``url``'s latest.json reads, and names a publication other than ``version``
+    (none: no publication names ``version``)."""
+    from fsspec.core import url_to_fs
+
+    try:
+        fs, path = url_to_fs(f"{url}/latest.json", **(storage_options or {}))
+        if not fs.exists(path):
+            return True
+        return bool(json.loads(fs.cat_file(path)).get("version") != version)
+    except Exception:  # (unreadable: cannot tell, so keep the file for keep= to prune)
+        return False
 
 
 def _delete_quietly(url: str, storage_options: Mapping[str, Any] | None) -> bool:

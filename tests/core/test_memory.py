@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -907,6 +909,16 @@ def test_a_storage_failure_saving_or_publishing_names_the_file_and_leaves_no_orp
         assert not fs.exists(f"{bucket}/pub") or not fs.ls(f"{bucket}/pub")  # its .npz deleted
         with proxy.lock:
             proxy.plan.clear()
+        # the store took latest.json and its answer was lost (the connection cut): latest.json
+        # names this publication, whose file must stay (the review of the fix deleted it, and
+        # every worker reading the publication stopped)
+        proxy.fail("lost", 0, times=1_000, method="PUT", path="/latest.json")
+        with pytest.raises(sp.SiftError, match=r"latest\.json to .*pub failed"):
+            memory.publish(url, epoch=5, seed=1, beta=1.0, keep=1, storage_options=options, retry_timeout=0)
+        with proxy.lock:
+            proxy.plan.clear()
+        latest = json.loads(fs.cat_file(f"{bucket}/pub/latest.json"))
+        assert latest["epoch"] == 5 and len(sp.ScoreMemory.load(f"{url}/{latest['file']}", options)) == 5000
         for epoch in (1, 2):
             memory.publish(
                 url, epoch=epoch, seed=1, beta=1.0, keep=1, storage_options=options, retry_timeout=0
