@@ -421,6 +421,9 @@ class SiftTrainerMixin(_Base):
         self.sift_memory_received = 0
         self._sift_follows_model = sifter.model is None or sifter.model is self.model
         self._sift_inner: Any = None
+        # whether the running training step's compute_loss reached this class's (training_step)
+        self._sift_loss_ran = False
+        self._sift_said_override = False
         self.sift_stream = SiftedStream(sifter, self._sift_open_pass, endless=True)
 
         user_collator = self.data_collator
@@ -506,6 +509,46 @@ class SiftTrainerMixin(_Base):
 
     # ------------------------------------------------------------------ training
 
+    def training_step(self, model: nn.Module, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.training_step``, checking that the step's ``compute_loss`` reached this
+        class's: a subclass's ``compute_loss`` that does not call it trained the kept samples
+        unweighted and handed no loss back, nothing said, while the audit log recorded the
+        weights (found by review, 2026-12-06). Weights other than 1 left unapplied are refused
+        (``ConfigError``), losses not handed back are said once."""
+        self._sift_loss_ran = False
+        try:
+            return super().training_step(model, inputs, *args, **kwargs)
+        finally:
+            if not self._sift_loss_ran:
+                self._sift_bypassed(inputs)
+
+    def _sift_bypassed(self, inputs: Mapping[str, Any]) -> None:
+        """A training step whose ``compute_loss`` did not call ``SiftTrainerMixin.compute_loss``
+        (nor ``mark_sift_loss_handled``): see ``training_step``."""
+        _, meta = split_meta(inputs)
+        sifter = self.sifter
+        weights = meta.get(sifter.weight_field)
+        weighted = weights is not None and not bool((weights == 1).all())
+        keys = meta.get(sifter.key) if isinstance(sifter.key, str) else None
+        fix = (
+            f"{type(self).__name__}.compute_loss does not call super().compute_loss(model, inputs, "
+            "...): call it for the loss (it applies the weights and hands the losses back, and keeps "
+            f"siftpipe's fields from the model), or apply inputs[{sifter.weight_field!r}] and call "
+            "self.sifter.observe(keys, per_sample_losses) yourself, then self.mark_sift_loss_handled()"
+        )
+        if weighted:
+            raise sp.ConfigError(f"the batch's samples carry weights that were not applied: {fix}")
+        if self.sift_feedback and keys is not None and not self._sift_said_override:
+            self._sift_said_override = True
+            warnings.warn(f"siftpipe: the step's per-sample losses were not handed back: {fix}", stacklevel=3)
+
+    def mark_sift_loss_handled(self) -> None:
+        """Say that this training step's ``compute_loss`` of one's own applied the weights
+        (``inputs["__sift_weight__"]``) and handed the per-sample losses back
+        (``self.sifter.observe``) itself, without ``super().compute_loss``: no error or warning
+        about it (see ``training_step``)."""
+        self._sift_loss_ran = True
+
     def compute_loss(
         self,
         model: nn.Module,
@@ -521,6 +564,7 @@ class SiftTrainerMixin(_Base):
         of ``L`` that are not per sample (an auxiliary loss) keep their gradient.
         """
         inputs, meta = split_meta(inputs)
+        self._sift_loss_ran = True
         sifter = self.sifter
         keys: list[Any] | None = meta.get(sifter.key) if isinstance(sifter.key, str) else None
         weights = meta.get(sifter.weight_field)

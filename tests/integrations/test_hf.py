@@ -1017,3 +1017,43 @@ def test_whole_batches_are_skipped_in_the_sampler_only_where_each_holds_train_ba
     for split in (False, True):
         shard = BatchSamplerShard(plain, num_processes=2, process_index=0, split_batches=split)
         assert _even_batches(SimpleNamespace(batch_sampler=shard), 4) is not split
+
+
+class OwnLoss(SiftTrainer):
+    """A ``compute_loss`` of one's own, as Hugging Face's docs write it: no ``super()`` call."""
+
+    handled = False
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        inputs = {k: v for k, v in inputs.items() if not k.startswith("__")}
+        outputs = model(**inputs)
+        if self.handled:
+            self.mark_sift_loss_handled()
+        return (outputs.loss, outputs) if return_outputs else outputs.loss
+
+
+def test_a_compute_loss_of_ones_own_that_skips_the_mixins_is_refused_or_said(tmp_path):
+    """A subclass's compute_loss that never calls super().compute_loss: the kept samples trained
+    unweighted and no loss was handed back, nothing said, while the audit log recorded their
+    weights (found by review, 2026-12-06). Weights not applied are refused at the first step
+    that carries them; losses not handed back are said once; mark_sift_loss_handled() says it
+    handled them itself."""
+    import warnings
+
+    def pruning():
+        return sp.Sifter(None, ModelLoss(), sp.PruneEasy(0.5, history=16), micro_batch=16)
+
+    with pytest.raises(
+        sp.ConfigError, match=r"weights that were not applied: OwnLoss.compute_loss does not call super"
+    ):
+        train(tmp_path / "w", make_sifter=pruning, trainer_cls=OwnLoss, steps=6, save_steps=100)
+    with pytest.warns(UserWarning, match=r"losses were not handed back: OwnLoss.compute_loss") as said:
+        train(tmp_path / "f", trainer_cls=OwnLoss, steps=6, save_steps=100)  # a memory: feedback on
+    assert len([w for w in said if "not handed back" in str(w.message)]) == 1  # once
+    OwnLoss.handled = True
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*not handed back.*")
+            train(tmp_path / "h", make_sifter=pruning, trainer_cls=OwnLoss, steps=6, save_steps=100)
+    finally:
+        OwnLoss.handled = False
