@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .._secrets import redact, redact_url, refuse_credentials_in_url, secret_values
-from ..core.files import RETRY_TIMEOUT, check_retry_timeout, put_whole, retrying
+from ..core.files import RETRY_TIMEOUT, check_retry_timeout, put_whole, retrying, storage_error
 from ..core.memory import ScoreMemory, key_hashes, publication_checksum
 from ..core.ranks import dist_info, rank_said
 from ..core.rows import shard_key
@@ -252,36 +252,7 @@ class PreDecodeFilter:
 
     def _refresh(self) -> None:
         meta = self._read_latest()
-        if meta is not None and self._other_run(meta):
-            # another run's publication at this URL: nothing of it is this run's to decide by
-            self._memory, self._meta, self._loaded = None, {}, None
-            if not self._warned_other_run:
-                self._warned_other_run = True
-                warnings.warn(
-                    f"siftpipe: PreDecodeFilter ignores the publication at {self._shown()}: "
-                    "another run made it (one before this one, or a job running now that "
-                    "publishes to this URL too), whose losses came from another model. Every "
-                    "sample is passed on for the stage to decide until this run publishes its "
-                    "own. Publish to a URL of each run's own (the run id in it), or resume that "
-                    "run with load_state_dict to go on from it",
-                    PreDecodeWarning,
-                    stacklevel=3,
-                )
-            return
-        if meta is not None and self._rolled_back(meta):
-            self._memory, self._meta, self._loaded = None, {}, None
-            if not self._warned_rolled_back:
-                self._warned_rolled_back = True
-                assert self._resumed is not None
-                warnings.warn(
-                    f"siftpipe: PreDecodeFilter ignores the publication at {self._shown()}: it is "
-                    f"of epoch {int(meta['epoch'])}, made before this job resumed from its "
-                    f"checkpoint of epoch {self._resumed[0]}, by the run it resumed, from training "
-                    "the resume rolled back. Every sample is passed on for the stage to decide "
-                    "until this job publishes its own (at the end of this epoch)",
-                    PreDecodeWarning,
-                    stacklevel=3,
-                )
+        if meta is not None and self._ignored(meta):
             return
         if meta is None:
             # nothing published yet (the first epoch): pass everything on. Said once from the
@@ -302,21 +273,41 @@ class PreDecodeFilter:
             if meta["version"] == self._loaded:
                 return
             file = meta["file"]
-            # sized to the losses it holds: every worker loads each publication
+            named = f"the publication {self._shown()}/latest.json names {loggable_text(file)!r}, which"
+            # sized to the losses it holds: every worker loads each publication. Retried while
+            # storage fails in a way that may pass, as latest.json's read is (a 503 read as the
+            # file deleted and stopped training at once: review, 2026-12-06)
+
+            def load(file: str = file) -> ScoreMemory:
+                return ScoreMemory.load(f"{self.url}/{file}", self.storage_options, lookups_only=True)
+
             try:
-                memory = ScoreMemory.load(f"{self.url}/{file}", self.storage_options, lookups_only=True)
+                memory = retrying(
+                    load,
+                    f"reading {loggable_text(file)!r}, which {self._shown()}/latest.json names",
+                    self.retry_timeout,
+                    _say,
+                )
                 break
+            except ConfigError as exc:
+                # (the file named no URL and advised passing one: review, 2026-12-06)
+                raise ConfigError(
+                    f"{named} is damaged ({exc}); publish again with Sifter.publish_memory(url)"
+                ) from None
             except OSError as exc:
                 # published again since latest.json was read, and the file it named deleted as
-                # the publisher's keep= asks: the newer one is what to load
+                # the publisher's keep= asks: the newer one is what to load, checked as the first
+                # was (another run's, or rolled back: the review of 2026-12-06 found a newer one
+                # of another job's taken without a word)
                 newer = self._read_latest()
                 if newer is not None and newer["version"] != meta["version"]:
+                    if self._ignored(newer):
+                        return
                     meta = newer
                     continue
                 # (not the raw error: its text holds the URL, which may hold credentials)
                 raise ConfigError(
-                    f"the publication {self._shown()}/latest.json names {loggable_text(file)!r}, "
-                    f"which cannot be read ({type(exc).__name__}: "
+                    f"{named} cannot be read ({type(exc).__name__}: "
                     f"{redact(str(exc), secret_values(self.storage_options, self.url))}): deleted "
                     "or moved since it was published? Publish again with Sifter.publish_memory(url)"
                 ) from None
@@ -331,6 +322,42 @@ class PreDecodeFilter:
         self._sorted = np.sort(memory.losses())
         self._meta = meta
         self._loaded = meta["version"]
+
+    def _ignored(self, meta: Mapping[str, Any]) -> bool:
+        """Whether ``meta``, a publication read, is not this run's to decide by (another run's,
+        or one the resume rolled back): then nothing is loaded, and it is said once."""
+        if self._other_run(meta):
+            # another run's publication at this URL: nothing of it is this run's to decide by
+            self._memory, self._meta, self._loaded = None, {}, None
+            if not self._warned_other_run:
+                self._warned_other_run = True
+                warnings.warn(
+                    f"siftpipe: PreDecodeFilter ignores the publication at {self._shown()}: "
+                    "another run made it (one before this one, or a job running now that "
+                    "publishes to this URL too), whose losses came from another model. Every "
+                    "sample is passed on for the stage to decide until this run publishes its "
+                    "own. Publish to a URL of each run's own (the run id in it), or resume that "
+                    "run with load_state_dict to go on from it",
+                    PreDecodeWarning,
+                    stacklevel=4,
+                )
+            return True
+        if self._rolled_back(meta):
+            self._memory, self._meta, self._loaded = None, {}, None
+            if not self._warned_rolled_back:
+                self._warned_rolled_back = True
+                assert self._resumed is not None
+                warnings.warn(
+                    f"siftpipe: PreDecodeFilter ignores the publication at {self._shown()}: it is "
+                    f"of epoch {int(meta['epoch'])}, made before this job resumed from its "
+                    f"checkpoint of epoch {self._resumed[0]}, by the run it resumed, from training "
+                    "the resume rolled back. Every sample is passed on for the stage to decide "
+                    "until this job publishes its own (at the end of this epoch)",
+                    PreDecodeWarning,
+                    stacklevel=4,
+                )
+            return True
+        return False
 
     def _check_key(self, meta: Mapping[str, Any]) -> None:
         """Refuse a publication whose stage surely keys samples otherwise than this filter: by
@@ -596,14 +623,22 @@ class PreDecodeFilter:
             f"{_random.token_hex(4)}.parquet"
         )
         fs, path = fsspec.core.url_to_fs(f"{audit['directory']}/_predecode/{name}", **self.storage_options)
-        # (retried while storage fails in a way that may pass, as the audit log's writes are)
-        retrying(
-            lambda: put_whole(fs, path, sink.getvalue()),  # a kill mid-write leaves no truncated part
-            f"recording the samples worker {worker} dropped before decode in the audit log's "
-            f"{redact(redact_url(str(audit['directory'])), secret_values(self.storage_options))}",
-            self.retry_timeout,
-            _say,
+        what = (
+            f"recording the samples worker {worker} dropped before decode ({len(dropped)}) in the "
+            f"audit log's {redact(redact_url(str(audit['directory'])), secret_values(self.storage_options))}"
         )
+        # (retried while storage fails in a way that may pass, as the audit log's writes are)
+        try:
+            retrying(
+                lambda: put_whole(fs, path, sink.getvalue()),  # a kill mid-write leaves no truncated part
+                what,
+                self.retry_timeout,
+                _say,
+            )
+        except OSError as exc:
+            # (a bare "[Errno 28] No space left on device" named nothing: review, 2026-12-06)
+            then = "; these drops are not in the audit log (verify does not see them missing)"
+            raise storage_error(what, exc, then) from None
 
 
 def _say(message: str) -> None:

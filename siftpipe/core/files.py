@@ -11,7 +11,15 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["RETRY_TIMEOUT", "answer_of", "check_retry_timeout", "may_pass", "put_whole", "retrying"]
+__all__ = [
+    "RETRY_TIMEOUT",
+    "answer_of",
+    "check_retry_timeout",
+    "may_pass",
+    "put_whole",
+    "retrying",
+    "storage_error",
+]
 
 T = TypeVar("T")
 
@@ -98,6 +106,20 @@ def retrying(
             del exc
         time.sleep(wait)
         wait = min(wait * 2, 10.0)
+
+
+def storage_error(what: str, exc: OSError, then: str = "") -> Exception:
+    """``SiftError`` for a storage failure of ``what`` (whose URL is shown redacted): the cause's
+    errno text, never the error's own (it may quote a URL with credentials or a temporary file's
+    name); ``then``: what it means, appended. A bare ``OSError [Errno 28]`` named neither the file
+    nor the fix (found by review, 2026-12-06)."""
+    from ..errors import SiftError  # (here: the audit writer process imports this module)
+
+    reason = exc.strerror or type(exc).__name__
+    return SiftError(
+        f"{what} failed: {reason}{f' (errno {exc.errno})' if exc.errno else ''}; check the "
+        f"destination's free space and permissions{then}"
+    )
 
 
 def _may_pass_in_chain(exc: BaseException) -> bool:

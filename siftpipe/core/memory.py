@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from .._secrets import redact, redact_url, refuse_credentials_in_url, secret_values
-from ..errors import ConfigError, MissingKeyError, ResumeError, SiftError
+from ..errors import ConfigError, MissingKeyError, ResumeError
 from .exactsum import ExactSum
-from .files import RETRY_TIMEOUT, check_retry_timeout, put_whole, retrying
+from .files import RETRY_TIMEOUT, check_retry_timeout, put_whole, retrying, storage_error
 from .history import check_fits
 from .hostcopy import HostCopy
 from .values import is_int, scalar_key, short_repr
@@ -1225,7 +1225,7 @@ class ScoreMemory:
             self._save(url, storage_options)
         except OSError as exc:
             shown = redact(redact_url(url), secret_values(storage_options))
-            raise _storage_error(f"saving the score memory to {shown}", exc) from None
+            raise storage_error(f"saving the score memory to {shown}", exc) from None
 
     def _save(self, url: str, storage_options: Mapping[str, Any] | None) -> None:
         self.flush()
@@ -1297,7 +1297,7 @@ class ScoreMemory:
                 retry_timeout,
             )
         except OSError as exc:
-            raise _storage_error(f"publishing the score memory to {shown}", exc) from None
+            raise storage_error(f"publishing the score memory to {shown}", exc) from None
         meta = {
             "version": version,
             "file": f"memory-{version}.npz",
@@ -1337,7 +1337,7 @@ class ScoreMemory:
             if not gone:
                 files.append(f"memory-{version}.npz")
             if isinstance(exc, OSError):
-                raise _storage_error(f"publishing the score memory's latest.json to {shown}", exc) from None
+                raise storage_error(f"publishing the score memory's latest.json to {shown}", exc) from None
             raise
         files.append(f"memory-{version}.npz")
         if keep is not None and len(files) > keep:
@@ -1418,18 +1418,6 @@ class ScoreMemory:
         """Every remembered loss (any age), for summaries."""
         self.flush()
         return self._loss[self._occupied()].astype(np.float64)
-
-
-def _storage_error(what: str, exc: OSError) -> SiftError:
-    """``SiftError`` for a storage failure of ``what`` (whose URL is shown redacted): the cause's
-    errno text, never the error's own (it may quote a URL with credentials or a temporary file's
-    name). A bare ``OSError [Errno 28]`` named neither the file nor the fix (found by review,
-    2026-12-06)."""
-    reason = exc.strerror or type(exc).__name__
-    return SiftError(
-        f"{what} failed: {reason}{f' (errno {exc.errno})' if exc.errno else ''}; check the "
-        "destination's free space and permissions"
-    )
 
 
 def _latest_names_another(url: str, version: str, storage_options: Mapping[str, Any] | None) -> bool:

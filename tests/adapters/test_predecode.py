@@ -1188,3 +1188,80 @@ def test_a_non_finite_loss_beside_rows_kept_before_decode_names_its_own_sample(t
             stage.publish_memory(published)
     named = re.search(r"keys \['(\w+)'", str(caught.value)).group(1)
     assert named in given, (named, str(caught.value))
+
+
+def test_a_publications_file_read_through_a_5xx_spell_damaged_or_unwritable_records_are_named(
+    local_s3, bucket, tmp_path
+):
+    """Found by review, 2026-12-06: the publication's .npz was read once, a 503 read as the file
+    deleted (ConfigError, training stopped); a damaged .npz named no file and advised passing a
+    URL; a drop record that could not be written was a bare OSError naming nothing."""
+    proxy, options, url, sifter = _stage_behind_a_proxy(local_s3, bucket)
+    try:
+        version = sifter.publish_memory(url, options)
+        proxy.fail("status", 503, times=3, method="GET", path=f"memory-{version}.npz")
+        with pytest.warns(sp.PreDecodeWarning, match=f"reading 'memory-{version}.npz'.*trying again"):
+            kept = list(sp.PreDecodeFilter(url, options, retry_timeout=60)(iter(RAW)))
+        assert 0 < len(kept) < len(RAW)  # loaded and sifted once the spell passed
+    finally:
+        proxy.stop()
+    # a damaged file: named with the publication, and the fix
+    local = tmp_path / "pub"
+    version = sifter.publish_memory(str(local))
+    npz = local / f"memory-{version}.npz"
+    npz.write_bytes(npz.read_bytes()[: npz.stat().st_size // 2])
+    with pytest.raises(
+        sp.ConfigError, match=f"latest.json names 'memory-{version}.npz', which is damaged.*publish again"
+    ):
+        list(sp.PreDecodeFilter(str(local))(iter(RAW)))
+    # drop records the audit log's folder cannot take: named, and said to be missing from the log
+    audit = tmp_path / "audit"
+    logged = relative_stage(audit=sp.AuditLog(str(audit), run_id="pd"))
+    list(logged(RAW_DECODED))
+    logged.publish_memory(str(tmp_path / "pub2"))
+    folder = audit / "run=pd" / "rank=0"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "_predecode").write_text("a file where the folder goes")
+    with pytest.raises(
+        sp.SiftError,
+        match=r"recording the samples worker -1 dropped before decode .* failed: .*not in the audit log",
+    ):
+        list(sp.PreDecodeFilter(str(tmp_path / "pub2"), retry_timeout=0)(iter(RAW)))
+    logged.close()
+
+
+def test_a_newer_publication_followed_while_loading_is_checked_as_the_first_was(tmp_path, monkeypatch):
+    """Two jobs publishing to one URL: between a worker reading latest.json (its job's) and
+    opening the file it names, the other job published, this job published again deleting the
+    file (keep=1), and the other published again. The filter followed latest.json to the other
+    job's publication with no check, decided by another model's losses and wrote its drop records
+    into the other job's log (found by review, 2026-12-06)."""
+    pub = str(tmp_path / "memory")
+    x = relative_stage(audit=sp.AuditLog(str(tmp_path / "x"), run_id="x", writer="thread"))
+    list(x(RAW_DECODED))
+    y = relative_stage(audit=sp.AuditLog(str(tmp_path / "y"), run_id="y", writer="thread"))
+    list(y(list(reversed(RAW_DECODED))))
+    x.publish_memory(pub, keep=1)
+    prefilter = sp.PreDecodeFilter(pub)
+    dataset = Shards(prefilter)
+    dataset.pipeline = [prefilter]  # where the stage finds it, as in a WebDataset pipeline
+    x.watch_shards(dataset)  # (the stage tells the filters of its pipeline when its run began)
+    prefilter.follow_sifter_epoch(1)
+    load = sp.ScoreMemory.load.__func__
+    raced = []
+
+    def racing_load(cls, url, *args, **kwargs):
+        if not raced:  # between the read of latest.json and the open of the file it names
+            raced.append(url)
+            y.publish_memory(pub, keep=None)
+            x.publish_memory(pub, keep=1)  # deletes the file latest.json named
+            y.publish_memory(pub, keep=None)  # latest.json names y's now
+        return load(cls, url, *args, **kwargs)
+
+    monkeypatch.setattr(sp.ScoreMemory, "load", classmethod(racing_load))
+    with pytest.warns(sp.PreDecodeWarning, match="another run made it"):
+        out = list(prefilter(iter(RAW)))
+    assert len(out) == len(RAW)  # nothing decided by y's memory
+    for s in (x, y):
+        s.close()
+    assert not list((tmp_path / "y").rglob("_predecode/*"))
