@@ -1427,9 +1427,10 @@ def _latest_names_another(url: str, version: str, storage_options: Mapping[str, 
 
     try:
         fs, path = url_to_fs(f"{url}/latest.json", **(storage_options or {}))
-        if not fs.exists(path):
-            return True
+        # (read, not exists(): s3fs may answer that from a listing cached before the write)
         return bool(json.loads(fs.cat_file(path)).get("version") != version)
+    except FileNotFoundError:
+        return True
     except Exception:  # (unreadable: cannot tell, so keep the file for keep= to prune)
         return False
 

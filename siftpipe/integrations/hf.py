@@ -516,11 +516,13 @@ class SiftTrainerMixin(_Base):
         weights (found by review, 2026-12-06). Weights other than 1 left unapplied are refused
         (``ConfigError``), losses not handed back are said once."""
         self._sift_loss_ran = False
-        try:
-            return super().training_step(model, inputs, *args, **kwargs)
-        finally:
-            if not self._sift_loss_ran:
-                self._sift_bypassed(inputs)
+        # (checked once the step returned: an error before the loss, an out-of-memory in moving
+        # the batch, propagates as it is, not as a ConfigError blaming compute_loss; the review
+        # of the check)
+        loss = super().training_step(model, inputs, *args, **kwargs)
+        if not self._sift_loss_ran:
+            self._sift_bypassed(inputs)
+        return loss
 
     def _sift_bypassed(self, inputs: Mapping[str, Any]) -> None:
         """A training step whose ``compute_loss`` did not call ``SiftTrainerMixin.compute_loss``

@@ -1050,6 +1050,16 @@ def test_a_compute_loss_of_ones_own_that_skips_the_mixins_is_refused_or_said(tmp
     with pytest.warns(UserWarning, match=r"losses were not handed back: OwnLoss.compute_loss") as said:
         train(tmp_path / "f", trainer_cls=OwnLoss, steps=6, save_steps=100)  # a memory: feedback on
     assert len([w for w in said if "not handed back" in str(w.message)]) == 1  # once
+
+    # an error before the loss (an out-of-memory moving the batch) propagates as it is, not as a
+    # ConfigError blaming compute_loss (the review of the check)
+    class Failing(Recording):
+        def _prepare_inputs(self, inputs):
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    with pytest.raises(torch.OutOfMemoryError), warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*not handed back.*")
+        train(tmp_path / "oom", make_sifter=pruning, trainer_cls=Failing, steps=6, save_steps=100)
     OwnLoss.handled = True
     try:
         with warnings.catch_warnings():
