@@ -53,6 +53,9 @@ _SENT, _UNSENT, _MERGED = 0, 1, 2
 # theirs is sent next time (found by review, 2026-12-06: it was marked sent, never sent)
 _SENDING = 3
 _MAX_LOAD = 0.7
+# a loss below this counts as below 0 (``below_zero``): a cross-entropy's rounding (log-softmax of
+# a confident prediction a few ulps above 0, about -1e-6 at float32) is 0, not a negative loss
+_BELOW_ZERO = -1e-4
 _MAX_PROBES = 4096
 
 
@@ -79,6 +82,11 @@ def publication_checksum(meta: Mapping[str, Any]) -> str:
     exactly; keys sorted)."""
     fields = {name: value for name, value in meta.items() if name != "sha256"}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _below(losses: np.ndarray) -> int:
+    """How many of ``losses`` are below 0 by more than rounding (``_BELOW_ZERO``)."""
+    return int(np.count_nonzero(losses < _BELOW_ZERO))
 
 
 def key_hashes(keys: Iterable[Any]) -> np.ndarray:
@@ -304,6 +312,7 @@ class ScoreMemory:
             ) from None
         self._count = 0
         self._sum = ExactSum()  # of every remembered loss, for ``mean``
+        self._below_zero = 0  # remembered losses below 0 (``below_zero``)
         self._refused = 0
         self._repeated = 0
         # losses handed over with defer_keys, applied in order at the next read (see flush)
@@ -345,6 +354,8 @@ class ScoreMemory:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.RLock()
+        if "_below_zero" not in state:  # (pickled before it was counted)
+            self._below_zero = _below(self._loss[self._keys != _EMPTY])
 
     @property
     def refused(self) -> int:
@@ -770,7 +781,11 @@ class ScoreMemory:
         after the last of 8 epochs, it was at most 0.11 on tasks with clean labels (0.02 on the
         redundant task, 0 on the language model) and 0.20-0.25 on classification tasks with 20%
         of the labels wrong; like ``forgetting`` it does not depend on how losses are grouped
-        into updates."""
+        into updates. None while remembered losses are below 0 (``below_zero``): twice a mean
+        of losses of both signs says nothing (it called half of a clean dataset mislabeled; found
+        by review, 2026-12-06)."""
+        if self._below_zero:
+            return None
         for window in (self._hard[1], self._hard[0]):
             value = self._hard_share_of(window)
             if value is not None:
@@ -786,7 +801,7 @@ class ScoreMemory:
     def _forgetting_of(self, window: np.ndarray) -> float | None:
         mean = self._mean()
         (s_sum, s_n), (t_sum, t_n) = window
-        if not mean > 0 or s_n < self.MIN_EVIDENCE or t_n < self.MIN_EVIDENCE:
+        if not mean > 0 or self._below_zero or s_n < self.MIN_EVIDENCE or t_n < self.MIN_EVIDENCE:
             return None
         return float((s_sum / s_n - t_sum / t_n) / mean)
 
@@ -849,6 +864,14 @@ class ScoreMemory:
         return float(np.maximum(mean - loss, 0.0).mean() / mean)
 
     @_locked
+    def below_zero(self) -> int:
+        """How many remembered losses are below 0, by more than rounding (below -1e-4: a
+        log-likelihood, an ELBO): measures in units of the mean (``spread``, ``forgetting``,
+        ``persistent_hard``) mean nothing then."""
+        self.flush()
+        return self._below_zero
+
+    @_locked
     def mean(self) -> float:
         """The mean of every remembered loss (any age); NaN when empty."""
         self.flush()
@@ -871,7 +894,9 @@ class ScoreMemory:
         """Store entries at ``slot``; ``mine``: this process's own (``changes`` hands them on),
         not entries another rank sent (``merge``)."""
         fresh = self._keys[slot] == _EMPTY
-        self._sum.change(losses, self._loss[slot][~fresh])
+        old = self._loss[slot][~fresh]
+        self._sum.change(losses, old)
+        self._below_zero += _below(losses) - _below(old)
         self._keys[slot] = hashes
         self._loss[slot] = losses
         self._epoch[slot] = epoch
@@ -1081,6 +1106,7 @@ class ScoreMemory:
             else:
                 self._repeated += self._rescored(slots, epoch, source)
             self._sum.change(losses, old)
+            self._below_zero += _below(losses) - _below(old)
             self._applied += n
             self._loss[slots] = losses
             self._epoch[slots] = epoch
@@ -1196,6 +1222,7 @@ class ScoreMemory:
             self._slot_of_int.fill(-1)
         self._count = 0
         self._sum.clear()
+        self._below_zero = 0
         self._refused = 0
         self._repeated = 0
         self._spread, self._spread_at, self._read_spread = float("nan"), None, None

@@ -479,10 +479,11 @@ class InfoBatch(Policy):
     spread 0.12-0.19, pruning 5-9% a pass ended 0.05 nats worse than full data; on the
     classification tasks the spread is 0.31-0.9). Pruning resumes once the spread reaches it.
 
-    Losses are expected to be >= 0 (cross-entropy, squared error). While the mean remembered
-    loss is not above 0 (a log-likelihood that goes negative), the graded rule and the spread floor,
-    which measure in units of the mean, keep every sample (``stats.sifting_scale`` 0, logged
-    once); the step rule (``graded=False``, no ``min_spread``) only compares with the mean.
+    Losses are expected to be >= 0 (cross-entropy, squared error). While any remembered loss is
+    below 0 (a log-likelihood that goes negative; below -1e-4, beyond rounding), the graded rule,
+    the spread floor, the guard and ``noise_drop``, which measure in units of the mean, keep every
+    sample (``stats.sifting_scale`` 0, logged once); the step rule alone (``graded=False``, no
+    ``min_spread``, ``guard`` or ``noise_drop``: the defaults) only compares with the mean.
 
     Args:
         ratio: Probability of pruning a below-mean sample (graded: one with loss 0), in [0, 1).
@@ -630,10 +631,14 @@ class InfoBatch(Policy):
         self._noisy = noisy
         self._negative_mean = negative
 
+    def _in_mean_units(self) -> bool:
+        """Whether a rule in force measures losses in units of their mean (see ``decide``)."""
+        return self.graded or any(v is not None for v in (self.min_spread, self.guard, self.noise_drop))
+
     def sifting_scale(self) -> float:
         if self._memory is None:
             return 1.0
-        if self._negative_mean and (self.graded or self.min_spread is not None):
+        if self._negative_mean and self._in_mean_units():
             return 0.0
         if self.min_spread is not None:
             spread = self._memory.measured_spread
@@ -683,12 +688,29 @@ class InfoBatch(Policy):
                 "InfoBatch needs the stage's score memory: use it through sp.Sifter(memory=...)"
             )
         mean = self._memory.mean()
-        # the graded rule and the spread floor measure losses in units of their mean: below 0
-        # (a log-likelihood that goes negative) those units mean nothing, and nothing is pruned
-        self._negative_mean = mean <= 0.0
-        if self._negative_mean and (self.graded or self.min_spread is not None) and not self._negative_warned:
+        # the graded rule, the spread floor, the forgetting guard and noise_drop measure losses in
+        # units of their mean: with losses below 0 (a log-likelihood that goes negative) those
+        # units mean nothing, and nothing is pruned. Any loss below 0, not only a mean: flat
+        # losses of both signs around a small positive mean read as spread 2.5 and were pruned,
+        # noise_drop took half a clean dataset, and the guard was off under the step rule
+        # (found by review, 2026-12-06)
+        below = self._memory.below_zero()
+        self._negative_mean = mean <= 0.0 or below > 0
+        if self._negative_mean and self._in_mean_units() and not self._negative_warned:
             self._negative_warned = True
-            if mean == 0.0:
+            if mean > 0.0:
+                _log.warning(
+                    "siftpipe: %d remembered losses are below 0 (their mean is %.4g): InfoBatch's "
+                    "graded rule, spread floor, forgetting guard and noise_drop measure a loss's "
+                    "distance from the mean in units of the mean, which means nothing for losses "
+                    "of both signs, so every sample is kept while this lasts (stats.sifting_scale "
+                    "0). Hand observe() losses that are >= 0 (add a constant to a negative "
+                    "log-likelihood), or use the paper's step rule alone (graded=False, "
+                    "min_spread=None, guard=None), which only compares a loss with the mean",
+                    below,
+                    mean,
+                )
+            elif mean == 0.0:
                 # every loss 0 (a margin loss on separable data, a fitted model's cross-entropy
                 # underflowing): nothing tells samples apart; the advice below would not apply
                 _log.warning(
@@ -697,12 +719,13 @@ class InfoBatch(Policy):
                 )
             else:
                 _log.warning(
-                    "siftpipe: the remembered losses average %.4g, below 0: InfoBatch's graded rule "
-                    "and spread floor measure a loss's distance below the mean in units of the "
-                    "mean, which means nothing for a mean at or below 0, so every sample is kept "
-                    "while this lasts (stats.sifting_scale 0). Hand observe() losses that are >= 0 "
-                    "(add a constant to a negative log-likelihood), or use the paper's step rule "
-                    "(graded=False, min_spread=None), which only compares a loss with the mean",
+                    "siftpipe: the remembered losses average %.4g, below 0: InfoBatch's graded rule, "
+                    "spread floor, forgetting guard and noise_drop measure a loss's distance from "
+                    "the mean in units of the mean, which means nothing for a mean at or below 0, "
+                    "so every sample is kept while this lasts (stats.sifting_scale 0). Hand "
+                    "observe() losses that are >= 0 (add a constant to a negative log-likelihood), "
+                    "or use the paper's step rule alone (graded=False, min_spread=None, "
+                    "guard=None), which only compares a loss with the mean",
                     mean,
                 )
         if self.min_spread is not None:
@@ -737,7 +760,7 @@ class InfoBatch(Policy):
             prob = np.where(easy, 1.0 - ratio, 1.0)
             weight = np.where(easy, 1.0 / (1.0 - ratio), 1.0)
             score = easy.astype(np.float64)
-        if self.noise_drop is not None and mean > 0 and math.isfinite(mean):
+        if self.noise_drop is not None and not self._negative_mean and math.isfinite(mean):
             if not self._noisy:
                 # latched: pruning them makes fewer come back, and so the measure falls
                 hard = self._memory.persistent_hard()

@@ -485,7 +485,8 @@ def test_a_checkpoint_between_the_steps_of_one_input_batch_changes_no_decision()
             source, resumed = inputs[stage.resume_from or 0 :] if resumed else inputs, False
             for batch in stage(source):
                 k = batch["__key__"].numpy()
-                losses = base[k] * 0.7 ** trained[k] + 0.05 * np.sin(k * 1.3 + epoch)
+                # (>= 0, as a loss is: one below 0 keeps every sample under the recipe's rules)
+                losses = base[k] * 0.7 ** trained[k] + 0.05 * (1 + np.sin(k * 1.3 + epoch))
                 trained[k] += 1
                 out.append((epoch, k.tolist(), batch["__sift_weight__"].tolist()))
                 stage.observe(batch["__key__"], torch.tensor(losses, dtype=torch.float32))
@@ -1185,3 +1186,32 @@ def test_a_setting_off_in_the_checkpoint_is_said_to_be_not_set_not_missing():
     state = made.state_dict()
     with pytest.raises(sp.ResumeError, match=r"min_spread=\(not set: off\) in the checkpoint, 0.25 here"):
         sp.recipe(None, _never, budget=10).load_state_dict(state)
+
+
+def test_losses_of_both_signs_or_a_guard_under_a_negative_mean_keep_every_sample_and_say_so(caplog):
+    """Found by review, 2026-12-06. Flat losses of both signs around a small positive mean (a
+    Gaussian NLL crossing 0) read as spread 2.5: the recipe pruned them, said half were
+    mislabeled, and noise_drop threw away half a clean dataset. Under the step rule the forgetting
+    guard turned off silently below a mean of 0. Any remembered loss below 0 (beyond rounding)
+    keeps every sample where a rule measures in units of the mean, said once; the step rule
+    alone still prunes; a cross-entropy's rounding (-1e-7) is 0."""
+    n = 1000
+    flat = 1.0 + 0.05 * np.random.default_rng(0).standard_normal(n)
+    keys = list(range(n))
+    for kwargs in ({}, {"noise_drop": 0.9}, {"graded": False, "min_spread": None}):
+        stage = sp.recipe(None, _never, budget=10 * n, batched=True, cost_guard=False, seed=0, **kwargs)
+        with caplog.at_level(logging.WARNING, logger="siftpipe"):
+            kept = [len(_epoch(stage, e, keys, lambda k, e: flat[k] - 0.99)) for e in range(4)]
+        assert kept == [n] * 4 and stage.stats.sifting_scale == 0.0, (kwargs, kept)
+    said = [r.getMessage() for r in caplog.records if "remembered losses are below 0" in r.getMessage()]
+    assert len(said) == 3 and "guard=None" in said[0]  # once per stage
+    assert not [r for r in caplog.records if "mislabeled" in r.getMessage()]
+    # the step rule alone only compares with the mean: it prunes still
+    step = _stage(n, budget=10 * n)
+    kept = [len(_epoch(step, e, keys, lambda k, e: flat[k] - 0.99)) for e in range(3)]
+    assert kept[0] == n and kept[1] < 0.85 * n
+    # rounding below 0 is no negative loss: the recipe prunes these as it would at 0
+    rounding = np.where(np.arange(n) % 7 == 0, -1e-7, np.random.default_rng(1).exponential(size=n))
+    stage = sp.recipe(None, _never, budget=10 * n, batched=True, cost_guard=False, seed=0)
+    kept = [len(_epoch(stage, e, keys, lambda k, e: rounding[k])) for e in range(3)]
+    assert kept[0] == n and kept[2] < n and stage.memory.below_zero() == 0
