@@ -97,6 +97,7 @@ class Decider:
         self._repeated = (0, 0)
         self._largest_observe = 0
         self._warned_repeats = False
+        self._warned_full = False
         #: The stage reached a ``PreDecodeFilter`` in its sources (it marks every row it hands on);
         #: groups decided since without its marks, until one carries them (then: None, done)
         self.upstream_filters = False
@@ -426,6 +427,7 @@ class Decider:
         losses it could use (stored in earlier passes, not expired) and found none: every sample
         was then scored or kept as unknown, and sifting from memory silently did nothing."""
         self._warn_repeats()
+        self._warn_full()
         self.passes_ended += 1
         self._warn_no_feedback()
         self._warn_hard()
@@ -550,6 +552,25 @@ class Decider:
             stacklevel=4,  # the loop over the stage's pass
         )
 
+    def _warn_full(self) -> None:
+        """Warn once when the memory has turned losses away (full): those samples are kept
+        unknown every pass, never sifted. Counted only until 2026-12-06 (found by review: a loop
+        handing validation batches to observe() filled a memory sized to an epoch, and 20% of the
+        samples were never sifted, nothing said; the ranks' sync already warned)."""
+        memory = self.memory
+        if memory is None or self._warned_full or not memory.refused:
+            return
+        self._warned_full = True
+        warnings.warn(
+            f"siftpipe: the score memory is full ({memory.capacity:,} samples) and turned away "
+            f"{memory.refused:,} losses: those samples are kept unknown each pass, never sifted. "
+            "Give it the capacity of the samples this stage sees in a pass (sp.recipe(..., "
+            "capacity=...), sp.ScoreMemory(capacity)), and hand observe() only the keys of "
+            "batches the stage handed on (not validation or evaluation batches)",
+            ScoreMemoryWarning,
+            stacklevel=4,  # the loop over the stage's pass
+        )
+
     def _warn_repeats(self) -> None:
         """Warn once if training losses handed back in this pass replaced others the same key got
         earlier in the pass: the memory keeps one loss per key, so every sample of that key is
@@ -572,7 +593,9 @@ class Decider:
             f"siftpipe: {repeated:,} of the losses remembered in epoch {self.epoch} (handed to "
             "observe(), or from scoring forwards) replaced one the same key had got earlier in "
             "that epoch: the score memory keeps one loss per key, "
-            "so next epoch every sample of such a key is decided by the one trained last. Make "
+            "so next epoch every sample of such a key is decided by the one trained last. Call "
+            "observe() once per trained batch, after its step (not per accumulation micro-step "
+            "with the same keys, nor twice for one batch); make "
             "keys unique (shards that number their samples from 0 each: key=siftpipe.shard_key, "
             "and observe(siftpipe.shard_key(batch), losses)), give each pass "
             "its own set_epoch() number, or, for a stream that samples with replacement "

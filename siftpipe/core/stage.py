@@ -705,10 +705,18 @@ class Sifter:
         ``ScoreMemory.defer_keys``), so the several training steps one input batch feeds cost
         one update.
 
+        Call it once per trained batch, after its step, with the keys of a batch the stage
+        handed on (not a validation batch's: those take room in the memory, and a full memory
+        turns training samples away, said once) and their losses in the same order. A key's
+        last loss handed over is the one kept (a late call for an older pass overwrites a newer
+        loss); calling it twice for one batch, or per accumulation micro-step with the same
+        keys, counts as repeated keys (``RepeatedKeyWarning``).
+
         Args:
             keys: The samples' keys (``batch["__key__"]``): a list, or an integer tensor or
                 array of the samples' indices (read as one array: the fastest form).
-            losses: One loss per key: a tensor (any device; detached here) or an array.
+            losses: One loss per key, in the keys' order: a tensor (any device; detached here)
+                or an array.
             epoch: The epoch (``set_epoch`` number) of the pass that handed these samples on;
                 None: the current one. A consumer that fetches ahead trains a pass's last
                 batches after the next pass began (``set_epoch`` already called): give their

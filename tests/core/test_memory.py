@@ -926,3 +926,24 @@ def test_a_storage_failure_saving_or_publishing_names_the_file_and_leaves_no_orp
         assert len([n for n in fs.ls(f"{bucket}/pub", refresh=True) if n.endswith(".npz")]) == 1
     finally:
         proxy.stop()
+
+
+def test_a_memory_that_fills_up_on_one_rank_says_so_once():
+    """A memory sized below the samples of a pass (or filled by validation batches handed to
+    observe()): the samples it turned away were kept unknown every pass, never sifted, with
+    nothing said on one rank (found by review, 2026-12-06; the ranks' sync warned)."""
+    import warnings
+
+    n = 1000
+    losses = np.random.default_rng(0).exponential(size=n)
+    samples = [{"__key__": f"k{i}", "loss": float(losses[i])} for i in range(n)]
+    stage = sp.Sifter(
+        None, lambda m, b: b["loss"].double(), sp.RelativeProbabilistic(1.0, 200), micro_batch=50,
+        memory=sp.ScoreMemory(800, max_age=None), seed=0,
+    )  # fmt: skip
+    with pytest.warns(sp.ScoreMemoryWarning, match=r"memory is full \(800 samples\) and turned away 200"):
+        list(stage(samples))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(stage(samples))  # once
+    assert stage.memory.refused >= 200
