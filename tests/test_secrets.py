@@ -634,6 +634,9 @@ def test_a_url_password_quoted_back_by_the_store_never_shows(local_s3, bucket):
                 lambda url=url: list(WebDataset(url, shardshuffle=False, storage_options=options)),
                 lambda url=url: list(ShardSource([url], storage_options=options)),
                 lambda url=url: write_shards([{"__key__": "a"}], url[:-8], storage_options=options),
+                # (the score memory's own file too: the review of 2026-12-06)
+                lambda url=url: sp.ScoreMemory(10).save(url[:-4] + ".npz", options),
+                lambda url=url: sp.ScoreMemory.load(url[:-4] + ".npz", options),
             ):
                 with pytest.raises(sp.ConfigError, match="holds credentials.*storage options") as err:
                     run()

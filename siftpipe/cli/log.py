@@ -140,6 +140,8 @@ def _cmd_summary(args: argparse.Namespace) -> int:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
+    if args.output == "":  # (before reading the log, which may be large: the review of 2026-12-06)
+        raise ConfigError("log plot: the plot needs a file name: -o NAME.png (or a folder)")
     table = _read(args, ["seq", "kept", "loss", "score", "prob"])
     if table.num_rows == 0:
         return _no_records(args, "no records to plot")

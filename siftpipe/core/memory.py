@@ -1248,6 +1248,9 @@ class ScoreMemory:
 
         A failure of the storage (no space, no permission) raises ``SiftError`` naming the file
         and the cause."""
+        # (s3fs reads s3://KEY:SECRET@bucket as a bucket named so, quoted back in its errors:
+        # refused as publish() refuses it; the review of 2026-12-06)
+        refuse_credentials_in_url(url, ConfigError)
         try:
             self._save(url, storage_options)
         except OSError as exc:
@@ -1387,6 +1390,7 @@ class ScoreMemory:
         """
         import fsspec
 
+        refuse_credentials_in_url(url, ConfigError)  # (as save refuses it)
         with fsspec.open(url, "rb", **(storage_options or {})) as f:
             raw = f.read()
         try:

@@ -58,6 +58,8 @@ def test_plot_writes_a_png(s3_log, tmp_path, capsys):
     # an empty name: refused (it wrote ./.png.png and said "wrote .png": review, 2026-12-06)
     assert main(["log", "plot", root, *opts, "-o", ""]) == 2
     assert "needs a file name" in capsys.readouterr().err
+    assert main(["log", "plot", str(tmp_path / "no-log-here"), "-o", ""]) == 2  # before any read
+    assert "needs a file name" in capsys.readouterr().err
     # a suffix matplotlib cannot write: one line naming the ones it can, nothing written
     assert main(["log", "plot", root, *opts, "-o", str(tmp_path / "out.txt")]) == 2
     err = capsys.readouterr().err
