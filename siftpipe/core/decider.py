@@ -98,6 +98,7 @@ class Decider:
         self._largest_observe = 0
         self._warned_repeats = False
         self._warned_full = False
+        self._refused_at = 0  # the memory's refusals when this pass began (_warn_full)
         #: The stage reached a ``PreDecodeFilter`` in its sources (it marks every row it hands on);
         #: groups decided since without its marks, until one carries them (then: None, done)
         self.upstream_filters = False
@@ -421,6 +422,8 @@ class Decider:
         )
         self._largest_observe = 0
         self._seen_at_pass = self.counts["seen"]
+        # (refusals before: a loaded state's, fit=True's at the load, another process's)
+        self._refused_at = memory.refused if memory is not None else 0
 
     def pass_ends(self) -> None:
         """A pass ran to its end. Warn once if it looked its samples up in a memory that held
@@ -558,12 +561,16 @@ class Decider:
         handing validation batches to observe() filled a memory sized to an epoch, and 20% of the
         samples were never sifted, nothing said; the ranks' sync already warned)."""
         memory = self.memory
-        if memory is None or self._warned_full or not memory.refused:
+        if memory is None or self._warned_full or memory.warned_full_sync:
+            return  # (the ranks' sync said it already, with the advice for a shared memory)
+        grown = memory.refused - self._refused_at
+        if grown <= 0:
             return
         self._warned_full = True
         warnings.warn(
             f"siftpipe: the score memory is full ({memory.capacity:,} samples) and turned away "
-            f"{memory.refused:,} losses: those samples are kept unknown each pass, never sifted. "
+            f"{grown:,} losses in epoch {self.epoch}: those samples are kept unknown each pass, "
+            "never sifted. "
             "Give it the capacity of the samples this stage sees in a pass (sp.recipe(..., "
             "capacity=...), sp.ScoreMemory(capacity)), and hand observe() only the keys of "
             "batches the stage handed on (not validation or evaluation batches)",

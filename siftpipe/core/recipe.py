@@ -52,9 +52,11 @@ def recipe(
             overrides and for the audit log's records of where losses come from).
         budget: Samples this stage will see over the whole run (epochs x samples per epoch on
             this rank).
-        capacity: Samples the score memory can hold: one epoch of this rank's samples is
-            enough. Default ``budget`` (every sample of the run), which costs memory and time at
-            each pass in proportion to the number of epochs: give one epoch's on long schedules.
+        capacity: Samples the score memory can hold: one epoch of the samples it remembers
+            is enough (this rank's; every rank's when the ranks share their memories, as
+            ``EqualSteps`` and the integrations under DDP do by default). Default ``budget``
+            (every sample of the run), which costs memory and time at each pass in proportion
+            to the number of epochs: give one epoch's on long schedules.
         ratio: Most probability of pruning a below-mean sample (one with loss 0), in [0, 1).
         warmup: Fraction of the budget kept whole at the start, in [0, 1).
         anneal: Fraction of the budget after which nothing is pruned.

@@ -947,3 +947,19 @@ def test_a_memory_that_fills_up_on_one_rank_says_so_once():
         warnings.simplefilter("error")
         list(stage(samples))  # once
     assert stage.memory.refused >= 200
+    # a stage resumed from it with room now, or reading only what its memory holds: the old
+    # refusals (in the state, or counted at a load into a smaller memory) are no new ones (the
+    # review of the warning)
+    state = roundtrip(stage.state_dict())
+    for memory, data in (
+        (sp.ScoreMemory(2000, max_age=None), samples),
+        (sp.ScoreMemory(800, max_age=None), samples[:700]),
+    ):
+        resumed = sp.Sifter(
+            None, lambda m, b: b["loss"].double(), sp.RelativeProbabilistic(1.0, 200), micro_batch=50,
+            memory=memory, seed=0,
+        )  # fmt: skip
+        resumed.load_state_dict(state, override=("memory",))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            list(resumed(data))
