@@ -366,6 +366,8 @@ def test_redaction_removes_every_credential_shape_and_keeps_the_rest(shape, how)
     nested=st.booleans(),
 )
 def test_storage_options_of_every_credential_name_never_show(name, value, nested):
+    # (a value that is one of the options' own names, 'endpoint_url', shows as that name)
+    assume(all(value not in w for w in ("endpoint_url", "client_kwargs", "http://127.0.0.1:9000", name)))
     options = {"endpoint_url": "http://127.0.0.1:9000", name: value}
     if nested:
         options = {"client_kwargs": options}
