@@ -98,7 +98,9 @@ class Decider:
         self._largest_observe = 0
         self._warned_repeats = False
         self._warned_full = False
-        self._refused_at = 0  # the memory's refusals when this pass began (_warn_full)
+        # the memory's refusals when the first pass since the stage was made or loaded began
+        # (_warn_full; None: take them at the next pass)
+        self._refused_at: int | None = None
         #: The stage reached a ``PreDecodeFilter`` in its sources (it marks every row it hands on);
         #: groups decided since without its marks, until one carries them (then: None, done)
         self.upstream_filters = False
@@ -422,8 +424,11 @@ class Decider:
         )
         self._largest_observe = 0
         self._seen_at_pass = self.counts["seen"]
-        # (refusals before: a loaded state's, fit=True's at the load, another process's)
-        self._refused_at = memory.refused if memory is not None else 0
+        # (refusals before: a loaded state's, fit=True's at the load, another process's; not
+        # reset at each pass: a trainer that fetches ahead observes a pass's last batch after
+        # that pass ended, and its refusals fell between two passes' counts: the review of it)
+        if self._refused_at is None and memory is not None:
+            self._refused_at = memory.refused
 
     def pass_ends(self) -> None:
         """A pass ran to its end. Warn once if it looked its samples up in a memory that held
@@ -487,6 +492,12 @@ class Decider:
     def epoch_changes(self) -> None:
         """``set_epoch`` moves to another epoch: in one endless pass the only boundary there is."""
         self._warn_hard()
+        self._warn_full()  # (a pass that never ends, or is always left early: the review of it)
+
+    def memory_loaded(self) -> None:
+        """The stage loaded a state into its memory: refusals counted in it (before the
+        checkpoint, or at a load into a smaller memory) are not this run's to warn of."""
+        self._refused_at = None
 
     def _warn_hard(self) -> None:
         """Log once when a pass begins or ends, or the epoch changes, with ``HARD_WARN`` or more
@@ -561,7 +572,7 @@ class Decider:
         handing validation batches to observe() filled a memory sized to an epoch, and 20% of the
         samples were never sifted, nothing said; the ranks' sync already warned)."""
         memory = self.memory
-        if memory is None or self._warned_full or memory.warned_full_sync:
+        if memory is None or self._warned_full or memory.warned_full_sync or self._refused_at is None:
             return  # (the ranks' sync said it already, with the advice for a shared memory)
         grown = memory.refused - self._refused_at
         if grown <= 0:

@@ -1278,6 +1278,7 @@ class Sifter:
         self._output = None  # its batches are not the checkpoint's to take back
         if self.memory is not None and state["memory"] is not None:
             self.memory.load_state_dict(state["memory"], fit="memory" in allowed)
+            self._decider.memory_loaded()
         self._rng_untouched = False
         if "seed" in allowed and any(d[0] == "seed" for d in differ):
             self.rng_seed = self._rank_seed()

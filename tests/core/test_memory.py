@@ -963,3 +963,38 @@ def test_a_memory_that_fills_up_on_one_rank_says_so_once():
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             list(resumed(data))
+
+
+@pytest.mark.parametrize("loop", ["fetch_ahead", "endless", "left_early"])
+def test_a_full_memory_is_said_in_loops_whose_refusals_fall_outside_a_whole_pass(loop):
+    """A trainer that fetches ahead observes a pass's last batch after the pass ended (a memory a
+    batch short was refused only there, and never said); one endless pass numbering its epochs,
+    and passes always left early, never reach a pass's end (the review of the warning)."""
+    n, b = 96, 8
+    losses = np.random.default_rng(0).exponential(size=n)
+    samples = [{"__key__": f"k{i}", "loss": float(losses[i])} for i in range(n)]
+    stage = sp.Sifter(
+        None, lambda m, batch: batch["loss"].double(), sp.RelativeProbabilistic(0.5, 50), micro_batch=b,
+        output_batch=b, memory=sp.ScoreMemory(95 if loop == "fetch_ahead" else 48, max_age=None),
+        unknown="keep", seed=0,
+    )  # fmt: skip
+    with pytest.warns(sp.ScoreMemoryWarning, match="memory is full"):
+        if loop == "endless":
+
+            def stream():
+                for epoch in range(3):
+                    stage.set_epoch(epoch)
+                    yield from samples
+
+            for batch in stage(stream()):
+                stage.observe(batch["__key__"], batch["loss"])
+        for epoch in range(4 if loop != "endless" else 0):
+            stage.set_epoch(epoch)
+            it = iter(stage(samples))
+            batch = next(it, None)
+            step = 0
+            while batch is not None and not (loop == "left_early" and step == 9):
+                ahead = next(it, None)  # fetched before the step trains `batch`
+                stage.observe(batch["__key__"], batch["loss"], epoch=epoch)
+                batch, step = ahead, step + 1
+            it.close()
