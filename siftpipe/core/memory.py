@@ -92,25 +92,15 @@ def _below(losses: np.ndarray) -> int:
 def key_hashes(keys: Iterable[Any]) -> np.ndarray:
     """Stable 64-bit hashes (BLAKE2b) of sample keys, the same in every process and run; never 0."""
     blake = hashlib.blake2b
-    if not isinstance(keys, Sequence | np.ndarray):
-        keys = list(keys)  # (read twice where one holds a lone surrogate)
+    text = [k if type(k) is str else str(k) if type(k) in _TEXT_IS_STR else _key_text(k) for k in keys]
     # one bytes object of 8-byte digests read as little-endian integers: the same values as
     # int.from_bytes(digest, "little") per key, without a Python int per key
     try:
-        digests = b"".join(
-            [
-                blake(
-                    (k if type(k) is str else str(k) if type(k) in _TEXT_IS_STR else _key_text(k)).encode(),
-                    digest_size=8,
-                ).digest()
-                for k in keys
-            ]
-        )
+        digests = b"".join([blake(t.encode(), digest_size=8).digest() for t in text])
     except UnicodeEncodeError:
         # a key with a lone surrogate (a tar member's name that was not valid UTF-8, as Python
         # decodes it): its own bytes, where it raised a bare UnicodeEncodeError (found by review,
         # 2026-12-06); valid text encodes as before, so no stored hash moves
-        text = [k if type(k) is str else str(k) if type(k) in _TEXT_IS_STR else _key_text(k) for k in keys]
         digests = b"".join([blake(t.encode("utf-8", "surrogatepass"), digest_size=8).digest() for t in text])
     out = np.frombuffer(digests, dtype="<u8").astype(np.uint64)  # a writable copy, native order
     out[out == _EMPTY] = 1  # 0 marks an empty slot
@@ -1134,7 +1124,7 @@ class ScoreMemory:
             "loss": torch.from_numpy(self._loss[at].copy()),
             "epoch": torch.from_numpy(self._epoch[at].copy()),
             "source": torch.from_numpy(self._source[at].copy()),
-            "unsynced": torch.from_numpy((self._mark[at] == _UNSENT) | (self._mark[at] == _SENDING)),
+            "unsynced": torch.from_numpy(self._unsent()[at]),
             "merged": torch.from_numpy(self._mark[at] == _MERGED),
             "refused": self._refused,
             "repeated": self._repeated,
@@ -1242,7 +1232,6 @@ class ScoreMemory:
         self._hard = np.zeros((2, 2))
         self._hard_verdict = float("nan")
 
-    @_locked
     def save(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         """Write the memory to ``url`` (any fsspec URL) as an ``.npz`` of plain arrays (no pickle).
 
@@ -1258,8 +1247,15 @@ class ScoreMemory:
             raise storage_error(f"saving the score memory to {shown}", exc) from None
 
     def _save(self, url: str, storage_options: Mapping[str, Any] | None) -> None:
-        self.flush()
+        # the snapshot under the lock, the write without it: another thread's updates wait for
+        # the copy, not for the storage (publish read the table unlocked, save held the lock
+        # through the upload)
+        _put_whole(url, self._npz(), storage_options)
 
+    @_locked
+    def _npz(self) -> bytes:
+        """The memory as ``save`` writes it: an ``.npz`` of plain arrays."""
+        self.flush()
         at = self._occupied()
         buffer = io.BytesIO()
         np.savez(
@@ -1271,7 +1267,7 @@ class ScoreMemory:
             # max_age 0 stands for None (never expires)
             config=np.array([self.capacity, self.max_age or 0, self.refused], dtype=np.int64),
         )
-        _put_whole(url, buffer.getvalue(), storage_options)
+        return buffer.getvalue()
 
     def publish(
         self,
@@ -1472,8 +1468,9 @@ def _delete_quietly(url: str, storage_options: Mapping[str, Any] | None) -> bool
 
     try:
         fs, path = url_to_fs(url, **(storage_options or {}))
-        if fs.exists(path):
-            fs.rm_file(path)
+        fs.rm_file(path)
+    except FileNotFoundError:
+        return True
     except Exception:  # (best effort: the caller keeps it to prune later)
         return False
     return True
