@@ -553,22 +553,19 @@ class PartWriter:
                 return retries
             except Exception as exc:
                 where = redact(self.url, self.secrets)
-                if (
-                    what != "write the claim"
-                    and not self.noted
-                    and time.monotonic() - start >= self.NOTE_AFTER
-                    and permanent_cause(exc) is None
-                ):
+                cause = permanent_cause(exc)
+                waited = time.monotonic() - start
+                said = self.noted or what == "write the claim"  # (the trainer notes the claim)
+                if cause is None and not said and waited >= self.NOTE_AFTER:
                     self.noted = True
                     print(
-                        f"siftpipe: the audit log at {where} could not {what} for "
-                        f"{time.monotonic() - start:.0f} s ({self.safe(exc)}); retrying for up to "
-                        f"{self.retry_timeout:g} s (retry_timeout) while training waits. Check the "
+                        f"siftpipe: the audit log at {where} could not {what} for {waited:.0f} s "
+                        f"({self.safe(exc)}); retrying for up to {self.retry_timeout:g} s "
+                        "(retry_timeout), the parts after it queued meanwhile. Check the "
                         "destination (space, permissions, endpoint); said once",
                         file=sys.stderr,
                         flush=True,
                     )
-                cause = permanent_cause(exc)
                 if cause is not None:
                     raise OSError(
                         f"could not {what} of the audit log at {where}: {cause} ({self.safe(exc)}); "

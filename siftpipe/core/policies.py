@@ -698,19 +698,7 @@ class InfoBatch(Policy):
         self._negative_mean = mean <= 0.0 or below > 0
         if self._negative_mean and self._in_mean_units() and not self._negative_warned:
             self._negative_warned = True
-            if mean > 0.0:
-                _log.warning(
-                    "siftpipe: %d remembered losses are below 0 (their mean is %.4g): InfoBatch's "
-                    "graded rule, spread floor, forgetting guard and noise_drop measure a loss's "
-                    "distance from the mean in units of the mean, which means nothing for losses "
-                    "of both signs, so every sample is kept while this lasts (stats.sifting_scale "
-                    "0). Hand observe() losses that are >= 0 (add a constant to a negative "
-                    "log-likelihood), or use the paper's step rule alone (graded=False, "
-                    "min_spread=None, guard=None), which only compares a loss with the mean",
-                    below,
-                    mean,
-                )
-            elif mean == 0.0:
+            if mean == 0.0 and not below:
                 # every loss 0 (a margin loss on separable data, a fitted model's cross-entropy
                 # underflowing): nothing tells samples apart; the advice below would not apply
                 _log.warning(
@@ -719,14 +707,15 @@ class InfoBatch(Policy):
                 )
             else:
                 _log.warning(
-                    "siftpipe: the remembered losses average %.4g, below 0: InfoBatch's graded rule, "
-                    "spread floor, forgetting guard and noise_drop measure a loss's distance from "
-                    "the mean in units of the mean, which means nothing for a mean at or below 0, "
-                    "so every sample is kept while this lasts (stats.sifting_scale 0). Hand "
-                    "observe() losses that are >= 0 (add a constant to a negative log-likelihood), "
-                    "or use the paper's step rule alone (graded=False, min_spread=None, "
-                    "guard=None), which only compares a loss with the mean",
-                    mean,
+                    "siftpipe: %s: InfoBatch's graded rule, spread floor, forgetting guard and "
+                    "noise_drop measure a loss's distance from the mean in units of the mean, which "
+                    "means nothing then, so every sample is kept while this lasts "
+                    "(stats.sifting_scale 0). Hand observe() losses that are >= 0 (add a constant to "
+                    "a negative log-likelihood), or use the paper's step rule alone (graded=False, "
+                    "min_spread=None, guard=None), which only compares a loss with the mean",
+                    f"{below} remembered losses are below 0 (their mean is {mean:.4g})"
+                    if mean > 0.0
+                    else f"the remembered losses average {mean:.4g}, below 0",
                 )
         if self.min_spread is not None:
             self._memory.measure_spread()  # again if enough losses came since (sifting_scale reads it)

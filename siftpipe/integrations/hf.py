@@ -289,6 +289,11 @@ else:
     _Base = object
 
 
+def _weights_other_than_1(weights: Any) -> Any:
+    """The batch's weights, or None where it carries none or all are 1 (nothing to apply)."""
+    return None if weights is None or bool((weights == 1).all()) else weights
+
+
 class SiftTrainerMixin(_Base):
     """Sift the training batches of a ``transformers.Trainer`` (or a subclass of one).
 
@@ -529,8 +534,7 @@ class SiftTrainerMixin(_Base):
         (nor ``mark_sift_loss_handled``): see ``training_step``."""
         _, meta = split_meta(inputs)
         sifter = self.sifter
-        weights = meta.get(sifter.weight_field)
-        weighted = weights is not None and not bool((weights == 1).all())
+        weighted = _weights_other_than_1(meta.get(sifter.weight_field)) is not None
         keys = meta.get(sifter.key) if isinstance(sifter.key, str) else None
         fix = (
             f"{type(self).__name__}.compute_loss does not call super().compute_loss(model, inputs, "
@@ -569,9 +573,7 @@ class SiftTrainerMixin(_Base):
         self._sift_loss_ran = True
         sifter = self.sifter
         keys: list[Any] | None = meta.get(sifter.key) if isinstance(sifter.key, str) else None
-        weights = meta.get(sifter.weight_field)
-        if weights is not None and bool((weights == 1).all()):
-            weights = None
+        weights = _weights_other_than_1(meta.get(sifter.weight_field))
         observe = self.sift_feedback and keys is not None and model.training
         if weights is None and not observe:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
