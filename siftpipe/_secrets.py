@@ -15,10 +15,15 @@ reprs, warnings, errors, and the ``siftpipe`` command line. It removes
   (``X-Goog-Signature``, ``X-Goog-Credential``, ``access_token``), Azure SAS (``sig``) and
   connection strings (``AccountKey``, ``SharedAccessSignature``, ``SharedAccessKey``), and any
   ``password``/``pwd``/``token``/``secret``/``key``;
-* ``"name": "value"`` pairs of such names (JSON, dict reprs) and ``Bearer``/``Authorization``
-  tokens;
+* ``"name": "value"`` pairs of such names (JSON, dict reprs), ``name='value'`` keyword
+  arguments in reprs (but a bare ``key='...'``, which names a stage's key field), hyphenated
+  headers in plain text (``X-Api-Key: ...``) and ``Bearer``/``Authorization`` tokens;
+* URLs inside URLs: given as a parameter (``?next=https://user:password@host/...``), or
+  percent-encoded there, once or twice (their credentials decoded are secrets too);
 * in a webdataset ``pipe:`` URL's shell command, the values of ``-u``/``--user``, of flags and
-  credential headers that name a secret, and of credential-like environment assignments.
+  credential headers that name a secret, of credential-like environment assignments, and the
+  password flags of curl, openssl, sshpass, mysql (``-pPW``), 7z/rar, zip/unzip (``-P``),
+  redis-cli (``-a``) and mongo (``-p``).
 
 Everything else is left as it was, byte for byte. A URL whose password holds a quote, a space,
 ``?`` or ``#`` must percent-encode it (RFC 3986 requires it) for the URL form to be recognised;
@@ -128,6 +133,21 @@ _PATH_SECRET_ENDS = (
     "authkey",
 )
 _QUOTED_PAIR = re.compile(r"([\"'])([A-Za-z_][\w.-]*)\1(\s*:\s*)([\"'])((?:(?!\4).)*)\4")
+# name='value' and name="value": a keyword argument in a repr (S3FileSystem(secret='...'),
+# token="..."): _PAIR's value cannot start with a quote (found by review, 2026-12-06)
+_KWARG_PAIR = re.compile(r"(?<![\w/-])([A-Za-z_][\w.-]*)(\s*=\s*)([\"'])((?:(?!\3).)+)\3")
+# a header in plain text (an HTTP library's message): X-Api-Key: value. Only hyphenated names,
+# so that prose ("missing key: img_42") stays as it is
+_HEADER = re.compile(
+    r"(?i)(?<![\w-])([A-Za-z][A-Za-z0-9]*(?:-[A-Za-z0-9]+)+)(\s*:\s*)"
+    r"((?:bearer|basic|token)\s+)?(?!\*\*\*)([^\s\"',;]{4,})"
+)
+# a header name ending in "key" is a credential's when another of its words says so
+# (X-Api-Key, Ocp-Apim-Subscription-Key), not a sort-key or a cache-key
+_KEY_HEADER_WORDS = frozenset(
+    {"api", "apim", "access", "secret", "auth", "subscription", "private", "account", "master",
+     "client", "encryption", "storage", "app", "application", "function", "functions", "sse"}
+)  # fmt: skip
 _BEARER = re.compile(
     r"(?i)\b(bearer\s+|authorization:\s*(?:(?:basic|digest|bearer)\s+)?)"
     r"(?!(?:basic|digest|bearer)\b)(?!\*\*\*)([^\s'\",]{4,})"
@@ -182,15 +202,49 @@ _CONTAINER_USERINFO = frozenset({"az", "abfs", "abfss", "adl"})
 
 def _redact_url_token(url: str) -> str:
     found = _userinfo(url)
-    if found is None:
-        return url
-    _, password, at = found
-    return url[:password] + REDACTED + url[at:]
+    if found is not None:
+        _, password, at = found
+        url = url[:password] + REDACTED + url[at:]
+    # a URL inside this one (a redirect's ?url=https://user:password@host/...) has its own
+    # userinfo, after the outer's ? (found by review, 2026-12-06)
+    inner = _URL.search(url, url.index("://") + 3)
+    if inner is not None:
+        url = url[: inner.start()] + _redact_url_token(inner.group(0)) + url[inner.end() :]
+    return url
+
+
+def _urls(text: str) -> list[str]:
+    """The URLs in ``text`` and those inside them (``?url=https://...``), outer ones first."""
+    found = []
+    for m in _URL.finditer(text):
+        url = m.group(0)
+        while True:
+            found.append(url)
+            inner = _URL.search(url, url.index("://") + 3)
+            if inner is None:
+                break
+            url = inner.group(0)
+    return found
+
+
+def _pairs(text: str) -> list[tuple[str, str]]:
+    """The ``name=value`` pairs of ``text``, and those inside a value that holds more
+    (``?next=https://h/x?token=...``: one pair to ``_PAIR``)."""
+    found = []
+    for m in _PAIR.finditer(text):
+        found.append((m.group(1), m.group(2)))
+        if not is_secret_name(m.group(1)) and "=" in m.group(2):
+            found += _pairs(m.group(2))
+    return found
 
 
 def _pair(match: re.Match[str]) -> str:
-    name = match.group(1)
-    return f"{name}={REDACTED}" if is_secret_name(name) else match.group(0)
+    name, value = match.groups()
+    if is_secret_name(name):
+        return f"{name}={REDACTED}"
+    if "=" in value:  # pairs inside the value: a URL given as a parameter (see _pairs)
+        return f"{name}={_PAIR.sub(_pair, value)}"
+    return match.group(0)
 
 
 def _is_path_secret_name(name: str) -> bool:
@@ -207,6 +261,29 @@ def _path_pair(match: re.Match[str]) -> str:
     return f"{name}={REDACTED}" if _is_path_secret_name(name) else match.group(0)
 
 
+def _kwarg_pair(match: re.Match[str]) -> str:
+    # not a bare key='...': a stage's repr names its key field so (Sifter(key='id')), where a
+    # credential's keyword is secret=, token=, password= (the store's access key id is not one)
+    name, equals, quote_, _ = match.groups()
+    if name.lower() == "key" or not is_secret_name(name):
+        return match.group(0)
+    return f"{name}{equals}{quote_}{REDACTED}{quote_}"
+
+
+def _is_secret_header(name: str) -> bool:
+    words = [w.lower() for w in _WORDS.findall(name)]
+    if not words or not is_secret_name(name):
+        return False
+    return words[-1] != "key" or any(w in _KEY_HEADER_WORDS for w in words[:-1])
+
+
+def _header(match: re.Match[str]) -> str:
+    name, colon, scheme, _ = match.groups()
+    if not _is_secret_header(name):
+        return match.group(0)
+    return f"{name}{colon}{scheme or ''}{REDACTED}"
+
+
 def _quoted_pair(match: re.Match[str]) -> str:
     quote_, name, colon, vquote, _ = match.groups()
     if not is_secret_name(name):
@@ -215,8 +292,10 @@ def _quoted_pair(match: re.Match[str]) -> str:
 
 
 def _forms(secret: str) -> set[str]:
-    """``secret`` as it may appear: raw and percent-encoded."""
-    return {secret, quote(secret, safe=""), quote_plus(secret, safe=""), quote(secret)}
+    """``secret`` as it may appear: raw and percent-encoded (twice too: a URL inside another's
+    parameter, itself encoded)."""
+    once = quote(secret, safe="")
+    return {secret, once, quote_plus(secret, safe=""), quote(secret), quote(once, safe="")}
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
@@ -225,6 +304,8 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
     replaced by ``***``; the rest is unchanged. See the module's docstring for the shapes."""
     if not isinstance(text, str):
         text = str(text)
+    if "%" in text:  # URLs percent-encoded inside text (a redirect's ?url=https%3A%2F%2F...)
+        secrets = [*secrets, *url_secrets(text)]
     for secret in sorted(
         {f for s in secrets if len(s) >= _MIN_SECRET and s.strip("*") for f in _forms(s)},
         key=len,
@@ -240,6 +321,10 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
     if "/" in text:
         text = _PATH_PAIR.sub(_path_pair, text)
     text = _QUOTED_PAIR.sub(_quoted_pair, text)
+    if "=" in text:
+        text = _KWARG_PAIR.sub(_kwarg_pair, text)
+    if ":" in text:
+        text = _HEADER.sub(_header, text)
     return _BEARER.sub(rf"\1{REDACTED}", text)
 
 
@@ -359,6 +444,29 @@ _OPENSSL_KEY = re.compile(rf"((?:^|\s)-[kK](?:\s+)){_KEY_VALUE}")
 _OPENSSL = re.compile(r"(?:^|[\s/;&|(\"'`])openssl(?:\s|$)")
 
 
+def _program(*names: str) -> re.Pattern[str]:
+    """A program's name as a word of a command (also inside a quoted ``sh -c "..."``)."""
+    return re.compile(rf"(?:^|[\s/;&|(\"'`])(?:{'|'.join(names)})(?:\s|$)")
+
+
+# passwords that only one family of programs takes in a short flag (found by review, 2026-12-06):
+# mysql -pPASSWORD (attached: -p DB prompts and names a database), 7z/rar -pPASSWORD, zip/unzip -P
+# PASSWORD, redis-cli -a PASSWORD, mongo -p PASSWORD (smbclient -U user%PASSWORD is -u's)
+_PROGRAM_SECRETS = (
+    (
+        _program("mysql", "mysqldump", "mysqlimport", "mysqladmin", "mariadb", "mariadb-dump"),
+        (re.compile(r"((?:^|\s)-p)([^\s\"'-][^\s\"']*)"),),
+    ),
+    (_program("7z", "7za", "7zr", "rar", "unrar"), (re.compile(r"((?:^|\s)-p)([^\s\"'-][^\s\"']*)"),)),
+    (_program("zip", "unzip", "funzip", "zipcloak"), (re.compile(rf"((?:^|\s)-P(?:\s+|=)?){_VALUE}"),)),
+    (_program("redis-cli"), (re.compile(rf"((?:^|\s)-a(?:\s+)){_VALUE}"),)),
+    (
+        _program("mongo", "mongosh", "mongodump", "mongorestore", "mongoexport", "mongoimport"),
+        (re.compile(rf"((?:^|\s)-p(?:\s+)){_KEY_VALUE}"),),
+    ),
+)
+
+
 # a pipeline's or a command list's parts, each run by its own program: split at |, ||, |&, &,
 # &&, ; and newlines outside quotes (a quoted cookie header holds ;; a double-quoted one may hold
 # an escaped quote), not at the & or | of a redirection (2>&1, >&2, &>file, <&3, >|file: found by
@@ -384,6 +492,9 @@ def _tool_secrets(segment: str) -> list[re.Pattern[str]]:
         found += [_CURL_COOKIE, *_CURL_CERTS, _CURL_USER, _CURL_PROXY]
     if _OPENSSL.search(segment):
         found.append(_OPENSSL_KEY)
+    for program, patterns in _PROGRAM_SECRETS:
+        if program.search(segment):
+            found += patterns
     return found
 
 
@@ -417,8 +528,7 @@ def url_secrets(text: str) -> set[str]:
     """The credentials written into the URLs in ``text`` (passwords, credential parameters),
     raw and decoded, so that they are also found where they appear without their URL."""
     found: set[str] = set()
-    for m in _URL.finditer(text):
-        url = m.group(0)
+    for url in _urls(text):
         info = _userinfo(url)
         if info is not None:
             password = url[info[1] : info[2]]
@@ -427,13 +537,19 @@ def url_secrets(text: str) -> set[str]:
                 # and each /-separated piece: s3://KEY:ab/cd@bucket is read as the bucket
                 # "KEY:ab", which the store's error quotes (found by review, 2026-12-06)
                 found |= set(password.split("/"))
-    for m in _PAIR.finditer(text):
-        if is_secret_name(m.group(1)) and m.group(2) != REDACTED:
-            found |= {m.group(2), unquote(m.group(2)), unquote_plus(m.group(2))}
+    for name, value in _pairs(text):
+        if is_secret_name(name) and value != REDACTED:
+            found |= {value, unquote(value), unquote_plus(value)}
     for m in _PATH_PAIR.finditer(text):
         if _is_path_secret_name(m.group(1)) and m.group(2) != REDACTED:
             found |= {m.group(2), unquote(m.group(2)), unquote_plus(m.group(2))}
-    return {s for s in found if len(s) >= _MIN_SECRET}
+    decoded = unquote(text)
+    if decoded != text:
+        # a URL percent-encoded inside another (?url=https%3A%2F%2Fuser%3Apassword%40host...,
+        # %3Ftoken%3D..., also encoded twice): its credentials decoded, which ``_forms`` finds
+        # encoded again (found by review, 2026-12-06)
+        found |= url_secrets(decoded)
+    return {s for s in found if len(s) >= _MIN_SECRET and s.strip("*")}
 
 
 def _option_secrets(options: Any, parent_sensitive: bool = False) -> set[str]:
