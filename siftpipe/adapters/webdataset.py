@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import islice
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,8 @@ from webdataset import autodecode, filters, shardlists, tariterators
 from webdataset import cache as wds_cache
 
 from ..audit.replay import Replay
+from ..core.ledger import TAIL
+from ..core.resume import check_tail, tail_entry
 from ..core.stage import Sifter
 from ..errors import (
     ConfigError,
@@ -99,6 +102,12 @@ class SiftStage:
         if not isinstance(sifter, Sifter):
             raise ConfigError(f"SiftStage needs a siftpipe.Sifter, got {type(sifter).__name__}")
         self.sifter = sifter
+        # a resume skips the items a checkpoint finished by their count: its state names the last
+        # of them, which the skip compares (per-sample items are kept as they are; a batch, which
+        # may be large, as its first key and shard)
+        sifter._ledger.record_tail(
+            (lambda item: tail_entry(item, True, sifter.key)) if sifter.batched else None
+        )
         #: Why no checkpoint can resume a pass of this stage (None: it can): the pipeline holding
         #: it cuts its output into epochs (``.with_epoch(n)``) or repeats its passes
         #: (``.repeat()``), outside the stage's state
@@ -129,7 +138,7 @@ class SiftStage:
                 "shards with siftpipe's ShardSource and SiftNode, whose state holds the position"
             )
         if skip:
-            source = _skip(iter(source), skip)
+            source = _skip(iter(source), skip, self.sifter, restore)
         return self.sifter(source)
 
     def __repr__(self) -> str:
@@ -236,8 +245,12 @@ def _random_shards(pipeline: Any, depth: int = 0) -> bool:
     return isinstance(stages, list) and any(_random_shards(stage, depth + 1) for stage in stages)
 
 
-def _skip(it: Iterator[Any], n: int) -> Iterator[Any]:
-    got = sum(1 for _ in islice(it, n))
+def _skip(it: Iterator[Any], n: int, sifter: Sifter, state: Mapping[str, Any] | None) -> Iterator[Any]:
+    last: deque[Any] = deque(maxlen=TAIL)  # the last items skipped, compared with the state's tail
+    got = 0
+    for item in islice(it, n):
+        last.append(item)
+        got += 1
     if got < n:
         raise ResumeError(
             f"resuming needs to skip the {n} input items the checkpoint had finished "
@@ -245,6 +258,9 @@ def _skip(it: Iterator[Any], n: int) -> Iterator[Any]:
             "in the same order as before the checkpoint (shardshuffle=False or a fixed seed, same "
             "shards, same workers and batch sizes)"
         )
+    if state is not None:
+        check_tail(list(last), state, sifter.batched, sifter.key)
+    sifter._ledger.finished(last)  # a state taken soon after names them too
     yield from it
 
 

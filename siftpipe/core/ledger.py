@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,11 @@ from ..errors import SiftError
 from . import batch as _batch
 from .scoring import Scoring
 
-__all__ = ["Group", "Ledger", "Output"]
+__all__ = ["TAIL", "Group", "Ledger", "Output"]
+
+#: How many of the last input items finished a state names where a resume skips by count (one
+#: per DataLoader worker whose items interleave there, up to this many)
+TAIL = 16
 
 _NO_ROWS = np.zeros(0, dtype=bool)
 _NO_INDEX = np.zeros(0, dtype=np.int64)
@@ -79,6 +83,17 @@ class Ledger:
         #: failing item (the source's state after it is past it: found by review, 2026-12-05, an
         #: error lost by a checkpoint taken between the last sample before it and the error)
         self.error_held = False
+        #: The last input items this pass finished (up to ``TAIL``), recorded only where a resume
+        #: skips the items a checkpoint finished by their count (``record_tail``): per-sample
+        #: items themselves, a batch as ``tail_of`` sums it up (not held: it may be large)
+        self.tail: deque[Any] | None = None
+        self.tail_of: Callable[[Any], Any] | None = None
+
+    def record_tail(self, tail_of: Callable[[Any], Any] | None) -> None:
+        """Keep the last ``TAIL`` input items finished (``tail_of``: what to keep of an item;
+        None: the item itself), so that a state can name them (``Passes.position``)."""
+        self.tail = deque(maxlen=TAIL)
+        self.tail_of = tail_of
 
     def drop_pending(self, consumed: int | None = None) -> None:
         """Forget the pending groups (a pass ended or failed, or a state is loaded); ``consumed``:
@@ -88,6 +103,8 @@ class Ledger:
         self.error_held = False
         self.behind.clear()
         self.behind_rows = self.keep_rows = 0
+        if self.tail is not None:
+            self.tail.clear()
         if consumed is not None:
             self.consumed = consumed
 
@@ -100,12 +117,20 @@ class Ledger:
             group = pending.popleft()
             self.emitted -= group.n_kept
             self.consumed += group.n_items
+            if self.tail is not None:
+                self.finished(group.items[-TAIL:])
             if self.keep_rows:
                 self.behind.append(group)
                 self.behind_rows += group.n_kept
         behind = self.behind
         while behind and self.behind_rows - behind[0].n_kept + self.emitted >= self.keep_rows:
             self.behind_rows -= behind.popleft().n_kept
+
+    def finished(self, items: Iterable[Any]) -> None:
+        """Note input items finished (``trim``'s groups; the items a resume skipped)."""
+        if self.tail is not None:
+            tail_of = self.tail_of
+            self.tail.extend(items if tail_of is None else (tail_of(item) for item in items))
 
     def held_back(self, rows: int) -> list[Group]:
         """The groups ``trim`` forgot that hold the last ``rows`` rows handed on beyond the

@@ -17,7 +17,7 @@ import torch
 
 from ..errors import PassClosedError, ResumeError
 from .ledger import Group, Ledger
-from .resume import first_key, first_shard, shard_names
+from .resume import first_key, first_shard, shard_names, tail_entry
 from .source import END, Raised, Reader
 from .values import plain_keys
 
@@ -261,11 +261,13 @@ class Passes:
             source_state = restore["source"]
             next_key, ended = restore.get("next_key"), bool(restore.get("ended", False))
             next_shard = restore.get("next_shard")
+            tail = restore.get("tail")
             source_abandoned = bool(restore.get("source_abandoned", False))
             pass_read = bool(restore.get("pass_read", True))
         else:
             groups = list(ledger.pending)
             consumed, emitted = ledger.consumed, ledger.emitted
+            finished = list(ledger.tail) if ledger.tail is not None else None
             if held_rows:
                 # resume before the last rows handed on: the groups trim forgot that hold them
                 # are pending again (Sifter.state_dict(held=); never with a restore pending)
@@ -273,6 +275,9 @@ class Passes:
                 groups = back + groups
                 consumed -= sum(g.n_items for g in back)
                 emitted += sum(g.n_kept for g in back) - held_rows
+                if finished is not None:
+                    finished = finished[: max(0, len(finished) - sum(g.n_items for g in back))]
+            tail = self._tail(finished, batched, key, ledger.tail_of is None)
             pass_read = not (self.open and self.unstarted)  # False only for an open, unread pass
             # set from a pass left mid-way until the next pass starts reading the source
             source_abandoned = self.source_abandoned
@@ -329,6 +334,9 @@ class Passes:
             "source": source_state,
             "next_key": next_key,
             "next_shard": next_shard,
+            # the last input items the position has finished, each as [key, shard]: where a
+            # resume skips them by count (webdataset's .sift()), it compares them (None: not kept)
+            "tail": tail,
             "ended": ended,
             "source_abandoned": source_abandoned,
             # states written before it lack it: a consumer then counts from 0 (as it did)
@@ -343,6 +351,17 @@ class Passes:
             "raised": [p for p in at_start if p == consumed]
             + [p for p in self._raised(restore) if p > consumed],
         }
+
+    @staticmethod
+    def _tail(finished: list[Any] | None, batched: bool, key: Any, raw: bool) -> list[list[Any]] | None:
+        """The state's ``tail``: ``finished`` (the ledger's tail, items themselves where ``raw``)
+        as [key, shard] pairs, or None where they say nothing (no keys and no shards)."""
+        if not finished:
+            return None
+        pairs = finished if not raw else [tail_entry(item, batched, key) for item in finished]
+        if all(k is None and s is None for k, s in pairs):
+            return None
+        return [list(p) for p in pairs]
 
     def _raised(self, restore: Mapping[str, Any] | None) -> list[int]:
         """Where the errors handed on stand: the loaded checkpoint's, or the open pass's."""
@@ -376,6 +395,8 @@ class Passes:
             if forget_keys:
                 self.restore["pending"] = [{**desc, "keys": None} for desc in state["pending"]]
                 self.restore["next_key"] = None
+                tail = state.get("tail")
+                self.restore["tail"] = None if tail is None else [[None, shard] for _, shard in tail]
             self.source_restore = None
             self.open = True
         else:

@@ -14,6 +14,7 @@ from . import batch as _batch
 from .ledger import Group, Ledger
 from .rows import attach_weights, field_of, keys_of
 from .source import END, Raised, Reader
+from .values import plain_keys
 from .vocab import PRE_KEPT
 
 #: Said of a source whose items a ``PreDecodeFilter`` decided: what reaches the stage depends on
@@ -42,7 +43,16 @@ def _published(item: Any) -> str:
     return _PUBLISHED if isinstance(item, Mapping) and PRE_KEPT in item else ""
 
 
-__all__ = ["check_next", "first_key", "first_shard", "reread_groups", "shard_name", "shard_names"]
+__all__ = [
+    "check_next",
+    "check_tail",
+    "first_key",
+    "first_shard",
+    "reread_groups",
+    "shard_name",
+    "shard_names",
+    "tail_entry",
+]
 
 
 def reread_groups(
@@ -235,6 +245,42 @@ def first_shard(item: Any, batched: bool) -> str | None:
     except Exception:
         return None
     return names[0] if names else None
+
+
+def tail_entry(item: Any, batched: bool, key: Any) -> tuple[Any, str | None]:
+    """What a state's ``tail`` keeps of an input item finished: its (first) key, in a form
+    ``torch.load(weights_only=True)`` reads, and its shard (``first_shard``)."""
+    return plain_keys([first_key(item, batched, key)])[0] if key is not None else None, first_shard(
+        item, batched
+    )
+
+
+def check_tail(skipped: list[Any], state: Mapping[str, Any], batched: bool, key: Any) -> None:
+    """``ResumeError`` unless the last items a resume skipped (``skipped``, the items the checkpoint
+    ``state`` had finished, read again) are those the checkpoint's ``tail`` names: where a shard
+    was skipped as unreadable in one run only, DataLoader workers' items interleave otherwise, and
+    the item after them may still match (found by review, 2026-12-05)."""
+    tail = state.get("tail")
+    if not tail:
+        return
+    got = [tail_entry(item, batched, key) for item in skipped[-len(tail) :]]
+    at = int(state["consumed"]) - len(got)
+    for i, ((want_key, want_shard), (got_key, got_shard)) in enumerate(
+        zip(tail[-len(got) :], got, strict=True)
+    ):
+        if (want_key is not None and got_key != want_key) or (
+            want_shard is not None and got_shard is not None and got_shard != want_shard
+        ):
+            raise ResumeError(
+                f"the source is not where the checkpoint left it: input item {at + i} (from 0) of "
+                f"the {state['consumed']} the checkpoint had finished has key {got_key!r} from shard "
+                f"{got_shard!r}, the checkpoint's had {want_key!r} from {want_shard!r}: the items "
+                "before it differ from the run's (a shard skipped as unreadable in one run and "
+                "not the other, an outage that passed or a shard deleted since; other shards, "
+                "seed, workers or batch size). Resuming here would hand samples on twice or "
+                "never; resume from a checkpoint taken between passes, or fix the input to be "
+                "the run's"
+            )
 
 
 def first_key(item: Any, batched: bool, key: Any) -> Any:

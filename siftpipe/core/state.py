@@ -343,6 +343,15 @@ def check_flags(state: Mapping[str, Any], bad: Callable[[str, str], ResumeError]
     next_shard = state.get("next_shard")
     if next_shard is not None and (not isinstance(next_shard, str) or pending or not open_):
         raise bad("next_shard", "None, or a shard file name where an open pass has nothing pending")
+    tail = state.get("tail")  # states written before 2026-12-06 (fourteenth session) lack it
+    if tail is not None and not (
+        isinstance(tail, list | tuple)
+        and all(
+            isinstance(e, list | tuple) and len(e) == 2 and (e[1] is None or isinstance(e[1], str))
+            for e in tail
+        )
+    ):
+        raise bad("tail", "None, or the last input items finished as [key, shard file name] pairs")
     if not state.get("pass_read", True) and (pending or state["consumed"] or not open_):
         raise bad("pass_read", "True for a pass that has read (or False only for an open, unread one)")
     if state.get("source_abandoned") and (open_ and state.get("pass_read", True)):

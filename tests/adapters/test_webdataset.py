@@ -439,6 +439,86 @@ def test_resuming_a_chain_skips_what_the_checkpoint_had_finished(shards):
         list(short)
 
 
+def test_a_resume_after_a_shard_skipped_in_one_run_only_is_refused_not_shifted(tmp_path):
+    """Two DataLoader workers, each batch from one: a shard unreadable in the run (a corrupt tar,
+    skipped by ``warn_and_continue``) and readable when it resumes shifted one worker's batches,
+    and the resume skipped other items than the checkpoint had finished while the next batch
+    (the other worker's) matched: 16 samples trained twice and 26 never, nothing said (found by
+    review, 2026-12-05). The state names the last items finished; the skip compares them."""
+    written = write_shards(
+        synthetic_classification(320, dim=6), str(tmp_path / "train"), samples_per_shard=40, progress=False
+    )
+    bad = written.urls[2].removeprefix("file:")
+    with open(bad, "rb") as f:
+        good = f.read()
+
+    def put(data):
+        with open(bad, "wb") as f:
+            f.write(data)
+
+    def make():
+        dataset = (
+            WebDataset(written.urls, shardshuffle=False, handler=wds.warn_and_continue)
+            .decode(handler=wds.warn_and_continue)
+            .batched(8, collation_fn=default_collate)
+        )
+        sifter = sp.Sifter(
+            None, norm_loss, sp.Uniform(0.75), batched=True, micro_batch=None, seed=3, output_batch=8
+        )
+        return WebLoader(dataset, batch_size=None, num_workers=2).sift(sifter)
+
+    def keys(batches):
+        return [k for b in batches for k in b["__key__"]]
+
+    def cut(at, fault):
+        """The run up to ``at`` output batches with shard 2 corrupt or not, and its state."""
+        put(b"not a tar " * 100 if fault else good)
+        first = make()
+        it = iter(first)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            head = keys(next(it) for _ in range(at))
+            state = roundtrip(first.sifter.state_dict())
+            del it
+        return head, state
+
+    # cut after shard 2's place: the items finished differ from the resumed run's
+    head, state = cut(12, fault=True)
+    put(good)  # the outage passed
+    resumed = make()
+    resumed.sifter.load_state_dict(state)
+    with pytest.raises(sp.ResumeError, match=r"items before it differ from the run's.*twice or never"):
+        list(resumed)
+    assert len(state["tail"]) == min(16, state["consumed"])  # the last items finished, by key
+
+    # cut before it: the items finished are the run's, and the resume is exact (the shard, now
+    # readable, is read for the first time)
+    head, state = cut(7, fault=True)
+    put(good)
+    resumed = make()
+    resumed.sifter.load_state_dict(state)
+    assert head + keys(resumed) == keys(make())
+
+    # the same fault in both runs resumes exactly; so does a second cut right after the resume,
+    # whose state names the items the resume skipped
+    head, state = cut(12, fault=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        whole = keys(make())
+        resumed = make()
+        resumed.sifter.load_state_dict(state)
+        it = iter(resumed)
+        middle = keys([next(it)])
+        again = roundtrip(resumed.sifter.state_dict())
+        del it
+        third = make()
+        third.sifter.load_state_dict(again)
+        rest = keys(third)
+    assert again["tail"] and again["tail"][-1] != state["tail"][-1]
+    assert head + middle + rest == whole
+    put(good)
+
+
 def test_a_detshuffle_resumed_in_a_later_epoch_is_refused_with_its_own_fix(shards):
     # found by review, 2026-12-05: webdataset's detshuffle counts epochs in the process, so a new
     # process resuming epoch 1 shuffles as epoch 0; the refusal's advice (seed the shuffles)
