@@ -275,11 +275,10 @@ def check_tail(skipped: list[Any], state: Mapping[str, Any], batched: bool, key:
                 f"the source is not where the checkpoint left it: input item {at + i} (from 0) of "
                 f"the {state['consumed']} the checkpoint had finished has key {got_key!r} from shard "
                 f"{got_shard!r}, the checkpoint's had {want_key!r} from {want_shard!r}: the items "
-                "before it differ from the run's (a shard skipped as unreadable in one run and "
-                "not the other, an outage that passed or a shard deleted since; other shards, "
-                "seed, workers or batch size). Resuming here would hand samples on twice or "
-                "never; resume from a checkpoint taken between passes, or fix the input to be "
-                "the run's"
+                "before it differ from the run's, and resuming would hand samples on twice or "
+                "never. A shard skipped as unreadable in one run and not the other (an outage that "
+                "passed, a shard deleted since) does this; resume from a checkpoint taken between "
+                f"passes, or {_where(state, skipped[-len(got) + i])}"
             )
 
 
