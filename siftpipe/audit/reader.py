@@ -1263,7 +1263,15 @@ class LogReport:
                     end = "closed cleanly"
                 job = a.get("origin")
                 if job is None:
-                    how = f"resumed from seq {a['resumed_from']}"
+                    # written before attempts named their job: a fresh start and a resume from a
+                    # checkpoint at seq 0 look alike (found by review, 2026-12-06: "resumed from
+                    # seq 0" for a fresh start)
+                    how = (
+                        "started at seq 0 (a fresh start, or a resume from the pass's start: "
+                        "written before attempts named their job)"
+                        if not a["resumed_from"]
+                        else f"resumed from seq {a['resumed_from']}"
+                    )
                 elif job == a["attempt"]:
                     how = f"a fresh start (job {job})"
                 else:

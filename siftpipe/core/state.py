@@ -403,12 +403,31 @@ def plain_value(value: Any) -> Any:
     return repr(value)
 
 
+#: Modules siftpipe's own policies lived in before the package was split into layers
+#: (2026-12-03): a checkpoint written then names its policy's class by that path
+_MOVED_MODULES = {"siftpipe.policies": "siftpipe.core.policies"}
+
+
+def policy_class_name(name: Any) -> Any:
+    """A checkpoint's ``policy_class`` as this version names the same class: a checkpoint of
+    2026-12-01..03 names ``siftpipe.policies.InfoBatch``, and was refused as another policy
+    altogether, with advice no stage could follow and its settings never compared (found by
+    review, 2026-12-06)."""
+    if isinstance(name, str):
+        module, dot, qualname = name.rpartition(".")
+        if module in _MOVED_MODULES:
+            return f"{_MOVED_MODULES[module]}{dot}{qualname}"
+    return name
+
+
 def config_differences(
     state: Mapping[str, Any], mine: Mapping[str, Any], has_memory: bool
 ) -> list[tuple[str, str]]:
     """(override name, what differs) for each setting the checkpoint ``state`` does not share with
     a stage whose settings are ``mine`` (``Sifter._config()``) and that ``has_memory``."""
-    theirs = state["config"]
+    theirs = dict(state["config"])
+    if "policy_class" in theirs:
+        theirs["policy_class"] = policy_class_name(theirs["policy_class"])
     out: list[tuple[str, str]] = []
     for name, value in theirs.items():
         if name not in mine or same_value(mine[name], value):
@@ -454,7 +473,7 @@ def check_policy_entries(policy: Policy, state: Mapping[str, Any]) -> None:
             "was given); the state is damaged, or not one Sifter.state_dict() wrote"
         )
     mine = f"{type(policy).__module__}.{type(policy).__qualname__}"
-    if policy.weighted and state["config"].get("policy_class") == mine:
+    if policy.weighted and policy_class_name(state["config"].get("policy_class")) == mine:
         for i, desc in enumerate(state["pending"]):
             if desc["weight"] is None:
                 raise ResumeError(

@@ -1,6 +1,7 @@
 """Run ids: a job never supersedes another job's records, and verify tells a resume from a collision."""
 
 import gc
+import json
 import os
 import re
 import shutil
@@ -936,3 +937,19 @@ def test_a_resumed_attempts_note_of_rows_never_handed_on_is_durable_at_a_flush(t
     assert sorted(int(k) for k, was in zip(keys, kept) if was) == loop
     report = sp.verify_log(str(tmp_path / "log"))
     assert report.ok and report.streams[0].closed, "\n".join(report.lines())
+
+
+def test_an_attempt_written_before_attempts_named_their_job_is_not_called_a_resume(tmp_path):
+    """Logs written before 2026-12-03 name no job (``origin``): verify called a fresh start
+    "resumed from seq 0" (found by review, 2026-12-06). A later start still reads as a resume."""
+    root = tmp_path / "log"
+    with sp.AuditLog(str(root), run_id="old", flush_every=50) as log:
+        s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=20, seed=1, audit=log)
+        list(s(make_samples(100, seed=1)))
+    for path in root.rglob("*.json"):  # as the older writer wrote them
+        record = json.loads(path.read_text())
+        record.pop("origin", None)
+        path.write_text(json.dumps(record))
+    text = "\n".join(sp.verify_log(str(root)).lines())
+    assert "started at seq 0 (a fresh start, or a resume from the pass's start" in text, text
+    assert "resumed from seq 0" not in text, text

@@ -202,3 +202,39 @@ def test_a_version_1_state_still_loads():
     t = stage()
     t.load_state_dict(old)
     assert head + output_keys(t(SAMPLES[state["consumed"] :])) == output_keys(stage()(SAMPLES))
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [sp.RelativeProbabilistic(1.0, 64), sp.PruneEasy(0.5, None, 64), sp.InfoBatch(ratio=0.3, budget=900)],
+    ids=["relative", "prune_easy", "infobatch"],
+)
+def test_a_checkpoint_naming_the_policys_module_before_the_layering_resumes_exactly(policy):
+    """Checkpoints of 2026-12-01..03 name the policy's class ``siftpipe.policies.X`` (the module
+    before the package was split into layers): they were refused as another policy altogether,
+    with advice no stage could follow ("construct the Sifter with the checkpoint's setting"), and
+    the settings that did differ were never named (found by review, 2026-12-06)."""
+    from siftpipe.core.state import digest
+
+    def made():
+        memory = sp.ScoreMemory(1000) if isinstance(policy, sp.InfoBatch) else None
+        return stage(policy=policy.fresh(), memory=memory, output_batch=6)
+
+    first = made()
+    it = first(SAMPLES)
+    head = output_keys([next(it) for _ in range(5)])
+    state = roundtrip(first.state_dict())
+    whole = head + output_keys(it)
+    name = type(policy).__name__
+    assert state["config"]["policy_class"] == f"siftpipe.core.policies.{name}"
+    state["config"]["policy_class"] = f"siftpipe.policies.{name}"  # as the older version wrote it
+    state["checks"]["config"] = digest(state["config"])
+    again = made()
+    again.load_state_dict(state)
+    assert head + output_keys(again(SAMPLES[state["consumed"] :])) == whole
+    # a setting that differs is named, not the class
+    if isinstance(policy, sp.RelativeProbabilistic):
+        other = stage(policy=sp.RelativeProbabilistic(2.0, 64), output_batch=6)
+        with pytest.raises(sp.ResumeError, match=r"policy beta=1.0 in the checkpoint, 2.0 here") as err:
+            other.load_state_dict(state)
+        assert "policy class" not in str(err.value)
