@@ -425,7 +425,7 @@ def config_differences(
 ) -> list[tuple[str, str]]:
     """(override name, what differs) for each setting the checkpoint ``state`` does not share with
     a stage whose settings are ``mine`` (``Sifter._config()``) and that ``has_memory``."""
-    theirs = dict(state["config"])
+    theirs: dict[str, Any] = dict(state["config"])
     if "policy_class" in theirs:
         theirs["policy_class"] = policy_class_name(theirs["policy_class"])
     out: list[tuple[str, str]] = []
