@@ -31,7 +31,8 @@ samples). Arms (``--arms``; ``name@key=value,key=value`` sets parameters, e.g.
   recipe          ``sp.recipe(model, scorer, budget=epochs*N, batched=True, output_batch=batch)``
                   with the library's defaults (keys: ratio, warmup, anneal, guard, cost_guard,
                   graded, min_spread, noise_drop; ``guard=none``, ``graded=0`` for InfoBatch's step
-                  rule), fed input
+                  rule; ``steps=1``: one training batch per input batch, its kept rows one step,
+                  so the full run's steps on fewer rows), fed input
                   batches of ``feed`` x batch rows (default 8, as README recommends; key: feed);
                   losses of the training step handed back with ``sifter.observe``
   infobatch_ref   InfoBatch (Qin et al., ICLR 2024) written here, independent of the library
@@ -444,7 +445,8 @@ class ArmSpec:
 ARM_KINDS = {
     "full": set(),
     "recipe": {
-        *("ratio", "warmup", "anneal", "guard", "cost_guard", "graded", "feed", "min_spread", "noise_drop")
+        *("ratio", "warmup", "anneal", "guard", "cost_guard", "graded", "feed", "min_spread", "noise_drop"),
+        "steps",
     },
     "infobatch_ref": {"ratio", "anneal"},
     "uniform": {"keep", "feed"},
@@ -552,12 +554,21 @@ def run_arm(
     feed = batch  # rows per batch the selector gets
     if arm.kind == "recipe":
         params = dict(arm.params)
-        times = params.pop("feed", FEED)
+        # steps=1: every training batch is one input batch whose kept rows are one step (no
+        # re-batching): the full run's steps, each on fewer rows
+        same_steps = bool(params.pop("steps", 0))
+        times = params.pop("feed", 1 if same_steps else FEED)
         if times != int(times) or times < 1:
             raise ValueError(f"arm {arm.label!r}: feed is a whole number of training batches >= 1: {times}")
         feed = batch * int(times)
         sifter = sp.recipe(
-            model, task.scorer(), budget=total, batched=True, output_batch=batch, seed=seed, **params
+            model,
+            task.scorer(),
+            budget=total,
+            batched=True,
+            output_batch=None if same_steps else batch,
+            seed=seed,
+            **params,
         )
     elif arm.kind == "uniform":
         keep = arm.params.get("keep", 0.5)
@@ -580,6 +591,7 @@ def run_arm(
         ref = InfoBatchRef(n, epochs, seed=seed, **arm.params)
 
     state = {"seen": 0, "trained": 0, "scored": 0}
+    steps_taken = 0  # optimizer steps
     points: list[dict[str, float]] = []
     paused = 0.0
     trained_per_epoch: list[int] = []
@@ -685,6 +697,7 @@ def run_arm(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            steps_taken += 1
             detached = losses.detach()
             t_feedback = time.perf_counter()
             if arm.kind == "recipe":
@@ -720,6 +733,7 @@ def run_arm(
         "trained": state["trained"],
         "scored": scored,
         "units": 3 * state["trained"] + scored,
+        "steps": steps_taken,
         "keep_rate": round(state["trained"] / state["seen"], 4),
         # wall time getting each step's batch (building it, and the selector) and handing losses back
         "select_seconds": round(clock["select"], 3),

@@ -179,6 +179,21 @@ def test_a_recipe_fed_several_training_batches_at_once_trains_batches_of_the_tas
         bench.run_arm(task, data, bench.parse_arm("recipe@feed=0"), 0, quick=True, evals=4)
 
 
+def test_a_recipe_that_keeps_the_steps_takes_the_full_runs_steps_on_fewer_rows():
+    task = bench._task_table()["tabular"]
+    data = task.make_data(True)
+    full = bench.run_arm(task, data, bench.parse_arm("full"), 0, quick=True, evals=4)
+    same = bench.run_arm(
+        task, data, bench.parse_arm("recipe@steps=1,ratio=0.9,cost_guard=0"), 0, quick=True, evals=4
+    )
+    fewer = bench.run_arm(
+        task, data, bench.parse_arm("recipe@ratio=0.9,cost_guard=0"), 0, quick=True, evals=4
+    )
+    assert same["steps"] == full["steps"] == math.ceil(len(data.y) / task.batch) * task.quick_epochs
+    assert same["trained"] < full["trained"] and fewer["trained"] < full["trained"]
+    assert fewer["steps"] < full["steps"]
+
+
 def test_bench_tools_check_their_output_paths_first_and_judge_no_target_without_its_control(tmp_path):
     """Found by review (2026-12-05): an --out in a missing folder failed only after the whole run
     (bench_train's default run takes 26 minutes), and bench_train judged an arm to beat the
