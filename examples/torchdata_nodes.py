@@ -30,11 +30,11 @@ import time
 import torch
 import torch.nn.functional as F
 from torch.utils.data import default_collate
-from torchdata.nodes import Batcher, Loader, Mapper, ParallelMapper
+from torchdata.nodes import Batcher, Mapper, ParallelMapper
 
 import siftpipe as sp
 from siftpipe.cli import parse_storage_options
-from siftpipe.nodes import ShardSource, SiftNode
+from siftpipe.nodes import Loader, ShardSource, SiftNode  # torchdata's Loader, mended
 from siftpipe.shards import (
     decode_sample,
     synthetic_arrays,

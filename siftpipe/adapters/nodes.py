@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torchdata.nodes import BaseNode
+from torchdata.nodes import Loader as _TorchdataLoader
+from torchdata.nodes.loader import LoaderIterator as _TorchdataLoaderIterator
 
 from ..core.resume import shard_name
 from ..core.source import Raised
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 __all__ = [
+    "Loader",
     "ShardSource",
     "ShardStats",
     "SiftNode",
@@ -768,3 +771,27 @@ class ShardSource(BaseNode[dict[str, Any]]):
                 )
         finally:
             stream.close()
+
+
+class Loader(_TorchdataLoader):  # type: ignore[type-arg]
+    """torchdata's ``Loader``, whose ``state_dict()`` stays true after a resume at an epoch's end.
+
+    torchdata 0.11's ``Loader``, restored from a state taken after an epoch's last item, looks
+    ahead, finds the epoch over and starts the next one, but keeps the state it cached before
+    looking: every ``state_dict()`` the resumed job takes from then on, epochs later, is that
+    epoch's end, and a job resumed from one trains again everything since (found by review,
+    2026-12-06; upstream meta-pytorch/data#1552, not merged). This subclass forgets the cached
+    state whenever its iterator starts over. Use it wherever ``torchdata.nodes.Loader`` is used
+    (same arguments, same states: either loads the other's)."""
+
+    def __iter__(self) -> Any:
+        if getattr(self, "_it", None) is None:
+            self._it = _MendedIterator(self)
+        return super().__iter__()
+
+
+class _MendedIterator(_TorchdataLoaderIterator):  # type: ignore[type-arg]
+    def reset(self, initial_state: dict[str, Any] | None = None) -> None:
+        super().reset(initial_state)
+        # the state cached by a look-ahead that found the restored epoch over is not this pass's
+        self._cached_state_dict = None

@@ -1207,3 +1207,68 @@ def test_a_job_resumed_twice_over_a_weighted_sampler_reads_the_uninterrupted_row
         loader = build()
         loader.load_state_dict(state)
         assert head + [s["__key__"] for s in loader] == whole, (first, second)
+
+
+def test_a_job_resumed_at_an_epochs_end_checkpoints_where_it_stands(shards):
+    """torchdata 0.11's ``Loader``, restored from a state taken after an epoch's last item, kept
+    the state it cached before finding the epoch over: every ``state_dict()`` the resumed job took,
+    epochs later, was that epoch's end, and a job resumed from one trained everything since again
+    (24 rows of 96 in the review's run; found by review, 2026-12-06, upstream
+    meta-pytorch/data#1552). ``siftpipe.nodes.Loader`` forgets it, and its states load into
+    torchdata's ``Loader`` and back."""
+    from siftpipe.nodes import Loader as SiftLoader
+
+    def build(cls=SiftLoader):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(6, 3).double()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        sifter = sp.recipe(
+            model, "cross_entropy", budget=4 * N, batched=True, output_batch=16, cost_guard=False, seed=0
+        )
+
+        def to_xy(raw):
+            s = decode(raw)
+            return {"__key__": s["__key__"], "x": s["x.npy"].double(), "y": int(s["cls"]) % 3}
+
+        batches = Mapper(
+            Batcher(Mapper(ShardSource(shards.urls, shuffle=True, seed=3), to_xy), 32), default_collate
+        )
+        return model, optimizer, sifter, cls(SiftNode(batches, sifter))
+
+    def step(model, optimizer, sifter, batch):
+        losses = torch.nn.functional.cross_entropy(model(batch["x"]), batch["y"], reduction="none")
+        optimizer.zero_grad()
+        (losses * batch["__sift_weight__"].double()).mean().backward()
+        optimizer.step()
+        sifter.observe(batch["__key__"], losses.detach())
+        return list(batch["__key__"])
+
+    def checkpoint(model, optimizer, loader):
+        return roundtrip({"m": model.state_dict(), "o": optimizer.state_dict(), "l": loader.state_dict()})
+
+    def restore(saved, cls=SiftLoader):
+        model, optimizer, sifter, loader = build(cls)
+        model.load_state_dict(saved["m"])
+        optimizer.load_state_dict(saved["o"])
+        loader.load_state_dict(saved["l"])
+        return model, optimizer, sifter, loader
+
+    job = build()
+    whole = [[step(*job[:3], b) for b in job[3]] for _ in range(4)]
+    job = build()
+    for _ in range(2):
+        for b in job[3]:
+            step(*job[:3], b)
+    at_end = checkpoint(job[0], job[1], job[3])
+    job = restore(at_end)
+    it = iter(job[3])
+    second = [step(*job[:3], next(it)) for _ in range(3)]
+    assert second == whole[2][:3]
+    later = checkpoint(job[0], job[1], job[3])
+    assert later["l"]["num_yielded"] == 3 and later["l"]["root"]["sifter"]["epoch"] == 2
+    job = restore(later)
+    assert second + [step(*job[:3], b) for b in job[3]] == whole[2]
+    assert [[step(*job[:3], b) for b in job[3]]] == whole[3:]
+    # the same states in torchdata's Loader: the format is torchdata's
+    job = restore(later, Loader)
+    assert second + [step(*job[:3], b) for b in job[3]] == whole[2]
