@@ -795,8 +795,15 @@ class AuditLog:
                 f"the checkpoint belongs to audit run {state['run_id']!r} but this AuditLog was given "
                 f"run_id={self._explicit_run_id!r}; drop run_id= to continue the checkpoint's run"
             )
-        if self._next_part or self._buffer:
-            raise ResumeError("load the checkpoint into a new AuditLog, before anything is written to it")
+        if self._next_part > self._first_part or self._buffer:
+            # (a log that loaded a checkpoint and wrote nothing since may load one again: a
+            # torchdata Loader's state holds the Sifter's, and a job restoring both loaded it
+            # twice and was told something had been written; found by review, 2026-12-06)
+            raise ResumeError(
+                f"this AuditLog has written {self._next_part - self._first_part} part(s) and holds "
+                f"{len(self._buffer)} record(s) not yet written: load the checkpoint into a new "
+                "AuditLog, before anything is written to it"
+            )
         run_id = _checked_run_id(state["run_id"], "the checkpoint's audit run id", ResumeError)
         rank = _checked_rank(state["rank"], "the checkpoint's audit rank", ResumeError)
         self._release_claim()  # a fresh claim made before the checkpoint was loaded no longer holds

@@ -953,3 +953,40 @@ def test_an_attempt_written_before_attempts_named_their_job_is_not_called_a_resu
     text = "\n".join(sp.verify_log(str(root)).lines())
     assert "started at seq 0 (a fresh start, or a resume from the pass's start" in text, text
     assert "resumed from seq 0" not in text, text
+
+
+def test_a_checkpoint_loaded_twice_into_a_fresh_log_resumes_and_one_written_to_is_refused(tmp_path):
+    """A torchdata Loader's state holds the Sifter's: a job that restored both loaded the Sifter's
+    state twice, and its new AuditLog refused the second load saying "before anything is written
+    to it", with nothing written (found by review, 2026-12-06)."""
+    root = str(tmp_path / "log")
+    samples = make_samples(200, seed=3)
+
+    def job(where=root):
+        log = sp.AuditLog(where, writer="thread", run_id="twice", flush_every=16)
+        return sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=8, seed=1, output_batch=4, audit=log)
+
+    first = job()
+    it = first(samples)
+    head = [k for _ in range(10) for k in next(it)["__key__"]]
+    state = roundtrip(first.state_dict())
+    first.audit.flush()
+    del it
+    first.close()
+    again = job()
+    again.load_state_dict(state)
+    again.load_state_dict(state)  # the Loader's copy: nothing written in between
+    rest = [k for b in again(samples[state["consumed"] :]) for k in b["__key__"]]
+    again.close()
+    whole = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=8, seed=1, output_batch=4)
+    assert head + rest == [k for b in whole(samples) for k in b["__key__"]]
+    assert sp.verify_log(root).ok
+    table = sp.read_log(root)
+    kept = [k for k, was in zip(table.column("key").to_pylist(), table.column("kept").to_pylist()) if was]
+    assert kept == head + rest
+    # a log that has written is still refused, saying what it wrote
+    written = job(str(tmp_path / "other"))
+    list(written(samples[:64]))
+    with pytest.raises(sp.ResumeError, match=r"has written [1-9]\d* part\(s\) and holds \d+ record"):
+        written.audit.load_state_dict(state["audit"], 0)
+    written.close()
