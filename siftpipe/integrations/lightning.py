@@ -648,6 +648,21 @@ class SiftCallback(Callback):
         # a loader with a length only, so with none (a sifted loader) the next epoch would count on
         # from the last one and step a partial accumulation early
         self._restored_at_epoch_end = _restored_at_epoch_end(trainer)
+        partial = _restored_inside_accumulation(trainer)
+        if partial:
+            # Lightning saves no gradients: the batches of the accumulation step the checkpoint
+            # cut were handed on and trained forward and backward, and their gradients are lost
+            # (found by review, 2026-12-06: it resumed silently off the uninterrupted run)
+            warnings.warn(
+                f"siftpipe: the checkpoint {trainer.ckpt_path} was written after {partial} of the "
+                f"{trainer.accumulate_grad_batches} batches of an accumulation step "
+                "(accumulate_grad_batches): Lightning does not save accumulated gradients, so "
+                "the resumed run's next optimizer step goes without those batches' gradients, "
+                "and the audit log reads their samples as trained. It does not continue the "
+                "uninterrupted run exactly. Checkpoint on step boundaries: every_n_train_steps, "
+                "or a val_check_interval that is a multiple of accumulate_grad_batches",
+                stacklevel=2,
+            )
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._stream is not None:
@@ -735,6 +750,18 @@ def _restored_at_epoch_end(trainer: pl.Trainer) -> bool:
     as the checkpoint left it: asked before the next epoch begins)."""
     progress = trainer.fit_loop.epoch_loop.batch_progress
     return bool(trainer.ckpt_path is not None and progress.is_last_batch and progress.current.ready > 0)
+
+
+def _restored_inside_accumulation(trainer: pl.Trainer) -> int:
+    """How many batches of an unfinished accumulation step the checkpoint the fit restored was
+    taken after (0: on a step boundary, at an epoch's last batch, which steps, or not restored)."""
+    accumulate = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+    if trainer.ckpt_path is None or accumulate <= 1:
+        return 0
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    if progress.is_last_batch:
+        return 0
+    return int(progress.current.completed) % accumulate
 
 
 def _restart_epoch_progress(trainer: pl.Trainer) -> None:

@@ -649,6 +649,33 @@ def test_resume_with_accumulation_from_an_epochs_last_step(tmp_path):
     assert torch.equal(weights(part), weights(full))
 
 
+def test_a_checkpoint_inside_an_accumulation_step_is_said_not_to_resume_exactly(tmp_path):
+    """accumulate_grad_batches=2 and validation every 3 batches: ModelCheckpoint(monitor=...)
+    writes a checkpoint after 1 step and half the next. Lightning saves no gradients, so the
+    resumed step went without that batch's, the run drifted from the uninterrupted one and the
+    audit log read its samples as trained, nothing said (found by review, 2026-12-06). A
+    checkpoint on a step boundary resumes exactly and says nothing."""
+    kw = {
+        "steps": 8,
+        "net": Validated,
+        "accumulate": 2,
+        "trainer_kw": {"val_check_interval": 3, "check_val_every_n_epoch": None},
+        "monitor": "val_loss",
+    }
+    _, full, _ = fit(tmp_path / "full", **kw)
+    inside = tmp_path / "full" / "step=1.ckpt"  # after batch 3: 1 step and half of the next
+    boundary = tmp_path / "full" / "step=3.ckpt"  # after batch 6: 3 steps
+    assert inside.exists() and boundary.exists()
+    with pytest.warns(
+        UserWarning, match=r"after 1 of the 2 batches of an accumulation step.*step boundaries"
+    ):
+        fit(tmp_path / "a", ckpt=str(inside), **kw)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*accumulation step")
+        _, part, _ = fit(tmp_path / "b", ckpt=str(boundary), **kw)
+    assert torch.equal(weights(part), weights(full))
+
+
 @pytest.mark.adversarial
 def test_misuse_and_bad_checkpoints_get_errors_that_name_the_fix(tmp_path):
     with pytest.raises(sp.ConfigError, match="batched=False"):
