@@ -107,9 +107,14 @@ _NOT_SECRET = re.compile(r"(?i)^(true|false|none|null|yes|no|on|off|[0-9.]+)$")
 
 # a URL: a scheme, then anything up to whitespace, a quote or an angle bracket
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]*")
+# a URL given as a parameter of another (?next=https://...): right after =, ?, & or #
+_INNER_URL = re.compile(r"(?<=[=?&#])[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]*")
+# a percent-encoded URL, pair or userinfo inside a value (%3A%2F%2F, %3D, %40), encoded once or more
+_ENCODED_INNER = re.compile(r"(?i)%(?:25)*(?:3a%(?:25)*2f%(?:25)*2f|3d|40)")
+_NESTING = 3  # how deep URLs inside URLs, and encodings of encodings, are followed
 # name=value: the value runs to the next &, ;, comma, whitespace, quote or closing bracket. Not
 # after a /: that is a path segment (below)
-_PAIR = re.compile(r"(?<![\w/-])([A-Za-z_][\w.-]*)=([^&;,\s'\"<>)\]}]+)")
+_PAIR = re.compile(r"(?<![\w/-])([A-Za-z_][\w.-]*)=(?![bBrRuU]{1,2}['\"])([^&;,\s'\"<>)\]}]+)")
 # a path segment shaped like a pair: mostly data (a Hive partition, .../zip_code=94110/...,
 # whose redaction made different shards look like one), sometimes a token a CDN puts in the path
 # (.../bcdn_token=...&expires=.../): its value ends at the next /, and only a name that can only
@@ -135,13 +140,20 @@ _PATH_SECRET_ENDS = (
 _QUOTED_PAIR = re.compile(r"([\"'])([A-Za-z_][\w.-]*)\1(\s*:\s*)([\"'])((?:(?!\4).)*)\4")
 # name='value' and name="value": a keyword argument in a repr (S3FileSystem(secret='...'),
 # token="..."): _PAIR's value cannot start with a quote (found by review, 2026-12-06)
-_KWARG_PAIR = re.compile(r"(?<![\w/-])([A-Za-z_][\w.-]*)(\s*=\s*)([\"'])((?:(?!\3).)+)\3")
+_KWARG_PAIR = re.compile(r"(?<![\w/-])([A-Za-z_][\w.-]*)(\s*=\s*[bBrRuU]{0,2})([\"'])((?:(?!\3).)+)\3")
 # a header in plain text (an HTTP library's message): X-Api-Key: value. Only hyphenated names,
 # so that prose ("missing key: img_42") stays as it is
 _HEADER = re.compile(
     r"(?i)(?<![\w-])([A-Za-z][A-Za-z0-9]*(?:-[A-Za-z0-9]+)+)(\s*:\s*)"
-    r"((?:bearer|basic|token)\s+)?(?!\*\*\*)([^\s\"',;]{4,})"
+    r"([\"']?(?:(?:bearer|basic|token)\s+)?)(?!\*\*\*)([^\s\"',;]{4,})"
 )
+# the last words that make a header or a keyword argument a credential's: fewer than
+# is_secret_name's, whose code, pass, sign and session name data as often in prose and reprs
+# (zip-code: 94110, first-pass: 0.2, x-ms-error-code: ...; the review of 2026-12-06)
+_HEADER_WORDS = frozenset(
+    {"auth", "authorization", "cookie", "credential", "credentials", "jwt", "passphrase", "passwd",
+     "password", "pw", "pwd", "secret", "signature", "token"}
+)  # fmt: skip
 # a header name ending in "key" is a credential's when another of its words says so
 # (X-Api-Key, Ocp-Apim-Subscription-Key), not a sort-key or a cache-key
 _KEY_HEADER_WORDS = frozenset(
@@ -200,50 +212,50 @@ def _userinfo(url: str) -> tuple[int, int, int] | None:
 _CONTAINER_USERINFO = frozenset({"az", "abfs", "abfss", "adl"})
 
 
-def _redact_url_token(url: str) -> str:
+def _redact_url_token(url: str, depth: int = 0) -> str:
     found = _userinfo(url)
     if found is not None:
         _, password, at = found
         url = url[:password] + REDACTED + url[at:]
-    # a URL inside this one (a redirect's ?url=https://user:password@host/...) has its own
-    # userinfo, after the outer's ? (found by review, 2026-12-06)
-    inner = _URL.search(url, url.index("://") + 3)
+    # a URL given as a parameter of this one (a redirect's ?url=https://user:password@host/...)
+    # has its own userinfo, after the outer's ? (found by review, 2026-12-06)
+    inner = _INNER_URL.search(url, url.index("://") + 3) if depth < _NESTING else None
     if inner is not None:
-        url = url[: inner.start()] + _redact_url_token(inner.group(0)) + url[inner.end() :]
+        url = url[: inner.start()] + _redact_url_token(inner.group(0), depth + 1) + url[inner.end() :]
     return url
 
 
 def _urls(text: str) -> list[str]:
-    """The URLs in ``text`` and those inside them (``?url=https://...``), outer ones first."""
+    """The URLs in ``text`` and those given as their parameters (``?url=https://...``)."""
     found = []
     for m in _URL.finditer(text):
         url = m.group(0)
-        while True:
+        for _ in range(_NESTING + 1):
             found.append(url)
-            inner = _URL.search(url, url.index("://") + 3)
+            inner = _INNER_URL.search(url, url.index("://") + 3)
             if inner is None:
                 break
             url = inner.group(0)
     return found
 
 
-def _pairs(text: str) -> list[tuple[str, str]]:
+def _pairs(text: str, depth: int = 0) -> list[tuple[str, str]]:
     """The ``name=value`` pairs of ``text``, and those inside a value that holds more
     (``?next=https://h/x?token=...``: one pair to ``_PAIR``)."""
     found = []
     for m in _PAIR.finditer(text):
         found.append((m.group(1), m.group(2)))
-        if not is_secret_name(m.group(1)) and "=" in m.group(2):
-            found += _pairs(m.group(2))
+        if depth < _NESTING and not is_secret_name(m.group(1)) and "=" in m.group(2):
+            found += _pairs(m.group(2), depth + 1)
     return found
 
 
-def _pair(match: re.Match[str]) -> str:
+def _pair(match: re.Match[str], depth: int = 0) -> str:
     name, value = match.groups()
     if is_secret_name(name):
         return f"{name}={REDACTED}"
-    if "=" in value:  # pairs inside the value: a URL given as a parameter (see _pairs)
-        return f"{name}={_PAIR.sub(_pair, value)}"
+    if depth < _NESTING and "=" in value:  # pairs inside the value: a URL as a parameter (_pairs)
+        return f"{name}={_PAIR.sub(lambda m: _pair(m, depth + 1), value)}"
     return match.group(0)
 
 
@@ -262,19 +274,23 @@ def _path_pair(match: re.Match[str]) -> str:
 
 
 def _kwarg_pair(match: re.Match[str]) -> str:
-    # not a bare key='...': a stage's repr names its key field so (Sifter(key='id')), where a
-    # credential's keyword is secret=, token=, password= (the store's access key id is not one)
+    # not a bare key='...' nor group_key=: a stage's repr names its key field so (Sifter(key='id'));
+    # a credential's keyword is secret=, token=, password=, api_key= (_is_secret_header)
     name, equals, quote_, _ = match.groups()
-    if name.lower() == "key" or not is_secret_name(name):
+    if not _is_secret_header(name):
         return match.group(0)
     return f"{name}{equals}{quote_}{REDACTED}{quote_}"
 
 
 def _is_secret_header(name: str) -> bool:
-    words = [w.lower() for w in _WORDS.findall(name)]
-    if not words or not is_secret_name(name):
+    """Whether a header or a keyword argument called ``name`` holds a credential: its last word
+    is one of ``_HEADER_WORDS``, or ``key`` with a word that says whose (X-Api-Key, account_key)."""
+    words = [w.lower().rstrip("0123456789") for w in _WORDS.findall(name)]
+    if not words:
         return False
-    return words[-1] != "key" or any(w in _KEY_HEADER_WORDS for w in words[:-1])
+    if words[-1] == "key":
+        return any(w in _KEY_HEADER_WORDS for w in words[:-1])
+    return words[-1] in _HEADER_WORDS or name.lower() in _SECRET_NAMES
 
 
 def _header(match: re.Match[str]) -> str:
@@ -305,7 +321,7 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
     if not isinstance(text, str):
         text = str(text)
     if "%" in text:  # URLs percent-encoded inside text (a redirect's ?url=https%3A%2F%2F...)
-        secrets = [*secrets, *url_secrets(text)]
+        secrets = [*secrets, *_nested_secrets(text)]
     for secret in sorted(
         {f for s in secrets if len(s) >= _MIN_SECRET and s.strip("*") for f in _forms(s)},
         key=len,
@@ -317,12 +333,12 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
         text = _PIPE_COMMAND.sub(lambda m: m.group(1) + _redact_flags(m.group(2)), text)
     if "://" in text:
         text = _URL.sub(lambda m: _redact_url_token(m.group(0)), text)
+    if "=" in text:  # (before _PAIR, which stops at a quote: a bytes literal's b'...')
+        text = _KWARG_PAIR.sub(_kwarg_pair, text)
     text = _PAIR.sub(_pair, text)
     if "/" in text:
         text = _PATH_PAIR.sub(_path_pair, text)
     text = _QUOTED_PAIR.sub(_quoted_pair, text)
-    if "=" in text:
-        text = _KWARG_PAIR.sub(_kwarg_pair, text)
     if ":" in text:
         text = _HEADER.sub(_header, text)
     return _BEARER.sub(rf"\1{REDACTED}", text)
@@ -390,7 +406,9 @@ _COMMAND_SECRETS = (
     re.compile(r"((?:^|\s)-pass(?:in|out)?\s+pass:)(\S+)"),
     re.compile(r"((?:^|[\s/])sshpass\s+-p\s*)(\S+)"),
     re.compile(
-        rf"(?i)((?:authorization|[\w-]*{_SECRET_WORD}[\w-]*|[\w-]*-key)\s*:\s*(?:bearer\s+|basic\s+|token\s+)?)([^\s\"']+)"
+        # (from a word's start only: from every position, a long word took seconds; the review
+        # of 2026-12-06)
+        rf"(?i)(?<![\w-])((?:authorization|[\w-]*{_SECRET_WORD}[\w-]*|[\w-]*-key)\s*:\s*(?:bearer\s+|basic\s+|token\s+)?)([^\s\"']+)"
     ),
 )
 
@@ -452,17 +470,15 @@ def _program(*names: str) -> re.Pattern[str]:
 # passwords that only one family of programs takes in a short flag (found by review, 2026-12-06):
 # mysql -pPASSWORD (attached: -p DB prompts and names a database), 7z/rar -pPASSWORD, zip/unzip -P
 # PASSWORD, redis-cli -a PASSWORD, mongo -p PASSWORD (smbclient -U user%PASSWORD is -u's)
+_ATTACHED_P = re.compile(r"((?:^|\s)[\"']?-p)(\"[^\"]*\"|'[^']*'|[^\s\"'-][^\s\"']*)")  # -pPW, -p'PW', '-pPW'
 _PROGRAM_SECRETS = (
-    (
-        _program("mysql", "mysqldump", "mysqlimport", "mysqladmin", "mariadb", "mariadb-dump"),
-        (re.compile(r"((?:^|\s)-p)([^\s\"'-][^\s\"']*)"),),
-    ),
-    (_program("7z", "7za", "7zr", "rar", "unrar"), (re.compile(r"((?:^|\s)-p)([^\s\"'-][^\s\"']*)"),)),
-    (_program("zip", "unzip", "funzip", "zipcloak"), (re.compile(rf"((?:^|\s)-P(?:\s+|=)?){_VALUE}"),)),
+    (_program("mysql", "mysqldump", "mysqlimport", "mysqladmin", "mariadb", "mariadb-dump"), (_ATTACHED_P,)),
+    (_program("7z", "7za", "7zr", "7zz", "7zzs", "rar", "unrar"), (_ATTACHED_P,)),
+    (_program("zip", "unzip", "funzip", "zipcloak"), (re.compile(rf"((?:^|\s)[\"']?-P(?:\s+|=)?){_VALUE}"),)),
     (_program("redis-cli"), (re.compile(rf"((?:^|\s)-a(?:\s+)){_VALUE}"),)),
     (
         _program("mongo", "mongosh", "mongodump", "mongorestore", "mongoexport", "mongoimport"),
-        (re.compile(rf"((?:^|\s)-p(?:\s+)){_KEY_VALUE}"),),
+        (re.compile(rf"((?:^|\s)[\"']?-p(?:\s+|=)?){_KEY_VALUE}"),),
     ),
 )
 
@@ -526,7 +542,16 @@ _PIPE_COMMAND = re.compile(r"(pipe:)([^\n]*)")
 
 def url_secrets(text: str) -> set[str]:
     """The credentials written into the URLs in ``text`` (passwords, credential parameters),
-    raw and decoded, so that they are also found where they appear without their URL."""
+    raw and decoded, so that they are also found where they appear without their URL; also
+    those of URLs percent-encoded inside its values (``_nested_secrets``)."""
+    found = url_secrets_direct(text)
+    if "%" in text:
+        found |= _nested_secrets(text)
+    return found
+
+
+def url_secrets_direct(text: str) -> set[str]:
+    """``url_secrets`` without decoding values: what ``text`` itself holds."""
     found: set[str] = set()
     for url in _urls(text):
         info = _userinfo(url)
@@ -543,13 +568,27 @@ def url_secrets(text: str) -> set[str]:
     for m in _PATH_PAIR.finditer(text):
         if _is_path_secret_name(m.group(1)) and m.group(2) != REDACTED:
             found |= {m.group(2), unquote(m.group(2)), unquote_plus(m.group(2))}
-    decoded = unquote(text)
-    if decoded != text:
-        # a URL percent-encoded inside another (?url=https%3A%2F%2Fuser%3Apassword%40host...,
-        # %3Ftoken%3D..., also encoded twice): its credentials decoded, which ``_forms`` finds
-        # encoded again (found by review, 2026-12-06)
-        found |= url_secrets(decoded)
     return {s for s in found if len(s) >= _MIN_SECRET and s.strip("*")}
+
+
+def _nested_secrets(text: str, depth: int = 0) -> set[str]:
+    """The credentials of URLs, pairs and userinfos percent-encoded inside the values of
+    ``text`` (``?url=https%3A%2F%2Fuser%3Apassword%40host...``, ``%3Ftoken%3D...``, also encoded
+    twice), decoded: ``_forms`` finds them encoded again (found by review, 2026-12-06). Only a
+    value that holds an encoded ``://``, ``=`` or ``@`` is decoded, and only that value: a
+    ``%20`` elsewhere must not cut a pair's value short into a word of the text."""
+    found: set[str] = set()
+    if depth >= _NESTING:
+        return found
+    values = [value for _, value in _pairs(text)]
+    if depth:
+        values.append(text)  # a value decoded once, itself still encoded
+    for value in values:
+        if _ENCODED_INNER.search(value):
+            decoded = unquote(value)
+            found |= url_secrets_direct(decoded)
+            found |= _nested_secrets(decoded, depth + 1)
+    return found
 
 
 def _option_secrets(options: Any, parent_sensitive: bool = False) -> set[str]:

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import siftpipe as sp
-from siftpipe._secrets import redact, redact_options, secret_values
+from siftpipe._secrets import redact, redact_options, secret_values, url_secrets
 from tests.common import loss_field, make_samples
 from tests.s3util import CREDENTIALS
 from tests.tally import tried
@@ -838,6 +838,15 @@ def test_object_store_paths_that_look_like_credentials_are_keys_not_refused(loca
         ("pipe:unzip -P SeCrEt0099 -p shards.zip a.tar", "-p shards.zip a.tar"),
         ("pipe:redis-cli -a SeCrEt0099 --raw get a.tar", "--raw get a.tar"),
         ("pipe:mongodump -u bob -p SeCrEt0099 --archive", "--archive"),
+        # the review of those shapes: quoted, a bytes literal, 7-Zip's own binary, attached
+        ("Config(password=b'SeCrEt0099', retries=3)", "retries=3"),
+        ("request headers: X-Api-Key: 'SeCrEt0099'", "X-Api-Key: '"),
+        ("pipe:cat a.tar || mysql -u reader -p'SeCrEt0099' shards", "shards"),
+        ('pipe:mysql -p"SeCrEt0099" shards', "shards"),
+        ("pipe:7zz x -so -pSeCrEt0099 shards.7z", "shards.7z"),
+        ("pipe:7z x '-pSeCrEt0099' shards.7z", "shards.7z"),
+        ("pipe:mongoexport -pSeCrEt0099 --db shards", "--db shards"),
+        ("pipe:mongoexport -p=SeCrEt0099 --db shards", "--db shards"),
     ],
 )
 def test_kwarg_reprs_headers_nested_urls_and_program_passwords_never_show(text, kept):
@@ -870,9 +879,40 @@ def test_kwarg_reprs_headers_nested_urls_and_program_passwords_never_show(text, 
         "pipe:mysql -p db -e 'select 1'",
         "pipe:tar -xf - -p",
         "pipe:curl -s https://h.example/a.tar | unzip -p x.zip",
+        # the review of those shapes (2026-12-06): headers and arguments named for data, and a
+        # %-escape elsewhere in a URL, which decoded every value and cut one into a word of the path
+        "zip-code: 94110, x-ms-error-code: AuthenticationFailed, Status-Code: 5030",
+        "first-pass: 0.231 single-pass: enabled",
+        "Keep(group_key='speaker', sort_key='len')",
+        "s3://b/data/shard-0001.tar?part=0001&v=50%25",
+        "s3://b/data/img_0042.tar?lang=img_0042%20x",
     ],
 )
 def test_data_shaped_like_those_credentials_is_left_as_it_was(text):
     """The shapes above, where they name data: a stage's key field, a header named for data, a
     prompt for mysql's password (``-p`` alone), tar's and unzip's ``-p``."""
     assert redact(text) == text
+
+
+def test_a_credential_pairs_escaped_value_hides_only_that_value():
+    """A ``%20`` in a credential's value was decoded with the whole text, cutting the value into a
+    word that was then hidden everywhere: the shard's name too, so shards collapsed into one
+    ``url`` (the review of 2026-12-06)."""
+    assert redact("https://h/data/img_0042.tar?token=img_0042%20x") == "https://h/data/img_0042.tar?token=***"
+    assert (
+        redact("s3://b/data/shard-0001.tar?key=0001&v=50%25") == "s3://b/data/shard-0001.tar?key=***&v=50%25"
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a=" * 600, "http://h/?u=" + "a://" * 1000, "https://h/?q=%" + "25" * 2000, "x=" + "%3D" * 3000],
+    ids=["pairs", "urls", "escapes", "escaped-pairs"],
+)
+def test_deeply_nested_shapes_are_redacted_without_recursing_without_bound(text):
+    """URLs inside URLs and encodings of encodings are followed a few levels deep: adversarial
+    text of a few KB raised RecursionError in place of the message being redacted (the review of
+    2026-12-06)."""
+    out = redact(text)
+    assert redact(out) == out
+    url_secrets(text)
