@@ -52,7 +52,7 @@ each seed's full-run final accuracy minus 0.5 point (``lm``: the full run's fina
 are against the full run of the same seed. The summary holds medians over seeds per task and arm and
 the issue's targets for the ``recipe`` arm, judged on wall time and on compute units.
 
-Usage: python tools/bench_suite.py [--seeds 3] [--tasks ...] [--arms ...] [--markdown PATH|-]
+Usage: python tools/bench_suite.py [--seeds 3] [--tasks ...] [--arms ...] [--epochs N] [--markdown PATH|-]
        python tools/bench_suite.py --sweep            # the full arm's learning-rate sweep per task
        python tools/bench_suite.py --quick            # everything tiny, for the tests (< 40 s)
 """
@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -1030,6 +1031,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="tiny tasks, 4 epochs, 1 seed (for the tests)")
     ap.add_argument("--sweep", action="store_true", help="LR sweep of the full arm per task, then exit")
     ap.add_argument("--lrs", type=float, nargs="+", default=None, help="--sweep these instead of the task's")
+    ap.add_argument(
+        "--epochs", type=int, default=None, help="every task's budget in epochs (default: each task's own)"
+    )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="", help="also write the JSON report here")
     ap.add_argument("--markdown", default="", help="write markdown tables here ('-': stderr)")
@@ -1038,6 +1042,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     if args.seeds is None:
         args.seeds = 1 if args.quick else 3
+    if args.epochs is not None:
+        if args.epochs < 1:
+            raise SystemExit("--epochs: a whole number of passes >= 1")
+        for name in args.tasks:
+            TASKS[name] = dataclasses.replace(TASKS[name], epochs=args.epochs, quick_epochs=args.epochs)
     t0 = time.perf_counter()
     load_before = os.getloadavg()[0]
     if args.sweep:

@@ -194,6 +194,18 @@ def test_a_recipe_that_keeps_the_steps_takes_the_full_runs_steps_on_fewer_rows()
     assert fewer["steps"] < full["steps"]
 
 
+def test_epochs_sets_every_tasks_budget(tmp_path):
+    out = tmp_path / "r.json"
+    run = [sys.executable, str(TOOL), "--quick", "--tasks", "tabular", "--arms", "full", "--out", str(out)]
+    kw = {"cwd": ROOT, "capture_output": True, "text": True, "timeout": 120, "check": False}
+    proc = subprocess.run([*run, "--epochs", "2"], **kw)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = json.loads(out.read_text())["tasks"]["tabular"]["runs"]["full"][0]
+    assert len(row["trained_per_epoch"]) == 2
+    proc = subprocess.run([*run, "--epochs", "0"], **kw)
+    assert proc.returncode != 0 and "--epochs" in proc.stderr
+
+
 def test_bench_tools_check_their_output_paths_first_and_judge_no_target_without_its_control(tmp_path):
     """Found by review (2026-12-05): an --out in a missing folder failed only after the whole run
     (bench_train's default run takes 26 minutes), and bench_train judged an arm to beat the
