@@ -197,12 +197,12 @@ def test_a_recipe_that_keeps_the_steps_takes_the_full_runs_steps_on_fewer_rows()
 def test_epochs_sets_every_tasks_budget(tmp_path):
     out = tmp_path / "r.json"
     run = [sys.executable, str(TOOL), "--quick", "--tasks", "tabular", "--arms", "full", "--out", str(out)]
-    kw = {"cwd": ROOT, "capture_output": True, "text": True, "timeout": 120, "check": False}
-    proc = subprocess.run([*run, "--epochs", "2"], **kw)
+    kw = {"cwd": ROOT, "capture_output": True, "text": True, "timeout": 120}
+    proc = subprocess.run([*run, "--epochs", "2"], check=False, **kw)
     assert proc.returncode == 0, proc.stderr[-2000:]
     row = json.loads(out.read_text())["tasks"]["tabular"]["runs"]["full"][0]
     assert len(row["trained_per_epoch"]) == 2
-    proc = subprocess.run([*run, "--epochs", "0"], **kw)
+    proc = subprocess.run([*run, "--epochs", "0"], check=False, **kw)
     assert proc.returncode != 0 and "--epochs" in proc.stderr
 
 
