@@ -105,9 +105,7 @@ class SiftStage:
         # a resume skips the items a checkpoint finished by their count: its state names the last
         # of them, which the skip compares (per-sample items are kept as they are; a batch, which
         # may be large, as its first key and shard)
-        sifter._ledger.record_tail(
-            (lambda item: tail_entry(item, True, sifter.key)) if sifter.batched else None
-        )
+        sifter._ledger.record_tail()
         #: Why no checkpoint can resume a pass of this stage (None: it can): the pipeline holding
         #: it cuts its output into epochs (``.with_epoch(n)``) or repeats its passes
         #: (``.repeat()``), outside the stage's state
@@ -258,9 +256,10 @@ def _skip(it: Iterator[Any], n: int, sifter: Sifter, state: Mapping[str, Any] | 
             "in the same order as before the checkpoint (shardshuffle=False or a fixed seed, same "
             "shards, same workers and batch sizes)"
         )
+    entries = [tail_entry(item, sifter.batched, sifter.key) for item in last]  # never handed on
     if state is not None:
-        check_tail(list(last), state, sifter.batched, sifter.key)
-    sifter._ledger.finished(last)  # a state taken soon after names them too
+        check_tail(entries, list(last), state)
+    sifter._ledger.finished(entries)  # a state taken soon after names them too
     yield from it
 
 

@@ -123,8 +123,15 @@ class Decider:
         return self.cost_guard and self.counts["stopped_at"] > 0
 
     def keys(self, group: Group, required: bool = False, purpose: str = "the audit log") -> list[Any] | None:
-        """The keys of the group's rows (``None``: the samples carry none)."""
-        return keys_of(group, self.scoring.batched, self.key, required, purpose)
+        """The keys of the group's rows (``None``: the samples carry none), as first read: kept
+        on the group, so that a state taken after its rows were handed on (and changed in place by
+        a later stage) names the keys the source gives again."""
+        if group.keys is not None:
+            return group.keys
+        keys = keys_of(group, self.scoring.batched, self.key, required, purpose)
+        if keys is not None:
+            group.keys = list(keys)
+        return keys
 
     def observe(
         self, keys: Sequence[Any] | np.ndarray, values: np.ndarray | HostCopy, epoch: int | None = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -33,12 +33,14 @@ class Group:
         "items",
         "keep",
         "kept_index",
+        "keys",
         "n_items",
         "rows",
         "seq0",
         "skip",
         "skipped",
         "snapshot",
+        "tail",
         "unknown",
         "upstream",
         "weight",
@@ -59,6 +61,11 @@ class Group:
         self.skipped: tuple[int, ...] = ()
         self.upstream: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self.unknown: np.ndarray | None = None  # rows with no loss (unknown="keep")
+        #: The rows' keys as read, before any row was handed on (a later stage may change a
+        #: sample in place): kept once computed (``Decider.keys``, ``note_tail``)
+        self.keys: list[Any] | None = None
+        #: (key, shard) of the group's last input items as read, where the ledger keeps a tail
+        self.tail: list[tuple[Any, str | None]] = []
 
     @property
     def n_kept(self) -> int:
@@ -83,17 +90,15 @@ class Ledger:
         #: failing item (the source's state after it is past it: found by review, 2026-12-05, an
         #: error lost by a checkpoint taken between the last sample before it and the error)
         self.error_held = False
-        #: The last input items this pass finished (up to ``TAIL``), recorded only where a resume
-        #: skips the items a checkpoint finished by their count (``record_tail``): per-sample
-        #: items themselves, a batch as ``tail_of`` sums it up (not held: it may be large)
-        self.tail: deque[Any] | None = None
-        self.tail_of: Callable[[Any], Any] | None = None
+        #: (key, shard) of the last input items this pass finished (up to ``TAIL``), recorded
+        #: only where a resume skips the items a checkpoint finished by their count
+        #: (``record_tail``), as each group was read (``Group.tail``)
+        self.tail: deque[tuple[Any, str | None]] | None = None
 
-    def record_tail(self, tail_of: Callable[[Any], Any] | None) -> None:
-        """Keep the last ``TAIL`` input items finished (``tail_of``: what to keep of an item;
-        None: the item itself), so that a state can name them (``Passes.position``)."""
+    def record_tail(self) -> None:
+        """Keep (key, shard) of the last ``TAIL`` input items finished, so that a state can name
+        them (``Passes.position``); each group notes its own as it is read (``note_tail``)."""
         self.tail = deque(maxlen=TAIL)
-        self.tail_of = tail_of
 
     def drop_pending(self, consumed: int | None = None) -> None:
         """Forget the pending groups (a pass ended or failed, or a state is loaded); ``consumed``:
@@ -118,7 +123,7 @@ class Ledger:
             self.emitted -= group.n_kept
             self.consumed += group.n_items
             if self.tail is not None:
-                self.finished(group.items[-TAIL:])
+                self.tail.extend(group.tail)
             if self.keep_rows:
                 self.behind.append(group)
                 self.behind_rows += group.n_kept
@@ -126,11 +131,10 @@ class Ledger:
         while behind and self.behind_rows - behind[0].n_kept + self.emitted >= self.keep_rows:
             self.behind_rows -= behind.popleft().n_kept
 
-    def finished(self, items: Iterable[Any]) -> None:
-        """Note input items finished (``trim``'s groups; the items a resume skipped)."""
+    def finished(self, entries: Iterable[tuple[Any, str | None]]) -> None:
+        """Note input items finished, as (key, shard) (the items a resume skipped)."""
         if self.tail is not None:
-            tail_of = self.tail_of
-            self.tail.extend(items if tail_of is None else (tail_of(item) for item in items))
+            self.tail.extend(entries)
 
     def held_back(self, rows: int) -> list[Group]:
         """The groups ``trim`` forgot that hold the last ``rows`` rows handed on beyond the

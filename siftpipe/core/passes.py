@@ -17,7 +17,7 @@ import torch
 
 from ..errors import PassClosedError, ResumeError
 from .ledger import Group, Ledger
-from .resume import first_key, first_shard, shard_names, tail_entry
+from .resume import first_key, first_shard, shard_names
 from .source import END, Raised, Reader
 from .values import plain_keys
 
@@ -43,6 +43,7 @@ POSITION = (
     "source",
     "next_key",
     "next_shard",  # optional when read, as steps
+    "tail",  # optional when read, as steps
     "ended",
     "source_abandoned",
     "steps",  # optional when read: states written before it lack it
@@ -277,7 +278,7 @@ class Passes:
                 emitted += sum(g.n_kept for g in back) - held_rows
                 if finished is not None:
                     finished = finished[: max(0, len(finished) - sum(g.n_items for g in back))]
-            tail = self._tail(finished, batched, key, ledger.tail_of is None)
+            tail = self._tail(finished)
             pass_read = not (self.open and self.unstarted)  # False only for an open, unread pass
             # set from a pass left mid-way until the next pass starts reading the source
             source_abandoned = self.source_abandoned
@@ -353,15 +354,13 @@ class Passes:
         }
 
     @staticmethod
-    def _tail(finished: list[Any] | None, batched: bool, key: Any, raw: bool) -> list[list[Any]] | None:
-        """The state's ``tail``: ``finished`` (the ledger's tail, items themselves where ``raw``)
-        as [key, shard] pairs, or None where they say nothing (no keys and no shards)."""
-        if not finished:
+    def _tail(finished: list[tuple[Any, str | None]] | None) -> list[list[Any]] | None:
+        """The state's ``tail``: ``finished`` (the ledger's tail) as [key, shard] pairs in forms
+        ``torch.load(weights_only=True)`` reads, or None where they say nothing."""
+        if not finished or all(k is None and s is None for k, s in finished):
             return None
-        pairs = finished if not raw else [tail_entry(item, batched, key) for item in finished]
-        if all(k is None and s is None for k, s in pairs):
-            return None
-        return [list(p) for p in pairs]
+        keys = plain_keys([k for k, _ in finished])
+        return [[k, s] for k, (_, s) in zip(keys, finished, strict=True)]
 
     def _raised(self, restore: Mapping[str, Any] | None) -> list[int]:
         """Where the errors handed on stand: the loaded checkpoint's, or the open pass's."""

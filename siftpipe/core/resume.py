@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import ResumeError
 from . import batch as _batch
-from .ledger import Group, Ledger
+from .ledger import TAIL, Group, Ledger
 from .rows import attach_weights, field_of, keys_of
 from .source import END, Raised, Reader
 from .values import plain_keys
@@ -48,6 +48,7 @@ __all__ = [
     "check_tail",
     "first_key",
     "first_shard",
+    "note_tail",
     "reread_groups",
     "shard_name",
     "shard_names",
@@ -96,6 +97,8 @@ def reread_groups(
         group = Group(items, desc["rows"], desc["seq0"], before)
         if reader.skipped:
             group.skipped = tuple(reader.skipped)
+        if ledger.tail is not None:
+            note_tail(group, batched, key)
         # a tracked source was put back where the checkpoint left it by the stage: feeding it
         # from an item is not the fix there (found by review, 2026-12-06)
         fix = (
@@ -255,15 +258,40 @@ def tail_entry(item: Any, batched: bool, key: Any) -> tuple[Any, str | None]:
     )
 
 
-def check_tail(skipped: list[Any], state: Mapping[str, Any], batched: bool, key: Any) -> None:
-    """``ResumeError`` unless the last items a resume skipped (``skipped``, the items the checkpoint
-    ``state`` had finished, read again) are those the checkpoint's ``tail`` names: where a shard
-    was skipped as unreadable in one run only, DataLoader workers' items interleave otherwise, and
-    the item after them may still match (found by review, 2026-12-05)."""
+def note_tail(group: Group, batched: bool, key: Any) -> None:
+    """Note on ``group``, as it is read and before any row is handed on (a later stage may change
+    a sample in place: found by review, 2026-12-06, ``.map_dict(__key__=...)`` after ``.sift()``),
+    its rows' keys and the (key, shard) of its last ``TAIL`` input items."""
+    try:
+        keys = keys_of(group, batched, key)
+    except Exception:  # a key callable that fails: recorded as unknown, not raised here
+        keys = None
+    if keys is not None:
+        group.keys = list(keys)
+    try:
+        shards = shard_names(group, batched)
+    except Exception:
+        shards = None
+    if batched:  # one input item: the batch, by its first row
+        group.tail = [(keys[0] if keys else None, shards[0] if shards else None)]
+        return
+    start = max(0, group.n_items - TAIL)
+    group.tail = [
+        (keys[i] if keys is not None else None, shards[i] if shards is not None else None)
+        for i in range(start, group.n_items)
+    ]
+
+
+def check_tail(got: list[tuple[Any, str | None]], skipped: list[Any], state: Mapping[str, Any]) -> None:
+    """``ResumeError`` unless the last items a resume skipped (``got``: their ``tail_entry``;
+    ``skipped``: the items, the ones the checkpoint ``state`` had finished, read again) are those
+    the checkpoint's ``tail`` names: where a shard was skipped as unreadable in one run only,
+    DataLoader workers' items interleave otherwise, and the item after them may still match
+    (found by review, 2026-12-05)."""
     tail = state.get("tail")
     if not tail:
         return
-    got = [tail_entry(item, batched, key) for item in skipped[-len(tail) :]]
+    got = got[-len(tail) :]
     at = int(state["consumed"]) - len(got)
     for i, ((want_key, want_shard), (got_key, got_shard)) in enumerate(
         zip(tail[-len(got) :], got, strict=True)
