@@ -308,7 +308,12 @@ class Scoring:
             with torch.no_grad():
                 if self.autocast is None:
                     return self.scorer(model, batch)  # type: ignore[arg-type]
-                with torch.autocast(device_type=device.type, dtype=self.autocast):
+                # no cast cache: torch keys it by the weight, not the dtype, and clears it only as
+                # the outermost autocast exits, so inside a training loop's own autocast of
+                # another dtype the step's next forward got this one's casts ("mat1 and mat2
+                # must have the same dtype"; found by review, 2026-12-06). A scoring forward
+                # casts each weight once anyway
+                with torch.autocast(device_type=device.type, dtype=self.autocast, cache_enabled=False):
                     return self.scorer(model, batch)  # type: ignore[arg-type]
         finally:
             if switched is not None:

@@ -280,6 +280,8 @@ class Sifter:
             (``non_blocking`` copies are used whenever the batch is pinned).
         eval_mode: Score in eval mode (dropout off, batch-norm frozen), then put each module
             back in the mode it was in (a layer the user froze with ``.eval()`` stays frozen).
+            A scoring forward is the model's own forward: hooks fire, and state it changes
+            whatever the mode (a counter, an attribute like ``aux_loss``) changes too.
             ``False`` scores in the model's own mode: in train mode, batch-norm's running
             statistics then move with every scored micro-batch, dropped samples included.
         on_nan: What to do with a NaN or infinite loss: ``"raise"`` (``NonFiniteLossError``),

@@ -90,6 +90,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("siftpipe.shards")
+#: The retries' jitter: a generator of its own, so that a retry in the training process does not
+#: move Python's global random state, which the training loop's own draws use (found by review,
+#: 2026-12-06)
+_JITTER = random.Random()
 
 Handler = Callable[[BaseException], bool]
 
@@ -478,7 +482,7 @@ class ShardOpener:
                     err = self.error(exc, url, key, what=what, attempts=attempt + 1, seconds=spent)
                     del exc
                     break
-                wait = min(self.max_backoff, self.backoff * 2**attempt) * (0.5 + random.random() / 2)
+                wait = min(self.max_backoff, self.backoff * 2**attempt) * (0.5 + _JITTER.random() / 2)
                 if self.timeout is not None and spent + wait > self.timeout:
                     err = self.error(
                         exc, url, key, what=what, attempts=attempt + 1, seconds=spent, timed_out=True

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+import siftpipe as sp
 from siftpipe.core.ledger import Group
 from siftpipe.core.modes import eval_scored
 from siftpipe.core.scoring import Scoring
@@ -415,3 +416,30 @@ def test_one_model_scored_from_two_threads_at_once_is_refused_and_its_mode_comes
         errors["second"]
     )
     assert model.training and model.drop.training and not any(model.modes)
+
+
+def test_scoring_in_another_autocast_dtype_inside_the_loops_own_autocast_leaves_its_casts_alone():
+    """A training loop inside ``torch.autocast("cpu", float16)`` with ``Sifter(autocast=bf16)``:
+    torch's cast cache is keyed by the weight and cleared only when the outermost autocast exits,
+    so the step's next forward got the scoring forward's bf16 casts ("mat1 and mat2 must have the
+    same dtype"; found by review, 2026-12-06). The stage's autocast caches nothing."""
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+    samples = [{"__key__": f"k{i}", "x": x[i], "y": y[i]} for i in range(64)]
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    sifter = sp.Sifter(
+        model, sp.CrossEntropy("x", "y"), sp.TopFraction(1.0), micro_batch=8, output_batch=8,
+        autocast=torch.bfloat16,
+    )  # fmt: skip
+    steps = 0
+    with torch.autocast("cpu", dtype=torch.float16):
+        for batch in sifter(samples):
+            out = model(batch["x"])
+            assert out.dtype == torch.float16
+            loss = torch.nn.functional.cross_entropy(out.float(), batch["y"])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            steps += 1
+    assert steps == 8
