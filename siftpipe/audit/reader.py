@@ -6,6 +6,7 @@ import copy
 import functools
 import hashlib
 import json
+import operator
 import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -179,9 +180,12 @@ def list_parts(
     *,
     run: str | Sequence[str] | None = None,
     rank: int | Sequence[int] | None = None,
+    strict: bool = False,
 ) -> tuple[Any, list[PartInfo], list[_Attempt]]:
     """The filesystem, every part under ``url`` (with manifests and supersession cut-offs), and
-    the attempts they belong to; optionally only some runs and ranks."""
+    the attempts they belong to; optionally only some runs and ranks. ``strict``: ``AuditError``
+    when ``run=``/``rank=`` select nothing of a log that holds streams (a reader of records;
+    ``verify_log`` reports it instead)."""
     secrets = secret_values(storage_options, url)
     try:
         fs, root = log_filesystem(url, storage_options)
@@ -199,10 +203,11 @@ def list_parts(
         files = []
     except Exception as exc:
         raise _unlisted(url, secrets, exc) from None
-    runs = {run} if isinstance(run, str) else (set(run) if run is not None else None)
-    ranks = {rank} if isinstance(rank, int) else (set(rank) if rank is not None else None)
+    runs, ranks = stream_filter(run, rank)
+    present: set[tuple[str, int]] = set()  # every stream listed, asked for or not
 
     def wanted(m: re.Match[str]) -> bool:
+        present.add((m["run"], int(m["rank"])))
         return (runs is None or m["run"] in runs) and (ranks is None or int(m["rank"]) in ranks)
 
     parts: dict[tuple[str, int, str, int], PartInfo] = {}
@@ -227,6 +232,21 @@ def list_parts(
             claim_paths[(m["run"], int(m["rank"]), m["attempt"])] = path
         elif (m := _UNHANDED.fullmatch(relative)) and wanted(m):
             note_paths.append(((m["run"], int(m["rank"]), m["attempt"]), path))
+    if (
+        (runs is not None or ranks is not None)
+        and present
+        and strict
+        and not (parts or manifests or end_paths or claim_paths or note_paths)
+    ):
+        # a filter that selects nothing of a log that holds streams: an empty table read as "no
+        # sample trained", and replay's "no audit parts found, check the URL" (found by review,
+        # 2026-12-06)
+        held = ", ".join(f"run={r!r} rank={k}" for r, k in sorted(present)[:8])
+        more = f" and {len(present) - 8} more" if len(present) > 8 else ""
+        raise AuditError(
+            f"the audit log at {redact(url, secrets)} holds {held}{more}, and none is "
+            f"{_asked(run, rank)}: a typo, or another log's run id?"
+        )
     secrets_ = secrets
     ends: dict[tuple[str, int, str], dict[str, Any]] = {}
     origins: dict[tuple[str, int, str], str | None] = {}
@@ -809,8 +829,9 @@ def read_log(
     Args:
         url: The log's root (as given to ``AuditLog``).
         storage_options: fsspec options for ``url``.
-        run: Only these run ids.
-        rank: Only these ranks.
+        run: Only these run ids. One the log does not hold is a ``RuntimeWarning`` beside
+            others it holds, and an ``AuditError`` naming the log's runs when none is held.
+        rank: Only these ranks (integers: ``int(os.environ["RANK"])``; text is a ``ConfigError``).
         kept: Only kept (True) or only dropped (False) records.
         columns: Only these columns (``run`` and ``rank`` are always added).
         include_superseded: Keep records that a later attempt redid.
@@ -840,7 +861,9 @@ def read_log(
                 f"columns are {[*COLUMNS, 'run', 'rank']}"
             )
         columns = [c for c in columns if c not in ("run", "rank")]  # (always added)
-    fs, infos, attempts = list_parts(url, storage_options, run=run, rank=rank)
+    if kept is not None and not isinstance(kept, bool | np.bool_):
+        raise ConfigError(f"kept= takes True (kept records), False (dropped ones) or None, not {kept!r}")
+    fs, infos, attempts = list_parts(url, storage_options, run=run, rank=rank, strict=True)
     readable = [p for p in infos if p.path is not None]
     secrets = secret_values(storage_options, url)
     unhanded = {} if as_decided else unhanded_ranges(attempts)
@@ -981,8 +1004,7 @@ def predecode_files(
     """``(run, rank, recording, path)`` of each file DataLoader workers wrote under the log's
     ``_predecode`` folders (records of samples dropped before decode)."""
     root = log_filesystem(url, storage_options)[1]
-    runs = {run} if isinstance(run, str) else (set(run) if run is not None else None)
-    ranks = {rank} if isinstance(rank, int) else (set(rank) if rank is not None else None)
+    runs, ranks = stream_filter(run, rank)
     found = []
     try:
         paths = fs.find(root)
@@ -1666,6 +1688,39 @@ def verify_log(
     return LogReport(redact(url, secrets), [streams[k] for k in sorted(streams)], not_found)
 
 
+def stream_filter(
+    run: str | Sequence[str] | None, rank: int | Sequence[int] | None
+) -> tuple[set[str] | None, set[int] | None]:
+    """``run=`` and ``rank=`` as the sets of run ids and ranks they select (None: all), or
+    ``ConfigError`` naming what is not one: a rank given as text (``os.environ["RANK"]``) matched
+    nothing, a numpy integer raised a bare ``TypeError`` (found by review, 2026-12-06)."""
+    runs: set[str] | None = None
+    if run is not None:
+        listed = [run] if isinstance(run, str) else run
+        if not isinstance(listed, list | tuple | set | frozenset) or not all(
+            isinstance(r, str) for r in listed
+        ):
+            raise ConfigError(f"run= takes a run id (text) or a list of them, not {run!r}")
+        runs = set(listed)
+    ranks: set[int] | None = None
+    if rank is not None:
+        given: list[Any] = list(rank) if isinstance(rank, list | tuple | set | frozenset | range) else [rank]
+        ranks = set()
+        for r in given:
+            if isinstance(r, bool | str | bytes | float):
+                raise ConfigError(f"rank= takes an integer or a list of them, not {rank!r}: int(...) it")
+            try:
+                ranks.add(operator.index(r))
+            except TypeError:
+                raise ConfigError(f"rank= takes an integer or a list of them, not {rank!r}") from None
+    return runs, ranks
+
+
+def _asked(run: str | Sequence[str] | None, rank: int | Sequence[int] | None) -> str:
+    asked = (("run", run), ("rank", rank))
+    return " ".join(f"{name}={value!r}" for name, value in asked if value is not None)
+
+
 def asked_and_absent(
     infos: Sequence[PartInfo],
     attempts: Sequence[_Attempt],
@@ -1698,8 +1753,9 @@ def _not_found(
     a rank asked for in a run whose manifests record it had that rank (``world``: the runs'
     world sizes), and a rank or run asked for that no run checked holds at all (a log's runs may
     have had different world sizes: a one-process run has no rank 1; found by review of the fix)."""
-    runs = [run] if isinstance(run, str) else list(dict.fromkeys(run)) if run is not None else None
-    ranks = [rank] if isinstance(rank, int) else list(dict.fromkeys(rank)) if rank is not None else None
+    run_set, rank_set = stream_filter(run, rank)
+    runs = sorted(run_set) if run_set is not None else None
+    ranks = sorted(rank_set) if rank_set is not None else None
     present = sorted({r for r, _ in found})
     if ranks is None:
         return [f"run={r}" for r in runs or () if r not in present]

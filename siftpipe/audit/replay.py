@@ -176,7 +176,7 @@ class Replay:
         self.on_missing = on_missing
         self.weight_field = weight_field
         self.cache_shards = cache_shards
-        self._fs, infos, attempts = list_parts(url, storage_options, run=run, rank=rank)
+        self._fs, infos, attempts = list_parts(url, storage_options, run=run, rank=rank, strict=True)
         # rows recorded as kept that a pass left before handing on: not kept (never trained)
         self._unhanded = unhanded_ranges(attempts)
         self._secrets = secret_values(storage_options, url)
@@ -567,7 +567,7 @@ def whatif(
     """
     stages: dict[tuple[str, int], dict[str, Any]] = {}
     if isinstance(log, str):
-        _, infos, attempts = list_parts(log, storage_options, run=run, rank=rank)
+        _, infos, attempts = list_parts(log, storage_options, run=run, rank=rank, strict=True)
         settled: dict[tuple[str, int], set[str]] = {}
         for info in infos:
             if info.manifest and info.manifest.get("stage"):

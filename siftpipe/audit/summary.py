@@ -54,6 +54,9 @@ def summarize(table: Any, *, buckets: int = 10, top_shards: int = 10) -> dict[st
         seq_s, kept_s = seq[staged], kept[staged]
         lo, hi = int(seq_s.min()), int(seq_s.max()) + 1
         span = hi - lo
+        # no more slices than seqs: a stream of 4 records had six empty, backwards ones
+        # ("seq 4..3"; found by review, 2026-12-06)
+        buckets = min(buckets, span)
         which = (seq_s - lo) * buckets // span
         counts = np.bincount(which, minlength=buckets)
         kept_counts = np.bincount(which[kept_s], minlength=buckets)

@@ -255,6 +255,27 @@ def test_summary_buckets_are_labelled_with_the_seqs_they_count():
             assert b["keep_rate"] == sum(kept[i] for i in inside) / len(inside)
 
 
+def test_a_stream_shorter_than_the_buckets_gets_one_bucket_per_seq_and_none_backwards():
+    # found by review, 2026-12-06: 4 records printed ten buckets, six empty and backwards
+    import pyarrow as pa
+
+    from siftpipe.audit.summary import summarize
+
+    for n in (1, 4, 9, 10, 11):
+        table = pa.table(
+            {
+                "seq": pa.array(range(n), pa.int64()),
+                "kept": [True] * n,
+                "loss": [1.0] * n,
+                "reason": ["policy"] * n,
+            }
+        )
+        buckets = summarize(table)["keep_rate_over_seq"]
+        assert len(buckets) == min(10, n)
+        assert all(b["seq_from"] <= b["seq_to"] and b["records"] > 0 for b in buckets), buckets
+        assert sum(b["records"] for b in buckets) == n
+
+
 def test_the_mean_loss_of_losses_near_the_float_maximum_is_finite_and_the_json_valid():
     # found by review: the mean's sum overflowed to inf, and `summary --json` printed Infinity
     import pyarrow as pa
@@ -473,6 +494,44 @@ def test_a_run_or_rank_asked_for_and_absent_is_said_by_every_reader(tmp_path, ca
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         assert sp.read_log(root, run="a", rank=0).num_rows == 200
+
+
+def test_a_filter_that_selects_nothing_or_is_not_a_run_or_rank_is_said_not_read_as_empty(tmp_path):
+    """read_log(run="typo") gave an empty table (read as "nothing trained"), nothing said;
+    rank="0" (from os.environ) selected nothing, np.int64(0) raised a bare TypeError, kept="no"
+    read as True; replay and whatif said "check the URL" (found by review, 2026-12-06)."""
+    import numpy as np
+
+    root = str(tmp_path / "log")
+    for run in ("a", "b"):
+        s = sp.Sifter(
+            None, loss_field, sp.Uniform(0.5), micro_batch=20, seed=1, audit=sp.AuditLog(root, run_id=run)
+        )
+        list(s(make_samples(100)))
+        s.close()
+    held = "holds run='a' rank=0, run='b' rank=0, and none is"
+    for kw in ({"run": "typo"}, {"run": ["typo", "zz"]}, {"run": "b", "rank": 1}, {"rank": 2}):
+        with pytest.raises(sp.AuditError, match=held):
+            sp.read_log(root, **kw)
+    with pytest.raises(sp.AuditError, match=held):
+        sp.replay(root, run="typo")
+    with pytest.raises(sp.AuditError, match=held):
+        sp.whatif(root, [sp.Uniform(0.5)], run="typo")
+    for bad in ("0", 0.0, True, ["0"]):
+        with pytest.raises(sp.ConfigError, match="rank= takes an integer"):
+            sp.read_log(root, rank=bad)
+    with pytest.raises(sp.ConfigError, match="run= takes a run id"):
+        sp.read_log(root, run=7)
+    with pytest.raises(sp.ConfigError, match="kept= takes True"):
+        sp.read_log(root, kept="no")
+    assert sp.read_log(root, rank=np.int64(0)).num_rows == sp.read_log(root, rank=0).num_rows == 200
+    assert (
+        sp.read_log(root, run="a", kept=np.bool_(True)).num_rows
+        == sp.read_log(root, run="a", kept=True).num_rows
+    )
+    # verify reports what is absent (it does not raise), as before
+    report = sp.verify_log(root, run="typo")
+    assert not report.ok and report.not_found == ["run=typo"]
 
 
 def test_summary_prints_epochs_as_runs_of_numbers():
