@@ -128,9 +128,12 @@ class Decider:
         a later stage) names the keys the source gives again."""
         if group.keys is not None:
             return group.keys
-        keys = keys_of(group, self.scoring.batched, self.key, required, purpose)
+        read = group
+        if group.key_column is not None:  # the batch's key column as read (note_keys)
+            read = Group([{self.key: group.key_column}], group.rows, group.seq0, None)
+        keys = keys_of(read, self.scoring.batched, self.key, required, purpose)
         if keys is not None:
-            group.keys = list(keys)
+            group.keys = keys  # (a list of its own: keys_of builds one, never the batch's)
         return keys
 
     def observe(

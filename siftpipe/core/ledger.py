@@ -33,6 +33,7 @@ class Group:
         "items",
         "keep",
         "kept_index",
+        "key_column",
         "keys",
         "n_items",
         "rows",
@@ -64,6 +65,9 @@ class Group:
         #: The rows' keys as read, before any row was handed on (a later stage may change a
         #: sample in place): kept once computed (``Decider.keys``, ``note_tail``)
         self.keys: list[Any] | None = None
+        #: A batch's key column as read (batched mode: the object, not a copy; a later stage that
+        #: puts another column in the batch leaves this one), for ``Decider.keys``
+        self.key_column: Any = None
         #: (key, shard) of the group's last input items as read, where the ledger keeps a tail
         self.tail: list[tuple[Any, str | None]] = []
 

@@ -48,6 +48,7 @@ __all__ = [
     "check_tail",
     "first_key",
     "first_shard",
+    "note_keys",
     "note_tail",
     "reread_groups",
     "shard_name",
@@ -99,6 +100,8 @@ def reread_groups(
             group.skipped = tuple(reader.skipped)
         if ledger.tail is not None:
             note_tail(group, batched, key)
+        elif key is not None:
+            note_keys(group, batched, key)
         # a tracked source was put back where the checkpoint left it by the stage: feeding it
         # from an item is not the fix there (found by review, 2026-12-06)
         fix = (
@@ -267,7 +270,7 @@ def note_tail(group: Group, batched: bool, key: Any) -> None:
     except Exception:  # a key callable that fails: recorded as unknown, not raised here
         keys = None
     if keys is not None:
-        group.keys = list(keys)
+        group.keys = keys  # (a list of its own: keys_of builds one)
     try:
         shards = shard_names(group, batched)
     except Exception:
@@ -280,6 +283,23 @@ def note_tail(group: Group, batched: bool, key: Any) -> None:
         (keys[i] if keys is not None else None, shards[i] if shards is not None else None)
         for i in range(start, group.n_items)
     ]
+
+
+def note_keys(group: Group, batched: bool, key: Any) -> None:
+    """Keep what names ``group``'s rows as it is read, before any row is handed on and a later
+    stage changes a sample in place (``s["__key__"] = ...``): per sample, the keys (a list comprehension,
+    cheap beside the stage's other work per sample); a batch, its key column as it is (a
+    reference: a copy would cost the batched hot path a list of its rows). Found by review,
+    2026-12-06: a plain Sifter or a SiftNode followed by such a stage refused every resume."""
+    if batched:
+        batch = group.items[0]
+        if isinstance(key, str) and isinstance(batch, Mapping) and key in batch:
+            group.key_column = batch[key]
+        return
+    try:
+        group.keys = keys_of(group, batched, key)
+    except Exception:  # a key callable that fails, a sample without its key: read later, as before
+        group.keys = None
 
 
 def check_tail(got: list[tuple[Any, str | None]], skipped: list[Any], state: Mapping[str, Any]) -> None:

@@ -45,7 +45,7 @@ from .memory import SOURCES, ScoreMemory, check_epoch
 from .passes import Passes, Superseded
 from .policies import Policy, get_policy, integer_count
 from .ranks import dist_info
-from .resume import check_next, note_tail, reread_groups
+from .resume import check_next, note_keys, note_tail, reread_groups
 from .rows import memory_keys, publish_key
 from .scorers import Scorer
 from .scoring import (
@@ -1731,6 +1731,8 @@ class Sifter:
                 self._ledger.error_held = True
         if self._ledger.tail is not None:
             note_tail(group, self.batched, self.key)
+        elif self.key is not None:
+            note_keys(group, self.batched, self.key)
         self._ledger.pending.append(group)
         return group
 

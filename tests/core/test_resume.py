@@ -1,3 +1,6 @@
+import copy
+import itertools
+
 import pytest
 import torch
 from torch.utils.data import default_collate
@@ -899,3 +902,50 @@ def test_a_tracked_loader_resumed_with_another_batch_size_is_refused_naming_both
         sp.ResumeError, match=r"of 12 rows, but the source gave one of 10.*feed the loader whole"
     ):
         list(t(StatefulDataLoader(data, batch_size=10)))
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_consumer_that_changes_keys_in_place_does_not_break_a_resume(batched):
+    """A training loop (or a torchdata Mapper) that renames a sample's key in place after the
+    stage handed it on: the state read the pending rows' keys afterwards and every resume was
+    refused (found by review, 2026-12-06, after the same fix for webdataset's .map_dict). Keys
+    are taken as each group is read."""
+    samples = make_samples(240, seed=5)
+    if batched:
+        source = [
+            {
+                "__key__": [s["__key__"] for s in samples[i : i + 16]],
+                "loss": torch.tensor([float(s["loss"]) for s in samples[i : i + 16]]),
+            }
+            for i in range(0, 240, 16)
+        ]
+    else:
+        source = samples
+
+    def stage():
+        micro = None if batched else 8
+        return sp.Sifter(None, loss_field, sp.Uniform(0.75), micro_batch=micro, batched=batched, seed=3)
+
+    def consume(items):
+        out = []
+        for item in items:
+            if batched:
+                item["__key__"] = ["train/" + k for k in item["__key__"]]  # a new column, in place
+                out += item["__key__"]
+            else:
+                item["__key__"] = "train/" + item["__key__"]
+                out.append(item["__key__"])
+        return out
+
+    whole = consume(stage()(copy.deepcopy(source)))
+    for cut in (1, 3, 7):
+        data = copy.deepcopy(source)
+        s = stage()
+        it = s(data)
+        head = consume(itertools.islice(it, cut))
+        state = roundtrip(s.state_dict())
+        del it
+        again = stage()
+        again.load_state_dict(state)
+        rest = consume(again(copy.deepcopy(source)[state["consumed"] :]))
+        assert head + rest == whole, cut
