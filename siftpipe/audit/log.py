@@ -283,6 +283,11 @@ class AuditLog:
         #: attempt inherits it from its state; None for states written before jobs were recorded).
         self._origin: str | None = self.attempt
         self._resumed = False
+        #: What the last checkpoint loaded said (run id, rank, next part, job), and whether a pass
+        #: began, a record came or a row was noted since: a repeat load is taken only untouched and
+        #: of the same checkpoint (the review of the repeat load, 2026-12-06)
+        self._loaded: tuple[Any, ...] | None = None
+        self._touched = False
         self._claim: str | None = None  # None: not claimed; "pending", "ok" or the refusal
         self._next_part = 0
         self._first_part = 0  # this attempt's first part number (a resumed one continues the run's)
@@ -397,6 +402,7 @@ class AuditLog:
         if self._closed:
             raise AuditError(self._closed_message())
         self._check_process()
+        self._touched = True
         d = decisions
         if d.merged:
             self._merged = True
@@ -446,6 +452,7 @@ class AuditLog:
         Written at once, as ``_unhanded-<attempt>-<n>.json`` next to the parts, and again in the
         end marker: an attempt killed later (no end marker) still says which of its rows were
         never trained, where before its log read them as kept."""
+        self._touched = True
         self._unhanded.append([int(first), int(last), int(count)])
         if self._next_part > self._first_part:
             self._note_unhanded()
@@ -501,6 +508,7 @@ class AuditLog:
             # refused before the pass decides anything (found by review, 2026-12-06: the first
             # micro-batch was decided, and lost, before write() refused it)
             raise AuditError(self._closed_message())
+        self._touched = True
         self._writer()
         with self._space:
             answered = self._space.wait_for(lambda: self._claim != "pending", CLAIM_NOTE_AFTER)
@@ -806,6 +814,16 @@ class AuditLog:
             )
         run_id = _checked_run_id(state["run_id"], "the checkpoint's audit run id", ResumeError)
         rank = _checked_rank(state["rank"], "the checkpoint's audit rank", ResumeError)
+        loaded = (run_id, rank, int(state["next_part"]), state.get("origin"))
+        if self._loaded is not None and (self._touched or loaded != self._loaded):
+            # the same checkpoint again, before anything ran, is the one case taken: a pass closed
+            # by the reload would note its rows in the new attempt, and another checkpoint would
+            # mix its run with the first one's rank
+            raise ResumeError(
+                "this AuditLog already loaded a checkpoint"
+                + (" and a pass ran since" if self._touched else f" of another stream ({self._loaded[:3]})")
+                + ": load the checkpoint into a new AuditLog"
+            )
         self._release_claim()  # a fresh claim made before the checkpoint was loaded no longer holds
         self.run_id = run_id
         self._run_id_from = "the checkpoint"
@@ -818,6 +836,7 @@ class AuditLog:
         origin = state.get("origin")
         self._origin = str(origin) if origin is not None else None
         self._resumed = True
+        self._loaded = loaded
 
     # ------------------------------------------------------------------ the writer
 

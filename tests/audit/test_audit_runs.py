@@ -984,6 +984,21 @@ def test_a_checkpoint_loaded_twice_into_a_fresh_log_resumes_and_one_written_to_i
     table = sp.read_log(root)
     kept = [k for k, was in zip(table.column("key").to_pylist(), table.column("kept").to_pylist()) if was]
     assert kept == head + rest
+    # a repeat load after a pass ran, or of another stream, is refused: the pass the reload
+    # closes would note its rows in the new attempt (the review of the repeat load: a trained row
+    # read as never handed on), another checkpoint would mix its run with the first one's rank
+    ran = job(str(tmp_path / "ran"))
+    ran.load_state_dict(state)
+    next(ran(samples[state["consumed"] :]))
+    with pytest.raises(sp.ResumeError, match="already loaded a checkpoint and a pass ran since"):
+        ran.load_state_dict(state)
+    ran.close()
+    other = dict(state["audit"], next_part=state["audit"]["next_part"] + 5)
+    log = sp.AuditLog(str(tmp_path / "mixed"), writer="thread", flush_every=16)
+    log.load_state_dict(state["audit"], 0)
+    with pytest.raises(sp.ResumeError, match="already loaded a checkpoint of another stream"):
+        log.load_state_dict(other, 0)
+    log.close()
     # a log that has written is still refused, saying what it wrote
     written = job(str(tmp_path / "other"))
     list(written(samples[:64]))
