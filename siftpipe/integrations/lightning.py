@@ -648,14 +648,14 @@ class SiftCallback(Callback):
         # a loader with a length only, so with none (a sifted loader) the next epoch would count on
         # from the last one and step a partial accumulation early
         self._restored_at_epoch_end = _restored_at_epoch_end(trainer)
-        partial = _restored_inside_accumulation(trainer)
+        partial, accumulate = _restored_inside_accumulation(trainer)
         if partial:
             # Lightning saves no gradients: the batches of the accumulation step the checkpoint
             # cut were handed on and trained forward and backward, and their gradients are lost
             # (found by review, 2026-12-06: it resumed silently off the uninterrupted run)
             warnings.warn(
                 f"siftpipe: the checkpoint {trainer.ckpt_path} was written after {partial} of the "
-                f"{trainer.accumulate_grad_batches} batches of an accumulation step "
+                f"{accumulate} batches of an accumulation step "
                 "(accumulate_grad_batches): Lightning does not save accumulated gradients, so "
                 "the resumed run's next optimizer step goes without those batches' gradients, "
                 "and the audit log reads their samples as trained. It does not continue the "
@@ -752,16 +752,28 @@ def _restored_at_epoch_end(trainer: pl.Trainer) -> bool:
     return bool(trainer.ckpt_path is not None and progress.is_last_batch and progress.current.ready > 0)
 
 
-def _restored_inside_accumulation(trainer: pl.Trainer) -> int:
+def _restored_inside_accumulation(trainer: pl.Trainer) -> tuple[int, int]:
     """How many batches of an unfinished accumulation step the checkpoint the fit restored was
-    taken after (0: on a step boundary, at an epoch's last batch, which steps, or not restored)."""
+    taken after (0: on a step boundary, at an epoch's last batch, which steps, or not restored),
+    and the batches a step accumulates."""
+    if trainer.ckpt_path is None:
+        return 0, 1
     accumulate = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
-    if trainer.ckpt_path is None or accumulate <= 1:
-        return 0
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        # accumulation a GradientAccumulationScheduler sets: only when the epoch starts, after
+        # this (the review of the check, 2026-12-06: no warning under one)
+        schedule = getattr(callback, "get_accumulate_grad_batches", None)
+        if isinstance(callback, pl.callbacks.GradientAccumulationScheduler) and callable(schedule):
+            accumulate = int(schedule(trainer.current_epoch))
+    if accumulate <= 1:
+        return 0, accumulate
     progress = trainer.fit_loop.epoch_loop.batch_progress
     if progress.is_last_batch:
-        return 0
-    return int(progress.current.completed) % accumulate
+        return 0, accumulate
+    # batches trained: "processed" (a checkpoint written at a batch's end, every_n_train_steps,
+    # holds it before Lightning counts the batch completed; the review of the check, 2026-12-06,
+    # which read "1 of 2" at every step boundary there)
+    return int(getattr(progress.current, "processed", progress.current.completed)) % accumulate, accumulate
 
 
 def _restart_epoch_progress(trainer: pl.Trainer) -> None:

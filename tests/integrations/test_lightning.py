@@ -114,6 +114,7 @@ def fit(
     net: type = Net,
     trainer_kw: dict | None = None,
     monitor: str | None = None,
+    callbacks: list | None = None,
     **kw,
 ):
     """A fit; ``monitor``: checkpoint when that metric is logged (at each validation's end), not
@@ -134,7 +135,7 @@ def fit(
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        callbacks=[sift, checkpoints],
+        callbacks=[sift, checkpoints, *(callbacks or [])],
         accumulate_grad_batches=accumulate,
         **(trainer_kw or {}),
     )
@@ -674,6 +675,19 @@ def test_a_checkpoint_inside_an_accumulation_step_is_said_not_to_resume_exactly(
         warnings.filterwarnings("error", message=".*accumulation step")
         _, part, _ = fit(tmp_path / "b", ckpt=str(boundary), **kw)
     assert torch.equal(weights(part), weights(full))
+    # the review of the check: a checkpoint every step (written at a batch's end, before Lightning
+    # counts the batch completed) read "1 of 2" on every step boundary; accumulation set by a
+    # GradientAccumulationScheduler (set only as the epoch starts) was not seen at all
+    steps = {"steps": 8, "accumulate": 2, "every": 1}
+    _, every, _ = fit(tmp_path / "every", **steps)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*accumulation step")
+        _, part, _ = fit(tmp_path / "every-b", ckpt=str(tmp_path / "every" / "step=3.ckpt"), **steps)
+    assert torch.equal(weights(part), weights(every))
+    scheduled = {**kw, "accumulate": 1, "callbacks": [L.callbacks.GradientAccumulationScheduler({0: 2})]}
+    fit(tmp_path / "sched", **scheduled)
+    with pytest.warns(UserWarning, match=r"after 1 of the 2 batches of an accumulation step"):
+        fit(tmp_path / "sched-b", ckpt=str(tmp_path / "sched" / "step=1.ckpt"), **scheduled)
 
 
 @pytest.mark.adversarial
