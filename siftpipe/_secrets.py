@@ -391,6 +391,8 @@ _COMMAND_SECRETS = (
     # a cookie header's value (every cookie in it, to the quote or the line's end)
     re.compile(r"(?i)((?:set-)?cookie\s*:\s*)([^\"'\n]+)"),
     re.compile(rf"(?i)(\b[A-Z0-9_]*{_SECRET_WORD}[A-Z0-9_]*=){_VALUE}"),
+    # sshpass -e's SSHPASS=, and other *_PASS variables (found by review, 2026-12-06)
+    re.compile(rf"(\b(?:SSHPASS|[A-Z0-9_]*_PASS)=){_VALUE}"),
     # the value of a flag naming a secret (--password, --s3-secret-access-key), one named auth or
     # session, and a key's (_KEY_FLAG): never a URL, remote:path or flag, which follow flags that
     # take no value; for auth and session not a path either (_AUTH_VALUE)

@@ -847,6 +847,7 @@ def test_object_store_paths_that_look_like_credentials_are_keys_not_refused(loca
         ("pipe:7z x '-pSeCrEt0099' shards.7z", "shards.7z"),
         ("pipe:mongoexport -pSeCrEt0099 --db shards", "--db shards"),
         ("pipe:mongoexport -p=SeCrEt0099 --db shards", "--db shards"),
+        ("pipe:SSHPASS=SeCrEt0099 sshpass -e ssh h cat shards.tar", "sshpass -e ssh h cat shards.tar"),
     ],
 )
 def test_kwarg_reprs_headers_nested_urls_and_program_passwords_never_show(text, kept):

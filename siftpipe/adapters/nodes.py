@@ -3,8 +3,8 @@
 A pipeline that decodes in worker processes, sifts with the live model in the training process
 and resumes exactly from ``loader.state_dict()``::
 
-    from torchdata.nodes import Batcher, Loader, Mapper, ParallelMapper
-    from siftpipe.nodes import ShardSource, SiftNode
+    from torchdata.nodes import Batcher, Mapper, ParallelMapper
+    from siftpipe.nodes import Loader, ShardSource, SiftNode  # torchdata's Loader, mended
     from siftpipe.shards import decode_sample
 
     source = ShardSource("s3://bucket/train-{000000..000099}.tar", storage_options={...})

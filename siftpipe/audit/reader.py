@@ -863,7 +863,8 @@ def read_log(
         columns = [c for c in columns if c not in ("run", "rank")]  # (always added)
     if kept is not None and not isinstance(kept, bool | np.bool_):
         raise ConfigError(f"kept= takes True (kept records), False (dropped ones) or None, not {kept!r}")
-    fs, infos, attempts = list_parts(url, storage_options, run=run, rank=rank, strict=True)
+    # (a rank or run held only as workers' pre-decode records is asked for rightly: checked below)
+    fs, infos, attempts = list_parts(url, storage_options, run=run, rank=rank, strict=not include_predecode)
     readable = [p for p in infos if p.path is not None]
     secrets = secret_values(storage_options, url)
     unhanded = {} if as_decided else unhanded_ranges(attempts)
@@ -922,7 +923,10 @@ def read_log(
         table = table.append_column("rank", pa.array(np.full(n, info.rank, np.int32)))
         out.append(table)
     if include_predecode:
-        out.extend(predecode_tables(fs, url, storage_options, run, rank, columns, kept))
+        extra = predecode_tables(fs, url, storage_options, run, rank, columns, kept)
+        if not extra and not infos and not attempts and (run is not None or rank is not None):
+            list_parts(url, storage_options, run=run, rank=rank, strict=True)  # names what is held
+        out.extend(extra)
         out = [_plain(t) for t in out]
     if not out:
         return _empty_table(columns)
@@ -1696,24 +1700,33 @@ def stream_filter(
     nothing, a numpy integer raised a bare ``TypeError`` (found by review, 2026-12-06)."""
     runs: set[str] | None = None
     if run is not None:
-        listed = [run] if isinstance(run, str) else run
-        if not isinstance(listed, list | tuple | set | frozenset) or not all(
-            isinstance(r, str) for r in listed
-        ):
+        listed = [run] if isinstance(run, str) else _listed(run)
+        if listed is None or not all(isinstance(r, str) for r in listed):
             raise ConfigError(f"run= takes a run id (text) or a list of them, not {run!r}")
         runs = set(listed)
     ranks: set[int] | None = None
     if rank is not None:
-        given: list[Any] = list(rank) if isinstance(rank, list | tuple | set | frozenset | range) else [rank]
+        given = _listed(rank)
         ranks = set()
-        for r in given:
-            if isinstance(r, bool | str | bytes | float):
+        every: list[Any] = [rank] if given is None else given
+        for r in every:
+            if isinstance(r, bool | str | bytes | float | np.bool_ | np.floating):
                 raise ConfigError(f"rank= takes an integer or a list of them, not {rank!r}: int(...) it")
             try:
                 ranks.add(operator.index(r))
             except TypeError:
                 raise ConfigError(f"rank= takes an integer or a list of them, not {rank!r}") from None
     return runs, ranks
+
+
+def _listed(value: Any) -> list[Any] | None:
+    """The values of a ``run=``/``rank=`` given as many (a list, a numpy array, ``dict.keys()``, a
+    generator), or None for one value (text is one run id, not its letters)."""
+    if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
+        return None
+    if isinstance(value, np.ndarray):
+        return list(value.reshape(-1).tolist())
+    return list(value)
 
 
 def _asked(run: str | Sequence[str] | None, rank: int | Sequence[int] | None) -> str:

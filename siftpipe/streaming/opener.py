@@ -94,6 +94,9 @@ log = logging.getLogger("siftpipe.shards")
 #: move Python's global random state, which the training loop's own draws use (found by review,
 #: 2026-12-06)
 _JITTER = random.Random()
+# (and one of its own in each forked process: DataLoader workers retrying at once spread apart,
+# as the global generator, reseeded in each child, made them; the review of that change)
+os.register_at_fork(after_in_child=_JITTER.seed)
 
 Handler = Callable[[BaseException], bool]
 

@@ -525,6 +525,11 @@ def test_a_filter_that_selects_nothing_or_is_not_a_run_or_rank_is_said_not_read_
     with pytest.raises(sp.ConfigError, match="kept= takes True"):
         sp.read_log(root, kept="no")
     assert sp.read_log(root, rank=np.int64(0)).num_rows == sp.read_log(root, rank=0).num_rows == 200
+    # many, in any iterable (the review of the check: arrays, generators, dict keys were refused)
+    for ranks in (np.array([0]), (r for r in [0]), range(1), [0, 0]):
+        assert sp.read_log(root, rank=ranks).num_rows == 200
+    for runs in (np.array(["a"]), {"a": 1}.keys(), ("a",)):
+        assert sp.read_log(root, run=runs).num_rows == 100
     assert (
         sp.read_log(root, run="a", kept=np.bool_(True)).num_rows
         == sp.read_log(root, run="a", kept=True).num_rows

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import pickle
 import random
 import tarfile
@@ -352,6 +353,25 @@ def test_5xx_answers_are_retried_with_backoff(proxy, s3_shards):
     # the retries' jitter has a generator of its own: the training loop's Python random state,
     # read in this process, is not moved by an outage (found by review, 2026-12-06)
     assert random.getstate() == before
+
+
+def test_forked_workers_draw_retry_jitter_of_their_own():
+    # the review of the generator of its own: forked DataLoader workers all drew the same jitter,
+    # where the global generator, reseeded in each child, had spread their retries apart
+    from siftpipe.streaming import opener
+
+    draws = []
+    for _ in range(3):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: its first draw, then out at once
+            os.write(write, repr(opener._JITTER.random()).encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as f:
+            draws.append(float(f.read()))
+        os.waitpid(pid, 0)
+    assert len(set(draws)) == 3, draws
 
 
 def test_a_body_cut_in_the_middle_is_resumed_with_a_range_request(proxy, s3_shards):
