@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..errors import ResumeError
 from . import batch as _batch
@@ -288,13 +289,21 @@ def note_tail(group: Group, batched: bool, key: Any) -> None:
 def note_keys(group: Group, batched: bool, key: Any) -> None:
     """Keep what names ``group``'s rows as it is read, before any row is handed on and a later
     stage changes a sample in place (``s["__key__"] = ...``): per sample, the keys (a list comprehension,
-    cheap beside the stage's other work per sample); a batch, its key column as it is (a
-    reference: a copy would cost the batched hot path a list of its rows). Found by review,
+    cheap beside the stage's other work per sample); a batch, a copy of its key column (not a
+    list of its rows: that would cost the batched hot path more). Found by review,
     2026-12-06: a plain Sifter or a SiftNode followed by such a stage refused every resume."""
     if batched:
         batch = group.items[0]
         if isinstance(key, str) and isinstance(batch, Mapping) and key in batch:
-            group.key_column = batch[key]
+            column = batch[key]
+            # a copy of the column's container, small beside the batch (a tensor of 256 ints is
+            # 2 KiB): rows handed on may be views of it, which a consumer may change in place
+            # (batch["__key__"] += n; the review of 2026-12-06)
+            if isinstance(column, torch.Tensor):
+                column = column.clone()
+            elif isinstance(column, np.ndarray | list):
+                column = column.copy()
+            group.key_column = column
         return
     try:
         group.keys = keys_of(group, batched, key)

@@ -949,3 +949,39 @@ def test_a_consumer_that_changes_keys_in_place_does_not_break_a_resume(batched):
         again.load_state_dict(state)
         rest = consume(again(copy.deepcopy(source)[state["consumed"] :]))
         assert head + rest == whole, cut
+
+
+def test_a_consumer_that_changes_a_tensor_key_column_in_place_does_not_break_a_resume():
+    """The batched stage hands on views of a batch's key tensor when it keeps every row: a
+    consumer's ``batch["__key__"] += n`` changed the column the stage had noted (the review of
+    the keys noted as read, 2026-12-06). The stage keeps a copy of the column."""
+    source = [
+        {
+            "__key__": torch.arange(i, i + 16),
+            "loss": torch.rand(16, generator=torch.Generator().manual_seed(i)),
+        }
+        for i in range(0, 240, 16)
+    ]
+
+    def stage():
+        return sp.Sifter(
+            None, loss_field, sp.Uniform(1.0), micro_batch=None, batched=True, output_batch=5, seed=3
+        )
+
+    def consume(items):
+        out = []
+        for item in items:
+            item["__key__"] += 100_000
+            out += item["__key__"].tolist()
+        return out
+
+    whole = consume(stage()(copy.deepcopy(source)))
+    for cut in (1, 3, 7):
+        s = stage()
+        it = s(copy.deepcopy(source))
+        head = consume(itertools.islice(it, cut))
+        state = roundtrip(s.state_dict())
+        del it
+        again = stage()
+        again.load_state_dict(state)
+        assert head + consume(again(copy.deepcopy(source)[state["consumed"] :])) == whole, cut
