@@ -103,8 +103,7 @@ class SiftStage:
             raise ConfigError(f"SiftStage needs a siftpipe.Sifter, got {type(sifter).__name__}")
         self.sifter = sifter
         # a resume skips the items a checkpoint finished by their count: its state names the last
-        # of them, which the skip compares (per-sample items are kept as they are; a batch, which
-        # may be large, as its first key and shard)
+        # of them by (key, shard), noted as each group is read, which the skip compares
         sifter._ledger.record_tail()
         #: Why no checkpoint can resume a pass of this stage (None: it can): the pipeline holding
         #: it cuts its output into epochs (``.with_epoch(n)``) or repeats its passes

@@ -65,8 +65,8 @@ class Group:
         #: The rows' keys as read, before any row was handed on (a later stage may change a
         #: sample in place): kept once computed (``Decider.keys``, ``note_tail``)
         self.keys: list[Any] | None = None
-        #: A batch's key column as read (batched mode: the object, not a copy; a later stage that
-        #: puts another column in the batch leaves this one), for ``Decider.keys``
+        #: A copy of a batch's key column as read (batched mode; ``note_keys``): what
+        #: ``Decider.keys`` reads when it has not read the keys yet
         self.key_column: Any = None
         #: (key, shard) of the group's last input items as read, where the ledger keeps a tail
         self.tail: list[tuple[Any, str | None]] = []
