@@ -390,14 +390,17 @@ _MAYBE_VALUELESS = r"(?:auth|session)"
 _COMMAND_SECRETS = (
     # a cookie header's value (every cookie in it, to the quote or the line's end)
     re.compile(r"(?i)((?:set-)?cookie\s*:\s*)([^\"'\n]+)"),
-    re.compile(rf"(?i)(\b[A-Z0-9_]*{_SECRET_WORD}[A-Z0-9_]*=){_VALUE}"),
+    # (each lookahead below first checks, once per word, that the word ends as the pattern needs:
+    # a long word of repeated secret words took seconds otherwise; the review of 2026-12-06)
+    re.compile(rf"(?i)(\b(?=[A-Z0-9_]*+=)[A-Z0-9_]*{_SECRET_WORD}[A-Z0-9_]*=){_VALUE}"),
     # sshpass -e's SSHPASS=, and other *_PASS variables (found by review, 2026-12-06)
     re.compile(rf"(\b(?:SSHPASS|[A-Z0-9_]*_PASS)=){_VALUE}"),
     # the value of a flag naming a secret (--password, --s3-secret-access-key), one named auth or
     # session, and a key's (_KEY_FLAG): never a URL, remote:path or flag, which follow flags that
     # take no value; for auth and session not a path either (_AUTH_VALUE)
     re.compile(
-        rf"(?i)((?:^|\s)--(?![\w-]*{_MAYBE_VALUELESS})[\w-]*{_SECRET_WORD}[\w-]*(?:\s+|=)){_KEY_VALUE}"
+        rf"(?i)((?:^|\s)--(?=[\w-]*+(?:\s|=))(?![\w-]*{_MAYBE_VALUELESS})[\w-]*{_SECRET_WORD}[\w-]*(?:\s+|=))"
+        rf"{_KEY_VALUE}"
     ),
     re.compile(rf"(?i)((?:^|\s)--[\w-]*{_MAYBE_VALUELESS}[\w-]*(?:\s+|=)){_AUTH_VALUE}"),
     re.compile(rf"(?i)((?:^|\s)(?:{_KEY_FLAG})(?:\s+|=)){_KEY_VALUE}"),
@@ -410,7 +413,8 @@ _COMMAND_SECRETS = (
     re.compile(
         # (from a word's start only: from every position, a long word took seconds; the review
         # of 2026-12-06)
-        rf"(?i)(?<![\w-])((?:authorization|[\w-]*{_SECRET_WORD}[\w-]*|[\w-]*-key)\s*:\s*(?:bearer\s+|basic\s+|token\s+)?)([^\s\"']+)"
+        rf"(?i)(?<![\w-])(?=[\w-]*+\s*:)((?:authorization|[\w-]*{_SECRET_WORD}[\w-]*|[\w-]*-key)\s*:\s*"
+        rf"(?:bearer\s+|basic\s+|token\s+)?)([^\s\"']+)"
     ),
 )
 

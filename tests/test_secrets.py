@@ -907,8 +907,15 @@ def test_a_credential_pairs_escaped_value_hides_only_that_value():
 
 @pytest.mark.parametrize(
     "text",
-    ["a=" * 600, "http://h/?u=" + "a://" * 1000, "https://h/?q=%" + "25" * 2000, "x=" + "%3D" * 3000],
-    ids=["pairs", "urls", "escapes", "escaped-pairs"],
+    [
+        "a=" * 600,
+        "http://h/?u=" + "a://" * 1000,
+        "https://h/?q=%" + "25" * 2000,
+        "x=" + "%3D" * 3000,
+        "pipe:x --" + "password" * 4000,  # (seconds per call before: one long word, repeated secret words)
+        "pipe:x " + "token-" * 5000,
+    ],
+    ids=["pairs", "urls", "escapes", "escaped-pairs", "long-flag", "long-header-word"],
 )
 def test_deeply_nested_shapes_are_redacted_without_recursing_without_bound(text):
     """URLs inside URLs and encodings of encodings are followed a few levels deep: adversarial
