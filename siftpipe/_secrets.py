@@ -144,7 +144,8 @@ _KWARG_PAIR = re.compile(r"(?<![\w/-])([A-Za-z_][\w.-]*)(\s*=\s*[bBrRuU]{0,2})([
 # a header in plain text (an HTTP library's message): X-Api-Key: value. Only hyphenated names,
 # so that prose ("missing key: img_42") stays as it is
 _HEADER = re.compile(
-    r"(?i)(?<![\w-])([A-Za-z][A-Za-z0-9]*(?:-[A-Za-z0-9]+)+)(\s*:\s*)"
+    # (not after a /: a path segment, s3://b/x/auth-token:1/..., is data; the review of 2026-12-06)
+    r"(?i)(?<![\w/-])([A-Za-z][A-Za-z0-9]*(?:-[A-Za-z0-9]+)+)(\s*:\s*)"
     r"([\"']?(?:(?:bearer|basic|token)\s+)?)(?!\*\*\*)([^\s\"',;]{4,})"
 )
 # the last words that make a header or a keyword argument a credential's: fewer than
@@ -268,9 +269,17 @@ def _is_path_secret_name(name: str) -> bool:
     return bool(words) and words[-1].lower() in _PATH_SECRET_WORDS
 
 
+def _path_secret(name: str, value: str) -> bool:
+    """Whether a path segment ``name=value`` is a credential: its name says so and its value is
+    shaped like one (10 or more characters, not only digits). A Hive partition of a dataset,
+    ``.../max_token=512/``, ``sig=high``, ``auth=public``, is data: hidden, such partitions shared
+    one ``url`` (the review of 2026-12-06); a CDN's path token is long and random."""
+    return _is_path_secret_name(name) and len(value) >= 10 and not value.isdigit()
+
+
 def _path_pair(match: re.Match[str]) -> str:
-    name = match.group(1)
-    return f"{name}={REDACTED}" if _is_path_secret_name(name) else match.group(0)
+    name, value = match.groups()
+    return f"{name}={REDACTED}" if _path_secret(name, value) else match.group(0)
 
 
 def _kwarg_pair(match: re.Match[str]) -> str:
@@ -572,7 +581,7 @@ def url_secrets_direct(text: str) -> set[str]:
         if is_secret_name(name) and value != REDACTED:
             found |= {value, unquote(value), unquote_plus(value)}
     for m in _PATH_PAIR.finditer(text):
-        if _is_path_secret_name(m.group(1)) and m.group(2) != REDACTED:
+        if _path_secret(m.group(1), m.group(2)) and m.group(2) != REDACTED:
             found |= {m.group(2), unquote(m.group(2)), unquote_plus(m.group(2))}
     return {s for s in found if len(s) >= _MIN_SECRET and s.strip("*")}
 

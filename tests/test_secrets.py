@@ -686,7 +686,14 @@ def test_path_segments_that_look_like_pairs_are_data_not_secrets(tmp_path):
     """A Hive-style layout (``.../zip_code=94110/...``) names shards; redacting it gave different
     shards one ``__url__`` and errors that named none (found by review). Query parameters and
     pairs in text are still credentials when their name says so."""
-    for text in ("s3://b/data/zip_code=94110/train-000.tar", "/data/sort_key=7/lang_code=en/x.tar"):
+    for text in (
+        "s3://b/data/zip_code=94110/train-000.tar",
+        "/data/sort_key=7/lang_code=en/x.tar",
+        # names of a credential's, values of a partition's (the review of 2026-12-06)
+        "s3://b/lm/max_token=512/sig=high/auth=public/train-000.tar",
+        "s3://b/lm/token=bpe32k/train-000.tar",
+        "s3://b/dataset/auth-token:abcdef/shard-000.tar",
+    ):
         assert redact(text) == text
     assert redact("https://h/p.tar?sig=AbCdEf123&x=1") == "https://h/p.tar?sig=***&x=1"
     assert redact("failed with token=AbCdEf123") == "failed with token=***"
