@@ -144,8 +144,7 @@ _KWARG_PAIR = re.compile(r"(?<![\w/-])([A-Za-z_][\w.-]*)(\s*=\s*[bBrRuU]{0,2})([
 # a header in plain text (an HTTP library's message): X-Api-Key: value. Only hyphenated names,
 # so that prose ("missing key: img_42") stays as it is
 _HEADER = re.compile(
-    # (not after a /: a path segment, s3://b/x/auth-token:1/..., is data; the review of 2026-12-06)
-    r"(?i)(?<![\w/-])([A-Za-z][A-Za-z0-9]*(?:-[A-Za-z0-9]+)+)(\s*:\s*)"
+    r"(?i)(?<![\w-])([A-Za-z][A-Za-z0-9]*(?:-[A-Za-z0-9]+)+)(\s*:\s*)"
     r"([\"']?(?:(?:bearer|basic|token)\s+)?)(?!\*\*\*)([^\s\"',;]{4,})"
 )
 # the last words that make a header or a keyword argument a credential's: fewer than
@@ -274,7 +273,12 @@ def _path_secret(name: str, value: str) -> bool:
     shaped like one (10 or more characters, not only digits). A Hive partition of a dataset,
     ``.../max_token=512/``, ``sig=high``, ``auth=public``, is data: hidden, such partitions shared
     one ``url`` (the review of 2026-12-06); a CDN's path token is long and random."""
-    return _is_path_secret_name(name) and len(value) >= 10 and not value.isdigit()
+    if not _is_path_secret_name(name) or value.isdigit():
+        return False
+    # or shorter, with upper and lower case letters and digits: a random token, where a
+    # partition's value (bpe32k) is a word (the review of the rule)
+    mixed = all(any(test(c) for c in value) for test in (str.isupper, str.islower, str.isdigit))
+    return len(value) >= 10 or (len(value) >= 6 and mixed)
 
 
 def _path_pair(match: re.Match[str]) -> str:
@@ -305,6 +309,11 @@ def _is_secret_header(name: str) -> bool:
 def _header(match: re.Match[str]) -> str:
     name, colon, scheme, _ = match.groups()
     if not _is_secret_header(name):
+        return match.group(0)
+    at = match.start()
+    if at and match.string[at - 1] == "/" and not colon[1:].strip(":") and colon == colon.strip():
+        # a path segment, s3://b/x/auth-token:1/..., is data (no space after its colon, as a
+        # header would have in a message); the review of 2026-12-06
         return match.group(0)
     return f"{name}{colon}{scheme or ''}{REDACTED}"
 
@@ -401,7 +410,7 @@ _COMMAND_SECRETS = (
     re.compile(r"(?i)((?:set-)?cookie\s*:\s*)([^\"'\n]+)"),
     # (each lookahead below first checks, once per word, that the word ends as the pattern needs:
     # a long word of repeated secret words took seconds otherwise; the review of 2026-12-06)
-    re.compile(rf"(?i)(\b(?=[A-Z0-9_]*+=)[A-Z0-9_]*{_SECRET_WORD}[A-Z0-9_]*=){_VALUE}"),
+    re.compile(rf"(?i)(\b(?=[A-Z0-9_]*+(?:=|-[A-Z0-9_]*+=))[A-Z0-9_]*{_SECRET_WORD}[A-Z0-9_]*=){_VALUE}"),
     # sshpass -e's SSHPASS=, and other *_PASS variables (found by review, 2026-12-06)
     re.compile(rf"(\b(?:SSHPASS|[A-Z0-9_]*_PASS)=){_VALUE}"),
     # the value of a flag naming a secret (--password, --s3-secret-access-key), one named auth or

@@ -855,6 +855,12 @@ def test_object_store_paths_that_look_like_credentials_are_keys_not_refused(loca
         ("pipe:mongoexport -pSeCrEt0099 --db shards", "--db shards"),
         ("pipe:mongoexport -p=SeCrEt0099 --db shards", "--db shards"),
         ("pipe:SSHPASS=SeCrEt0099 sshpass -e ssh h cat shards.tar", "sshpass -e ssh h cat shards.tar"),
+        # the review of the word-end checks and of path pairs (2026-12-06): a secret word with a
+        # hyphen inside, a header after a /, a short random path token
+        ("pipe:curl -s https://cdn.example/d/api-key=SeCrEt0099/shard-000.tar", "cdn.example/d/api-key="),
+        ("pipe:curl -d pass-phrase=SeCrEt0099 https://h/x.tar", "https://h/x.tar"),
+        ("request to /v1/data failed: /X-Api-Key: SeCrEt0099", "/X-Api-Key: "),
+        ("https://cdn.example/d/token=SeCrEt099/shard-000.tar", "/shard-000.tar"),
     ],
 )
 def test_kwarg_reprs_headers_nested_urls_and_program_passwords_never_show(text, kept):
