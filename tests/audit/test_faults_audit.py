@@ -41,6 +41,24 @@ def run(log, samples=SAMPLES):
     return s, out
 
 
+def run_dropping(root, proxy, flush_every, retry_timeout):
+    """A run through a thread writer with ``on_full="drop"`` behind ``proxy``, closed: the log,
+    the stage, what it handed on and the warnings raised."""
+    log = sp.AuditLog(
+        root,
+        storage_options=options(proxy),
+        flush_every=flush_every,
+        writer="thread",
+        retry_timeout=retry_timeout,
+        on_full="drop",
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        s, out = run(log)
+        s.close()
+    return log, s, out, caught
+
+
 def accounted(log):
     """Every record handed to the log is written, dropped on purpose or reported unwritten."""
     st = log.stats
@@ -114,18 +132,7 @@ def test_a_part_written_whose_manifest_storage_refuses_counts_as_written(
 def test_drop_mode_counts_every_record_it_could_not_write(bucket, proxy, local_s3):
     root = f"s3://{bucket}/dropping"
     proxy.fail("status", 503, times=10_000, method="PUT")
-    log = sp.AuditLog(
-        root,
-        storage_options=options(proxy),
-        flush_every=100,
-        writer="thread",
-        retry_timeout=0.3,
-        on_full="drop",
-    )
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        s, out = run(log)
-        s.close()
+    log, s, out, caught = run_dropping(root, proxy, flush_every=100, retry_timeout=0.3)
     assert len(out) == s.stats.kept > 0  # the run went on
     assert log.stats.dropped_records == len(SAMPLES) and log.stats.unwritten_records == 0
     dropped = [str(w.message) for w in caught if "dropped audit part" in str(w.message)]
@@ -918,18 +925,7 @@ def test_an_end_marker_refused_after_parts_were_dropped_says_what_the_log_holds(
     proxy.fail("status", 503, times=10_000, method="PUT", path="/part-00000002")
     proxy.fail("status", 503, times=10_000, method="PUT", path="/part-00000003")
     proxy.fail("status", 503, times=10_000, method="PUT", path="/_end-")
-    log = sp.AuditLog(
-        root,
-        storage_options=options(proxy),
-        flush_every=128,
-        writer="thread",
-        retry_timeout=0.6,
-        on_full="drop",
-    )
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        s, _ = run(log)
-        s.close()
+    log, s, _, caught = run_dropping(root, proxy, flush_every=128, retry_timeout=0.6)
     said = [str(w.message) for w in caught if "_end-" in str(w.message)]
     assert len(said) == 1 and "Every record" not in said[0], said
     assert "384 of this attempt's 640 records are in the log (3 part(s)); 256 were dropped" in said[0]
