@@ -263,22 +263,17 @@ def tail_entry(item: Any, batched: bool, key: Any) -> tuple[Any, str | None]:
 
 
 def note_tail(group: Group, batched: bool, key: Any) -> None:
-    """Note on ``group``, as it is read and before any row is handed on (a later stage may change
-    a sample in place: found by review, 2026-12-06, ``.map_dict(__key__=...)`` after ``.sift()``),
-    its rows' keys and the (key, shard) of its last ``TAIL`` input items."""
-    try:
-        keys = keys_of(group, batched, key)
-    except Exception:  # a key callable that fails: recorded as unknown, not raised here
-        keys = None
-    if keys is not None:
-        group.keys = keys  # (a list of its own: keys_of builds one)
+    """``note_keys``, and the (key, shard) of ``group``'s last ``TAIL`` input items, as it is read
+    (found by review, 2026-12-06: ``.map_dict(__key__=...)`` after ``.sift()`` changed them)."""
+    note_keys(group, batched, key)
+    if batched:  # one input item: the batch, by its first row
+        group.tail = [tail_entry(group.items[0], True, key)]
+        return
+    keys = group.keys
     try:
         shards = shard_names(group, batched)
     except Exception:
         shards = None
-    if batched:  # one input item: the batch, by its first row
-        group.tail = [(keys[0] if keys else None, shards[0] if shards else None)]
-        return
     start = max(0, group.n_items - TAIL)
     group.tail = [
         (keys[i] if keys is not None else None, shards[i] if shards is not None else None)
