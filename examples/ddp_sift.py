@@ -240,3 +240,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # DDP holds the gloo process group past destroy_process_group: end without the interpreter's
+    # teardown, where its threads could abort the finished job (see sp.exit_process)
+    sp.exit_process(0)

@@ -184,3 +184,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # under torchrun the Trainer's DDP (gloo) holds its process group to the end: end without the
+    # interpreter's teardown, where its threads could abort the finished job (see sp.exit_process)
+    sp.exit_process(0)

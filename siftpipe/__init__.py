@@ -5,6 +5,7 @@ import sys as _sys
 from .adapters.distributed import (
     EqualSteps,
     dist_info,
+    exit_process,
     fixed_steps,
     sync_history,
     sync_memory,
@@ -155,6 +156,7 @@ __all__ = [
     "Uniform",
     "WhatIf",
     "dist_info",
+    "exit_process",
     "fixed_steps",
     "get_policy",
     "get_scorer",

@@ -910,3 +910,49 @@ def test_a_checkpoint_before_the_first_pass_of_a_stage_made_before_init_keeps_ea
     launch(_seeded_before_init, 2, str(tmp_path), entry=_bare_entry)
     kept = [(tmp_path / f"kept{r}.txt").read_text().split() for r in range(2)]
     assert kept[0] != kept[1]
+
+
+ENDS = """
+import atexit, sys, threading, time
+sys.path.insert(0, {repo!r})
+import siftpipe as sp
+from tests.common import loss_field, make_samples
+
+class Teardown:
+    def __del__(self):
+        print("teardown ran", flush=True)
+
+kept = Teardown()  # a module global: deleted in the interpreter's teardown
+atexit.register(print, "atexit ran")
+threading.Thread(target=lambda: (time.sleep(0.5), print("upload done"))).start()  # not a daemon
+s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, audit=sys.argv[1])  # left open
+for _ in s(make_samples(400, seed=3)):
+    pass
+sys.stdout.write("unflushed")  # (stdout is a pipe: block-buffered)
+{end}
+"""
+
+
+@pytest.mark.parametrize("end", ["sp.exit_process(3)", "sys.exit(3)"])
+def test_exit_process_runs_the_exit_handlers_and_skips_the_teardown(tmp_path, end):
+    """DDP on gloo keeps its process group's threads alive into the interpreter's teardown, where
+    one aborted finished jobs (SIGABRT, `terminate called without an active exception`: the CI
+    run of 2026-12-06, and 5 of 16 runs of tools/stress_ddp_exit.py under load). exit_process
+    ends the process with its status once its other threads that are not daemons end, its output
+    flushed and its exit handlers run (the audit log left open is closed whole), and no teardown;
+    ``sys.exit`` is the control."""
+    import subprocess
+    import sys
+
+    from tests.common import REPO
+
+    log = str(tmp_path / "audit")
+    script = ENDS.format(repo=str(REPO), end=end)
+    done = subprocess.run(
+        [sys.executable, "-c", script, log], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 3, done.stderr
+    assert "unflushed" in done.stdout and "atexit ran" in done.stdout and "upload done" in done.stdout
+    assert ("teardown ran" in done.stdout) == (end == "sys.exit(3)")
+    report = sp.verify_log(log)
+    assert report.ok and [s.records for s in report.streams] == [400], report.lines()

@@ -51,3 +51,4 @@ def main(out: str, ckpt: str | None) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
+    sp.exit_process(0)  # (Lightning leaves the gloo process group up: no teardown to abort in)

@@ -890,6 +890,7 @@ sifter = sp.Sifter(None, ModelLoss(), sp.RelativeProbabilistic(1.0, history=64),
 trainer = SiftTrainer(model=gpt2(0.1), args=args, train_dataset=data, data_collator=pad, sifter=sifter)
 trainer.train()
 print(json.dumps({"steps": trainer.state.global_step, "epoch": trainer.sift_stream.epoch}))
+sp.exit_process(0)  # (DDP on gloo: the interpreter's teardown could abort the finished job)
 """
 
 
