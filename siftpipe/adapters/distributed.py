@@ -419,12 +419,18 @@ def fixed_steps(source: Iterable[T], steps: int) -> Iterator[T]:
             ) from None
 
 
-def exit_process(code: int = 0) -> NoReturn:
+_exiting = threading.Event()  # exit_process is under way (an exit handler it runs may call it)
+
+
+def exit_process(code: int | None = 0) -> NoReturn:
     """End this process with exit status ``code`` as the end of a script would, without the
-    interpreter's teardown: wait for the threads that are not daemons (a checkpoint upload of
-    yours), run the ``atexit`` handlers (siftpipe's, which close audit logs still open;
-    multiprocessing's, which end DataLoader workers; logging's), flush stdout and stderr, then
-    ``os._exit(code)``.
+    interpreter's teardown: wait for the threads that are not daemons as the interpreter does (a
+    checkpoint upload of yours; an executor not shut down is shut down), run the ``atexit``
+    handlers (siftpipe's, which close audit logs still open; multiprocessing's, which end
+    DataLoader workers; logging's), flush every file object of Python's own still open for
+    writing (``sys.__stdout__``, a file ``open()``-ed and never closed), then ``os._exit``.
+    Buffered writers of other libraries left open (an ``fsspec.open(..., "wb")`` never closed)
+    are not finished: close them first, as their data is not safe at a plain exit either.
 
     Call it last in a script that trains with ``DistributedDataParallel`` on the gloo backend
     (``examples/ddp_sift.py`` and ``examples/hf_lm.py`` do), after any ``destroy_process_group``. DDP
@@ -434,14 +440,53 @@ def exit_process(code: int = 0) -> NoReturn:
     process: ``terminate called without an active exception``, SIGABRT, and torchrun reports the
     job failed after all its work was done. Measured with ``python tools/stress_ddp_exit.py``: 5
     of 16 two-rank runs ending with an ``all_gather_object`` aborted on a loaded 2-core machine,
-    0 of 16 ending with this. ``code``: the exit status (0: success).
+    0 of 16 ending with this.
+
+    ``code``: the exit status as ``sys.exit`` reads it: an int (0: success), ``None`` (0), or
+    anything else, printed to stderr, then status 1. Called again from an exit handler it runs
+    (an ``atexit`` handler of yours that calls it), it raises ``SystemExit``, which the handler
+    loop reports and passes over: the first call ends the process.
     """
-    here = threading.current_thread()
-    for thread in threading.enumerate():
-        if thread is not here and thread is not threading.main_thread() and not thread.daemon:
-            thread.join()  # (as the interpreter's exit waits for them)
+    if isinstance(code, int):
+        status = code & 0xFF if code >= 0 else code % 256
+    elif code is None:
+        status = 0
+    else:
+        print(code, file=sys.stderr)
+        status = 1
+    if _exiting.is_set():
+        raise SystemExit(code)
+    _exiting.set()
+    if threading.current_thread() is threading.main_thread():
+        threading._shutdown()  # type: ignore[attr-defined]  # what the interpreter's exit does first
+    else:
+        for hook in reversed(list(getattr(threading, "_threading_atexits", ()))):
+            with contextlib.suppress(Exception):
+                hook()  # (concurrent.futures' executors: their threads end)
+        here = threading.current_thread()
+        for thread in threading.enumerate():
+            if thread is not here and thread is not threading.main_thread() and not thread.daemon:
+                thread.join()
     atexit._run_exitfuncs()  # while the interpreter is whole (each handler's error is printed)
-    for stream in (sys.stdout, sys.stderr):
+    _flush_python_files()
+    os._exit(status)
+
+
+def _flush_python_files() -> None:
+    """Flush the standard streams and every file object of ``io``'s own still open for writing
+    (their text layers first): what the teardown's closing them would have written."""
+    import gc
+    import io
+
+    texts: list[Any] = [sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__]
+    buffers: list[Any] = []
+    own = (io.BufferedWriter, io.BufferedRandom)
+    for obj in gc.get_objects():
+        if type(obj) is io.TextIOWrapper and type(getattr(obj, "buffer", None)) in own:
+            texts.append(obj)
+        elif type(obj) in own:
+            buffers.append(obj)
+    for stream in texts + buffers:
         with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(int(code))
+            if stream is not None and not stream.closed:
+                stream.flush()

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import siftpipe as sp
-from tests.common import loss_field, make_samples, roundtrip
+from tests.common import REPO, loss_field, make_samples, roundtrip
 
 
 def free_port():
@@ -914,6 +914,7 @@ def test_a_checkpoint_before_the_first_pass_of_a_stage_made_before_init_keeps_ea
 
 ENDS = """
 import atexit, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, {repo!r})
 import siftpipe as sp
 from tests.common import loss_field, make_samples
@@ -925,6 +926,10 @@ class Teardown:
 kept = Teardown()  # a module global: deleted in the interpreter's teardown
 atexit.register(print, "atexit ran")
 threading.Thread(target=lambda: (time.sleep(0.5), print("upload done"))).start()  # not a daemon
+pool = ThreadPoolExecutor(2)
+pool.submit(time.sleep, 0.2)  # never shut down (its threads are not daemons)
+notes = open(sys.argv[2], "w")
+notes.write("metrics: 42")  # never closed
 s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, audit=sys.argv[1])  # left open
 for _ in s(make_samples(400, seed=3)):
     pass
@@ -933,26 +938,45 @@ sys.stdout.write("unflushed")  # (stdout is a pipe: block-buffered)
 """
 
 
-@pytest.mark.parametrize("end", ["sp.exit_process(3)", "sys.exit(3)"])
+@pytest.mark.parametrize("end", ["sp.exit_process(3)", "sys.exit(3)", "atexit.register(sp.exit_process, 3)"])
 def test_exit_process_runs_the_exit_handlers_and_skips_the_teardown(tmp_path, end):
     """DDP on gloo keeps its process group's threads alive into the interpreter's teardown, where
     one aborted finished jobs (SIGABRT, `terminate called without an active exception`: the CI
     run of 2026-12-06, and 5 of 16 runs of tools/stress_ddp_exit.py under load). exit_process
-    ends the process with its status once its other threads that are not daemons end, its output
-    flushed and its exit handlers run (the audit log left open is closed whole), and no teardown;
-    ``sys.exit`` is the control."""
+    ends the process with its status once its other threads that are not daemons end (an
+    executor never shut down too: the review of it hung there), its output and files left open
+    flushed (lost at first) and its exit handlers run (the audit log left open is closed whole),
+    and no teardown; called from an exit handler, once (at first it ran the handlers again and
+    again, and the log's close failed at the recursion limit). ``sys.exit`` is the control."""
     import subprocess
     import sys
 
-    from tests.common import REPO
-
-    log = str(tmp_path / "audit")
+    log, notes = str(tmp_path / "audit"), tmp_path / "notes.txt"
     script = ENDS.format(repo=str(REPO), end=end)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     done = subprocess.run(
-        [sys.executable, "-c", script, log], capture_output=True, text=True, timeout=120, check=False
-    )
+        [sys.executable, "-c", script, log, str(notes)],
+        capture_output=True, text=True, timeout=120, check=False, env=env,
+    )  # fmt: skip
     assert done.returncode == 3, done.stderr
     assert "unflushed" in done.stdout and "atexit ran" in done.stdout and "upload done" in done.stdout
     assert ("teardown ran" in done.stdout) == (end == "sys.exit(3)")
+    assert notes.read_text() == "metrics: 42"
     report = sp.verify_log(log)
     assert report.ok and [s.records for s in report.streams] == [400], report.lines()
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "said"), [(None, 0, ""), (True, 1, ""), (-1, 255, ""), ("no", 1, "no")]
+)
+def test_exit_process_reads_its_code_as_sys_exit_does(code, status, said):
+    """The review: a code that was not an int raised after the exit handlers had run, and the
+    process went on into the teardown the function avoids."""
+    import subprocess
+    import sys
+
+    script = f"import sys; sys.path.insert(0, {REPO!r}); import siftpipe as sp; sp.exit_process({code!r})"
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == status and done.stderr.strip() == said, done.stderr
