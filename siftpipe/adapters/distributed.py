@@ -419,7 +419,10 @@ def fixed_steps(source: Iterable[T], steps: int) -> Iterator[T]:
             ) from None
 
 
-_exiting = threading.Event()  # exit_process is under way (an exit handler it runs may call it)
+_forked = threading.Event()  # this process is a fork of the one that imported siftpipe
+os.register_at_fork(after_in_child=_forked.set)
+_exit_lock = threading.Lock()
+_exiting: list[threading.Thread] = []  # the thread whose exit_process call is ending the process
 
 
 def exit_process(code: int | None = 0) -> NoReturn:
@@ -430,7 +433,12 @@ def exit_process(code: int | None = 0) -> NoReturn:
     DataLoader workers; logging's), flush every file object of Python's own still open for
     writing (``sys.__stdout__``, a file ``open()``-ed and never closed), then ``os._exit``.
     Buffered writers of other libraries left open (an ``fsspec.open(..., "wb")`` never closed)
-    are not finished: close them first, as their data is not safe at a plain exit either.
+    are not finished: close them first, as their data is not safe at a plain exit either. A
+    standard output that cannot be written (a full disk, a pipe whose reader is gone) is said on
+    stderr and makes a success exit 120, as Python's exit does. In a forked child (a rank started
+    by ``fork``) the exit handlers and open files are its parent's: it ends as multiprocessing
+    ends such a child, with multiprocessing's finalizers (siftpipe's logs are closed there) and
+    the standard streams flushed.
 
     Call it last in a script that trains with ``DistributedDataParallel`` on the gloo backend
     (``examples/ddp_sift.py`` and ``examples/hf_lm.py`` do), after any ``destroy_process_group``. DDP
@@ -439,13 +447,14 @@ def exit_process(code: int | None = 0) -> NoReturn:
     interpreter began its teardown (a loaded machine delays it) needs the GIL there and aborts the
     process: ``terminate called without an active exception``, SIGABRT, and torchrun reports the
     job failed after all its work was done. Measured with ``python tools/stress_ddp_exit.py``: 5
-    of 16 two-rank runs ending with an ``all_gather_object`` aborted on a loaded 2-core machine,
-    0 of 16 ending with this.
+    and 6 of 16 two-rank runs ending with an ``all_gather_object`` aborted on a loaded 2-core
+    machine (two runs), 0 of 16 each time ending with this.
 
     ``code``: the exit status as ``sys.exit`` reads it: an int (0: success), ``None`` (0), or
-    anything else, printed to stderr, then status 1. Called again from an exit handler it runs
-    (an ``atexit`` handler of yours that calls it), it raises ``SystemExit``, which the handler
-    loop reports and passes over: the first call ends the process.
+    anything else, printed to stderr, then status 1. The first call ends the process, with its
+    status: called again meanwhile from an exit handler it runs (an ``atexit`` handler of yours
+    that calls it) or from a thread that is not a daemon (which the first call waits for), it
+    raises ``SystemExit`` there; from another thread, it waits for the end.
     """
     if isinstance(code, int):
         status = code & 0xFF if code >= 0 else code % 256
@@ -454,10 +463,34 @@ def exit_process(code: int | None = 0) -> NoReturn:
     else:
         print(code, file=sys.stderr)
         status = 1
-    if _exiting.is_set():
-        raise SystemExit(code)
-    _exiting.set()
-    if threading.current_thread() is threading.main_thread():
+    here = threading.current_thread()
+    with _exit_lock:
+        first = not _exiting
+        if first:
+            _exiting.append(here)
+    if not first:
+        if _exiting[0] is here or not (here.daemon or here is threading.main_thread()):
+            # an exit handler it runs called it (the loop reports SystemExit and goes on), or a
+            # thread its first call waits for: that thread ends
+            raise SystemExit(code)
+        threading.Event().wait()  # the first call ends the process, with its status
+    try:
+        status = _end(status)
+    finally:
+        os._exit(status)
+
+
+def _end(status: int) -> int:
+    """What ending the process runs before ``os._exit``: the status to exit with."""
+    import multiprocessing
+    import multiprocessing.util
+
+    forked = _forked.is_set() or (
+        multiprocessing.parent_process() is not None
+        and multiprocessing.get_start_method(allow_none=True) == "fork"
+    )
+    main = threading.current_thread() is threading.main_thread()
+    if main:
         threading._shutdown()  # type: ignore[attr-defined]  # what the interpreter's exit does first
     else:
         for hook in reversed(list(getattr(threading, "_threading_atexits", ()))):
@@ -467,18 +500,23 @@ def exit_process(code: int | None = 0) -> NoReturn:
         for thread in threading.enumerate():
             if thread is not here and thread is not threading.main_thread() and not thread.daemon:
                 thread.join()
+    if forked:
+        # a forked child's exit handlers and open files are its parent's (a TemporaryDirectory's
+        # removal, buffered lines): it ends as multiprocessing ends one, with its finalizers
+        if multiprocessing.parent_process() is not None:
+            multiprocessing.util._exit_function()  # type: ignore[attr-defined]
+        return _flush_streams(status, [])
     atexit._run_exitfuncs()  # while the interpreter is whole (each handler's error is printed)
-    _flush_python_files()
-    os._exit(status)
+    return _flush_streams(status, _python_files())
 
 
-def _flush_python_files() -> None:
-    """Flush the standard streams and every file object of ``io``'s own still open for writing
-    (their text layers first): what the teardown's closing them would have written."""
+def _python_files() -> list[Any]:
+    """Every file object of ``io``'s own still open for writing, text layers first: what the
+    teardown's closing them would have written."""
     import gc
     import io
 
-    texts: list[Any] = [sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__]
+    texts: list[Any] = []
     buffers: list[Any] = []
     own = (io.BufferedWriter, io.BufferedRandom)
     for obj in gc.get_objects():
@@ -486,7 +524,24 @@ def _flush_python_files() -> None:
             texts.append(obj)
         elif type(obj) in own:
             buffers.append(obj)
-    for stream in texts + buffers:
-        with contextlib.suppress(Exception):
-            if stream is not None and not stream.closed:
+    return texts + buffers
+
+
+def _flush_streams(status: int, files: list[Any]) -> int:
+    """Flush stdout and stderr (those set now and the process's own), then ``files``; the status
+    120 for a success whose standard output could not be written (as Python's exit says it)."""
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None and not getattr(stream, "closed", False):
                 stream.flush()
+        except OSError as e:  # a full disk, a pipe whose reader is gone
+            with contextlib.suppress(Exception):
+                print(f"siftpipe: exit_process could not flush {stream!r}: {e!r}", file=sys.__stderr__)
+            status = status or 120
+        except Exception:  # (a stand-in for stdout that is no file: as Python's exit, nothing said)
+            pass
+    for file in files:
+        with contextlib.suppress(Exception):
+            if not file.closed:
+                file.flush()
+    return status

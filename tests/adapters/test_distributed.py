@@ -46,6 +46,9 @@ def _entry(fn, rank, world, port, args):
         fn(rank, world, *args)
     finally:
         dist.destroy_process_group()
+    # a DDP wrapper keeps the group's gloo threads alive into the interpreter's teardown, where one
+    # aborted a finished rank (below): no teardown
+    sp.exit_process(0)
 
 
 def _bare_entry(fn, rank, world, port, args):
@@ -720,12 +723,9 @@ def _ddp_wrapper_scored(rank, world, out_dir):
     assert all(torch.equal(every[0], w) for w in every)
     assert set(given) == {"Sequential"}  # the scorer is given the module DDP wraps
     np.save(os.path.join(out_dir, f"rank{rank}.npy"), np.array([steps, sifter.stats.micro_batches]))
-    # the DDP wrapper let go before the process group is destroyed: once in a CI run both ranks
-    # aborted at exit ("terminate called without an active exception", exit -6) after the test's
-    # work was done, a teardown race of the wrapper's reducer with the group (2026-12-06)
-    dist.barrier()
-    del model, opt, sifter
-    gc.collect()
+    # once in a CI run both ranks aborted at exit ("terminate called without an active exception",
+    # exit -6) after the test's work was done: the wrapper's reducer keeps the group's gloo threads
+    # alive (letting go of it here did not end them), so _entry ends with sp.exit_process
 
 
 def test_a_ddp_wrapper_given_as_the_model_is_scored_through_its_module_without_a_hang(tmp_path):
@@ -764,7 +764,6 @@ def _sharded_scored(rank, world, out_dir):
     list(sifter([{"__key__": f"k{i}", "x": torch.randn(4)} for i in range(8)]))
     assert given and all(m is ddp.module for m in given)
     # a model set to None afterwards is not held by the stage (review: kept alive)
-    import gc
     import weakref
 
     held = weakref.ref(compiled)
@@ -942,7 +941,7 @@ sys.stdout.write("unflushed")  # (stdout is a pipe: block-buffered)
 def test_exit_process_runs_the_exit_handlers_and_skips_the_teardown(tmp_path, end):
     """DDP on gloo keeps its process group's threads alive into the interpreter's teardown, where
     one aborted finished jobs (SIGABRT, `terminate called without an active exception`: the CI
-    run of 2026-12-06, and 5 of 16 runs of tools/stress_ddp_exit.py under load). exit_process
+    run of 2026-12-06, and 5 and 6 of 16 runs of tools/stress_ddp_exit.py under load). exit_process
     ends the process with its status once its other threads that are not daemons end (an
     executor never shut down too: the review of it hung there), its output and files left open
     flushed (lost at first) and its exit handlers run (the audit log left open is closed whole),
@@ -980,3 +979,66 @@ def test_exit_process_reads_its_code_as_sys_exit_does(code, status, said):
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == status and done.stderr.strip() == said, done.stderr
+
+
+FORKED = """
+import os, sys, tempfile, multiprocessing as mp
+sys.path.insert(0, {repo!r})
+import siftpipe as sp
+work = tempfile.TemporaryDirectory()  # the parent's: its exit handler removes it
+log = open(sys.argv[1], "w")
+log.write("parent line")  # buffered in the parent at the fork
+def rank():
+    sp.exit_process(0)
+if __name__ == "__main__":
+    child = mp.get_context("fork").Process(target=rank)
+    child.start()
+    child.join()
+    print(child.exitcode, os.path.isdir(work.name))
+    log.close()
+"""
+
+TWO_THREADS = """
+import atexit, sys, threading, time
+sys.path.insert(0, {repo!r})
+import siftpipe as sp
+started = threading.Event()
+def handler():
+    print("handler ran", flush=True)
+    started.set()
+    time.sleep(0.5)  # (the main thread's call comes meanwhile)
+atexit.register(handler)
+threading.Thread(target=sp.exit_process, args=(1,), daemon=True).start()  # a watchdog gives up
+started.wait()
+sp.exit_process(0)
+"""
+
+
+def test_exit_process_in_a_forked_child_a_second_thread_and_an_unwritable_stdout(tmp_path):
+    """Its second review: a rank started by fork ran its parent's exit handlers (the parent's
+    temporary directory removed while it ran) and wrote the parent's buffered file again; a
+    second call from the main thread while a watchdog's call ran went into the teardown, ran
+    the handlers twice, and the process exited 0, not the first call's 1; stdout on a full disk
+    lost the result line and exited 0 (Python's exit: 120 and a note)."""
+    import subprocess
+    import sys
+
+    def run(script, *args, **kw):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+        cmd = [sys.executable, "-c", script.format(repo=str(REPO)), *args]
+        return subprocess.run(cmd, text=True, timeout=120, check=False, env=env, **kw)
+
+    log = tmp_path / "parent.log"
+    forked = run(FORKED, str(log), capture_output=True)
+    assert forked.stdout.split() == ["0", "True"], forked.stderr
+    assert log.read_text() == "parent line"  # once
+
+    two = run(TWO_THREADS, capture_output=True)
+    assert two.returncode == 1 and two.stdout.count("handler ran") == 1, (two.stdout, two.stderr)
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    with open("/dev/full", "w") as full:
+        lost = run("import sys; sys.path.insert(0, {repo!r}); import siftpipe as sp; print('result'); "
+                   "sp.exit_process(0)", stdout=full, stderr=subprocess.PIPE)  # fmt: skip
+    assert lost.returncode == 120 and "could not flush" in lost.stderr, lost.stderr
