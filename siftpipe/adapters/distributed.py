@@ -436,9 +436,11 @@ def exit_process(code: int | None = 0) -> NoReturn:
     are not finished: close them first, as their data is not safe at a plain exit either. A
     standard output that cannot be written (a full disk, a pipe whose reader is gone) is said on
     stderr and makes a success exit 120, as Python's exit does. In a forked child (a rank started
-    by ``fork``) the exit handlers and open files are its parent's: it ends as multiprocessing
-    ends such a child, with multiprocessing's finalizers (siftpipe's logs are closed there) and
-    the standard streams flushed.
+    by multiprocessing with ``fork`` or ``forkserver``) the exit handlers and open files are its
+    parent's: it ends as multiprocessing ends such a child, with multiprocessing's finalizers
+    (siftpipe's logs are closed there) and the standard streams flushed; close the files it
+    opened first. A Ctrl-C or a signal handler's exit while it waits for threads is printed,
+    and the exit handlers still run.
 
     Call it last in a script that trains with ``DistributedDataParallel`` on the gloo backend
     (``examples/ddp_sift.py`` and ``examples/hf_lm.py`` do), after any ``destroy_process_group``. DDP
@@ -473,7 +475,9 @@ def exit_process(code: int | None = 0) -> NoReturn:
             # an exit handler it runs called it (the loop reports SystemExit and goes on), or a
             # thread its first call waits for: that thread ends
             raise SystemExit(code)
-        threading.Event().wait()  # the first call ends the process, with its status
+        while True:  # the first call ends the process, with its status
+            with contextlib.suppress(BaseException):  # (a Ctrl-C here would start a teardown)
+                threading.Event().wait()
     try:
         status = _end(status)
     finally:
@@ -484,27 +488,31 @@ def _end(status: int) -> int:
     """What ending the process runs before ``os._exit``: the status to exit with."""
     import multiprocessing
     import multiprocessing.util
+    import traceback
 
-    forked = _forked.is_set() or (
-        multiprocessing.parent_process() is not None
-        and multiprocessing.get_start_method(allow_none=True) == "fork"
+    # a child multiprocessing started by fork or forkserver ends with os._exit after its
+    # finalizers, never running exit handlers (those it has are its parent's: a
+    # TemporaryDirectory's removal) nor closing files (its parent's buffered lines); a spawned
+    # child, a script and a child of a bare os.fork end through the exit handlers
+    pool_child = multiprocessing.parent_process() is not None and (
+        _forked.is_set() or multiprocessing.get_start_method(allow_none=True) in ("fork", "forkserver")
     )
-    main = threading.current_thread() is threading.main_thread()
-    if main:
-        threading._shutdown()  # type: ignore[attr-defined]  # what the interpreter's exit does first
-    else:
-        for hook in reversed(list(getattr(threading, "_threading_atexits", ()))):
-            with contextlib.suppress(Exception):
-                hook()  # (concurrent.futures' executors: their threads end)
-        here = threading.current_thread()
-        for thread in threading.enumerate():
-            if thread is not here and thread is not threading.main_thread() and not thread.daemon:
-                thread.join()
-    if forked:
-        # a forked child's exit handlers and open files are its parent's (a TemporaryDirectory's
-        # removal, buffered lines): it ends as multiprocessing ends one, with its finalizers
-        if multiprocessing.parent_process() is not None:
-            multiprocessing.util._exit_function()  # type: ignore[attr-defined]
+    try:
+        if threading.current_thread() is threading.main_thread():
+            threading._shutdown()  # type: ignore[attr-defined]  # what the interpreter's exit does first
+        else:
+            for hook in reversed(list(getattr(threading, "_threading_atexits", ()))):
+                with contextlib.suppress(Exception):
+                    hook()  # (concurrent.futures' executors: their threads end)
+            here = threading.current_thread()
+            for thread in threading.enumerate():
+                if thread is not here and thread is not threading.main_thread() and not thread.daemon:
+                    thread.join()
+    except BaseException:  # Ctrl-C, a signal handler's exit, while it waited: the rest still runs
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
+    if pool_child:
+        multiprocessing.util._exit_function()  # type: ignore[attr-defined]
         return _flush_streams(status, [])
     atexit._run_exitfuncs()  # while the interpreter is whole (each handler's error is printed)
     return _flush_streams(status, _python_files())
@@ -530,9 +538,13 @@ def _python_files() -> list[Any]:
 def _flush_streams(status: int, files: list[Any]) -> int:
     """Flush stdout and stderr (those set now and the process's own), then ``files``; the status
     120 for a success whose standard output could not be written (as Python's exit says it)."""
+    streams: list[Any] = []
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        if stream is not None and all(stream is not seen for seen in streams):
+            streams.append(stream)
+    for stream in streams:
         try:
-            if stream is not None and not getattr(stream, "closed", False):
+            if not getattr(stream, "closed", False):
                 stream.flush()
         except OSError as e:  # a full disk, a pipe whose reader is gone
             with contextlib.suppress(Exception):

@@ -1042,3 +1042,54 @@ def test_exit_process_in_a_forked_child_a_second_thread_and_an_unwritable_stdout
         lost = run("import sys; sys.path.insert(0, {repo!r}); import siftpipe as sp; print('result'); "
                    "sp.exit_process(0)", stdout=full, stderr=subprocess.PIPE)  # fmt: skip
     assert lost.returncode == 120 and "could not flush" in lost.stderr, lost.stderr
+
+
+BARE_FORK_OR_CTRL_C = """
+import atexit, os, signal, sys, threading, time
+sys.path.insert(0, {repo!r})
+import siftpipe as sp
+from tests.common import loss_field, make_samples
+
+def sift():
+    s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, audit=sys.argv[1])  # left open
+    for _ in s(make_samples(400, seed=3)):
+        pass
+    return s
+
+if sys.argv[2] == "fork":
+    pid = os.fork()
+    if pid:
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        sys.exit(0)
+    kept = sift()
+    sp.exit_process(0)
+kept = sift()
+atexit.register(print, "atexit ran", flush=True)
+def interrupt():  # Ctrl-C while exit_process waits for this thread
+    time.sleep(0.3)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.3)
+threading.Thread(target=interrupt).start()
+sp.exit_process(0)
+"""
+
+
+@pytest.mark.parametrize("mode", ["fork", "ctrl-c"])
+def test_exit_process_in_a_bare_fork_or_interrupted_while_it_waits_closes_the_log(tmp_path, mode):
+    """Its third review: a child of a bare ``os.fork`` (not multiprocessing) ran neither the exit
+    handlers nor multiprocessing's, and its audit log read INCOMPLETE with 0 of 400 records (a
+    plain exit there runs the handlers); a Ctrl-C while it waited for a thread skipped every
+    exit handler, the same loss. Both close the log whole now."""
+    import subprocess
+    import sys
+
+    log = str(tmp_path / "audit")
+    cmd = [sys.executable, "-c", BARE_FORK_OR_CTRL_C.format(repo=str(REPO)), log, mode]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    if mode == "fork":
+        assert done.stdout.split() == ["0"], done.stderr  # the child's status
+    else:
+        assert "atexit ran" in done.stdout and "KeyboardInterrupt" in done.stderr, done.stderr
+    report = sp.verify_log(log)
+    assert report.ok and [s.records for s in report.streams] == [400], report.lines()
