@@ -36,6 +36,7 @@ import contextlib
 import os
 import sys
 import threading
+import traceback
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any, NoReturn, TypeVar
@@ -422,6 +423,7 @@ def fixed_steps(source: Iterable[T], steps: int) -> Iterator[T]:
 _forked = threading.Event()  # this process is a fork of the one that imported siftpipe
 os.register_at_fork(after_in_child=_forked.set)
 _exit_lock = threading.Lock()
+_interrupted = threading.Event()  # a second caller parked in the main thread was interrupted
 _exiting: list[threading.Thread] = []  # the thread whose exit_process call is ending the process
 
 
@@ -456,7 +458,9 @@ def exit_process(code: int | None = 0) -> NoReturn:
     anything else, printed to stderr, then status 1. The first call ends the process, with its
     status: called again meanwhile from an exit handler it runs (an ``atexit`` handler of yours
     that calls it) or from a thread that is not a daemon (which the first call waits for), it
-    raises ``SystemExit`` there; from another thread, it waits for the end.
+    raises ``SystemExit`` there; from another thread, it waits for the end (a Ctrl-C or a signal
+    handler's exit in that wait stops the first call's wait for threads; a second ends the
+    process at once, status 130).
     """
     if isinstance(code, int):
         status = code & 0xFF if code >= 0 else code % 256
@@ -476,10 +480,16 @@ def exit_process(code: int | None = 0) -> NoReturn:
             # thread its first call waits for: that thread ends
             raise SystemExit(code)
         while True:  # the first call ends the process, with its status
-            with contextlib.suppress(BaseException):  # (a Ctrl-C here would start a teardown)
+            try:
                 threading.Event().wait()
+            except BaseException:  # (left, a Ctrl-C here would start a teardown beside it)
+                if _interrupted.is_set():
+                    os._exit(130)  # interrupted twice: now
+                _interrupted.set()  # the first call stops waiting for threads
     try:
         status = _end(status)
+    except BaseException:
+        _print_exception()
     finally:
         os._exit(status)
 
@@ -488,7 +498,6 @@ def _end(status: int) -> int:
     """What ending the process runs before ``os._exit``: the status to exit with."""
     import multiprocessing
     import multiprocessing.util
-    import traceback
 
     # a child multiprocessing started by fork or forkserver ends with os._exit after its
     # finalizers, never running exit handlers (those it has are its parent's: a
@@ -507,15 +516,26 @@ def _end(status: int) -> int:
             here = threading.current_thread()
             for thread in threading.enumerate():
                 if thread is not here and thread is not threading.main_thread() and not thread.daemon:
-                    thread.join()
+                    while thread.is_alive() and not _interrupted.is_set():
+                        thread.join(0.1)  # (a Ctrl-C reaches a main thread parked in a second call)
     except BaseException:  # Ctrl-C, a signal handler's exit, while it waited: the rest still runs
-        with contextlib.suppress(Exception):
-            traceback.print_exc()
-    if pool_child:
-        multiprocessing.util._exit_function()  # type: ignore[attr-defined]
-        return _flush_streams(status, [])
-    atexit._run_exitfuncs()  # while the interpreter is whole (each handler's error is printed)
-    return _flush_streams(status, _python_files())
+        _print_exception()
+    files: list[Any] = []
+    try:
+        if pool_child:
+            multiprocessing.util._exit_function()  # type: ignore[attr-defined]
+        else:
+            atexit._run_exitfuncs()  # while the interpreter is whole (each handler's error is printed)
+            files = _python_files()
+    except BaseException:  # (as multiprocessing's child says an error in its finalizers)
+        _print_exception()
+        status = status or 1
+    return _flush_streams(status, files)
+
+
+def _print_exception() -> None:
+    with contextlib.suppress(BaseException):
+        traceback.print_exc()
 
 
 def _python_files() -> list[Any]:

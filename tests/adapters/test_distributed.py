@@ -1093,3 +1093,69 @@ def test_exit_process_in_a_bare_fork_or_interrupted_while_it_waits_closes_the_lo
         assert "atexit ran" in done.stdout and "KeyboardInterrupt" in done.stderr, done.stderr
     report = sp.verify_log(log)
     assert report.ok and [s.records for s in report.streams] == [400], report.lines()
+
+
+INTERRUPTED = """
+import multiprocessing as mp, os, signal, sys, threading, time
+sys.path.insert(0, {repo!r})
+import siftpipe as sp
+
+def stack(thread):
+    frame, names = sys._current_frames().get(thread.ident), []
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return names
+
+def interrupt_inside(name, thread):
+    # SIGINT once ``thread`` waits inside ``name``
+    while not (name in stack(thread) and stack(thread)[0] in ("wait", "poll", "_wait_for_tstate_lock")):
+        time.sleep(0.01)
+    time.sleep(0.1)
+    os.kill(os.getpid(), signal.SIGINT)
+
+def watchdog():
+    threading.Thread(target=interrupt_inside, args=("exit_process", threading.main_thread()),
+                     daemon=True).start()
+    sp.exit_process(1)
+
+def rank():
+    mp.get_context("fork").Process(target=time.sleep, args=(5,)).start()  # joined at the exit
+    print("RESULT", flush=False)  # (a pipe: block-buffered)
+    threading.Thread(target=interrupt_inside, args=("_exit_function", threading.main_thread()),
+                     daemon=True).start()
+    sp.exit_process(0)
+
+if __name__ == "__main__":
+    if sys.argv[1] == "parked":
+        threading.Thread(target=time.sleep, args=(3600,)).start()  # a stuck upload: not a daemon
+        first = threading.Thread(target=watchdog, daemon=True)
+        first.start()
+        while "_end" not in stack(first):
+            time.sleep(0.01)  # (the watchdog's call goes first)
+        sp.exit_process(0)
+    child = mp.get_context("fork").Process(target=rank)
+    child.start()
+    child.join()
+    print("rank", child.exitcode)
+"""
+
+
+@pytest.mark.parametrize("case", ["parked", "fork"])
+def test_exit_process_interrupted_ends_and_says_so(case):
+    """Its fourth review: a main thread parked in a second call swallowed Ctrl-C and SIGTERM while
+    the first call (a watchdog's) waited for a stuck thread: only SIGKILL ended it. A rank started
+    by fork, interrupted while multiprocessing's exit joined its child, lost its buffered result
+    line and exited 0 without a word. Now the interrupt ends the wait (status: the first call's),
+    and the fork's rank says the interrupt, keeps its line and exits 1 (as ``return`` there)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    cmd = [sys.executable, "-c", INTERRUPTED.format(repo=str(REPO)), case]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False, env=env)
+    if case == "parked":
+        assert done.returncode == 1, done.stderr  # the watchdog's call ended it
+    else:
+        assert done.stdout.split() == ["RESULT", "rank", "1"], (done.stdout, done.stderr)
+        assert "KeyboardInterrupt" in done.stderr
