@@ -420,11 +420,28 @@ def fixed_steps(source: Iterable[T], steps: int) -> Iterator[T]:
             ) from None
 
 
+class _Exit:
+    """Where ``exit_process`` stands in this process."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.lock = threading.Lock()
+        self.first: threading.Thread | None = None  # the thread whose call ends the process
+        self.interrupted = threading.Event()  # set: a second caller parked in the main thread was hit
+
+
+_exit = _Exit()
 _forked = threading.Event()  # this process is a fork of the one that imported siftpipe
-os.register_at_fork(after_in_child=_forked.set)
-_exit_lock = threading.Lock()
-_interrupted = threading.Event()  # a second caller parked in the main thread was interrupted
-_exiting: list[threading.Thread] = []  # the thread whose exit_process call is ending the process
+
+
+def _after_fork() -> None:
+    _forked.set()
+    _exit.reset()  # (a fork made while the parent exits, or holds the lock: the child's own)
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def exit_process(code: int | None = 0) -> NoReturn:
@@ -470,12 +487,12 @@ def exit_process(code: int | None = 0) -> NoReturn:
         print(code, file=sys.stderr)
         status = 1
     here = threading.current_thread()
-    with _exit_lock:
-        first = not _exiting
+    with _exit.lock:
+        first = _exit.first is None
         if first:
-            _exiting.append(here)
+            _exit.first = here
     if not first:
-        if _exiting[0] is here or not (here.daemon or here is threading.main_thread()):
+        if _exit.first is here or not (here.daemon or here is threading.main_thread()):
             # an exit handler it runs called it (the loop reports SystemExit and goes on), or a
             # thread its first call waits for: that thread ends
             raise SystemExit(code)
@@ -483,9 +500,10 @@ def exit_process(code: int | None = 0) -> NoReturn:
             try:
                 threading.Event().wait()
             except BaseException:  # (left, a Ctrl-C here would start a teardown beside it)
-                if _interrupted.is_set():
+                _print_exception()
+                if _exit.interrupted.is_set():
                     os._exit(130)  # interrupted twice: now
-                _interrupted.set()  # the first call stops waiting for threads
+                _exit.interrupted.set()  # the first call stops waiting for threads
     try:
         status = _end(status)
     except BaseException:
@@ -516,7 +534,7 @@ def _end(status: int) -> int:
             here = threading.current_thread()
             for thread in threading.enumerate():
                 if thread is not here and thread is not threading.main_thread() and not thread.daemon:
-                    while thread.is_alive() and not _interrupted.is_set():
+                    while thread.is_alive() and not _exit.interrupted.is_set():
                         thread.join(0.1)  # (a Ctrl-C reaches a main thread parked in a second call)
     except BaseException:  # Ctrl-C, a signal handler's exit, while it waited: the rest still runs
         _print_exception()

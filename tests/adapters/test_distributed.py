@@ -1066,7 +1066,15 @@ if sys.argv[2] == "fork":
 kept = sift()
 atexit.register(print, "atexit ran", flush=True)
 def interrupt():  # Ctrl-C while exit_process waits for this thread
-    time.sleep(0.3)
+    main = threading.main_thread()
+    while True:
+        frame, names = sys._current_frames().get(main.ident), []
+        while frame is not None:
+            names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        if "exit_process" in names and names[0] in ("wait", "_wait_for_tstate_lock", "_shutdown"):
+            break
+        time.sleep(0.01)
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(0.3)
 threading.Thread(target=interrupt).start()
@@ -1109,7 +1117,8 @@ def stack(thread):
 
 def interrupt_inside(name, thread):
     # SIGINT once ``thread`` waits inside ``name``
-    while not (name in stack(thread) and stack(thread)[0] in ("wait", "poll", "_wait_for_tstate_lock")):
+    waits = ("wait", "poll", "_wait_for_tstate_lock", "_shutdown")
+    while not (name in stack(thread) and stack(thread)[0] in waits):
         time.sleep(0.01)
     time.sleep(0.1)
     os.kill(os.getpid(), signal.SIGINT)
@@ -1119,14 +1128,31 @@ def watchdog():
                      daemon=True).start()
     sp.exit_process(1)
 
+def until_its_parent_ends():
+    mp.parent_process().join()
+
 def rank():
-    mp.get_context("fork").Process(target=time.sleep, args=(5,)).start()  # joined at the exit
+    mp.get_context("fork").Process(target=until_its_parent_ends).start()  # joined at the exit
     print("RESULT", flush=False)  # (a pipe: block-buffered)
     threading.Thread(target=interrupt_inside, args=("_exit_function", threading.main_thread()),
                      daemon=True).start()
     sp.exit_process(0)
 
+def child_ends():
+    sp.exit_process(0)
+
+def fork_meanwhile():  # a rank started by fork once the parent's exit_process is under way
+    while "exit_process" not in stack(threading.main_thread()):
+        time.sleep(0.01)
+    child = mp.get_context("fork").Process(target=child_ends)
+    child.start()
+    child.join()
+    print("child", child.exitcode, flush=True)
+
 if __name__ == "__main__":
+    if sys.argv[1] == "forked-meanwhile":
+        threading.Thread(target=fork_meanwhile).start()  # not a daemon: the exit waits for it
+        sp.exit_process(0)
     if sys.argv[1] == "parked":
         threading.Thread(target=time.sleep, args=(3600,)).start()  # a stuck upload: not a daemon
         first = threading.Thread(target=watchdog, daemon=True)
@@ -1141,13 +1167,15 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("case", ["parked", "fork"])
+@pytest.mark.parametrize("case", ["parked", "fork", "forked-meanwhile"])
 def test_exit_process_interrupted_ends_and_says_so(case):
     """Its fourth review: a main thread parked in a second call swallowed Ctrl-C and SIGTERM while
     the first call (a watchdog's) waited for a stuck thread: only SIGKILL ended it. A rank started
     by fork, interrupted while multiprocessing's exit joined its child, lost its buffered result
     line and exited 0 without a word. Now the interrupt ends the wait (status: the first call's),
-    and the fork's rank says the interrupt, keeps its line and exits 1 (as ``return`` there)."""
+    and the fork's rank says the interrupt, keeps its line and exits 1 (as ``return`` there).
+    The fifth: the parked thread's interrupt was not said; a child forked while its parent's
+    call ran took itself for a second caller and never ended (its parent's state, inherited)."""
     import subprocess
     import sys
 
@@ -1155,7 +1183,9 @@ def test_exit_process_interrupted_ends_and_says_so(case):
     cmd = [sys.executable, "-c", INTERRUPTED.format(repo=str(REPO)), case]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False, env=env)
     if case == "parked":
-        assert done.returncode == 1, done.stderr  # the watchdog's call ended it
+        assert done.returncode == 1 and "KeyboardInterrupt" in done.stderr, done.stderr  # the watchdog's
+    elif case == "forked-meanwhile":
+        assert done.returncode == 0 and done.stdout.split() == ["child", "0"], (done.stdout, done.stderr)
     else:
         assert done.stdout.split() == ["RESULT", "rank", "1"], (done.stdout, done.stderr)
         assert "KeyboardInterrupt" in done.stderr
