@@ -451,8 +451,10 @@ def exit_process(code: int | None = 0) -> NoReturn:
     handlers (siftpipe's, which close audit logs still open; multiprocessing's, which end
     DataLoader workers; logging's), flush every file object of Python's own still open for
     writing (``sys.__stdout__``, a file ``open()``-ed and never closed), then ``os._exit``.
-    Buffered writers of other libraries left open (an ``fsspec.open(..., "wb")`` never closed)
-    are not finished: close them first, as their data is not safe at a plain exit either. A
+    Writers that finish their file when closed (``gzip.open``, ``zipfile.ZipFile``, tarfile,
+    webdataset's ``TarWriter``/``ShardWriter``, ``fsspec.open(..., "wb")``) are not closed here,
+    where a plain exit closes those a module still holds: close them before the call. Output C
+    code buffered (an extension's ``printf``) is flushed. A
     standard output that cannot be written (a full disk, a pipe whose reader is gone) is said on
     stderr and makes a success exit 120, as Python's exit does. In a forked child (a rank started
     by multiprocessing with ``fork`` or ``forkserver``) the exit handlers and open files are its
@@ -594,4 +596,8 @@ def _flush_streams(status: int, files: list[Any]) -> int:
         with contextlib.suppress(Exception):
             if not file.closed:
                 file.flush()
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)  # C's stdio: an extension's printf to a pipe or a file
     return status

@@ -1189,3 +1189,20 @@ def test_exit_process_interrupted_ends_and_says_so(case):
     else:
         assert done.stdout.split() == ["RESULT", "rank", "1"], (done.stdout, done.stderr)
         assert "KeyboardInterrupt" in done.stderr
+
+
+def test_exit_process_flushes_what_c_code_printed():
+    """Its sixth review: an extension's ``printf`` to a pipe (torchrun's output sent to a file)
+    stayed in C's stdio buffer, which ``os._exit`` does not flush: the line was lost."""
+    import subprocess
+    import sys
+
+    script = (
+        f"import ctypes, sys; sys.path.insert(0, {REPO!r}); import siftpipe as sp; "
+        "ctypes.CDLL(None).printf(b'from C\\n'); sp.exit_process(0)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False, env=env
+    )
+    assert done.returncode == 0 and done.stdout == "from C\n", (done.stdout, done.stderr)
