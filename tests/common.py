@@ -136,3 +136,24 @@ def race(*work) -> list[BaseException]:
     finally:
         sys.setswitchinterval(switch)
     return errors
+
+
+def thread_stack(thread) -> list[str]:
+    """The names of the functions ``thread`` is in now, innermost first."""
+    import sys
+
+    frame, names = sys._current_frames().get(thread.ident), []
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return names
+
+
+def wait_until_waiting_inside(thread, name: str) -> None:
+    """Return once ``thread`` blocks (an event's or a lock's wait, a join, a poll) inside the
+    function ``name``: a signal sent then meets that wait, whatever the machine's load."""
+    import time
+
+    waits = ("wait", "poll", "_wait_for_tstate_lock", "_shutdown")
+    while not (name in (names := thread_stack(thread)) and names[0] in waits):
+        time.sleep(0.01)

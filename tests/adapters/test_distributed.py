@@ -911,6 +911,19 @@ def test_a_checkpoint_before_the_first_pass_of_a_stage_made_before_init_keeps_ea
     assert kept[0] != kept[1]
 
 
+def _script(script: str, *args: str, **kw):
+    """Run ``script`` (its ``{repo}`` filled in) in a fresh interpreter whose stdout is
+    block-buffered, as a rank's is when torchrun's output goes to a file or a pipe."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if "stdout" not in kw:
+        kw["capture_output"] = True
+    cmd = [sys.executable, "-c", script.format(repo=str(REPO)), *args]
+    return subprocess.run(cmd, text=True, timeout=120, check=False, env=env, **kw)
+
+
 ENDS = """
 import atexit, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
@@ -947,16 +960,8 @@ def test_exit_process_runs_the_exit_handlers_and_skips_the_teardown(tmp_path, en
     flushed (lost at first) and its exit handlers run (the audit log left open is closed whole),
     and no teardown; called from an exit handler, once (at first it ran the handlers again and
     again, and the log's close failed at the recursion limit). ``sys.exit`` is the control."""
-    import subprocess
-    import sys
-
     log, notes = str(tmp_path / "audit"), tmp_path / "notes.txt"
-    script = ENDS.format(repo=str(REPO), end=end)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    done = subprocess.run(
-        [sys.executable, "-c", script, log, str(notes)],
-        capture_output=True, text=True, timeout=120, check=False, env=env,
-    )  # fmt: skip
+    done = _script(ENDS.replace("{end}", end), log, str(notes))
     assert done.returncode == 3, done.stderr
     assert "unflushed" in done.stdout and "atexit ran" in done.stdout and "upload done" in done.stdout
     assert ("teardown ran" in done.stdout) == (end == "sys.exit(3)")
@@ -971,13 +976,8 @@ def test_exit_process_runs_the_exit_handlers_and_skips_the_teardown(tmp_path, en
 def test_exit_process_reads_its_code_as_sys_exit_does(code, status, said):
     """The review: a code that was not an int raised after the exit handlers had run, and the
     process went on into the teardown the function avoids."""
-    import subprocess
-    import sys
-
-    script = f"import sys; sys.path.insert(0, {REPO!r}); import siftpipe as sp; sp.exit_process({code!r})"
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
-    )
+    script = "import sys; sys.path.insert(0, {repo!r}); import siftpipe as sp; sp.exit_process(%r)"
+    done = _script(script % (code,))
     assert done.returncode == status and done.stderr.strip() == said, done.stderr
 
 
@@ -1021,26 +1021,20 @@ def test_exit_process_in_a_forked_child_a_second_thread_and_an_unwritable_stdout
     the handlers twice, and the process exited 0, not the first call's 1; stdout on a full disk
     lost the result line and exited 0 (Python's exit: 120 and a note)."""
     import subprocess
-    import sys
-
-    def run(script, *args, **kw):
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-        cmd = [sys.executable, "-c", script.format(repo=str(REPO)), *args]
-        return subprocess.run(cmd, text=True, timeout=120, check=False, env=env, **kw)
 
     log = tmp_path / "parent.log"
-    forked = run(FORKED, str(log), capture_output=True)
+    forked = _script(FORKED, str(log))
     assert forked.stdout.split() == ["0", "True"], forked.stderr
     assert log.read_text() == "parent line"  # once
 
-    two = run(TWO_THREADS, capture_output=True)
+    two = _script(TWO_THREADS)
     assert two.returncode == 1 and two.stdout.count("handler ran") == 1, (two.stdout, two.stderr)
 
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full here")
     with open("/dev/full", "w") as full:
-        lost = run("import sys; sys.path.insert(0, {repo!r}); import siftpipe as sp; print('result'); "
-                   "sp.exit_process(0)", stdout=full, stderr=subprocess.PIPE)  # fmt: skip
+        lost = _script("import sys; sys.path.insert(0, {repo!r}); import siftpipe as sp; print('result'); "
+                       "sp.exit_process(0)", stdout=full, stderr=subprocess.PIPE)  # fmt: skip
     assert lost.returncode == 120 and "could not flush" in lost.stderr, lost.stderr
 
 
@@ -1048,7 +1042,7 @@ BARE_FORK_OR_CTRL_C = """
 import atexit, os, signal, sys, threading, time
 sys.path.insert(0, {repo!r})
 import siftpipe as sp
-from tests.common import loss_field, make_samples
+from tests.common import loss_field, make_samples, wait_until_waiting_inside
 
 def sift():
     s = sp.Sifter(None, loss_field, sp.Uniform(0.5), micro_batch=50, audit=sys.argv[1])  # left open
@@ -1066,15 +1060,7 @@ if sys.argv[2] == "fork":
 kept = sift()
 atexit.register(print, "atexit ran", flush=True)
 def interrupt():  # Ctrl-C while exit_process waits for this thread
-    main = threading.main_thread()
-    while True:
-        frame, names = sys._current_frames().get(main.ident), []
-        while frame is not None:
-            names.append(frame.f_code.co_name)
-            frame = frame.f_back
-        if "exit_process" in names and names[0] in ("wait", "_wait_for_tstate_lock", "_shutdown"):
-            break
-        time.sleep(0.01)
+    wait_until_waiting_inside(threading.main_thread(), "exit_process")
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(0.3)
 threading.Thread(target=interrupt).start()
@@ -1088,12 +1074,8 @@ def test_exit_process_in_a_bare_fork_or_interrupted_while_it_waits_closes_the_lo
     handlers nor multiprocessing's, and its audit log read INCOMPLETE with 0 of 400 records (a
     plain exit there runs the handlers); a Ctrl-C while it waited for a thread skipped every
     exit handler, the same loss. Both close the log whole now."""
-    import subprocess
-    import sys
-
     log = str(tmp_path / "audit")
-    cmd = [sys.executable, "-c", BARE_FORK_OR_CTRL_C.format(repo=str(REPO)), log, mode]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    done = _script(BARE_FORK_OR_CTRL_C, log, mode)
     assert done.returncode == 0, done.stderr
     if mode == "fork":
         assert done.stdout.split() == ["0"], done.stderr  # the child's status
@@ -1107,19 +1089,10 @@ INTERRUPTED = """
 import multiprocessing as mp, os, signal, sys, threading, time
 sys.path.insert(0, {repo!r})
 import siftpipe as sp
-
-def stack(thread):
-    frame, names = sys._current_frames().get(thread.ident), []
-    while frame is not None:
-        names.append(frame.f_code.co_name)
-        frame = frame.f_back
-    return names
+from tests.common import thread_stack, wait_until_waiting_inside
 
 def interrupt_inside(name, thread):
-    # SIGINT once ``thread`` waits inside ``name``
-    waits = ("wait", "poll", "_wait_for_tstate_lock", "_shutdown")
-    while not (name in stack(thread) and stack(thread)[0] in waits):
-        time.sleep(0.01)
+    wait_until_waiting_inside(thread, name)
     time.sleep(0.1)
     os.kill(os.getpid(), signal.SIGINT)
 
@@ -1142,7 +1115,7 @@ def child_ends():
     sp.exit_process(0)
 
 def fork_meanwhile():  # a rank started by fork once the parent's exit_process is under way
-    while "exit_process" not in stack(threading.main_thread()):
+    while "exit_process" not in thread_stack(threading.main_thread()):
         time.sleep(0.01)
     child = mp.get_context("fork").Process(target=child_ends)
     child.start()
@@ -1157,7 +1130,7 @@ if __name__ == "__main__":
         threading.Thread(target=time.sleep, args=(3600,)).start()  # a stuck upload: not a daemon
         first = threading.Thread(target=watchdog, daemon=True)
         first.start()
-        while "_end" not in stack(first):
+        while "_end" not in thread_stack(first):
             time.sleep(0.01)  # (the watchdog's call goes first)
         sp.exit_process(0)
     child = mp.get_context("fork").Process(target=rank)
@@ -1176,12 +1149,7 @@ def test_exit_process_interrupted_ends_and_says_so(case):
     and the fork's rank says the interrupt, keeps its line and exits 1 (as ``return`` there).
     The fifth: the parked thread's interrupt was not said; a child forked while its parent's
     call ran took itself for a second caller and never ended (its parent's state, inherited)."""
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    cmd = [sys.executable, "-c", INTERRUPTED.format(repo=str(REPO)), case]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False, env=env)
+    done = _script(INTERRUPTED, case)
     if case == "parked":
         assert done.returncode == 1 and "KeyboardInterrupt" in done.stderr, done.stderr  # the watchdog's
     elif case == "forked-meanwhile":
@@ -1194,15 +1162,9 @@ def test_exit_process_interrupted_ends_and_says_so(case):
 def test_exit_process_flushes_what_c_code_printed():
     """Its sixth review: an extension's ``printf`` to a pipe (torchrun's output sent to a file)
     stayed in C's stdio buffer, which ``os._exit`` does not flush: the line was lost."""
-    import subprocess
-    import sys
-
     script = (
-        f"import ctypes, sys; sys.path.insert(0, {REPO!r}); import siftpipe as sp; "
+        "import ctypes, sys; sys.path.insert(0, {repo!r}); import siftpipe as sp; "
         "ctypes.CDLL(None).printf(b'from C\\n'); sp.exit_process(0)"
     )
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False, env=env
-    )
+    done = _script(script)
     assert done.returncode == 0 and done.stdout == "from C\n", (done.stdout, done.stderr)
