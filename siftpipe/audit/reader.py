@@ -9,7 +9,7 @@ import json
 import operator
 import re
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -353,6 +353,16 @@ def list_parts(
                 f"attempt {d['attempt']}"
                 for d in own
                 if d is not None and isinstance(d.get("attempt"), str) and d["attempt"] != attempt.attempt
+            }
+            # parts renamed with their manifests (2 and 3 swapped): each object intact, read in the
+            # wrong order, and the readers cut the later seqs away as a copy (found by review,
+            # 2026-12-06: verify said OK)
+            | {
+                f"part {p.manifest['part']} (its manifest is under part {p.part}'s name: renamed?)"
+                for p in attempt.parts
+                if p.manifest is not None
+                and _count_like(p.manifest.get("part"))
+                and int(p.manifest["part"]) != p.part
             }
         )
         attempt.ended = stream_key in ended
@@ -877,7 +887,7 @@ def read_log(
     absent = asked_and_absent(infos, attempts, run, rank)
     if absent is not None:
         warnings.warn(absent, RuntimeWarning, stacklevel=2)
-    for message, deliberate in listing_problems(attempts):
+    for message, deliberate in listing_problems(attempts, infos, rank):
         if on_bad_part == "raise" and not deliberate:
             raise AuditError(message)  # (parts on_full='drop' dropped: the run chose that)
         warnings.warn(message, RuntimeWarning, stacklevel=2)
@@ -930,7 +940,24 @@ def read_log(
         out = [_plain(t) for t in out]
     if not out:
         return _empty_table(columns)
-    return pa.concat_tables(out, promote_options="permissive")
+    return _no_empty_dictionaries(pa.concat_tables(out, promote_options="permissive"))
+
+
+def _no_empty_dictionaries(table: Any) -> Any:
+    """``table`` with each dictionary column whose dictionaries are all empty (every value null:
+    ``url`` of samples that carried none) as a column of the values' type: pyarrow's
+    ``to_numpy()`` of such a chunked column raised ``IndexError: cannot do a non-empty take from
+    an empty axes`` (found by review, 2026-12-06)."""
+    import pyarrow as pa
+
+    for i, column in enumerate(table.columns):
+        if (
+            isinstance(column.type, pa.DictionaryType)
+            and column.num_chunks
+            and all(len(chunk.dictionary) == 0 for chunk in column.chunks)
+        ):
+            table = table.set_column(i, table.field(i).name, column.cast(column.type.value_type))
+    return table
 
 
 def _misplaced(attempt: _Attempt) -> str:
@@ -942,12 +969,28 @@ def _misplaced(attempt: _Attempt) -> str:
     )
 
 
-def listing_problems(attempts: Sequence[_Attempt]) -> list[tuple[str, bool]]:
+def listing_problems(
+    attempts: Sequence[_Attempt], infos: Sequence[PartInfo], rank: int | Sequence[int] | None
+) -> list[tuple[str, bool]]:
     """What a listing shows without reading a part, for a reader to warn of (``verify_log``
-    reports these and more): parts gone with their manifests, and jobs that wrote under one run
-    id (their records overlap). Each as (message, deliberate): ``deliberate`` for parts the run
-    chose to drop (``on_full="drop"``), which ``on_bad_part="raise"`` does not refuse."""
+    reports these and more): parts gone with their manifests, ranks of a closed run gone whole
+    (unless ``rank=`` chose ranks), and jobs that wrote under one run id (their records overlap).
+    Each as (message, deliberate): ``deliberate`` for parts the run chose to drop
+    (``on_full="drop"``), which ``on_bad_part="raise"`` does not refuse."""
     problems = []
+    if rank is None:
+        # found by review, 2026-12-06: a rank's folder deleted, and only verify said so; read_log
+        # and summary counted the other ranks' trained samples as the job's
+        present = {(a.run, a.rank) for a in attempts}
+        for run_id, r, size, live in _ranks_gone(infos, attempts, present):
+            if not live:  # (a run still open: the rank may not have written yet)
+                problems.append(
+                    (
+                        f"audit log run={run_id}: {_rank_gone(r, size)}; its records are not in what "
+                        "was read, the rest of the log was read (siftpipe log verify reports the log)",
+                        False,
+                    )
+                )
     for attempt in attempts:
         missing_parts, deliberate = _missing_parts(attempt)
         for missing in missing_parts:
@@ -1799,37 +1842,48 @@ def _world_sizes(infos: Sequence[PartInfo]) -> dict[str, int]:
     return world
 
 
-def _missing_ranks(
-    infos: Sequence[PartInfo], attempts: Sequence[_Attempt], streams: dict[tuple[str, int], StreamReport]
-) -> None:
-    """A report for each rank of a run that left no part, claim or end marker, though the run's
-    manifests record a world size that includes it (its folder deleted, or the rank never wrote)."""
-    world = _world_sizes(infos)
-    present = {(a.run, a.rank) for a in attempts} | set(streams)
+def _ranks_gone(
+    infos: Sequence[PartInfo], attempts: Sequence[_Attempt], present: set[tuple[str, int]]
+) -> Iterator[tuple[str, int, int, list[_Attempt]]]:
+    """(run id, rank, the run's world size, the run's streams still open) for each rank not in
+    ``present`` of a run whose manifests record a world size that includes it."""
     # a stream is open when its latest attempt is: a killed attempt that a later one resumed
     # and closed leaves no run running (it would hide a deleted rank's folder for ever)
     latest: dict[tuple[str, int], _Attempt] = {}
     for a in sorted(attempts, key=lambda a: (a.started, a.attempt)):
         latest[(a.run, a.rank)] = a
-    for run_id, size in world.items():
+    for run_id, size in _world_sizes(infos).items():
         live = [a for a in latest.values() if a.run == run_id and not a.ended]
         for r in range(size):
-            if (run_id, r) in present:
-                continue
-            if live:
-                # the run has not closed (still running?): a rank may not have written yet; the
-                # open streams read INCOMPLETE, and say this
-                for a in live:
-                    streams[(a.run, a.rank)].notes.append(
-                        f"rank {r} of this run ({size} processes) has left nothing in the log yet"
-                    )
-                continue
-            report = streams.setdefault((run_id, r), StreamReport(run_id, r))
-            report.missing_parts.append(
-                f"rank {r} left nothing in the log (no part, claim or end marker), though the "
-                f"run's manifests record {size} processes: its folder was deleted, or it never "
-                "wrote (started without the audit log, or killed before its first part)"
-            )
+            if (run_id, r) not in present:
+                yield run_id, r, size, live
+
+
+def _rank_gone(r: int, size: int) -> str:
+    return (
+        f"rank {r} left nothing in the log (no part, claim or end marker), though the run's "
+        f"manifests record {size} processes: its folder was deleted, or it never wrote (started "
+        "without the audit log, or killed before its first part)"
+    )
+
+
+def _missing_ranks(
+    infos: Sequence[PartInfo], attempts: Sequence[_Attempt], streams: dict[tuple[str, int], StreamReport]
+) -> None:
+    """A report for each rank of a run that left no part, claim or end marker, though the run's
+    manifests record a world size that includes it (its folder deleted, or the rank never wrote)."""
+    present = {(a.run, a.rank) for a in attempts} | set(streams)
+    for run_id, r, size, live in _ranks_gone(infos, attempts, present):
+        if live:
+            # the run has not closed (still running?): a rank may not have written yet; the
+            # open streams read INCOMPLETE, and say this
+            for a in live:
+                streams[(a.run, a.rank)].notes.append(
+                    f"rank {r} of this run ({size} processes) has left nothing in the log yet"
+                )
+            continue
+        report = streams.setdefault((run_id, r), StreamReport(run_id, r))
+        report.missing_parts.append(_rank_gone(r, size))
 
 
 def _verify_predecode(

@@ -172,7 +172,7 @@ def _cmd_keys(args: argparse.Namespace) -> int:
     absent = asked_and_absent(infos, attempts, args.run, args.rank)
     if absent is not None:
         warnings.warn(absent, RuntimeWarning, stacklevel=2)
-    for message, _ in listing_problems(attempts):
+    for message, _ in listing_problems(attempts, infos, args.rank):
         warnings.warn(message, RuntimeWarning, stacklevel=2)  # as read_log (and summary) warn
     repeated = RepeatedParts()
     for info in infos:  # (listed in part order within each attempt)

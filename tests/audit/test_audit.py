@@ -216,6 +216,19 @@ def test_verify_finds_a_missing_and_a_truncated_part(tmp_path):
     assert "seq 256..383" in keys.stderr
 
 
+def test_the_url_column_of_samples_that_carried_none_reads_as_nulls(tmp_path):
+    """Samples with no ``__url__`` (in-memory lists): ``read_log(url)["url"].to_numpy()``, as
+    README reads ``kept``, raised pyarrow's ``IndexError: cannot do a non-empty take from an
+    empty axes`` (found by review, 2026-12-06)."""
+    samples = [{k: v for k, v in sample.items() if k != "__url__"} for sample in make_samples(300)]
+    sift_all(str(tmp_path), samples=samples, flush_every=64)
+    table = sp.read_log(str(tmp_path))
+    assert table.num_rows == 300
+    assert table["url"].to_numpy(zero_copy_only=False).tolist() == [None] * 300
+    assert table["url"].to_pylist() == [None] * 300
+    assert table["run"].to_numpy(zero_copy_only=False).tolist() == ["r1"] * 300  # (dictionary kept)
+
+
 @pytest.mark.parametrize("copy_to", ["run=r1/rank=1", "run=r2/rank=0"])
 def test_a_stream_folder_copied_under_another_rank_or_run_is_a_problem_not_more_records(tmp_path, copy_to):
     """A single-rank log's rank=0 folder copied to rank=1 (or its run to another run id):

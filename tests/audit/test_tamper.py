@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -226,6 +227,51 @@ def test_a_rank_the_manifests_count_is_missing_or_not_yet_written(pristine, tmp_
     (only,) = report.streams
     assert only.ok and not only.closed and not report.complete
     assert any("rank 1 of this run (2 processes) has left nothing in the log yet" in n for n in only.notes)
+
+
+def test_every_reader_warns_of_a_rank_gone_from_a_closed_run(pristine, tmp_path):
+    """A 2-process run whose rank=1 folder was deleted: verify failed it, but read_log, summary and
+    keys read rank 0 alone without a word, so the job's trained samples came out as rank 0's
+    (found by review, 2026-12-06). Asked for rank 0 by name, or while the run has not closed
+    (rank 1 may not have written yet), nothing is said."""
+    root, stream = copy_of(pristine, tmp_path)
+    claim_two_ranks(root, stream)
+    gone = "run=t: rank 1 left nothing in the log"
+    with pytest.warns(RuntimeWarning, match=gone) as caught:
+        table = sp.read_log(str(root))
+    assert table.num_rows == 160 and "its records are not in what was read" in str(caught[0].message)
+    with pytest.raises(sp.AuditError, match=gone):
+        sp.read_log(str(root), on_bad_part="raise")
+    for command in (["summary"], ["keys"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "siftpipe", "log", *command, str(root)],
+            check=False, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO}, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0 and f"siftpipe: warning: audit log {gone}" in done.stderr, command
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sp.read_log(str(root), rank=0).num_rows == 160
+        next(stream.glob("_end-*.json")).unlink()  # the run not closed: rank 1 may write yet
+        assert sp.read_log(str(root)).num_rows == 160
+
+
+def test_parts_renamed_with_their_manifests_fail_verify_and_warn_every_reader(pristine, tmp_path):
+    """Parts 2 and 3 swapped together with their manifests: each object intact under its own
+    manifest, so verify said OK, while the readers, which take parts in file-name order, cut
+    part 3's records away as a copy of part 2's (found by review, 2026-12-06)."""
+    root, stream = copy_of(pristine, tmp_path)
+    for pattern in ("part-{:08d}-*.parquet", "_manifest-{:08d}-*.json"):
+        (a,), (b,) = stream.glob(pattern.format(2)), stream.glob(pattern.format(3))
+        a.rename(a.with_name("swap"))
+        b.rename(a)
+        (a.with_name("swap")).rename(b)
+    report = sp.verify_log(str(root))
+    assert not report.ok
+    assert "part 3 (its manifest is under part 2's name: renamed?)" in report.streams[0].misplaced[0]
+    with pytest.warns(RuntimeWarning, match="its manifest is under part 2's name"):
+        sp.read_log(str(root))
+    with pytest.raises(sp.AuditError, match="renamed"):
+        sp.read_log(str(root), on_bad_part="raise")
 
 
 def test_a_rank_or_run_asked_for_by_name_that_left_nothing_is_a_problem(pristine, tmp_path, capsys):
