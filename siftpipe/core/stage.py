@@ -488,6 +488,11 @@ class Sifter:
         self._warned_shapes = False  # BatchShapeWarning given
         self._warned_backwards = False  # ScoreMemoryWarning for set_epoch going back given
         self._output: Output | None = None  # the last pass's output (Sifter.discard_last)
+        # rows handed on by earlier outputs of this process, and the rows handed on (or taken
+        # back) when observe() was last called: what state_dict() says the step has not fed back
+        self._handed_before = 0
+        self._observed_at = 0
+        self._fed_back = False  # observe() was called (the memory is fed from the training step)
         self._warned_all_dropped = False  # EmptyPassWarning for a pass drop_last emptied given
 
     # ------------------------------------------------------------------ public
@@ -779,6 +784,8 @@ class Sifter:
                 "on with the batch (batch['__key__'], or sp.shard_key(batch))"
             )
         self._decider.observe(named, values, epoch)
+        self._observed_at = self._handed_rows()
+        self._fed_back = True
         elapsed = time.perf_counter() - t0
         # waiting for a device copy (a flush of DEFER_ROWS losses) is the step's time, not the stage's
         self._account.observe += elapsed - ((memory.waited - waited) if memory is not None else 0.0)
@@ -1074,6 +1081,8 @@ class Sifter:
             # by review, 2026-12-05); its own rank's now, as the pass would have drawn
             self._seed_by_rank()
         moment = self._moment()
+        held_rows = self._held_rows(held)
+        self._warn_unobserved(held_rows)
         state = {
             "version": self.STATE_VERSION,
             "config": stage_config(self),
@@ -1084,7 +1093,7 @@ class Sifter:
             "epoch": self.epoch,
             "model_version": self.model_version,
             **self._passes.position(
-                self._decider.keys, self.batched, self.key, self._held_rows(held), self._held_steps(held)
+                self._decider.keys, self.batched, self.key, held_rows, self._held_steps(held)
             ),  # _passes.POSITION
             "audit": None if self.audit is None else self.audit.state_dict(),
             "memory": None if self.memory is None else self.memory.state_dict(),
@@ -1105,6 +1114,37 @@ class Sifter:
                 f"could mix two moments and is not returned; {waiting}"
             )
         return state
+
+    def _handed_rows(self) -> int:
+        """Rows this process has handed on, all passes together."""
+        return self._handed_before + (self._output.handed if self._output is not None else 0)
+
+    def _retire_output(self, out: Output | None) -> None:
+        """``out`` becomes the stage's output (None: none); the rows the last one handed on stay
+        counted in ``_handed_rows``."""
+        if self._output is not None:
+            self._handed_before += self._output.handed
+        self._output = out
+
+    def _warn_unobserved(self, held_rows: int) -> None:
+        """A state taken with rows handed on since the last ``observe()`` (beyond ``held_rows``,
+        which the resumed job hands on again), by a stage whose memory the training step feeds:
+        their losses are in no state, and the resumed job decides otherwise than this one would
+        (found by review, 2026-12-06: a checkpoint between the step and observe(), silently)."""
+        if self.memory is None or not (self._fed_back or not self.remember_forward):
+            return
+        missing = self._handed_rows() - self._observed_at - held_rows
+        if missing > 0:
+            warnings.warn(
+                f"siftpipe: state_dict() was taken with {missing} rows handed on since the last "
+                "observe(): their losses are in no state, so a job resumed from it remembers "
+                "none of them and decides its samples otherwise than this run goes on to (no "
+                "sample is lost: they count as trained). Take the state after observe() for the "
+                "batch just trained, or, for batches handed on and not yet trained (a "
+                "prefetcher's), with state_dict(held=k)",
+                ScoreMemoryWarning,
+                stacklevel=3,
+            )
 
     def _forget_restore(self) -> None:
         """Forget a loaded mid-pass checkpoint given up (``_give_up_loaded_pass``), or whose
@@ -1278,6 +1318,7 @@ class Sifter:
             ) from exc
         self._passes.close_active("load_state_dict() loaded a checkpoint into the stage")
         self._output = None  # its batches are not the checkpoint's to take back
+        self._handed_before = self._observed_at = 0  # (nothing of this process's to feed back)
         if self.memory is not None and state["memory"] is not None:
             self.memory.load_state_dict(state["memory"], fit="memory" in allowed)
             self._decider.memory_loaded()
@@ -1313,7 +1354,7 @@ class Sifter:
         """Stop the active pass and flush and close the audit log (if any). Reading the stopped
         pass's iterator on raises ``PassClosedError``."""
         self._leave_pass("the Sifter was closed (close(), or the end of a with block)")
-        self._output = None
+        self._retire_output(None)
         if self.audit is not None:
             self.audit.close()
 
@@ -1347,7 +1388,7 @@ class Sifter:
         out = Output(
             self._ledger, self._scoring, self.output_batch, resumed=resume is not None, hold=self.hold
         )
-        self._output = out
+        self._retire_output(out)
         groups = self._reread(reader, resume) if resume is not None else []
         this_pass = out.pass_id = self._passes.run_begins(resume)
         finished = closed = False
@@ -1454,6 +1495,7 @@ class Sifter:
         taken = out.last(behind + 1)
         out.recent.clear()  # taken back: not twice
         rows = sum(entry[0] for entry in taken)
+        self._observed_at += rows  # (never trained: no loss to feed back)
         first, last = taken[0][1], taken[-1][2]
         assert first >= 0 and last >= first, (first, last)  # every handed batch's seqs are known
         self._decider.counts["unhanded"] += rows

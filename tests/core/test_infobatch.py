@@ -464,6 +464,48 @@ def test_exact_resume_of_the_recipe_at_any_cut(losses):
         assert head + rest == full, f"cut {cut}"
 
 
+def test_a_checkpoint_between_the_step_and_observe_is_said():
+    """A state taken after a batch was trained and before its losses were handed to observe():
+    they are in no state, so the resumed job decided every later batch otherwise than the
+    uninterrupted run, without a word (found by review, 2026-12-06). Said now, with the rows;
+    not after observe(), not for batches a prefetcher holds (held=), not for a discarded batch."""
+    n = 240
+    keys = list(range(n))
+    stage = sp.recipe(None, _never, budget=4 * n, capacity=n, batched=True, micro_batch=None, seed=3, hold=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stage.state_dict()  # before anything was handed on
+    batches = stage(_batches(keys, size=40))
+    first = next(batches)
+    with pytest.warns(
+        sp.ScoreMemoryWarning, match=r"taken with 40 rows handed on since the last observe\(\)"
+    ):
+        stage.state_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stage.state_dict(held=1)  # the batch not trained yet: resumed before it
+        stage.observe(first["__key__"], np.ones(40))
+        stage.state_dict()
+        second = next(batches)
+        stage.state_dict(held=1)
+    with pytest.warns(sp.ScoreMemoryWarning, match="taken with 40 rows"):
+        stage.state_dict()
+    next(batches)  # a prefetcher reads a third; the second is trained, then observed
+    stage.observe(second["__key__"], np.ones(40))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stage.state_dict()  # (the third's rows are not counted: observe() came after it)
+        stage.discard_last()
+        stage.state_dict()
+    # a stage whose memory remembers its own scoring forwards, fed nothing back: nothing to say
+    forward = sp.Sifter(None, lambda m, b: b["y"].float(), sp.Uniform(0.5), memory=sp.ScoreMemory(capacity=n),
+                        batched=True, micro_batch=None)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        next(forward(_batches(keys, size=40)))
+        forward.state_dict()
+
+
 def test_a_checkpoint_between_the_steps_of_one_input_batch_changes_no_decision():
     """The recipe's forgetting guard reads how the losses observe() hands back moved; those wait
     in the memory and are applied before the next decision, and a checkpoint (or any read of the
