@@ -646,8 +646,8 @@ class InfoBatch(Policy):
                 if not self._flat_warned:
                     self._flat_warned = True
                     _log.warning(
-                        "siftpipe: the losses do not discriminate (they sit %.2f mean losses below "
-                        "their mean on average, under min_spread %.2f): pruning samples as "
+                        "siftpipe: the losses do not discriminate (they sit %.3g mean losses below "
+                        "their mean on average, under min_spread %.3g): pruning samples as "
                         "informative as those kept would cost accuracy, so no sample is pruned for "
                         "being learned while this lasts (stats.sifting_scale 0)%s",
                         spread,
