@@ -945,18 +945,22 @@ def read_log(
 
 def _no_empty_dictionaries(table: Any) -> Any:
     """``table`` with each dictionary column whose dictionaries are all empty (every value null:
-    ``url`` of samples that carried none) as a column of the values' type: pyarrow's
-    ``to_numpy()`` of such a chunked column raised ``IndexError: cannot do a non-empty take from
-    an empty axes`` (found by review, 2026-12-06)."""
+    ``url`` of samples that carried none) given a one-entry dictionary, its values still null:
+    pyarrow's ``to_numpy()`` of such a chunked column raised ``IndexError: cannot do a non-empty
+    take from an empty axes`` (found by review, 2026-12-06). The column's type stays what a log
+    with values has (tables of both concatenate)."""
     import pyarrow as pa
 
     for i, column in enumerate(table.columns):
+        kind = column.type
         if (
-            isinstance(column.type, pa.DictionaryType)
+            isinstance(kind, pa.DictionaryType)
             and column.num_chunks
             and all(len(chunk.dictionary) == 0 for chunk in column.chunks)
         ):
-            table = table.set_column(i, table.field(i).name, column.cast(column.type.value_type))
+            filler = pa.array([""] if pa.types.is_string(kind.value_type) else [0], kind.value_type)
+            chunks = [pa.DictionaryArray.from_arrays(chunk.indices, filler) for chunk in column.chunks]
+            table = table.set_column(i, table.field(i), pa.chunked_array(chunks, kind))
     return table
 
 

@@ -488,10 +488,9 @@ class Sifter:
         self._warned_shapes = False  # BatchShapeWarning given
         self._warned_backwards = False  # ScoreMemoryWarning for set_epoch going back given
         self._output: Output | None = None  # the last pass's output (Sifter.discard_last)
-        # rows handed on by earlier outputs of this process, and the rows handed on (or taken
-        # back) when observe() was last called: what state_dict() says the step has not fed back
-        self._handed_before = 0
-        self._observed_at = 0
+        # rows handed to observe() since the pass of _output began: what state_dict() compares
+        # with the rows that pass handed on
+        self._observed_rows = 0
         self._fed_back = False  # observe() was called (the memory is fed from the training step)
         self._warned_all_dropped = False  # EmptyPassWarning for a pass drop_last emptied given
 
@@ -784,7 +783,7 @@ class Sifter:
                 "on with the batch (batch['__key__'], or sp.shard_key(batch))"
             )
         self._decider.observe(named, values, epoch)
-        self._observed_at = self._handed_rows()
+        self._observed_rows += len(named)
         self._fed_back = True
         elapsed = time.perf_counter() - t0
         # waiting for a device copy (a flush of DEFER_ROWS losses) is the step's time, not the stage's
@@ -1070,7 +1069,19 @@ class Sifter:
         ``PassClosedError``, and so does a read that begins and ends while the state is being
         taken (the state would mix two moments). These are checks, not a lock: pause the reading
         thread, or take the state from it, rather than retry.
+
+        A stage whose score memory the training step feeds (``observe()``, as the recipe's is)
+        takes it after ``observe()`` for the batch just trained: losses still in the loop's hands
+        are in no state, and a job resumed from it decides otherwise than this one goes on to.
+        Rows handed on since the last ``observe()``, beyond the ``held`` batches, are said with
+        a ``ScoreMemoryWarning``.
         """
+        return self._state(held, 0)
+
+    def _state(self, held: int, coming: int) -> dict[str, Any]:
+        """``state_dict(held)``; ``coming``: rows handed on and not yet trained that the caller's own
+        state hands on again after a resume (a trainer integration's unacknowledged batches),
+        whose losses observe() gets then."""
         # (before and after: a state taken while another thread decides a group would be refused
         # only when loaded, as damaged; found by review, 2026-12-05)
         waiting = "take the state between items: pause the thread reading the pass first"
@@ -1082,7 +1093,7 @@ class Sifter:
             self._seed_by_rank()
         moment = self._moment()
         held_rows = self._held_rows(held)
-        self._warn_unobserved(held_rows)
+        self._warn_unobserved(held_rows + coming)
         state = {
             "version": self.STATE_VERSION,
             "config": stage_config(self),
@@ -1115,35 +1126,35 @@ class Sifter:
             )
         return state
 
-    def _handed_rows(self) -> int:
-        """Rows this process has handed on, all passes together."""
-        return self._handed_before + (self._output.handed if self._output is not None else 0)
-
-    def _retire_output(self, out: Output | None) -> None:
-        """``out`` becomes the stage's output (None: none); the rows the last one handed on stay
-        counted in ``_handed_rows``."""
-        if self._output is not None:
-            self._handed_before += self._output.handed
-        self._output = out
-
     def _warn_unobserved(self, held_rows: int) -> None:
-        """A state taken with rows handed on since the last ``observe()`` (beyond ``held_rows``,
-        which the resumed job hands on again), by a stage whose memory the training step feeds:
-        their losses are in no state, and the resumed job decides otherwise than this one would
-        (found by review, 2026-12-06: a checkpoint between the step and observe(), silently)."""
-        if self.memory is None or not (self._fed_back or not self.remember_forward):
+        """A state taken inside a pass that handed on more rows than ``observe()`` got since it
+        began (beyond ``held_rows``, which the resumed job hands on again), by a stage whose
+        memory the training step feeds: their losses are in no state, and the resumed job decides
+        otherwise than this one would (found by review, 2026-12-06: a checkpoint between the
+        step and observe(), silently). Rows counted, not keys compared: a batch observed twice
+        hides one never observed."""
+        out = self._output
+        if (
+            self.memory is None
+            or not (self._fed_back or not self.remember_forward)
+            or out is None
+            or not (self._passes.open and self._passes.is_current(out.pass_id))
+        ):
+            # (a pass ended or left: the state starts the next one; a batch read and never
+            # trained there is discard_last()'s, and rows cut downstream at the end the consumer's)
             return
-        missing = self._handed_rows() - self._observed_at - held_rows
+        missing = out.handed - self._observed_rows - held_rows
         if missing > 0:
             warnings.warn(
-                f"siftpipe: state_dict() was taken with {missing} rows handed on since the last "
-                "observe(): their losses are in no state, so a job resumed from it remembers "
+                f"siftpipe: state_dict() was taken with {missing} rows of this pass handed on "
+                "and not yet given to observe(): their losses are in no state, so a job resumed "
+                "from it remembers "
                 "none of them and decides its samples otherwise than this run goes on to (no "
                 "sample is lost: they count as trained). Take the state after observe() for the "
                 "batch just trained, or, for batches handed on and not yet trained (a "
                 "prefetcher's), with state_dict(held=k)",
                 ScoreMemoryWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
 
     def _forget_restore(self) -> None:
@@ -1318,7 +1329,6 @@ class Sifter:
             ) from exc
         self._passes.close_active("load_state_dict() loaded a checkpoint into the stage")
         self._output = None  # its batches are not the checkpoint's to take back
-        self._handed_before = self._observed_at = 0  # (nothing of this process's to feed back)
         if self.memory is not None and state["memory"] is not None:
             self.memory.load_state_dict(state["memory"], fit="memory" in allowed)
             self._decider.memory_loaded()
@@ -1354,7 +1364,7 @@ class Sifter:
         """Stop the active pass and flush and close the audit log (if any). Reading the stopped
         pass's iterator on raises ``PassClosedError``."""
         self._leave_pass("the Sifter was closed (close(), or the end of a with block)")
-        self._retire_output(None)
+        self._output = None
         if self.audit is not None:
             self.audit.close()
 
@@ -1388,7 +1398,8 @@ class Sifter:
         out = Output(
             self._ledger, self._scoring, self.output_batch, resumed=resume is not None, hold=self.hold
         )
-        self._retire_output(out)
+        self._output = out
+        self._observed_rows = 0
         groups = self._reread(reader, resume) if resume is not None else []
         this_pass = out.pass_id = self._passes.run_begins(resume)
         finished = closed = False
@@ -1495,7 +1506,6 @@ class Sifter:
         taken = out.last(behind + 1)
         out.recent.clear()  # taken back: not twice
         rows = sum(entry[0] for entry in taken)
-        self._observed_at += rows  # (never trained: no loss to feed back)
         first, last = taken[0][1], taken[-1][2]
         assert first >= 0 and last >= first, (first, last)  # every handed batch's seqs are known
         self._decider.counts["unhanded"] += rows

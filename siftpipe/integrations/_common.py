@@ -658,7 +658,9 @@ class SiftedStream:
         """The sifter's state and the stream's, plain tensors, lists and numbers."""
         return {
             "version": self.STATE_VERSION,
-            "sifter": self.sifter.state_dict(),
+            # the batches not acked are in this state, handed on again after a resume and
+            # trained (and observed) then: not rows the step failed to hand back
+            "sifter": self.sifter._state(0, sum(_rows_of(batch) for batch in self._unacked)),
             "epoch": self.epoch,
             "started": self._started,
             "data_rng": encode_rng(self.data_rng.state),
