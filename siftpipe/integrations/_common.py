@@ -553,7 +553,16 @@ class SiftedStream:
             # the first batch too: a shuffling sampler draws its seed then, and in a resumed pass
             # it must draw from the state the pass began with
             first = next(it, None)
-        self._resumed()
+        if skipped:
+            # batches before the cut skipped unloaded: their draws never happen, so the nearest
+            # state is the checkpoint's (the re-read samples draw other values than before it)
+            self._resumed()
+        else:
+            # every sample before the cut is loaded again from the state the pass began with (and
+            # dropped): each load draws what it drew before the checkpoint, and the state at the
+            # cut is the checkpoint's (found by review, 2026-12-06: an augmentation drawn at
+            # num_workers=0 drew from the checkpoint's state from the first batch on)
+            self._resume_rng = None
         self._mine = 0
         for batch in sifter(self._samples(first, it, skip - skipped)):
             if isinstance(batch, MutableMapping):

@@ -255,6 +255,43 @@ def test_resume_from_any_checkpoint_equals_the_uninterrupted_run(tmp_path):
     assert 0 < logged[-1]["sift/keep_rate"] < 1
 
 
+class Augmented(torch.utils.data.IterableDataset):
+    """Sequences in an order set by the epoch, each shifted by a draw of the process's random
+    state (augmentation in ``__iter__``, read at ``num_workers=0``)."""
+
+    def __init__(self) -> None:
+        self.items, self.epoch = sequences(40), 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        import random
+
+        order = list(range(len(self.items)))
+        random.Random(self.epoch).shuffle(order)
+        for i in order:
+            shift = int(torch.randint(0, VOCAB - 1, ()))
+            ids = [(t + shift) % (VOCAB - 1) + 1 for t in self.items[i]["input_ids"]]
+            yield {"__key__": f"s{i}", "input_ids": ids}
+
+
+def test_a_pass_resumed_inside_loads_an_augmented_iterable_dataset_as_the_run_did(tmp_path):
+    """An iterable dataset drawing its augmentation at num_workers=0: the resumed pass loaded the
+    samples it re-reads with draws from the checkpoint's random state (past them), so every
+    augmentation after the cut, and the final weights, differed (found by review, 2026-12-06).
+    Each sample before the cut is loaded again from the state the pass began with now."""
+    full = train(tmp_path / "full", data=Augmented())
+    ids = [b["inputs"]["input_ids"] for b in full.batches]
+    for cut in (3, 9):
+        part = resumed_from(tmp_path / "full", cut, tmp_path / f"cut{cut}", data=Augmented())
+        assert [b["keys"] for b in part.batches] == [b["keys"] for b in full.batches][2 * cut :], cut
+        assert all(torch.equal(a, b) for a, b in zip([b["inputs"]["input_ids"] for b in part.batches],
+                                                      ids[2 * cut :], strict=True)), cut  # fmt: skip
+        assert torch.equal(weights(part), weights(full)), cut
+        assert counters(part) == counters(full)
+
+
 def test_resume_with_batches_of_other_sizes_equals_the_uninterrupted_run(tmp_path):
     """train_sampling_strategy="batch_rebalance": the Trainer's batch sampler makes batches of
     other sizes than train_batch_size. Before, a resumed pass skipped skip // size of them,
