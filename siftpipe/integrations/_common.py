@@ -416,6 +416,12 @@ class SiftedStream:
         self.sync_every = sync_every
         self.share_memory = share_memory
         self.data_rng = DataRng(sifter.rng_seed)
+        # the collator's own states: it runs when the stage hands a batch on, so at a checkpoint
+        # (between batches) they stand where the next batch's collation begins, whichever way
+        # the resumed pass re-reads its source (found by review, 2026-12-06: sharing the loads'
+        # states, a resumed pass that re-loads its samples collated with other draws)
+        seed = sifter.rng_seed
+        self.collate_rng = DataRng([*(seed if isinstance(seed, list) else [seed]), 1])
         #: The pass in progress (or the last one): the sifter's epoch.
         self.epoch = 0
         #: Batches fetched for a step that ``EqualSteps`` did not take (this rank, all passes).
@@ -668,8 +674,11 @@ class SiftedStream:
         return {
             "version": self.STATE_VERSION,
             # the batches not acked are in this state, handed on again after a resume and
-            # trained (and observed) then: not rows the step failed to hand back
-            "sifter": self.sifter._state(0, sum(_rows_of(batch) for batch in self._unacked)),
+            # trained (and observed) then: not rows the step failed to hand back. Counted by the
+            # stage's record of what it handed on, not read from the batch (a time-major first
+            # field read as rows said rows went unobserved; review, 2026-12-06)
+            "sifter": self.sifter._state(0, self.sifter._last_rows(min(len(self._unacked), self._mine))),
+            "collate_rng": encode_rng(self.collate_rng.state),
             "epoch": self.epoch,
             "started": self._started,
             "data_rng": encode_rng(self.data_rng.state),
@@ -700,6 +709,8 @@ class SiftedStream:
         self.epoch = int(state["epoch"])
         self._started = bool(state["started"])
         current = decode_rng(state["data_rng"])
+        # (a state from before the collator had its own: the shared one, as that run collated on)
+        self.collate_rng.state = decode_rng(state["collate_rng"]) if "collate_rng" in state else dict(current)
         self._pass_rng = None if state["pass_rng"] is None else decode_rng(state["pass_rng"])
         self.data_rng.state = current
         self._resume_rng = current if self.sifter.resume_from is not None else None

@@ -435,7 +435,7 @@ class SiftTrainerMixin(_Base):
         # the key is carried past the collator (which may drop or fail on it) and never reaches the model
         fields = key_fields(sifter)
         collate = user_collator if sifter.collate_fn is default_collate else sifter.collate_fn
-        sifter.collate_fn = MetaCollate(collate, sifter.weight_field, self.sift_stream.data_rng, fields)
+        sifter.collate_fn = MetaCollate(collate, sifter.weight_field, self.sift_stream.collate_rng, fields)
         if sifter.output_batch is None:
             sifter.output_batch = targs.train_batch_size
             if targs.dataloader_drop_last:

@@ -339,7 +339,7 @@ class SiftCallback(Callback):
             else:
                 inner = collate if sifter.collate_fn is default_collate else sifter.collate_fn
                 sifter.collate_fn = MetaCollate(
-                    inner, sifter.weight_field, self.stream.data_rng, key_fields(sifter)
+                    inner, sifter.weight_field, self.stream.collate_rng, key_fields(sifter)
                 )
             if sifter.output_batch is None or self._batching == (sifter.output_batch, sifter.drop_last):
                 # unset, or set from the last DataLoader: a reloaded one's batch size and drop_last

@@ -276,15 +276,32 @@ class Augmented(torch.utils.data.IterableDataset):
             yield {"__key__": f"s{i}", "input_ids": ids}
 
 
-def test_a_pass_resumed_inside_loads_an_augmented_iterable_dataset_as_the_run_did(tmp_path):
+def noisy_pad(features: list[dict]) -> dict:
+    """``pad``, each row's tokens shifted by a draw of the process's random state (a collator
+    that draws, as masked-LM masking does)."""
+    batch = pad(features)
+    shift = torch.randint(0, VOCAB - 1, (len(features), 1))
+    batch["input_ids"] = torch.where(batch["attention_mask"] == 1, (batch["input_ids"] + shift) % VOCAB, 0)
+    return batch
+
+
+@pytest.mark.parametrize("draws", ["dataset", "collator", "both", "collator, map-style"])
+def test_a_pass_resumed_inside_loads_an_augmented_iterable_dataset_as_the_run_did(tmp_path, draws):
     """An iterable dataset drawing its augmentation at num_workers=0: the resumed pass loaded the
     samples it re-reads with draws from the checkpoint's random state (past them), so every
     augmentation after the cut, and the final weights, differed (found by review, 2026-12-06).
-    Each sample before the cut is loaded again from the state the pass began with now."""
-    full = train(tmp_path / "full", data=Augmented())
+    Each sample before the cut is loaded again from the state the pass began with now, and the
+    collator draws on states of its own (the review of that fix: sharing the loads' states, a
+    collator that draws collated every batch after the cut with other draws)."""
+    data = {
+        "collator": lambda: EpochStream(tmp_path / "seen.txt"),
+        "collator, map-style": lambda: Listed(sequences(48)),  # (whole batches skipped unloaded)
+    }.get(draws, Augmented)
+    collator = pad if draws == "dataset" else noisy_pad
+    full = train(tmp_path / "full", data=data(), collator=collator)
     ids = [b["inputs"]["input_ids"] for b in full.batches]
     for cut in (3, 9):
-        part = resumed_from(tmp_path / "full", cut, tmp_path / f"cut{cut}", data=Augmented())
+        part = resumed_from(tmp_path / "full", cut, tmp_path / f"cut{cut}", data=data(), collator=collator)
         assert [b["keys"] for b in part.batches] == [b["keys"] for b in full.batches][2 * cut :], cut
         assert all(torch.equal(a, b) for a, b in zip([b["inputs"]["input_ids"] for b in part.batches],
                                                       ids[2 * cut :], strict=True)), cut  # fmt: skip
