@@ -49,6 +49,12 @@ class LocalS3:
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop()
+            # moto's stop() ends serving but leaves the listening socket open until collected, and
+            # a start() on the same port meanwhile fails in the server's thread, where moto waits
+            # for it for ever (found by review, 2026-12-06)
+            listening = getattr(self.server, "_server", None)
+            if listening is not None:
+                listening.server_close()
             self.server = None
 
     def fs(self) -> s3fs.S3FileSystem:
