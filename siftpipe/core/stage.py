@@ -1126,13 +1126,14 @@ class Sifter:
             )
         return state
 
-    def _last_rows(self, batches: int) -> int:
-        """Rows of the last ``batches`` batches this process handed on in the open pass, by the
-        stage's own record (at most ``RECENT_BATCHES`` back; a batch taken back is not counted)."""
+    def _last_rows(self, batches: int) -> list[int]:
+        """Rows of each of the last ``batches`` batches this process handed on in the open pass,
+        oldest first, by the stage's own record (at most ``RECENT_BATCHES`` back; batches taken
+        back are not listed)."""
         out = self._output
         if out is None or batches <= 0:
-            return 0
-        return sum(rows for rows, _, _ in out.last(batches))
+            return []
+        return [rows for rows, _, _ in out.last(batches)]
 
     def _warn_unobserved(self, held_rows: int) -> None:
         """A state taken inside a pass that handed on more rows than ``observe()`` got since it

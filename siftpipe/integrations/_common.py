@@ -431,6 +431,7 @@ class SiftedStream:
         self._resume_rng: dict[str, Any] | None = None
         self._unacked: deque[Any] = deque()
         self._replay: deque[Any] = deque()
+        self._replay_rows: list[int] = []  # the rows of each batch of the loaded state's _replay
         self._active: Iterator[Any] | None = None
         self._acked_since_iter = False  # the trainer acked a batch since __iter__ last ran
         self._mine = 0  # batches the stage handed on in its current pass, in this process
@@ -651,7 +652,7 @@ class SiftedStream:
             # a batch of the loaded state was handed on already, and will be trained: the pass
             # goes on (where the state's replayed batches begin is known, not where the rest do)
             return 0
-        rows = sum(_rows_of(batch) for batch in self._replay)
+        rows = sum(self._replay_rows)
         seq = self._replay_seq if self._replay else None
         if sifter.resume_from is None and seq is None:
             return 0
@@ -671,19 +672,28 @@ class SiftedStream:
 
     def state_dict(self) -> dict[str, Any]:
         """The sifter's state and the stream's, plain tensors, lists and numbers."""
+        # the rows of the batches this process's stage handed on in its pass and not acked
+        ours = self.sifter._last_rows(min(len(self._unacked), self._mine))
         return {
             "version": self.STATE_VERSION,
             # the batches not acked are in this state, handed on again after a resume and
             # trained (and observed) then: not rows the step failed to hand back. Counted by the
             # stage's record of what it handed on, not read from the batch (a time-major first
             # field read as rows said rows went unobserved; review, 2026-12-06)
-            "sifter": self.sifter._state(0, self.sifter._last_rows(min(len(self._unacked), self._mine))),
+            "sifter": self.sifter._state(0, sum(ours)),
             "collate_rng": encode_rng(self.collate_rng.state),
             "epoch": self.epoch,
             "started": self._started,
             "data_rng": encode_rng(self.data_rng.state),
             "pass_rng": None if self._pass_rng is None else encode_rng(self._pass_rng),
             "unacked": list(self._replay) + list(self._unacked),
+            # their rows, for a resumed job that gives them up (the stage's record where it has
+            # one: a batch's first field is not always its rows; review, 2026-12-06)
+            "unacked_rows": (
+                self._replay_rows[len(self._replay_rows) - len(self._replay) :]
+                + [_rows_of(batch) for batch in list(self._unacked)[: len(self._unacked) - len(ours)]]
+                + ours
+            ),
             "unacked_seq": self._unacked_seq(),
             "discarded": self.discarded,
         }
@@ -715,6 +725,14 @@ class SiftedStream:
         self.data_rng.state = current
         self._resume_rng = current if self.sifter.resume_from is not None else None
         self._replay = deque(state["unacked"])
+        rows = state.get("unacked_rows")
+        self._replay_rows = (
+            [int(r) for r in rows]
+            if isinstance(rows, list)
+            and len(rows) == len(self._replay)
+            and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in rows)
+            else [_rows_of(batch) for batch in self._replay]  # (a state from before they were saved)
+        )
         self._unacked.clear()
         self._mine = 0
         seq = state.get("unacked_seq")
