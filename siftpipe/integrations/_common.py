@@ -431,7 +431,10 @@ class SiftedStream:
         self._resume_rng: dict[str, Any] | None = None
         self._unacked: deque[Any] = deque()
         self._replay: deque[Any] = deque()
-        self._replay_rows: list[int] = []  # the rows of each batch of the loaded state's _replay
+        # the rows of each batch of _unacked and of _replay, in step with them: the stage's record
+        # of what it handed on, or a loaded state's (a batch's first field is not always its rows)
+        self._unacked_rows: deque[int] = deque()
+        self._replay_rows: deque[int] = deque()
         self._active: Iterator[Any] | None = None
         self._acked_since_iter = False  # the trainer acked a batch since __iter__ last ran
         self._mine = 0  # batches the stage handed on in its current pass, in this process
@@ -459,6 +462,7 @@ class SiftedStream:
                 # review, 2026-12-05)
                 self.discard_unacked()
                 self._unacked.clear()  # (replayed from a loaded state: the last run handed them on)
+                self._unacked_rows.clear()
             self.close()
             gen = self._active = self._endless() if self.endless else self._pass()
         self._acked_since_iter = False
@@ -516,6 +520,7 @@ class SiftedStream:
             yield from equal
         finally:
             if equal.discarded > before and self._unacked:
+                self._unacked_rows.pop()
                 # fetched from the pass (the last batch it handed on) and never handed to the
                 # trainer: not a batch the trainer will ack, nor one a resumed run should replay
                 self._unacked.pop()
@@ -527,6 +532,7 @@ class SiftedStream:
         while self._replay:
             batch = self._replay.popleft()
             self._unacked.append(batch)
+            self._unacked_rows.append(self._replay_rows.popleft())
             handed += 1
             yield batch
         skip = sifter.resume_from
@@ -578,6 +584,8 @@ class SiftedStream:
                 # count for this one (Sifter.observe)
                 batch[EPOCH_FIELD] = self.epoch
             self._unacked.append(batch)
+            recorded = sifter._last_rows(1)
+            self._unacked_rows.append(recorded[0] if recorded else _rows_of(batch))
             self._mine += 1
             handed += 1
             yield batch
@@ -615,11 +623,13 @@ class SiftedStream:
         self._acked_since_iter = True
         for _ in range(min(batches, len(self._unacked))):
             self._unacked.popleft()
+            self._unacked_rows.popleft()
 
     def ack_all(self) -> None:
         """Every batch handed on so far has been trained."""
         self._acked_since_iter = True
         self._unacked.clear()
+        self._unacked_rows.clear()
 
     def discard_unacked(self) -> int:
         """The trainer will train none of the batches handed on and not acked (its fit ended
@@ -636,6 +646,7 @@ class SiftedStream:
         rows = self.sifter.discard_last(fetched=self._mine - ours + 1)
         for _ in range(ours):
             self._unacked.pop()
+            self._unacked_rows.pop()
         self._mine -= ours
         return rows
 
@@ -657,6 +668,7 @@ class SiftedStream:
         if sifter.resume_from is None and seq is None:
             return 0
         self._replay.clear()
+        self._replay_rows.clear()
         self._replay_seq = None
         sifter._give_up_loaded_pass(handed_from=seq, handed_rows=rows)
         self._resume_rng = None
@@ -672,28 +684,24 @@ class SiftedStream:
 
     def state_dict(self) -> dict[str, Any]:
         """The sifter's state and the stream's, plain tensors, lists and numbers."""
-        # the rows of the batches this process's stage handed on in its pass and not acked
-        ours = self.sifter._last_rows(min(len(self._unacked), self._mine))
+        ours = min(len(self._unacked), self._mine)  # the batches this process's stage handed on
         return {
             "version": self.STATE_VERSION,
             # the batches not acked are in this state, handed on again after a resume and
             # trained (and observed) then: not rows the step failed to hand back. Counted by the
             # stage's record of what it handed on, not read from the batch (a time-major first
             # field read as rows said rows went unobserved; review, 2026-12-06)
-            "sifter": self.sifter._state(0, sum(ours)),
+            "sifter": self.sifter._state(0, sum(list(self._unacked_rows)[len(self._unacked) - ours :])),
             "collate_rng": encode_rng(self.collate_rng.state),
             "epoch": self.epoch,
             "started": self._started,
             "data_rng": encode_rng(self.data_rng.state),
             "pass_rng": None if self._pass_rng is None else encode_rng(self._pass_rng),
-            "unacked": list(self._replay) + list(self._unacked),
-            # their rows, for a resumed job that gives them up (the stage's record where it has
-            # one: a batch's first field is not always its rows; review, 2026-12-06)
-            "unacked_rows": (
-                self._replay_rows[len(self._replay_rows) - len(self._replay) :]
-                + [_rows_of(batch) for batch in list(self._unacked)[: len(self._unacked) - len(ours)]]
-                + ours
-            ),
+            # oldest first: replayed batches handed on again (in _unacked), those not yet (in
+            # _replay), then the stage's own (in _unacked: it hands on none before the replay ends)
+            "unacked": list(self._unacked) + list(self._replay),
+            # their rows, for a resumed job that gives them up
+            "unacked_rows": list(self._unacked_rows) + list(self._replay_rows),
             "unacked_seq": self._unacked_seq(),
             "discarded": self.discarded,
         }
@@ -726,7 +734,7 @@ class SiftedStream:
         self._resume_rng = current if self.sifter.resume_from is not None else None
         self._replay = deque(state["unacked"])
         rows = state.get("unacked_rows")
-        self._replay_rows = (
+        self._replay_rows = deque(
             [int(r) for r in rows]
             if isinstance(rows, list)
             and len(rows) == len(self._replay)
@@ -734,6 +742,7 @@ class SiftedStream:
             else [_rows_of(batch) for batch in self._replay]  # (a state from before they were saved)
         )
         self._unacked.clear()
+        self._unacked_rows.clear()
         self._mine = 0
         seq = state.get("unacked_seq")
         self._replay_seq = int(seq) if seq is not None and self._replay else None

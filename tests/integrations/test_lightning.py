@@ -1066,6 +1066,52 @@ def test_a_checkpoint_with_a_time_major_batch_fetched_ahead_says_nothing(tmp_pat
     assert trainer.global_step == 12 and sift.sifter.stats.observed > 0
 
 
+def test_a_state_resumed_twice_keeps_its_fetched_batches_rows_and_order():
+    """The stream shared by both integrations, driven as a trainer drives it: a state holding two
+    batches fetched ahead (time-major first fields), loaded, one of them handed on again, and the
+    state taken anew. That state listed the batch handed on again after the one not yet (a job
+    resumed from it would train them out of order), counted its rows by its first field (3, not
+    12), and giving up a pass counted a replayed batch already trained (review, 2026-12-06)."""
+    from siftpipe.integrations._common import SiftedStream
+    from tests.common import loss_field, make_samples, roundtrip
+
+    samples = make_samples(240)
+
+    def open_pass(epoch, skip):
+        return [samples[i : i + 12] for i in range(skip, len(samples), 12)], skip
+
+    def stream():
+        stage = sp.Sifter(None, loss_field, sp.Uniform(1.0), micro_batch=12, output_batch=12, seed=1,
+                          collate_fn=time_major)  # fmt: skip
+        return stage, SiftedStream(stage, open_pass, endless=False)
+
+    _, first = stream()
+    it = iter(first)
+    next(it), first.ack(), next(it), first.ack()
+    next(it), next(it)  # fetched ahead, not trained
+    state = roundtrip(first.state_dict())
+    assert state["unacked_rows"] == [12, 12]
+    order = [batch["__key__"][0] for batch in state["unacked"]]
+    _, again = stream()
+    again.load_state_dict(state)
+    next(iter(again))  # the first of them handed on again, not trained
+    resaved = roundtrip(again.state_dict())
+    again.close()
+    assert [batch["__key__"][0] for batch in resaved["unacked"]] == order
+    assert resaved["unacked_rows"] == [12, 12]
+    stage, third = stream()
+    third.load_state_dict(resaved)
+    assert third.give_up_loaded_pass() == 24 and stage.stats.unhanded == 24
+    # a replayed batch trained, then the pass given up: only the other is never trained
+    stage, fourth = stream()
+    fourth.load_state_dict(state)
+    replay = iter(fourth)
+    next(replay)
+    fourth.ack()
+    fourth.close()
+    assert fourth.give_up_loaded_pass() == 12
+
+
 def test_a_sifted_loader_begun_again_within_an_epoch_is_refused_and_min_size_is_exact(tmp_path):
     """A dict of a sifted and a plain loader (docs/integrations.md: sift one, the others plain):
     Lightning's CombinedLoader (its default mode, max_size_cycle) begins the sifted loader again
