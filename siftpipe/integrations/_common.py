@@ -435,10 +435,14 @@ class SiftedStream:
         # of what it handed on, or a loaded state's (a batch's first field is not always its rows)
         self._unacked_rows: deque[int] = deque()
         self._replay_rows: deque[int] = deque()
+        # and the seq of each one's first row (None: not known), for the audit log's notes of
+        # batches never trained (found by review, 2026-12-06: the loaded state's first seq was
+        # kept after that batch was trained, and a later note read it as never trained)
+        self._unacked_seqs: deque[int | None] = deque()
+        self._replay_seqs: deque[int | None] = deque()
         self._active: Iterator[Any] | None = None
         self._acked_since_iter = False  # the trainer acked a batch since __iter__ last ran
         self._mine = 0  # batches the stage handed on in its current pass, in this process
-        self._replay_seq: int | None = None  # the first seq of the loaded state's unacked batches
         self._last = (0, 0)  # (seen, kept) at the last metrics() call
 
     # ------------------------------------------------------------------ iterating
@@ -463,6 +467,7 @@ class SiftedStream:
                 self.discard_unacked()
                 self._unacked.clear()  # (replayed from a loaded state: the last run handed them on)
                 self._unacked_rows.clear()
+                self._unacked_seqs.clear()
             self.close()
             gen = self._active = self._endless() if self.endless else self._pass()
         self._acked_since_iter = False
@@ -521,6 +526,7 @@ class SiftedStream:
         finally:
             if equal.discarded > before and self._unacked:
                 self._unacked_rows.pop()
+                self._unacked_seqs.pop()
                 # fetched from the pass (the last batch it handed on) and never handed to the
                 # trainer: not a batch the trainer will ack, nor one a resumed run should replay
                 self._unacked.pop()
@@ -533,6 +539,7 @@ class SiftedStream:
             batch = self._replay.popleft()
             self._unacked.append(batch)
             self._unacked_rows.append(self._replay_rows.popleft())
+            self._unacked_seqs.append(self._replay_seqs.popleft())
             handed += 1
             yield batch
         skip = sifter.resume_from
@@ -586,6 +593,7 @@ class SiftedStream:
             self._unacked.append(batch)
             recorded = sifter._last_rows(1)
             self._unacked_rows.append(recorded[0] if recorded else _rows_of(batch))
+            self._unacked_seqs.append(sifter.handed_on_seq(1))
             self._mine += 1
             handed += 1
             yield batch
@@ -624,12 +632,14 @@ class SiftedStream:
         for _ in range(min(batches, len(self._unacked))):
             self._unacked.popleft()
             self._unacked_rows.popleft()
+            self._unacked_seqs.popleft()
 
     def ack_all(self) -> None:
         """Every batch handed on so far has been trained."""
         self._acked_since_iter = True
         self._unacked.clear()
         self._unacked_rows.clear()
+        self._unacked_seqs.clear()
 
     def discard_unacked(self) -> int:
         """The trainer will train none of the batches handed on and not acked (its fit ended
@@ -647,6 +657,7 @@ class SiftedStream:
         for _ in range(ours):
             self._unacked.pop()
             self._unacked_rows.pop()
+            self._unacked_seqs.pop()
         self._mine -= ours
         return rows
 
@@ -664,12 +675,12 @@ class SiftedStream:
             # goes on (where the state's replayed batches begin is known, not where the rest do)
             return 0
         rows = sum(self._replay_rows)
-        seq = self._replay_seq if self._replay else None
+        seq = self._replay_seqs[0] if self._replay_seqs else None
         if sifter.resume_from is None and seq is None:
             return 0
         self._replay.clear()
         self._replay_rows.clear()
-        self._replay_seq = None
+        self._replay_seqs.clear()
         sifter._give_up_loaded_pass(handed_from=seq, handed_rows=rows)
         self._resume_rng = None
         return rows
@@ -702,17 +713,13 @@ class SiftedStream:
             "unacked": list(self._unacked) + list(self._replay),
             # their rows, for a resumed job that gives them up
             "unacked_rows": list(self._unacked_rows) + list(self._replay_rows),
-            "unacked_seq": self._unacked_seq(),
+            # and where each begins (the first: where a resumed job's stage re-reads from)
+            "unacked_seqs": list(self._unacked_seqs) + list(self._replay_seqs),
+            "unacked_seq": next(iter(self._unacked_seqs), None)
+            if self._unacked_seqs
+            else next(iter(self._replay_seqs), None),
             "discarded": self.discarded,
         }
-
-    def _unacked_seq(self) -> int | None:
-        """The seq of the first row of the oldest batch handed on and not acked (None: none, or
-        not known), which a job resumed from this state hands on again."""
-        ours = min(len(self._unacked), self._mine)
-        if len(self._replay) + len(self._unacked) > ours:
-            return self._replay_seq  # the oldest is one the loaded state replays
-        return self.sifter.handed_on_seq(ours) if ours else None
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state_dict()``: the next iteration picks up where it was taken."""
@@ -741,19 +748,30 @@ class SiftedStream:
             and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in rows)
             else [_rows_of(batch) for batch in self._replay]  # (a state from before they were saved)
         )
+        seqs = state.get("unacked_seqs")
+        first = state.get("unacked_seq")
+        self._replay_seqs = deque(
+            [None if q is None else int(q) for q in seqs]
+            if isinstance(seqs, list)
+            and len(seqs) == len(self._replay)
+            and all(q is None or (isinstance(q, int) and not isinstance(q, bool) and q >= 0) for q in seqs)
+            # (a state from before they were saved: the first batch's alone is known)
+            else [int(first) if isinstance(first, int) and self._replay else None]
+            + [None] * (len(self._replay) - 1)
+        )
         self._unacked.clear()
         self._unacked_rows.clear()
+        self._unacked_seqs.clear()
         self._mine = 0
-        seq = state.get("unacked_seq")
-        self._replay_seq = int(seq) if seq is not None and self._replay else None
+        replay_seq = self._replay_seqs[0] if self._replay_seqs else None
         rereads = getattr(self.sifter.audit, "rereads_from", None)
-        if self._replay_seq is not None and callable(rereads):
+        if replay_seq is not None and callable(rereads):
             # this job hands those batches on again, and trains them: an earlier attempt's note
             # that they were never handed on (written when its fit ended, after this state was
             # taken: discard_unacked) no longer holds. From there the stage re-reads its pending
             # rows too (Sifter.load_state_dict said where they begin)
             pending = state["sifter"].get("pending") or []
-            rereads(min([self._replay_seq, *(int(g["seq0"]) for g in pending[:1])]))
+            rereads(min([replay_seq, *(int(g["seq0"]) for g in pending[:1])]))
         self.discarded = int(state.get("discarded", 0))
         stats = self.sifter.stats
         self._last = (stats.seen, stats.kept)
