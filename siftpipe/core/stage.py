@@ -1073,8 +1073,8 @@ class Sifter:
         A stage whose score memory the training step feeds (``observe()``, as the recipe's is)
         takes it after ``observe()`` for the batch just trained: losses still in the loop's hands
         are in no state, and a job resumed from it decides otherwise than this one goes on to.
-        Rows handed on since the last ``observe()``, beyond the ``held`` batches, are said with
-        a ``ScoreMemoryWarning``.
+        A state taken inside a pass that handed on more rows than ``observe()`` got since the
+        pass began, beyond the ``held`` batches, says so with a ``ScoreMemoryWarning``.
         """
         return self._state(held, 0)
 
@@ -1157,11 +1157,10 @@ class Sifter:
             warnings.warn(
                 f"siftpipe: state_dict() was taken with {missing} rows of this pass handed on "
                 "and not yet given to observe(): their losses are in no state, so a job resumed "
-                "from it remembers "
-                "none of them and decides its samples otherwise than this run goes on to (no "
-                "sample is lost: they count as trained). Take the state after observe() for the "
-                "batch just trained, or, for batches handed on and not yet trained (a "
-                "prefetcher's), with state_dict(held=k)",
+                "from it remembers none of them and decides its samples otherwise than this "
+                "run goes on to (no sample is lost: they count as trained). Take the state after "
+                "observe() for the batch just trained, or, for batches handed on and not yet "
+                "trained (a prefetcher's), with state_dict(held=k)",
                 ScoreMemoryWarning,
                 stacklevel=4,
             )

@@ -30,7 +30,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -364,6 +364,16 @@ class MetaCollate:
         return f"MetaCollate({self.collate!r})"
 
 
+class Fetched(NamedTuple):
+    """A batch the stream handed to the trainer and the trainer has not acked yet (or a loaded
+    state's, to hand on again): its rows and the seq of its first row (None: not known), by the
+    stage's record where it has one (a batch's first field is not always its rows)."""
+
+    batch: Any
+    rows: int
+    seq: int | None
+
+
 def _rows_of(batch: Any) -> int:
     """Samples in a batch the stage handed on (0 where its collate function made something
     whose rows cannot be told: the audit note then says the right rows, with a count short)."""
@@ -429,17 +439,8 @@ class SiftedStream:
         self._started = False
         self._pass_rng: dict[str, Any] | None = None
         self._resume_rng: dict[str, Any] | None = None
-        self._unacked: deque[Any] = deque()
-        self._replay: deque[Any] = deque()
-        # the rows of each batch of _unacked and of _replay, in step with them: the stage's record
-        # of what it handed on, or a loaded state's (a batch's first field is not always its rows)
-        self._unacked_rows: deque[int] = deque()
-        self._replay_rows: deque[int] = deque()
-        # and the seq of each one's first row (None: not known), for the audit log's notes of
-        # batches never trained (found by review, 2026-12-06: the loaded state's first seq was
-        # kept after that batch was trained, and a later note read it as never trained)
-        self._unacked_seqs: deque[int | None] = deque()
-        self._replay_seqs: deque[int | None] = deque()
+        self._unacked: deque[Fetched] = deque()  # handed on, not acked (oldest first)
+        self._replay: deque[Fetched] = deque()  # a loaded state's, not yet handed on again
         self._active: Iterator[Any] | None = None
         self._acked_since_iter = False  # the trainer acked a batch since __iter__ last ran
         self._mine = 0  # batches the stage handed on in its current pass, in this process
@@ -455,7 +456,7 @@ class SiftedStream:
             # n_epochs fetches one batch in setup, then iterates anew for the epoch). Continue
             # that pass, those batches first: a new one would decide the fetched samples and
             # never train them, and number one pass too many
-            gen = self._continued(active, list(self._unacked))
+            gen = self._continued(active, [fetched.batch for fetched in self._unacked])
         else:
             if self._unacked:
                 # the trainer trained some of the last iteration's batches and begins a new one
@@ -466,8 +467,6 @@ class SiftedStream:
                 # review, 2026-12-05)
                 self.discard_unacked()
                 self._unacked.clear()  # (replayed from a loaded state: the last run handed them on)
-                self._unacked_rows.clear()
-                self._unacked_seqs.clear()
             self.close()
             gen = self._active = self._endless() if self.endless else self._pass()
         self._acked_since_iter = False
@@ -525,8 +524,6 @@ class SiftedStream:
             yield from equal
         finally:
             if equal.discarded > before and self._unacked:
-                self._unacked_rows.pop()
-                self._unacked_seqs.pop()
                 # fetched from the pass (the last batch it handed on) and never handed to the
                 # trainer: not a batch the trainer will ack, nor one a resumed run should replay
                 self._unacked.pop()
@@ -536,12 +533,10 @@ class SiftedStream:
         sifter = self.sifter
         handed = 0
         while self._replay:
-            batch = self._replay.popleft()
-            self._unacked.append(batch)
-            self._unacked_rows.append(self._replay_rows.popleft())
-            self._unacked_seqs.append(self._replay_seqs.popleft())
+            fetched = self._replay.popleft()
+            self._unacked.append(fetched)
             handed += 1
-            yield batch
+            yield fetched.batch
         skip = sifter.resume_from
         if skip is None:
             if self._started:
@@ -590,10 +585,9 @@ class SiftedStream:
                 # that fetches ahead trains it after the next pass began, and its losses must still
                 # count for this one (Sifter.observe)
                 batch[EPOCH_FIELD] = self.epoch
-            self._unacked.append(batch)
             recorded = sifter._last_rows(1)
-            self._unacked_rows.append(recorded[0] if recorded else _rows_of(batch))
-            self._unacked_seqs.append(sifter.handed_on_seq(1))
+            rows = recorded[0] if recorded else _rows_of(batch)
+            self._unacked.append(Fetched(batch, rows, sifter.handed_on_seq(1)))
             self._mine += 1
             handed += 1
             yield batch
@@ -631,15 +625,11 @@ class SiftedStream:
         self._acked_since_iter = True
         for _ in range(min(batches, len(self._unacked))):
             self._unacked.popleft()
-            self._unacked_rows.popleft()
-            self._unacked_seqs.popleft()
 
     def ack_all(self) -> None:
         """Every batch handed on so far has been trained."""
         self._acked_since_iter = True
         self._unacked.clear()
-        self._unacked_rows.clear()
-        self._unacked_seqs.clear()
 
     def discard_unacked(self) -> int:
         """The trainer will train none of the batches handed on and not acked (its fit ended
@@ -656,8 +646,6 @@ class SiftedStream:
         rows = self.sifter.discard_last(fetched=self._mine - ours + 1)
         for _ in range(ours):
             self._unacked.pop()
-            self._unacked_rows.pop()
-            self._unacked_seqs.pop()
         self._mine -= ours
         return rows
 
@@ -674,13 +662,11 @@ class SiftedStream:
             # a batch of the loaded state was handed on already, and will be trained: the pass
             # goes on (where the state's replayed batches begin is known, not where the rest do)
             return 0
-        rows = sum(self._replay_rows)
-        seq = self._replay_seqs[0] if self._replay_seqs else None
+        rows = sum(fetched.rows for fetched in self._replay)
+        seq = self._replay[0].seq if self._replay else None
         if sifter.resume_from is None and seq is None:
             return 0
         self._replay.clear()
-        self._replay_rows.clear()
-        self._replay_seqs.clear()
         sifter._give_up_loaded_pass(handed_from=seq, handed_rows=rows)
         self._resume_rng = None
         return rows
@@ -696,28 +682,29 @@ class SiftedStream:
     def state_dict(self) -> dict[str, Any]:
         """The sifter's state and the stream's, plain tensors, lists and numbers."""
         ours = min(len(self._unacked), self._mine)  # the batches this process's stage handed on
+        fetched = list(self._unacked) + list(self._replay)
         return {
             "version": self.STATE_VERSION,
             # the batches not acked are in this state, handed on again after a resume and
             # trained (and observed) then: not rows the step failed to hand back. Counted by the
             # stage's record of what it handed on, not read from the batch (a time-major first
             # field read as rows said rows went unobserved; review, 2026-12-06)
-            "sifter": self.sifter._state(0, sum(list(self._unacked_rows)[len(self._unacked) - ours :])),
+            "sifter": self.sifter._state(
+                0, sum(f.rows for f in list(self._unacked)[len(self._unacked) - ours :])
+            ),
             "collate_rng": encode_rng(self.collate_rng.state),
             "epoch": self.epoch,
             "started": self._started,
             "data_rng": encode_rng(self.data_rng.state),
             "pass_rng": None if self._pass_rng is None else encode_rng(self._pass_rng),
             # oldest first: replayed batches handed on again (in _unacked), those not yet (in
-            # _replay), then the stage's own (in _unacked: it hands on none before the replay ends)
-            "unacked": list(self._unacked) + list(self._replay),
-            # their rows, for a resumed job that gives them up
-            "unacked_rows": list(self._unacked_rows) + list(self._replay_rows),
-            # and where each begins (the first: where a resumed job's stage re-reads from)
-            "unacked_seqs": list(self._unacked_seqs) + list(self._replay_seqs),
-            "unacked_seq": next(iter(self._unacked_seqs), None)
-            if self._unacked_seqs
-            else next(iter(self._replay_seqs), None),
+            # _replay), then the stage's own (in _unacked: it hands on none before the replay ends);
+            # with their rows and first seqs, for a resumed job that gives them up (the stage's
+            # record: a batch's first field is not always its rows; review, 2026-12-06)
+            "unacked": [f.batch for f in fetched],
+            "unacked_rows": [f.rows for f in fetched],
+            "unacked_seqs": [f.seq for f in fetched],
+            "unacked_seq": fetched[0].seq if fetched else None,
             "discarded": self.discarded,
         }
 
@@ -739,31 +726,28 @@ class SiftedStream:
         self._pass_rng = None if state["pass_rng"] is None else decode_rng(state["pass_rng"])
         self.data_rng.state = current
         self._resume_rng = current if self.sifter.resume_from is not None else None
-        self._replay = deque(state["unacked"])
+        batches = list(state["unacked"])
         rows = state.get("unacked_rows")
-        self._replay_rows = deque(
-            [int(r) for r in rows]
-            if isinstance(rows, list)
-            and len(rows) == len(self._replay)
+        if not (
+            isinstance(rows, list)
+            and len(rows) == len(batches)
             and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in rows)
-            else [_rows_of(batch) for batch in self._replay]  # (a state from before they were saved)
-        )
+        ):
+            rows = [_rows_of(batch) for batch in batches]  # (a state from before they were saved)
         seqs = state.get("unacked_seqs")
-        first = state.get("unacked_seq")
-        self._replay_seqs = deque(
-            [None if q is None else int(q) for q in seqs]
-            if isinstance(seqs, list)
-            and len(seqs) == len(self._replay)
+        if not (
+            isinstance(seqs, list)
+            and len(seqs) == len(batches)
             and all(q is None or (isinstance(q, int) and not isinstance(q, bool) and q >= 0) for q in seqs)
+        ):
             # (a state from before they were saved: the first batch's alone is known)
-            else [int(first) if isinstance(first, int) and self._replay else None]
-            + [None] * (len(self._replay) - 1)
-        )
+            first = state.get("unacked_seq")
+            seqs = [first if isinstance(first, int) and not isinstance(first, bool) else None]
+            seqs += [None] * (len(batches) - 1)
+        self._replay = deque(Fetched(*entry) for entry in zip(batches, rows, seqs, strict=True))
         self._unacked.clear()
-        self._unacked_rows.clear()
-        self._unacked_seqs.clear()
         self._mine = 0
-        replay_seq = self._replay_seqs[0] if self._replay_seqs else None
+        replay_seq = self._replay[0].seq if self._replay else None
         rereads = getattr(self.sifter.audit, "rereads_from", None)
         if replay_seq is not None and callable(rereads):
             # this job hands those batches on again, and trains them: an earlier attempt's note
