@@ -366,12 +366,19 @@ class MetaCollate:
 
 class Fetched(NamedTuple):
     """A batch the stream handed to the trainer and the trainer has not acked yet (or a loaded
-    state's, to hand on again): its rows and the seq of its first row (None: not known), by the
-    stage's record where it has one (a batch's first field is not always its rows)."""
+    state's, to hand on again): its rows, the seq of its first row and the pass (epoch) that
+    handed it on (None: not known), by the stage's record where it has one (a batch's first field
+    is not always its rows)."""
 
     batch: Any
     rows: int
     seq: int | None
+    epoch: int | None
+
+
+def _count(value: Any) -> int | None:
+    """``value`` if it is an int >= 0 (not a bool), else None: an entry of a saved state."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _rows_of(batch: Any) -> int:
@@ -587,7 +594,7 @@ class SiftedStream:
                 batch[EPOCH_FIELD] = self.epoch
             recorded = sifter._last_rows(1)
             rows = recorded[0] if recorded else _rows_of(batch)
-            self._unacked.append(Fetched(batch, rows, sifter.handed_on_seq(1)))
+            self._unacked.append(Fetched(batch, rows, sifter.handed_on_seq(1), self.epoch))
             self._mine += 1
             handed += 1
             yield batch
@@ -663,7 +670,7 @@ class SiftedStream:
             # goes on (where the state's replayed batches begin is known, not where the rest do)
             return 0
         rows = sum(fetched.rows for fetched in self._replay)
-        seq = self._replay[0].seq if self._replay else None
+        seq = self._anchor(self._replay) if self._replay else None
         if sifter.resume_from is None and seq is None:
             return 0
         self._replay.clear()
@@ -704,9 +711,22 @@ class SiftedStream:
             "unacked": [f.batch for f in fetched],
             "unacked_rows": [f.rows for f in fetched],
             "unacked_seqs": [f.seq for f in fetched],
-            "unacked_seq": fetched[0].seq if fetched else None,
+            "unacked_epochs": [f.epoch for f in fetched],
+            "unacked_seq": self._anchor(fetched),
             "discarded": self.discarded,
         }
+
+    def _anchor(self, fetched: Sequence[Fetched]) -> int | None:
+        """Where the oldest of ``fetched`` handed on in the current pass begins (None: none, or
+        not known): a resumed job's stage re-reads from there, and its audit log takes the rows
+        from there as handed on again. Batches of an earlier pass, trained after this one began,
+        are not (their pass's rows it left were noted never handed on, and stay so: found by
+        review, 2026-12-06, an endless stream's state with the last batch of a pass and the
+        first of the next unacked re-read from the older)."""
+        for entry in fetched:
+            if entry.epoch is None or entry.epoch == self.epoch:
+                return entry.seq
+        return None
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state_dict()``: the next iteration picks up where it was taken."""
@@ -729,25 +749,23 @@ class SiftedStream:
         batches = list(state["unacked"])
         rows = state.get("unacked_rows")
         if not (
-            isinstance(rows, list)
-            and len(rows) == len(batches)
-            and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in rows)
+            isinstance(rows, list) and len(rows) == len(batches) and all(_count(r) is not None for r in rows)
         ):
             rows = [_rows_of(batch) for batch in batches]  # (a state from before they were saved)
         seqs = state.get("unacked_seqs")
-        if not (
-            isinstance(seqs, list)
-            and len(seqs) == len(batches)
-            and all(q is None or (isinstance(q, int) and not isinstance(q, bool) and q >= 0) for q in seqs)
-        ):
-            # (a state from before they were saved: the first batch's alone is known)
-            first = state.get("unacked_seq")
-            seqs = [first if isinstance(first, int) and not isinstance(first, bool) else None]
-            seqs += [None] * (len(batches) - 1)
-        self._replay = deque(Fetched(*entry) for entry in zip(batches, rows, seqs, strict=True))
+        first = _count(state.get("unacked_seq"))
+        if not (isinstance(seqs, list) and len(seqs) == len(batches)):
+            seqs = [first] + [None] * (len(batches) - 1)  # (from before they were saved: the first's)
+        epochs = state.get("unacked_epochs")
+        if not (isinstance(epochs, list) and len(epochs) == len(batches)):
+            epochs = [b.get(EPOCH_FIELD) if isinstance(b, Mapping) else None for b in batches]
+        self._replay = deque(
+            Fetched(batch, r, _count(q), _count(e))
+            for batch, r, q, e in zip(batches, rows, seqs, epochs, strict=True)
+        )
         self._unacked.clear()
         self._mine = 0
-        replay_seq = self._replay[0].seq if self._replay else None
+        replay_seq = first if self._replay else None
         rereads = getattr(self.sifter.audit, "rereads_from", None)
         if replay_seq is not None and callable(rereads):
             # this job hands those batches on again, and trains them: an earlier attempt's note

@@ -1115,6 +1115,51 @@ def test_a_state_resumed_twice_keeps_its_fetched_batches_rows_and_order():
     assert fourth.give_up_loaded_pass() == 12
 
 
+def test_a_state_with_batches_of_two_passes_fetched_re_reads_from_the_current_pass(tmp_path):
+    """An endless stream's state holding the last batch of pass 0 and the first of pass 1, both
+    fetched and not trained (drop_last: pass 0's remainder noted never handed on). Resumed, the
+    job's audit log took rows from pass 0's batch on as handed on again, and read pass 0's
+    remainder, never trained, as kept (found by review, 2026-12-06). It re-reads from the
+    current pass's first batch now."""
+    from siftpipe.integrations._common import EPOCH_FIELD, SiftedStream
+    from tests.common import loss_field, make_samples, roundtrip
+
+    samples = make_samples(30)
+    log = str(tmp_path / "log")
+
+    def open_pass(epoch, skip):
+        return [[dict(x) for x in samples[i : i + 10]] for i in range(skip, len(samples), 10)], skip
+
+    def stream():
+        stage = sp.Sifter(None, loss_field, sp.Uniform(1.0), micro_batch=6, output_batch=12, drop_last=True,
+                          seed=1, audit=sp.AuditLog(log, run_id="r", writer="thread"))  # fmt: skip
+        return stage, SiftedStream(stage, open_pass, endless=True)
+
+    trained = set()
+    stage, first = stream()
+    it = iter(first)
+    batch = next(it)
+    first.ack()
+    trained |= {(0, k) for k in batch["__key__"]}
+    next(it), next(it)  # the last batch of pass 0 and the first of pass 1, fetched ahead
+    state = roundtrip(first.state_dict())
+    assert state["unacked_seqs"] == [12, 30] and state["unacked_seq"] == 30
+    first.close()
+    stage.audit.close()  # (killed)
+    stage, resumed = stream()
+    resumed.load_state_dict(state)
+    it = iter(resumed)
+    for _ in range(3):
+        batch = next(it)
+        resumed.ack()
+        trained |= {(int(batch[EPOCH_FIELD]), k) for k in batch["__key__"]}
+    resumed.close()
+    stage.audit.close()
+    table = sp.read_log(log)
+    rows = zip(*(table.column(c).to_pylist() for c in ("epoch", "key", "kept")), strict=True)
+    assert {(e, k) for e, k, kept in rows if kept} == trained
+
+
 def test_a_sifted_loader_begun_again_within_an_epoch_is_refused_and_min_size_is_exact(tmp_path):
     """A dict of a sifted and a plain loader (docs/integrations.md: sift one, the others plain):
     Lightning's CombinedLoader (its default mode, max_size_cycle) begins the sifted loader again
