@@ -765,7 +765,9 @@ class SiftedStream:
         )
         self._unacked.clear()
         self._mine = 0
-        replay_seq = first if self._replay else None
+        # (the anchor of what was loaded, not the saved one: a state written before each batch's
+        # pass was saved named the oldest batch of any pass; review, 2026-12-06)
+        replay_seq = self._anchor(self._replay) if self._replay else None
         rereads = getattr(self.sifter.audit, "rereads_from", None)
         if replay_seq is not None and callable(rereads):
             # this job hands those batches on again, and trains them: an earlier attempt's note

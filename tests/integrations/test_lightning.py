@@ -1130,9 +1130,9 @@ def test_a_state_with_batches_of_two_passes_fetched_re_reads_from_the_current_pa
     def open_pass(epoch, skip):
         return [[dict(x) for x in samples[i : i + 10]] for i in range(skip, len(samples), 10)], skip
 
-    def stream():
+    def stream(where=log):
         stage = sp.Sifter(None, loss_field, sp.Uniform(1.0), micro_batch=6, output_batch=12, drop_last=True,
-                          seed=1, audit=sp.AuditLog(log, run_id="r", writer="thread"))  # fmt: skip
+                          seed=1, audit=sp.AuditLog(where, run_id="r", writer="thread"))  # fmt: skip
         return stage, SiftedStream(stage, open_pass, endless=True)
 
     trained = set()
@@ -1146,18 +1146,25 @@ def test_a_state_with_batches_of_two_passes_fetched_re_reads_from_the_current_pa
     assert state["unacked_seqs"] == [12, 30] and state["unacked_seq"] == 30
     first.close()
     stage.audit.close()  # (killed)
-    stage, resumed = stream()
-    resumed.load_state_dict(state)
-    it = iter(resumed)
-    for _ in range(3):
-        batch = next(it)
-        resumed.ack()
-        trained |= {(int(batch[EPOCH_FIELD]), k) for k in batch["__key__"]}
-    resumed.close()
-    stage.audit.close()
-    table = sp.read_log(log)
-    rows = zip(*(table.column(c).to_pylist() for c in ("epoch", "key", "kept")), strict=True)
-    assert {(e, k) for e, k, kept in rows if kept} == trained
+    # and a state written before each batch's pass was saved, which named the older batch's seq
+    older = {k: v for k, v in state.items() if k != "unacked_epochs"} | {"unacked_seq": 12}
+    import shutil
+
+    shutil.copytree(log, log + "-older")
+    for saved, where in ((state, log), (older, log + "-older")):
+        stage, resumed = stream(where)
+        resumed.load_state_dict(saved)
+        it = iter(resumed)
+        done = set(trained)
+        for _ in range(3):
+            batch = next(it)
+            resumed.ack()
+            done |= {(int(batch[EPOCH_FIELD]), k) for k in batch["__key__"]}
+        resumed.close()
+        stage.audit.close()
+        table = sp.read_log(where)
+        rows = zip(*(table.column(c).to_pylist() for c in ("epoch", "key", "kept")), strict=True)
+        assert {(e, k) for e, k, kept in rows if kept} == done, where
 
 
 def test_a_sifted_loader_begun_again_within_an_epoch_is_refused_and_min_size_is_exact(tmp_path):
