@@ -1489,7 +1489,7 @@ class RepeatedParts:
                 f"part {info.part} of attempt {info.attempt} repeats sequence numbers its earlier "
                 f"parts hold ({low}..{min(high, before[0])}; they reach {before[0]} by part "
                 f"{before[1]}): a copy of a part? Its records are left out (siftpipe log verify "
-                "lists the duplicates)"
+                "says which: duplicates, or a part renamed)"
             )
         self._highest[attempt] = (high, info.part)
         return None

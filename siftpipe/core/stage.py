@@ -1126,14 +1126,15 @@ class Sifter:
             )
         return state
 
-    def _last_rows(self, batches: int) -> list[int]:
-        """Rows of each of the last ``batches`` batches this process handed on in the open pass,
-        oldest first, by the stage's own record (at most ``RECENT_BATCHES`` back; batches taken
-        back are not listed)."""
+    def _last_handed(self) -> tuple[int, int] | None:
+        """The rows and first seq of the batch this process handed on last in the open pass, by
+        the stage's own record (None: none, one taken back, or a stage handing on single
+        samples): a trainer integration's note of each batch it hands the trainer."""
         out = self._output
-        if out is None or batches <= 0:
-            return []
-        return [rows for rows, _, _ in out.last(batches)]
+        if out is None or not out.recent:
+            return None
+        rows, first, _ = out.recent[-1]
+        return rows, first
 
     def _warn_unobserved(self, held_rows: int) -> None:
         """A state taken inside a pass that handed on more rows than ``observe()`` got since it

@@ -592,9 +592,10 @@ class SiftedStream:
                 # that fetches ahead trains it after the next pass began, and its losses must still
                 # count for this one (Sifter.observe)
                 batch[EPOCH_FIELD] = self.epoch
-            recorded = sifter._last_rows(1)
-            rows = recorded[0] if recorded else _rows_of(batch)
-            self._unacked.append(Fetched(batch, rows, sifter.handed_on_seq(1), self.epoch))
+            # the stage's record of it, read once (a batch's first field is not always its rows)
+            recorded = sifter._last_handed()
+            rows, seq = recorded if recorded is not None else (_rows_of(batch), None)
+            self._unacked.append(Fetched(batch, rows, seq, self.epoch))
             self._mine += 1
             handed += 1
             yield batch
